@@ -1,0 +1,82 @@
+# stormwatch — set-up and entry points.
+#
+#   make demo   set up everything (apt + venv) and run the main job
+#   make test   set up everything and run the whole suite (fast tier + e2e)
+#
+# Set-up is idempotent: system packages are installed only when missing, the
+# virtual environment is rebuilt only when pyproject.toml/setup.py change.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch is enough for the lab; GPU users install a CUDA build
+# (pyproject.toml only asks for torch>=2.6).
+TORCH_SPEC ?= torch==2.13.0
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := prometheus prometheus-alertmanager iproute2 iptables procps python3-venv
+PYTEST_ARGS ?=
+
+.PHONY: all setup system venv demo test test-fast test-e2e check lint format clean distclean
+
+all: test
+
+setup: system venv
+
+# Debian/Ubuntu packages: Prometheus, Alertmanager, promtool, amtool, ip, iptables.
+system:
+	@missing=""; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v iptables >/dev/null || missing="$$missing iptables"; \
+	command -v pgrep >/dev/null || missing="$$missing procps"; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo ">> installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  for s in prometheus prometheus-alertmanager prometheus-node-exporter; do \
+	    $(SUDO) systemctl disable --now $$s >/dev/null 2>&1 || $(SUDO) service $$s stop >/dev/null 2>&1 || true; \
+	  done; \
+	else echo ">> system packages present"; fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	@echo ">> creating virtual environment $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+demo: setup
+	$(SUDO) $(VENV)/bin/stormwatch demo
+
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+lint: check
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test-fast: venv
+	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(SUDO) $(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
+
+test: setup check
+	$(SUDO) $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean:
+	-$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/demo 2>/dev/null
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
+
+distclean: clean
+	rm -rf $(VENV) run

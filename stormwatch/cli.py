@@ -1,0 +1,92 @@
+"""The ``stormwatch`` command: a click root that loads each component's group lazily.
+
+Each component owns its own click group in ``stormwatch.<component>.cli``; the
+root only gathers them, so ``stormwatch --help`` stays fast (no torch import)
+and a broken optional component cannot take the others down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from stormwatch.errors import StormwatchError
+
+# name -> (module, attribute, one-line help shown by `stormwatch --help`)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("stormwatch.trainer.cli", "train", "Run the reference trainer (under torchrun)."),
+    "agent": ("stormwatch.agent.cli", "agent", "Run or inspect the per-node agent."),
+    "lab": ("stormwatch.chaos.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
+    "chaos": ("stormwatch.chaos.cli", "chaos", "Run and revert chaos experiments."),
+    "alerts": ("stormwatch.alerts.cli", "alerts", "Alert rules, Alertmanager config, responder."),
+    "demo": ("stormwatch.chaos.demo", "demo", "Run the main job: lab + kill-rank experiment + report."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = _COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attr, _ = entry
+        module = importlib.import_module(module_name)
+        command = getattr(module, attr)
+        if not isinstance(command, click.Command):  # pragma: no cover - programming error
+            raise TypeError(f"{module_name}.{attr} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Use the static help so `stormwatch --help` does not import every component.
+        rows = [(name, help_) for name, (_, _, help_) in sorted(_COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.version_option(package_name="stormwatch")
+def root(verbose: int) -> None:
+    """stormwatch: observability and chaos testing for GPU training clusters.
+
+    \b
+    Quick start (root, Debian/Ubuntu):
+      stormwatch demo            lab + kill-rank experiment + post-mortem
+      stormwatch lab up          two-node lab in network namespaces
+      stormwatch chaos run experiments/kill-rank.yaml
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point; maps :class:`StormwatchError` to a message and exit code."""
+    try:
+        rv = root.main(args=argv, prog_name="stormwatch", standalone_mode=False)
+        # A command may return an int to choose the exit status (e.g. demo: 1 when
+        # the hypothesis did not hold); click's --help/--version return 0 or None.
+        sys.exit(rv if isinstance(rv, int) else 0)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except StormwatchError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+
+
+__all__ = ["main", "root"]
