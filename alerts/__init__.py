@@ -1,1 +1,97 @@
-"""stormwatch.alerts."""
+"""stormwatch.alerts: Prometheus rules, Alertmanager configuration and the responder.
+
+* ``rules/*.yml``: the shipped rules (:func:`rules_dir`), unit-tested by
+  ``tests/*.yml`` with promtool (:func:`check_rules`, :func:`run_rule_tests`).
+* :func:`render_alertmanager_config` / :func:`write_alertmanager_config`:
+  ``alertmanager.yml`` routing to the responder (typed models, PyYAML).
+* :class:`Responder`: Alertmanager webhook receiver with durable, deduplicated
+  incidents (SQLite) and background actions (:class:`Playbook`, :class:`Action`).
+* :class:`ResponderClient`: reads ``/v1/incidents``, ``/v1/actions``, ``/v1/notifications``.
+
+Exceptions::
+
+    StormwatchError
+    ├── ConfigError                 bad settings, token file, URL, duration
+    └── AlertsError
+        ├── ToolError               promtool/amtool missing or failing to run
+        ├── StoreError              the responder's SQLite database
+        ├── PrometheusError         Prometheus HTTP API unreachable or erroring
+        └── ResponderClientError    the responder's HTTP API (attribute ``status``)
+"""
+
+from stormwatch.alerts.actions import (
+    RANK_STALLED,
+    Action,
+    ActionOutcome,
+    ConfirmRestart,
+    ConfirmRestartSettings,
+    Playbook,
+    default_playbook,
+)
+from stormwatch.alerts.alertmanager import (
+    AlertmanagerConfig,
+    AlertmanagerSettings,
+    build_alertmanager_config,
+    render_alertmanager_config,
+    write_alertmanager_config,
+)
+from stormwatch.alerts.client import ResponderClient, fetch_actions, fetch_incidents
+from stormwatch.alerts.errors import (
+    AlertsError,
+    PrometheusError,
+    ResponderClientError,
+    StoreError,
+    ToolError,
+)
+from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
+from stormwatch.alerts.prometheus import PrometheusAPI, PrometheusClient, Sample
+from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.alerts.responder import Responder, ResponderSettings, serve
+from stormwatch.alerts.rulefiles import (
+    ToolRun,
+    check_rules,
+    rule_files,
+    rule_test_files,
+    rules_dir,
+    run_rule_tests,
+)
+
+__all__ = [
+    "RANK_STALLED",
+    "Action",
+    "ActionOutcome",
+    "ActionRecord",
+    "AlertmanagerConfig",
+    "AlertmanagerSettings",
+    "AlertsError",
+    "ConfirmRestart",
+    "ConfirmRestartSettings",
+    "IncidentRecord",
+    "NotificationRecord",
+    "Playbook",
+    "PrometheusAPI",
+    "PrometheusClient",
+    "PrometheusError",
+    "Responder",
+    "ResponderClient",
+    "ResponderClientError",
+    "ResponderSettings",
+    "Sample",
+    "StoreError",
+    "ToolError",
+    "ToolRun",
+    "WebhookAlert",
+    "WebhookMessage",
+    "build_alertmanager_config",
+    "check_rules",
+    "default_playbook",
+    "fetch_actions",
+    "fetch_incidents",
+    "render_alertmanager_config",
+    "rule_files",
+    "rule_test_files",
+    "rules_dir",
+    "run_rule_tests",
+    "serve",
+    "write_alertmanager_config",
+]

@@ -1,0 +1,63 @@
+"""The action interface: typed objects the responder runs for an incident."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from pydantic import JsonValue
+from stormwatch.alerts.records import IncidentRecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionOutcome:
+    """How an action ended.
+
+    Attributes:
+        status: ``succeeded`` or ``failed``.
+        detail: one human-readable line (shown by ``stormwatch alerts incidents``).
+        data: structured output (JSON-serialisable), stored with the action.
+    """
+
+    status: Literal["succeeded", "failed"]
+    detail: str
+    data: dict[str, JsonValue] = field(default_factory=dict)
+
+
+class Action(abc.ABC):
+    """One automatic response to an incident.
+
+    Subclasses set :attr:`kind` and :attr:`retry_safe`, may override
+    :meth:`guard`, and implement :meth:`run`. The responder stores every action
+    and runs each at most once to a final state; an action interrupted by a
+    responder restart is re-run only when :attr:`retry_safe` is true.
+
+    Attributes:
+        kind: unique name, stored with the action (e.g. ``confirm_restart``).
+        retry_safe: True when running the action again after an interruption
+            cannot do harm (read-only checks). Remedial actions (restart,
+            exclude a node) must leave it False.
+    """
+
+    kind: ClassVar[str]
+    retry_safe: ClassVar[bool] = False
+
+    def guard(self, incident: IncidentRecord) -> str | None:
+        """Why the action must not run for ``incident``, or None to run it.
+
+        A refusal is stored as ``skipped`` with the reason. The default allows
+        everything; remedial actions add rate limits and safety checks here.
+        """
+        return None
+
+    @abc.abstractmethod
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        """Carry out the action for ``incident``.
+
+        Raising is allowed: the responder records the exception as ``failed``.
+        Cancellation (responder shutdown) must be left to propagate.
+        """
+
+
+__all__ = ["Action", "ActionOutcome"]

@@ -1,0 +1,215 @@
+"""``confirm_restart``: wait until torchrun has restarted the job and every rank progresses.
+
+The action for :data:`StormwatchRankStalled`: after a rank died, torchrun
+should restart the worker group. The action polls Prometheus until
+
+* the job's ``stormwatch_train_restart_count`` is above its value before the
+  incident (``TORCHELASTIC_RESTART_COUNT`` of the next attempt), and
+* every rank of the job (``0 .. stormwatch_train_world_size - 1``, or every rank
+  with a heartbeat when the world size is unknown) has a
+  ``stormwatch_rank_last_progress_timestamp_seconds`` later than the alert's
+  ``startsAt``: it made progress after the failure,
+
+and then succeeds; it fails after a timeout. It only reads, so it is retry-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from stormwatch.alerts.actions.base import Action, ActionOutcome
+from stormwatch.alerts.errors import PrometheusError
+from stormwatch.alerts.prometheus import PrometheusAPI, promql_string
+from stormwatch.alerts.records import IncidentRecord
+
+from stormwatch.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmRestartSettings:
+    """Timing of :class:`ConfirmRestart`.
+
+    Attributes:
+        timeout_s: give up (``failed``) after this many seconds. Default 300 s:
+            a torchrun restart in the lab (teardown, rendezvous, imports,
+            checkpoint load) takes 10-60 s on a loaded 2-core machine.
+        poll_interval_s: seconds between polls. Default 2 s (2 scrape intervals
+            of the lab's 1 s scrape).
+        baseline_offset_s: the restart count "before" is read this many seconds
+            before the alert's ``startsAt``. Default 5 s: the alert fires at most
+            ~3 s after a rank exits (1 s agent sampling + 1 s scrape + 1 s rule
+            evaluation), and the next attempt's workers need longer than that to
+            start, so the value 5 s earlier belongs to the attempt that failed.
+    """
+
+    timeout_s: float = 300.0
+    poll_interval_s: float = 2.0
+    baseline_offset_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "poll_interval_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"confirm_restart.{name}: must be > 0 seconds (got {value!r})")
+        if not self.baseline_offset_s >= 0:
+            raise ConfigError(
+                f"confirm_restart.baseline_offset_s: must be >= 0 (got {self.baseline_offset_s!r})"
+            )
+
+
+@dataclass
+class _Observation:
+    restart_before: float | None = None
+    baseline_known: bool = False
+    restart_now: float | None = None
+    world_size: int | None = None
+    progressed: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def restarted(self) -> bool:
+        if self.restart_now is None or not self.baseline_known:
+            return False
+        return self.restart_before is None or self.restart_now > self.restart_before
+
+    @property
+    def confirmed(self) -> bool:
+        return self.restarted and bool(self.progressed) and not self.waiting
+
+    def data(self) -> dict[str, object]:
+        return {
+            "restart_count_before": self.restart_before,
+            "restart_count_after": self.restart_now,
+            "world_size": self.world_size,
+            "ranks_progressed": list(self.progressed),
+            "ranks_waiting": list(self.waiting),
+        }
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
+
+
+class ConfirmRestart(Action):
+    """Poll Prometheus until the job restarted and all its ranks progress again.
+
+    Args:
+        prometheus: the Prometheus API, or None when the responder has no
+            ``--prometheus-url`` (the action is then skipped by its guard).
+        settings: timing; see :class:`ConfirmRestartSettings`.
+        clock: Unix time source (seconds), for the timeout and timestamps.
+        sleep: awaitable sleep, for the poll interval.
+    """
+
+    kind = "confirm_restart"
+    retry_safe = True
+
+    def __init__(
+        self,
+        prometheus: PrometheusAPI | None,
+        settings: ConfirmRestartSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._prometheus = prometheus
+        self.settings = settings or ConfirmRestartSettings()
+        self._clock = clock
+        self._sleep = sleep
+
+    def guard(self, incident: IncidentRecord) -> str | None:
+        """Skip without a Prometheus URL or without a ``job`` label on the alert."""
+        if self._prometheus is None:
+            return "no Prometheus URL configured (stormwatch alerts serve --prometheus-url)"
+        if not incident.labels.get("job"):
+            return "the alert has no 'job' label, so there is no job to watch"
+        return None
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        """Poll until confirmed (``succeeded``) or ``settings.timeout_s`` passed (``failed``)."""
+        job = incident.labels["job"]
+        deadline = self._clock() + self.settings.timeout_s
+        seen = _Observation()
+        polls = 0
+        while True:
+            polls += 1
+            seen = await self._observe(job, incident.starts_at, seen)
+            now = self._clock()
+            if seen.confirmed:
+                return ActionOutcome(
+                    status="succeeded",
+                    detail=(
+                        f"job {job} restarted (restart count {_fmt(seen.restart_before)} -> "
+                        f"{_fmt(seen.restart_now)}) and all {len(seen.progressed)} ranks made "
+                        "progress after the alert started"
+                    ),
+                    data={**seen.data(), "confirmed_at": now, "polls": polls},
+                )
+            if now >= deadline:
+                waiting = ", ".join(seen.waiting) or "none known"
+                detail = (
+                    f"not confirmed within {self.settings.timeout_s:g} s: restart count "
+                    f"{_fmt(seen.restart_before)} -> {_fmt(seen.restart_now)} "
+                    f"({'increased' if seen.restarted else 'not increased'}); "
+                    f"ranks without progress since the alert: {waiting}"
+                )
+                if seen.error:
+                    detail += f"; last Prometheus error: {seen.error}"
+                return ActionOutcome(
+                    status="failed",
+                    detail=detail,
+                    data={**seen.data(), "polls": polls, "error": seen.error},
+                )
+            await self._sleep(min(self.settings.poll_interval_s, max(deadline - now, 0.0)))
+
+    async def _observe(self, job: str, since: float, previous: _Observation) -> _Observation:
+        assert self._prometheus is not None  # guarded
+        prom = self._prometheus
+        selector = f"{{job={promql_string(job)}}}"
+        seen = _Observation(
+            restart_before=previous.restart_before, baseline_known=previous.baseline_known
+        )
+        try:
+            if not seen.baseline_known:
+                before = await prom.query(
+                    f"max(max_over_time(stormwatch_train_restart_count{selector}[60s]))",
+                    at=since - self.settings.baseline_offset_s,
+                )
+                seen.restart_before = before[0].value if before else None
+                seen.baseline_known = True
+            restart, world, progress = await asyncio.gather(
+                prom.query(f"max(stormwatch_train_restart_count{selector})"),
+                prom.query(f"max(stormwatch_train_world_size{selector})"),
+                prom.query(
+                    f"max by (rank) (stormwatch_rank_last_progress_timestamp_seconds{selector})"
+                ),
+            )
+        except PrometheusError as exc:
+            seen.error = str(exc)
+            return seen
+        seen.restart_now = restart[0].value if restart else None
+        seen.world_size = int(world[0].value) if world and world[0].value >= 1 else None
+        last = {s.labels.get("rank", ""): s.value for s in progress}
+        expected = (
+            [str(r) for r in range(seen.world_size)]
+            if seen.world_size is not None
+            else sorted(last, key=_rank_order)
+        )
+        for rank in expected:
+            (seen.progressed if last.get(rank, float("-inf")) > since else seen.waiting).append(
+                rank
+            )
+        return seen
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value:g}"
+
+
+__all__ = ["ConfirmRestart", "ConfirmRestartSettings"]

@@ -1,0 +1,211 @@
+"""Alertmanager configuration for the responder, generated from typed models.
+
+:class:`AlertmanagerSettings` holds what the caller chooses (responder URL,
+token file, timing); :func:`build_alertmanager_config` turns it into the typed
+:class:`AlertmanagerConfig` (the subset of Alertmanager's schema we use), and
+:func:`render_alertmanager_config` dumps that with PyYAML. No string templates.
+
+The lab calls::
+
+    write_alertmanager_config(
+        AlertmanagerSettings(responder_url=state.responder_url, token_file=token), path
+    )
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from stormwatch.alerts.durations import format_duration
+
+from stormwatch.errors import ConfigError
+
+#: Path of the responder's webhook endpoint, appended to the responder's base URL.
+WEBHOOK_PATH = "/v1/alertmanager"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Authorization(_Model):
+    """``http_config.authorization``: the Bearer token is read from a file by Alertmanager."""
+
+    type: Literal["Bearer"] = "Bearer"
+    credentials_file: str
+
+
+class HTTPConfig(_Model):
+    """``webhook_configs[].http_config`` (only what we use)."""
+
+    authorization: Authorization
+
+
+class WebhookConfig(_Model):
+    """One ``webhook_configs`` entry."""
+
+    url: str
+    send_resolved: bool = True
+    max_alerts: int = 0
+    http_config: HTTPConfig
+
+
+class Receiver(_Model):
+    """One ``receivers`` entry."""
+
+    name: str
+    webhook_configs: list[WebhookConfig]
+
+
+class Route(_Model):
+    """The top-level ``route``; durations are Prometheus duration strings."""
+
+    receiver: str
+    group_by: list[str]
+    group_wait: str
+    group_interval: str
+    repeat_interval: str
+
+
+class GlobalConfig(_Model):
+    """The ``global`` section."""
+
+    resolve_timeout: str
+
+
+class AlertmanagerConfig(_Model):
+    """An ``alertmanager.yml`` document (the subset of the schema we generate)."""
+
+    global_: GlobalConfig = Field(serialization_alias="global")
+    route: Route
+    receivers: list[Receiver]
+
+    def to_yaml(self) -> str:
+        """The document as YAML, keys in schema order."""
+        data = self.model_dump(by_alias=True, mode="json")
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertmanagerSettings:
+    """What the caller chooses for the generated Alertmanager configuration.
+
+    Attributes:
+        responder_url: base URL of the responder, e.g. ``http://127.0.0.1:19095``
+            (``LabState.responder_url``); :data:`WEBHOOK_PATH` is appended.
+        token_file: file holding the responder's Bearer token; must exist. Written
+            to the config as an absolute path (Alertmanager reads it itself).
+        group_wait_s: seconds to wait before the first notification of a new group.
+            Default 1 s, for the lab; Alertmanager's own default is 30 s.
+        group_interval_s: seconds between notifications about a changed group
+            (this also delays "resolved"). Default 5 s, for the lab; upstream 5 m.
+        repeat_interval_s: seconds before re-sending an unchanged firing group.
+            Default 4 h (Alertmanager's default); the responder ignores repeats.
+        resolve_timeout_s: ``global.resolve_timeout`` for alerts without ``endsAt``
+            (Prometheus always sets it). Default 5 m (Alertmanager's default).
+        group_by: labels that group alerts into one notification; default
+            ``("alertname", "job")`` = one notification per alert per training job.
+        receiver: name of the webhook receiver.
+    """
+
+    responder_url: str
+    token_file: Path
+    group_wait_s: float = 1.0
+    group_interval_s: float = 5.0
+    repeat_interval_s: float = 4 * 3600.0
+    resolve_timeout_s: float = 300.0
+    group_by: tuple[str, ...] = ("alertname", "job")
+    receiver: str = "stormwatch-responder"
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.responder_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"responder_url: {self.responder_url!r} is not an http(s) URL; "
+                "use the responder's base URL, e.g. http://127.0.0.1:19095"
+            )
+        if parts.query or parts.fragment:
+            raise ConfigError(
+                f"responder_url: {self.responder_url!r} must not have a query or fragment"
+            )
+        if not Path(self.token_file).is_file():
+            raise ConfigError(
+                f"token_file: {self.token_file} does not exist; create the responder "
+                "token first (the lab writes <run-dir>/secrets/responder.token)"
+            )
+        for name in ("group_wait_s", "group_interval_s", "repeat_interval_s", "resolve_timeout_s"):
+            value = getattr(self, name)
+            if not value >= 0.001:
+                raise ConfigError(f"{name}: must be at least 0.001 s (got {value!r})")
+        if not self.group_by or not all(self.group_by):
+            raise ConfigError(f"group_by: must name at least one label (got {self.group_by!r})")
+        if not self.receiver:
+            raise ConfigError("receiver: must not be empty")
+
+    @property
+    def webhook_url(self) -> str:
+        """The responder's webhook URL (base URL + :data:`WEBHOOK_PATH`)."""
+        base = self.responder_url.rstrip("/")
+        return base if base.endswith(WEBHOOK_PATH) else base + WEBHOOK_PATH
+
+
+def build_alertmanager_config(settings: AlertmanagerSettings) -> AlertmanagerConfig:
+    """One route (group by ``settings.group_by``) to one webhook receiver: the responder.
+
+    The receiver sends resolved notifications too (the responder closes
+    incidents on them) and authenticates with the Bearer token in
+    ``settings.token_file``.
+    """
+    webhook = WebhookConfig(
+        url=settings.webhook_url,
+        send_resolved=True,
+        http_config=HTTPConfig(
+            authorization=Authorization(credentials_file=str(Path(settings.token_file).resolve()))
+        ),
+    )
+    return AlertmanagerConfig(
+        global_=GlobalConfig(resolve_timeout=format_duration(settings.resolve_timeout_s)),
+        route=Route(
+            receiver=settings.receiver,
+            group_by=list(settings.group_by),
+            group_wait=format_duration(settings.group_wait_s),
+            group_interval=format_duration(settings.group_interval_s),
+            repeat_interval=format_duration(settings.repeat_interval_s),
+        ),
+        receivers=[Receiver(name=settings.receiver, webhook_configs=[webhook])],
+    )
+
+
+def render_alertmanager_config(settings: AlertmanagerSettings) -> str:
+    """``alertmanager.yml`` text for ``settings`` (see :func:`build_alertmanager_config`)."""
+    return build_alertmanager_config(settings).to_yaml()
+
+
+def write_alertmanager_config(settings: AlertmanagerSettings, path: Path) -> Path:
+    """Write ``alertmanager.yml`` for ``settings`` to ``path`` (atomically) and return it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render_alertmanager_config(settings), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+__all__ = [
+    "WEBHOOK_PATH",
+    "AlertmanagerConfig",
+    "AlertmanagerSettings",
+    "Authorization",
+    "GlobalConfig",
+    "HTTPConfig",
+    "Receiver",
+    "Route",
+    "WebhookConfig",
+    "build_alertmanager_config",
+    "render_alertmanager_config",
+    "write_alertmanager_config",
+]

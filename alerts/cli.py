@@ -1,0 +1,294 @@
+"""``stormwatch alerts``: rule files, Alertmanager configuration and the responder."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import signal
+from pathlib import Path
+
+import click
+from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
+from stormwatch.alerts.alertmanager import (
+    AlertmanagerSettings,
+    render_alertmanager_config,
+    write_alertmanager_config,
+)
+from stormwatch.alerts.auth import read_token
+from stormwatch.alerts.client import ResponderClient
+from stormwatch.alerts.durations import parse_duration
+from stormwatch.alerts.records import ActionRecord, IncidentRecord
+from stormwatch.alerts.responder import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
+from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
+
+from stormwatch.errors import ConfigError
+
+
+def _host_port(value: str, option: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{option}: {value!r} must be HOST:PORT, e.g. 127.0.0.1:19095")
+    return host, int(port)
+
+
+@click.group("alerts")
+def alerts() -> None:
+    """Alert rules, Alertmanager configuration and the responder.
+
+    \b
+    stormwatch alerts check                 promtool check + unit tests of the shipped rules
+    stormwatch alerts rules-path            folder of the shipped rule files (for Prometheus)
+    stormwatch alerts config alertmanager   write alertmanager.yml pointing at the responder
+    stormwatch alerts serve                 run the responder (webhook receiver + actions)
+    stormwatch alerts incidents             list the responder's incidents
+    """
+
+
+@alerts.command("rules-path")
+def rules_path_cmd() -> None:
+    """Print the folder holding the shipped Prometheus rule files (*.yml).
+
+    Prometheus loads them with `rule_files: ["<folder>/*.yml"]`.
+    """
+    click.echo(str(rules_dir()))
+
+
+@alerts.command("check")
+def check_cmd() -> int:
+    """Run `promtool check rules` and `promtool test rules` on the shipped rules.
+
+    Exit status 0 when both pass, 1 otherwise (promtool's output is printed).
+    """
+    runs = [check_rules(), run_rule_tests()]
+    for run in runs:
+        click.echo(f"$ {' '.join(run.command)}")
+        click.echo(run.output.rstrip())
+    ok = all(run.ok for run in runs)
+    files = ", ".join(p.name for p in rule_files())
+    click.secho(
+        f"{'ok' if ok else 'FAILED'}: rules {files}", fg="green" if ok else "red", err=not ok
+    )
+    return 0 if ok else 1
+
+
+@alerts.group("config")
+def config_group() -> None:
+    """Generate configuration for the services around the responder."""
+
+
+@config_group.command("alertmanager")
+@click.option(
+    "--responder-url",
+    required=True,
+    help="Responder base URL (e.g. http://127.0.0.1:19095); /v1/alertmanager is appended "
+    "unless the URL already ends with it.",
+)
+@click.option(
+    "--token-file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="File with the responder's Bearer token; Alertmanager reads it (credentials_file).",
+)
+@click.option(
+    "--group-wait",
+    default="1s",
+    show_default=True,
+    help="Wait before the first notification of a group (lab value; upstream 30s).",
+)
+@click.option(
+    "--group-interval",
+    default="5s",
+    show_default=True,
+    help="Wait between notifications of a changed group; also delays 'resolved'.",
+)
+@click.option(
+    "--repeat-interval",
+    default="4h",
+    show_default=True,
+    help="Re-send an unchanged firing group after this long.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write to this file instead of standard output.",
+)
+def alertmanager_cmd(
+    responder_url: str,
+    token_file: Path,
+    group_wait: str,
+    group_interval: str,
+    repeat_interval: str,
+    output: Path | None,
+) -> None:
+    """Print (or write) alertmanager.yml: group by alertname and job, one webhook
+    receiver (the responder) with send_resolved and Bearer authorization."""
+    settings = AlertmanagerSettings(
+        responder_url=responder_url,
+        token_file=token_file,
+        group_wait_s=parse_duration(group_wait, "--group-wait"),
+        group_interval_s=parse_duration(group_interval, "--group-interval"),
+        repeat_interval_s=parse_duration(repeat_interval, "--repeat-interval"),
+    )
+    text = render_alertmanager_config(settings)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_alertmanager_config(settings, output)
+        click.echo(f"wrote {output}", err=True)
+
+
+@alerts.command("serve")
+@click.option(
+    "--listen",
+    default="127.0.0.1:19095",
+    show_default=True,
+    help="HOST:PORT to listen on (port 0 picks a free port).",
+)
+@click.option(
+    "--db",
+    "db_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="SQLite database of notifications, incidents and actions (created if missing).",
+)
+@click.option(
+    "--token-file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="File with the Bearer token every request (except /healthz) must carry.",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    help="Prometheus base URL for read-only actions (confirm_restart); "
+    "without it they are skipped.",
+)
+@click.option(
+    "--confirm-timeout",
+    default="5m",
+    show_default=True,
+    help="How long confirm_restart waits for the restart and fresh progress.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    type=int,
+    help="Largest accepted request body; larger ones get 413.",
+)
+def serve_cmd(
+    listen: str,
+    db_path: Path,
+    token_file: Path,
+    prometheus_url: str | None,
+    confirm_timeout: str,
+    max_body_bytes: int,
+) -> None:
+    """Run the responder: receive Alertmanager webhooks, keep incidents, run actions.
+
+    Prints `listening on URL` once ready; stops cleanly on SIGINT/SIGTERM.
+    """
+    host, port = _host_port(listen, "--listen")
+    settings = ResponderSettings(
+        db_path=db_path,
+        token_file=token_file,
+        host=host,
+        port=port,
+        prometheus_url=prometheus_url,
+        max_body_bytes=max_body_bytes,
+        confirm=ConfirmRestartSettings(
+            timeout_s=parse_duration(confirm_timeout, "--confirm-timeout")
+        ),
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(settings, stop=stop, on_ready=lambda url: click.echo(f"listening on {url}"))
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
+
+
+def _time(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@alerts.command("incidents")
+@click.option(
+    "--url", default="http://127.0.0.1:19095", show_default=True, help="Responder base URL."
+)
+@click.option(
+    "--token-file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="File with the responder's Bearer token.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON ({incidents, actions}) instead of a table."
+)
+def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
+    """List the responder's incidents with the outcome of their actions."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    client = ResponderClient(url, read_token(token_file, "--token-file"))
+
+    async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
+        return await asyncio.gather(client.incidents(), client.actions())
+
+    incidents, actions = asyncio.run(fetch())
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "incidents": [i.model_dump(mode="json") for i in incidents],
+                    "actions": [a.model_dump(mode="json") for a in actions],
+                },
+                indent=2,
+            )
+        )
+        return
+    by_incident: dict[int, list[ActionRecord]] = {}
+    for action in actions:
+        by_incident.setdefault(action.incident_id, []).append(action)
+    table = Table(title=f"Incidents at {url}")
+    for column in ("id", "status", "alert", "job", "rank", "started", "closed", "actions"):
+        table.add_column(column, overflow="fold")
+    for incident in incidents:
+        acts = "\n".join(
+            escape(f"{a.kind}: {a.status}" + (f" ({a.detail})" if a.detail else ""))
+            for a in by_incident.get(incident.id, [])
+        )
+        table.add_row(
+            str(incident.id),
+            "[red]open[/red]" if incident.status == "open" else incident.status,
+            escape(incident.alertname),
+            escape(incident.labels.get("job", "-")),
+            escape(incident.labels.get("rank", "-")),
+            _time(incident.starts_at),
+            _time(incident.closed_at),
+            acts or "-",
+        )
+    console = Console()
+    if incidents:
+        console.print(table)
+    else:
+        console.print(f"No incidents at {url}.")
+
+
+__all__ = ["alerts"]

@@ -1,0 +1,44 @@
+"""Exceptions raised by :mod:`stormwatch.alerts` (tree drawn in the package docstring)."""
+
+from __future__ import annotations
+
+from stormwatch.errors import StormwatchError
+
+
+class AlertsError(StormwatchError):
+    """Base class of the alerts component's runtime errors (bad input is ``ConfigError``)."""
+
+
+class ToolError(AlertsError):
+    """``promtool`` or ``amtool`` is missing, or it rejected the rules or configuration.
+
+    Attributes:
+        output: the tool's combined stdout and stderr (may be empty).
+    """
+
+    def __init__(self, message: str, output: str = "") -> None:
+        self.output = output
+        super().__init__(f"{message}\n{output}".rstrip() if output else message)
+
+
+class StoreError(AlertsError):
+    """The responder's SQLite database cannot be opened or updated."""
+
+
+class PrometheusError(AlertsError):
+    """The Prometheus HTTP API answered with an error or could not be reached."""
+
+
+class ResponderClientError(AlertsError):
+    """The responder's HTTP API answered with an error or could not be reached.
+
+    Attributes:
+        status: the HTTP status, or ``None`` when no answer came back.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+__all__ = ["AlertsError", "PrometheusError", "ResponderClientError", "StoreError", "ToolError"]

@@ -1,0 +1,164 @@
+"""Generated alertmanager.yml: structure, validation, and `amtool check-config` (real amtool)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from stormwatch.alerts import (
+    AlertmanagerSettings,
+    build_alertmanager_config,
+    render_alertmanager_config,
+    write_alertmanager_config,
+)
+from stormwatch.alerts.durations import format_duration, parse_duration
+from stormwatch.alerts.rulefiles import run_tool
+
+from stormwatch.errors import ConfigError
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> Path:
+    path = tmp_path / "responder.token"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    return path
+
+
+def _amtool_ok(path: Path) -> None:
+    run = run_tool(["amtool", "check-config", str(path)])
+    assert run.ok, run.output
+    assert "SUCCESS" in run.output
+
+
+def test_config_routes_to_the_responder_with_bearer_auth_and_resolved(token: Path) -> None:
+    settings = AlertmanagerSettings(responder_url="http://127.0.0.1:19095", token_file=token)
+    doc = yaml.safe_load(render_alertmanager_config(settings))
+    route = doc["route"]
+    assert route["group_by"] == ["alertname", "job"]
+    assert route["group_wait"] == "1s"
+    [receiver] = doc["receivers"]
+    assert receiver["name"] == route["receiver"]
+    [webhook] = receiver["webhook_configs"]
+    assert webhook["url"] == "http://127.0.0.1:19095/v1/alertmanager"
+    assert webhook["send_resolved"] is True
+    assert webhook["http_config"]["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": str(token.resolve()),
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"group_wait_s": 0.5, "group_interval_s": 1.0, "repeat_interval_s": 90.0},
+        {"group_wait_s": 30.0, "group_interval_s": 300.0, "repeat_interval_s": 14400.0},
+    ],
+    ids=["defaults", "fast-lab", "upstream-defaults"],
+)
+def test_generated_config_passes_amtool_check_config(
+    tmp_path: Path, token: Path, kwargs: dict[str, Any]
+) -> None:
+    settings = AlertmanagerSettings(
+        responder_url="http://127.0.0.1:19095", token_file=token, **kwargs
+    )
+    path = write_alertmanager_config(settings, tmp_path / "alertmanager.yml")
+    _amtool_ok(path)
+
+
+def test_full_webhook_url_is_kept_as_is(token: Path) -> None:
+    settings = AlertmanagerSettings(
+        responder_url="http://127.0.0.1:19095/v1/alertmanager/", token_file=token
+    )
+    config = build_alertmanager_config(settings)
+    assert config.receivers[0].webhook_configs[0].url == "http://127.0.0.1:19095/v1/alertmanager"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"responder_url": "127.0.0.1:19095"}, "responder_url"),
+        ({"responder_url": "ftp://host/x"}, "responder_url"),
+        ({"responder_url": "http://h:1/?a=b"}, "responder_url"),
+        ({"token_file": Path("/nonexistent/token")}, "token_file"),
+        ({"group_wait_s": 0.0}, "group_wait_s"),
+        ({"group_by": ()}, "group_by"),
+    ],
+)
+def test_bad_settings_name_the_field(token: Path, kwargs: dict[str, Any], field: str) -> None:
+    args: dict[str, Any] = {
+        "responder_url": "http://127.0.0.1:19095",
+        "token_file": token,
+        **kwargs,
+    }
+    with pytest.raises(ConfigError, match=field):
+        AlertmanagerSettings(**args)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("500ms", 0.5),
+        ("1m30s", 90.0),
+        ("4h", 14400.0),
+        ("1d", 86400.0),
+        ("1h1ms", 3600.001),
+    ],
+)
+def test_durations_round_trip(text: str, seconds: float) -> None:
+    assert parse_duration(text, "x") == pytest.approx(seconds)
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("text", ["", "1", "1.5s", "s", "1x", "1s1m", "-1s"])
+def test_bad_duration_names_the_option(text: str) -> None:
+    with pytest.raises(ConfigError, match="--group-wait"):
+        parse_duration(text, "--group-wait")
+
+
+def test_cli_prints_and_writes_a_config_amtool_accepts(
+    kit: Any, tmp_path: Path, token: Path
+) -> None:
+    base = [
+        kit.stormwatch,
+        "alerts",
+        "config",
+        "alertmanager",
+        "--responder-url",
+        "http://127.0.0.1:19095",
+        "--token-file",
+        str(token),
+    ]
+    printed = subprocess.run(base, capture_output=True, text=True, timeout=60, check=True).stdout
+    out = tmp_path / "am.yml"
+    subprocess.run(
+        [*base, "--group-wait", "2s", "-o", str(out)], capture_output=True, timeout=60, check=True
+    )
+    assert yaml.safe_load(out.read_text())["route"]["group_wait"] == "2s"
+    assert yaml.safe_load(printed)["route"]["group_wait"] == "1s"
+    _amtool_ok(out)
+
+
+def test_cli_user_error_exits_2_without_traceback(kit: Any, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            kit.stormwatch,
+            "alerts",
+            "config",
+            "alertmanager",
+            "--responder-url",
+            "http://127.0.0.1:19095",
+            "--token-file",
+            str(tmp_path / "missing.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "token_file" in out.stderr and "Traceback" not in out.stderr

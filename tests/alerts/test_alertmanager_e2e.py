@@ -1,0 +1,98 @@
+"""A real Alertmanager posting to the real responder (loopback, temporary storage)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stormwatch.alerts import AlertmanagerSettings, write_alertmanager_config
+
+pytestmark = pytest.mark.e2e
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def start_alertmanager(
+    start_service: Any, kit: Any, tmp_path: Path, responder: Any, **timing: float
+) -> str:
+    """Alertmanager on a free loopback port, clustering off, routing to ``responder``."""
+    config = write_alertmanager_config(
+        AlertmanagerSettings(
+            responder_url=responder.url, token_file=responder.token_file, **timing
+        ),
+        tmp_path / "alertmanager.yml",
+    )
+    port = kit.free_port()
+    return start_service(
+        "prometheus-alertmanager",
+        [
+            f"--config.file={config}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        port,
+    )
+
+
+def test_alertmanager_notification_opens_one_incident_and_resolve_closes_it(
+    start_responder: Any, start_service: Any, kit: Any, tmp_path: Path
+) -> None:
+    responder = start_responder()
+    # Alertmanager re-sends the unchanged firing group every second (repeat_interval).
+    am_url = start_alertmanager(
+        start_service,
+        kit,
+        tmp_path,
+        responder,
+        group_wait_s=1.0,
+        group_interval_s=1.0,
+        repeat_interval_s=1.0,
+    )
+    starts_at = time.time() - 2
+    alert = {
+        "labels": {
+            "alertname": "StormwatchRankStalled",
+            "job": "e2e",
+            "rank": "1",
+            "severity": "critical",
+        },
+        "annotations": {"summary": "Rank 1 of job e2e stopped making progress"},
+        "startsAt": _rfc3339(starts_at),
+        "endsAt": _rfc3339(time.time() + 300),
+        "generatorURL": "http://127.0.0.1:19090/graph",
+    }
+    # Prometheus re-sends active alerts every evaluation; do the same a few times.
+    for _ in range(3):
+        assert kit.request("POST", f"{am_url}/api/v2/alerts", body=[alert]).status == 200
+        time.sleep(0.5)
+
+    [incident] = kit.wait_for(lambda: responder.get("incidents"), 30, "an incident")
+    assert incident["status"] == "open"
+    assert incident["labels"]["job"] == "e2e" and incident["labels"]["rank"] == "1"
+    assert incident["starts_at"] == pytest.approx(starts_at, abs=0.01)
+    # Alertmanager repeats the firing notification; the repeats change nothing.
+    kit.wait_for(
+        lambda: sum(n["status"] == "firing" for n in responder.get("notifications")) >= 3,
+        30,
+        "repeated notifications",
+    )
+    assert len(responder.get("incidents")) == 1
+    assert len(responder.get("actions")) == 1
+
+    ended = time.time()
+    resolved = {**alert, "endsAt": _rfc3339(ended)}
+    assert kit.request("POST", f"{am_url}/api/v2/alerts", body=[resolved]).status == 200
+    [incident] = kit.wait_for(
+        lambda: [i for i in responder.get("incidents") if i["status"] == "closed"], 30, "closed"
+    )
+    assert incident["ends_at"] == pytest.approx(ended, abs=0.01)
+    assert len(responder.get("incidents")) == 1
+    notifications = responder.get("notifications")
+    assert {n["status"] for n in notifications} == {"firing", "resolved"}
+    assert all(n["receiver"] == "stormwatch-responder" for n in notifications)
