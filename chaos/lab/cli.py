@@ -1,0 +1,343 @@
+"""``stormwatch lab``: start, inspect and stop the local lab; run jobs in it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from stormwatch.chaos.lab.config import JobSpec, LabConfig
+from stormwatch.chaos.lab.lab import Lab, ProgressEvent
+from stormwatch.chaos.lab.status import LabStatus, ServiceStatus
+
+#: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
+#: the same default as ``stormwatch chaos``, so ``lab up`` then ``chaos run`` just work.
+DEFAULT_RUN_DIR = Path("run")
+
+_MARKS = {
+    "create": "[green]+[/]",
+    "start": "[cyan]>[/]",
+    "ready": "[green]✓[/]",
+    "remove": "[yellow]-[/]",
+}
+
+run_dir_option = click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_RUN_DIR,
+    envvar="STORMWATCH_LAB_DIR",
+    show_default=True,
+    show_envvar=True,
+    help="Run directory of the lab (lab.json, logs, metrics, jobs).",
+)
+
+
+def _config_options(func: Any) -> Any:
+    """Options that build a LabConfig (defaults: LabConfig's)."""
+    defaults = LabConfig()
+    options = [
+        click.option(
+            "--nodes",
+            type=int,
+            default=defaults.nodes,
+            show_default=True,
+            help="Nodes (network namespaces).",
+        ),
+        click.option(
+            "--nproc-per-node",
+            type=int,
+            default=defaults.nproc_per_node,
+            show_default=True,
+            help="torchrun workers per node.",
+        ),
+        click.option(
+            "--subnet",
+            default=str(defaults.subnet),
+            show_default=True,
+            help="IPv4 subnet of the lab bridge.",
+        ),
+        click.option(
+            "--prefix",
+            default=defaults.prefix,
+            show_default=True,
+            help="Prefix of bridge, namespace and veth names.",
+        ),
+        click.option(
+            "--prometheus-port",
+            type=int,
+            default=defaults.prometheus_port,
+            show_default=True,
+            help="Prometheus port on 127.0.0.1.",
+        ),
+        click.option(
+            "--alertmanager-port",
+            type=int,
+            default=defaults.alertmanager_port,
+            show_default=True,
+            help="Alertmanager port on 127.0.0.1.",
+        ),
+        click.option(
+            "--responder-port",
+            type=int,
+            default=defaults.responder_port,
+            show_default=True,
+            help="Responder port on 127.0.0.1.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _config(**values: Any) -> LabConfig:
+    return LabConfig(**values)
+
+
+def _console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _printer(console: Console) -> Any:
+    started = time.monotonic()
+
+    def show(event: ProgressEvent) -> None:
+        mark = _MARKS.get(event.kind, "[dim]·[/]")
+        console.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {mark} {event.message}")
+
+    return show
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C, so a terminated ``lab up`` still removes what it created."""
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def lab() -> None:
+    """Start, inspect and stop the local lab cluster (needs root).
+
+    The lab is a bridge and one network namespace per node on this machine, an
+    agent in each namespace, and Prometheus, Alertmanager and the responder on
+    127.0.0.1. Jobs run one torchrun per namespace.
+
+    \b
+    Typical session:
+      stormwatch lab up
+      stormwatch lab train --job baseline --steps 60
+      stormwatch lab wait --job baseline
+      stormwatch lab down
+    """
+
+
+@lab.command()
+@run_dir_option
+@_config_options
+@click.option(
+    "--startup-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for every service to become healthy.",
+)
+def up(run_dir: Path, startup_timeout: float, **values: Any) -> None:
+    """Create the lab: bridge, namespaces, agents, Prometheus, Alertmanager, responder.
+
+    Prints progress, waits until every service is healthy and Prometheus scrapes
+    every agent, and writes <run-dir>/lab.json. On failure or Ctrl-C it removes
+    everything it created.
+    """
+    config = _config(startup_timeout=startup_timeout, **values)
+    console = _console()
+    with _sigterm_interrupts():
+        state = Lab(run_dir).up(config, progress=_printer(console))
+    console.print(f"[bold green]lab up[/] in {state.run_dir}")
+    console.print(f"  Prometheus   {state.prometheus_url}")
+    console.print(f"  Alertmanager {state.alertmanager_url}")
+    console.print(f"  Responder    {state.responder_url}")
+    for node in state.nodes:
+        console.print(f"  {node.name:<12} {node.agent_url} (netns {node.netns})")
+
+
+@lab.command()
+@run_dir_option
+@_config_options
+def down(run_dir: Path, **values: Any) -> None:
+    """Stop every lab process and remove its namespaces, veths and bridge.
+
+    Uses <run-dir>/lab.json when present; otherwise sweeps the names the
+    options describe (--prefix). Safe to run twice, or after a crashed `lab up`.
+    """
+    console = _console()
+    removed = Lab(run_dir).down(_config(**values), progress=_printer(console))
+    console.print("[bold]lab down[/]: " + ("nothing was left" if not removed else "all removed"))
+
+
+def _service_row(table: Table, label: str, service: ServiceStatus | None) -> None:
+    if service is None:
+        table.add_row(label, "-", "[red]not started[/]", "", "")
+        return
+    running = "[green]running[/]" if service.running else f"[red]exited {service.returncode}[/]"
+    healthy = "[green]healthy[/]" if service.healthy else f"[red]{service.detail}[/]"
+    table.add_row(label, str(service.pid), running, healthy, service.url)
+
+
+def _render(status: LabStatus, console: Console) -> None:
+    colour = "green" if status.healthy else "red"
+    verdict = "healthy" if status.healthy else "not healthy"
+    console.print(f"lab in {status.run_dir}: [bold]{status.phase}[/], [{colour}]{verdict}[/]")
+    if status.error:
+        console.print(f"[red]last error:[/] {status.error}")
+    nodes = Table(title="Nodes")
+    for column in ("node", "netns", "address", "namespace", "agent pid", "agent", "health"):
+        nodes.add_column(column)
+    for node in status.nodes:
+        agent = node.agent
+        nodes.add_row(
+            node.name,
+            node.netns,
+            str(node.address),
+            "[green]exists[/]" if node.netns_exists else "[red]missing[/]",
+            str(agent.pid) if agent else "-",
+            ("[green]running[/]" if agent.running else "[red]exited[/]") if agent else "-",
+            ("[green]healthy[/]" if agent.healthy else f"[red]{agent.detail}[/]") if agent else "-",
+        )
+    console.print(nodes)
+    services = Table(title="Services")
+    for column in ("service", "pid", "process", "health", "url"):
+        services.add_column(column)
+    for service in status.services:
+        _service_row(services, service.name, service)
+    console.print(services)
+    if status.jobs:
+        jobs = Table(title="Jobs")
+        for column in ("job", "state", "exit codes", "folder"):
+            jobs.add_column(column)
+        for job in status.jobs:
+            state = "running" if job.running else ("stopped" if job.stopped else "ended")
+            codes = ", ".join(f"{n}={c}" for n, c in job.exit_codes.items())
+            jobs.add_row(job.name, state, codes, str(job.job_dir))
+        console.print(jobs)
+
+
+@lab.command()
+@run_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(run_dir: Path, as_json: bool) -> int:
+    """Show nodes, services, their health, and jobs (exit 0 only when healthy)."""
+    result = Lab(run_dir).status()
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        _render(result, Console(highlight=False))
+    return 0 if result.healthy else 1
+
+
+@lab.command()
+@run_dir_option
+@click.option("--job", "name", required=True, help="Job name (also its rendezvous id and folder).")
+@click.option("--steps", type=int, required=True, help="Steps to train.")
+@click.option(
+    "--checkpoint-every",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Steps between checkpoints (0: never).",
+)
+@click.option(
+    "--step-delay", type=float, default=0.0, show_default=True, help="Extra seconds per step."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option(
+    "--max-restarts", type=int, default=3, show_default=True, help="torchrun --max-restarts."
+)
+@click.option("--wait/--no-wait", default=False, show_default=True, help="Wait for the job to end.")
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait with --wait."
+)
+def train(
+    run_dir: Path,
+    name: str,
+    steps: int,
+    checkpoint_every: int,
+    step_delay: float,
+    seed: int,
+    max_restarts: int,
+    wait: bool,
+    timeout: float,
+) -> int:
+    """Start a training job: one torchrun per node, dp = nodes, tp = workers per node.
+
+    Returns at once (the job runs detached) unless --wait is given.
+    """
+    spec = JobSpec(
+        name=name,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        step_delay=step_delay,
+        seed=seed,
+        max_restarts=max_restarts,
+    )
+    the_lab = Lab(run_dir)
+    info = the_lab.start_job(spec)
+    console = _console()
+    console.print(f"[bold]job {info.name}[/] started; logs in {info.log_dir}")
+    for node, pid in info.node_pids.items():
+        console.print(f"  {node}: torchrun pid {pid}, output {info.node_logs[node]}")
+    if not wait:
+        return 0
+    return _report(the_lab.wait_job(name, timeout=timeout).exit_codes, console)
+
+
+def _report(exit_codes: dict[str, int | None], console: Console) -> int:
+    ok = bool(exit_codes) and all(code == 0 for code in exit_codes.values())
+    for node, code in exit_codes.items():
+        shown = "unknown" if code is None else str(code)
+        colour = "green" if code == 0 else "red"
+        console.print(f"  {node}: torchrun exit code [{colour}]{shown}[/]")
+    console.print("[bold green]job succeeded[/]" if ok else "[bold red]job failed[/]")
+    return 0 if ok else 1
+
+
+@lab.command()
+@run_dir_option
+@click.option("--job", "name", required=True, help="Job name.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait.")
+def wait(run_dir: Path, name: str, timeout: float) -> int:
+    """Wait for both torchruns of a job; print their exit codes (exit 0 when all are 0)."""
+    result = Lab(run_dir).wait_job(name, timeout=timeout)
+    return _report(result.exit_codes, _console())
+
+
+@lab.command()
+@run_dir_option
+@click.option("--job", "name", required=True, help="Job name.")
+@click.option(
+    "--grace",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+def stop(run_dir: Path, name: str, grace: float) -> None:
+    """Stop a running job (SIGTERM to torchrun and its workers, then SIGKILL)."""
+    result = Lab(run_dir).stop_job(name, grace=grace)
+    _report(result.exit_codes, _console())
+
+
+__all__ = ["DEFAULT_RUN_DIR", "lab"]

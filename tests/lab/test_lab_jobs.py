@@ -1,0 +1,132 @@
+"""Jobs in the lab: one torchrun per namespace joined into one world over the lab bridge.
+
+The tests share one lab (bringing it up takes ~8 s); the last test brings it down.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from stormwatch.chaos.lab import JobError, JobSpec, Lab, LabConfig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+ALLREDUCE = Path(__file__).with_name("allreduce_job.py")
+
+
+@pytest.fixture(scope="module")
+def lab(
+    tmp_path_factory: pytest.TempPathFactory,
+    lab_config_factory: Callable[[], LabConfig],
+    lab_possible: None,
+    nothing_left: Callable[[LabConfig, Path], list[str]],
+) -> Iterator[Lab]:
+    config = lab_config_factory()
+    the_lab = Lab(tmp_path_factory.mktemp("lab"))
+    try:
+        the_lab.up(config)
+        yield the_lab
+    finally:
+        the_lab.down(config)
+        assert nothing_left(config, the_lab.run_dir) == []
+
+
+def _allreduce(name: str, out: Path, sleep_s: float = 0.0) -> JobSpec:
+    return JobSpec(
+        name=name, steps=1, entrypoint=(sys.executable, str(ALLREDUCE), str(out), str(sleep_s))
+    )
+
+
+def _job_processes(name: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("STORMWATCH_JOB") == name and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_gloo_all_reduce_spans_both_namespaces(lab: Lab, tmp_path: Path) -> None:
+    info = lab.start_job(_allreduce("allreduce", tmp_path))
+    assert set(info.node_pids) == {"node0", "node1"}
+    result = lab.wait_job("allreduce", timeout=180)
+    assert result.ok, {n: p.read_text()[-2000:] for n, p in info.node_logs.items()}
+    assert result.exit_codes == {"node0": 0, "node1": 0}
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    state = lab.state
+    assert {r["world_size"] for r in ranks} == {4}
+    assert {r["sum"] for r in ranks} == {10.0}  # 1 + 2 + 3 + 4: every rank took part
+    assert {r["master_addr"] for r in ranks} == {str(state.nodes[0].address)}
+    assert {r["gloo_ifname"] for r in ranks} == {"eth0"}
+    assert {r["job"] for r in ranks} == {"allreduce"}
+    # Ranks 0-1 run in node0's namespace, 2-3 in node1's, each with its node's metrics dir.
+    assert [r["metrics_dir"] for r in ranks] == [
+        str(state.nodes[r // 2].metrics_dir) for r in range(4)
+    ]
+
+
+def test_trainer_job_runs_to_completion(
+    lab: Lab, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    run_dir = str(lab.run_dir)
+    train = run_cli(
+        "lab",
+        "train",
+        "--run-dir",
+        run_dir,
+        "--job",
+        "tiny",
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+    )
+    assert train.returncode == 0, train.stderr
+    assert "torchrun pid" in train.stderr
+    waited = run_cli("lab", "wait", "--run-dir", run_dir, "--job", "tiny", "--timeout", "400")
+    info = lab.job("tiny")
+    logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
+    assert waited.returncode == 0, (waited.stderr, logs)
+    assert "node0: torchrun exit code 0" in waited.stderr
+    assert "node1: torchrun exit code 0" in waited.stderr
+    for rank in range(4):
+        events = [
+            json.loads(line)
+            for line in (info.log_dir / f"rank{rank}.jsonl").read_text().splitlines()
+        ]
+        assert events[-1]["event"] == "done" and events[-1]["step"] == 4
+    assert any(info.checkpoint_dir.iterdir())
+    status = run_cli("lab", "status", "--run-dir", run_dir, "--json")
+    [job] = [j for j in json.loads(status.stdout)["jobs"] if j["name"] == "tiny"]
+    assert job["running"] is False and job["exit_codes"] == {"node0": 0, "node1": 0}
+
+
+def test_stop_job_and_down_leave_no_torchrun_or_worker(lab: Lab, tmp_path: Path) -> None:
+    """Last test of the module: it brings the shared lab down."""
+    lab.start_job(_allreduce("stopme", tmp_path / "a", sleep_s=300))
+    deadline = time.monotonic() + 120
+    while len(_job_processes("stopme")) < 2 + 4 + 2:  # supervisors, torchruns, workers
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.2)
+    with pytest.raises(JobError, match="still running"):
+        lab.start_job(_allreduce("stopme", tmp_path / "b"))
+    result = lab.stop_job("stopme", grace=5)
+    assert not result.ok and set(result.exit_codes) == {"node0", "node1"}
+    assert _job_processes("stopme") == []
+
+    lab.start_job(_allreduce("downme", tmp_path / "c", sleep_s=300))
+    while len(_job_processes("downme")) < 2 + 4 + 2:
+        assert time.monotonic() < deadline + 120, "workers did not start"
+        time.sleep(0.2)
+    lab.down()
+    assert _job_processes("downme") == []
+    assert lab.status().jobs[-1].stopped is True

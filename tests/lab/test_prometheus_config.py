@@ -1,0 +1,93 @@
+"""The lab's generated Prometheus and Alertmanager configuration."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from stormwatch.chaos.lab import LabConfig
+from stormwatch.chaos.lab.paths import RunPaths
+from stormwatch.chaos.lab.services import (
+    AGENT_SCRAPE_JOB,
+    check_prometheus_config,
+    go_duration,
+    prometheus_spec,
+    rules_dir,
+    write_alertmanager_config,
+    write_prometheus_config,
+)
+from stormwatch.chaos.lab.state import plan_state
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="needs promtool (apt-get install prometheus)"
+)
+def test_generated_prometheus_config_passes_promtool_with_shipped_rules(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig())
+    rules = rules_dir()
+    assert list(rules.glob("*.yml")), "stormwatch alerts ships no rule files"
+    path = write_prometheus_config(state, paths, rules)
+    out = subprocess.run(
+        ["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout + out.stderr
+    check_prometheus_config(path)  # the lab's own check agrees
+
+
+def test_prometheus_scrapes_every_agent_with_its_node_label(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    config = LabConfig(nodes=3, subnet="10.50.0.0/24", alertmanager_port=29093)
+    state = plan_state(paths, config)
+    document = yaml.safe_load(write_prometheus_config(state, paths, Path("/rules")).read_text())
+    assert document["global"] == {
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "evaluation_interval": "1s",
+    }
+    assert document["rule_files"] == ["/rules/*.yml"]
+    assert document["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
+        "127.0.0.1:29093"
+    ]
+    [agents] = [j for j in document["scrape_configs"] if j["job_name"] == AGENT_SCRAPE_JOB]
+    assert agents["honor_labels"] is True  # the training job's `job` label survives the scrape
+    assert agents["static_configs"] == [
+        {"targets": [f"10.50.0.{10 + i}:9400"], "labels": {"node": f"node{i}"}} for i in range(3)
+    ]
+
+
+def test_prometheus_command_listens_on_loopback_with_lifecycle(tmp_path: Path) -> None:
+    if shutil.which("prometheus") is None:
+        pytest.skip("needs the prometheus binary")
+    paths = RunPaths.of(tmp_path)
+    config = LabConfig()
+    cmd = prometheus_spec(config, plan_state(paths, config), paths).cmd
+    assert "--web.listen-address=127.0.0.1:19090" in cmd
+    assert "--web.enable-lifecycle" in cmd
+    assert f"--storage.tsdb.path={paths.prometheus_data}" in cmd
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="needs amtool (prometheus-alertmanager)")
+def test_generated_alertmanager_config_is_valid_and_waits_briefly(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig(alert_group_wait=0.5))
+    state.responder_token_file.parent.mkdir(parents=True)
+    state.responder_token_file.write_text("secret\n")
+    path = write_alertmanager_config(state, paths)
+    out = subprocess.run(
+        ["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    route = yaml.safe_load(path.read_text())["route"]
+    assert route["group_wait"] == "500ms"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(1.0, "1s"), (0.5, "500ms"), (2.25, "2250ms"), (60, "60s")]
+)
+def test_durations_are_written_the_go_way(seconds: float, text: str) -> None:
+    assert go_duration(seconds) == text
