@@ -1,1 +1,74 @@
-"""stormwatch.agent."""
+"""stormwatch.agent: the per-node agent (``stormwatch agent run``).
+
+Serves ``/metrics`` (dcgm-exporter-compatible GPU metrics from real or
+simulated NVML, host metrics, the trainer's multiprocess metrics, the rank
+watcher's view), ``/healthz``, ``/v1/ranks`` and an authenticated fault API
+with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
+``catalogue.csv``), :mod:`.gpu` (NVML backends and sampler), :mod:`.ranks`
+(rank watcher), :mod:`.collectors` (one module per collector), :mod:`.faults`
+(one module per fault kind, ledger, manager), :mod:`.server` (HTTP),
+:mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
+
+Exceptions::
+
+    StormwatchError
+    └── AgentError
+        ├── AgentConfigError        (a ConfigError too) bad setting; names field and fix
+        ├── NvmlUnavailable         --gpu-backend nvml without a working driver
+        ├── CollectorError          a collector cannot collect (collector_up 0)
+        ├── LedgerError             the fault ledger cannot be opened or written
+        └── FaultError              (http_status 500)
+            ├── InvalidFaultRequest (a ConfigError too; 400) .problems names the fields
+            ├── FaultNotFound       unknown fault id (404)
+            ├── FaultTargetNotFound target not on this node (404)
+            ├── FaultTargetAmbiguous (409)
+            └── FaultConflict       fault id reused with another request (409)
+"""
+
+from stormwatch.agent.catalogue import Catalogue, MetricSpec, load_catalogue
+from stormwatch.agent.config import COLLECTOR_NAMES, AgentConfig
+from stormwatch.agent.errors import (
+    AgentConfigError,
+    AgentError,
+    CollectorError,
+    FaultConflict,
+    FaultError,
+    FaultNotFound,
+    FaultTargetAmbiguous,
+    FaultTargetNotFound,
+    InvalidFaultRequest,
+    LedgerError,
+    NvmlUnavailable,
+)
+from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRankSpec
+from stormwatch.agent.gpu import FakeNvml, GpuSampler
+from stormwatch.agent.ranks import RankInfo, RankWatcher
+from stormwatch.agent.runtime import Agent
+
+__all__ = [
+    "COLLECTOR_NAMES",
+    "FAULT_TYPES",
+    "Agent",
+    "AgentConfig",
+    "AgentConfigError",
+    "AgentError",
+    "Catalogue",
+    "CollectorError",
+    "FakeNvml",
+    "FaultConflict",
+    "FaultError",
+    "FaultNotFound",
+    "FaultRecord",
+    "FaultSpec",
+    "FaultTargetAmbiguous",
+    "FaultTargetNotFound",
+    "GpuSampler",
+    "InvalidFaultRequest",
+    "KillRankSpec",
+    "LedgerError",
+    "MetricSpec",
+    "NvmlUnavailable",
+    "RankInfo",
+    "RankWatcher",
+    "load_catalogue",
+]

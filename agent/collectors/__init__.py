@@ -1,0 +1,37 @@
+"""The agent's collectors: one module each, each with an on/off switch (``--disable-collector``).
+
+=================  ===============================================================
+``gpu``            DCGM-compatible device metrics, ``stormwatch_gpu_up`` (FC-02)
+``nvlink``         per-link state / support / throughput (FC-04, FC-05)
+``xid``            XID counters (FC-03)
+``gpu_processes``  GPU memory per rank, with FC-06 checks
+``host``           CPU and memory of the node
+``ranks``          rank watcher: up, unexpected exits, last progress
+``trainer``        the ranks' multiprocess files (FC-01)
+``faults``         fault ledger counts
+=================  ===============================================================
+"""
+
+from stormwatch.agent.collectors.base import Collector, CollectorSet, new_family
+from stormwatch.agent.collectors.faults import FaultsCollector
+from stormwatch.agent.collectors.gpu import GpuCollector
+from stormwatch.agent.collectors.gpu_processes import GpuProcessesCollector
+from stormwatch.agent.collectors.host import HostCollector
+from stormwatch.agent.collectors.nvlink import NvlinkCollector
+from stormwatch.agent.collectors.ranks import RanksCollector
+from stormwatch.agent.collectors.trainer import TrainerCollector
+from stormwatch.agent.collectors.xid import XidCollector
+
+__all__ = [
+    "Collector",
+    "CollectorSet",
+    "FaultsCollector",
+    "GpuCollector",
+    "GpuProcessesCollector",
+    "HostCollector",
+    "NvlinkCollector",
+    "RanksCollector",
+    "TrainerCollector",
+    "XidCollector",
+    "new_family",
+]

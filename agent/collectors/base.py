@@ -1,0 +1,151 @@
+"""Collector plumbing: catalogue-typed metric families and the failure-isolating set.
+
+A collector is anything with a ``name`` and a ``collect()`` yielding fresh
+prometheus-client metric families (client_python's custom-collector shape).
+:class:`CollectorSet` is the one object registered in the agent's
+``CollectorRegistry``: it runs each enabled collector on its own, so one that
+raises (or yields something the exposition cannot render) costs only its own
+metrics, and it appends ``stormwatch_collector_up`` / ``_errors_total`` /
+``_duration_seconds``. ``/metrics`` therefore never fails as a whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+from stormwatch.agent.catalogue import Catalogue, load_catalogue
+
+log = logging.getLogger(__name__)
+
+
+class Collector(Protocol):
+    """A named prometheus-client custom collector."""
+
+    name: str
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+Family = GaugeMetricFamily | CounterMetricFamily | UnknownMetricFamily
+
+
+def new_family(name: str, catalogue: Catalogue | None = None) -> Family:
+    """An empty metric family typed, labelled and documented from the catalogue.
+
+    Add samples with ``family.add_metric([label values in catalogue order], value)``.
+
+    Raises:
+        KeyError: ``name`` is not in the catalogue (so an uncatalogued metric
+            cannot be exported by accident).
+        ValueError: ``name`` is a histogram (only the trainer's files have those).
+    """
+    spec = (catalogue or load_catalogue())[name]
+    labels = list(spec.labels)
+    if spec.type == "gauge":
+        return GaugeMetricFamily(spec.name, spec.help, labels=labels)
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=labels)
+    if spec.type == "untyped":
+        return UnknownMetricFamily(spec.name, spec.help, labels=labels)
+    raise ValueError(f"{name}: the agent builds no {spec.type} families itself")
+
+
+class _Families:
+    """Adapter so ``generate_latest`` can render a list of families (validation only)."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+class CollectorSet:
+    """Runs collectors in isolation and reports their health.
+
+    Args:
+        collectors: collectors to run, in exposition order; names must be unique.
+
+    ``collect()`` is safe to call from several threads (scrapes overlap).
+    """
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        names = [c.name for c in collectors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"collector names must be unique, got {names}")
+        self._collectors = tuple(collectors)
+        self._lock = threading.Lock()
+        self._errors: collections.Counter[str] = collections.Counter(dict.fromkeys(names, 0))
+        self._up: dict[str, bool] = dict.fromkeys(names, True)
+        self._duration: dict[str, float] = dict.fromkeys(names, 0.0)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the collectors that run."""
+        return tuple(c.name for c in self._collectors)
+
+    def health(self) -> dict[str, bool]:
+        """Collector name -> whether its last collection succeeded."""
+        with self._lock:
+            return dict(self._up)
+
+    def collect(self) -> Iterator[Metric]:
+        """Every collector's families, then the collector health families."""
+        for collector in self._collectors:
+            yield from self._run(collector)
+        yield from self._health_families()
+
+    def _run(self, collector: Collector) -> list[Metric]:
+        started = time.perf_counter()
+        try:
+            families = list(collector.collect())
+            # Render once: a family the exposition cannot encode (bad label
+            # value type, NaN label...) fails here, inside the guard.
+            generate_latest(_Families(families))
+        except Exception as exc:
+            with self._lock:
+                was_up = self._up[collector.name]
+                self._up[collector.name] = False
+                self._errors[collector.name] += 1
+                self._duration[collector.name] = time.perf_counter() - started
+            if was_up:
+                log.warning(
+                    "collector %s failed; its metrics are missing", collector.name, exc_info=True
+                )
+            else:
+                log.warning(
+                    "collector %s still failing: %s: %s", collector.name, type(exc).__name__, exc
+                )
+            return []
+        with self._lock:
+            if not self._up[collector.name]:
+                log.warning("collector %s recovered", collector.name)
+            self._up[collector.name] = True
+            self._duration[collector.name] = time.perf_counter() - started
+        return families
+
+    def _health_families(self) -> Iterator[Metric]:
+        up = new_family("stormwatch_collector_up")
+        errors = new_family("stormwatch_collector_errors_total")
+        duration = new_family("stormwatch_collector_duration_seconds")
+        with self._lock:
+            for name in self.names:
+                up.add_metric([name], 1.0 if self._up[name] else 0.0)
+                errors.add_metric([name], float(self._errors[name]))
+                duration.add_metric([name], self._duration[name])
+        yield from (up, errors, duration)
+
+
+__all__ = ["Collector", "CollectorSet", "new_family"]

@@ -1,0 +1,45 @@
+"""``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import Metric
+from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.errors import CollectorError
+from stormwatch.agent.ranks import RankWatcher
+
+
+class RanksCollector:
+    """Exports :class:`RankWatcher` state.
+
+    Raises (from ``collect``):
+        CollectorError: the watcher has not completed a scan, or its last scan failed.
+    """
+
+    name = "ranks"
+
+    def __init__(self, watcher: RankWatcher, *, clock: Callable[[], float] = time.time) -> None:
+        self._watcher = watcher
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        scanned = self._watcher.last_scan_at
+        if scanned is None or self._watcher.last_error is not None:
+            raise CollectorError(f"rank watcher: {self._watcher.last_error or 'no scan yet'}")
+        up = new_family("stormwatch_rank_up")
+        for info in self._watcher.ranks():
+            up.add_metric([info.job, str(info.rank)], 1.0 if info.alive else 0.0)
+        exits = new_family("stormwatch_rank_unexpected_exits_total")
+        for (job, rank), n in sorted(self._watcher.unexpected_exits().items()):
+            exits.add_metric([job, str(rank)], float(n))
+        progress = new_family("stormwatch_rank_last_progress_timestamp_seconds")
+        for (job, rank), stamp in sorted(self._watcher.last_progress().items()):
+            progress.add_metric([job, str(rank)], stamp)
+        age = new_family("stormwatch_rank_watcher_scan_age_seconds")
+        age.add_metric([], max(0.0, self._clock() - scanned))
+        yield from (up, exits, progress, age)
+
+
+__all__ = ["RanksCollector"]

@@ -1,0 +1,169 @@
+"""The agent's own settings: one frozen, validated model.
+
+Precedence (applied by the CLI): defaults here < ``STORMWATCH_AGENT_*``
+environment variables < command-line flags. Construct with
+:meth:`AgentConfig.build` to get :class:`~stormwatch.agent.errors.AgentConfigError`
+(naming the field and the fix) instead of a raw pydantic error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from stormwatch.agent.errors import AgentConfigError
+
+#: Every collector the agent has; each can be switched off with ``--disable-collector``.
+COLLECTOR_NAMES: tuple[str, ...] = (
+    "gpu",  # DCGM-compatible device metrics + stormwatch_gpu_up
+    "nvlink",  # per-link NVLink state and throughput
+    "xid",  # XID events as counters
+    "gpu_processes",  # GPU memory per rank, with FC-06 sanity checks
+    "host",  # CPU and memory of the node
+    "ranks",  # rank watcher: up, unexpected exits, last progress
+    "trainer",  # the trainer's multiprocess files, merged
+    "faults",  # fault ledger counts
+)
+
+GpuBackendName = Literal["auto", "nvml", "sim"]
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def default_state_dir(node: str) -> Path:
+    """``$XDG_STATE_HOME/stormwatch/agent/<node>`` (``~/.local/state`` when unset).
+
+    Per node because several agents (one per lab namespace) share one filesystem.
+    """
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "stormwatch" / "agent" / node
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:9400`` for IPv6) into host and port.
+
+    Raises:
+        AgentConfigError: malformed address or port outside 0..65535 (0 = any free port).
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise AgentConfigError(f"listen: expected HOST:PORT such as 0.0.0.0:9400 (got {value!r})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    number = int(port)
+    if number > 65535:
+        raise AgentConfigError(f"listen: port must be 0..65535 (got {number})")
+    return host, number
+
+
+class AgentConfig(BaseModel):
+    """Settings of one ``stormwatch agent run``.
+
+    Attributes:
+        listen_host, listen_port: HTTP bind address; port 0 picks a free port.
+        node: node name, exported as the ``Hostname`` label (dcgm-exporter's
+            convention) and in ``stormwatch_agent_info``. Default: the host name.
+        metrics_dir: the trainer's multiprocess directory (``STORMWATCH_METRICS_DIR``
+            of the ranks); also where ``rank<R>.done`` markers appear. Created if missing.
+        gpu_backend: ``nvml`` (real driver, required), ``sim`` (simulated GPUs),
+            ``auto`` (NVML when a driver answers, otherwise simulated).
+        sim_gpus: number of simulated GPUs (``sim`` / fallback of ``auto``).
+        token_file: file holding the Bearer token of the fault API; without it
+            the fault API answers 401 to every request.
+        state_dir: where the fault ledger lives; default :func:`default_state_dir`.
+        sample_interval: seconds between NVML samples (1 s: dcgm-exporter's
+            default collection interval is 30 s, but chaos experiments want
+            second-level resolution and NVML reads take microseconds).
+        rank_scan_interval: seconds between rank-watcher scans (0.5 s so that a
+            SIGKILL plus a quick torchrun restart is still seen as an exit).
+        rank_retention_seconds: how long a rank that died (without its done
+            marker) keeps its ``stormwatch_rank_up 0`` and last-progress series (1 h:
+            long enough for staleness alerts and a post-mortem, short enough that
+            finished jobs do not pile up); a cleanly finished rank is dropped at once.
+        xid_window_seconds: how long ``DCGM_FI_DEV_XID_ERRORS`` keeps showing the
+            last XID before returning to 0 (300 s, like dcgm-exporter's
+            ``DCGM_EXP_XID_ERRORS_COUNT`` window); the counter never resets.
+        disabled_collectors: names from :data:`COLLECTOR_NAMES` to switch off.
+        max_request_bytes: largest accepted request body (64 KiB; fault
+            requests are a few hundred bytes).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    listen_host: str = "0.0.0.0"
+    listen_port: int = Field(default=9400, ge=0, le=65535)
+    node: str = Field(default_factory=socket.gethostname)
+    metrics_dir: Path
+    gpu_backend: GpuBackendName = "auto"
+    sim_gpus: int = Field(default=2, ge=0, le=64)
+    token_file: Path | None = None
+    state_dir: Path | None = None
+    sample_interval: float = Field(default=1.0, gt=0, le=3600)
+    rank_scan_interval: float = Field(default=0.5, gt=0, le=60)
+    rank_retention_seconds: float = Field(default=3600.0, gt=0)
+    xid_window_seconds: float = Field(default=300.0, gt=0)
+    disabled_collectors: frozenset[str] = frozenset()
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024)
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not _NODE_RE.match(value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
+        return value
+
+    @field_validator("disabled_collectors")
+    @classmethod
+    def _known_collectors(cls, value: frozenset[str]) -> frozenset[str]:
+        unknown = sorted(value - set(COLLECTOR_NAMES))
+        if unknown:
+            raise ValueError(f"unknown collector(s) {unknown}; valid: {', '.join(COLLECTOR_NAMES)}")
+        return value
+
+    @classmethod
+    def build(cls, **values: Any) -> AgentConfig:
+        """Validate ``values``; raise :class:`AgentConfigError` naming the field."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise AgentConfigError(f"agent config: {problems}") from exc
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        """``state_dir``, or the per-node default."""
+        return self.state_dir if self.state_dir is not None else default_state_dir(self.node)
+
+    def enabled(self, collector: str) -> bool:
+        """Whether ``collector`` (a name from :data:`COLLECTOR_NAMES`) runs."""
+        if collector not in COLLECTOR_NAMES:  # a typo must not silently disable anything
+            raise KeyError(collector)
+        return collector not in self.disabled_collectors
+
+    def read_token(self) -> str | None:
+        """The fault-API token from ``token_file`` (stripped), or None without one.
+
+        Raises:
+            AgentConfigError: the file is missing, unreadable or empty.
+        """
+        if self.token_file is None:
+            return None
+        try:
+            token = self.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise AgentConfigError(
+                f"token_file: cannot read {self.token_file}: {exc.strerror}"
+            ) from exc
+        if not token:
+            raise AgentConfigError(f"token_file: {self.token_file} is empty; write a token into it")
+        return token
+
+
+__all__ = ["COLLECTOR_NAMES", "AgentConfig", "GpuBackendName", "default_state_dir", "parse_listen"]

@@ -1,0 +1,92 @@
+"""``kill_rank``: send SIGKILL or SIGTERM to a training rank on this node.
+
+The target is the rank's process as found by the rank watcher (a descendant of
+a torchrun agent with the rank's environment). psutil's ``send_signal``
+refuses a pid that was reused by another process. A kill cannot be undone:
+``revert`` does nothing, and the ledger records the fault as completed when
+its TTL ends (torchrun, not the agent, restarts the rank).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Literal
+
+import psutil
+from pydantic import Field
+from stormwatch.agent.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
+from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+
+
+class KillRankSpec(FaultSpec):
+    """Request body of a ``kill_rank`` fault.
+
+    Attributes:
+        rank: global rank to kill.
+        job: the rank's job (``STORMWATCH_JOB``); needed only when several jobs
+            run on the node.
+        signal: ``SIGKILL`` (default: a crash) or ``SIGTERM`` (a graceful stop).
+    """
+
+    kind: Literal["kill_rank"]
+    rank: int = Field(ge=0)
+    job: str | None = Field(default=None, min_length=1)
+    signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
+
+
+class KillRank(Fault):
+    """Kill one rank's process."""
+
+    kind = "kill_rank"
+    spec_type = KillRankSpec
+
+    def __init__(self, spec: FaultSpec) -> None:
+        super().__init__(spec)
+        self._process: psutil.Process | None = None
+        self._job: str | None = None
+
+    @property
+    def _spec(self) -> KillRankSpec:
+        assert isinstance(self.spec, KillRankSpec)
+        return self.spec
+
+    def prepare(self, ctx: FaultContext) -> None:
+        spec = self._spec
+        matches = ctx.ranks.alive(spec.rank, spec.job)
+        if not matches:
+            ctx.ranks.scan()  # the rank may have started since the last scan
+            matches = ctx.ranks.alive(spec.rank, spec.job)
+        where = f"rank {spec.rank}" + (f" of job {spec.job}" if spec.job else "")
+        if not matches:
+            raise FaultTargetNotFound(f"{where} is not running on node {ctx.node}")
+        if len(matches) > 1:
+            jobs = ", ".join(sorted(info.job for info, _ in matches))
+            raise FaultTargetAmbiguous(f"{where} runs in several jobs ({jobs}); give 'job'")
+        info, process = matches[0]
+        self._process, self._job = process, info.job
+
+    def inject(self, ctx: FaultContext) -> Injection:
+        if self._process is None:
+            raise FaultError("kill_rank: inject() before prepare()")
+        spec = self._spec
+        try:
+            if self._process.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped
+                raise psutil.NoSuchProcess(self._process.pid)
+            self._process.send_signal(getattr(signal, spec.signal))
+        except psutil.NoSuchProcess as exc:
+            raise FaultTargetNotFound(
+                f"rank {spec.rank} (pid {self._process.pid}) exited before it could be signalled"
+            ) from exc
+        except psutil.Error as exc:
+            raise FaultError(f"kill_rank: cannot signal pid {self._process.pid}: {exc}") from exc
+        return Injection(
+            target_pid=self._process.pid,
+            details={"signal": spec.signal, "job": self._job, "rank": spec.rank},
+        )
+
+    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """Nothing to undo: the process is gone; torchrun decides whether it comes back."""
+        return None
+
+
+__all__ = ["KillRank", "KillRankSpec"]

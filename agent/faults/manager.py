@@ -1,0 +1,167 @@
+"""Applying, listing, reverting and expiring faults against the durable ledger."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from stormwatch.agent.errors import (
+    FaultConflict,
+    FaultError,
+    FaultNotFound,
+    FaultTargetNotFound,
+)
+from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec
+from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord
+
+log = logging.getLogger(__name__)
+
+
+class FaultManager:
+    """The agent's fault engine. Thread-safe (one operation at a time).
+
+    Args:
+        ledger: durable store.
+        ctx: what faults act on.
+        types: kind -> :class:`Fault` subclass (default: every built-in kind).
+        clock: Unix time.
+    """
+
+    def __init__(
+        self,
+        ledger: FaultLedger,
+        ctx: FaultContext,
+        *,
+        types: Mapping[str, type[Fault]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._ctx = ctx
+        self._types = dict(types)
+        self._clock = clock
+        self._lock = threading.RLock()
+
+    @property
+    def ledger(self) -> FaultLedger:
+        return self._ledger
+
+    def apply(self, spec: FaultSpec) -> tuple[FaultRecord, bool]:
+        """Apply ``spec`` once.
+
+        Returns:
+            (record, created): ``created`` is False when the id was seen before
+            (same request: one effect, the earlier record is returned).
+
+        Raises:
+            FaultConflict: the id exists with a different request.
+            FaultTargetNotFound / FaultTargetAmbiguous: nothing was applied.
+            FaultError: applying failed (recorded as ``failed``).
+        """
+        body = spec.model_dump(mode="json")
+        with self._lock:
+            existing = self._ledger.get(spec.id)
+            if existing is not None:
+                if existing.spec != body:
+                    raise FaultConflict(
+                        f"fault {spec.id!r} exists with another request; use a new id"
+                    )
+                return existing, False
+            fault = self._types[spec.kind](spec)
+            fault.prepare(self._ctx)
+            now = self._clock()
+            self._ledger.record_injecting(
+                id=spec.id,
+                kind=spec.kind,
+                node=self._ctx.node,
+                spec=body,
+                created_at=now,
+                expires_at=now + spec.ttl_seconds,
+            )
+            try:
+                injection = fault.inject(self._ctx)
+            except FaultTargetNotFound:
+                self._ledger.delete(spec.id)  # no effect happened; the id may be reused
+                raise
+            except Exception as exc:
+                self._ledger.mark_failed(spec.id, f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, FaultError):
+                    raise
+                raise FaultError(f"{spec.kind} {spec.id!r} failed: {exc}") from exc
+            applied = self._clock()
+            record = self._ledger.mark_applied(
+                spec.id,
+                applied_at=applied,
+                expires_at=applied + spec.ttl_seconds,
+                injection=injection,
+            )
+            log.warning("fault %s (%s) applied: pid %s", spec.id, spec.kind, record.target_pid)
+            return record, True
+
+    def get(self, fault_id: str) -> FaultRecord:
+        """The record of ``fault_id``; raises :class:`FaultNotFound`."""
+        record = self._ledger.get(fault_id)
+        if record is None:
+            raise FaultNotFound(f"no fault {fault_id!r} on this node")
+        return record
+
+    def records(self) -> list[FaultRecord]:
+        """Every fault this agent's ledger holds, oldest first."""
+        return self._ledger.all()
+
+    def revert(self, fault_id: str, *, reason: str = "request") -> FaultRecord:
+        """Revert ``fault_id`` now (idempotent: an inactive fault is returned unchanged).
+
+        Raises:
+            FaultNotFound: unknown id.
+            FaultError: the revert failed (the fault stays active and is retried).
+        """
+        with self._lock:
+            record = self.get(fault_id)
+            if not record.active:
+                return record
+            fault_type = self._types.get(record.kind)
+            if fault_type is None:
+                raise FaultError(
+                    f"fault {fault_id!r} has kind {record.kind!r}, unknown to this agent"
+                )
+            fault = fault_type(fault_type.spec_type.model_validate(record.spec))
+            try:
+                fault.revert(self._ctx, record.injection)
+            except Exception as exc:
+                self._ledger.note_error(fault_id, f"revert: {type(exc).__name__}: {exc}")
+                if isinstance(exc, FaultError):
+                    raise
+                raise FaultError(f"reverting {fault_id!r} failed: {exc}") from exc
+            reverted = self._ledger.mark_reverted(fault_id, at=self._clock(), reason=reason)
+            log.warning("fault %s (%s) reverted: %s", fault_id, record.kind, reason)
+            return reverted
+
+    def revert_expired(self) -> list[FaultRecord]:
+        """Revert every active fault whose TTL has passed; errors are logged and retried later."""
+        now = self._clock()
+        done = []
+        for record in self._ledger.active():
+            if record.expires_at > now:
+                continue
+            try:
+                done.append(self.revert(record.id, reason="ttl"))
+            except FaultError as exc:
+                log.error("fault %s: TTL revert failed (will retry): %s", record.id, exc)
+        return done
+
+    def recover(self) -> list[FaultRecord]:
+        """At start-up: revert faults left half-applied by a crash, then expired ones."""
+        done = []
+        for record in self._ledger.active():
+            if record.applied_at is None:
+                try:
+                    done.append(self.revert(record.id, reason="startup"))
+                except FaultError as exc:
+                    log.error("fault %s: start-up revert failed (will retry): %s", record.id, exc)
+        done.extend(self.revert_expired())
+        return done
+
+
+__all__ = ["FaultManager"]

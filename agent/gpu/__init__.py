@@ -1,0 +1,34 @@
+"""GPU access for the agent: NVML backends (real or simulated) and the background sampler.
+
+- :mod:`.backend`: :class:`NvmlApi` protocol, :func:`open_backend` (auto / nvml / sim)
+- :mod:`.fake`: :class:`FakeNvml`, the simulated NVML with error injection
+- :mod:`.sampler`: :class:`GpuSampler` producing immutable :class:`GpuSnapshot` s
+- :mod:`.queries`: the DCGM field table; :mod:`.nvlink`: per-link sampling
+"""
+
+from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
+from stormwatch.agent.gpu.fake import FakeNvml, SimGpu, SimLink
+from stormwatch.agent.gpu.model import (
+    DeviceReading,
+    GpuSnapshot,
+    LinkReading,
+    NvlinkReading,
+    ProcessEntry,
+)
+from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+
+__all__ = [
+    "DeviceReading",
+    "FakeNvml",
+    "GpuBackend",
+    "GpuSampler",
+    "GpuSnapshot",
+    "LinkReading",
+    "NvlinkReading",
+    "NvmlApi",
+    "ProcessEntry",
+    "SamplerOptions",
+    "SimGpu",
+    "SimLink",
+    "open_backend",
+]

@@ -1,0 +1,488 @@
+"""The rank watcher: which training ranks run on this node, and how they ended.
+
+Every ``interval`` seconds (0.5 s) one scan:
+
+1. reads the trainer's heartbeats (``stormwatch_train_last_step_timestamp_seconds``)
+   and steps from the multiprocess files, *before* dead ranks' live gauges go;
+2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`);
+3. among their descendants, takes the topmost process per rank whose
+   environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+   ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and whose
+   ``STORMWATCH_METRICS_DIR``, when set, is this agent's metrics directory: in
+   the lab all nodes share one PID namespace, and that directory is per node;
+4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
+   and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
+   written during that process's life;
+5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
+   has live-gauge files, so dead ranks' current-state gauges disappear while
+   their counters stay (FC-01).
+
+The last heartbeat of a rank is kept after it dies (so that it goes stale and
+a "no progress" alert fires) until a restarted rank reports a newer one. A rank
+that finished cleanly is forgotten at once; one that died is forgotten
+``forget_after`` seconds after its exit (counters are never dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+log = logging.getLogger(__name__)
+
+RankKey = tuple[str, int]
+"""(job, rank)."""
+
+HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
+STEP_METRIC = "stormwatch_train_step"
+_RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+
+def is_torchrun_agent(name: str, cmdline: Sequence[str]) -> bool:
+    """Whether a process is a torchrun (elastic agent) launcher.
+
+    True for a process named ``torchrun``, a command line whose first or second
+    word is a file named ``torchrun`` (``python /venv/bin/torchrun ...``), and
+    ``python -m torch.distributed.run|launch``.
+    """
+    if name == "torchrun":
+        return True
+    if any(Path(arg).name == "torchrun" for arg in cmdline[:2]):
+        return True
+    for i, arg in enumerate(cmdline[:3]):
+        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in _TORCHRUN_MODULES:
+            return True
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEnv:
+    """What a rank's environment says about it."""
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    run_id: str
+    restart_count: int | None
+    metrics_dir: str | None = None
+
+    @property
+    def key(self) -> RankKey:
+        return (self.job, self.rank)
+
+
+def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
+    """Parse a rank's identity from its environment; None when it is not a rank."""
+    if any(name not in environ for name in _RANK_ENV):
+        return None
+    try:
+        restart = environ.get("TORCHELASTIC_RESTART_COUNT")
+        return RankEnv(
+            job=environ.get("STORMWATCH_JOB") or environ["TORCHELASTIC_RUN_ID"],
+            rank=int(environ["RANK"]),
+            local_rank=int(environ["LOCAL_RANK"]),
+            world_size=int(environ["WORLD_SIZE"]),
+            run_id=environ["TORCHELASTIC_RUN_ID"],
+            restart_count=int(restart) if restart is not None else None,
+            metrics_dir=environ.get("STORMWATCH_METRICS_DIR") or None,
+        )
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    """One rank as the watcher sees it (the ``GET /v1/ranks`` rows).
+
+    Attributes:
+        job, rank, local_rank, world_size, run_id, restart_count: from the environment.
+        pid: the rank's process (the last one, once it exited).
+        alive: the process is running.
+        started_at, exited_at: Unix times (process start; when the exit was noticed).
+        last_step: last ``stormwatch_train_step`` seen.
+        last_progress_timestamp: last heartbeat seen (Unix time).
+        unexpected_exits: exits without a ``rank<R>.done`` marker.
+    """
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    run_id: str
+    restart_count: int | None
+    pid: int
+    alive: bool
+    started_at: float
+    exited_at: float | None
+    last_step: float | None
+    last_progress_timestamp: float | None
+    unexpected_exits: int
+
+
+@dataclasses.dataclass
+class _Tracked:
+    env: RankEnv
+    process: psutil.Process
+    pid: int
+    create_time: float
+    alive: bool = True
+    exited_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    name: str
+    cmdline: tuple[str, ...]
+    create_time: float
+    zombie: bool
+
+
+class RankWatcher:
+    """Finds rank processes and tracks their lives.
+
+    Args:
+        metrics_dir: the trainer's multiprocess directory (also holds ``rank<R>.done``).
+        interval: seconds between scans in the background thread.
+        forget_after: seconds after which an exited rank's series are dropped.
+        clock: Unix time.
+        is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+    """
+
+    def __init__(
+        self,
+        metrics_dir: Path,
+        *,
+        interval: float = 0.5,
+        forget_after: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
+    ) -> None:
+        self._dir = Path(metrics_dir)
+        self._interval = interval
+        self._forget_after = forget_after
+        self._clock = clock
+        self._is_agent = is_agent
+        self._files = MultiProcessCollector(None, path=str(self._dir))
+        self._lock = threading.Lock()  # guards the state below
+        self._scan_lock = threading.Lock()  # one scan at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tracked: dict[RankKey, _Tracked] = {}
+        self._unexpected: collections.Counter[RankKey] = collections.Counter()
+        self._progress: dict[RankKey, float] = {}
+        self._progress_seen: dict[RankKey, float] = {}
+        self._steps: dict[RankKey, float] = {}
+        self._environ: dict[tuple[int, float], Mapping[str, str] | None] = {}
+        self._last_scan_at: float | None = None
+        self._last_error: str | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Scan once now, then every ``interval`` seconds on a background thread."""
+        if self._thread is not None:
+            raise RuntimeError("RankWatcher already started")
+        self._scan_logged()
+        self._thread = threading.Thread(
+            target=self._run, name="stormwatch-rank-watcher", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._scan_logged()
+
+    def _scan_logged(self) -> None:
+        try:
+            self.scan()
+        except Exception as exc:
+            if self._last_error is None:
+                log.warning("rank scan failed", exc_info=True)
+            self._last_error = f"{type(exc).__name__}: {exc}"
+
+    # ----------------------------------------------------------------- reads
+    @property
+    def last_scan_at(self) -> float | None:
+        """Unix time of the last completed scan."""
+        return self._last_scan_at
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last scan failed, or None when it succeeded."""
+        return self._last_error
+
+    def ranks(self) -> tuple[RankInfo, ...]:
+        """Every rank known on this node, sorted by job and rank."""
+        with self._lock:
+            return tuple(self._info(key, t) for key, t in sorted(self._tracked.items()))
+
+    def unexpected_exits(self) -> dict[RankKey, int]:
+        """Unexpected exits per rank since the agent started (never forgotten)."""
+        with self._lock:
+            return dict(self._unexpected)
+
+    def last_progress(self) -> dict[RankKey, float]:
+        """Last heartbeat per rank (Unix time), kept after the rank dies."""
+        with self._lock:
+            return dict(self._progress)
+
+    def alive(self, rank: int, job: str | None = None) -> list[tuple[RankInfo, psutil.Process]]:
+        """Running processes of ``rank`` (of ``job``, or of any job)."""
+        with self._lock:
+            return [
+                (self._info(key, t), t.process)
+                for key, t in sorted(self._tracked.items())
+                if t.alive and key[1] == rank and (job is None or key[0] == job)
+            ]
+
+    def rank_of_pid(self, pid: int) -> RankKey | None:
+        """The running rank that ``pid`` is, or descends from; None otherwise."""
+        with self._lock:
+            alive = {t.pid: (key, t.create_time) for key, t in self._tracked.items() if t.alive}
+        try:
+            process = psutil.Process(pid)
+            chain = [process, *process.parents()]
+        except (psutil.Error, OverflowError, ValueError):
+            return None
+        for candidate in chain:
+            found = alive.get(candidate.pid)
+            if found is not None and _same_time(candidate.create_time(), found[1]):
+                return found[0]
+        return None
+
+    def _info(self, key: RankKey, t: _Tracked) -> RankInfo:
+        env = t.env
+        return RankInfo(
+            job=env.job,
+            rank=env.rank,
+            local_rank=env.local_rank,
+            world_size=env.world_size,
+            run_id=env.run_id,
+            restart_count=env.restart_count,
+            pid=t.pid,
+            alive=t.alive,
+            started_at=t.create_time,
+            exited_at=t.exited_at,
+            last_step=self._steps.get(key),
+            last_progress_timestamp=self._progress.get(key),
+            unexpected_exits=self._unexpected.get(key, 0),
+        )
+
+    # ------------------------------------------------------------------ scan
+    def scan(self) -> None:
+        """One scan (see the module docstring). Thread-safe; raises on unexpected failures."""
+        with self._scan_lock:
+            heartbeats, steps = self._read_trainer_files()
+            table = self._process_table()
+            found = self._discover(table)
+            now = self._clock()
+            with self._lock:
+                self._update(found, table, now)
+                for key, stamp in heartbeats.items():
+                    self._progress[key] = max(stamp, self._progress.get(key, stamp))
+                    self._progress_seen[key] = now
+                self._steps.update(steps)
+                self._forget(now)
+            self._mark_dead()
+            live = {(p.pid, p.create_time) for p in table.values()}
+            self._environ = {k: v for k, v in self._environ.items() if k in live}
+            self._last_scan_at = now
+            self._last_error = None
+
+    def _read_trainer_files(self) -> tuple[dict[RankKey, float], dict[RankKey, float]]:
+        heartbeats: dict[RankKey, float] = {}
+        steps: dict[RankKey, float] = {}
+        try:
+            families = list(self._files.collect())
+        except Exception:  # a half-written file must not stop exit detection
+            log.debug("reading multiprocess files failed", exc_info=True)
+            return heartbeats, steps
+        for family in families:
+            target = {HEARTBEAT_METRIC: heartbeats, STEP_METRIC: steps}.get(family.name)
+            if target is None:
+                continue
+            for sample in family.samples:
+                try:
+                    key = (sample.labels["job"], int(sample.labels["rank"]))
+                except (KeyError, ValueError):
+                    continue
+                target[key] = max(sample.value, target.get(key, sample.value))
+        return heartbeats, steps
+
+    @staticmethod
+    def _process_table() -> dict[int, _Proc]:
+        table: dict[int, _Proc] = {}
+        attrs = ["pid", "ppid", "name", "cmdline", "create_time", "status"]
+        for proc in psutil.process_iter(attrs):
+            info = proc.info
+            if info.get("create_time") is None:
+                continue
+            table[info["pid"]] = _Proc(
+                pid=info["pid"],
+                ppid=info.get("ppid") or 0,
+                name=info.get("name") or "",
+                cmdline=tuple(info.get("cmdline") or ()),
+                create_time=info["create_time"],
+                zombie=info.get("status") == psutil.STATUS_ZOMBIE,
+            )
+        return table
+
+    def _environ_of(self, proc: _Proc) -> Mapping[str, str] | None:
+        key = (proc.pid, proc.create_time)
+        if key not in self._environ:
+            try:
+                self._environ[key] = psutil.Process(proc.pid).environ()
+            except psutil.Error:
+                self._environ[key] = None
+        return self._environ[key]
+
+    def _discover(self, table: Mapping[int, _Proc]) -> dict[RankKey, tuple[_Proc, RankEnv]]:
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for entry in table.values():
+            children[entry.ppid].append(entry.pid)
+        agents = [
+            p.pid for p in table.values() if not p.zombie and self._is_agent(p.name, p.cmdline)
+        ]
+        found: dict[RankKey, tuple[_Proc, RankEnv]] = {}
+        stack: list[tuple[int, bool]] = [(c, False) for a in agents for c in children[a]]
+        visited: set[int] = set()
+        while stack:
+            pid, inside_rank = stack.pop()
+            proc = table.get(pid)
+            if proc is None or pid in visited or proc.zombie:
+                continue
+            visited.add(pid)
+            if not inside_rank:
+                environ = self._environ_of(proc)
+                env = rank_env(environ) if environ is not None else None
+                if env is not None:
+                    inside_rank = True  # its own children (data loaders...) are not ranks
+                    mine = env.metrics_dir is None or self._same_dir(env.metrics_dir)
+                    if mine and (
+                        env.key not in found or found[env.key][0].create_time > proc.create_time
+                    ):
+                        found[env.key] = (proc, env)
+            stack.extend((child, inside_rank) for child in children[pid])
+        return found
+
+    def _same_dir(self, path: str) -> bool:
+        try:
+            return os.path.samefile(path, self._dir)
+        except OSError:
+            return False
+
+    def _update(
+        self, found: Mapping[RankKey, tuple[_Proc, RankEnv]], table: Mapping[int, _Proc], now: float
+    ) -> None:
+        for key, tracked in self._tracked.items():
+            if not tracked.alive:
+                continue
+            current = table.get(tracked.pid)
+            running = (
+                current is not None
+                and not current.zombie
+                and _same_time(current.create_time, tracked.create_time)
+            )
+            replaced = key in found and found[key][0].pid != tracked.pid
+            if running and not replaced:
+                continue
+            tracked.alive = False
+            tracked.exited_at = now
+            if self._finished_cleanly(tracked):
+                log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
+            else:
+                self._unexpected[key] += 1
+                log.warning(
+                    "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
+                )
+        for key, (proc, env) in found.items():
+            known = self._tracked.get(key)
+            if known is not None and known.alive and known.pid == proc.pid:
+                continue
+            try:
+                process = psutil.Process(proc.pid)
+            except psutil.Error:
+                continue
+            self._tracked[key] = _Tracked(env, process, proc.pid, proc.create_time)
+            self._unexpected.setdefault(key, 0)
+            log.info("rank %d of job %s is pid %d", env.rank, env.job, proc.pid)
+
+    def _finished_cleanly(self, tracked: _Tracked) -> bool:
+        marker = self._dir / f"rank{tracked.env.rank}.done"
+        try:
+            return marker.stat().st_mtime >= tracked.create_time - 1.0
+        except OSError:
+            return False
+
+    def _forget(self, now: float) -> None:
+        for key, tracked in list(self._tracked.items()):
+            if tracked.alive or tracked.exited_at is None:
+                continue
+            clean = self._finished_cleanly(tracked)
+            if clean or now - tracked.exited_at >= self._forget_after:
+                del self._tracked[key]
+                self._progress.pop(key, None)
+                self._steps.pop(key, None)
+        # Heartbeats of ranks never seen running (e.g. files left from before an
+        # agent restart) go once no file has refreshed them for forget_after.
+        for key, seen in list(self._progress_seen.items()):
+            if key not in self._tracked and (
+                key not in self._progress or now - seen >= self._forget_after
+            ):
+                self._progress.pop(key, None)
+                self._steps.pop(key, None)
+                del self._progress_seen[key]
+
+    def _mark_dead(self) -> None:
+        for path in self._dir.glob("gauge_live*_*.db"):
+            match = _LIVE_FILE.match(path.name)
+            if match is None:
+                continue
+            pid = int(match[1])
+            if _pid_dead(pid):
+                log.debug("marking pid %d dead in %s", pid, self._dir)
+                mark_process_dead(pid, str(self._dir))
+
+
+def _same_time(a: float, b: float) -> bool:
+    return abs(a - b) < 0.05
+
+
+def _pid_dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+__all__ = [
+    "HEARTBEAT_METRIC",
+    "RankEnv",
+    "RankInfo",
+    "RankKey",
+    "RankWatcher",
+    "is_torchrun_agent",
+    "rank_env",
+]

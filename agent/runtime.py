@@ -1,0 +1,259 @@
+"""The agent process: wires config, NVML, rank watcher, collectors, ledger and HTTP together.
+
+Everything is created in :meth:`Agent.start` and registers its cleanup on one
+``AsyncExitStack`` as it is created, so a failure half-way tears down only what
+exists, and :meth:`Agent.stop` undoes it all in reverse order. Signals are the
+caller's business (the CLI maps SIGTERM/SIGINT to :meth:`Agent.stop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from stormwatch.agent.collectors import (
+    Collector,
+    CollectorSet,
+    FaultsCollector,
+    GpuCollector,
+    GpuProcessesCollector,
+    HostCollector,
+    NvlinkCollector,
+    RanksCollector,
+    TrainerCollector,
+    XidCollector,
+    new_family,
+)
+from stormwatch.agent.config import AgentConfig
+from stormwatch.agent.errors import AgentConfigError, FaultError
+from stormwatch.agent.faults import FAULT_TYPES, FaultContext, FaultLedger, FaultManager
+from stormwatch.agent.gpu.backend import open_backend
+from stormwatch.agent.gpu.fake import FakeNvml
+from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.server import ApiDeps, build_app
+
+import stormwatch
+
+log = logging.getLogger(__name__)
+
+#: Seconds between TTL checks of the fault ledger.
+EXPIRY_PERIOD = 0.25
+_GPU_COLLECTORS = ("gpu", "nvlink", "xid", "gpu_processes")
+
+
+class _InfoCollector:
+    def __init__(self, node: str, backend: str) -> None:
+        self._node, self._backend = node, backend
+
+    def collect(self) -> Iterator[Metric]:
+        info = new_family("stormwatch_agent_info")
+        info.add_metric([self._node, stormwatch.__version__, self._backend], 1.0)
+        yield info
+
+
+class Agent:
+    """One node agent.
+
+    Args:
+        config: validated settings.
+        fake_nvml: the simulated NVML to use when simulating (tests shape it;
+            default: a fresh :class:`FakeNvml` with ``config.sim_gpus`` GPUs).
+        clock: Unix time (fault TTLs, snapshot ages).
+
+    Attributes (after :meth:`start`): ``sampler`` (None when every GPU
+    collector is off), ``watcher``, ``faults``, ``collectors``, ``registry``,
+    ``gpu_backend``, ``url``.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        fake_nvml: FakeNvml | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._fake = fake_nvml
+        self._clock = clock
+        self._stack = contextlib.AsyncExitStack()
+        self._started = False
+        self.sampler: GpuSampler | None = None
+        self.gpu_backend = "none"
+        self.url = ""
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start everything and listen.
+
+        Raises:
+            AgentConfigError: bad token file, unusable metrics directory, or the
+                listen address cannot be bound (taken, not local).
+            NvmlUnavailable: ``gpu_backend=nvml`` without a driver.
+            LedgerError: the fault ledger cannot be opened.
+        """
+        if self._started:
+            raise RuntimeError("agent already started")
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+
+    async def _start(self) -> None:
+        cfg = self.config
+        stack = self._stack
+        token = cfg.read_token()
+        try:
+            cfg.metrics_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AgentConfigError(
+                f"metrics_dir: cannot create {cfg.metrics_dir}: {exc.strerror}"
+            ) from exc
+
+        ledger = FaultLedger(Path(cfg.resolved_state_dir) / "faults.sqlite3")
+        stack.callback(ledger.close)
+
+        self.watcher = RankWatcher(
+            cfg.metrics_dir,
+            interval=cfg.rank_scan_interval,
+            forget_after=cfg.rank_retention_seconds,
+            clock=self._clock,
+        )
+        self.watcher.start()
+        stack.callback(self.watcher.stop)
+
+        self.faults = FaultManager(
+            ledger,
+            FaultContext(node=cfg.node, ranks=self.watcher),
+            types=FAULT_TYPES,
+            clock=self._clock,
+        )
+        self.faults.recover()
+        stack.push_async_callback(self._revert_on_shutdown)
+
+        collectors: list[Collector] = []
+        if any(cfg.enabled(name) for name in _GPU_COLLECTORS):
+            backend = stack.enter_context(
+                open_backend(cfg.gpu_backend, sim_gpus=cfg.sim_gpus, fake=self._fake)
+            )
+            self.gpu_backend = backend.name
+            self.sampler = GpuSampler(
+                backend.api,
+                SamplerOptions(
+                    interval=cfg.sample_interval,
+                    nvlink=cfg.enabled("nvlink"),
+                    processes=cfg.enabled("gpu_processes"),
+                    xid=cfg.enabled("xid"),
+                ),
+                clock=self._clock,
+            )
+            self.sampler.start()
+            stack.callback(self.sampler.stop)
+            sampler = self.sampler
+            builders: dict[str, Callable[[], Collector]] = {
+                "gpu": lambda: GpuCollector(sampler, hostname=cfg.node, clock=self._clock),
+                "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node),
+                "xid": lambda: XidCollector(
+                    sampler,
+                    hostname=cfg.node,
+                    window_seconds=cfg.xid_window_seconds,
+                    clock=self._clock,
+                ),
+                "gpu_processes": lambda: GpuProcessesCollector(
+                    sampler, rank_of_pid=self.watcher.rank_of_pid
+                ),
+            }
+            collectors.extend(builders[name]() for name in _GPU_COLLECTORS if cfg.enabled(name))
+        if cfg.enabled("host"):
+            collectors.append(HostCollector())
+        if cfg.enabled("ranks"):
+            collectors.append(RanksCollector(self.watcher, clock=self._clock))
+        if cfg.enabled("trainer"):
+            collectors.append(TrainerCollector(cfg.metrics_dir))
+        if cfg.enabled("faults"):
+            collectors.append(FaultsCollector(ledger))
+
+        self.collectors = CollectorSet(collectors)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_InfoCollector(cfg.node, self.gpu_backend))
+        self.registry.register(self.collectors)
+
+        app = build_app(
+            ApiDeps(
+                node=cfg.node,
+                gpu_backend=self.gpu_backend,
+                registry=self.registry,
+                collectors=self.collectors,
+                ranks=self.watcher,
+                faults=self.faults,
+                token=token,
+                max_request_bytes=cfg.max_request_bytes,
+            )
+        )
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, cfg.listen_host, cfg.listen_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise AgentConfigError(
+                f"listen: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc.strerror}"
+            ) from exc
+        host, port = runner.addresses[0][:2]
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+        expiry = asyncio.create_task(self._expire_loop(), name="stormwatch-fault-expiry")
+
+        async def cancel_expiry() -> None:
+            expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expiry
+
+        stack.push_async_callback(cancel_expiry)
+        log.info("agent %s listening on %s (GPU backend %s)", cfg.node, self.url, self.gpu_backend)
+
+    async def stop(self) -> None:
+        """Stop serving and release everything (idempotent)."""
+        await self._stack.aclose()
+
+    async def _expire_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(EXPIRY_PERIOD)
+            try:
+                await loop.run_in_executor(None, self.faults.revert_expired)
+            except Exception:
+                log.exception("fault expiry check failed")
+
+    async def _revert_on_shutdown(self) -> None:
+        """Leave nothing applied behind when stopping cleanly (FC-13)."""
+        loop = asyncio.get_running_loop()
+        for record in await loop.run_in_executor(None, self.faults.ledger.active):
+            try:
+                await loop.run_in_executor(None, self._revert_shutdown, record.id)
+            except FaultError as exc:
+                log.error(
+                    "fault %s not reverted at shutdown (the next start retries): %s", record.id, exc
+                )
+
+    def _revert_shutdown(self, fault_id: str) -> None:
+        self.faults.revert(fault_id, reason="shutdown")
+
+
+__all__ = ["EXPIRY_PERIOD", "Agent"]

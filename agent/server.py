@@ -1,0 +1,171 @@
+"""The agent's HTTP API (aiohttp).
+
+=========================  ======================================================
+``GET /metrics``           Prometheus text format 0.0.4 (``generate_latest``)
+``GET /healthz``           liveness + collector health (JSON)
+``GET /v1/ranks``          ranks seen on this node (JSON)
+``POST /v1/faults``        apply a fault (Bearer token) -> 201, or 200 for a repeat
+``GET /v1/faults``         every fault in the ledger (Bearer token)
+``GET /v1/faults/{id}``    one fault (Bearer token)
+``DELETE /v1/faults/{id}`` revert a fault now (Bearer token)
+=========================  ======================================================
+
+Errors are JSON ``{"error": "..."}``; a 400 also lists ``fields``
+(``[{"field": "rank", "message": "..."}]``). Request bodies above the
+configured size get 413. Blocking work (collection, SQLite, signals) runs in
+the default executor so the event loop keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from stormwatch.agent.collectors.base import CollectorSet
+from stormwatch.agent.errors import FaultError, InvalidFaultRequest
+from stormwatch.agent.faults import FaultManager, parse_fault_request
+from stormwatch.agent.ranks import RankWatcher
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiDeps:
+    """What the HTTP handlers use.
+
+    Attributes:
+        node: node name (in ``/healthz`` and ``/v1/ranks``).
+        gpu_backend: ``nvml``, ``sim`` or ``none`` (GPU collectors off).
+        registry: the registry ``/metrics`` renders.
+        collectors: for collector health in ``/healthz``.
+        ranks: the rank watcher.
+        faults: the fault manager.
+        token: the fault API's Bearer token; None disables the fault API (401).
+        max_request_bytes: request body limit.
+    """
+
+    node: str
+    gpu_backend: str
+    registry: CollectorRegistry
+    collectors: CollectorSet
+    ranks: RankWatcher
+    faults: FaultManager
+    token: str | None
+    max_request_bytes: int
+
+
+def build_app(deps: ApiDeps) -> web.Application:
+    """The aiohttp application serving the agent API."""
+    api = _Api(deps)
+    app = web.Application(client_max_size=deps.max_request_bytes, middlewares=[api.auth])
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_get("/healthz", api.healthz)
+    app.router.add_get("/v1/ranks", api.ranks)
+    app.router.add_post("/v1/faults", api.post_fault)
+    app.router.add_get("/v1/faults", api.list_faults)
+    app.router.add_get("/v1/faults/{id}", api.get_fault)
+    app.router.add_delete("/v1/faults/{id}", api.delete_fault)
+    return app
+
+
+class _Api:
+    def __init__(self, deps: ApiDeps) -> None:
+        self._deps = deps
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/v1/faults"):
+            return await handler(request)
+        expected = self._deps.token
+        challenge = {"WWW-Authenticate": 'Bearer realm="stormwatch-agent"'}
+        if expected is None:
+            return web.json_response(
+                {"error": "fault API disabled: start the agent with --token-file"},
+                status=401,
+                headers=challenge,
+            )
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):
+            return web.json_response(
+                {"error": "missing or invalid Bearer token"}, status=401, headers=challenge
+            )
+        return await handler(request)
+
+    # ------------------------------------------------------------ read-only
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = await self._blocking(generate_latest, self._deps.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "node": self._deps.node,
+                "gpu_backend": self._deps.gpu_backend,
+                "collectors": self._deps.collectors.health(),
+            }
+        )
+
+    async def ranks(self, request: web.Request) -> web.Response:
+        rows = [dataclasses.asdict(info) for info in self._deps.ranks.ranks()]
+        return web.json_response({"node": self._deps.node, "ranks": rows})
+
+    # --------------------------------------------------------------- faults
+    async def post_fault(self, request: web.Request) -> web.Response:
+        raw = await request.read()  # 413 above client_max_size
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return _error(
+                400,
+                f"body: invalid JSON ({exc})",
+                fields=[{"field": "body", "message": "invalid JSON"}],
+            )
+        try:
+            spec = parse_fault_request(body)
+            record, created = await self._blocking(self._deps.faults.apply, spec)
+        except InvalidFaultRequest as exc:
+            fields = [{"field": field, "message": message} for field, message in exc.problems]
+            return _error(400, f"invalid fault request: {exc}", fields=fields)
+        except FaultError as exc:
+            return _error(exc.http_status, str(exc))
+        return web.json_response(record.model_dump(mode="json"), status=201 if created else 200)
+
+    async def list_faults(self, request: web.Request) -> web.Response:
+        records = await self._blocking(self._deps.faults.records)
+        return web.json_response({"faults": [r.model_dump(mode="json") for r in records]})
+
+    async def get_fault(self, request: web.Request) -> web.Response:
+        try:
+            record = await self._blocking(self._deps.faults.get, request.match_info["id"])
+        except FaultError as exc:
+            return _error(exc.http_status, str(exc))
+        return web.json_response(record.model_dump(mode="json"))
+
+    async def delete_fault(self, request: web.Request) -> web.Response:
+        try:
+            record = await self._blocking(self._deps.faults.revert, request.match_info["id"])
+        except FaultError as exc:
+            return _error(exc.http_status, str(exc))
+        return web.json_response(record.model_dump(mode="json"))
+
+
+__all__ = ["ApiDeps", "build_app"]

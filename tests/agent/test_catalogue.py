@@ -1,0 +1,167 @@
+"""The metric catalogue is complete, typed right, and printable."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from click.testing import CliRunner
+from stormwatch.agent import AgentError, FakeNvml, load_catalogue
+from stormwatch.agent.catalogue import parse_catalogue
+from stormwatch.agent.cli import agent as agent_cli
+
+PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "dcgm-exporter"
+
+#: Trainer metric names from docs/ARCHITECTURE.md ("Trainer -> agent telemetry").
+TRAINER_CONTRACT = {
+    "stormwatch_train_step": "gauge",
+    "stormwatch_train_last_step_timestamp_seconds": "gauge",
+    "stormwatch_train_loss": "gauge",
+    "stormwatch_train_step_duration_seconds": "histogram",
+    "stormwatch_train_tokens_per_second": "gauge",
+    "stormwatch_train_world_size": "gauge",
+    "stormwatch_train_restart_count": "gauge",
+    "stormwatch_train_steps_total": "counter",
+    "stormwatch_train_tokens_total": "counter",
+    "stormwatch_collective_calls_total": "counter",
+    "stormwatch_collective_bytes_total": "counter",
+    "stormwatch_collective_duration_seconds_total": "counter",
+}
+
+
+def _everything_exported(start_agent: Any, fake_torchrun: Any, tools: Any) -> Any:
+    """An agent with every collector producing data; returns its scrape."""
+    fake = FakeNvml(3)
+    fake.gpus[2].links = []  # a GPU without NVLink
+    for link in fake.gpus[1].links:
+        link.throughput_supported = False
+    agent = start_agent(fake)
+    launcher = fake_torchrun([0, 1, 2])
+    rank0 = launcher.wait_pid(0)
+    launcher.wait_pid(1), launcher.wait_pid(2)
+    tools.wait_for(
+        lambda: tools.scrape(agent.url).value(
+            "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="1"
+        )
+    )
+    fake.set_processes(0, [(rank0, 2**30), (6498025472, 9980)])
+    fake.emit_xid(0, 48)
+    fake.inject_error("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_UNKNOWN, gpu=0)
+    for fault_id, rank, ttl in (("a", 1, 600), ("b", 2, 0.1)):
+        body = {
+            "id": fault_id,
+            "kind": "kill_rank",
+            "rank": rank,
+            "job": launcher.job,
+            "ttl_seconds": ttl,
+        }
+        reply = tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token)
+        assert reply.status in (200, 201), reply.text
+    tools.wait_for(
+        lambda: (
+            tools.http("GET", agent.url + "/v1/faults/b", token=tools.token).json()["state"]
+            == "reverted"
+        )
+    )
+    agent.sample()
+    return tools.scrape(agent.url)
+
+
+def test_every_exported_metric_is_in_the_catalogue_with_its_type(
+    start_agent: Any, fake_torchrun: Any, tools: Any
+) -> None:
+    scrape = _everything_exported(start_agent, fake_torchrun, tools)
+    catalogue = load_catalogue()
+    missing = sorted(set(scrape.families) - {spec.name for spec in catalogue})
+    assert not missing, f"exported but not in agent/catalogue.csv: {missing}"
+    wrong = {
+        name: (kind, catalogue[name].type)
+        for name, kind in scrape.families.items()
+        if catalogue[name].type != kind
+    }
+    assert not wrong, f"type differs from the catalogue (exported, catalogued): {wrong}"
+    for name, labels in scrape.family_labels.items():
+        allowed = set(catalogue[name].labels) | (
+            {"le"} if catalogue[name].type == "histogram" else set()
+        )
+        assert labels <= allowed, f"{name} has labels {labels - allowed} not in the catalogue"
+    # And the other way: no catalogue row is dead (every metric appears in this scrape).
+    never = sorted({spec.name for spec in catalogue} - set(scrape.families))
+    assert not never, f"catalogued but never exported: {never}"
+    assert scrape.series("stormwatch_gpu_nvml_errors_total", gpu="0", error="UNKNOWN")
+
+
+def test_trainer_contract_metrics_are_catalogued() -> None:
+    catalogue = load_catalogue()
+    for name, kind in TRAINER_CONTRACT.items():
+        assert name in catalogue, name
+        assert catalogue[name].type == kind, name
+        assert {"job", "rank"} <= set(catalogue[name].labels), name
+        assert catalogue[name].source == "trainer"
+
+
+def test_dcgm_names_keep_dcgm_exporter_types() -> None:
+    """Gauges stay gauges; dcgm counters are untyped (prometheus-client would add _total)."""
+    peer: dict[str, str] = {}
+    for line in (PEERS / "default-counters.csv").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, kind, _ = (part.strip() for part in line.split(",", 2))
+            peer[name] = kind
+    for spec in load_catalogue():
+        if spec.name.startswith("DCGM_"):
+            assert spec.name in peer, f"{spec.name} is not a dcgm-exporter default field"
+            assert spec.type == {"counter": "untyped"}.get(peer[spec.name], peer[spec.name]), (
+                spec.name
+            )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name,type,unit,labels,source,help\nx,gauge,1,,a,h\nx,gauge,1,,a,h\n", "duplicate"),
+        ("name,type,unit,labels,source,help\nx,summary,1,,a,h\n", "type"),
+        ("name,type,unit,labels,source,help\nbad name,gauge,1,,a,h\n", "name"),
+    ],
+)
+def test_invalid_catalogue_rows_are_rejected_with_the_field(text: str, needle: str) -> None:
+    with pytest.raises(AgentError, match=needle):
+        parse_catalogue(text)
+
+
+def test_agent_metrics_command_prints_the_catalogue_in_each_format() -> None:
+    runner = CliRunner()
+    catalogue = load_catalogue()
+    as_csv = runner.invoke(agent_cli, ["metrics", "--format", "csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    rows = list(csv.DictReader(io.StringIO(as_csv.output)))
+    assert [row["name"] for row in rows] == [spec.name for spec in catalogue]
+    as_json = runner.invoke(agent_cli, ["metrics", "--format", "json"])
+    assert as_json.exit_code == 0
+    parsed = json.loads(as_json.output)
+    assert {entry["name"]: entry["type"] for entry in parsed}["stormwatch_rank_up"] == "gauge"
+    table = runner.invoke(agent_cli, ["metrics"], terminal_width=200)
+    assert table.exit_code == 0 and "DCGM_FI_DEV_GPU_UTIL" in table.output
+
+
+def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, tools: Any) -> None:
+    """promtool (Prometheus's own parser and linter) accepts /metrics.
+
+    The only finding allowed is dcgm-exporter's camelCase labels (``modelName``,
+    ``UUID``), kept verbatim for its dashboards.
+    """
+    agent = start_agent(FakeNvml(2))
+    text = tools.http("GET", agent.url + "/metrics").text
+    out = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode in (0, 3), out.stdout + out.stderr  # 3: lint findings only
+    findings = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert findings, "expected the DCGM camelCase finding; did the labels change?"
+    for line in findings:
+        assert line.startswith("DCGM_FI_") and "camelCase" in line, line

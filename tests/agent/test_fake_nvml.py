@@ -1,0 +1,103 @@
+"""The simulated NVML is a faithful stand-in for pynvml, and backend selection works."""
+
+from __future__ import annotations
+
+import inspect
+
+import pynvml
+import pytest
+from stormwatch.agent import FakeNvml, NvmlUnavailable
+from stormwatch.agent.gpu.backend import NvmlApi, open_backend
+from stormwatch.agent.gpu.fake import NVML_FUNCTIONS
+
+
+def _driver_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.parametrize("name", NVML_FUNCTIONS)
+def test_fake_functions_have_pynvml_names_and_parameters(name: str) -> None:
+    real = inspect.signature(getattr(pynvml, name))
+    fake = inspect.signature(getattr(FakeNvml, name))
+    assert list(fake.parameters)[1:] == list(real.parameters), name
+
+
+def test_protocol_functions_all_exist_in_pynvml_and_the_fake() -> None:
+    names = [n for n in vars(NvmlApi) if n.startswith("nvml")]
+    assert names
+    for name in names:
+        assert callable(getattr(pynvml, name)) and callable(getattr(FakeNvml, name)), name
+
+
+@pytest.mark.parametrize("code", sorted(pynvml.NVMLError._valClassMapping))
+def test_injected_errors_are_real_pynvml_subclasses(code: int) -> None:
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    fake.inject_error("nvmlDeviceGetTemperature", code, gpu=1, times=1)
+    ok = fake.nvmlDeviceGetTemperature(
+        fake.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_TEMPERATURE_GPU
+    )
+    assert ok > 0
+    handle = fake.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(pynvml.NVMLError) as caught:
+        fake.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+    assert caught.value.value == code
+    assert type(caught.value) is pynvml.NVMLError._valClassMapping[code]
+    # times=1: the next call succeeds.
+    assert fake.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) > 0
+
+
+def test_fake_behaves_like_nvml_before_init_and_for_lost_gpus() -> None:
+    fake = FakeNvml(2)
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake.nvmlDeviceGetCount()
+    fake.nvmlInit()
+    fake.lose_gpu(1)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetHandleByIndex(5)
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    memory = fake.nvmlDeviceGetMemoryInfo(handle)
+    assert isinstance(memory, pynvml.c_nvmlMemory_t) and memory.used + memory.free == memory.total
+    assert fake.nvmlDeviceGetPciInfo(handle).busId == "00000000:18:00.0"
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        fake.nvmlDeviceGetNvLinkUtilizationCounter(handle, 0, 0)
+    events = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        fake.nvmlEventSetWait(events, 0)
+    fake.emit_xid(0, 79)
+    data = fake.nvmlEventSetWait(events, 10)
+    assert (data.eventType, data.eventData, fake.nvmlDeviceGetIndex(data.device)) == (
+        pynvml.nvmlEventTypeXidCriticalError,
+        79,
+        0,
+    )
+    fake.nvmlEventSetFree(events)
+    fake.nvmlShutdown()
+
+
+def test_inject_error_rejects_typos() -> None:
+    fake = FakeNvml(1)
+    with pytest.raises(ValueError, match="unknown NVML function"):
+        fake.inject_error("nvmlDeviceGetTemprature", pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(ValueError, match="unknown NVML error code"):
+        fake.inject_error("nvmlDeviceGetTemperature", 12345)
+
+
+def test_auto_backend_uses_the_driver_when_it_answers_else_simulates() -> None:
+    with open_backend("auto", sim_gpus=3) as backend:
+        assert backend.name == ("nvml" if _driver_present() else "sim")
+        assert backend.api.nvmlDeviceGetCount() >= (1 if backend.name == "nvml" else 3)
+
+
+@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present")
+def test_nvml_backend_without_driver_is_a_clear_error() -> None:
+    with pytest.raises(NvmlUnavailable, match="--gpu-backend sim"), open_backend("nvml"):
+        pass
