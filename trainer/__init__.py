@@ -1,1 +1,97 @@
-"""stormwatch.trainer."""
+"""stormwatch.trainer: the reference hybrid-parallel trainer (FSDP2 x TP), the system under test.
+
+A byte-level decoder-only transformer trained on the Python standard
+library's source (:mod:`~stormwatch.trainer.corpus`), sharded with tensor
+parallelism and FSDP2 over a ``("dp", "tp")`` device mesh, checkpointed with
+DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
+instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
+
+Modules, one responsibility each: ``config`` (frozen configs), ``dims``
+(:class:`ParallelDims`, the mesh), ``parallel`` (:func:`parallelize`),
+``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
+``checkpoint_store`` (DCP + crash-safe layout), ``comms`` (collective
+counter), ``metrics``, ``events``, ``telemetry``, ``runtime`` (rank
+environment, process group), ``faults`` (test-only fault point), ``loop``
+(the loop), ``cli`` (``stormwatch train``).
+
+Exceptions::
+
+    StormwatchError
+    ├── ConfigError          bad option or environment value (names the field)
+    └── TrainerError
+        ├── CorpusError      corpus unreadable or too small
+        └── CheckpointError  save/resume failed (raised on every rank together)
+
+Names that need torch (:func:`parallelize`, :func:`train`, ...) are imported
+on first use, so importing this package, or running ``stormwatch --help``,
+does not pay for ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from stormwatch.trainer.config import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    TelemetryConfig,
+    TrainConfig,
+)
+from stormwatch.trainer.corpus import Corpus, load_stdlib_corpus
+from stormwatch.trainer.dims import ParallelDims
+from stormwatch.trainer.errors import CheckpointError, CorpusError, TrainerError
+from stormwatch.trainer.runtime import RankEnv
+from stormwatch.trainer.telemetry import RankTelemetry
+
+if TYPE_CHECKING:
+    from stormwatch.trainer.checkpoint import Checkpointer
+    from stormwatch.trainer.comms import CollectiveCounter
+    from stormwatch.trainer.data import BatchSampler
+    from stormwatch.trainer.loop import TrainResult, train
+    from stormwatch.trainer.model import ByteLM
+    from stormwatch.trainer.parallel import parallelize
+
+_LAZY = {
+    "BatchSampler": "stormwatch.trainer.data",
+    "ByteLM": "stormwatch.trainer.model",
+    "Checkpointer": "stormwatch.trainer.checkpoint",
+    "CollectiveCounter": "stormwatch.trainer.comms",
+    "TrainResult": "stormwatch.trainer.loop",
+    "parallelize": "stormwatch.trainer.parallel",
+    "train": "stormwatch.trainer.loop",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "BatchSampler",
+    "ByteLM",
+    "CheckpointConfig",
+    "CheckpointError",
+    "Checkpointer",
+    "CollectiveCounter",
+    "Corpus",
+    "CorpusError",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ParallelDims",
+    "RankEnv",
+    "RankTelemetry",
+    "TelemetryConfig",
+    "TrainConfig",
+    "TrainResult",
+    "TrainerError",
+    "load_stdlib_corpus",
+    "parallelize",
+    "train",
+]

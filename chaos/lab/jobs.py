@@ -121,6 +121,11 @@ def job_environment(spec: JobSpec, node: NodeState, base: dict[str, str]) -> dic
         "GLOO_SOCKET_IFNAME": node.interface,
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
+        # torchrun shares its rendezvous TCPStore with the workers by default; after
+        # a restart on a multi-node job the new workers then read the previous
+        # attempt's connection details and hang in init_process_group
+        # (pytorch/pytorch#135712). A fresh store per attempt avoids it.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         **spec.env,
     }
 

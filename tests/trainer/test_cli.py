@@ -1,0 +1,101 @@
+"""`stormwatch train`: fast help, clear errors for bad options, and the public API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import stormwatch.trainer as trainer
+from stormwatch.trainer.faults import FaultPoint
+
+from stormwatch.cli import main
+
+
+def test_train_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from stormwatch.cli import main\n"
+        "try:\n"
+        "    main(['train', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported by --help'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    for option in ("--steps", "--dp", "--tp", "--checkpoint-dir", "--step-delay", "STORMWATCH_JOB"):
+        assert option in done.stdout
+
+
+@pytest.fixture
+def plain_process_env(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dp", "2", "--tp", "2"], "run it under torchrun --nproc-per-node 4"),
+        (["--steps", "0"], "steps: must be an integer >= 1"),
+        (["--lr", "-1"], "lr: must be a finite number > 0"),
+        (["--d-model", "30", "--n-heads", "4"], "model.d_model: must be divisible by n_heads"),
+        (["--keep", "0"], "keep: must be an integer >= 1"),
+        (["--step-delay", "-0.5"], "step_delay"),
+        (["--job", ""], "job: must be a non-empty"),
+    ],
+)
+def test_bad_options_are_config_errors(plain_process_env, capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["train", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_degrees_not_matching_torchrun_world_size_name_both(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--dp", "3", "--tp", "2"])
+    assert info.value.code == 2
+    assert "dp=3 x tp=2 = 6 ranks, but the world size is 4" in capsys.readouterr().err
+
+
+def test_fault_variables_must_be_integers(monkeypatch, capsys, plain_process_env):
+    monkeypatch.setenv("STORMWATCH_FAULT_EXIT_AT_STEP", "soon")
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--steps", "1"])
+    assert info.value.code == 2
+    assert "STORMWATCH_FAULT_EXIT_AT_STEP" in capsys.readouterr().err
+
+
+def test_public_api_exports_exactly_its_all():
+    for name in trainer.__all__:
+        assert getattr(trainer, name) is not None, name
+    assert len(set(trainer.__all__)) == len(trainer.__all__)
+    with pytest.raises(AttributeError):
+        _ = trainer.not_a_name
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "attempt", "expected"),
+    [
+        ({}, 0, 0, None),
+        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6"}, 2, 0, FaultPoint(exit_at_step=6)),
+        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6"}, 2, 1, None),  # first attempt only
+        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6", "STORMWATCH_FAULT_RANK": "1"}, 2, 0, None),
+        (
+            {"STORMWATCH_FAULT_SLOW_SECONDS": "0.5", "STORMWATCH_FAULT_RANK": "1"},
+            1,
+            3,
+            FaultPoint(slow_seconds=0.5),  # every attempt
+        ),
+    ],
+)
+def test_fault_points_apply_to_the_chosen_rank_and_attempt(env, rank, attempt, expected):
+    assert FaultPoint.from_environ(env, rank=rank, attempt=attempt) == expected

@@ -1,0 +1,117 @@
+"""The collective counter sees c10d and functional collectives, with op label, bytes and time."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from stormwatch.trainer.comms import OP_LABELS, CollectiveCounter
+
+
+class RecordingSink:
+    def __init__(self, *, fail_on_issue: bool = False) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.bytes: collections.Counter[str] = collections.Counter()
+        self.completed: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.errors: list[str] = []
+        self._fail = fail_on_issue
+        self._lock = threading.Lock()
+
+    def on_issue(self, op: str, nbytes: int) -> None:
+        if self._fail:
+            raise RuntimeError("sink broken")
+        self.calls[op] += 1
+        self.bytes[op] += nbytes
+
+    def on_complete(self, op: str, seconds: float) -> None:
+        with self._lock:
+            self.completed[op] += 1
+            self.seconds[op] += seconds
+
+    def on_error(self, where: str, exc: BaseException) -> None:
+        self.errors.append(f"{where}: {exc}")
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_c10d_collectives_are_counted_with_input_bytes_and_completion(one_rank_group):
+    sink = RecordingSink()
+    with CollectiveCounter(sink):
+        dist.all_reduce(torch.ones(8))  # 32 bytes
+        dist.all_gather_single(torch.empty(4), torch.ones(4))  # input: 16 bytes
+        dist.reduce_scatter_single(torch.empty(4), torch.ones(4))  # input: 16 bytes
+        work = dist.broadcast(torch.ones(2, dtype=torch.float64), src=0, async_op=True)
+        work.wait()
+        dist.barrier()
+    assert dict(sink.calls) == {
+        "all_reduce": 1,
+        "all_gather": 1,
+        "reduce_scatter": 1,
+        "broadcast": 1,
+        "barrier": 1,
+    }
+    assert dict(sink.bytes) == {
+        "all_reduce": 32,
+        "all_gather": 16,
+        "reduce_scatter": 16,
+        "broadcast": 16,
+        "barrier": 0,
+    }
+    assert sink.completed == sink.calls  # every op timed by the end of the block
+    assert all(seconds >= 0 for seconds in sink.seconds.values())
+    assert sink.errors == []
+
+
+def test_functional_collectives_complete_at_their_wait(one_rank_group):
+    sink = RecordingSink()
+    with CollectiveCounter(sink):
+        out = funcol.all_reduce(torch.ones(4), "sum", one_rank_group)
+        total = (out + 1).sum()  # first use waits on the result
+    assert float(total) == 8.0
+    assert sink.calls["all_reduce"] == 1 and sink.bytes["all_reduce"] == 16
+    assert sink.completed["all_reduce"] == 1
+
+
+def test_a_failing_sink_never_changes_the_collective(one_rank_group):
+    sink = RecordingSink(fail_on_issue=True)
+    tensor = torch.full((3,), 2.0)
+    with CollectiveCounter(sink):
+        dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.full((3,), 2.0))
+    assert sink.errors and "sink broken" in sink.errors[0]
+
+
+def test_non_collective_ops_are_not_counted():
+    sink = RecordingSink()
+    with CollectiveCounter(sink):
+        torch.ones(3).add_(1).sum()
+    assert not sink.calls and not sink.errors
+
+
+def test_every_label_is_a_known_op_name():
+    assert set(OP_LABELS.values()) <= {
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+        "all_to_all",
+        "broadcast",
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+        "send",
+        "recv",
+    }
+    assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(OP_LABELS.values())

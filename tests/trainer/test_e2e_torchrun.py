@@ -1,0 +1,289 @@
+"""End to end under real torchrun: 4 CPU ranks, FSDP2 (dp=2) x TP (tp=2), gloo.
+
+Runs share module-scoped fixtures to keep the tier short: one uninterrupted
+run (rank 3 slowed before each backward pass, a straggler for FC-14; sleeping
+changes no number), one run whose rank 1 is SIGKILLed at step 6 and resumed
+by torchrun (--max-restarts 1), and one resume over a damaged checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.events import read_events
+
+pytestmark = pytest.mark.e2e
+
+NPROC = 4
+STEPS = 8
+N_LAYERS = 2
+FAULT_STEP = 6
+FAULT_RANK = 1
+SLOW_RANK = 3
+SLOW_SECONDS = 0.25
+TRAIN_ARGS = ["--dp", "2", "--tp", "2", "--steps", str(STEPS), "--checkpoint-every", "2"]
+TRAIN_ARGS += ["--n-layers", str(N_LAYERS), "--job", "e2e"]
+
+
+@dataclass(frozen=True)
+class Run:
+    root: Path
+    returncode: int
+    output: str
+    seconds: float
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "ckpt"
+
+    def events(self, rank: int) -> list[dict]:
+        return read_events(self.logs / f"rank{rank}.jsonl")
+
+    def losses(self, rank: int) -> dict[int, set[str]]:
+        """step -> every loss_hex logged for it (one per attempt that ran the step)."""
+        out: dict[int, set[str]] = {}
+        for event in self.events(rank):
+            if event["event"] == "step":
+                out.setdefault(event["step"], set()).add(event["loss_hex"])
+        return out
+
+
+def _stormwatch() -> str:
+    path = Path(sys.executable).with_name("stormwatch")
+    return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
+
+
+def _torchrun(root: Path, *, extra_env: dict[str, str] | None = None, max_restarts: int = 0) -> Run:
+    root.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
+    env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(NPROC), "--max-restarts", str(max_restarts),
+        "--no-python", _stormwatch(), "train", *TRAIN_ARGS,
+        "--checkpoint-dir", str(root / "ckpt"),
+        "--log-dir", str(root / "logs"),
+        "--metrics-dir", str(root / "metrics"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=root
+    )
+    return Run(root, done.returncode, done.stdout + done.stderr, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Run:
+    run = _torchrun(
+        tmp_path_factory.mktemp("uninterrupted"),
+        extra_env={
+            "STORMWATCH_FAULT_SLOW_SECONDS": str(SLOW_SECONDS),
+            "STORMWATCH_FAULT_RANK": str(SLOW_RANK),
+        },
+    )
+    assert run.returncode == 0, run.output[-5000:]
+    print(f"\nuninterrupted torchrun: {run.seconds:.1f}s")
+    return run
+
+
+@pytest.fixture(scope="module")
+def crashed_and_resumed(tmp_path_factory) -> Run:
+    run = _torchrun(
+        tmp_path_factory.mktemp("crashed"),
+        extra_env={
+            "STORMWATCH_FAULT_EXIT_AT_STEP": str(FAULT_STEP),
+            "STORMWATCH_FAULT_RANK": str(FAULT_RANK),
+        },
+        max_restarts=1,
+    )
+    assert run.returncode == 0, run.output[-5000:]
+    print(f"\ncrashed+resumed torchrun: {run.seconds:.1f}s")
+    return run
+
+
+def test_uninterrupted_run_logs_one_global_loss_per_step(uninterrupted):
+    reference = uninterrupted.losses(0)
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    assert all(len(hexes) == 1 for hexes in reference.values())
+    for rank in range(NPROC):  # the logged loss is the global mean: the same on every rank
+        assert uninterrupted.losses(rank) == reference
+        kinds = [e["event"] for e in uninterrupted.events(rank)]
+        assert kinds[0] == "start" and kinds[-1] == "done"
+        assert kinds.count("checkpoint") == STEPS // 2
+        assert (uninterrupted.metrics / f"rank{rank}.done").exists()
+    first, last = (float.fromhex(next(iter(reference[s]))) for s in (1, STEPS))
+    assert last < first  # it learns
+    found = store.scan(uninterrupted.checkpoints)
+    assert [c.step for c in found.complete] == [4, 6, 8]  # keep=3
+    assert found.partial == ()
+
+
+def test_resume_after_sigkill_matches_uninterrupted_losses_bitwise(
+    uninterrupted, crashed_and_resumed
+):
+    reference = {step: next(iter(hexes)) for step, hexes in uninterrupted.losses(0).items()}
+    for rank in range(NPROC):
+        losses = crashed_and_resumed.losses(rank)
+        assert sorted(losses) == list(range(1, STEPS + 1)), f"rank {rank}"
+        for step, hexes in losses.items():
+            assert hexes == {reference[step]}, (
+                f"rank {rank} step {step}: {hexes} != {reference[step]}"
+            )
+        starts = [e for e in crashed_and_resumed.events(rank) if e["event"] == "start"]
+        assert [(s["attempt"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 4)]
+        done = [e for e in crashed_and_resumed.events(rank) if e["event"] == "done"]
+        assert [(d["attempt"], d["step"]) for d in done] == [(1, STEPS)]
+    # the step after the last checkpoint ran in both attempts, with the same loss
+    replayed = [e for e in crashed_and_resumed.events(0) if e["event"] == "step" and e["step"] == 5]
+    assert [e["attempt"] for e in replayed] == [0, 1]
+
+
+def _collect(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+    }
+
+
+def _value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
+    metrics = crashed_and_resumed.metrics
+    pids = {
+        rank: [e["pid"] for e in crashed_and_resumed.events(rank) if e["event"] == "start"]
+        for rank in range(NPROC)
+    }
+    before = _collect(metrics)
+    assert _value(before, "stormwatch_train_step", job="e2e", rank=str(FAULT_RANK)) == STEPS
+    assert _value(before, "stormwatch_train_restart_count", job="e2e", rank=str(FAULT_RANK)) == 1
+
+    for pid in pids[FAULT_RANK]:  # both processes that ever were rank 1 have exited
+        mark_process_dead(pid, path=str(metrics))
+    after = _collect(metrics)
+    rank = str(FAULT_RANK)
+    for name in (
+        "stormwatch_train_step",
+        "stormwatch_train_loss",
+        "stormwatch_train_last_step_timestamp_seconds",
+        "stormwatch_train_world_size",
+        "stormwatch_train_restart_count",
+        "stormwatch_train_tokens_per_second",
+    ):
+        assert _value(after, name, job="e2e", rank=rank) is None, name
+        assert _value(after, name, job="e2e", rank="0") is not None, name  # others untouched
+    # counters stay: 5 steps in attempt 0 (killed at the start of step 6) + steps 5..8 in attempt 1
+    assert _value(after, "stormwatch_train_steps_total", job="e2e", rank=rank) == 5 + 4
+    assert _value(after, "stormwatch_collective_calls_total", job="e2e", rank=rank, op="all_gather")
+
+
+def test_collectives_of_each_step_are_counted_by_op(uninterrupted):
+    samples = _collect(uninterrupted.metrics)
+    per_step = {
+        # FSDP2: root unshard + each block in forward and again in backward
+        "all_gather": 2 * N_LAYERS + 1,
+        # FSDP2: one reduce-scatter per block and one for the root
+        "reduce_scatter": N_LAYERS + 1,
+        # TP: 2 per block in forward (wo, w2), 4 in backward (inputs of wq, wk, wv, w1),
+        # plus the loss all-reduce over dp
+        "all_reduce": 6 * N_LAYERS + 1,
+    }
+    for rank in map(str, range(NPROC)):
+        for op, count in per_step.items():
+            calls = _value(
+                samples, "stormwatch_collective_calls_total", job="e2e", rank=rank, op=op
+            )
+            assert calls == STEPS * count, (rank, op, calls)
+            assert (
+                _value(samples, "stormwatch_collective_bytes_total", job="e2e", rank=rank, op=op)
+                > 0
+            )
+            seconds = _value(
+                samples, "stormwatch_collective_duration_seconds_total", job="e2e", rank=rank, op=op
+            )
+            assert seconds is not None and seconds > 0
+        assert _value(samples, "stormwatch_train_steps_total", job="e2e", rank=rank) == STEPS
+        assert _value(samples, "stormwatch_train_world_size", job="e2e", rank=rank) == NPROC
+
+
+def test_fc14_straggler_waits_least_inside_collectives(uninterrupted):
+    samples = _collect(uninterrupted.metrics)
+
+    def waited(rank: int) -> float:
+        return sum(
+            value
+            for (name, labels), value in samples.items()
+            if name == "stormwatch_collective_duration_seconds_total"
+            and ("rank", str(rank)) in labels
+        )
+
+    injected = STEPS * SLOW_SECONDS
+    culprit = waited(SLOW_RANK)
+    for victim in set(range(NPROC)) - {SLOW_RANK}:  # they wait for the straggler inside collectives
+        assert waited(victim) > culprit + injected / 2, (victim, waited(victim), culprit)
+
+
+def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(uninterrupted, tmp_path):
+    root = tmp_path / "partial"
+    shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
+    latest = root / "ckpt" / store.step_dir_name(STEPS)
+    # A save killed after the shards were written: no .metadata, no marker ...
+    (latest / store.METADATA_NAME).unlink()
+    (latest / store.MARKER_NAME).unlink()
+    # ... and an attempt that died inside its temporary folder.
+    stale = root / "ckpt" / store.tmp_dir_name(STEPS, attempt=3, token="deadbeef")
+    stale.mkdir()
+    shutil.copy(latest / "__0_0.distcp", stale / "__0_0.distcp")
+
+    run = _torchrun(root)
+    print(f"\nresume over partial checkpoints: {run.seconds:.1f}s")
+    assert run.returncode == 0, run.output[-5000:]
+    assert f"skipping partial checkpoint {latest}" in run.output
+    assert f"skipping partial checkpoint {stale}" in run.output
+    reference = uninterrupted.losses(0)
+    for rank in range(NPROC):
+        start = run.events(rank)[0]
+        assert start["event"] == "start" and start["resumed_from_step"] == STEPS - 2
+        assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
+        saved = [e["step"] for e in run.events(rank) if e["event"] == "checkpoint"]
+        assert saved == [STEPS]
+    found = store.scan(root / "ckpt")
+    assert [c.step for c in found.complete] == [4, 6, 8]
+    assert found.partial == ()  # pruned after the new save was committed
+
+
+def test_single_process_without_torchrun_runs_as_world_size_one(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [_stormwatch(), "train", "--steps", "2", "--log-dir", str(tmp_path / "logs"),
+         "--metrics-dir", str(tmp_path / "metrics"), "--seq-len", "32", "--n-layers", "1"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = read_events(tmp_path / "logs" / "rank0.jsonl")
+    assert [e["event"] for e in events] == ["start", "step", "step", "done"]
+    assert (tmp_path / "metrics" / "rank0.done").exists()

@@ -1,0 +1,165 @@
+"""Per-rank telemetry: multiprocess metric files, the event log, the done marker, failure isolation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from stormwatch.trainer import RankTelemetry
+from stormwatch.trainer.config import TelemetryConfig
+from stormwatch.trainer.events import read_events
+from stormwatch.trainer.metrics import CATALOGUE
+
+_RANK_PROCESS = """
+import os, sys
+from pathlib import Path
+from stormwatch.trainer import RankTelemetry
+from stormwatch.trainer.config import TelemetryConfig
+
+metrics_dir, log_dir, rank, finish = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+# Started without PROMETHEUS_MULTIPROC_DIR: RankTelemetry must set up multiprocess mode itself.
+assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+telemetry = RankTelemetry(
+    TelemetryConfig(job="unit", metrics_dir=Path(metrics_dir), log_dir=Path(log_dir)),
+    rank=rank, world_size=4, attempt=1,
+)
+telemetry.start(resumed_from_step=None)
+for step in (1, 2):
+    telemetry.on_issue("all_gather", 1024)
+    telemetry.on_complete("all_gather", 0.25)
+    telemetry.step(step=step, loss=1.0 / step, seconds=0.5, tokens=256)
+telemetry.checkpoint(step=2)
+if finish:
+    telemetry.done(step=2)
+telemetry.close()
+assert not telemetry.errors, telemetry.errors
+print(os.getpid())
+"""
+
+
+def _run_rank(metrics_dir: Path, log_dir: Path, rank: int, *, finish: bool) -> int:
+    """A stand-in rank process reporting two steps; returns its pid after it exited."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RANK_PROCESS,
+            str(metrics_dir),
+            str(log_dir),
+            str(rank),
+            "1" if finish else "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def _samples(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+    out = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_fc01_dead_rank_gauges_disappear(tmp_path):
+    metrics, logs = tmp_path / "metrics", tmp_path / "logs"
+    dead_pid = _run_rank(metrics, logs, rank=1, finish=False)
+    _run_rank(metrics, logs, rank=0, finish=True)
+
+    before = _samples(metrics)
+    assert _value(before, "stormwatch_train_step", job="unit", rank="1") == 2
+    assert _value(before, "stormwatch_train_restart_count", job="unit", rank="1") == 1
+
+    mark_process_dead(dead_pid, path=str(metrics))
+    after = _samples(metrics)
+    gauges = [spec.name for spec in CATALOGUE if spec.kind == "gauge"]
+    for name in gauges:  # every state gauge of the dead rank is gone, no pid label appears
+        assert _value(after, name, job="unit", rank="1") is None, name
+        assert not any(key[0] == name and ("pid", str(dead_pid)) in key[1] for key in after)
+    assert _value(after, "stormwatch_train_step", job="unit", rank="0") == 2  # live rank kept
+    # counters and histograms stay
+    assert _value(after, "stormwatch_train_steps_total", job="unit", rank="1") == 2
+    assert _value(after, "stormwatch_train_tokens_total", job="unit", rank="1") == 512
+    assert (
+        _value(after, "stormwatch_collective_calls_total", job="unit", rank="1", op="all_gather")
+        == 2
+    )
+    assert (
+        _value(after, "stormwatch_collective_bytes_total", job="unit", rank="1", op="all_gather")
+        == 2048
+    )
+    assert (
+        _value(
+            after,
+            "stormwatch_collective_duration_seconds_total",
+            job="unit",
+            rank="1",
+            op="all_gather",
+        )
+        == 0.5
+    )
+    assert _value(after, "stormwatch_train_step_duration_seconds_count", job="unit", rank="1") == 2
+
+
+def test_event_log_and_done_marker_follow_the_contract(tmp_path):
+    metrics, logs = tmp_path / "metrics", tmp_path / "logs"
+    (metrics).mkdir()
+    (metrics / "rank3.done").touch()  # stale marker from an earlier run
+    pid = _run_rank(metrics, logs, rank=3, finish=False)
+    assert not (metrics / "rank3.done").exists()
+    _run_rank(metrics, logs, rank=3, finish=True)
+    assert (metrics / "rank3.done").exists()
+
+    events = read_events(logs / "rank3.jsonl")
+    assert [e["event"] for e in events] == ["start", "step", "step", "checkpoint"] * 2 + ["done"]
+    start = events[0]
+    assert set(start) == {"event", "time", "rank", "attempt", "resumed_from_step", "pid"}
+    assert (start["rank"], start["attempt"], start["resumed_from_step"], start["pid"]) == (
+        3,
+        1,
+        None,
+        pid,
+    )
+    step = events[2]
+    assert set(step) == {"event", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}
+    assert step["loss"] == 0.5 and float.fromhex(step["loss_hex"]) == 0.5
+    assert set(events[3]) == {"event", "time", "step", "attempt"}
+    assert set(events[-1]) == {"event", "time", "step", "attempt"}
+
+
+def test_torn_last_line_is_skipped_when_reading(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(json.dumps({"event": "start"}) + "\n" + '{"event": "st')
+    assert read_events(path) == [{"event": "start"}]
+
+
+def test_failing_event_log_never_raises_into_training(tmp_path, caplog):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    telemetry = RankTelemetry(
+        TelemetryConfig(job="unit", log_dir=not_a_dir / "logs"), rank=0, world_size=1, attempt=0
+    )
+    telemetry.start(resumed_from_step=None)
+    telemetry.step(step=1, loss=1.0, seconds=0.1, tokens=1)
+    telemetry.done(step=1)
+    telemetry.close()
+    assert telemetry.errors["events"] == 1  # the log could not be opened; later calls are no-ops
+    assert "telemetry sink events failed" in caplog.text

@@ -1,0 +1,265 @@
+"""Small frozen configs, one per trainer component, validated at construction.
+
+No torch import here: the CLI validates every option before it pays for
+``import torch``. Each component receives only its own config
+(:class:`ModelConfig` to the model, :class:`CheckpointConfig` to the
+checkpointer, ...); :class:`TrainConfig` only groups them for the loop and
+checks the constraints that span two of them (e.g. heads divisible by ``tp``).
+
+Defaults are sized for CPU speed (a few milliseconds per step on one core), not
+for language-model quality: the trainer is the system under test for
+observability and chaos experiments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stormwatch.errors import ConfigError
+
+#: Byte-level model: one token per byte value.
+VOCAB_SIZE = 256
+#: Default corpus cap (bytes). 1 MiB keeps corpus loading well under 100 ms
+#: while giving ~16k distinct 64-byte windows per step choice.
+DEFAULT_CORPUS_MAX_BYTES = 1 << 20
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: {message}")
+
+
+def _check_positive_int(value: int, name: str) -> None:
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        name,
+        f"must be an integer >= 1 (got {value!r})",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the byte-level decoder-only transformer.
+
+    Attributes:
+        d_model: residual width (features). Must be divisible by ``n_heads``.
+        n_heads: attention heads; with tensor parallelism, divisible by ``tp``.
+        n_layers: transformer blocks.
+        d_ff: MLP hidden width; ``0`` means ``4 * d_model`` (the GPT-2 ratio).
+        max_seq_len: longest sequence (tokens = bytes) the position table covers.
+        dropout: dropout probability in [0, 1). Non-zero by default (0.1) so
+            that RNG state is part of what a checkpoint must restore.
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 0
+    max_seq_len: int = 64
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "max_seq_len"):
+            _check_positive_int(getattr(self, name), f"model.{name}")
+        _check(
+            isinstance(self.d_ff, int) and self.d_ff >= 0,
+            "model.d_ff",
+            f"must be an integer >= 0, 0 meaning 4 * d_model (got {self.d_ff!r})",
+        )
+        _check(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"must be divisible by n_heads ({self.d_model} % {self.n_heads} != 0)",
+        )
+        _check(
+            isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0,
+            "model.dropout",
+            f"must be in [0, 1) (got {self.dropout!r})",
+        )
+
+    @property
+    def ffn_dim(self) -> int:
+        """MLP hidden width actually used (``d_ff`` or ``4 * d_model``)."""
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        """Features per attention head."""
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Batch sampling over the byte corpus.
+
+    Attributes:
+        seed: base seed; the batch for step ``s`` on data-parallel rank ``r``
+            is a pure function of ``(seed, s, r)``.
+        seq_len: tokens (bytes) per sequence.
+        micro_batch: sequences per data-parallel rank per step.
+        corpus_max_bytes: cap on the corpus size (default 1 MiB, see
+            :data:`DEFAULT_CORPUS_MAX_BYTES`).
+    """
+
+    seed: int = 0
+    seq_len: int = 64
+    micro_batch: int = 4
+    corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.seed, int) and 0 <= self.seed < 2**63,
+            "seed",
+            f"must be an integer in [0, 2**63) (got {self.seed!r})",
+        )
+        _check_positive_int(self.seq_len, "data.seq_len")
+        _check_positive_int(self.micro_batch, "data.micro_batch")
+        _check(
+            isinstance(self.corpus_max_bytes, int) and self.corpus_max_bytes > self.seq_len + 1,
+            "data.corpus_max_bytes",
+            f"must be an integer > seq_len + 1 = {self.seq_len + 1} (got {self.corpus_max_bytes!r})",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW settings.
+
+    Attributes:
+        lr: learning rate (constant schedule). 3e-3 suits the tiny default model.
+        weight_decay: decoupled weight decay.
+    """
+
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
+            "lr",
+            f"must be a finite number > 0 (got {self.lr!r})",
+        )
+        _check(
+            isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0,
+            "optim.weight_decay",
+            f"must be >= 0 (got {self.weight_decay!r})",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Where and how often to write DCP checkpoints.
+
+    Attributes:
+        directory: checkpoint root; ``None`` disables saving and resuming.
+        every: save after every ``every``-th step (and never at step 0).
+        keep: number of complete checkpoints to keep (default 3); older ones
+            are deleted only after a newer one is complete (FC-11).
+    """
+
+    directory: Path | None = None
+    every: int = 10
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        _check_positive_int(self.every, "checkpoint_every")
+        _check_positive_int(self.keep, "keep")
+        if self.directory is not None and self.directory.exists():
+            _check(
+                self.directory.is_dir(),
+                "checkpoint_dir",
+                f"{self.directory} exists and is not a directory",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetryConfig:
+    """Per-rank telemetry outputs (see docs/ARCHITECTURE.md "Trainer -> agent telemetry").
+
+    Attributes:
+        job: value of the ``job`` label and of the log records.
+        log_dir: folder for ``rank<R>.jsonl``; ``None`` disables the event log.
+        metrics_dir: prometheus-client multiprocess folder; ``None`` disables metrics.
+    """
+
+    job: str = "train"
+    log_dir: Path | None = None
+    metrics_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check(
+            bool(self.job) and self.job.isprintable() and len(self.job) <= 128,
+            "job",
+            f"must be a non-empty printable string of at most 128 characters (got {self.job!r})",
+        )
+        for name in ("log_dir", "metrics_dir"):
+            path = getattr(self, name)
+            if path is not None and path.exists():
+                _check(path.is_dir(), name, f"{path} exists and is not a directory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything one ``stormwatch train`` run needs; groups the component configs.
+
+    Attributes:
+        steps: last step to run (steps are numbered from 1). A resumed run
+            continues after the checkpoint's step up to ``steps``.
+        dp: data-parallel (FSDP2) degree.
+        tp: tensor-parallel degree; must divide ``model.n_heads`` and ``model.ffn_dim``.
+        step_delay: seconds to sleep after each step (to slow a lab run down).
+
+    Raises:
+        ConfigError: a value, or a combination of values, is invalid.
+    """
+
+    steps: int
+    dp: int = 1
+    tp: int = 1
+    step_delay: float = 0.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def __post_init__(self) -> None:
+        _check_positive_int(self.steps, "steps")
+        _check_positive_int(self.dp, "dp")
+        _check_positive_int(self.tp, "tp")
+        _check(
+            isinstance(self.step_delay, (int, float))
+            and math.isfinite(self.step_delay)
+            and self.step_delay >= 0,
+            "step_delay",
+            f"must be a finite number of seconds >= 0 (got {self.step_delay!r})",
+        )
+        _check(
+            self.model.n_heads % self.tp == 0,
+            "tp",
+            f"must divide the number of heads (n_heads={self.model.n_heads}, tp={self.tp})",
+        )
+        _check(
+            self.model.ffn_dim % self.tp == 0,
+            "tp",
+            f"must divide the MLP width (d_ff={self.model.ffn_dim}, tp={self.tp})",
+        )
+        _check(
+            self.data.seq_len <= self.model.max_seq_len,
+            "seq_len",
+            f"must be <= model.max_seq_len ({self.data.seq_len} > {self.model.max_seq_len})",
+        )
+
+
+__all__ = [
+    "DEFAULT_CORPUS_MAX_BYTES",
+    "VOCAB_SIZE",
+    "CheckpointConfig",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "TelemetryConfig",
+    "TrainConfig",
+]

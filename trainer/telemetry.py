@@ -1,0 +1,162 @@
+"""One rank's telemetry: metrics, event log and done marker behind one guard.
+
+:class:`RankTelemetry` is what the training loop talks to. Every call is
+guarded: a failing sink (full disk, unwritable folder, bad value) is logged
+at WARNING (first failure per sink, then every 100th), counted in
+:attr:`RankTelemetry.errors` and in ``stormwatch_train_telemetry_errors_total``
+when metrics still work, and never raised into training. It also is the
+:class:`~stormwatch.trainer.comms.CollectiveSink` of the collective counter.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stormwatch.trainer.config import TelemetryConfig
+from stormwatch.trainer.events import EventLog
+from stormwatch.trainer.metrics import RankMetrics
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY = 100
+
+
+def done_marker_path(metrics_dir: Path, rank: int) -> Path:
+    """``<metrics_dir>/rank<rank>.done``: touched when a rank finished cleanly."""
+    return metrics_dir / f"rank{rank}.done"
+
+
+class RankTelemetry:
+    """Metrics + event log + done marker for one rank; never raises from its methods.
+
+    Args:
+        config: job name and output folders (``None`` folders disable that output).
+        rank: global rank.
+        world_size: ranks in the job.
+        attempt: torchrun restart count (TORCHELASTIC_RESTART_COUNT).
+        clock: Unix time source.
+    """
+
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        *,
+        rank: int,
+        world_size: int,
+        attempt: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._rank = rank
+        self._clock = clock
+        self.errors: collections.Counter[str] = collections.Counter()
+        self._metrics: RankMetrics | None = None
+        self._events: EventLog | None = None
+        if config.metrics_dir is not None:
+            self._metrics = self._guard(
+                "metrics", RankMetrics, config.metrics_dir, job=config.job, rank=rank
+            )
+            if self._metrics is not None:
+                self._guard(
+                    "metrics",
+                    self._metrics.job_info,
+                    world_size=world_size,
+                    restart_count=attempt,
+                )
+        if config.log_dir is not None:
+            self._events = self._guard(
+                "events", EventLog, config.log_dir, rank=rank, attempt=attempt, clock=clock
+            )
+
+    def _guard(self, sink: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            self._failed(sink, exc)
+            return None
+
+    def _failed(self, sink: str, exc: BaseException) -> None:
+        self.errors[sink] += 1
+        count = self.errors[sink]
+        if count == 1 or count % _LOG_EVERY == 0:
+            log.warning(
+                "telemetry sink %s failed (%d failures so far; training continues): %s",
+                sink,
+                count,
+                exc,
+                exc_info=count == 1,
+            )
+        if self._metrics is not None and sink != "metrics":
+            try:
+                self._metrics.telemetry_error(sink)
+            except Exception:
+                self.errors["metrics"] += 1
+
+    def start(self, *, resumed_from_step: int | None) -> None:
+        """Log the start record, set the step gauge and heartbeat, remove a stale done marker."""
+        if self._config.metrics_dir is not None:
+            marker = done_marker_path(self._config.metrics_dir, self._rank)
+            self._guard("done_marker", marker.unlink, missing_ok=True)
+        if self._metrics is not None:
+            self._guard(
+                "metrics",
+                self._metrics.started,
+                step=resumed_from_step or 0,
+                timestamp=self._clock(),
+            )
+        if self._events is not None:
+            self._guard("events", self._events.start, resumed_from_step=resumed_from_step)
+
+    def step(self, *, step: int, loss: float, seconds: float, tokens: int) -> None:
+        """Record a completed step (global mean ``loss``, wall ``seconds``, ``tokens``)."""
+        if self._metrics is not None:
+            self._guard(
+                "metrics",
+                self._metrics.step,
+                step=step,
+                loss=loss,
+                seconds=seconds,
+                tokens=tokens,
+                timestamp=self._clock(),
+            )
+        if self._events is not None:
+            self._guard("events", self._events.step, step=step, loss=loss, step_seconds=seconds)
+
+    def checkpoint(self, *, step: int) -> None:
+        """Record a complete checkpoint of ``step``."""
+        if self._events is not None:
+            self._guard("events", self._events.checkpoint, step=step)
+
+    def done(self, *, step: int) -> None:
+        """Log the done record and touch ``<metrics-dir>/rank<R>.done``."""
+        if self._events is not None:
+            self._guard("events", self._events.done, step=step)
+        if self._config.metrics_dir is not None:
+            marker = done_marker_path(self._config.metrics_dir, self._rank)
+            self._guard("done_marker", marker.touch)
+
+    def close(self) -> None:
+        """Close the event log."""
+        if self._events is not None:
+            self._guard("events", self._events.close)
+
+    # CollectiveSink
+    def on_issue(self, op: str, nbytes: int) -> None:
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.collective_issued, op, nbytes)
+
+    def on_complete(self, op: str, seconds: float) -> None:
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.collective_completed, op, seconds)
+
+    def on_error(self, where: str, exc: BaseException) -> None:
+        self._failed(where, exc)
+
+
+__all__ = ["RankTelemetry", "done_marker_path"]
