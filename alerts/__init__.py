@@ -5,7 +5,9 @@
 * :func:`render_alertmanager_config` / :func:`write_alertmanager_config`:
   ``alertmanager.yml`` routing to the responder (typed models, PyYAML).
 * :class:`Responder`: Alertmanager webhook receiver with durable, deduplicated
-  incidents (SQLite) and background actions (:class:`Playbook`, :class:`Action`).
+  incidents, one per Alertmanager alert group (:class:`IncidentRecord` with its
+  :class:`IncidentMember` alerts; SQLite), and background actions
+  (:class:`Playbook`, :class:`Action`), each run once per incident.
 * :class:`ResponderClient`: reads ``/v1/incidents``, ``/v1/actions``, ``/v1/notifications``.
 
 Exceptions::
@@ -45,7 +47,12 @@ from stormwatch.alerts.errors import (
 )
 from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
 from stormwatch.alerts.prometheus import PrometheusAPI, PrometheusClient, Sample
-from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.alerts.records import (
+    ActionRecord,
+    IncidentMember,
+    IncidentRecord,
+    NotificationRecord,
+)
 from stormwatch.alerts.responder import Responder, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import (
     ToolRun,
@@ -66,6 +73,7 @@ __all__ = [
     "AlertsError",
     "ConfirmRestart",
     "ConfirmRestartSettings",
+    "IncidentMember",
     "IncidentRecord",
     "NotificationRecord",
     "Playbook",

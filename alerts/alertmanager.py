@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
-from stormwatch.alerts.durations import format_duration
 
+from stormwatch.alerts.durations import format_duration
 from stormwatch.errors import ConfigError
 
 #: Path of the responder's webhook endpoint, appended to the responder's base URL.

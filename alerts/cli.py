@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import click
+
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.alertmanager import (
     AlertmanagerSettings,
@@ -22,7 +23,6 @@ from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.records import ActionRecord, IncidentRecord
 from stormwatch.alerts.responder import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
-
 from stormwatch.errors import ConfigError
 
 
@@ -241,7 +241,13 @@ def _time(value: float | None) -> str:
     "--json", "as_json", is_flag=True, help="Print JSON ({incidents, actions}) instead of a table."
 )
 def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
-    """List the responder's incidents with the outcome of their actions."""
+    """List the responder's incidents (one per alert group episode) with their actions.
+
+    \b
+    first rank  the `rank` label of the alert that fired first ("tied" when
+                another alert of the incident started at the same time)
+    alerts      how many alerts (ranks) the incident gathered
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -267,9 +273,23 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
     for action in actions:
         by_incident.setdefault(action.incident_id, []).append(action)
     table = Table(title=f"Incidents at {url}")
-    for column in ("id", "status", "alert", "job", "rank", "started", "closed", "actions"):
+    columns = (
+        "id",
+        "status",
+        "alert",
+        "job",
+        "first rank",
+        "alerts",
+        "started",
+        "closed",
+        "actions",
+    )
+    for column in columns:
         table.add_column(column, overflow="fold")
     for incident in incidents:
+        first_rank = incident.first_alert.labels.get("rank", "-")
+        if incident.first_alert_tied:
+            first_rank += " (tied)"
         acts = "\n".join(
             escape(f"{a.kind}: {a.status}" + (f" ({a.detail})" if a.detail else ""))
             for a in by_incident.get(incident.id, [])
@@ -279,7 +299,8 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
             "[red]open[/red]" if incident.status == "open" else incident.status,
             escape(incident.alertname),
             escape(incident.labels.get("job", "-")),
-            escape(incident.labels.get("rank", "-")),
+            escape(first_rank),
+            str(len(incident.members)),
             _time(incident.starts_at),
             _time(incident.closed_at),
             acts or "-",

@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import BaseModel, TypeAdapter, ValidationError
+
 from stormwatch.alerts.errors import ResponderClientError
 from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
-
 from stormwatch.errors import ConfigError
 
 R = TypeVar("R", bound=BaseModel)

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, JsonValue, TypeAdapter, ValidationError
-from stormwatch.alerts.errors import PrometheusError
 
+from stormwatch.alerts.errors import PrometheusError
 from stormwatch.errors import ConfigError
 
 log = logging.getLogger(__name__)

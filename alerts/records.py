@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 IncidentStatus = Literal["open", "closed"]
+MemberStatus = Literal["firing", "resolved"]
 ActionStatus = Literal["pending", "running", "succeeded", "failed", "skipped"]
 #: Action states after which an action never runs again.
 FINAL_ACTION_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "skipped"})
@@ -44,36 +45,86 @@ class NotificationRecord(_Record):
     new_alerts: int
 
 
-class IncidentRecord(_Record):
-    """One alert occurrence: opened by its first firing, closed by its resolution.
-
-    An incident is identified by the alert's fingerprint and ``startsAt``; a
-    later firing of the same alert (new ``startsAt``) is a new incident.
+class IncidentMember(_Record):
+    """One alert occurrence (fingerprint + ``startsAt``) that belongs to an incident.
 
     Attributes:
-        id: row id.
+        fingerprint: Alertmanager's fingerprint of the alert's label set.
         alertname: the alert's name.
-        fingerprint: Alertmanager's fingerprint of the label set.
-        status: ``open`` or ``closed``.
-        labels, annotations: as in the first notification seen.
-        group_key: the ``groupKey`` of the first notification seen.
+        status: ``firing``, or ``resolved`` once the responder saw it resolve
+            (or the whole group resolved).
+        labels, annotations: as in the first notification that carried it.
+        group_key: the ``groupKey`` of that notification.
         starts_at: the alert's ``startsAt`` (Unix s).
-        ends_at: the alert's ``endsAt`` from the resolved notification, or None.
-        opened_at: when the responder opened the incident (Unix s).
-        closed_at: when the responder closed it, or None while open.
+        ends_at: the alert's ``endsAt`` from its resolved notification, or None
+            (still firing, or closed by a group-level resolve that did not list it).
+        joined_at: when the responder added it to the incident (Unix s).
+        resolved_at: when the responder saw it resolve (Unix s), or None.
     """
 
-    id: int
-    alertname: str
     fingerprint: str
-    status: IncidentStatus
+    alertname: str
+    status: MemberStatus
     labels: dict[str, str]
     annotations: dict[str, str]
     group_key: str
     starts_at: float
     ends_at: float | None
+    joined_at: float
+    resolved_at: float | None
+
+
+class IncidentRecord(_Record):
+    """One failure as Alertmanager grouped it: an episode of one alert group.
+
+    An incident is per Alertmanager alert group (``groupKey``; the shipped
+    configuration groups by ``alertname`` and ``job``). The first firing
+    notification of a group without an open incident opens one; later firing
+    alerts of the group join it as :attr:`members`; it closes when every member
+    resolved, or when a ``resolved`` notification for the whole group arrives.
+    A new alert occurrence of the group after that opens a new incident. An
+    alert occurrence belongs to one incident only, so an old firing resent
+    after its resolve (HA twin, retry) never reopens anything (FC-12).
+
+    Attributes:
+        id: row id.
+        group_key: Alertmanager's ``groupKey`` of the group.
+        group_labels: the group's ``groupLabels`` (e.g. ``alertname``, ``job``)
+            from the notification that opened the incident.
+        status: ``open`` or ``closed``.
+        alertname: the name of the alert that opened the incident (every
+            member's, when the group is grouped by ``alertname`` as shipped).
+        labels: the labels every member has with the same value (like
+            Alertmanager's ``commonLabels``): ``alertname``, ``job``, ``severity``,
+            but not ``rank`` once two ranks alerted.
+        annotations: the annotations every member shares.
+        starts_at: the earliest member ``startsAt`` (= ``first_alert.starts_at``, Unix s).
+        ends_at: the latest member ``endsAt`` once closed, or None.
+        opened_at: when the responder opened the incident (Unix s).
+        closed_at: when the responder closed it, or None while open.
+        first_alert: the member that fired first: earliest ``startsAt``, ties
+            broken by the numeric ``rank`` label (ranks without one last), then
+            by fingerprint. Post-mortems use it to name the culprit rank.
+        first_alert_tied: True when another member has the same ``startsAt``,
+            so the rank order, not time, chose :attr:`first_alert` (alerts that
+            turned true in the same rule evaluation); the culprit is then uncertain.
+        members: every member, in :attr:`first_alert` order (``members[0]`` is it).
+    """
+
+    id: int
+    group_key: str
+    group_labels: dict[str, str]
+    status: IncidentStatus
+    alertname: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
     opened_at: float
     closed_at: float | None
+    first_alert: IncidentMember
+    first_alert_tied: bool
+    members: list[IncidentMember]
 
 
 class ActionRecord(_Record):
@@ -109,7 +160,9 @@ __all__ = [
     "FINAL_ACTION_STATUSES",
     "ActionRecord",
     "ActionStatus",
+    "IncidentMember",
     "IncidentRecord",
     "IncidentStatus",
+    "MemberStatus",
     "NotificationRecord",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.actions.playbook import Playbook, default_playbook
 from stormwatch.alerts.auth import bearer_matches, read_token
@@ -35,7 +36,6 @@ from stormwatch.alerts.payload import WebhookMessage
 from stormwatch.alerts.prometheus import PrometheusClient
 from stormwatch.alerts.runner import ActionRunner, StoreWorker
 from stormwatch.alerts.store import Store
-
 from stormwatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -240,13 +240,15 @@ class Responder:
         for action_id in done.new_actions:
             self._runner.submit(action_id)
         log.info(
-            "notification %d (%s, %d alerts): %d new, %d duplicates, opened %s, closed %s",
+            "notification %d (%s, %d alerts): %d new, %d duplicates, opened %s, joined %s,"
+            " closed %s",
             done.notification_id,
             message.status,
             len(message.alerts),
             done.new_alerts,
             done.duplicates,
             done.opened,
+            done.joined,
             done.closed,
         )
         return web.json_response(
@@ -255,6 +257,7 @@ class Responder:
                 "new_alerts": done.new_alerts,
                 "duplicates": done.duplicates,
                 "incidents_opened": done.opened,
+                "incidents_joined": done.joined,
                 "incidents_closed": done.closed,
                 "actions_started": done.new_actions,
             }

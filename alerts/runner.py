@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from pydantic import JsonValue
+
 from stormwatch.alerts.actions.base import ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
 from stormwatch.alerts.store import Store

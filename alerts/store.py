@@ -4,12 +4,17 @@ Deduplication (FC-12) lives here, inside one transaction per notification:
 
 * every alert delivery is keyed on (groupKey, fingerprint, startsAt, status);
   a key seen before changes nothing (Alertmanager retries, repeats, HA twins);
-* an incident is keyed on (fingerprint, startsAt): the first firing opens it,
-  the first resolved closes it; a firing after the resolve with the *same*
-  startsAt is ignored, one with a new startsAt opens a new incident;
-* an incident's actions are created with it, unique per (incident, kind), and
-  are claimed (pending -> running) atomically, so no action runs twice, also
-  across responder restarts (the database is the only state).
+* the new deliveries update the incidents, one per Alertmanager alert group
+  (:mod:`stormwatch.alerts.incidents`): an alert occurrence (fingerprint +
+  startsAt) joins one incident only, ever;
+* an incident's actions are created with it (or when a member with another
+  alert name joins), unique per (incident, kind), and are claimed
+  (pending -> running) atomically, so no action runs twice, also across
+  responder restarts (the database is the only state).
+
+The schema carries a version (``PRAGMA user_version``, :data:`SCHEMA_VERSION`);
+a database of another version is refused with a message naming the file and
+the fix (the project has not shipped, so there are no migrations).
 
 :class:`Store` is synchronous; the responder calls it from one worker thread
 so that fsyncs never block the event loop.
@@ -21,16 +26,26 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stormwatch.alerts.errors import StoreError
+from stormwatch.alerts.incidents import (
+    INCIDENT_SCHEMA,
+    Ingested,
+    apply_deliveries,
+    incident_records,
+    read_incidents,
+)
 from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
 from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
 
-_SCHEMA_VERSION = 1
-_SCHEMA = """
+#: Version of the database layout (``PRAGMA user_version``). 1: one incident per
+#: alert occurrence; 2: one incident per alert group, with member alerts.
+SCHEMA_VERSION = 2
+_TABLES = ("notifications", "deliveries", "incidents", "incident_members", "actions")
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS notifications (
     id          INTEGER PRIMARY KEY,
     received_at REAL    NOT NULL,
@@ -48,21 +63,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
     notification_id INTEGER NOT NULL REFERENCES notifications (id),
     PRIMARY KEY (group_key, fingerprint, starts_at_key, status)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS incidents (
-    id            INTEGER PRIMARY KEY,
-    alertname     TEXT    NOT NULL,
-    fingerprint   TEXT    NOT NULL,
-    starts_at_key TEXT    NOT NULL,
-    status        TEXT    NOT NULL CHECK (status IN ('open', 'closed')),
-    labels        TEXT    NOT NULL,
-    annotations   TEXT    NOT NULL,
-    group_key     TEXT    NOT NULL,
-    starts_at     REAL    NOT NULL,
-    ends_at       REAL,
-    opened_at     REAL    NOT NULL,
-    closed_at     REAL,
-    UNIQUE (fingerprint, starts_at_key)
-);
+"""
+    + INCIDENT_SCHEMA
+    + """
 CREATE TABLE IF NOT EXISTS actions (
     id          INTEGER PRIMARY KEY,
     incident_id INTEGER NOT NULL REFERENCES incidents (id),
@@ -78,27 +81,7 @@ CREATE TABLE IF NOT EXISTS actions (
     UNIQUE (incident_id, kind)
 );
 """
-
-
-@dataclass
-class Ingested:
-    """What one notification changed.
-
-    Attributes:
-        notification_id: row id of the stored notification.
-        new_alerts: deliveries not seen before.
-        duplicates: deliveries seen before (ignored).
-        opened: ids of incidents this notification opened.
-        closed: ids of incidents it closed.
-        new_actions: ids of the actions created for the opened incidents (pending).
-    """
-
-    notification_id: int
-    new_alerts: int = 0
-    duplicates: int = 0
-    opened: list[int] = field(default_factory=list)
-    closed: list[int] = field(default_factory=list)
-    new_actions: list[int] = field(default_factory=list)
+)
 
 
 class Store:
@@ -108,7 +91,9 @@ class Store:
         path: database file; its folder must exist.
 
     Raises:
-        StoreError: the file cannot be opened as a responder database.
+        StoreError: the file cannot be opened as a responder database, or it
+            was written with another schema version (the message names the
+            file and the fix: a new ``--db`` file).
     """
 
     def __init__(self, path: Path) -> None:
@@ -117,22 +102,57 @@ class Store:
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=10.0
             )
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the responder database: {exc}") from exc
+        try:
             self._db.row_factory = sqlite3.Row
+            self._check_version(self._db)  # before WAL mode, which rewrites the file header
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, _SCHEMA_VERSION):
-                raise StoreError(
-                    f"{self.path}: responder database schema {version} is not supported "
-                    f"(expected {_SCHEMA_VERSION}); use a new --db file"
-                )
-            with self._transaction():
+            with self._transaction() as db:
+                self._check_version(db)  # again: another process may have created it meanwhile
                 for statement in filter(str.strip, _SCHEMA.split(";")):
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
+            self._db.close()
             raise StoreError(f"{self.path}: cannot open the responder database: {exc}") from exc
+        except StoreError:
+            self._db.close()
+            raise
+
+    def _check_version(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        fix = (
+            "it holds only the responder's history: move it away (or delete it), "
+            "or start the responder with another --db file"
+        )
+        if version == 0:
+            names = ", ".join(_TABLES)
+            clash = db.execute(
+                f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
+                f"({', '.join('?' * len(_TABLES))})",
+                _TABLES,
+            ).fetchall()
+            if not clash:
+                return  # a new, empty database
+            raise StoreError(
+                f"{self.path}: is not a stormwatch responder database (no schema version, "
+                f"but it has tables named like ours: {names}); pass another --db file"
+            )
+        if version < SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: responder database schema {version} is older than this "
+                f"responder's schema {SCHEMA_VERSION} (incidents are now per Alertmanager "
+                f"alert group) and is not migrated; {fix}"
+            )
+        raise StoreError(
+            f"{self.path}: responder database schema {version} was written by a newer "
+            f"stormwatch (this one reads schema {SCHEMA_VERSION}); upgrade stormwatch, {fix}"
+        )
 
     def close(self) -> None:
         """Close the database connection."""
@@ -162,7 +182,8 @@ class Store:
         Args:
             message: the validated webhook payload.
             received_at: Unix seconds.
-            actions_for: action kinds to create for a new incident of an alert name.
+            actions_for: action kinds to create for an incident with members of an
+                alert name (each kind once per incident).
 
         Raises:
             StoreError: the database could not be updated (nothing was stored).
@@ -181,6 +202,7 @@ class Store:
                     ),
                 )
                 result = Ingested(notification_id=_rowid(cur))
+                new: list[WebhookAlert] = []
                 for alert in message.alerts:
                     cur = db.execute(
                         "INSERT OR IGNORE INTO deliveries (group_key, fingerprint, starts_at_key,"
@@ -193,13 +215,11 @@ class Store:
                             result.notification_id,
                         ),
                     )
-                    if cur.rowcount != 1:
-                        result.duplicates += 1
-                        continue
-                    result.new_alerts += 1
-                    self._apply(
-                        db, message, alert, result, now=received_at, actions_for=actions_for
-                    )
+                    if cur.rowcount == 1:
+                        new.append(alert)
+                result.new_alerts = len(new)
+                result.duplicates = len(message.alerts) - len(new)
+                apply_deliveries(db, message, new, result, now=received_at, actions_for=actions_for)
                 db.execute(
                     "UPDATE notifications SET new_alerts = ? WHERE id = ?",
                     (result.new_alerts, result.notification_id),
@@ -207,74 +227,6 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot store the notification: {exc}") from exc
         return result
-
-    def _apply(
-        self,
-        db: sqlite3.Connection,
-        message: WebhookMessage,
-        alert: WebhookAlert,
-        result: Ingested,
-        *,
-        now: float,
-        actions_for: Callable[[str], Sequence[str]],
-    ) -> None:
-        """Apply one new delivery to the incidents (inside the caller's transaction)."""
-        incident = db.execute(
-            "SELECT id, status FROM incidents WHERE fingerprint = ? AND starts_at_key = ?",
-            (alert.fingerprint, alert.starts_at_key),
-        ).fetchone()
-        if alert.status == "firing":
-            if incident is not None:
-                return  # already open, or closed: a late duplicate of a resolved alert
-            incident_id = self._insert_incident(db, message, alert, now=now, closed=False)
-            result.opened.append(incident_id)
-            for kind in actions_for(alert.alertname):
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO actions (incident_id, kind, status, created_at)"
-                    " VALUES (?, ?, 'pending', ?)",
-                    (incident_id, kind, now),
-                )
-                if cur.rowcount == 1:
-                    result.new_actions.append(_rowid(cur))
-        elif incident is None:
-            # Resolved before we saw it fire (the responder was down): record it closed,
-            # run nothing.
-            self._insert_incident(db, message, alert, now=now, closed=True)
-        elif incident["status"] == "open":
-            db.execute(
-                "UPDATE incidents SET status = 'closed', closed_at = ?, ends_at = ? WHERE id = ?",
-                (now, alert.ends_at_unix, incident["id"]),
-            )
-            result.closed.append(incident["id"])
-
-    @staticmethod
-    def _insert_incident(
-        db: sqlite3.Connection,
-        message: WebhookMessage,
-        alert: WebhookAlert,
-        *,
-        now: float,
-        closed: bool,
-    ) -> int:
-        cur = db.execute(
-            "INSERT INTO incidents (alertname, fingerprint, starts_at_key, status, labels,"
-            " annotations, group_key, starts_at, ends_at, opened_at, closed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                alert.alertname,
-                alert.fingerprint,
-                alert.starts_at_key,
-                "closed" if closed else "open",
-                json.dumps(alert.labels, sort_keys=True),
-                json.dumps(alert.annotations, sort_keys=True),
-                message.group_key,
-                alert.starts_at_unix,
-                alert.ends_at_unix if closed else None,
-                now,
-                now if closed else None,
-            ),
-        )
-        return _rowid(cur)
 
     def claim_action(self, action_id: int, *, now: float) -> bool:
         """Move a pending action to running; False when it is not pending (someone ran it).
@@ -353,13 +305,41 @@ class Store:
         return [NotificationRecord(**dict(row)) for row in rows]
 
     def incidents(self, *, limit: int) -> list[IncidentRecord]:
-        """The latest ``limit`` incidents, oldest first."""
-        return [_incident(row) for row in self._latest("incidents", limit)]
+        """The latest ``limit`` incidents with their members, oldest first.
+
+        Raises:
+            StoreError: the database could not be read.
+        """
+        try:
+            with self._read() as db:
+                rows = db.execute(
+                    "SELECT * FROM incidents ORDER BY id DESC LIMIT ?", (limit,)
+                ).fetchall()[::-1]
+                return incident_records(db, rows, min_id=rows[0]["id"]) if rows else []
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read incidents: {exc}") from exc
 
     def incident(self, incident_id: int) -> IncidentRecord | None:
-        """One incident, or None."""
-        row = self._db.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-        return None if row is None else _incident(row)
+        """One incident with its members, or None.
+
+        Raises:
+            StoreError: the database could not be read.
+        """
+        try:
+            with self._read() as db:
+                rows = read_incidents(db, "id = ?", (incident_id,))
+                return incident_records(db, rows, min_id=incident_id)[0] if rows else None
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read incident {incident_id}: {exc}") from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: an incident and its members come from one snapshot."""
+        self._db.execute("BEGIN")
+        try:
+            yield self._db
+        finally:
+            self._db.execute("COMMIT")
 
     def actions(self, *, limit: int) -> list[ActionRecord]:
         """The latest ``limit`` actions, oldest first."""
@@ -388,18 +368,10 @@ def _rowid(cur: sqlite3.Cursor) -> int:
     return rowid
 
 
-def _incident(row: sqlite3.Row) -> IncidentRecord:
-    data = dict(row)
-    data.pop("starts_at_key")
-    data["labels"] = json.loads(data["labels"])
-    data["annotations"] = json.loads(data["annotations"])
-    return IncidentRecord(**data)
-
-
 def _action(row: sqlite3.Row) -> ActionRecord:
     data = dict(row)
     data["data"] = json.loads(data["data"])
     return ActionRecord(**data)
 
 
-__all__ = ["Ingested", "Store"]
+__all__ = ["SCHEMA_VERSION", "Ingested", "Store"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from pydantic import JsonValue
+
 from stormwatch.alerts.records import IncidentRecord
 
 

@@ -7,10 +7,12 @@ should restart the worker group. The action polls Prometheus until
   incident (``TORCHELASTIC_RESTART_COUNT`` of the next attempt), and
 * every rank of the job (``0 .. stormwatch_train_world_size - 1``, or every rank
   with a heartbeat when the world size is unknown) has a
-  ``stormwatch_rank_last_progress_timestamp_seconds`` later than the alert's
-  ``startsAt``: it made progress after the failure,
+  ``stormwatch_rank_last_progress_timestamp_seconds`` later than the incident's
+  ``starts_at`` (its first alert's ``startsAt``): it made progress after the failure,
 
 and then succeeds; it fails after a timeout. It only reads, so it is retry-safe.
+It runs once per incident, that is once per alert group episode: one dead rank
+whose siblings torchrun stops as well gives one confirmation, not one per rank.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.errors import PrometheusError
 from stormwatch.alerts.prometheus import PrometheusAPI, promql_string
 from stormwatch.alerts.records import IncidentRecord
-
 from stormwatch.errors import ConfigError
 
 
@@ -39,7 +40,7 @@ class ConfirmRestartSettings:
         poll_interval_s: seconds between polls. Default 2 s (2 scrape intervals
             of the lab's 1 s scrape).
         baseline_offset_s: the restart count "before" is read this many seconds
-            before the alert's ``startsAt``. Default 5 s: the alert fires at most
+            before the incident's ``starts_at``. Default 5 s: the alert fires at most
             ~3 s after a rank exits (1 s agent sampling + 1 s scrape + 1 s rule
             evaluation), and the next attempt's workers need longer than that to
             start, so the value 5 s earlier belongs to the attempt that failed.
@@ -122,11 +123,11 @@ class ConfirmRestart(Action):
         self._sleep = sleep
 
     def guard(self, incident: IncidentRecord) -> str | None:
-        """Skip without a Prometheus URL or without a ``job`` label on the alert."""
+        """Skip without a Prometheus URL, or when the incident's alerts share no ``job`` label."""
         if self._prometheus is None:
             return "no Prometheus URL configured (stormwatch alerts serve --prometheus-url)"
         if not incident.labels.get("job"):
-            return "the alert has no 'job' label, so there is no job to watch"
+            return "the incident's alerts share no 'job' label, so there is no job to watch"
         return None
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:

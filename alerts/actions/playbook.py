@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from stormwatch.alerts.actions.base import Action
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestart, ConfirmRestartSettings
 from stormwatch.alerts.prometheus import PrometheusAPI
-
 from stormwatch.errors import ConfigError
 
 #: Alert names of the shipped rules (alerts/rules/*.yml) that have actions.

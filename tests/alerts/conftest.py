@@ -191,6 +191,27 @@ def start_responder(
         proc.stop(signal.SIGKILL)
 
 
+@pytest.fixture(scope="module")
+def module_responder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ResponderProcess]:
+    """One responder (no Prometheus URL) shared by a module's tests.
+
+    Tests sharing it must keep apart by their own group keys and fingerprints.
+    """
+    folder = tmp_path_factory.mktemp("responder")
+    token = secrets.token_urlsafe(32)
+    path = folder / "responder.token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    proc = ResponderProcess(
+        db=folder / "responder.sqlite", token=token, token_file=path, log=folder / "responder.log"
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
 def iso(ts: float) -> str:
     """Unix seconds as Alertmanager's RFC 3339 (nanosecond digits, like Go)."""
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from stormwatch.alerts import (
     AlertmanagerSettings,
     build_alertmanager_config,
@@ -16,7 +17,6 @@ from stormwatch.alerts import (
 )
 from stormwatch.alerts.durations import format_duration, parse_duration
 from stormwatch.alerts.rulefiles import run_tool
-
 from stormwatch.errors import ConfigError
 
 

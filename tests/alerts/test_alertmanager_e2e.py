@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from stormwatch.alerts import AlertmanagerSettings, write_alertmanager_config
 
 pytestmark = pytest.mark.e2e
@@ -96,3 +97,84 @@ def test_alertmanager_notification_opens_one_incident_and_resolve_closes_it(
     notifications = responder.get("notifications")
     assert {n["status"] for n in notifications} == {"firing", "resolved"}
     assert all(n["receiver"] == "stormwatch-responder" for n in notifications)
+
+
+def test_alertmanager_group_of_four_ranks_is_one_incident_until_all_resolve(
+    start_responder: Any, start_service: Any, kit: Any, tmp_path: Path
+) -> None:
+    """A dead rank plus the siblings torchrun stopped: one group, one incident, one action."""
+    responder = start_responder()
+    am_url = start_alertmanager(
+        start_service,
+        kit,
+        tmp_path,
+        responder,
+        group_wait_s=1.0,
+        group_interval_s=1.0,
+        repeat_interval_s=3600.0,
+    )
+    killed = time.time() - 5
+
+    def alert(rank: int, starts_at: float, ends_at: float) -> dict[str, Any]:
+        return {
+            "labels": {
+                "alertname": "StormwatchRankStalled",
+                "job": "e2e-group",
+                "rank": str(rank),
+                "severity": "critical",
+            },
+            "annotations": {"summary": f"Rank {rank} of job e2e-group stopped making progress"},
+            "startsAt": _rfc3339(starts_at),
+            "endsAt": _rfc3339(ends_at),
+        }
+
+    def send(*alerts: dict[str, Any]) -> None:
+        assert kit.request("POST", f"{am_url}/api/v2/alerts", body=list(alerts)).status == 200
+
+    def starts(rank: int) -> float:
+        return killed if rank == 1 else killed + 1  # rank 1 died, the others were stopped
+
+    later = time.time() + 300
+    send(alert(1, starts(1), later))
+    send(*(alert(r, starts(r), later) for r in range(4)))
+
+    def members() -> list[dict[str, Any]]:
+        incidents = responder.get("incidents")
+        return incidents[0]["members"] if incidents and len(incidents[0]["members"]) == 4 else []
+
+    kit.wait_for(members, 30, "one incident with all four ranks")
+    [incident] = responder.get("incidents")
+    assert incident["first_alert"]["labels"]["rank"] == "1"
+    assert not incident["first_alert_tied"]
+    assert incident["labels"] == {
+        "alertname": "StormwatchRankStalled",
+        "job": "e2e-group",
+        "severity": "critical",
+    }
+    assert incident["group_labels"] == {"alertname": "StormwatchRankStalled", "job": "e2e-group"}
+    assert len(responder.get("actions")) == 1
+
+    # The stopped siblings come back first: the incident stays open.
+    now = time.time()
+    send(*(alert(r, starts(r), now) for r in (0, 2, 3)))
+    kit.wait_for(
+        lambda: (
+            sum(m["status"] == "resolved" for m in responder.get("incidents")[0]["members"]) == 3
+        ),
+        30,
+        "three members resolved",
+    )
+    assert responder.get("incidents")[0]["status"] == "open"
+
+    send(alert(1, starts(1), time.time()))
+    kit.wait_for(lambda: responder.get("incidents")[0]["status"] == "closed", 30, "the close")
+
+    # The same rank dies again later: a new incident with its own action.
+    again = time.time()
+    send(alert(1, again, again + 300))
+    incidents = kit.wait_for(
+        lambda: (i := responder.get("incidents")) and len(i) == 2 and i, 30, "a second incident"
+    )
+    assert [i["status"] for i in incidents] == ["closed", "open"]
+    assert incidents[1]["starts_at"] == pytest.approx(again, abs=0.01)
+    assert len(responder.get("actions")) == 2

@@ -34,7 +34,13 @@ def test_check_runs_promtool_check_and_test(kit: Any) -> None:
 
 def test_incidents_lists_incidents_with_their_actions(kit: Any, start_responder: Any) -> None:
     responder = start_responder()
-    responder.post(kit.payload(kit.alert(starts_at=time.time(), rank="3")))
+    t = time.time()
+    responder.post(
+        kit.payload(
+            kit.alert(starts_at=t, rank="3", fingerprint=kit.fingerprint()),
+            kit.alert(starts_at=t + 1, rank="0", fingerprint=kit.fingerprint()),
+        )
+    )
     kit.wait_for(lambda: responder.get("actions")[0]["status"] == "skipped", 10, "skip")
     table = _run(
         kit,
@@ -47,6 +53,8 @@ def test_incidents_lists_incidents_with_their_actions(kit: Any, start_responder:
     ).stdout
     assert "StormwatchRankStalled" in table
     assert "open" in table and "confirm_restart: skipped" in table
+    [row] = [line for line in table.splitlines() if "StormwatchRankStalled" in line]
+    assert [cell.strip() for cell in row.split("│")[5:7]] == ["3", "2"]  # first rank, alerts
     data = json.loads(
         _run(
             kit,
@@ -59,7 +67,8 @@ def test_incidents_lists_incidents_with_their_actions(kit: Any, start_responder:
             "--json",
         ).stdout
     )
-    assert data["incidents"][0]["labels"]["rank"] == "3"
+    assert data["incidents"][0]["first_alert"]["labels"]["rank"] == "3"
+    assert len(data["incidents"][0]["members"]) == 2
     assert data["actions"][0]["kind"] == "confirm_restart"
 
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from stormwatch.alerts import AlertmanagerSettings, rules_dir, write_alertmanager_config
 
 pytestmark = pytest.mark.e2e

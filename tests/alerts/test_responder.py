@@ -1,4 +1,7 @@
-"""The responder over real HTTP on loopback: auth, validation, limits, FC-12 dedup, incidents."""
+"""The responder over real HTTP on loopback: auth, validation, limits, FC-12 dedup, actions.
+
+The incident model case by case (one incident per alert group) is in test_incidents.py.
+"""
 
 from __future__ import annotations
 
@@ -314,7 +317,10 @@ def test_resolved_without_firing_is_recorded_closed_without_actions(
     assert responder.get("actions") == []
 
 
-def test_group_with_several_alerts_opens_one_incident_each(start_responder: Any, kit: Any) -> None:
+def test_group_of_four_ranks_in_one_notification_is_one_incident_with_one_action(
+    start_responder: Any, kit: Any
+) -> None:
+    """The lab's SIGKILL of one rank: torchrun stops its siblings, all four ranks alert."""
     responder = start_responder()
     t = time.time()
     body = kit.payload(
@@ -322,9 +328,72 @@ def test_group_with_several_alerts_opens_one_incident_each(start_responder: Any,
     )
     reply = responder.post(body)
     assert reply.status == 200
-    assert len(reply.body["incidents_opened"]) == 4
+    assert len(reply.body["incidents_opened"]) == 1
+    assert len(reply.body["actions_started"]) == 1
     assert responder.post(body).body["duplicates"] == 4
-    assert sorted(i["labels"]["rank"] for i in responder.get("incidents")) == ["0", "1", "2", "3"]
+    [incident] = responder.get("incidents")
+    assert [m["labels"]["rank"] for m in incident["members"]] == ["0", "1", "2", "3"]
+    assert "rank" not in incident["labels"]
+    assert incident["first_alert"]["labels"]["rank"] == "0" and incident["first_alert_tied"]
+    [action] = responder.get("actions")
+    assert action["incident_id"] == incident["id"]
+
+
+def test_fc12_group_replayed_joined_and_restarted_runs_confirm_restart_once(
+    start_responder: Any, fake_prometheus: Any, kit: Any
+) -> None:
+    """FC-12 for a group: replays, late siblings, a crash and resends: one incident, one run."""
+    t = time.time() - 3
+    fake_prometheus.world_size = 4.0
+    fake_prometheus.progress = {str(r): t - 1 for r in range(4)}
+    responder = start_responder("--prometheus-url", fake_prometheus.url)
+    fps = [kit.fingerprint() for _ in range(4)]
+
+    def alert(rank: int, status: str = "firing") -> dict[str, Any]:
+        starts = t if rank == 1 else t + 1  # rank 1 died; torchrun stopped the others
+        ends = time.time() if status == "resolved" else None
+        return kit.alert(
+            status=status, starts_at=starts, ends_at=ends, rank=str(rank), fingerprint=fps[rank]
+        )
+
+    culprit = kit.payload(alert(1))
+    group = kit.payload(*(alert(r) for r in range(4)))
+    replies: list[int] = []
+    senders = [
+        threading.Thread(target=lambda b=body: replies.append(responder.post(b).status))
+        for body in [culprit] * 5 + [group] * 5
+    ]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(30)
+    assert replies == [200] * 10
+    [incident] = responder.get("incidents")
+    assert len(incident["members"]) == 4
+    assert incident["first_alert"]["labels"]["rank"] == "1"
+    assert not incident["first_alert_tied"]
+
+    kit.wait_for(lambda: responder.get("actions")[0]["status"] == "running", 15, "action start")
+    fake_prometheus.restart_now = 1.0
+    fake_prometheus.progress = {str(r): time.time() for r in range(4)}
+    kit.wait_for(lambda: responder.get("actions")[0]["status"] == "succeeded", 20, "success")
+
+    responder.restart(signal.SIGKILL)
+    for _ in range(3):
+        assert responder.post(group).status == 200
+    partly = kit.payload(alert(0, "resolved"), alert(1), alert(2, "resolved"), alert(3))
+    assert responder.post(partly).body["incidents_closed"] == []
+    time.sleep(1.0)
+
+    [incident] = responder.get("incidents")
+    assert incident["status"] == "open"
+    [action] = responder.get("actions")
+    assert action["status"] == "succeeded" and action["attempts"] == 1
+    # The baseline query runs once per run of the action: it ran once.
+    assert sum("max_over_time" in q for q, _ in fake_prometheus.queries) == 1
+    # The queries watch the incident's job from its first alert's startsAt.
+    [(_, at)] = [(q, at) for q, at in fake_prometheus.queries if "max_over_time" in q]
+    assert float(at) == pytest.approx(t - 5, abs=0.01)
 
 
 def test_alert_without_actions_opens_an_incident_only(start_responder: Any, kit: Any) -> None:

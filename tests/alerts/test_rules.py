@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from stormwatch.alerts import RANK_STALLED, check_rules, rule_files, rule_test_files, run_rule_tests
 
 REPO = Path(__file__).resolve().parents[2]
