@@ -1,1 +1,77 @@
-"""stormwatch.chaos."""
+"""stormwatch.chaos: chaos experiments against a training job, with a durable fault ledger.
+
+An experiment (YAML, :mod:`.experiment`, loaded by :mod:`.loader`) has a
+steady-state hypothesis checked before and after a method that injects typed
+faults (:mod:`.faults`: ``kill_rank`` through the node agent, ``freeze_rank``
+controller-side). :mod:`.runner` runs it against a :mod:`.target` (the lab in
+:mod:`.lab`), writes every fault to the :mod:`.ledger` *before* sending it, and
+reverts whatever is open however the run ends (FC-13). Every activity is
+journaled (:mod:`.journal`); :mod:`.postmortem` turns the journal, the rank
+logs, a baseline run and the alert/responder :mod:`.evidence` into a report.
+``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo`` is :mod:`.demo`.
+
+Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
+
+    ChaosError                  the controller could not do something
+    ├── InvalidExperiment       experiment file invalid: file, field path, what is allowed
+    │                           (also a ConfigError: exit 2, nothing started)
+    ├── LabNotReady             no lab / a needed service is down (also a ConfigError)
+    ├── FaultError              a fault could not be located, injected or reverted
+    │   └── RankNotFound        the agent asked does not hold the rank (nothing happened)
+    ├── RollbackFailed          a rollback or revert failed (the fault stays open)
+    ├── LedgerError             the SQLite ledger cannot be read or written
+    └── ServiceError            an agent or the responder failed or is unreachable
+"""
+
+from stormwatch.chaos.errors import (
+    ChaosError,
+    FaultError,
+    InvalidExperiment,
+    Issue,
+    LabNotReady,
+    LedgerError,
+    RankNotFound,
+    RollbackFailed,
+    ServiceError,
+)
+from stormwatch.chaos.experiment import Experiment
+from stormwatch.chaos.journal import Journal, load_journal
+from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.loader import load_experiment, parse_experiment
+from stormwatch.chaos.postmortem import PostMortem, analyze, render_markdown
+from stormwatch.chaos.revert import RevertOutcome, revert_open
+from stormwatch.chaos.runner import ExperimentRun, Runner, RunnerConfig, run_experiment
+from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
+
+__all__ = [
+    "AgentEndpoint",
+    "AttachedJobs",
+    "ChaosError",
+    "Experiment",
+    "ExperimentRun",
+    "FaultError",
+    "InvalidExperiment",
+    "Issue",
+    "Journal",
+    "LabNotReady",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerError",
+    "PostMortem",
+    "RankNotFound",
+    "RevertOutcome",
+    "RollbackFailed",
+    "Runner",
+    "RunnerConfig",
+    "ServiceError",
+    "Target",
+    "analyze",
+    "lab_target",
+    "ledger_path",
+    "load_experiment",
+    "load_journal",
+    "parse_experiment",
+    "render_markdown",
+    "revert_open",
+    "run_experiment",
+]

@@ -1,0 +1,255 @@
+"""``stormwatch chaos``: validate, run and revert experiments; list the ledger; write post-mortems."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import click
+from rich.console import Console
+from rich.table import Table
+
+from stormwatch.chaos.console import ConsoleReporter
+from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.ledger import Ledger, ledger_path
+from stormwatch.chaos.loader import load_experiment
+from stormwatch.chaos.revert import RevertOutcome, revert_entries
+from stormwatch.chaos.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
+from stormwatch.errors import ConfigError
+
+_RUN_DIR = click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("run"),
+    show_default=True,
+    help="The lab's run directory (lab.json, fault ledger, experiments/).",
+)
+
+
+@click.group("chaos")
+def chaos() -> None:
+    """Run chaos experiments against the lab and undo their faults.
+
+    An experiment (YAML) has a steady-state hypothesis checked before and after
+    a method that injects faults; every fault is written to a durable ledger
+    before it is sent, and rolled back however the run ends.
+
+    \b
+      stormwatch chaos validate experiments/kill-rank.yaml
+      stormwatch chaos run experiments/kill-rank.yaml --run-dir run
+      stormwatch chaos revert --all --run-dir run
+    """
+
+
+@chaos.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(files: tuple[Path, ...]) -> None:
+    """Check experiment FILES without running anything (exit 2 when one is invalid)."""
+    console = Console()
+    problems: list[InvalidExperiment] = []
+    for file in files:
+        try:
+            experiment = load_experiment(file)
+        except InvalidExperiment as exc:
+            problems.append(exc)
+            continue
+        console.print(
+            f"[green]ok[/] {file}: {experiment.title!r} ({len(experiment.method)} "
+            f"method activities, {len(experiment.rollbacks)} rollbacks)"
+        )
+    if len(problems) == 1 and len(files) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError("\n".join(str(p) for p in problems))
+
+
+@chaos.command()
+@click.argument("experiment", type=click.Path(path_type=Path))
+@_RUN_DIR
+@click.option(
+    "--job",
+    "job",
+    metavar="NAME",
+    help="Attach to this running lab job instead of starting the experiment's job.",
+)
+@click.option(
+    "--baseline-job",
+    metavar="NAME",
+    help="Fault-free job of the lab to compare the loss against in the post-mortem.",
+)
+@click.option(
+    "--postmortem/--no-postmortem",
+    default=True,
+    show_default=True,
+    help="Write postmortem.md/.json next to the journal.",
+)
+@click.option(
+    "--wait-resolved",
+    type=click.FloatRange(0, 3600),
+    default=0.0,
+    show_default=True,
+    help="Seconds the post-mortem waits for the alert to be received and resolved.",
+)
+def run(
+    experiment: Path,
+    run_dir: Path,
+    job: str | None,
+    baseline_job: str | None,
+    postmortem: bool,
+    wait_resolved: float,
+) -> int:
+    """Run EXPERIMENT against the lab in --run-dir.
+
+    The file is validated first (exit 2, nothing started, when invalid), then the
+    lab is checked, the job started (or attached with --job), and the experiment
+    run; the journal goes to RUN_DIR/experiments/<id>/journal.json. Ctrl-C stops
+    injecting, reverts the faults and still writes the journal.
+
+    Exit status: 0 when the hypothesis held before and after and every rollback
+    succeeded; 1 otherwise; 130 when interrupted; 2 for an invalid experiment or
+    a lab that is not up.
+    """
+    from stormwatch.chaos.report import generate_postmortem
+    from stormwatch.chaos.target import lab_target
+
+    spec = load_experiment(experiment)
+    target = lab_target(run_dir)
+    reporter = ConsoleReporter()
+    runner = Runner(
+        spec,
+        source=experiment,
+        target=target,
+        config=RunnerConfig(attach_job=job),
+        reporter=reporter,
+    )
+    reporter.event(f"experiment {runner.experiment_id}: {spec.title}")
+    result = run_experiment(runner)
+    reporter.stop()
+    journal = result.journal
+    if postmortem and journal.job is not None:
+        baseline = (target.run_dir / "jobs" / baseline_job / "logs") if baseline_job else None
+        _, md = asyncio.run(
+            generate_postmortem(
+                runner.experiment_dir,
+                target=target,
+                baseline_log_dir=baseline,
+                wait_resolved_seconds=wait_resolved,
+                reporter=reporter,
+            )
+        )
+        reporter.stop()
+        reporter.event(f"post-mortem: {md}")
+    colour = "green" if result.exit_code == EXIT_OK else "red"
+    reporter.console.print(
+        f"[{colour}]{journal.status}[/]: hypothesis held before: "
+        f"{journal.steady_state_before.met}, after: {journal.steady_state_after.met}; "
+        f"rollbacks ok: {journal.rollbacks_ok}. Journal: {result.journal_path}"
+    )
+    return result.exit_code
+
+
+@chaos.command()
+@click.option("--all", "all_", is_flag=True, help="Revert every open fault in the ledger.")
+@click.argument("fault_ids", nargs=-1)
+@_RUN_DIR
+def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
+    """Revert open faults recorded in the ledger (idempotent; safe after a controller crash).
+
+    Give --all or FAULT_IDS. Exit 1 when a fault could not be reverted (it stays
+    open in the ledger; the agent still reverts it at its TTL).
+    """
+    if all_ == bool(fault_ids):
+        raise ConfigError("give either --all or one or more FAULT_IDS")
+    path = ledger_path(run_dir)
+    console = Console()
+    if not path.exists():
+        console.print(f"no fault ledger at {path}: nothing to revert")
+        return 0
+    ledger = Ledger(path, create=False)
+    entries = ledger.open_faults() if all_ else [ledger.get(i) for i in fault_ids]
+
+    async def go() -> list[RevertOutcome]:
+        async with aiohttp.ClientSession() as session:
+            return await revert_entries(ledger, entries, reason="chaos revert", session=session)
+
+    outcomes = asyncio.run(go()) if entries else []
+    if not outcomes:
+        console.print("no open faults: nothing to revert")
+        return 0
+    for outcome in outcomes:
+        mark = "[green]reverted[/]" if outcome.ok else "[red]FAILED[/]"
+        console.print(f"{mark} {outcome.fault_id}: {outcome.detail}")
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+@chaos.command("ledger")
+@_RUN_DIR
+@click.option("--open", "only_open", is_flag=True, help="Only faults not reverted yet.")
+def ledger_cmd(run_dir: Path, only_open: bool) -> None:
+    """List the faults in the ledger (what, where, when, state)."""
+    path = ledger_path(run_dir)
+    if not path.exists():
+        raise ChaosError(f"no fault ledger at {path}")
+    ledger = Ledger(path, create=False)
+    entries = ledger.open_faults() if only_open else ledger.entries()
+    table = Table()
+    table.add_column("fault", overflow="fold", ratio=3)
+    for column in ("kind", "rank", "where", "expires"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("state", overflow="fold", ratio=2)
+    for e in entries:
+        where = e.target.node or (f"pid {e.target.pid}" if e.target.pid else "?")
+        state = e.state
+        if e.injected_at:
+            state += f", injected {_t(e.injected_at)}"
+        if e.reverted_at:
+            state += f" {_t(e.reverted_at)} by {e.revert_reason}"
+        table.add_row(e.id, e.kind, str(e.spec.rank), where, _t(e.expires_at), state)
+    Console().print(table)
+
+
+@chaos.command("postmortem")
+@click.argument("experiment_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--baseline-log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Rank logs of the fault-free baseline job (…/jobs/<name>/logs).",
+)
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Use the saved evidence.json instead of querying the lab's Prometheus and responder.",
+)
+@click.option(
+    "--wait-resolved",
+    type=click.FloatRange(0, 3600),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for the alert to be received and resolved.",
+)
+def postmortem_cmd(
+    experiment_dir: Path, baseline_log_dir: Path | None, offline: bool, wait_resolved: float
+) -> None:
+    """(Re)write postmortem.md/.json for EXPERIMENT_DIR (RUN_DIR/experiments/<id>)."""
+    from stormwatch.chaos.report import generate_postmortem
+    from stormwatch.chaos.target import lab_target
+
+    target = None if offline else lab_target(experiment_dir.parent.parent)
+    _, md = asyncio.run(
+        generate_postmortem(
+            experiment_dir,
+            target=target,
+            baseline_log_dir=baseline_log_dir,
+            wait_resolved_seconds=wait_resolved,
+        )
+    )
+    Console().print(md.read_text(encoding="utf-8"), markup=False, highlight=False)
+
+
+def _t(at: float | None) -> str:
+    return "" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+
+
+__all__ = ["chaos"]

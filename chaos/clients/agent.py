@@ -1,0 +1,135 @@
+"""Client for a node agent: ``/healthz``, ``/v1/ranks`` and the authenticated fault API.
+
+Contract (docs/ARCHITECTURE.md, "Agent"): ``POST /v1/faults`` with
+``{"id", "kind", "rank", "signal", "ttl_seconds"}`` and a Bearer token ->
+201 ``{"id", "kind", "applied_at", "expires_at", "target_pid"}``; 404 when the
+rank is not on that node; 401 without a valid token; the same id twice has one
+effect, so a retried POST is safe. ``DELETE /v1/faults/{id}`` forgets a fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from stormwatch.chaos.clients._http import DEFAULT_TIMEOUT_S, request_json
+from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
+
+
+class AgentRank(BaseModel):
+    """A rank an agent has seen on its node (unknown extra fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job: str
+    rank: int
+    local_rank: int | None = None
+    pid: int | None = None
+    alive: bool = True
+    last_step: float | None = None
+
+
+class AgentFault(BaseModel):
+    """The agent's answer to a fault request. Times are Unix seconds."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    kind: str
+    applied_at: float | None = None
+    expires_at: float
+    target_pid: int | None = None
+
+
+class AgentClient:
+    """Talks to agents by base URL (``http://10.213.0.10:9400``).
+
+    Args:
+        session: the aiohttp session to use (owned by the caller).
+        timeout: per-request timeout in seconds.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, *, timeout: float = DEFAULT_TIMEOUT_S):
+        self._session = session
+        self._timeout = timeout
+
+    async def healthy(self, base_url: str) -> bool:
+        """Whether ``GET /healthz`` answers 200 (never raises)."""
+        try:
+            await request_json(
+                self._session, "GET", f"{base_url}/healthz", what="agent", timeout=self._timeout
+            )
+        except ServiceError:
+            return False
+        return True
+
+    async def ranks(self, base_url: str) -> list[AgentRank]:
+        """``GET /v1/ranks``: the ranks on that node (a JSON list, or ``{"ranks": [...]}``).
+
+        Raises:
+            ServiceError: the agent is unreachable or answered nonsense.
+        """
+        _, body = await request_json(
+            self._session, "GET", f"{base_url}/v1/ranks", what="agent", timeout=self._timeout
+        )
+        items: Any = body.get("ranks", []) if isinstance(body, dict) else body
+        try:
+            return [AgentRank.model_validate(item) for item in items or []]
+        except (ValidationError, TypeError) as exc:
+            raise ServiceError(f"agent {base_url}: unexpected /v1/ranks answer: {exc}") from exc
+
+    async def inject(self, base_url: str, token: str, body: dict[str, Any]) -> AgentFault:
+        """``POST /v1/faults``.
+
+        Raises:
+            RankNotFound: 404, the rank is not on this node (nothing happened).
+            FaultError: 401/403, the token was refused.
+            ServiceError: the agent is unreachable or failed.
+        """
+        status, answer = await request_json(
+            self._session,
+            "POST",
+            f"{base_url}/v1/faults",
+            what="agent",
+            timeout=self._timeout,
+            ok=(200, 201, 401, 403, 404),
+            json=body,
+            headers=_auth(token),
+        )
+        if status == 404:
+            raise RankNotFound(f"agent {base_url}: rank {body.get('rank')} is not on this node")
+        if status in (401, 403):
+            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        try:
+            return AgentFault.model_validate(answer)
+        except ValidationError as exc:
+            raise ServiceError(f"agent {base_url}: unexpected fault answer: {exc}") from exc
+
+    async def forget(self, base_url: str, token: str, fault_id: str) -> bool:
+        """``DELETE /v1/faults/{id}``; ``False`` when the agent no longer knows it (404).
+
+        Raises:
+            FaultError: the token was rejected.
+            ServiceError: the agent is unreachable or failed.
+        """
+        status, _ = await request_json(
+            self._session,
+            "DELETE",
+            f"{base_url}/v1/faults/{fault_id}",
+            what="agent",
+            timeout=self._timeout,
+            ok=(200, 202, 204, 401, 403, 404),
+            headers=_auth(token),
+        )
+        if status in (401, 403):
+            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        return status != 404
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+__all__ = ["AgentClient", "AgentFault", "AgentRank"]

@@ -1,0 +1,57 @@
+"""Fault kinds: each binds a spec from the experiment to a target and can ``inject()``/``revert()``.
+
+* ``kill_rank`` (:class:`KillRank`): agent-side; the agent signals the worker and
+  drops its record at the TTL.
+* ``freeze_rank`` (:class:`FreezeRank`): controller-side SIGSTOP/SIGCONT; a
+  detached reaper (:mod:`stormwatch.chaos.reaper`) reverts it at the TTL.
+
+:func:`bind_fault` builds the right object from a ledger entry's parts, so a
+fresh process holding only the ledger can revert any fault.
+"""
+
+from __future__ import annotations
+
+from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.experiment import Fault, FreezeRankFault, KillRankFault
+from stormwatch.chaos.faults.base import ActiveFault, FaultTarget, InjectionResult
+from stormwatch.chaos.faults.freeze_rank import FreezeRank, find_rank_process
+from stormwatch.chaos.faults.kill_rank import KillRank
+
+
+def bind_fault(
+    *,
+    fault_id: str,
+    spec: Fault,
+    target: FaultTarget,
+    agents: AgentClient,
+    expires_at: float | None = None,
+) -> ActiveFault:
+    """The fault object for ``spec`` at ``target``.
+
+    Raises:
+        FaultError: the target lacks what this kind needs (agent URL, pid, ...).
+    """
+    if isinstance(spec, KillRankFault):
+        return KillRank(
+            fault_id=fault_id, spec=spec, target=target, agents=agents, expires_at=expires_at
+        )
+    if isinstance(spec, FreezeRankFault):
+        return FreezeRank(fault_id=fault_id, spec=spec, target=target)
+    raise AssertionError(f"unhandled fault kind {spec!r}")  # pragma: no cover
+
+
+def reverts_itself(spec: Fault) -> bool:
+    """Whether something outside the controller (the agent) reverts this kind at its TTL."""
+    return isinstance(spec, KillRankFault)
+
+
+__all__ = [
+    "ActiveFault",
+    "FaultTarget",
+    "FreezeRank",
+    "InjectionResult",
+    "KillRank",
+    "bind_fault",
+    "find_rank_process",
+    "reverts_itself",
+]

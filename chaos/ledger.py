@@ -1,0 +1,264 @@
+"""The fault ledger: a durable SQLite record of every fault the controller injected (FC-13).
+
+A fault is written here *before* it is sent (state ``pending``: it may or may
+not have taken effect), marked ``injected`` when the target confirms, and
+``reverted`` once undone. Anything not ``reverted`` is *open*: ``stormwatch
+chaos revert --all`` and the next controller start revert it, and the agent or
+reaper reverts it at ``expires_at``. Each call is its own short transaction on
+its own connection, so several processes (controller, reaper, ``revert``)
+can share the file; ``synchronous=FULL`` makes a committed row survive a crash.
+
+Default location: ``<run-dir>/chaos/ledger.sqlite3`` (:func:`ledger_path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+from stormwatch.chaos.errors import LedgerError
+from stormwatch.chaos.experiment import Fault
+from stormwatch.chaos.faults.base import FaultTarget
+
+FaultState = Literal["pending", "injected", "reverted"]
+_FAULT_ADAPTER: TypeAdapter[Fault] = TypeAdapter(Fault)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS faults (
+    id              TEXT PRIMARY KEY,
+    experiment_id   TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    spec            TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    state           TEXT NOT NULL CHECK (state IN ('pending', 'injected', 'reverted')),
+    recorded_at     REAL NOT NULL,
+    expires_at      REAL NOT NULL,
+    injected_at     REAL,
+    target_pid      INTEGER,
+    reverted_at     REAL,
+    revert_reason   TEXT,
+    revert_detail   TEXT,
+    controller_pid  INTEGER NOT NULL,
+    controller_started_at REAL NOT NULL,
+    last_error      TEXT
+);
+CREATE INDEX IF NOT EXISTS faults_experiment ON faults (experiment_id);
+"""
+
+
+class LedgerEntry(BaseModel):
+    """One fault in the ledger. Times are Unix seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    experiment_id: str
+    kind: str
+    spec: Fault
+    target: FaultTarget
+    state: FaultState
+    recorded_at: float
+    expires_at: float
+    injected_at: float | None = None
+    target_pid: int | None = None
+    reverted_at: float | None = None
+    revert_reason: str | None = None
+    revert_detail: str | None = None
+    controller_pid: int
+    controller_started_at: float
+    last_error: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Not reverted yet (pending faults count: they may have taken effect)."""
+        return self.state != "reverted"
+
+
+def ledger_path(run_dir: Path) -> Path:
+    """Where a run directory's ledger lives: ``<run-dir>/chaos/ledger.sqlite3``."""
+    return Path(run_dir) / "chaos" / "ledger.sqlite3"
+
+
+def controller_identity(pid: int | None = None) -> tuple[int, float]:
+    """(pid, process start time) of this process or ``pid``; identifies a controller across PID reuse."""
+    process = psutil.Process(pid)
+    return process.pid, process.create_time()
+
+
+class Ledger:
+    """Durable record of injected faults (SQLite file at ``path``).
+
+    Args:
+        path: the database file; its folder is created.
+        create: create the file when missing (``False``: raise :class:`LedgerError`).
+
+    Raises:
+        LedgerError: the file cannot be opened or has another schema.
+    """
+
+    def __init__(self, path: Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise LedgerError(f"no fault ledger at {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect() as conn:
+                conn.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"cannot open the fault ledger {self.path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.row_factory = sqlite3.Row
+            yield conn
+        finally:
+            conn.close()
+
+    def _write(self, sql: str, params: tuple[object, ...]) -> int:
+        try:
+            with self._connect() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                cursor = conn.execute(sql, params)
+                conn.execute("COMMIT")
+                return cursor.rowcount
+        except sqlite3.Error as exc:
+            raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
+
+    def record(
+        self,
+        *,
+        fault_id: str,
+        experiment_id: str,
+        spec: Fault,
+        target: FaultTarget,
+        expires_at: float,
+        now: float | None = None,
+    ) -> LedgerEntry:
+        """Write a fault as ``pending`` *before* it is sent; recording the same id again is a no-op.
+
+        Raises:
+            LedgerError: the row could not be written (then the fault must not be sent).
+        """
+        pid, started = controller_identity()
+        self._write(
+            "INSERT OR IGNORE INTO faults (id, experiment_id, kind, spec, target, state, "
+            "recorded_at, expires_at, controller_pid, controller_started_at) "
+            "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+            (
+                fault_id,
+                experiment_id,
+                spec.kind,
+                spec.model_dump_json(),
+                target.model_dump_json(),
+                time.time() if now is None else now,
+                expires_at,
+                pid,
+                started,
+            ),
+        )
+        return self.get(fault_id)
+
+    def retarget(self, fault_id: str, target: FaultTarget) -> LedgerEntry:
+        """Change a *pending* fault's target (the previous one refused it, so nothing happened).
+
+        Raises:
+            LedgerError: the fault is not pending any more.
+        """
+        changed = self._write(
+            "UPDATE faults SET target=? WHERE id=? AND state='pending'",
+            (target.model_dump_json(), fault_id),
+        )
+        if not changed:
+            raise LedgerError(f"fault {fault_id!r} is not pending; its target cannot change")
+        return self.get(fault_id)
+
+    def mark_injected(
+        self, fault_id: str, *, injected_at: float, expires_at: float, target_pid: int | None
+    ) -> LedgerEntry:
+        """Confirm a pending fault took effect (no change once reverted)."""
+        self._write(
+            "UPDATE faults SET state='injected', injected_at=?, expires_at=?, target_pid=? "
+            "WHERE id=? AND state='pending'",
+            (injected_at, expires_at, target_pid, fault_id),
+        )
+        return self.get(fault_id)
+
+    def mark_reverted(self, fault_id: str, *, reason: str, detail: str = "") -> bool:
+        """Close a fault; returns ``False`` when it was already reverted (idempotent)."""
+        changed = self._write(
+            "UPDATE faults SET state='reverted', reverted_at=?, revert_reason=?, revert_detail=?, "
+            "last_error=NULL WHERE id=? AND state!='reverted'",
+            (time.time(), reason, detail, fault_id),
+        )
+        return changed > 0
+
+    def note_error(self, fault_id: str, error: str) -> None:
+        """Remember the last failed attempt to inject or revert (the fault stays open)."""
+        self._write("UPDATE faults SET last_error=? WHERE id=?", (error, fault_id))
+
+    def get(self, fault_id: str) -> LedgerEntry:
+        """The entry for ``fault_id``.
+
+        Raises:
+            LedgerError: no such fault.
+        """
+        rows = self._select("WHERE id=?", (fault_id,))
+        if not rows:
+            raise LedgerError(f"fault {fault_id!r} is not in the ledger {self.path}")
+        return rows[0]
+
+    def entries(self, *, experiment_id: str | None = None) -> list[LedgerEntry]:
+        """Every fault (of one experiment), oldest first."""
+        if experiment_id is None:
+            return self._select("", ())
+        return self._select("WHERE experiment_id=?", (experiment_id,))
+
+    def open_faults(self, *, experiment_id: str | None = None) -> list[LedgerEntry]:
+        """Faults not reverted yet (of one experiment), oldest first."""
+        return [e for e in self.entries(experiment_id=experiment_id) if e.open]
+
+    def orphans(self) -> list[LedgerEntry]:
+        """Open faults whose controller process is gone (crashed or killed before reverting)."""
+        return [
+            e for e in self.open_faults() if not _alive(e.controller_pid, e.controller_started_at)
+        ]
+
+    def _select(self, where: str, params: tuple[object, ...]) -> list[LedgerEntry]:
+        try:
+            with self._connect() as conn:
+                rows = conn.execute(
+                    f"SELECT * FROM faults {where} ORDER BY recorded_at, id", params
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
+        return [_entry(row) for row in rows]
+
+
+def _entry(row: sqlite3.Row) -> LedgerEntry:
+    data = dict(row)
+    data["spec"] = _FAULT_ADAPTER.validate_json(data["spec"])
+    data["target"] = FaultTarget.model_validate_json(data["target"])
+    return LedgerEntry.model_validate(data)
+
+
+def _alive(pid: int, started_at: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return abs(process.create_time() - started_at) < 0.01 and (
+            process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
+__all__ = ["FaultState", "Ledger", "LedgerEntry", "controller_identity", "ledger_path"]

@@ -1,0 +1,286 @@
+"""Load an experiment file: YAML -> :class:`~stormwatch.chaos.experiment.Experiment`, or every problem.
+
+Every problem is reported at once, each with the file, the field path in the
+file (``method[0].fault.rank``) and what is allowed, as an
+:class:`~stormwatch.chaos.errors.InvalidExperiment` (a ``ConfigError``: the CLI
+exits 2). Nothing else happens before an experiment is valid.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import pydantic
+import yaml
+from pydantic import BaseModel
+
+from stormwatch.chaos.errors import InvalidExperiment, Issue
+from stormwatch.chaos.experiment import (
+    PLACEHOLDERS,
+    ActionActivity,
+    Experiment,
+    JobProvider,
+    ProbeActivity,
+    PrometheusProvider,
+    placeholders_in,
+)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                f"duplicate key {key!r}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_experiment(path: Path | str) -> Experiment:
+    """Read and validate an experiment file.
+
+    Raises:
+        InvalidExperiment: the file is missing, not YAML, or not a valid experiment;
+            lists every problem with its field path and what is allowed.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidExperiment(file, [Issue("", f"cannot read the file: {exc.strerror}")]) from exc
+    return parse_experiment(text, file)
+
+
+def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment:
+    """Validate experiment YAML ``text``; ``file`` only names it in messages.
+
+    Raises:
+        InvalidExperiment: see :func:`load_experiment`.
+    """
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise InvalidExperiment(file, [Issue("", f"not valid YAML: {_yaml_message(exc)}")]) from exc
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        raise InvalidExperiment(
+            file, [Issue("", f"must be a mapping with keys {_keys(Experiment)} (got {kind})")]
+        )
+    try:
+        experiment = Experiment.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise InvalidExperiment(file, [_issue(err) for err in exc.errors()]) from exc
+    issues = semantic_issues(experiment)
+    if issues:
+        raise InvalidExperiment(file, issues)
+    return experiment
+
+
+def semantic_issues(experiment: Experiment) -> list[Issue]:
+    """Problems that span fields (names unique, faults while the job runs, placeholders known)."""
+    issues: list[Issue] = []
+    seen: dict[str, str] = {}
+    activities = [("method", a) for a in experiment.method]
+    activities += [("rollbacks", a) for a in experiment.rollbacks]
+    counters = {"method": 0, "rollbacks": 0}
+    for section, activity in activities:
+        path = f"{section}[{counters[section]}]"
+        counters[section] += 1
+        if activity.name in seen:
+            issues.append(
+                Issue(
+                    f"{path}.name",
+                    f"duplicate activity name {activity.name!r} "
+                    f"(already used by {seen[activity.name]}); names must be unique",
+                )
+            )
+        seen.setdefault(activity.name, path)
+        when = activity.when if isinstance(activity, ActionActivity) else None
+        if when is not None and when.step >= experiment.job.steps:
+            issues.append(
+                Issue(
+                    f"{path}.when.step",
+                    f"must be < job.steps ({experiment.job.steps}) so the fault lands while "
+                    f"the job runs (got {when.step})",
+                )
+            )
+        if isinstance(activity, ProbeActivity):
+            issues.extend(_provider_issues(f"{path}.provider", activity.provider))
+    probe_names: set[str] = set()
+    for i, probe in enumerate(experiment.steady_state_hypothesis.probes):
+        path = f"steady_state_hypothesis.probes[{i}]"
+        if probe.name in probe_names:
+            issues.append(Issue(f"{path}.name", f"duplicate probe name {probe.name!r}"))
+        probe_names.add(probe.name)
+        if len(set(probe.phases)) != len(probe.phases):
+            issues.append(Issue(f"{path}.phases", "list each phase once (before, after)"))
+        issues.extend(_provider_issues(f"{path}.provider", probe.provider))
+    return issues
+
+
+def _provider_issues(path: str, provider: PrometheusProvider | JobProvider) -> list[Issue]:
+    if not isinstance(provider, PrometheusProvider):
+        return []
+    unknown = sorted({n for n in placeholders_in(provider.query) if n not in PLACEHOLDERS})
+    if not unknown:
+        return []
+    allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
+    return [Issue(f"{path}.query", f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
+
+
+# --- pydantic error -> Issue -------------------------------------------------------------------
+
+
+def _issue(err: Any) -> Issue:
+    kind: str = err["type"]
+    loc: tuple[Any, ...] = tuple(err["loc"])
+    ctx: dict[str, Any] = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        parent_path, parent = _resolve(Experiment, loc[:-1])
+        path = _join(parent_path, loc[-1])
+        valid = _keys(parent) if _is_model(parent) else "none"
+        return Issue(path, f"unknown key {loc[-1]!r} (valid keys: {valid})")
+    path, target = _resolve(Experiment, loc)
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        field = str(ctx.get("discriminator", "kind")).strip("'\"")
+        allowed = ctx.get("expected_tags") or ", ".join(repr(t) for t in _tags(target))
+        if kind == "union_tag_not_found":
+            return Issue(_join(path, field), f"required (allowed: {allowed})")
+        return Issue(_join(path, field), f"unknown {field} {ctx.get('tag')!r} (allowed: {allowed})")
+    if kind == "missing":
+        described = _describe(target)
+        return Issue(path, "required field missing" + (f" ({described})" if described else ""))
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if kind not in ("value_error", "assertion_error") and "input" in err:
+        message += f" (got {_short(err['input'])})"
+    return Issue(path, message)
+
+
+def _join(path: str, element: Any) -> str:
+    if isinstance(element, int):
+        return f"{path}[{element}]"
+    return f"{path}.{element}" if path else str(element)
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip ``Annotated`` and ``X | None`` down to the type that pydantic reports locations in."""
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if origin in (Union, types.UnionType):
+            members = [a for a in get_args(tp) if a is not type(None)]
+            if len(members) == 1:
+                tp = members[0]
+                continue
+        return tp
+
+
+def _resolve(root: Any, loc: tuple[Any, ...]) -> tuple[str, Any]:
+    """Walk pydantic's ``loc`` through the model types; returns (file path, type there).
+
+    Discriminated-union tags in ``loc`` (``'kill_rank'``) are not part of the
+    file's structure, so they select the member type and are not printed.
+    """
+    path = ""
+    tp: Any = root
+    for element in loc:
+        tp = _unwrap(tp)
+        if _is_model(tp) and isinstance(element, str):
+            field = tp.model_fields.get(element)
+            path = _join(path, element)
+            tp = field.annotation if field is not None else None
+            continue
+        origin = get_origin(tp)
+        if origin is list and isinstance(element, int):
+            path = _join(path, element)
+            tp = get_args(tp)[0]
+            continue
+        if origin in (Union, types.UnionType) and isinstance(element, str):
+            member = _member_for_tag(tp, element)
+            if member is not None:
+                tp = member
+                continue
+        path = _join(path, element)
+        tp = None
+    return path, _unwrap(tp)
+
+
+def _member_for_tag(union: Any, tag: str) -> Any:
+    for member in get_args(union):
+        if not _is_model(member):
+            continue
+        for field in member.model_fields.values():
+            if get_origin(field.annotation) is Literal and get_args(field.annotation) == (tag,):
+                return member
+    return None
+
+
+def _tags(union: Any) -> list[str]:
+    """The discriminator values of a tagged union's members (``['kill_rank', ...]``)."""
+    if get_origin(union) not in (Union, types.UnionType):
+        return []
+    return [
+        get_args(f.annotation)[0]
+        for m in get_args(union)
+        if _is_model(m)
+        for f in m.model_fields.values()
+        if get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1
+    ]
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _keys(model: Any) -> str:
+    return ", ".join(model.model_fields) if _is_model(model) else "none"
+
+
+def _describe(tp: Any) -> str:
+    if _is_model(tp):
+        required = [n for n, f in tp.model_fields.items() if f.is_required()]
+        return f"a mapping with {', '.join(required)}" if required else "a mapping"
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        tags = _tags(tp)
+        return "one of the kinds " + ", ".join(repr(t) for t in tags) if tags else ""
+    if get_origin(tp) is list:
+        return "a list"
+    if isinstance(tp, type):
+        return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+            tp, tp.__name__
+        )
+    return ""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _yaml_message(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(exc).replace("\n", " ")
+
+
+__all__ = ["load_experiment", "parse_experiment", "semantic_issues"]

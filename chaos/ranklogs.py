@@ -1,0 +1,133 @@
+"""Read the trainer's per-rank JSON-lines logs (``<job>/logs/rank<R>.jsonl``).
+
+Contract (docs/ARCHITECTURE.md): events ``start`` (rank, attempt,
+resumed_from_step), ``step`` (step, loss, loss_hex, attempt, step_seconds),
+``checkpoint`` (step, attempt) and ``done`` (step, attempt); ``time`` is Unix
+seconds; ``attempt`` is TORCHELASTIC_RESTART_COUNT. The files are appended to
+while we read them: a torn last line or a malformed line is skipped (and
+counted), never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+logger = logging.getLogger(__name__)
+_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+
+
+class RankEvent(BaseModel):
+    """One line of a rank log (fields the trainer may add later are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event: Literal["start", "step", "checkpoint", "done"]
+    time: float
+    rank: int | None = None
+    attempt: int = 0
+    step: int | None = None
+    loss: float | None = None
+    loss_hex: str | None = None
+    step_seconds: float | None = None
+    resumed_from_step: int | None = None
+
+
+@dataclass
+class RankLog:
+    """The events of one rank, in file order, and how many lines were unreadable."""
+
+    rank: int
+    events: list[RankEvent] = field(default_factory=list)
+    skipped_lines: int = 0
+
+    @property
+    def steps(self) -> list[RankEvent]:
+        return [e for e in self.events if e.event == "step"]
+
+    @property
+    def last_step(self) -> RankEvent | None:
+        """The most recent ``step`` event (by file order: the latest attempt's)."""
+        steps = self.steps
+        return steps[-1] if steps else None
+
+    @property
+    def finished(self) -> bool:
+        """The rank logged ``done`` in its latest attempt."""
+        latest = self.latest_attempt
+        return any(e.event == "done" and e.attempt == latest for e in self.events)
+
+    @property
+    def latest_attempt(self) -> int:
+        return max((e.attempt for e in self.events), default=0)
+
+    def attempt_at(self, when: float) -> int:
+        """The attempt the rank was in at Unix time ``when`` (latest event at or before it)."""
+        attempt = 0
+        for event in self.events:
+            if event.time <= when:
+                attempt = max(attempt, event.attempt)
+        return attempt
+
+
+def read_rank_log(path: Path, rank: int) -> RankLog:
+    """Parse one rank file; a missing file is an empty log."""
+    log = RankLog(rank=rank)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return log
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            log.events.append(RankEvent.model_validate_json(line))
+        except ValidationError:
+            log.skipped_lines += 1
+    if log.skipped_lines:
+        logger.debug("%s: skipped %d unreadable lines", path, log.skipped_lines)
+    return log
+
+
+def read_job_logs(log_dir: Path) -> dict[int, RankLog]:
+    """Every ``rank<R>.jsonl`` in ``log_dir`` -> rank -> log (empty when the folder is missing)."""
+    logs: dict[int, RankLog] = {}
+    try:
+        names = sorted(p.name for p in Path(log_dir).iterdir())
+    except FileNotFoundError:
+        return logs
+    for name in names:
+        match = _RANK_FILE.match(name)
+        if match:
+            rank = int(match.group(1))
+            logs[rank] = read_rank_log(Path(log_dir) / name, rank)
+    return logs
+
+
+def last_completed_step(logs: dict[int, RankLog]) -> int:
+    """Highest step any rank has completed (0 before the first step)."""
+    return max((e.step or 0 for log in logs.values() for e in log.steps), default=0)
+
+
+def final_losses(log: RankLog) -> dict[int, str]:
+    """step -> ``loss_hex`` of the run's final trajectory (a recomputed step's last value wins)."""
+    losses: dict[int, str] = {}
+    for event in log.steps:
+        if event.step is not None and event.loss_hex is not None:
+            losses[event.step] = event.loss_hex
+    return losses
+
+
+__all__ = [
+    "RankEvent",
+    "RankLog",
+    "final_losses",
+    "last_completed_step",
+    "read_job_logs",
+    "read_rank_log",
+]

@@ -1,0 +1,552 @@
+"""Run an experiment: pre-flight, steady state before, method, steady state after, rollbacks.
+
+Order (chaostoolkit's, plus the ledger's guarantees, FC-13):
+
+1. pre-flight: the services the experiment needs answer (nothing written yet);
+2. recovery: open faults of dead controllers in the ledger are reverted;
+3. the job is started on the lab (or attached with ``--job``) and warmed up
+   (every rank completed a step);
+4. steady-state hypothesis *before*; the method runs only if it held;
+5. method: actions wait for ``when.step`` (rank logs), locate the rank, write
+   the fault to the ledger, *then* send it; probes wait for their condition;
+6. steady-state hypothesis *after*;
+7. rollbacks, per ``rollback_strategy`` (default ``always``: also after a
+   deviation, a failure and an abort);
+8. cleanup: every fault of this experiment still open in the ledger is
+   reverted, whatever happened.
+
+SIGINT/SIGTERM (via :func:`run_experiment`) cancel the run: injection stops,
+steps 7-8 still run, the journal is written, the status is ``aborted``.
+The journal is rewritten after every activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.errors import ActivityFailed, ChaosError, FaultError
+from stormwatch.chaos.experiment import (
+    ActionActivity,
+    Experiment,
+    PauseActivity,
+    ProbeActivity,
+    Provider,
+    RevertActivity,
+)
+from stormwatch.chaos.injector import Injector
+from stormwatch.chaos.journal import (
+    ExperimentStatus,
+    JobRef,
+    Journal,
+    JournalWriter,
+    Phase,
+)
+from stormwatch.chaos.lab import AsyncPrometheusClient
+from stormwatch.chaos.ledger import Ledger, ledger_path
+from stormwatch.chaos.preflight import preflight, wait_until_stepping
+from stormwatch.chaos.probes import ProbeContext, ProbeOutcome, wait_for
+from stormwatch.chaos.progress import NullReporter, Reporter
+from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_open
+from stormwatch.chaos.target import Target
+
+logger = logging.getLogger(__name__)
+
+#: Exit statuses of a run: 0 success, 1 deviated/failed/rollback failure, 130 aborted.
+EXIT_OK, EXIT_FAILED, EXIT_ABORTED = 0, 1, 130
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerConfig:
+    """How to run one experiment.
+
+    Attributes:
+        attach_job: attach to this running job instead of starting the experiment's job.
+        experiment_id: the id (and folder name); generated (``<utc time>-<title>-<hex>``) when None.
+        step_poll_seconds: how often rank logs are read while waiting for a step (0.2 s:
+            steps take ~0.3 s in the demo, so the fault lands within one step).
+    """
+
+    attach_job: str | None = None
+    experiment_id: str | None = None
+    step_poll_seconds: float = 0.2
+
+
+@dataclass(frozen=True)
+class ExperimentRun:
+    """The result: the journal, where it was written, and the exit status to use."""
+
+    journal: Journal
+    journal_path: Path
+    exit_code: int
+
+
+def new_experiment_id(title: str, now: float | None = None) -> str:
+    """``20250101T120000-kill-rank-1a2b``: sortable, readable, unique."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "experiment"
+    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+class Runner:
+    """Runs one validated experiment against a target.
+
+    Args:
+        experiment: the validated experiment.
+        source: the file it came from (copied next to the journal).
+        target: what it runs against.
+        config: run options.
+        reporter: progress output (default: none).
+    """
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        *,
+        source: Path,
+        target: Target,
+        config: RunnerConfig | None = None,
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.experiment = experiment
+        self.source = Path(source)
+        self.target = target
+        self.config = config or RunnerConfig()
+        self.reporter: Reporter = reporter or NullReporter()
+        self.experiment_id = self.config.experiment_id or new_experiment_id(experiment.title)
+        self.experiment_dir = Path(target.run_dir) / "experiments" / self.experiment_id
+        self.journal_path = self.experiment_dir / "journal.json"
+        self._last_fault_at: float | None = None
+        self._job: JobRef | None = None
+        self._prometheus: AsyncPrometheusClient | None = None
+        self._agents: AgentClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._ledger: Ledger | None = None
+        journal = Journal(
+            experiment_id=self.experiment_id,
+            title=experiment.title,
+            file=self.source,
+            experiment=experiment.model_dump(mode="json"),
+            started_at=time.time(),
+        )
+        self._writer = JournalWriter(journal, self.journal_path)
+
+    @property
+    def journal(self) -> Journal:
+        """The journal so far (complete once :meth:`run` returned)."""
+        return self._writer.journal
+
+    # -- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> ExperimentRun:
+        """Run the experiment; never raises for what the experiment does (see the journal).
+
+        Raises:
+            LabNotReady: pre-flight failed (nothing was started or written).
+        """
+        async with aiohttp.ClientSession() as session:
+            self._session = session
+            self._agents = AgentClient(session)
+            if self.target.prometheus_url:
+                self._prometheus = AsyncPrometheusClient(
+                    self.target.prometheus_url, session=session
+                )
+            assert self._agents is not None
+            await preflight(
+                self.experiment, self.target, prometheus=self._prometheus, agents=self._agents
+            )
+            self._ledger = Ledger(ledger_path(self.target.run_dir))
+            self.experiment_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
+            self._writer.save()
+            status: ExperimentStatus = "failed"
+            try:
+                status = await self._body()
+            except asyncio.CancelledError:
+                _uncancel()
+                status = "aborted"
+                self.journal.error = "interrupted: injection stopped; faults reverted"
+                self.reporter.event("interrupted: stopping injection, reverting faults")
+            except ChaosError as exc:
+                status = "failed"
+                self.journal.error = str(exc)
+                self.reporter.event(f"failed: {exc}")
+            except Exception as exc:  # a foreign error or a bug: still roll back (FC-13)
+                logger.exception("experiment %s failed unexpectedly", self.experiment_id)
+                status = "failed"
+                self.journal.error = f"unexpected {type(exc).__name__}: {exc}"
+                self.reporter.event(f"failed: {self.journal.error}")
+            self.journal.status = status
+            self._writer.save()
+            rollbacks_ok = await self._rollbacks(status)
+            cleanup_ok = await self._cleanup(status)
+            self.journal.rollbacks_ok = rollbacks_ok and cleanup_ok
+            self.journal.faults = self._ledger.entries(experiment_id=self.experiment_id)
+            self.journal.ended_at = time.time()
+            self._writer.save()
+        if status == "aborted":
+            code = EXIT_ABORTED
+        else:
+            code = EXIT_OK if self.journal.succeeded else EXIT_FAILED
+        return ExperimentRun(self.journal, self.journal_path, code)
+
+    async def _body(self) -> ExperimentStatus:
+        await self._recover_orphans()
+        self._job = await self._open_job()
+        if not await self._steady_state("before"):
+            self.journal.error = "the steady-state hypothesis did not hold before the method"
+            self.reporter.event(self.journal.error)
+            return "failed"
+        await self._method()
+        if not await self._steady_state("after"):
+            self.reporter.event(
+                "the steady-state hypothesis did not hold after the method: deviated"
+            )
+            return "deviated"
+        return "completed"
+
+    # -- pre-flight and recovery -----------------------------------------------------------
+
+    async def _recover_orphans(self) -> None:
+        assert self._ledger is not None and self._session is not None
+        orphans = self._ledger.orphans()
+        if not orphans:
+            return
+        async with self._writer.activity("revert-orphaned-faults", "revert", "recovery") as record:
+            self.reporter.event(f"reverting {len(orphans)} fault(s) left by a dead controller")
+            outcomes = await revert_entries(
+                self._ledger, orphans, reason="controller start", session=self._session
+            )
+            record.output = [
+                {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
+            ]
+            failed = [o for o in outcomes if not o.ok]
+            if failed:
+                raise FaultError(
+                    f"could not revert {len(failed)} orphaned fault(s): "
+                    + "; ".join(o.detail for o in failed)
+                )
+
+    # -- the job ---------------------------------------------------------------------------
+
+    async def _open_job(self) -> JobRef:
+        spec = self.experiment.job
+        async with self._writer.activity("job", "wait", "warmup") as record:
+            if self.config.attach_job is not None:
+                job = self.target.jobs.attach(self.config.attach_job)
+                self.reporter.event(f"attached to job {job.name}")
+            else:
+                job = self.target.jobs.start(spec)
+                self.reporter.event(
+                    f"started job {job.name} ({spec.steps} steps, checkpoint "
+                    f"every {spec.checkpoint_every}, step delay {spec.step_delay:g} s)"
+                )
+            self.journal.job = job
+            record.output = {
+                "job": job.name,
+                "log_dir": str(job.log_dir),
+                "started_by_runner": job.started_by_runner,
+            }
+            await wait_until_stepping(
+                job,
+                self.target.jobs,
+                timeout=spec.startup_timeout_seconds,
+                status=self.reporter.status,
+            )
+        return job
+
+    # -- steady state ----------------------------------------------------------------------
+
+    async def _steady_state(self, phase: Phase) -> bool:
+        section = (
+            self.journal.steady_state_before
+            if phase == "before"
+            else self.journal.steady_state_after
+        )
+        title = self.experiment.steady_state_hypothesis.title
+        self.reporter.event(f"steady state ({phase}): {title}")
+        met = True
+        for probe in self.experiment.steady_state_hypothesis.probes:
+            if phase not in probe.phases:
+                continue
+            outcome = await self._probe(
+                probe.name,
+                probe.provider,
+                phase,
+                probe.timeout_seconds,
+                probe.poll_seconds,
+            )
+            met = met and outcome.ok
+        section.met = met
+        self._writer.save()
+        return met
+
+    async def _probe(
+        self,
+        name: str,
+        provider: Provider,
+        phase: Phase,
+        timeout: float,
+        poll: float,
+    ) -> ProbeOutcome:
+        assert self._job is not None
+        ctx = ProbeContext(
+            job=self._job,
+            jobs=self.target.jobs,
+            prometheus=self._prometheus,
+            variables=self._variables(),
+            since=self._last_fault_at,
+        )
+        outcome = ProbeOutcome(False, "probe did not run")
+        async with self._writer.activity(name, "probe", phase, raise_on_failure=False) as record:
+
+            def on_poll(outcome: ProbeOutcome, elapsed: float) -> None:
+                self.reporter.status(f"{name}: {outcome.detail} ({elapsed:.0f}/{timeout:g} s)")
+
+            outcome = await wait_for(provider, ctx, timeout=timeout, poll=poll, on_poll=on_poll)
+            record.output = {"ok": outcome.ok, "detail": outcome.detail, "observed": outcome.output}
+            if not outcome.ok:
+                record.status = "failed"
+                record.error = outcome.detail
+        mark = "held" if outcome.ok else "did NOT hold"
+        self.reporter.event(f"  {name}: {mark}: {outcome.detail}")
+        return outcome
+
+    def _variables(self) -> dict[str, str]:
+        assert self._job is not None
+        spec = self.experiment.job
+        return {
+            "job": self._job.name,
+            "steps": str(spec.steps),
+            "checkpoint_every": str(spec.checkpoint_every),
+            "world_size": str(self._job.world_size),
+        }
+
+    # -- method ----------------------------------------------------------------------------
+
+    async def _method(self) -> None:
+        self.reporter.event("method")
+        for index, activity in enumerate(self.experiment.method):
+            try:
+                if isinstance(activity, ActionActivity):
+                    await self._action(activity)
+                elif isinstance(activity, ProbeActivity):
+                    outcome = await self._probe(
+                        activity.name,
+                        activity.provider,
+                        "method",
+                        activity.timeout_seconds,
+                        activity.poll_seconds,
+                    )
+                    if not outcome.ok:
+                        raise ActivityFailed(f"method probe {activity.name}: {outcome.detail}")
+                else:
+                    await self._pause(activity, "method")
+            except BaseException:
+                for later in self.experiment.method[index + 1 :]:
+                    self._writer.skipped(
+                        later.name,
+                        later.type,
+                        "method",
+                        "an earlier activity failed or the run was interrupted",
+                    )
+                raise
+
+    async def _action(self, activity: ActionActivity) -> None:
+        assert self._job is not None and self._ledger is not None and self._agents is not None
+        injector = Injector(
+            ledger=self._ledger,
+            agents=self._agents,
+            target=self.target,
+            job=self._job,
+            experiment_id=self.experiment_id,
+            status=self.reporter.status,
+            step_poll_seconds=self.config.step_poll_seconds,
+        )
+        fault = activity.fault
+        async with self._writer.activity(activity.name, "action", "method") as record:
+            step = attempt = None
+            if activity.when is not None:
+                step, attempt = await injector.wait_for_step(activity.when, fault.rank)
+            injected = await injector.inject(activity.name, fault, recorded=self._writer.save)
+            result = injected.result
+            self._last_fault_at = result.applied_at
+            record.output = {
+                "fault_id": injected.entry.id,
+                "kind": fault.kind,
+                "rank": fault.rank,
+                "node": injected.entry.target.node,
+                "target_pid": result.target_pid,
+                "applied_at": result.applied_at,
+                "expires_at": result.expires_at,
+                "step": step,
+                "attempt": attempt,
+                "detail": result.detail,
+            }
+            self.reporter.event(
+                f"  {activity.name}: {result.detail}"
+                + (f" after step {step}" if step is not None else "")
+            )
+            if activity.pause_after_seconds:
+                await asyncio.sleep(activity.pause_after_seconds)
+
+    async def _pause(self, activity: PauseActivity, phase: Phase) -> None:
+        async with self._writer.activity(activity.name, "pause", phase) as record:
+            self.reporter.status(f"{activity.name}: pausing {activity.seconds:g} s")
+            await asyncio.sleep(activity.seconds)
+            record.output = {"seconds": activity.seconds}
+
+    # -- rollbacks and cleanup -------------------------------------------------------------
+
+    async def _rollbacks(self, status: ExperimentStatus) -> bool:
+        strategy = self.experiment.rollback_strategy
+        run = strategy == "always" or (strategy == "deviated" and status == "deviated")
+        if not self.experiment.rollbacks:
+            return True
+        if not run:
+            for activity in self.experiment.rollbacks:
+                self._writer.skipped(
+                    activity.name,
+                    activity.type,
+                    "rollbacks",
+                    f"rollback_strategy {strategy!r} and status {status!r}",
+                )
+            return True
+        self.reporter.event("rollbacks")
+        ok = True
+        for activity in self.experiment.rollbacks:
+            # FC-13: one rollback's failure (or a second interrupt) never skips the others.
+            try:
+                if isinstance(activity, RevertActivity):
+                    ok = await self._revert(activity) and ok
+                elif isinstance(activity, ProbeActivity):
+                    outcome = await self._probe(
+                        activity.name,
+                        activity.provider,
+                        "rollbacks",
+                        activity.timeout_seconds,
+                        activity.poll_seconds,
+                    )
+                    ok = ok and outcome.ok
+                else:
+                    await self._pause(activity, "rollbacks")
+            except asyncio.CancelledError:
+                _uncancel()
+                ok = False
+            except Exception:  # FC-13: a failing rollback is reported, the rest still run
+                logger.exception("rollback %s failed", activity.name)
+                ok = False
+        return ok
+
+    async def _revert(self, activity: RevertActivity) -> bool:
+        scope = None if activity.scope == "all" else self.experiment_id
+        return await self._revert_open(
+            activity.name, "rollbacks", f"rollback {activity.name}", scope
+        )
+
+    async def _cleanup(self, status: ExperimentStatus) -> bool:
+        """Revert whatever of this experiment is still open (the safety net; always runs)."""
+        assert self._ledger is not None
+        if not self._ledger.open_faults(experiment_id=self.experiment_id):
+            return True
+        reason = "abort" if status == "aborted" else "end of experiment"
+        try:
+            return await self._revert_open(
+                "revert-open-faults", "cleanup", reason, self.experiment_id
+            )
+        except asyncio.CancelledError:  # only without run_experiment's signal handling
+            _uncancel()
+            return False
+        except Exception:
+            logger.exception("reverting the faults of %s failed", self.experiment_id)
+            return False
+
+    async def _revert_open(
+        self, name: str, phase: Phase, reason: str, experiment_id: str | None
+    ) -> bool:
+        """Journal one revert of the open faults (of ``experiment_id``; all when None)."""
+        assert self._ledger is not None
+        failed: list[RevertOutcome] = []
+        async with self._writer.activity(name, "revert", phase, raise_on_failure=False) as record:
+            outcomes = await revert_open(
+                self._ledger, reason=reason, experiment_id=experiment_id, session=self._session
+            )
+            record.output = [
+                {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
+            ]
+            failed = [o for o in outcomes if not o.ok]
+            self.reporter.event(
+                f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} fault(s)"
+            )
+            if failed:
+                record.status = "failed"
+                record.error = "; ".join(f"{o.fault_id}: {o.detail}" for o in failed)
+                self.reporter.event(
+                    f"could NOT revert: {record.error} (still open in the "
+                    "ledger; `stormwatch chaos revert --all`)"
+                )
+        return not failed and record.status != "failed"
+
+
+def _uncancel() -> None:
+    """Clear the pending-cancel count so cleanup can await normally (Python >= 3.11)."""
+    task = asyncio.current_task()
+    if task is not None and sys.version_info >= (3, 11):
+        while task.cancelling():
+            task.uncancel()
+
+
+def run_experiment(runner: Runner) -> ExperimentRun:
+    """Run ``runner`` in a fresh event loop; SIGINT/SIGTERM abort it cleanly (rollbacks still run).
+
+    A second signal during cleanup is ignored: cleanup must finish (FC-13).
+    """
+
+    async def main() -> ExperimentRun:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        received: list[str] = []
+
+        def on_signal(name: str) -> None:
+            if not received:
+                runner.reporter.event(f"{name} received: aborting")
+                task.cancel()
+            received.append(name)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        try:
+            return await runner.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+__all__ = [
+    "EXIT_ABORTED",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "ExperimentRun",
+    "NullReporter",
+    "Reporter",
+    "Runner",
+    "RunnerConfig",
+    "new_experiment_id",
+    "run_experiment",
+]

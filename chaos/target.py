@@ -1,0 +1,188 @@
+"""What an experiment runs against: the job, Prometheus, the node agents (:class:`Target`).
+
+:func:`lab_target` builds it from a lab's run directory (``lab.json``, via the
+lab's Python API). :class:`AttachedJobs` attaches to jobs started by other
+means (their rank logs under ``<run-dir>/jobs/<name>/logs``), for targets
+without a lab. The runner only sees :class:`Target` and the
+:class:`JobControl` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from stormwatch.chaos.errors import ChaosError, LabNotReady
+from stormwatch.chaos.experiment import JobSection
+from stormwatch.chaos.journal import JobRef
+from stormwatch.chaos.lab import JobSpec, Lab
+from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.errors import StormwatchError
+
+logger = logging.getLogger(__name__)
+
+
+class JobControl(Protocol):
+    """Starts or finds training jobs and tells whether they have ended."""
+
+    def start(self, job: JobSection) -> JobRef:
+        """Start ``job``; raises ChaosError when it cannot."""
+        ...
+
+    def attach(self, name: str) -> JobRef:
+        """Find the running (or finished) job ``name``; raises ChaosError when there is none."""
+        ...
+
+    def exited(self, name: str) -> bool | None:
+        """``None`` while the job runs (or when unknown); ``True``/``False``: ended ok / failed."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentEndpoint:
+    """One node's agent: ``node`` name and base ``url``."""
+
+    node: str
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Everything the runner talks to.
+
+    Attributes:
+        run_dir: the run directory (ledger in ``chaos/``, journals in ``experiments/``).
+        jobs: how jobs are started/attached.
+        world_size: ranks per job.
+        prometheus_url: Prometheus base URL (None: experiments with Prometheus probes fail).
+        agents: the node agents (kill_rank needs them).
+        agent_token_file: the agents' Bearer token file.
+        responder_url / responder_token_file: the responder (post-mortems).
+    """
+
+    run_dir: Path
+    jobs: JobControl
+    world_size: int
+    prometheus_url: str | None = None
+    agents: tuple[AgentEndpoint, ...] = field(default_factory=tuple)
+    agent_token_file: Path | None = None
+    responder_url: str | None = None
+    responder_token_file: Path | None = None
+
+
+class AttachedJobs:
+    """Jobs started by other means; their logs are in ``<run-dir>/jobs/<name>/logs``.
+
+    ``start`` is not supported; a job has ended when every rank logged ``done``.
+    """
+
+    def __init__(self, run_dir: Path, *, world_size: int) -> None:
+        self._run_dir = Path(run_dir)
+        self._world_size = world_size
+
+    def log_dir(self, name: str) -> Path:
+        return self._run_dir / "jobs" / name / "logs"
+
+    def start(self, job: JobSection) -> JobRef:
+        raise ChaosError(f"cannot start job {job.name!r} here: attach to a running job instead")
+
+    def attach(self, name: str) -> JobRef:
+        log_dir = self.log_dir(name)
+        if not log_dir.is_dir():
+            raise LabNotReady(f"no job {name!r}: {log_dir} does not exist")
+        return JobRef(
+            name=name, log_dir=log_dir, world_size=self._world_size, started_by_runner=False
+        )
+
+    def exited(self, name: str) -> bool | None:
+        logs = read_job_logs(self.log_dir(name))
+        if len(logs) >= self._world_size and all(log.finished for log in logs.values()):
+            return True
+        return None
+
+
+class LabJobs:
+    """Jobs on a lab, through the lab's Python API (``stormwatch.chaos.lab.Lab``)."""
+
+    def __init__(self, lab: Lab, *, world_size: int) -> None:
+        self._lab = lab
+        self._world_size = world_size
+
+    def start(self, job: JobSection) -> JobRef:
+        spec = JobSpec(
+            name=job.name,
+            steps=job.steps,
+            checkpoint_every=job.checkpoint_every,
+            seed=job.seed,
+            step_delay=job.step_delay,
+        )
+        try:
+            info = self._lab.start_job(spec)
+        except StormwatchError as exc:
+            raise ChaosError(f"could not start job {job.name!r} on the lab: {exc}") from exc
+        return JobRef(
+            name=info.name,
+            log_dir=Path(info.log_dir),
+            world_size=self._world_size,
+            started_by_runner=True,
+        )
+
+    def attach(self, name: str) -> JobRef:
+        try:
+            state = self._lab.state
+        except StormwatchError as exc:
+            raise LabNotReady(str(exc)) from exc
+        record = state.jobs.get(name)
+        if record is None:
+            known = ", ".join(sorted(state.jobs)) or "none"
+            raise LabNotReady(f"no job {name!r} in the lab at {state.run_dir} (jobs: {known})")
+        return JobRef(
+            name=name,
+            log_dir=Path(record.info.log_dir),
+            world_size=self._world_size,
+            started_by_runner=False,
+        )
+
+    def exited(self, name: str) -> bool | None:
+        try:
+            codes = self._lab.job_result(name).exit_codes
+        except StormwatchError:
+            return None
+        if any(code not in (None, 0) for code in codes.values()):
+            return False
+        if codes and all(code == 0 for code in codes.values()):
+            return True
+        return None
+
+
+def lab_target(run_dir: Path) -> Target:
+    """The :class:`Target` of the lab in ``run_dir``.
+
+    Raises:
+        LabNotReady: there is no lab there, or it is not up.
+    """
+    lab = Lab(Path(run_dir))
+    try:
+        state = lab.state
+    except StormwatchError as exc:
+        raise LabNotReady(f"{exc}") from exc
+    if state.phase != "up":
+        raise LabNotReady(
+            f"the lab in {run_dir} is {state.phase!r}, not 'up'; "
+            f"start it with `stormwatch lab up --run-dir {run_dir}`"
+        )
+    return Target(
+        run_dir=Path(state.run_dir),
+        jobs=LabJobs(lab, world_size=state.config.world_size),
+        world_size=state.config.world_size,
+        prometheus_url=state.prometheus_url,
+        agents=tuple(AgentEndpoint(node=n.name, url=n.agent_url) for n in state.nodes),
+        agent_token_file=Path(state.agent_token_file),
+        responder_url=state.responder_url,
+        responder_token_file=Path(state.responder_token_file),
+    )
+
+
+__all__ = ["AgentEndpoint", "AttachedJobs", "JobControl", "LabJobs", "Target", "lab_target"]

@@ -1,0 +1,62 @@
+"""The demo's guard rails (fast tier); the demo itself runs in test_e2e_kill_rank.py."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from stormwatch.chaos.demo import clean_run_dir
+from stormwatch.errors import ConfigError
+
+STORMWATCH = Path(sys.executable).with_name("stormwatch")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run the demo as an unprivileged user",
+)
+def test_demo_as_non_root_says_it_needs_root_and_touches_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    tmp_path.chmod(0o777)
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            str(STORMWATCH),
+            "demo",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "needs root" in out.stderr and "sudo" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not run_dir.exists()
+
+
+def test_clean_run_dir_refuses_a_folder_that_is_not_a_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(ConfigError, match=r"refusing to delete it.*thesis\.tex"):
+        clean_run_dir(tmp_path, Console(file=io.StringIO()))
+    assert (tmp_path / "thesis.tex").exists()
+
+
+def test_clean_run_dir_removes_an_old_run_without_a_lab(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    (run_dir / "jobs" / "baseline" / "logs").mkdir(parents=True)
+    (run_dir / "experiments").mkdir()
+    clean_run_dir(run_dir, Console(file=io.StringIO()))
+    assert not run_dir.exists()

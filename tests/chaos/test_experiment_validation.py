@@ -1,0 +1,309 @@
+"""Experiment files: every invalid one is rejected before anything starts, naming file, field, allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stormwatch.chaos import InvalidExperiment, load_experiment
+from stormwatch.chaos.demo import PACKAGED_EXPERIMENT, REPO_EXPERIMENT, demo_experiment
+from stormwatch.errors import ConfigError
+
+STORMWATCH = Path(sys.executable).with_name("stormwatch")
+KILL_RANK = REPO_EXPERIMENT
+
+GOOD = """
+version: 1
+title: t
+job: {steps: 50, checkpoint_every: 10}
+steady_state_hypothesis:
+  title: h
+  probes:
+    - name: p
+      provider: {type: prometheus, query: 'up{job="${job}"}', tolerance: 1}
+method:
+  - type: action
+    name: kill
+    when: {step: 25}
+    fault: {kind: kill_rank, rank: 1, signal: SIGKILL, ttl_seconds: 60}
+rollbacks:
+  - {type: revert, name: undo}
+"""
+
+
+def _mutate(path: str, value: object, *, delete: bool = False) -> str:
+    """GOOD with the value at dotted ``path`` (``method.0.fault.rank``) replaced or deleted."""
+    data = yaml.safe_load(GOOD)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    key: int | str = int(last) if isinstance(node, list) else last
+    if delete:
+        del node[key]
+    else:
+        node[key] = value
+    return yaml.safe_dump(data)
+
+
+# (case id, file text, field path the message must name, what it must say is allowed)
+BAD = [
+    (
+        "negative-rank",
+        _mutate("method.0.fault.rank", -1),
+        "method[0].fault.rank",
+        "greater than or equal to 0",
+    ),
+    (
+        "rank-as-string",
+        _mutate("method.0.fault.rank", "1"),
+        "method[0].fault.rank",
+        "valid integer",
+    ),
+    (
+        "bad-signal",
+        _mutate("method.0.fault.signal", "SIGHUP"),
+        "method[0].fault.signal",
+        "'SIGKILL' or 'SIGTERM'",
+    ),
+    (
+        "unknown-fault-kind",
+        _mutate("method.0.fault.kind", "reboot_node"),
+        "method[0].fault.kind",
+        "'kill_rank', 'freeze_rank'",
+    ),
+    (
+        "missing-fault-kind",
+        _mutate("method.0.fault.kind", None, delete=True),
+        "method[0].fault.kind",
+        "'kill_rank', 'freeze_rank'",
+    ),
+    (
+        "unknown-fault-key",
+        _mutate("method.0.fault.node", "node0"),
+        "method[0].fault.node",
+        "valid keys: kind, rank, signal, ttl_seconds",
+    ),
+    ("unknown-top-key", _mutate("not_a_field", 3), "not_a_field", "valid keys: version, title"),
+    (
+        "unknown-activity-type",
+        _mutate("method.0.type", "explode"),
+        "method[0].type",
+        "'action', 'probe', 'pause'",
+    ),
+    (
+        "rollback-cannot-inject",
+        _mutate("rollbacks.0.type", "action"),
+        "rollbacks[0].type",
+        "'revert', 'probe', 'pause'",
+    ),
+    (
+        "zero-ttl",
+        _mutate("method.0.fault.ttl_seconds", 0),
+        "method[0].fault.ttl_seconds",
+        "greater than 0",
+    ),
+    (
+        "ttl-over-a-day",
+        _mutate("method.0.fault.ttl_seconds", 100000),
+        "method[0].fault.ttl_seconds",
+        "less than or equal to 86400",
+    ),
+    (
+        "step-after-job-end",
+        _mutate("method.0.when.step", 50),
+        "method[0].when.step",
+        "must be < job.steps (50)",
+    ),
+    (
+        "step-zero",
+        _mutate("method.0.when.step", 0),
+        "method[0].when.step",
+        "greater than or equal to 1",
+    ),
+    ("missing-steps", _mutate("job.steps", None, delete=True), "job.steps", "required"),
+    ("steps-float", _mutate("job.steps", 50.5), "job.steps", "valid integer"),
+    ("wrong-version", _mutate("version", 2), "version", "Input should be 1"),
+    ("empty-method", _mutate("method", []), "method", "at least 1 item"),
+    (
+        "no-probes",
+        _mutate("steady_state_hypothesis.probes", []),
+        "steady_state_hypothesis.probes",
+        "at least 1 item",
+    ),
+    (
+        "unknown-provider",
+        _mutate("steady_state_hypothesis.probes.0.provider.type", "http"),
+        "steady_state_hypothesis.probes[0].provider.type",
+        "'prometheus', 'job'",
+    ),
+    (
+        "two-tolerances",
+        _mutate("steady_state_hypothesis.probes.0.provider.tolerance", {"eq": 1, "gt": 0}),
+        "steady_state_hypothesis.probes[0].provider.tolerance",
+        "exactly one of eq, ne, gt",
+    ),
+    (
+        "inverted-range",
+        _mutate("steady_state_hypothesis.probes.0.provider.tolerance", {"range": [5, 1]}),
+        "steady_state_hypothesis.probes[0].provider.tolerance",
+        "low <= high",
+    ),
+    (
+        "tolerance-bool",
+        _mutate("steady_state_hypothesis.probes.0.provider.tolerance", True),
+        "steady_state_hypothesis.probes[0].provider.tolerance",
+        "exactly one of",
+    ),
+    (
+        "unknown-placeholder",
+        _mutate("steady_state_hypothesis.probes.0.provider.query", 'up{job="${jobname}"}'),
+        "steady_state_hypothesis.probes[0].provider.query",
+        "${job}, ${steps}",
+    ),
+    (
+        "bad-phase",
+        _mutate("steady_state_hypothesis.probes.0.phases", ["during"]),
+        "steady_state_hypothesis.probes[0].phases[0]",
+        "'before' or 'after'",
+    ),
+    (
+        "bad-job-expectation",
+        _mutate("steady_state_hypothesis.probes.0.provider", {"type": "job", "expect": "happy"}),
+        "steady_state_hypothesis.probes[0].provider.expect",
+        "'progressing' or 'finished'",
+    ),
+    (
+        "bad-rollback-strategy",
+        _mutate("rollback_strategy", "sometimes"),
+        "rollback_strategy",
+        "'always', 'deviated' or 'never'",
+    ),
+    (
+        "duplicate-names",
+        _mutate("rollbacks.0.name", "kill"),
+        "rollbacks[0].name",
+        "names must be unique",
+    ),
+    ("bad-name", _mutate("method.0.name", "kill rank!"), "method[0].name", "should match pattern"),
+    ("bad-job-name", _mutate("job.name", "Bad Name"), "job.name", "should match pattern"),
+    (
+        "duplicate-yaml-key",
+        GOOD.replace("title: t\n", "title: t\ntitle: u\n"),
+        "",
+        "duplicate key 'title'",
+    ),
+    ("not-yaml", "version: 1\ntitle: [unclosed\n", "", "not valid YAML"),
+    ("not-a-mapping", "- 1\n- 2\n", "", "must be a mapping with keys version, title"),
+    ("empty-file", "", "", "(got empty)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "allowed"), [c[1:] for c in BAD], ids=[c[0] for c in BAD]
+)
+def test_invalid_experiment_names_file_field_and_what_is_allowed(
+    tmp_path: Path, text: str, field: str, allowed: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+
+    with pytest.raises(InvalidExperiment) as caught:
+        load_experiment(path)
+
+    assert isinstance(caught.value, ConfigError)
+    lines = str(caught.value).splitlines()
+    expected_prefix = f"{path}: {field}: " if field else f"{path}: "
+    matching = [line for line in lines[1:] if line.startswith(expected_prefix)]
+    assert matching, f"no line names {expected_prefix!r}:\n{caught.value}"
+    assert any(allowed in line for line in matching), f"{allowed!r} not said:\n{caught.value}"
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    text = _mutate("method.0.fault.rank", -1).replace("title: t", "title: t\nbogus: 1")
+    path.write_text(text)
+    with pytest.raises(InvalidExperiment) as caught:
+        load_experiment(path)
+    assert {i.path for i in caught.value.issues} == {"method[0].fault.rank", "bogus"}
+
+
+def test_missing_file_is_an_invalid_experiment(tmp_path: Path) -> None:
+    with pytest.raises(InvalidExperiment, match="cannot read the file"):
+        load_experiment(tmp_path / "nope.yaml")
+
+
+def test_shipped_kill_rank_experiment_is_valid_and_kills_off_a_checkpoint_step() -> None:
+    experiment = load_experiment(KILL_RANK)
+    action = experiment.method[0]
+    assert action.type == "action" and action.fault.kind == "kill_rank"
+    assert action.fault.rank == 1 and action.fault.signal == "SIGKILL"
+    assert action.when is not None
+    assert action.when.step % experiment.job.checkpoint_every != 0, "no steps would be lost"
+    assert experiment.rollback_strategy == "always"
+
+
+def test_packaged_copy_of_the_demo_experiment_is_the_shipped_file() -> None:
+    assert PACKAGED_EXPERIMENT.read_bytes() == KILL_RANK.read_bytes()
+
+
+def test_demo_steps_override_is_revalidated() -> None:
+    assert demo_experiment(KILL_RANK, 60).job.steps == 60
+    with pytest.raises(InvalidExperiment, match=r"method\[0\]\.when\.step: must be < job.steps"):
+        demo_experiment(KILL_RANK, 20)
+
+
+def test_validate_command_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_mutate("method.0.fault.rank", -1))
+    good = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(KILL_RANK)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    both = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(KILL_RANK), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert good.returncode == 0 and "ok" in good.stdout
+    assert both.returncode == 2
+    assert f"{bad}: method[0].fault.rank" in both.stderr and "Traceback" not in both.stderr
+
+
+def test_run_with_invalid_experiment_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_mutate("method.0.fault.rank", -1))
+    run_dir = tmp_path / "run"
+
+    out = subprocess.run(
+        [str(STORMWATCH), "chaos", "run", str(bad), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert f"{bad}: method[0].fault.rank: Input should be greater than or equal to 0" in out.stderr
+    # Nothing touched: no run directory (so no lab, no ledger, no journal), no children left.
+    assert not run_dir.exists()
+
+
+def test_run_without_a_lab_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [str(STORMWATCH), "chaos", "run", str(KILL_RANK), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "no lab" in out.stderr and "stormwatch lab up" in out.stderr
+    assert not (run_dir / "chaos").exists() and not (run_dir / "experiments").exists()

@@ -1,0 +1,179 @@
+"""The fault ledger: durable before the fault is sent, idempotent to revert, orphans found."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormwatch.chaos import Ledger, LedgerError, revert_open
+from stormwatch.chaos.experiment import FreezeRankFault, KillRankFault
+from stormwatch.chaos.faults import FaultTarget, find_rank_process
+
+
+def _kill_spec() -> KillRankFault:
+    return KillRankFault(kind="kill_rank", rank=1, signal="SIGKILL", ttl_seconds=60)
+
+
+def _agent_target() -> FaultTarget:
+    return FaultTarget(
+        job="j", rank=1, node="node0", agent_url="http://127.0.0.1:9", token_file="/nonexistent"
+    )
+
+
+def test_recorded_fault_survives_a_sigkilled_controller(tmp_path: Path) -> None:
+    db = tmp_path / "chaos" / "ledger.sqlite3"
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from stormwatch.chaos import Ledger
+        from stormwatch.chaos.experiment import KillRankFault
+        from stormwatch.chaos.faults import FaultTarget
+        ledger = Ledger({str(db)!r})
+        ledger.record(fault_id="exp.kill", experiment_id="exp",
+                      spec=KillRankFault(kind="kill_rank", rank=1),
+                      target=FaultTarget(job="j", rank=1, node="node0",
+                                         agent_url="http://10.0.0.1:9400", token_file="/t"),
+                      expires_at=time.time() + 60)
+        os.kill(os.getpid(), signal.SIGKILL)  # no chance to clean up
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+    ledger = Ledger(db, create=False)
+    [entry] = ledger.entries()
+    assert (entry.id, entry.state, entry.kind, entry.target.node) == (
+        "exp.kill",
+        "pending",
+        "kill_rank",
+        "node0",
+    )
+    assert entry.open and entry.expires_at > time.time()
+    assert [e.id for e in ledger.orphans()] == ["exp.kill"], "its controller is dead"
+
+
+def test_faults_of_a_live_controller_are_not_orphans(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    ledger.record(
+        fault_id="a",
+        experiment_id="e",
+        spec=_kill_spec(),
+        target=_agent_target(),
+        expires_at=time.time() + 60,
+    )
+    assert ledger.orphans() == []
+    assert [e.id for e in ledger.open_faults(experiment_id="e")] == ["a"]
+    assert ledger.open_faults(experiment_id="other") == []
+
+
+def test_state_changes_are_idempotent_and_ordered(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    first = ledger.record(
+        fault_id="a", experiment_id="e", spec=_kill_spec(), target=_agent_target(), expires_at=100.0
+    )
+    again = ledger.record(
+        fault_id="a", experiment_id="e", spec=_kill_spec(), target=_agent_target(), expires_at=999.0
+    )
+    assert again == first, "recording the same id twice changes nothing"
+    moved = ledger.retarget("a", _agent_target().model_copy(update={"node": "node1"}))
+    assert moved.target.node == "node1"
+    injected = ledger.mark_injected("a", injected_at=10.0, expires_at=70.0, target_pid=42)
+    assert (injected.state, injected.target_pid, injected.expires_at) == ("injected", 42, 70.0)
+    with pytest.raises(LedgerError, match="not pending"):
+        ledger.retarget("a", _agent_target())
+    assert ledger.mark_reverted("a", reason="test") is True
+    assert ledger.mark_reverted("a", reason="again") is False
+    closed = ledger.get("a")
+    assert closed.state == "reverted" and closed.revert_reason == "test" and not closed.open
+    assert ledger.mark_injected("a", injected_at=1, expires_at=2, target_pid=1).state == "reverted"
+
+
+def test_unknown_fault_and_foreign_file_are_ledger_errors(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    with pytest.raises(LedgerError, match="not in the ledger"):
+        ledger.get("nope")
+    with pytest.raises(LedgerError, match="no fault ledger"):
+        Ledger(tmp_path / "missing.sqlite3", create=False)
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(LedgerError):
+        Ledger(garbage)
+
+
+def test_revert_open_is_idempotent_on_a_real_frozen_process(
+    tmp_path: Path, start_workload: Any, unique_job: Any, wait_until: Any
+) -> None:
+    job = unique_job("ledger")
+    workload = start_workload(job)
+    process = find_rank_process(job, 0)
+    assert process.pid == workload.process.pid
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    spec = FreezeRankFault(kind="freeze_rank", rank=0, ttl_seconds=3600)
+    target = FaultTarget(job=job, rank=0, pid=process.pid, pid_create_time=process.create_time())
+    ledger.record(
+        fault_id="f", experiment_id="e", spec=spec, target=target, expires_at=time.time() + 3600
+    )
+    os.kill(process.pid, signal.SIGSTOP)
+    wait_until(lambda: workload.stopped, 5, "the process to stop")
+
+    first = asyncio.run(revert_open(ledger, reason="test"))
+    second = asyncio.run(revert_open(ledger, reason="test"))
+
+    assert [(o.fault_id, o.ok) for o in first] == [("f", True)]
+    assert "SIGCONT" in first[0].detail
+    assert second == [], "nothing left open"
+    assert not workload.stopped
+
+
+def test_revert_of_a_gone_process_succeeds_and_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    # The pid may be reused by now; the start time cannot match.
+    target = FaultTarget(job="j", rank=0, pid=proc.pid, pid_create_time=1.0)
+    ledger.record(
+        fault_id="f",
+        experiment_id="e",
+        spec=FreezeRankFault(kind="freeze_rank", rank=0),
+        target=target,
+        expires_at=time.time(),
+    )
+    [outcome] = asyncio.run(revert_open(ledger, reason="test"))
+    assert outcome.ok and "gone" in outcome.detail
+
+
+def test_unreachable_agent_keeps_an_unexpired_fault_open(tmp_path: Path) -> None:
+    token = tmp_path / "agent.token"
+    token.write_text("secret\n")
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    target = FaultTarget(
+        job="j", rank=1, node="node0", agent_url="http://127.0.0.1:1", token_file=str(token)
+    )
+    ledger.record(
+        fault_id="live",
+        experiment_id="e",
+        spec=_kill_spec(),
+        target=target,
+        expires_at=time.time() + 600,
+    )
+    ledger.record(
+        fault_id="expired",
+        experiment_id="e",
+        spec=_kill_spec(),
+        target=target,
+        expires_at=time.time() - 1,
+    )
+
+    outcomes = {o.fault_id: o for o in asyncio.run(revert_open(ledger, reason="test"))}
+
+    assert not outcomes["live"].ok and "cannot reach the agent" in outcomes["live"].detail
+    assert ledger.get("live").open and ledger.get("live").last_error
+    assert outcomes["expired"].ok and "expired" in outcomes["expired"].detail
+    assert not ledger.get("expired").open

@@ -1,0 +1,356 @@
+"""Post-mortems from recorded inputs: journal, rank logs, baseline log, alert/responder evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stormwatch.chaos.clients.responder import Incident, Notification
+from stormwatch.chaos.evidence import AlertEvidence, Evidence, save_evidence
+from stormwatch.chaos.journal import ActivityRecord, JobRef, Journal, SteadyState, write_journal
+from stormwatch.chaos.postmortem import render_markdown
+from stormwatch.chaos.report import generate_postmortem, postmortem_from_files
+
+STORMWATCH = Path(sys.executable).with_name("stormwatch")
+T0 = 1_700_000_000.0
+STEP = 0.4
+FAULT_AT = T0 + 25 * STEP + 0.1  # just after step 25 completed
+RESTART_AT = FAULT_AT + 5.0
+RESUMED_AT = RESTART_AT + 3.0  # first step after resume (step 21)
+
+
+def _loss(step: int) -> float:
+    return 5.0 / (1.0 + step)
+
+
+def _write_logs(log_dir: Path, *, fault: bool, tamper: dict[int, float] | None = None) -> None:
+    """Four ranks' JSON lines as the trainer writes them; with ``fault`` rank 1 dies after step 25."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(4):
+        lines = [
+            {
+                "event": "start",
+                "time": T0 - 1,
+                "rank": rank,
+                "attempt": 0,
+                "resumed_from_step": None,
+            }
+        ]
+        last = 25 if fault else 50
+        for step in range(1, last + 1):
+            loss = _loss(step)
+            lines.append(
+                {
+                    "event": "step",
+                    "time": T0 + step * STEP,
+                    "step": step,
+                    "loss": loss,
+                    "loss_hex": loss.hex(),
+                    "attempt": 0,
+                    "step_seconds": STEP,
+                }
+            )
+            if step % 10 == 0:
+                lines.append(
+                    {"event": "checkpoint", "time": T0 + step * STEP, "step": step, "attempt": 0}
+                )
+        if fault:
+            lines.append(
+                {
+                    "event": "start",
+                    "time": RESTART_AT + rank * 0.01,
+                    "rank": rank,
+                    "attempt": 1,
+                    "resumed_from_step": 20,
+                }
+            )
+            for i, step in enumerate(range(21, 51)):
+                loss = (tamper or {}).get(step, _loss(step))
+                lines.append(
+                    {
+                        "event": "step",
+                        "time": RESUMED_AT + i * STEP,
+                        "step": step,
+                        "loss": loss,
+                        "loss_hex": loss.hex(),
+                        "attempt": 1,
+                        "step_seconds": STEP,
+                    }
+                )
+        end = (RESUMED_AT + 30 * STEP) if fault else T0 + 50 * STEP
+        lines.append({"event": "done", "time": end, "step": 50, "attempt": 1 if fault else 0})
+        text = "\n".join(json.dumps(line) for line in lines) + "\n"
+        (log_dir / f"rank{rank}.jsonl").write_text(text + '{"event": "step", "ti')  # torn line
+
+
+def _journal(run_dir: Path, log_dir: Path, *, fault: bool = True) -> Path:
+    exp_dir = run_dir / "experiments" / "exp-1"
+    probe = ActivityRecord(
+        name="all-ranks-progressing",
+        type="probe",
+        phase="before",
+        status="succeeded",
+        start=T0 + 2,
+        end=T0 + 3,
+    )
+    after = ActivityRecord(
+        name="all-ranks-progressing",
+        type="probe",
+        phase="after",
+        status="succeeded",
+        start=RESUMED_AT,
+        end=RESUMED_AT + 1,
+    )
+    method = []
+    if fault:
+        method.append(
+            ActivityRecord(
+                name="kill-rank-1",
+                type="action",
+                phase="method",
+                status="succeeded",
+                start=T0 + 3,
+                end=FAULT_AT,
+                output={
+                    "fault_id": "exp-1.kill-rank-1",
+                    "kind": "kill_rank",
+                    "rank": 1,
+                    "node": "node0",
+                    "target_pid": 4242,
+                    "applied_at": FAULT_AT,
+                    "expires_at": FAULT_AT + 120,
+                    "step": 25,
+                    "attempt": 0,
+                    "detail": "SIGKILL to rank 1 (pid 4242) on node0",
+                },
+            )
+        )
+    journal = Journal(
+        experiment_id="exp-1",
+        title="Kill rank 1",
+        file=Path("kill-rank.yaml"),
+        experiment={},
+        status="completed",
+        started_at=T0,
+        ended_at=FAULT_AT + 50,
+        job=JobRef(name="experiment", log_dir=log_dir, world_size=4, started_by_runner=True),
+        steady_state_before=SteadyState(met=True, probes=[probe]),
+        method=method,
+        steady_state_after=SteadyState(met=True, probes=[after]),
+        rollbacks_ok=True,
+    )
+    write_journal(journal, exp_dir / "journal.json")
+    return exp_dir
+
+
+def _evidence(*, alert: bool = True, responder: bool = True) -> Evidence:
+    labels = {
+        "alertname": "StormwatchRankStalled",
+        "job": "experiment",
+        "rank": "1",
+        "severity": "critical",
+    }
+    evidence = Evidence(window_start=T0 - 60, window_end=RESUMED_AT + 60)
+    if alert:
+        evidence.alerts = [
+            # Fired before the fault and for another job: never the experiment's alert.
+            AlertEvidence(
+                alertname="StormwatchRankStalled",
+                labels={**labels, "job": "other"},
+                firing_at=FAULT_AT + 1.0,
+            ),
+            AlertEvidence(
+                alertname="Old", labels={"alertname": "Old"}, firing_at=T0 - 30, resolved_at=T0 - 20
+            ),
+            AlertEvidence(
+                alertname="StormwatchRankStalled",
+                labels=labels,
+                firing_at=FAULT_AT + 2.0,
+                resolved_at=FAULT_AT + 40.0,
+            ),
+        ]
+    if responder:
+        evidence.incidents = [
+            Incident(
+                id=1,
+                alertname="StormwatchRankStalled",
+                status="closed",
+                labels=labels,
+                group_key='{}:{alertname="StormwatchRankStalled"}',
+                starts_at=FAULT_AT + 2.0,
+                opened_at=FAULT_AT + 3.5,
+                closed_at=FAULT_AT + 41.0,
+                ends_at=FAULT_AT + 40.0,
+            )
+        ]
+        evidence.notifications = [
+            Notification(
+                id=1,
+                received_at=FAULT_AT + 3.5,
+                group_key=evidence.incidents[0].group_key,
+                status="firing",
+                alerts=1,
+                new_alerts=1,
+            ),
+            Notification(
+                id=2,
+                received_at=FAULT_AT + 41.0,
+                group_key=evidence.incidents[0].group_key,
+                status="resolved",
+                alerts=1,
+                new_alerts=1,
+            ),
+        ]
+    return evidence
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(experiment dir, experiment log dir, baseline log dir) of a recorded kill-rank run."""
+    run_dir = tmp_path / "run"
+    logs = run_dir / "jobs" / "experiment" / "logs"
+    baseline = run_dir / "jobs" / "baseline" / "logs"
+    _write_logs(logs, fault=True)
+    _write_logs(baseline, fault=False)
+    return _journal(run_dir, logs), logs, baseline
+
+
+def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
+    recorded: tuple[Path, Path, Path],
+) -> None:
+    exp_dir, _, baseline = recorded
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=baseline)
+
+    assert pm.fault_rank == 1 and pm.fault_node == "node0" and pm.fault_at == FAULT_AT
+    assert pm.alertname == "StormwatchRankStalled" and pm.alert_labels["job"] == "experiment"
+    assert pm.detected and pm.time_to_detect_seconds == pytest.approx(2.0)
+    assert pm.alert_received_at == pytest.approx(FAULT_AT + 3.5)
+    assert pm.alert_resolved_at == pytest.approx(FAULT_AT + 41.0)
+    assert pm.workers_restarted_at == pytest.approx(RESTART_AT)
+    assert pm.recovered and pm.time_to_recover_seconds == pytest.approx(RESUMED_AT - FAULT_AT)
+    assert (pm.last_step_before_fault, pm.resumed_from_step, pm.steps_lost) == (25, 20, 5)
+    assert pm.first_step_after_resume == 21
+    assert pm.loss.identical is True and pm.loss.compared_steps == 30 and pm.loss.from_step == 21
+    assert [e.event for e in pm.timeline] == [
+        "experiment started",
+        "steady state before: held",
+        "fault injected",
+        "alert firing",
+        "alert received by the responder",
+        "workers restarted",
+        "first completed step after resume",
+        "steady state after: held",
+        "alert resolved",
+        "experiment ended",
+    ]
+    assert pm.notes == []
+    md = render_markdown(pm)
+    assert "| time to detect (fault → alert firing) | 2.0 s |" in md
+    assert "| steps lost | 5 |" in md
+    assert "Bitwise identical to the baseline at all 30 steps from step 21" in md
+    assert "+2.0 s | alert firing" in md
+
+
+def test_alert_never_fired_says_not_detected(recorded: tuple[Path, Path, Path]) -> None:
+    exp_dir, _, baseline = recorded
+    pm = postmortem_from_files(
+        exp_dir, evidence=_evidence(alert=False, responder=False), baseline_log_dir=baseline
+    )
+
+    assert not pm.detected and pm.time_to_detect_seconds is None
+    assert pm.alert_received_at is None and pm.alert_resolved_at is None
+    assert pm.recovered and pm.steps_lost == 5, "recovery is still measured"
+    assert any("no alert fired" in n and "not detected" in n for n in pm.notes)
+    md = render_markdown(pm)
+    assert "| time to detect (fault → alert firing) | not detected |" in md
+    assert "| not observed |  | alert firing |" in md
+
+
+def test_alert_known_only_to_the_responder_still_counts_as_detected(
+    recorded: tuple[Path, Path, Path],
+) -> None:
+    exp_dir, _, baseline = recorded
+    evidence = _evidence(alert=False)
+    evidence.prometheus_error = "GET http://127.0.0.1:19090/api/v1/query_range: refused"
+    pm = postmortem_from_files(exp_dir, evidence=evidence, baseline_log_dir=baseline)
+    assert pm.detected and pm.time_to_detect_seconds == pytest.approx(2.0)
+    assert pm.alert_received_at == pytest.approx(FAULT_AT + 3.5)
+    assert any("Prometheus could not be queried" in n for n in pm.notes)
+
+
+def test_mismatching_loss_lists_every_differing_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    logs, baseline = (
+        run_dir / "jobs" / "experiment" / "logs",
+        run_dir / "jobs" / "baseline" / "logs",
+    )
+    _write_logs(logs, fault=True, tamper={23: _loss(23) + 1e-7, 40: 9.0})
+    _write_logs(baseline, fault=False)
+    exp_dir = _journal(run_dir, logs)
+
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=baseline)
+
+    assert pm.loss.identical is False
+    assert [m.step for m in pm.loss.mismatches] == [23, 40]
+    assert pm.loss.mismatches[0].baseline_hex == _loss(23).hex()
+    assert pm.loss.mismatches[0].experiment_hex == (_loss(23) + 1e-7).hex()
+    md = render_markdown(pm)
+    assert "**2 of 30 steps differ**" in md and f"| 23 | `{_loss(23).hex()}` |" in md
+    assert "| loss identical to baseline after recovery | **no** (30 steps compared" in md
+
+
+def test_without_baseline_or_fault_the_report_says_what_it_could_not_do(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    logs = run_dir / "jobs" / "experiment" / "logs"
+    _write_logs(logs, fault=False)
+    exp_dir = _journal(run_dir, logs, fault=False)
+
+    pm = postmortem_from_files(exp_dir, evidence=None, baseline_log_dir=None)
+
+    assert pm.fault_at is None and not pm.detected and not pm.recovered
+    assert pm.loss.identical is None and "no baseline" in pm.loss.note
+    assert any("no fault was injected" in n for n in pm.notes)
+    assert "not detected" in render_markdown(pm)
+
+
+def test_missing_baseline_log_is_noted(recorded: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    exp_dir, _, _ = recorded
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=tmp_path / "nope")
+    assert pm.loss.identical is None
+    assert any("baseline log" in n and "missing" in n for n in pm.notes)
+
+
+def test_offline_postmortem_from_saved_evidence_writes_md_and_json(
+    recorded: tuple[Path, Path, Path],
+) -> None:
+    exp_dir, _, baseline = recorded
+    save_evidence(_evidence(), exp_dir / "evidence.json")
+
+    pm, md = asyncio.run(generate_postmortem(exp_dir, target=None, baseline_log_dir=baseline))
+    cli = subprocess.run(
+        [
+            str(STORMWATCH),
+            "chaos",
+            "postmortem",
+            str(exp_dir),
+            "--offline",
+            "--baseline-log-dir",
+            str(baseline),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert md == exp_dir / "postmortem.md" and md.exists()
+    saved = json.loads((exp_dir / "postmortem.json").read_text())
+    assert saved["steps_lost"] == 5 and saved["loss"]["identical"] is True
+    assert saved["time_to_detect_seconds"] == pytest.approx(2.0)
+    assert pm.detected
+    assert cli.returncode == 0, cli.stderr
+    assert "# Post-mortem: Kill rank 1" in cli.stdout
