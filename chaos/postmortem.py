@@ -103,6 +103,7 @@ class PostMortem(BaseModel):
     first_step_after_resume: int | None = None
     steps_lost: int | None = None
     loss: LossCheck = Field(default_factory=LossCheck)
+    loss_plot: str | None = None
     faults_left_open: list[str] = Field(default_factory=list)
     timeline: list[TimelineEvent] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -159,20 +160,14 @@ def _restart(pm: PostMortem, logs: dict[int, RankLog]) -> int | None:
         e.step for log in logs.values() for e in log.steps if e.time <= t0 and e.step is not None
     ]
     pm.last_step_before_fault = max(before) if before else None
-    starts = sorted(
-        (
-            e
-            for log in logs.values()
-            for e in log.events
-            if e.event == "start" and e.attempt > attempt
-        ),
-        key=lambda e: e.time,
-    )
+    restarted = {rank: log.since_restart(t0) for rank, log in logs.items()}
+    starts = sorted((events[0] for events in restarted.values() if events), key=lambda e: e.time)
     if starts:
         pm.workers_restarted_at = starts[0].time
         pm.resumed_from_step = starts[0].resumed_from_step or 0
     steps = sorted(
-        (e for log in logs.values() for e in log.steps if e.attempt > attempt), key=lambda e: e.time
+        (e for events in restarted.values() for e in events if e.event == "step"),
+        key=lambda e: e.time,
     )
     if steps:
         pm.recovered, pm.recovered_at = True, steps[0].time
@@ -253,7 +248,7 @@ def _loss(
             check.note = "the workers did not restart: no steps after recovery to compare"
             return check
         check.from_step = pm.resumed_from_step + 1
-        events = [e for e in rank0.steps if e.attempt > fault_attempt]
+        events = [e for e in rank0.since_restart(pm.fault_at) if e.event == "step"]
     else:
         check.from_step = 1
         events = rank0.steps
@@ -457,6 +452,8 @@ def render_markdown(pm: PostMortem) -> str:
         at = _clock(event.at) if event.at is not None else "not observed"
         lines.append(f"| {at} | {since} | {event.event} | {event.source} | {event.detail} |")
     lines += ["", "## Loss after recovery", ""]
+    if pm.loss_plot:
+        lines += [f"![loss per step, experiment vs baseline]({pm.loss_plot})", ""]
     if loss.identical is None:
         lines.append(f"Not compared: {loss.note}")
     elif loss.identical:

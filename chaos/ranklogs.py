@@ -66,6 +66,19 @@ class RankLog:
     def latest_attempt(self) -> int:
         return max((e.attempt for e in self.events), default=0)
 
+    def since_restart(self, when: float) -> list[RankEvent]:
+        """Events of the first process incarnation started after Unix time ``when``, and later.
+
+        A new incarnation begins with a ``start`` event. ``attempt`` cannot be used for
+        this: TORCHELASTIC_RESTART_COUNT is per node, so a node whose workers were
+        restarted because *another* node failed keeps its count (torchrun re-rendezvous
+        without spending a restart).
+        """
+        for index, event in enumerate(self.events):
+            if event.event == "start" and event.time > when:
+                return self.events[index:]
+        return []
+
     def attempt_at(self, when: float) -> int:
         """The attempt the rank was in at Unix time ``when`` (latest event at or before it)."""
         attempt = 0

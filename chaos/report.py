@@ -16,6 +16,7 @@ from stormwatch.chaos.evidence import (
     wait_for_evidence,
 )
 from stormwatch.chaos.journal import Journal, load_journal
+from stormwatch.chaos.plots import plot_loss
 from stormwatch.chaos.postmortem import PostMortem, analyze, write_postmortem
 from stormwatch.chaos.ranklogs import RankLog, read_job_logs, read_rank_log
 from stormwatch.chaos.runner import NullReporter, Reporter
@@ -109,8 +110,33 @@ async def generate_postmortem(
         )
         save_evidence(evidence, evidence_path)
     pm = postmortem_from_files(experiment_dir, evidence=evidence, baseline_log_dir=baseline_log_dir)
+    _plot(pm, journal, experiment_dir, baseline_log_dir)
     md, _ = write_postmortem(pm, experiment_dir)
     return pm, md
+
+
+def _plot(pm: PostMortem, journal: Journal, experiment_dir: Path, baseline: Path | None) -> None:
+    """Draw ``loss.png`` beside the report; a plotting failure is a note, never fatal."""
+    if journal.job is None:
+        return
+    rank0 = read_rank_log(Path(journal.job.log_dir) / "rank0.jsonl", 0)
+    if not rank0.steps:
+        return
+    base_path = Path(baseline) / "rank0.jsonl" if baseline is not None else None
+    base = read_rank_log(base_path, 0) if base_path is not None and base_path.exists() else None
+    try:
+        plot_loss(
+            rank0,
+            base,
+            experiment_dir / "loss.png",
+            fault_step=pm.last_step_before_fault,
+            resumed_from_step=pm.resumed_from_step,
+            title=pm.title,
+        )
+    except Exception as exc:  # matplotlib failing must not lose the report
+        pm.notes.append(f"loss plot not drawn: {exc}")
+        return
+    pm.loss_plot = "loss.png"
 
 
 __all__ = ["generate_postmortem", "postmortem_from_files", "read_journal"]

@@ -28,8 +28,17 @@ def _loss(step: int) -> float:
     return 5.0 / (1.0 + step)
 
 
-def _write_logs(log_dir: Path, *, fault: bool, tamper: dict[int, float] | None = None) -> None:
-    """Four ranks' JSON lines as the trainer writes them; with ``fault`` rank 1 dies after step 25."""
+def _write_logs(
+    log_dir: Path,
+    *,
+    fault: bool,
+    tamper: dict[int, float] | None = None,
+    attempt_after: dict[int, int] | None = None,
+) -> None:
+    """Four ranks' JSON lines as the trainer writes them; with ``fault`` rank 1 dies after step 25.
+
+    ``attempt_after`` maps rank -> TORCHELASTIC_RESTART_COUNT after the restart (default 1).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(4):
         lines = [
@@ -59,13 +68,14 @@ def _write_logs(log_dir: Path, *, fault: bool, tamper: dict[int, float] | None =
                 lines.append(
                     {"event": "checkpoint", "time": T0 + step * STEP, "step": step, "attempt": 0}
                 )
+        attempt = (attempt_after or {}).get(rank, 1)
         if fault:
             lines.append(
                 {
                     "event": "start",
                     "time": RESTART_AT + rank * 0.01,
                     "rank": rank,
-                    "attempt": 1,
+                    "attempt": attempt,
                     "resumed_from_step": 20,
                 }
             )
@@ -78,12 +88,12 @@ def _write_logs(log_dir: Path, *, fault: bool, tamper: dict[int, float] | None =
                         "step": step,
                         "loss": loss,
                         "loss_hex": loss.hex(),
-                        "attempt": 1,
+                        "attempt": attempt,
                         "step_seconds": STEP,
                     }
                 )
         end = (RESUMED_AT + 30 * STEP) if fault else T0 + 50 * STEP
-        lines.append({"event": "done", "time": end, "step": 50, "attempt": 1 if fault else 0})
+        lines.append({"event": "done", "time": end, "step": 50, "attempt": attempt if fault else 0})
         text = "\n".join(json.dumps(line) for line in lines) + "\n"
         (log_dir / f"rank{rank}.jsonl").write_text(text + '{"event": "step", "ti')  # torn line
 
@@ -256,6 +266,22 @@ def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
     assert "+2.0 s | alert firing" in md
 
 
+def test_recovery_is_found_when_rank0_node_keeps_its_restart_count(tmp_path: Path) -> None:
+    """torchrun counts restarts per node: a node restarted because the *other* node failed
+    keeps TORCHELASTIC_RESTART_COUNT 0, so recovery must be read from ``start`` events."""
+    run_dir = tmp_path / "run"
+    logs = run_dir / "jobs" / "experiment" / "logs"
+    baseline = run_dir / "jobs" / "baseline" / "logs"
+    _write_logs(logs, fault=True, attempt_after={0: 0, 1: 0, 2: 1, 3: 1})
+    _write_logs(baseline, fault=False)
+    pm = postmortem_from_files(
+        _journal(run_dir, logs), evidence=_evidence(), baseline_log_dir=baseline
+    )
+    assert pm.recovered and pm.workers_restarted_at == pytest.approx(RESTART_AT)
+    assert (pm.resumed_from_step, pm.steps_lost, pm.first_step_after_resume) == (20, 5, 21)
+    assert pm.loss.identical is True and pm.loss.compared_steps == 30
+
+
 def test_alert_never_fired_says_not_detected(recorded: tuple[Path, Path, Path]) -> None:
     exp_dir, _, baseline = recorded
     pm = postmortem_from_files(
@@ -354,3 +380,6 @@ def test_offline_postmortem_from_saved_evidence_writes_md_and_json(
     assert pm.detected
     assert cli.returncode == 0, cli.stderr
     assert "# Post-mortem: Kill rank 1" in cli.stdout
+    png = exp_dir / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "![loss per step, experiment vs baseline](loss.png)" in md.read_text()
