@@ -8,7 +8,15 @@
   incidents, one per Alertmanager alert group (:class:`IncidentRecord` with its
   :class:`IncidentMember` alerts; SQLite), and background actions
   (:class:`Playbook`, :class:`Action`), each run once per incident.
-* :class:`ResponderClient`: reads ``/v1/incidents``, ``/v1/actions``, ``/v1/notifications``.
+* :class:`ResponderClient`: reads ``/v1/incidents``, ``/v1/actions``, ``/v1/notifications``;
+  ``approve()`` approves an action waiting for approval.
+* :class:`Policy` (:func:`load_policy`, :func:`default_policy`): the runbook policy
+  file, alert -> action kinds and the guards; :func:`playbook_from_policy`.
+* :class:`Guardrails` + :class:`AuditLog`: restart budget, rate limit, circuit
+  breaker, concurrency, dry-run and approvals around every action, with an
+  append-only audit log (SQLite table + JSONL).
+* :class:`PlatformBackend` (Protocol) and :class:`LabBackend`: restart workers,
+  exclude a node, checkpoint now, collect diagnostics.
 
 Exceptions::
 
@@ -18,6 +26,7 @@ Exceptions::
         ├── ToolError               promtool/amtool missing or failing to run
         ├── StoreError              the responder's SQLite database
         ├── PrometheusError         Prometheus HTTP API unreachable or erroring
+        ├── BackendError            a platform backend could not act (no such worker, ...)
         └── ResponderClientError    the responder's HTTP API (attribute ``status``)
 """
 
@@ -30,13 +39,25 @@ from stormwatch.alerts.actions import (
     Playbook,
     default_playbook,
 )
+from stormwatch.alerts.actions.playbook import playbook_from_policy
+from stormwatch.alerts.actions.remedial import (
+    CheckpointNow,
+    CollectDiagnostics,
+    ExcludeNodeRestart,
+    NotifyOnly,
+    RestartWorkers,
+)
 from stormwatch.alerts.alertmanager import (
     AlertmanagerConfig,
     AlertmanagerSettings,
     build_alertmanager_config,
+    build_inhibit_rules,
+    build_routes,
     render_alertmanager_config,
     write_alertmanager_config,
 )
+from stormwatch.alerts.audit import AuditEntry, AuditLog
+from stormwatch.alerts.backend import BackendError, LabBackend, PlatformBackend
 from stormwatch.alerts.client import ResponderClient, fetch_actions, fetch_incidents
 from stormwatch.alerts.errors import (
     AlertsError,
@@ -45,7 +66,9 @@ from stormwatch.alerts.errors import (
     StoreError,
     ToolError,
 )
+from stormwatch.alerts.guards import Guardrails
 from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
+from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_policy, parse_policy
 from stormwatch.alerts.prometheus import PrometheusAPI, PrometheusClient, Sample
 from stormwatch.alerts.records import (
     ActionRecord,
@@ -71,12 +94,24 @@ __all__ = [
     "AlertmanagerConfig",
     "AlertmanagerSettings",
     "AlertsError",
+    "AuditEntry",
+    "AuditLog",
+    "BackendError",
+    "CheckpointNow",
+    "CollectDiagnostics",
     "ConfirmRestart",
     "ConfirmRestartSettings",
+    "ExcludeNodeRestart",
+    "Guardrails",
+    "Guards",
     "IncidentMember",
     "IncidentRecord",
+    "LabBackend",
     "NotificationRecord",
+    "NotifyOnly",
+    "PlatformBackend",
     "Playbook",
+    "Policy",
     "PrometheusAPI",
     "PrometheusClient",
     "PrometheusError",
@@ -84,6 +119,8 @@ __all__ = [
     "ResponderClient",
     "ResponderClientError",
     "ResponderSettings",
+    "RestartWorkers",
+    "Rule",
     "Sample",
     "StoreError",
     "ToolError",
@@ -91,10 +128,16 @@ __all__ = [
     "WebhookAlert",
     "WebhookMessage",
     "build_alertmanager_config",
+    "build_inhibit_rules",
+    "build_routes",
     "check_rules",
     "default_playbook",
+    "default_policy",
     "fetch_actions",
     "fetch_incidents",
+    "load_policy",
+    "parse_policy",
+    "playbook_from_policy",
     "render_alertmanager_config",
     "rule_files",
     "rule_test_files",

@@ -63,13 +63,30 @@ class Receiver(_Model):
 
 
 class Route(_Model):
-    """The top-level ``route``; durations are Prometheus duration strings."""
+    """A ``route`` node; durations are Prometheus duration strings.
+
+    The top-level route sets every field; child routes (``routes``) set
+    ``matchers`` and what they change, and inherit the rest (``None`` = inherit,
+    left out of the YAML).
+    """
 
     receiver: str
-    group_by: list[str]
-    group_wait: str
-    group_interval: str
-    repeat_interval: str
+    matchers: list[str] | None = None
+    group_by: list[str] | None = None
+    group_wait: str | None = None
+    group_interval: str | None = None
+    repeat_interval: str | None = None
+    continue_: bool | None = Field(default=None, serialization_alias="continue")
+    routes: list[Route] | None = None
+
+
+class InhibitRule(_Model):
+    """One ``inhibit_rules`` entry: while a ``source`` alert fires, matching
+    ``target`` alerts with the same values of the ``equal`` labels are muted."""
+
+    source_matchers: list[str]
+    target_matchers: list[str]
+    equal: list[str]
 
 
 class GlobalConfig(_Model):
@@ -84,10 +101,11 @@ class AlertmanagerConfig(_Model):
     global_: GlobalConfig = Field(serialization_alias="global")
     route: Route
     receivers: list[Receiver]
+    inhibit_rules: list[InhibitRule] = Field(default_factory=list)
 
     def to_yaml(self) -> str:
-        """The document as YAML, keys in schema order."""
-        data = self.model_dump(by_alias=True, mode="json")
+        """The document as YAML, keys in schema order (unset route fields left out)."""
+        data = self.model_dump(by_alias=True, mode="json", exclude_none=True)
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
@@ -110,7 +128,12 @@ class AlertmanagerSettings:
             (Prometheus always sets it). Default 5 m (Alertmanager's default).
         group_by: labels that group alerts into one notification; default
             ``("alertname", "job")`` = one notification per alert per training job.
-        receiver: name of the webhook receiver.
+            The responder's incidents follow these groups (docs/ARCHITECTURE.md).
+        receiver: name of the receiver of the remediation route
+            (``StormwatchRankStalled``) and of anything no other route matches; the
+            severity receivers are named ``<receiver>-critical`` / ``<receiver>-warning``.
+        node_group_by: grouping of node-scoped alerts (:data:`NODE_SCOPED_ALERTS`):
+            one notification per alert per node.
     """
 
     responder_url: str
@@ -121,6 +144,7 @@ class AlertmanagerSettings:
     resolve_timeout_s: float = 300.0
     group_by: tuple[str, ...] = ("alertname", "job")
     receiver: str = "stormwatch-responder"
+    node_group_by: tuple[str, ...] = ("alertname", "node")
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.responder_url)
@@ -146,6 +170,10 @@ class AlertmanagerSettings:
             raise ConfigError(f"group_by: must name at least one label (got {self.group_by!r})")
         if not self.receiver:
             raise ConfigError("receiver: must not be empty")
+        if not self.node_group_by or not all(self.node_group_by):
+            raise ConfigError(
+                f"node_group_by: must name at least one label (got {self.node_group_by!r})"
+            )
 
     @property
     def webhook_url(self) -> str:
@@ -154,12 +182,92 @@ class AlertmanagerSettings:
         return base if base.endswith(WEBHOOK_PATH) else base + WEBHOOK_PATH
 
 
-def build_alertmanager_config(settings: AlertmanagerSettings) -> AlertmanagerConfig:
-    """One route (group by ``settings.group_by``) to one webhook receiver: the responder.
+#: Alerts about a node or its hardware rather than a training job (grouped by node).
+NODE_SCOPED_ALERTS = (
+    "StormwatchNodeDown|StormwatchAgentDown|StormwatchAgentFlapping|StormwatchScrapeSlow"
+    "|StormwatchGpu.*|StormwatchNvlink.*"
+)
+#: The alert whose incidents the responder remediates (``confirm_restart``).
+REMEDIATION_ALERTS = ("StormwatchRankStalled",)
 
-    The receiver sends resolved notifications too (the responder closes
+
+def build_routes(settings: AlertmanagerSettings) -> list[Route]:
+    """The child routes, first match wins (no ``continue``).
+
+    1. Remediation alerts (:data:`REMEDIATION_ALERTS`) -> ``settings.receiver``,
+       grouped by ``settings.group_by`` (one incident per alert and job).
+    2. Node-scoped alerts (:data:`NODE_SCOPED_ALERTS`) by severity ->
+       ``<receiver>-critical`` / ``<receiver>-warning``, grouped by
+       ``settings.node_group_by``.
+    3. Everything else by severity -> the same two receivers, grouped by
+       ``settings.group_by``. Unmatched (e.g. ``severity="info"``) stays on the root.
+    """
+    critical, warning = f"{settings.receiver}-critical", f"{settings.receiver}-warning"
+    remediation = "|".join(REMEDIATION_ALERTS)
+    node_by = list(settings.node_group_by)
+    return [
+        Route(receiver=settings.receiver, matchers=[f'alertname=~"{remediation}"']),
+        Route(
+            receiver=critical,
+            matchers=[f'alertname=~"{NODE_SCOPED_ALERTS}"', 'severity="critical"'],
+            group_by=node_by,
+        ),
+        Route(
+            receiver=warning,
+            matchers=[f'alertname=~"{NODE_SCOPED_ALERTS}"', 'severity="warning"'],
+            group_by=node_by,
+        ),
+        Route(receiver=critical, matchers=['severity="critical"']),
+        Route(receiver=warning, matchers=['severity="warning"']),
+    ]
+
+
+def build_inhibit_rules() -> list[InhibitRule]:
+    """Inhibitions (Alertmanager mutes the target while the source fires).
+
+    * ``StormwatchNodeDown`` mutes every other alert carrying the same ``node``
+      (its GPUs, links, and rank alerts that carry ``node``).
+    * ``StormwatchGpuLost`` mutes the other GPU and NVLink alerts of that GPU
+      (same ``node`` and ``gpu``).
+    * ``StormwatchTrainingHung`` mutes ``StormwatchThroughputDrop`` of the job;
+      ``StormwatchLossNaN`` mutes ``StormwatchLossSpike`` of the job.
+    """
+    return [
+        InhibitRule(
+            source_matchers=['alertname="StormwatchNodeDown"'],
+            target_matchers=['alertname!="StormwatchNodeDown"', 'node=~".+"'],
+            equal=["node"],
+        ),
+        InhibitRule(
+            source_matchers=['alertname="StormwatchGpuLost"'],
+            target_matchers=[
+                'alertname=~"StormwatchGpu.*|StormwatchNvlink.*"',
+                'alertname!="StormwatchGpuLost"',
+            ],
+            equal=["node", "gpu"],
+        ),
+        InhibitRule(
+            source_matchers=['alertname="StormwatchTrainingHung"'],
+            target_matchers=['alertname="StormwatchThroughputDrop"'],
+            equal=["job"],
+        ),
+        InhibitRule(
+            source_matchers=['alertname="StormwatchLossNaN"'],
+            target_matchers=['alertname="StormwatchLossSpike"'],
+            equal=["job"],
+        ),
+    ]
+
+
+def build_alertmanager_config(settings: AlertmanagerSettings) -> AlertmanagerConfig:
+    """The routing tree of :func:`build_routes` to three webhook receivers that
+    all post to the responder, and the inhibitions of :func:`build_inhibit_rules`.
+
+    Every receiver sends resolved notifications too (the responder closes
     incidents on them) and authenticates with the Bearer token in
-    ``settings.token_file``.
+    ``settings.token_file``. On a real cluster add a pager to
+    ``<receiver>-critical`` and a ticket queue to ``<receiver>-warning``
+    (docs/runbooks.md "Alertmanager on a real cluster").
     """
     webhook = WebhookConfig(
         url=settings.webhook_url,
@@ -168,6 +276,7 @@ def build_alertmanager_config(settings: AlertmanagerSettings) -> AlertmanagerCon
             authorization=Authorization(credentials_file=str(Path(settings.token_file).resolve()))
         ),
     )
+    names = (settings.receiver, f"{settings.receiver}-critical", f"{settings.receiver}-warning")
     return AlertmanagerConfig(
         global_=GlobalConfig(resolve_timeout=format_duration(settings.resolve_timeout_s)),
         route=Route(
@@ -176,8 +285,10 @@ def build_alertmanager_config(settings: AlertmanagerSettings) -> AlertmanagerCon
             group_wait=format_duration(settings.group_wait_s),
             group_interval=format_duration(settings.group_interval_s),
             repeat_interval=format_duration(settings.repeat_interval_s),
+            routes=build_routes(settings),
         ),
-        receivers=[Receiver(name=settings.receiver, webhook_configs=[webhook])],
+        receivers=[Receiver(name=name, webhook_configs=[webhook]) for name in names],
+        inhibit_rules=build_inhibit_rules(),
     )
 
 
@@ -196,16 +307,21 @@ def write_alertmanager_config(settings: AlertmanagerSettings, path: Path) -> Pat
 
 
 __all__ = [
+    "NODE_SCOPED_ALERTS",
+    "REMEDIATION_ALERTS",
     "WEBHOOK_PATH",
     "AlertmanagerConfig",
     "AlertmanagerSettings",
     "Authorization",
     "GlobalConfig",
     "HTTPConfig",
+    "InhibitRule",
     "Receiver",
     "Route",
     "WebhookConfig",
     "build_alertmanager_config",
+    "build_inhibit_rules",
+    "build_routes",
     "render_alertmanager_config",
     "write_alertmanager_config",
 ]

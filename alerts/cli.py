@@ -20,6 +20,7 @@ from stormwatch.alerts.alertmanager import (
 from stormwatch.alerts.auth import read_token
 from stormwatch.alerts.client import ResponderClient
 from stormwatch.alerts.durations import parse_duration
+from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.records import ActionRecord, IncidentRecord
 from stormwatch.alerts.responder import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
@@ -44,6 +45,8 @@ def alerts() -> None:
     stormwatch alerts config alertmanager   write alertmanager.yml pointing at the responder
     stormwatch alerts serve                 run the responder (webhook receiver + actions)
     stormwatch alerts incidents             list the responder's incidents
+    stormwatch alerts approve ACTION_ID     approve an action waiting for approval
+    stormwatch alerts policy-check FILE     validate a runbook policy file
     """
 
 
@@ -181,6 +184,31 @@ def alertmanager_cmd(
     type=int,
     help="Largest accepted request body; larger ones get 413.",
 )
+@click.option(
+    "--policy",
+    "policy_file",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Runbook policy YAML (alert -> actions, guards); default: "
+    "StormwatchRankStalled -> confirm_restart only.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Remedial actions only record what they would do (overrides the policy's dry_run).",
+)
+@click.option(
+    "--audit-jsonl",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="JSONL copy of the audit log [default: <db>.audit.jsonl].",
+)
+@click.option(
+    "--lab-run-dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="The lab's run directory: enables the lab backend for remedial actions.",
+)
 def serve_cmd(
     listen: str,
     db_path: Path,
@@ -188,13 +216,23 @@ def serve_cmd(
     prometheus_url: str | None,
     confirm_timeout: str,
     max_body_bytes: int,
+    policy_file: Path | None,
+    dry_run: bool,
+    audit_jsonl: Path | None,
+    lab_run_dir: Path | None,
 ) -> None:
     """Run the responder: receive Alertmanager webhooks, keep incidents, run actions.
 
     Prints `listening on URL` once ready; stops cleanly on SIGINT/SIGTERM.
     """
     host, port = _host_port(listen, "--listen")
+    policy = load_policy(policy_file) if policy_file is not None else default_policy()
+    if dry_run:
+        policy = policy.model_copy(update={"dry_run": True})
     settings = ResponderSettings(
+        policy=policy,
+        audit_jsonl=audit_jsonl,
+        lab_run_dir=lab_run_dir,
         db_path=db_path,
         token_file=token_file,
         host=host,
@@ -310,6 +348,43 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
         console.print(table)
     else:
         console.print(f"No incidents at {url}.")
+
+
+@alerts.command("approve")
+@click.argument("action_id", type=int)
+@click.option(
+    "--url", default="http://127.0.0.1:19095", show_default=True, help="Responder base URL."
+)
+@click.option(
+    "--token-file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="File with the responder's Bearer token.",
+)
+@click.option(
+    "--actor",
+    default=None,
+    help="Who approves (recorded in the audit log) [default: $USER].",
+)
+def approve_cmd(action_id: int, url: str, token_file: Path, actor: str | None) -> None:
+    """Approve ACTION_ID, a destructive action waiting for approval (see the policy's
+    guards.approval_required); the audit log records who approved it."""
+    import getpass
+
+    client = ResponderClient(url, read_token(token_file, "--token-file"))
+    who = actor or getpass.getuser()
+    asyncio.run(client.approve(action_id, actor=who))
+    click.echo(f"approved action {action_id} as {who}")
+
+
+@alerts.command("policy-check")
+@click.argument("policy_file", type=click.Path(path_type=Path))
+def policy_check_cmd(policy_file: Path) -> None:
+    """Validate a runbook policy file and print the alert -> actions mapping."""
+    policy = load_policy(policy_file)
+    for rule in policy.rules:
+        click.echo(f"{rule.alertname}: {', '.join(rule.actions)}")
+    click.echo(f"ok: {len(policy.rules)} rules, dry_run={str(policy.dry_run).lower()}")
 
 
 __all__ = ["alerts"]

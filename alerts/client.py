@@ -55,6 +55,28 @@ class ResponderClient:
         """``GET /v1/actions``: the latest ``limit``, oldest first."""
         return await self._list("actions", ActionRecord, limit)
 
+    async def approve(self, action_id: int, *, actor: str) -> None:
+        """``POST /v1/actions/{id}/approve``.
+
+        Raises:
+            ResponderClientError: unreachable, or not approved (``status`` 404:
+                no such action, 409: it is not waiting for approval).
+        """
+        url = f"{self.base_url}/v1/actions/{action_id}/approve"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout, headers=self._headers) as session,
+                session.post(url, json={"actor": actor}) as resp,
+            ):
+                body = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ResponderClientError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise ResponderClientError(
+                f"{url}: HTTP {status}: {body[:200].decode(errors='replace')}", status
+            )
+
     async def _list(self, name: str, model: type[R], limit: int) -> list[R]:
         url = f"{self.base_url}/v1/{name}"
         try:

@@ -17,6 +17,7 @@ Bearer <token>``, compared in constant time):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,10 +30,14 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
-from stormwatch.alerts.actions.playbook import Playbook, default_playbook
+from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
+from stormwatch.alerts.audit import AuditEntry, AuditLog
 from stormwatch.alerts.auth import bearer_matches, read_token
+from stormwatch.alerts.backend import LabBackend
 from stormwatch.alerts.errors import StoreError
+from stormwatch.alerts.guards import Guardrails
 from stormwatch.alerts.payload import WebhookMessage
+from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.alerts.prometheus import PrometheusClient
 from stormwatch.alerts.runner import ActionRunner, StoreWorker
 from stormwatch.alerts.store import Store
@@ -62,6 +67,12 @@ class ResponderSettings:
             ``confirm_restart``; None skips them.
         max_body_bytes: largest accepted request body (default 1 MiB).
         confirm: timing of ``confirm_restart``.
+        policy: alert -> actions and the guards (default :func:`default_policy`:
+            ``StormwatchRankStalled`` -> ``confirm_restart`` only).
+        audit_jsonl: JSONL mirror of the audit log (default ``<db>.audit.jsonl``).
+        lab_run_dir: the lab's run directory; enables the lab backend for
+            remedial actions (node map from ``lab.json``, diagnostics in
+            ``<run-dir>/responder/diagnostics``). None: no backend.
     """
 
     db_path: Path
@@ -71,6 +82,36 @@ class ResponderSettings:
     prometheus_url: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     confirm: ConfirmRestartSettings = field(default_factory=ConfirmRestartSettings)
+    policy: Policy = field(default_factory=default_policy)
+    audit_jsonl: Path | None = None
+    lab_run_dir: Path | None = None
+
+    @property
+    def audit_path(self) -> Path:
+        """Where the audit JSONL goes (:attr:`audit_jsonl` or ``<db>.audit.jsonl``)."""
+        db = Path(self.db_path)
+        return self.audit_jsonl or db.with_name(db.name + ".audit.jsonl")
+
+    def lab_backend(self) -> LabBackend | None:
+        """The lab backend for :attr:`lab_run_dir` (None without one).
+
+        Raises:
+            ConfigError: ``lab.json`` exists but is not readable JSON.
+        """
+        if self.lab_run_dir is None:
+            return None
+        run_dir = Path(self.lab_run_dir)
+        nodes: dict[str, Path] = {}
+        state = run_dir / "lab.json"
+        if state.is_file():
+            try:
+                data = json.loads(state.read_text())
+                nodes = {n["name"]: Path(n["metrics_dir"]) for n in data.get("nodes", [])}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"lab_run_dir: cannot read {state}: {exc}") from exc
+        return LabBackend(
+            diagnostics_dir=run_dir / "responder" / "diagnostics", node_metrics_dirs=nodes
+        )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -126,6 +167,7 @@ class Responder:
         self._stack = AsyncExitStack()
         self._db: StoreWorker | None = None
         self._runner: ActionRunner | None = None
+        self._audit: AuditLog | None = None
         self.url = ""
 
     async def __aenter__(self) -> Responder:
@@ -147,12 +189,20 @@ class Responder:
             if settings.prometheus_url:
                 prometheus = PrometheusClient(settings.prometheus_url)
                 self._stack.push_async_callback(prometheus.aclose)
-            playbook = default_playbook(prometheus, settings.confirm)
+            playbook = playbook_from_policy(
+                settings.policy,
+                prometheus=prometheus,
+                backend=settings.lab_backend(),
+                confirm=settings.confirm,
+            )
         self._playbook = playbook
 
         self._db = db = StoreWorker(Store(settings.db_path))
         self._stack.callback(db.close)
-        self._runner = runner = ActionRunner(db, playbook, clock=self._clock)
+        self._audit = audit = AuditLog(settings.db_path, settings.audit_path)
+        self._stack.callback(audit.close)
+        guardrails = Guardrails(settings.policy, audit, clock=self._clock)
+        self._runner = runner = ActionRunner(db, playbook, clock=self._clock, guardrails=guardrails)
         self._stack.push_async_callback(runner.aclose)
 
         app = web.Application(
@@ -166,11 +216,13 @@ class Responder:
             "/v1/incidents", self._list("incidents", lambda s, n: s.incidents(limit=n))
         )
         app.router.add_get("/v1/actions", self._list("actions", lambda s, n: s.actions(limit=n)))
+        app.router.add_post("/v1/actions/{action_id}/approve", self._approve)
+        app.router.add_get("/v1/audit", self._audit_log)
         app.router.add_get("/healthz", self._health)
-        app_runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        app_runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await app_runner.setup()
         self._stack.push_async_callback(app_runner.cleanup)
-        site = web.TCPSite(app_runner, settings.host, settings.port, shutdown_timeout=2.0)
+        site = web.TCPSite(app_runner, settings.host, settings.port)
         try:
             await site.start()
         except OSError as exc:
@@ -262,6 +314,56 @@ class Responder:
                 "actions_started": done.new_actions,
             }
         )
+
+    async def _approve(self, request: web.Request) -> web.Response:
+        """``POST /v1/actions/{id}/approve`` (body ``{"actor": str}``, optional): 200
+        ``{"action_id", "approved": true}``; 404 unknown action; 409 not waiting for approval."""
+        raw = request.match_info["action_id"]
+        if not raw.isdigit():
+            return _json_error(404, f"no action {raw!r}")
+        action_id = int(raw)
+        actor = "cli"
+        if request.can_read_body:
+            try:
+                body = json.loads(await request.read() or b"{}")
+                actor = f"cli:{str(body.get('actor') or 'unknown')[:64]}"
+            except (ValueError, AttributeError):
+                return _json_error(400, 'body must be a JSON object such as {"actor": "alice"}')
+        assert self._db is not None and self._audit is not None
+        audit = self._audit
+        record = await self._db.run(lambda s: s.action(action_id))
+        if record is None:
+            return _json_error(404, f"no action {action_id}")
+        waiting = await asyncio.to_thread(audit.has, action_id, "awaiting_approval")
+        approved = await asyncio.to_thread(audit.has, action_id, "approved")
+        if record.status != "running" or not waiting or approved:
+            return _json_error(
+                409,
+                f"action {action_id} ({record.kind}, {record.status}) is not waiting for approval",
+            )
+        await asyncio.to_thread(
+            audit.record,
+            AuditEntry(
+                time=self._clock(),
+                actor=actor,
+                event="approved",
+                action_id=action_id,
+                incident_id=record.incident_id,
+                kind=record.kind,
+                reason="approved by an operator",
+            ),
+        )
+        log.info("action %d approved by %s", action_id, actor)
+        return web.json_response({"action_id": action_id, "approved": True})
+
+    async def _audit_log(self, request: web.Request) -> web.Response:
+        """``GET /v1/audit[?limit=N]`` -> ``{"audit": [entry]}``, oldest first."""
+        raw = request.query.get("limit", str(DEFAULT_LIST_LIMIT))
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+            return _json_error(400, f"limit: must be an integer 1..{MAX_LIST_LIMIT} (got {raw!r})")
+        assert self._audit is not None
+        entries = await asyncio.to_thread(self._audit.entries, limit=int(raw))
+        return web.json_response({"audit": [e.model_dump(mode="json") for e in entries]})
 
     def _list(
         self, name: str, read: Callable[[Store, int], Sequence[BaseModel]]

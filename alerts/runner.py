@@ -19,6 +19,7 @@ from pydantic import JsonValue
 
 from stormwatch.alerts.actions.base import ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
+from stormwatch.alerts.guards import Guardrails
 from stormwatch.alerts.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,21 @@ class ActionRunner:
         db: the database worker.
         playbook: maps an action's kind to its object.
         clock: Unix time source (seconds).
+        guardrails: guards and audit log every run goes through (None: run unguarded).
     """
 
     def __init__(
-        self, db: StoreWorker, playbook: Playbook, *, clock: Callable[[], float] = time.time
+        self,
+        db: StoreWorker,
+        playbook: Playbook,
+        *,
+        clock: Callable[[], float] = time.time,
+        guardrails: Guardrails | None = None,
     ) -> None:
         self._db = db
         self._playbook = playbook
         self._clock = clock
+        self._guardrails = guardrails
         self._tasks: set[asyncio.Task[None]] = set()
 
     def submit(self, action_id: int) -> None:
@@ -110,6 +118,9 @@ class ActionRunner:
             )
         elif (reason := action.guard(incident)) is not None:
             status, detail, data = "skipped", reason, {}
+        elif self._guardrails is not None:
+            log.info("action %d (%s) for incident %d: guarded", action_id, record.kind, incident.id)
+            status, detail, data = await self._guardrails.run(action, action_id, incident)
         else:
             log.info("action %d (%s) for incident %d: started", action_id, record.kind, incident.id)
             try:

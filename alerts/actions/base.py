@@ -52,6 +52,10 @@ class Action(abc.ABC):
         """
         return None
 
+    def describe(self, incident: IncidentRecord) -> str:
+        """What the action would do for ``incident``, one phrase (dry-run, approval, audit)."""
+        return f"{self.kind} for incident {incident.id}"
+
     @abc.abstractmethod
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
         """Carry out the action for ``incident``.

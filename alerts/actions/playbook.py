@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 from stormwatch.alerts.actions.base import Action
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestart, ConfirmRestartSettings
+from stormwatch.alerts.actions.remedial import (
+    CheckpointNow,
+    CollectDiagnostics,
+    ExcludeNodeRestart,
+    NotifyOnly,
+    RestartWorkers,
+)
+from stormwatch.alerts.backend import PlatformBackend
+from stormwatch.alerts.policy import Policy
 from stormwatch.alerts.prometheus import PrometheusAPI
 from stormwatch.errors import ConfigError
 
@@ -69,4 +78,40 @@ def default_playbook(
     return Playbook({RANK_STALLED: (ConfirmRestart(prometheus, confirm),)})
 
 
-__all__ = ["RANK_STALLED", "Playbook", "default_playbook"]
+def playbook_from_policy(
+    policy: Policy,
+    *,
+    prometheus: PrometheusAPI | None,
+    backend: PlatformBackend | None,
+    confirm: ConfirmRestartSettings | None = None,
+) -> Playbook:
+    """The playbook a policy describes: one action object per kind, shared by its alerts.
+
+    Raises:
+        ConfigError: the policy names a backend action but ``backend`` is None.
+    """
+    objects: dict[str, Action] = {
+        "confirm_restart": ConfirmRestart(prometheus, confirm),
+        "notify_only": NotifyOnly(),
+    }
+    if backend is not None:
+        objects.update(
+            {
+                "restart_workers": RestartWorkers(backend),
+                "exclude_node_restart": ExcludeNodeRestart(backend),
+                "checkpoint_now": CheckpointNow(backend),
+                "collect_diagnostics": CollectDiagnostics(backend),
+            }
+        )
+    missing = sorted(policy.kinds() - set(objects))
+    if missing:
+        raise ConfigError(
+            f"policy: actions {missing} need a platform backend; start the responder "
+            "with --lab-run-dir (the lab backend)"
+        )
+    return Playbook(
+        {rule.alertname: tuple(objects[k] for k in rule.actions) for rule in policy.rules}
+    )
+
+
+__all__ = ["RANK_STALLED", "Playbook", "default_playbook", "playbook_from_policy"]

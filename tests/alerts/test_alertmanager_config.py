@@ -40,15 +40,21 @@ def test_config_routes_to_the_responder_with_bearer_auth_and_resolved(token: Pat
     route = doc["route"]
     assert route["group_by"] == ["alertname", "job"]
     assert route["group_wait"] == "1s"
-    [receiver] = doc["receivers"]
-    assert receiver["name"] == route["receiver"]
-    [webhook] = receiver["webhook_configs"]
-    assert webhook["url"] == "http://127.0.0.1:19095/v1/alertmanager"
-    assert webhook["send_resolved"] is True
-    assert webhook["http_config"]["authorization"] == {
-        "type": "Bearer",
-        "credentials_file": str(token.resolve()),
-    }
+    receivers = doc["receivers"]
+    assert [r["name"] for r in receivers] == [
+        "stormwatch-responder",
+        "stormwatch-responder-critical",
+        "stormwatch-responder-warning",
+    ]
+    assert route["receiver"] == "stormwatch-responder"
+    for receiver in receivers:
+        [webhook] = receiver["webhook_configs"]
+        assert webhook["url"] == "http://127.0.0.1:19095/v1/alertmanager"
+        assert webhook["send_resolved"] is True
+        assert webhook["http_config"]["authorization"] == {
+            "type": "Bearer",
+            "credentials_file": str(token.resolve()),
+        }
 
 
 @pytest.mark.parametrize(
@@ -87,6 +93,7 @@ def test_full_webhook_url_is_kept_as_is(token: Path) -> None:
         ({"token_file": Path("/nonexistent/token")}, "token_file"),
         ({"group_wait_s": 0.0}, "group_wait_s"),
         ({"group_by": ()}, "group_by"),
+        ({"node_group_by": ("",)}, "node_group_by"),
     ],
 )
 def test_bad_settings_name_the_field(token: Path, kwargs: dict[str, Any], field: str) -> None:
@@ -162,3 +169,103 @@ def test_cli_user_error_exits_2_without_traceback(kit: Any, tmp_path: Path) -> N
     )
     assert out.returncode == 2
     assert "token_file" in out.stderr and "Traceback" not in out.stderr
+
+
+# Table: labels of an alert -> the receiver it must reach, and the route (shown
+# by `amtool config routes test --tree`) that must match it.
+ROUTING_CASES = [
+    pytest.param(
+        {"alertname": "StormwatchRankStalled", "severity": "critical", "job": "j", "rank": "1"},
+        "stormwatch-responder",
+        'alertname=~"StormwatchRankStalled"',
+        id="rank-stalled-goes-to-the-remediation-route",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchGpuLost", "severity": "critical", "node": "n0", "gpu": "3"},
+        "stormwatch-responder-critical",
+        'StormwatchNvlink.*",severity="critical"',
+        id="critical-node-alert-grouped-by-node",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchNodeDown", "severity": "critical", "node": "n0"},
+        "stormwatch-responder-critical",
+        'StormwatchNvlink.*",severity="critical"',
+        id="node-down-grouped-by-node",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchGpuThermalThrottle", "severity": "warning", "node": "n0"},
+        "stormwatch-responder-warning",
+        'StormwatchNvlink.*",severity="warning"',
+        id="warning-node-alert-grouped-by-node",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchTrainingHung", "severity": "critical", "job": "j"},
+        "stormwatch-responder-critical",
+        '{severity="critical"}',
+        id="critical-job-alert",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchThroughputDrop", "severity": "warning", "job": "j"},
+        "stormwatch-responder-warning",
+        '{severity="warning"}',
+        id="warning-job-alert",
+    ),
+    pytest.param(
+        {"alertname": "SomethingElse", "severity": "info"},
+        "stormwatch-responder",
+        "default-route",
+        id="unmatched-stays-on-the-root",
+    ),
+]
+
+
+@pytest.fixture
+def generated(tmp_path: Path, token: Path) -> Path:
+    settings = AlertmanagerSettings(responder_url="http://127.0.0.1:19095", token_file=token)
+    return write_alertmanager_config(settings, tmp_path / "alertmanager.yml")
+
+
+@pytest.mark.parametrize(("labels", "receiver", "route"), ROUTING_CASES)
+def test_amtool_routes_test_sends_each_alert_to_its_receiver(
+    generated: Path, labels: dict[str, str], receiver: str, route: str
+) -> None:
+    pairs = [f"{k}={v}" for k, v in labels.items()]
+    run = run_tool(
+        [
+            "amtool",
+            "config",
+            "routes",
+            "test",
+            f"--config.file={generated}",
+            f"--verify.receivers={receiver}",
+            "--tree",
+            *pairs,
+        ]
+    )
+    assert run.ok, run.output
+    tree = run.output.split("Matching routes:")[1].splitlines()
+    matched = [line for line in tree if "\u2500\u2500" in line][-1]  # deepest "└──" node
+    assert route in matched, run.output
+
+
+def test_node_scoped_routes_group_by_node_and_job_routes_by_job(generated: Path) -> None:
+    routes = yaml.safe_load(generated.read_text())["route"]["routes"]
+    by_receiver_and_group = [(r["receiver"], r.get("group_by")) for r in routes]
+    assert by_receiver_and_group == [
+        ("stormwatch-responder", None),
+        ("stormwatch-responder-critical", ["alertname", "node"]),
+        ("stormwatch-responder-warning", ["alertname", "node"]),
+        ("stormwatch-responder-critical", None),
+        ("stormwatch-responder-warning", None),
+    ]
+    assert all(not r.get("continue") for r in routes)
+
+
+def test_inhibitions_mute_a_down_nodes_alerts_and_a_lost_gpus_other_alerts(generated: Path) -> None:
+    rules = yaml.safe_load(generated.read_text())["inhibit_rules"]
+    by_source = {tuple(r["source_matchers"]): r for r in rules}
+    node_down = by_source[('alertname="StormwatchNodeDown"',)]
+    assert node_down["equal"] == ["node"]
+    gpu_lost = by_source[('alertname="StormwatchGpuLost"',)]
+    assert gpu_lost["equal"] == ["node", "gpu"]
+    assert 'alertname!="StormwatchGpuLost"' in gpu_lost["target_matchers"]

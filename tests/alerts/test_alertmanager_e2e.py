@@ -178,3 +178,55 @@ def test_alertmanager_group_of_four_ranks_is_one_incident_until_all_resolve(
     assert [i["status"] for i in incidents] == ["closed", "open"]
     assert incidents[1]["starts_at"] == pytest.approx(again, abs=0.01)
     assert len(responder.get("actions")) == 2
+
+
+def test_alertmanager_inhibits_a_down_nodes_and_a_lost_gpus_other_alerts(
+    start_responder: Any, start_service: Any, kit: Any, tmp_path: Path
+) -> None:
+    responder = start_responder()
+    am_url = start_alertmanager(start_service, kit, tmp_path, responder)
+    now = time.time()
+
+    def alert(name: str, severity: str, **labels: str) -> dict[str, Any]:
+        return {
+            "labels": {"alertname": name, "severity": severity, **labels},
+            "startsAt": _rfc3339(now - 5),
+            "endsAt": _rfc3339(now + 300),
+        }
+
+    sent = [
+        alert("StormwatchNodeDown", "critical", node="node1", job="stormwatch-agent"),
+        alert("StormwatchRankCrashLoop", "critical", node="node1", job="j", rank="1"),
+        alert("StormwatchRankCrashLoop", "critical", node="node0", job="j", rank="0"),
+        alert("StormwatchGpuLost", "critical", node="node0", gpu="3"),
+        alert("StormwatchGpuXidFatal", "critical", node="node0", gpu="3", code="79"),
+        alert("StormwatchGpuXidFatal", "critical", node="node0", gpu="2", code="79"),
+        alert("StormwatchRankStalled", "critical", job="j", rank="1"),
+    ]
+    assert kit.request("POST", f"{am_url}/api/v2/alerts", body=sent).status == 200
+
+    def states() -> dict[tuple[str, str], str] | None:
+        alerts = kit.request("GET", f"{am_url}/api/v2/alerts").body
+        if len(alerts) < len(sent):
+            return None
+        return {
+            (a["labels"]["alertname"], a["labels"].get("node", "") + a["labels"].get("gpu", "")): (
+                a["status"]["state"]
+            )
+            for a in alerts
+        }
+
+    def settled() -> dict[tuple[str, str], str] | None:
+        got = states()
+        return got if got and "unprocessed" not in got.values() else None
+
+    got = kit.wait_for(settled, 30, "alerts processed")
+    assert got == {
+        ("StormwatchNodeDown", "node1"): "active",
+        ("StormwatchRankCrashLoop", "node1"): "suppressed",  # its node is down
+        ("StormwatchRankCrashLoop", "node0"): "active",
+        ("StormwatchGpuLost", "node03"): "active",
+        ("StormwatchGpuXidFatal", "node03"): "suppressed",  # that GPU is lost
+        ("StormwatchGpuXidFatal", "node02"): "active",
+        ("StormwatchRankStalled", ""): "active",  # no node label: never muted
+    }

@@ -1,0 +1,119 @@
+"""Remedial and diagnostic actions carried out through a :class:`PlatformBackend`.
+
+Each action reads what it acts on from the incident's labels (``job``; ``node``
+from the incident or its first alert) and calls one backend method on a worker
+thread. None is retry-safe except ``collect_diagnostics`` and ``notify_only``:
+an interrupted restart is not repeated after a responder restart (at most once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import ClassVar
+
+from stormwatch.alerts.actions.base import Action, ActionOutcome
+from stormwatch.alerts.backend import PlatformBackend
+from stormwatch.alerts.records import IncidentRecord
+
+
+def incident_job(incident: IncidentRecord) -> str | None:
+    """The training job an incident is about (its ``job`` label), or None."""
+    return incident.labels.get("job") or incident.first_alert.labels.get("job")
+
+
+def incident_node(incident: IncidentRecord) -> str | None:
+    """The node an incident is about (its or its first alert's ``node`` label), or None."""
+    return incident.labels.get("node") or incident.first_alert.labels.get("node")
+
+
+@dataclass(frozen=True)
+class _BackendAction(Action):
+    backend: PlatformBackend
+
+    def describe(self, incident: IncidentRecord) -> str:
+        """What the action would do (for dry-run and approval messages)."""
+        return f"{self.kind} for job {incident_job(incident)}"
+
+    def guard(self, incident: IncidentRecord) -> str | None:
+        if incident_job(incident) is None:
+            return f"{self.kind}: the incident has no job label"
+        return None
+
+
+@dataclass(frozen=True)
+class RestartWorkers(_BackendAction):
+    """Restart the job's workers at the same world size."""
+
+    kind: ClassVar[str] = "restart_workers"
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        job = incident_job(incident) or ""
+        detail = await asyncio.to_thread(self.backend.restart_workers, job)
+        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+
+
+@dataclass(frozen=True)
+class ExcludeNodeRestart(_BackendAction):
+    """Take the incident's node out of the job and restart at a smaller world size."""
+
+    kind: ClassVar[str] = "exclude_node_restart"
+
+    def describe(self, incident: IncidentRecord) -> str:
+        return f"exclude node {incident_node(incident)} from job {incident_job(incident)}"
+
+    def guard(self, incident: IncidentRecord) -> str | None:
+        if incident_node(incident) is None:
+            return f"{self.kind}: the incident has no node label"
+        return super().guard(incident)
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        job, node = incident_job(incident) or "", incident_node(incident) or ""
+        detail = await asyncio.to_thread(self.backend.exclude_node_and_restart, job, node)
+        return ActionOutcome(status="succeeded", detail=detail, data={"job": job, "node": node})
+
+
+@dataclass(frozen=True)
+class CheckpointNow(_BackendAction):
+    """Ask the job to save a checkpoint after its current step."""
+
+    kind: ClassVar[str] = "checkpoint_now"
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        job = incident_job(incident) or ""
+        detail = await asyncio.to_thread(self.backend.request_checkpoint, job)
+        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+
+
+@dataclass(frozen=True)
+class CollectDiagnostics(_BackendAction):
+    """Gather the job's workers' stacks and state (read-only, retry-safe)."""
+
+    kind: ClassVar[str] = "collect_diagnostics"
+    retry_safe: ClassVar[bool] = True
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        job = incident_job(incident) or ""
+        detail = await asyncio.to_thread(self.backend.collect_diagnostics, job, incident.id)
+        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+
+
+class NotifyOnly(Action):
+    """Record the incident and do nothing else (the audit log says so)."""
+
+    kind: ClassVar[str] = "notify_only"
+    retry_safe: ClassVar[bool] = True
+
+    async def run(self, incident: IncidentRecord) -> ActionOutcome:
+        return ActionOutcome(status="succeeded", detail=f"notified: {incident.alertname}")
+
+
+__all__ = [
+    "CheckpointNow",
+    "CollectDiagnostics",
+    "ExcludeNodeRestart",
+    "NotifyOnly",
+    "RestartWorkers",
+    "incident_job",
+    "incident_node",
+]

@@ -1,0 +1,228 @@
+"""Platform backends: how remedial actions reach the training platform.
+
+:class:`PlatformBackend` is the seam (a ``Protocol``); only :class:`LabBackend`
+exists now. A Kubernetes or Slurm backend implements the same four calls.
+
+The lab backend finds a job's workers the way the agent's rank watcher does
+(their environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``TORCHELASTIC_RUN_ID``, job = ``STORMWATCH_JOB``; see docs/ARCHITECTURE.md):
+
+* restart workers: SIGTERM to every worker of the job; torchrun sees the worker
+  group fail and restarts it (within ``--max-restarts``);
+* exclude a node: SIGTERM to the job's torchrun agents on that node; the
+  remaining agents re-rendezvous at the smaller world size (needs torchrun
+  ``--nnodes MIN:MAX`` with MIN below the current node count);
+* checkpoint now: the trainer's control channel, ``<control-dir>/rank<R>.json``
+  (``STORMWATCH_CONTROL_DIR``, default ``<STORMWATCH_METRICS_DIR>/control``):
+  adds ``{"point": "checkpoint_now", "requested_at": T}`` to the file's
+  ``faults`` list, keeping the entries already armed (chaos faults); arming it
+  on one rank is enough (the ranks agree in the gradient-norm all-reduce);
+* collect diagnostics: per worker its status, kernel wait channel and stack,
+  and ``py-spy dump`` when installed, written to
+  ``<diagnostics_dir>/incident-<id>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from stormwatch.agent.ranks import rank_env
+from stormwatch.alerts.errors import AlertsError
+
+log = logging.getLogger(__name__)
+
+#: Seconds ``py-spy dump`` may take per process.
+PY_SPY_TIMEOUT_S = 20.0
+
+
+class BackendError(AlertsError):
+    """A platform backend could not carry out an action (e.g. no worker of the job found)."""
+
+
+class PlatformBackend(Protocol):
+    """What remedial actions need from the platform; each call returns one
+    human-readable line saying what it did, and raises :class:`BackendError`."""
+
+    def restart_workers(self, job: str) -> str:
+        """Restart the job's worker processes (same world size)."""
+        ...
+
+    def exclude_node_and_restart(self, job: str, node: str) -> str:
+        """Take ``node`` out of the job and restart it at the smaller world size."""
+        ...
+
+    def request_checkpoint(self, job: str) -> str:
+        """Ask the job to save a checkpoint after its current step."""
+        ...
+
+    def collect_diagnostics(self, job: str, incident_id: int) -> str:
+        """Gather stacks and state of the job's workers; returns where they went."""
+        ...
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One live worker process of a job."""
+
+    pid: int
+    ppid: int
+    rank: int
+    node: str | None
+    environ: Mapping[str, str]
+
+    @property
+    def control_dir(self) -> Path | None:
+        """The trainer's control directory (docs/ARCHITECTURE.md), or None when unknown."""
+        explicit = self.environ.get("STORMWATCH_CONTROL_DIR")
+        if explicit:
+            return Path(explicit)
+        metrics = self.environ.get("STORMWATCH_METRICS_DIR")
+        return Path(metrics) / "control" if metrics else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabBackend:
+    """The lab's backend (local processes, one PID namespace).
+
+    Attributes:
+        diagnostics_dir: where ``collect_diagnostics`` writes (created on demand).
+        node_metrics_dirs: node name -> its metrics directory (``LabState``
+            nodes), to tell which node a worker runs on; a worker whose
+            ``STORMWATCH_METRICS_DIR`` is not listed has no node.
+        stop_signal: signal sent to workers and agents (default SIGTERM: torchrun
+            and the trainer shut down cleanly on it).
+        clock: Unix time source (seconds), for ``requested_at``.
+    """
+
+    diagnostics_dir: Path
+    node_metrics_dirs: Mapping[str, Path] = field(default_factory=dict)
+    stop_signal: int = signal.SIGTERM
+    clock: Callable[[], float] = time.time
+
+    def workers(self, job: str) -> list[Worker]:
+        """The job's live workers, by rank."""
+        by_dir = {str(Path(p).resolve()): n for n, p in self.node_metrics_dirs.items()}
+        found = []
+        for proc in psutil.process_iter(["pid", "ppid"]):
+            try:
+                environ = proc.environ()
+            except (psutil.Error, OSError):
+                continue
+            ident = rank_env(environ)
+            if ident is None or ident.job != job:
+                continue
+            metrics = environ.get("STORMWATCH_METRICS_DIR")
+            node = by_dir.get(str(Path(metrics).resolve())) if metrics else None
+            found.append(Worker(proc.pid, proc.info["ppid"], ident.rank, node, dict(environ)))
+        return sorted(found, key=lambda w: (w.rank, w.pid))
+
+    def _require(self, job: str) -> list[Worker]:
+        workers = self.workers(job)
+        if not workers:
+            raise BackendError(f"no live worker of job {job!r} found")
+        return workers
+
+    def _signal(self, pids: list[int]) -> list[int]:
+        sent = []
+        for pid in pids:
+            if pid <= 1 or pid == os.getpid():  # never init, never ourselves
+                log.warning("refusing to signal pid %d", pid)
+                continue
+            try:
+                os.kill(pid, self.stop_signal)
+                sent.append(pid)
+            except ProcessLookupError:
+                log.info("process %d exited before the signal", pid)
+        return sent
+
+    def restart_workers(self, job: str) -> str:
+        """SIGTERM every worker of ``job`` (torchrun restarts the group)."""
+        pids = self._signal([w.pid for w in self._require(job)])
+        name = signal.Signals(self.stop_signal).name
+        return f"sent {name} to {len(pids)} workers of job {job} (pids {pids})"
+
+    def exclude_node_and_restart(self, job: str, node: str) -> str:
+        """SIGTERM the torchrun agents of ``job`` on ``node``."""
+        workers = [w for w in self._require(job) if w.node == node]
+        if not workers:
+            raise BackendError(f"job {job!r} has no live worker on node {node!r}")
+        agents = sorted({w.ppid for w in workers})
+        pids = self._signal(agents)
+        name = signal.Signals(self.stop_signal).name
+        return f"sent {name} to the torchrun agents {pids} of job {job} on {node}"
+
+    def request_checkpoint(self, job: str) -> str:
+        """Arm ``checkpoint_now`` in the control file of the job's lowest rank."""
+        worker = next((w for w in self._require(job) if w.control_dir is not None), None)
+        if worker is None or worker.control_dir is None:
+            raise BackendError(f"no worker of job {job!r} has a control directory")
+        path = worker.control_dir / f"rank{worker.rank}.json"
+        now = self.clock()
+        faults: list[Any] = []
+        try:
+            current = json.loads(path.read_text())
+            faults = [
+                f
+                for f in current.get("faults", [])
+                if isinstance(f, dict) and f.get("point") != "checkpoint_now"
+            ]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("control file %s unreadable (%s); replacing it", path, exc)
+        faults.append({"point": "checkpoint_now", "requested_at": now})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"faults": faults}))
+        tmp.replace(path)
+        return f"requested a checkpoint of job {job} in {path}"
+
+    def collect_diagnostics(self, job: str, incident_id: int) -> str:
+        """Write the job's workers' state and stacks to ``incident-<id>.json``."""
+        py_spy = shutil.which("py-spy")
+        report = []
+        for worker in self._require(job):
+            entry: dict[str, Any] = {"pid": worker.pid, "rank": worker.rank, "node": worker.node}
+            try:
+                proc = psutil.Process(worker.pid)
+                entry["status"] = proc.status()
+                entry["cmdline"] = proc.cmdline()
+            except psutil.Error as exc:
+                entry["error"] = str(exc)
+            for name in ("wchan", "stack"):
+                try:
+                    entry[name] = Path(f"/proc/{worker.pid}/{name}").read_text()
+                except OSError as exc:
+                    entry[name] = f"unavailable: {exc.strerror or exc}"
+            if py_spy:
+                try:
+                    done = subprocess.run(
+                        [py_spy, "dump", "--pid", str(worker.pid)],
+                        capture_output=True,
+                        text=True,
+                        timeout=PY_SPY_TIMEOUT_S,
+                        check=False,
+                    )
+                    entry["py_spy"] = done.stdout + done.stderr
+                except subprocess.TimeoutExpired:
+                    entry["py_spy"] = f"timed out after {PY_SPY_TIMEOUT_S:g} s"
+            report.append(entry)
+        self.diagnostics_dir.mkdir(parents=True, exist_ok=True)
+        path = self.diagnostics_dir / f"incident-{incident_id}.json"
+        path.write_text(json.dumps({"job": job, "time": self.clock(), "workers": report}, indent=1))
+        return f"diagnostics of {len(report)} workers of job {job} in {path}"
+
+
+__all__ = ["BackendError", "LabBackend", "PlatformBackend", "Worker"]

@@ -1,0 +1,107 @@
+"""The lab backend against real processes that carry a rank's environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormwatch.alerts.backend import BackendError, LabBackend
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> dict[str, Path]:
+    dirs = {name: tmp_path / name / "metrics" for name in ("node0", "node1")}
+    for path in dirs.values():
+        path.mkdir(parents=True)
+    return dirs
+
+
+def _backend(tmp_path: Path, nodes: dict[str, Path]) -> LabBackend:
+    return LabBackend(
+        diagnostics_dir=tmp_path / "diag", node_metrics_dirs=nodes, clock=lambda: 1234.5
+    )
+
+
+def test_workers_are_found_by_job_with_their_node(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    fake_job("train", nodes["node0"], workers=2, first_rank=0)
+    fake_job("train", nodes["node1"], workers=2, first_rank=2)
+    fake_job("other", nodes["node0"], workers=1)
+    backend = _backend(tmp_path, nodes)
+    workers = kit.wait_for(
+        lambda: len(backend.workers("train")) == 4 and backend.workers("train"), 20, "workers"
+    )
+    assert [(w.rank, w.node) for w in workers] == [
+        (0, "node0"),
+        (1, "node0"),
+        (2, "node1"),
+        (3, "node1"),
+    ]
+
+
+def test_restart_workers_signals_every_worker_of_the_job_only(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    train = fake_job("train", nodes["node0"], workers=2)
+    other = fake_job("other", nodes["node1"], workers=1)
+    backend = _backend(tmp_path, nodes)
+    kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
+    detail = backend.restart_workers("train")
+    assert "SIGTERM to 2 workers of job train" in detail
+    kit.wait_for(lambda: train.terms("worker") == 2, 20, "2 worker SIGTERMs")
+    assert other.terms("worker") == 0 and train.terms("agent") == 0
+
+
+def test_exclude_node_signals_the_torchrun_agent_on_that_node(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    on0 = fake_job("train", nodes["node0"], workers=1, first_rank=0)
+    on1 = fake_job("train", nodes["node1"], workers=1, first_rank=1)
+    backend = _backend(tmp_path, nodes)
+    kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
+    assert f"[{on1.agent.pid}]" in backend.exclude_node_and_restart("train", "node1")
+    kit.wait_for(lambda: on1.terms("agent") == 1, 20, "agent SIGTERM")
+    assert on0.terms("agent") == 0 and on1.terms("worker") == 0
+    with pytest.raises(BackendError, match="no live worker on node 'node9'"):
+        backend.exclude_node_and_restart("train", "node9")
+
+
+def test_checkpoint_now_keeps_armed_chaos_faults_in_the_control_file(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    fake_job("train", nodes["node0"], workers=2)
+    backend = _backend(tmp_path, nodes)
+    kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
+    control = nodes["node0"] / "control" / "rank0.json"
+    control.parent.mkdir()
+    armed = {"point": "slow_step", "seconds": 0.5}
+    control.write_text(
+        json.dumps({"faults": [armed, {"point": "checkpoint_now", "requested_at": 1}]})
+    )
+    assert str(control) in backend.request_checkpoint("train")
+    assert json.loads(control.read_text()) == {
+        "faults": [armed, {"point": "checkpoint_now", "requested_at": 1234.5}]
+    }
+
+
+def test_collect_diagnostics_writes_each_workers_state(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    fake_job("train", nodes["node0"], workers=2)
+    backend = _backend(tmp_path, nodes)
+    kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
+    backend.collect_diagnostics("train", 7)
+    report = json.loads((tmp_path / "diag" / "incident-7.json").read_text())
+    assert [w["rank"] for w in report["workers"]] == [0, 1]
+    assert all("status" in w and "stack" in w for w in report["workers"])
+
+
+def test_actions_on_a_job_without_workers_raise(tmp_path: Path, nodes: dict[str, Path]) -> None:
+    backend = _backend(tmp_path, nodes)
+    for call in (backend.restart_workers, backend.request_checkpoint):
+        with pytest.raises(BackendError, match="no live worker of job 'ghost'"):
+            call("ghost")

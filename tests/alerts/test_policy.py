@@ -1,0 +1,115 @@
+"""The runbook policy file: validation errors name the file and field; the default policy."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormwatch.alerts.actions.playbook import playbook_from_policy
+from stormwatch.alerts.policy import default_policy, load_policy, parse_policy
+from stormwatch.errors import ConfigError
+
+GOOD = """
+dry_run: true
+guards:
+  restart_budget: {max_actions: 2, window: 30m}
+  rate_limit: {max_actions: 5, window: 1m}
+  circuit_breaker: {failures: 2, cooldown: 5m}
+  max_concurrent: 1
+  approval_required: [exclude_node_restart]
+rules:
+  - alertname: StormwatchRankStalled
+    actions: [confirm_restart]
+  - alertname: StormwatchRankCrashLoop
+    actions: [collect_diagnostics, exclude_node_restart]
+"""
+
+
+def test_a_full_policy_parses_with_durations_in_seconds(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yml"
+    path.write_text(GOOD)
+    policy = load_policy(path)
+    assert policy.dry_run is True
+    assert policy.guards.restart_budget.window == 1800.0
+    assert policy.guards.circuit_breaker.cooldown == 300.0
+    assert policy.kinds_for("StormwatchRankCrashLoop") == (
+        "collect_diagnostics",
+        "exclude_node_restart",
+    )
+    assert policy.kinds_for("Unknown") == ()
+
+
+def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
+    """The lab's kill-rank demo: torchrun restarts the workers itself."""
+    policy = default_policy()
+    assert [(r.alertname, r.actions) for r in policy.rules] == [
+        ("StormwatchRankStalled", ("confirm_restart",))
+    ]
+    assert policy.dry_run is False
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("rulez: []", "policy.yml: rulez: unknown key; valid keys: dry_run, guards, rules"),
+        (
+            "guards: {rate_limit: {max_actions: 1, window: 1m, burst: 2}}",
+            "guards.rate_limit.burst: unknown key; valid keys: max_actions, window",
+        ),
+        (
+            "guards: {max_concurent: 1}",
+            "guards.max_concurent: unknown key; valid keys: approval_required, approval_timeout,"
+            " circuit_breaker, max_concurrent, rate_limit, restart_budget",
+        ),
+        (
+            "rules: [{alertname: A, actions: [notify_only], severity: x}]",
+            "rules.0.severity: unknown key; valid keys: actions, alertname",
+        ),
+        ("rules: [{alertname: A, actions: [reboot]}]", "rules.0.actions.0: Input should be"),
+        ("guards: {rate_limit: {max_actions: 1, window: 1x}}", "guards.rate_limit.window"),
+        ("guards: {max_concurrent: 0}", "guards.max_concurrent"),
+        (
+            "rules: [{alertname: A, actions: [notify_only]}, {alertname: A, actions: [notify_only]}]",
+            "appears more than once",
+        ),
+        ("rules: [{alertname: A, actions: [notify_only, notify_only]}]", "repeat a kind"),
+        ("- just a list", "policy.yml: must be a mapping"),
+        ("rules: [", "policy.yml: not valid YAML"),
+    ],
+)
+def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_policy(text, origin="policy.yml")
+    assert str(err.value).startswith("policy.yml: ")
+    assert expected in str(err.value)
+
+
+def test_backend_actions_without_a_backend_are_refused() -> None:
+    policy = parse_policy("rules: [{alertname: A, actions: [restart_workers]}]")
+    with pytest.raises(ConfigError, match=r"restart_workers.*--lab-run-dir"):
+        playbook_from_policy(policy, prometheus=None, backend=None)
+
+
+def test_policy_check_cli_prints_rules_and_rejects_bad_files(kit: Any, tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
+    good.write_text(GOOD)
+    bad.write_text("rules: [{alertname: A, actions: [reboot]}]")
+    out = subprocess.run(
+        [kit.stormwatch, "alerts", "policy-check", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "StormwatchRankCrashLoop: collect_diagnostics, exclude_node_restart" in out.stdout
+    out = subprocess.run(
+        [kit.stormwatch, "alerts", "policy-check", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert f"{bad}: rules.0.actions.0" in out.stderr and "Traceback" not in out.stderr
