@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -259,6 +260,11 @@ def serve_cmd(
     asyncio.run(main())
 
 
+#: The local lab's responder token (``stormwatch lab up`` writes it), the default for the
+#: read and approve commands so that they work against the lab without options.
+_LAB_TOKEN = str(Path(os.environ.get("STORMWATCH_LAB_DIR", "run")) / "secrets" / "responder.token")
+
+
 def _time(value: float | None) -> str:
     if value is None:
         return "-"
@@ -271,9 +277,12 @@ def _time(value: float | None) -> str:
 )
 @click.option(
     "--token-file",
-    required=True,
+    default=_LAB_TOKEN,
+    show_default=True,
+    envvar="STORMWATCH_RESPONDER_TOKEN_FILE",
     type=click.Path(path_type=Path),
-    help="File with the responder's Bearer token.",
+    help="File with the responder's Bearer token; the default is the local lab's "
+    "(`$STORMWATCH_LAB_DIR/secrets/responder.token`).",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON ({incidents, actions}) instead of a table."
@@ -357,9 +366,12 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
 )
 @click.option(
     "--token-file",
-    required=True,
+    default=_LAB_TOKEN,
+    show_default=True,
+    envvar="STORMWATCH_RESPONDER_TOKEN_FILE",
     type=click.Path(path_type=Path),
-    help="File with the responder's Bearer token.",
+    help="File with the responder's Bearer token; the default is the local lab's "
+    "(`$STORMWATCH_LAB_DIR/secrets/responder.token`).",
 )
 @click.option(
     "--actor",
