@@ -51,7 +51,11 @@ class WebhookConfig(_Model):
 
     url: str
     send_resolved: bool = True
-    max_alerts: int = 0
+    #: Alertmanager truncates a notification to this many alerts (the payload's
+    #: ``truncatedAlerts`` counts the rest). 1,000 alerts of a few hundred bytes stay well
+    #: under the responder's 1 MiB body limit; 0 (unlimited) would let a huge group be
+    #: refused with 413 and retried forever.
+    max_alerts: int = 1000
     http_config: HTTPConfig
 
 
@@ -152,6 +156,11 @@ class AlertmanagerSettings:
             raise ConfigError(
                 f"responder_url: {self.responder_url!r} is not an http(s) URL; "
                 "use the responder's base URL, e.g. http://127.0.0.1:19095"
+            )
+        if any(ch.isspace() or not ch.isprintable() for ch in self.responder_url):
+            raise ConfigError(
+                f"responder_url: {self.responder_url!r} contains whitespace or control "
+                "characters; pass a plain URL such as http://127.0.0.1:19095"
             )
         if parts.query or parts.fragment:
             raise ConfigError(

@@ -143,6 +143,15 @@ class Store:
                 f"{self.path}: is not a stormwatch responder database (no schema version, "
                 f"but it has tables named like ours: {names}); pass another --db file"
             )
+        has_ours = db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'incidents'"
+        ).fetchone()[0]
+        if not has_ours:
+            raise StoreError(
+                f"{self.path}: is not a stormwatch responder database (schema version "
+                f"{version}, no incidents table: another program's file?); leave it alone "
+                "and pass another --db file"
+            )
         if version < SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path}: responder database schema {version} is older than this "

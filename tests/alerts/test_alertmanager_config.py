@@ -51,6 +51,8 @@ def test_config_routes_to_the_responder_with_bearer_auth_and_resolved(token: Pat
         [webhook] = receiver["webhook_configs"]
         assert webhook["url"] == "http://127.0.0.1:19095/v1/alertmanager"
         assert webhook["send_resolved"] is True
+        # Bounded so a huge group fits the responder's body limit instead of a 413 loop.
+        assert 0 < webhook["max_alerts"] <= 1000
         assert webhook["http_config"]["authorization"] == {
             "type": "Bearer",
             "credentials_file": str(token.resolve()),
@@ -90,6 +92,7 @@ def test_full_webhook_url_is_kept_as_is(token: Path) -> None:
         ({"responder_url": "127.0.0.1:19095"}, "responder_url"),
         ({"responder_url": "ftp://host/x"}, "responder_url"),
         ({"responder_url": "http://h:1/?a=b"}, "responder_url"),
+        ({"responder_url": "http://127.0.0.1:1\n  evil: yes"}, "responder_url"),
         ({"token_file": Path("/nonexistent/token")}, "token_file"),
         ({"group_wait_s": 0.0}, "group_wait_s"),
         ({"group_by": ()}, "group_by"),

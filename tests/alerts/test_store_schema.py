@@ -37,6 +37,10 @@ OTHER_DATABASES = {
         "CREATE TABLE actions (x TEXT);",
         ["not a stormwatch responder database", "--db"],
     ),
+    "another program's versioned database (e.g. the agent's fault ledger)": (
+        "CREATE TABLE faults (id TEXT PRIMARY KEY); PRAGMA user_version = 1;",
+        ["not a stormwatch responder database", "leave it alone", "--db"],
+    ),
 }
 
 
