@@ -9,10 +9,14 @@ instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
 Modules, one responsibility each: ``config`` (frozen configs), ``dims``
 (:class:`ParallelDims`, the mesh), ``parallel`` (:func:`parallelize`),
 ``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
-``checkpoint_store`` (DCP + crash-safe layout), ``comms`` (collective
-counter), ``metrics``, ``events``, ``telemetry``, ``runtime`` (rank
-environment, process group), ``faults`` (test-only fault point), ``loop``
-(the loop), ``cli`` (``stormwatch train``).
+``checkpoint_store`` (DCP sync/async + crash-safe layout with checksums),
+``comms`` (collective counter, mesh-dimension labels, wait accounting),
+``perf`` (nccl-tests bandwidths, MFU, peak FLOP/s), ``instrument`` (grad
+norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
+(OpenTelemetry spans), ``control`` (chaos fault points armed per rank),
+``dump`` (post-mortem dumps with the flight recorder), ``runtime`` (rank
+environment, process group, collective timeout), ``faults`` (test-only
+fault points), ``loop`` (the loop), ``cli`` (``stormwatch train``).
 
 Exceptions::
 
@@ -20,7 +24,11 @@ Exceptions::
     ├── ConfigError          bad option or environment value (names the field)
     └── TrainerError
         ├── CorpusError      corpus unreadable or too small
-        └── CheckpointError  save/resume failed (raised on every rank together)
+        ├── CheckpointError  save/resume failed (raised on every rank together)
+        ├── Terminated       SIGTERM received (torchrun teardown); exit status 143
+        ├── InjectedFault    the ``error_at_step`` chaos fault point fired
+        └── ControlFileError a control file does not parse (logged, never raised
+                             out of training)
 
 Names that need torch (:func:`parallelize`, :func:`train`, ...) are imported
 on first use, so importing this package, or running ``stormwatch --help``,
@@ -40,9 +48,10 @@ from stormwatch.trainer.config import (
     TelemetryConfig,
     TrainConfig,
 )
+from stormwatch.trainer.control import ControlFileError, InjectedFault
 from stormwatch.trainer.corpus import Corpus, load_stdlib_corpus
 from stormwatch.trainer.dims import ParallelDims
-from stormwatch.trainer.errors import CheckpointError, CorpusError, TrainerError
+from stormwatch.trainer.errors import CheckpointError, CorpusError, Terminated, TrainerError
 from stormwatch.trainer.runtime import RankEnv
 from stormwatch.trainer.telemetry import RankTelemetry
 
@@ -79,15 +88,18 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "CollectiveCounter",
+    "ControlFileError",
     "Corpus",
     "CorpusError",
     "DataConfig",
+    "InjectedFault",
     "ModelConfig",
     "OptimConfig",
     "ParallelDims",
     "RankEnv",
     "RankTelemetry",
     "TelemetryConfig",
+    "Terminated",
     "TrainConfig",
     "TrainResult",
     "TrainerError",

@@ -16,9 +16,24 @@ finished; rank 0 writes the completion marker (step + file list), renames the
 folder atomically to ``step-XXXXXXXX``, prunes old checkpoints (keeping the
 newest ``keep``) and broadcasts the outcome, so all ranks succeed or raise
 together. Resume: rank 0 scans the folder, warns about every partial
-checkpoint it skips, picks the latest complete one and broadcasts the choice;
+checkpoint it skips, picks the latest complete one whose files match the
+CRC-32 checksums in its marker (each rank checksums the shard files it wrote,
+rank 0 gathers them into the marker; a corrupt one is skipped with a warning
+naming the file) and broadcasts the choice;
 then every rank loads it. No rank ever acts on a filesystem check of its own.
 Layout helpers: :mod:`stormwatch.trainer.checkpoint_store`.
+
+Async mode (``mode="async"``): ``dcp.async_save`` copies the state to CPU
+memory (the writer's blocking stager), then writes it in a background thread
+over a dedicated gloo process group, so its collectives never interleave
+with training's. Training continues. Each step every rank reports whether
+its write has finished (a vote packed into the gradient-norm all-reduce, no
+extra collective); when all have, every rank gathers the others' outcome and
+checksums, and only then does rank 0 write the marker and rename the folder,
+so the newest complete checkpoint ("latest") moves only after every rank's
+future resolved (FC-11). A new save, and the end of training, first wait for
+and commit the pending one. A crash at any point before the marker leaves a
+partial folder that resume skips.
 
 Bitwise resume: model, optimizer, step, sampler and RNG states are restored
 exactly, and the batch of a step depends only on ``(seed, step, dp_rank)``,
@@ -33,6 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,12 +56,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
 from stormwatch.trainer import checkpoint_store as store
 from stormwatch.trainer.config import CheckpointConfig
 from stormwatch.trainer.data import BatchSampler, derive_seed
 from stormwatch.trainer.errors import CheckpointError
-from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +99,39 @@ class TrainState:
     seed: int
 
 
+#: Phases of a save at which a test fault hook may fire (see :mod:`stormwatch.trainer.faults`).
+SAVE_PHASES = ("before_shards", "before_metadata", "before_marker")
+
+#: ``hook(phase, step)``: called at each phase of a save (on the writing thread).
+FaultHook = Callable[[str, int], None]
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file-system writer with the ``before_shards`` / ``before_metadata`` hook points."""
+
+    def __init__(self, path: Path, *, step: int, hook: FaultHook | None) -> None:
+        super().__init__(path)
+        self._step = step
+        self._hook = hook
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        if self._hook is not None:
+            self._hook("before_shards", self._step)
+        return super().write_data(plan, planner)
+
+    def finish(self, metadata: Any, results: Any) -> None:  # coordinator only: writes .metadata
+        if self._hook is not None:
+            self._hook("before_metadata", self._step)
+        super().finish(metadata, results)
+
+
+@dataclass
+class _Pending:
+    step: int
+    tmp_dir: Path
+    future: Future[Any]
+
+
 def _rng_state() -> dict[str, torch.Tensor]:
     state = {"rng_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -99,10 +150,27 @@ class Checkpointer:
     All public methods are collective: every rank must call them in the same order.
     """
 
-    def __init__(self, config: CheckpointConfig, *, state: TrainState, layout: RankLayout) -> None:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        state: TrainState,
+        layout: RankLayout,
+        on_commit: Callable[[int], None] | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
         self._config = config
         self._state = state
         self._layout = layout
+        self._on_commit = on_commit
+        self._hook = fault_hook
+        self._pending: _Pending | None = None
+        # async_save runs its collectives on a background thread: give it its own group.
+        self._group = (
+            dist.new_group(backend="gloo")
+            if self.enabled and config.mode == "async" and layout.world_size > 1
+            else None
+        )
 
     @property
     def enabled(self) -> bool:
@@ -126,34 +194,118 @@ class Checkpointer:
         """
         if not self.enabled:
             return False
+        self.finish()  # async: at most one save in flight
         tmp_name = self._agree(lambda: self._plan_save(step))
         if tmp_name is None:
             log.info("checkpoint of step %d already complete; not saving again", step)
             return False
         tmp_dir = Path(tmp_name)
+        writer = _Writer(tmp_dir, step=step, hook=self._hook)
+        if self._config.mode == "async":
+            try:
+                future = dcp.async_save(
+                    self._capture(step),
+                    checkpoint_id=tmp_dir,
+                    storage_writer=writer,
+                    process_group=self._group,
+                )
+            except Exception as exc:
+                raise CheckpointError(f"starting the save of step {step} failed: {exc}") from exc
+            self._pending = _Pending(step, tmp_dir, future)  # type: ignore[arg-type]
+            return False
         try:
-            dcp.save(self._capture(step), checkpoint_id=tmp_dir)
+            dcp.save(self._capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
         except Exception as exc:
             raise CheckpointError(f"saving step {step} into {tmp_dir} failed: {exc}") from exc
-        self._barrier()  # every rank has finished writing its shards
-        final = self._agree(lambda: self._commit(step, tmp_dir))
-        log.info("checkpoint of step %d complete: %s", step, final)
+        # Every rank has finished writing its shards (all_gather is a barrier).
+        self._finalize(step, tmp_dir, self._gather_outcome(tmp_dir, None))
         return True
+
+    @property
+    def pending_step(self) -> int | None:
+        """Step of the async save in flight, if any."""
+        return None if self._pending is None else self._pending.step
+
+    def write_finished(self) -> bool:
+        """True when this rank's async write is done (not collective; not yet committed)."""
+        return self._pending is not None and self._pending.future.done()
+
+    def finish(self) -> int | None:
+        """Wait for the async save in flight (if any) and commit it; collective.
+
+        Returns:
+            The committed step, or ``None`` when nothing was in flight.
+
+        Raises:
+            CheckpointError: on every rank, if any rank's write failed.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        error = None
+        try:
+            pending.future.result()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        self._finalize(pending.step, pending.tmp_dir, self._gather_outcome(pending.tmp_dir, error))
+        return pending.step
+
+    def _finalize(self, step: int, tmp_dir: Path, outcomes: list[tuple[str | None, dict]]) -> None:
+        errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(outcomes) if e is not None]
+        if errors:
+            raise CheckpointError(f"saving step {step} into {tmp_dir} failed: {'; '.join(errors)}")
+        checksums: dict[str, str] = {}
+        for _, part in outcomes:
+            checksums.update(part)
+        final = self._agree(lambda: self._commit(step, tmp_dir, checksums))
+        log.info("checkpoint of step %d complete: %s", step, final)
+        if self._on_commit is not None:
+            self._on_commit(step)
 
     def _plan_save(self, step: int) -> str | None:
         root = self._root()
         root.mkdir(parents=True, exist_ok=True)
         final = root / store.step_dir_name(step)
-        if final.exists() and store.incomplete_reason(final) is None:
+        if final.exists() and store.sound(final):
             return None
         tmp_dir = root / store.tmp_dir_name(step, attempt=self._layout.attempt)
         tmp_dir.mkdir()
         return str(tmp_dir)
 
-    def _commit(self, step: int, tmp_dir: Path) -> str:
+    def _gather_outcome(
+        self, tmp_dir: Path, error: str | None
+    ) -> list[tuple[str | None, dict[str, str]]]:
+        """Every rank's (error, checksums of the shard files it wrote); collective.
+
+        DCP's file-system writer names a rank's files ``__<rank>_<n>.distcp``.
+        """
+        mine: tuple[str | None, dict[str, str]] = (error, {})
+        if error is None:
+            try:
+                mine = (
+                    None,
+                    {
+                        path.name: store.file_checksum(path)
+                        for path in sorted(tmp_dir.glob(f"__{self._layout.rank}_*"))
+                    },
+                )
+            except OSError as exc:
+                mine = (f"checksumming shards: {exc}", {})
+        if self._layout.world_size == 1:
+            return [mine]
+        gathered: list[Any] = [None] * self._layout.world_size
+        dist.all_gather_object(gathered, mine)
+        return [(item[0], item[1]) for item in gathered]
+
+    def _commit(self, step: int, tmp_dir: Path, checksums: dict[str, str]) -> str:
         if not (tmp_dir / store.METADATA_NAME).is_file():
             raise CheckpointError(f"{tmp_dir} has no {store.METADATA_NAME} after dcp.save")
         files = sorted(p.name for p in tmp_dir.iterdir() if p.is_file())
+        checksums = {
+            name: checksums.get(name) or store.file_checksum(tmp_dir / name) for name in files
+        }
+        if self._hook is not None:
+            self._hook("before_marker", step)
         layout = self._layout
         marker = store.CompletionMarker(
             step=step,
@@ -163,6 +315,7 @@ class Checkpointer:
             tp=layout.tp,
             attempt=layout.attempt,
             time=time.time(),
+            checksums=checksums,
         )
         store.write_marker(tmp_dir, marker)
         final = store.commit(tmp_dir, step)
@@ -242,7 +395,13 @@ class Checkpointer:
         found = store.scan(self._root())
         for partial in found.partial:
             log.warning("skipping partial checkpoint %s: %s", partial.path, partial.reason)
-        latest = found.latest
+        latest = None
+        for candidate in reversed(found.complete):  # newest first
+            corrupt = store.checksum_mismatch(candidate)
+            if corrupt is None:
+                latest = candidate
+                break
+            log.warning("skipping corrupt checkpoint %s: %s", candidate.path, corrupt)
         if latest is None:
             return None
         layout = self._layout
@@ -288,9 +447,5 @@ class Checkpointer:
             raise CheckpointError(f"rank 0: {value}")
         return value
 
-    def _barrier(self) -> None:
-        if self._layout.world_size > 1:
-            dist.barrier()
 
-
-__all__ = ["Checkpointer", "RankLayout", "TrainState"]
+__all__ = ["SAVE_PHASES", "Checkpointer", "FaultHook", "RankLayout", "TrainState"]

@@ -12,20 +12,24 @@ import os
 from pathlib import Path
 
 import click
+
+from stormwatch.errors import ConfigError
 from stormwatch.trainer.config import (
     DEFAULT_CORPUS_MAX_BYTES,
     CheckpointConfig,
+    ControlConfig,
     DataConfig,
+    DebugConfig,
     ModelConfig,
     OptimConfig,
     TelemetryConfig,
+    TracingConfig,
     TrainConfig,
 )
 from stormwatch.trainer.dims import ParallelDims
+from stormwatch.trainer.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
 from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.runtime import RankEnv
-
-from stormwatch.errors import ConfigError
 
 _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
 
@@ -52,6 +56,13 @@ _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
     help="Save after every N-th step (and after the last).",
 )
 @click.option("--keep", type=int, default=3, help="Complete checkpoints to keep.")
+@click.option(
+    "--checkpoint-mode",
+    type=click.Choice(["sync", "async"]),
+    default="sync",
+    help="sync: training waits for each save; async: dcp.async_save, committed when "
+    "every rank's write has finished.",
+)
 @click.option(
     "--log-dir",
     type=_DIR,
@@ -94,6 +105,62 @@ _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
     default=DEFAULT_CORPUS_MAX_BYTES,
     help="Cap on the stdlib corpus.",
 )
+@click.option(
+    "--peak-flops",
+    type=float,
+    default=None,
+    metavar="FLOPS",
+    help="Peak FLOP/s of one device for MFU. [default: by GPU name; CPU: nominal 1e11]",
+)
+@click.option(
+    "--control-dir",
+    type=_DIR,
+    default=None,
+    envvar="STORMWATCH_CONTROL_DIR",
+    help="Chaos control files <dir>/rank<R>.json, polled once per step. "
+    "[default: <metrics-dir>/control; env: STORMWATCH_CONTROL_DIR]",
+)
+@click.option(
+    "--dump-dir",
+    type=_DIR,
+    default=None,
+    help="Per-rank post-mortem dumps on hang, timeout or fatal error. [default: <log-dir>/dumps]",
+)
+@click.option(
+    "--collective-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="A collective not complete after this fails the rank. [default: 120 on GPU, 300 on CPU]",
+)
+@click.option(
+    "--flight-recorder-entries",
+    type=int,
+    default=DEFAULT_FLIGHT_RECORDER_ENTRIES,
+    help="PyTorch flight-recorder ring size (TORCH_FR_BUFFER_SIZE unless set); 0: off.",
+)
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    envvar="STORMWATCH_OTLP_ENDPOINT",
+    metavar="URL",
+    help="Export spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http). "
+    "[env: STORMWATCH_OTLP_ENDPOINT]",
+)
+@click.option(
+    "--spans-dir",
+    type=_DIR,
+    default=None,
+    help="Write spans as JSON lines to <dir>/rank<R>.jsonl when no OTLP endpoint is set. "
+    "[default: <log-dir>/spans]",
+)
+@click.option(
+    "--trace-flush-timeout",
+    type=float,
+    default=2.0,
+    metavar="SECONDS",
+    help="Longest wait for the span export at exit.",
+)
 def train(
     steps: int,
     dp: int | None,
@@ -101,6 +168,7 @@ def train(
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     keep: int,
+    checkpoint_mode: str,
     log_dir: Path | None,
     metrics_dir: Path | None,
     job: str,
@@ -114,6 +182,14 @@ def train(
     n_layers: int,
     dropout: float,
     corpus_max_bytes: int,
+    peak_flops: float | None,
+    control_dir: Path | None,
+    dump_dir: Path | None,
+    collective_timeout: float | None,
+    flight_recorder_entries: int,
+    otlp_endpoint: str | None,
+    spans_dir: Path | None,
+    trace_flush_timeout: float,
 ) -> int:
     """Train the byte-level LM with FSDP2 x TP; one process per rank.
 
@@ -158,10 +234,37 @@ def train(
             seed=seed, seq_len=seq_len, micro_batch=micro_batch, corpus_max_bytes=corpus_max_bytes
         ),
         optim=OptimConfig(lr=lr),
-        checkpoint=CheckpointConfig(directory=checkpoint_dir, every=checkpoint_every, keep=keep),
-        telemetry=TelemetryConfig(job=job, log_dir=log_dir, metrics_dir=metrics_dir),
+        checkpoint=CheckpointConfig(
+            directory=checkpoint_dir, every=checkpoint_every, keep=keep, mode=checkpoint_mode
+        ),
+        control=ControlConfig(
+            directory=control_dir
+            if control_dir is not None or metrics_dir is None
+            else metrics_dir / "control"
+        ),
+        tracing=TracingConfig(
+            otlp_endpoint=otlp_endpoint,
+            spans_dir=spans_dir if spans_dir is not None or log_dir is None else log_dir / "spans",
+            flush_timeout=trace_flush_timeout,
+        ),
+        debug=DebugConfig(
+            dump_dir=dump_dir if dump_dir is not None or log_dir is None else log_dir / "dumps",
+            collective_timeout=collective_timeout,
+            flight_recorder_entries=flight_recorder_entries,
+        ),
+        telemetry=TelemetryConfig(
+            job=job, log_dir=log_dir, metrics_dir=metrics_dir, peak_flops=peak_flops
+        ),
     )
+    if config.tracing.otlp_endpoint is not None:
+        from stormwatch.trainer.tracing import check_otlp_available
+
+        check_otlp_available()  # names the pip package before anything starts
     fault = FaultPoint.from_environ(os.environ, rank=env.rank, attempt=env.attempt)
+    # The flight recorder reads these when the process group is created.
+    os.environ.update(
+        flight_recorder_environ(config.debug.dump_dir, config.debug.flight_recorder_entries)
+    )
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 

@@ -34,15 +34,29 @@ Per collective it reports to a :class:`CollectiveSink`:
   completion, and has no future). Times of overlapping collectives overlap,
   so their sum can exceed the step time.
 
+Besides the per-op sink, the counter can label each collective with the
+mesh dimension of its process group (``groups``: process-group name ->
+``"dp"``/``"tp"``; other groups are ``"world"`` for the default group, else
+``"other"``) and hand a :class:`CollectiveRecord` (op, mesh dimension, group
+size, bytes, issue and completion time) to a :class:`CollectiveObserver`.
+It also keeps, per step, the wall time during which at least one collective
+was in flight (:meth:`CollectiveCounter.take_wait_seconds`, the union of the
+issue-to-completion intervals): the "time spent waiting in collectives" of
+FC-14. A rank that is slow in compute enters its collectives last, so they
+complete almost at once (little wait); the ranks waiting for it sit inside
+theirs.
+
 Bookkeeping errors are caught and handed to the sink (which logs and counts
 them); they never change what the op does or returns.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -62,6 +76,56 @@ class CollectiveSink(Protocol):
 
     def on_error(self, where: str, exc: BaseException) -> None:
         """Bookkeeping failed (the collective itself was not affected)."""
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One observed collective.
+
+    Attributes:
+        op: label from :data:`OP_LABELS`.
+        mesh_dim: ``"dp"``/``"tp"`` (the mesh dimension of its group),
+            ``"world"`` (default group) or ``"other"``.
+        group_size: ranks in its process group (``n`` of the bus-bandwidth factor).
+        nbytes: input bytes on this rank (as reported to ``on_issue``).
+        start: issue time (counter clock, seconds).
+        end: observed completion time (counter clock, seconds).
+    """
+
+    op: str
+    mesh_dim: str
+    group_size: int
+    nbytes: int
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        """Issue-to-completion latency, seconds."""
+        return max(self.end - self.start, 0.0)
+
+
+class CollectiveObserver(Protocol):
+    """Receives a :class:`CollectiveRecord` for every collective seen complete."""
+
+    def on_collective(self, record: CollectiveRecord) -> None:
+        """One collective completed (called on the thread that observed it)."""
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals, seconds."""
+    total = 0.0
+    current_start = current_end = None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None and current_start is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None and current_start is not None:
+        total += current_end - current_start
+    return total
 
 
 def _ops(namespace: Any, names: Iterable[str]) -> list[Any]:
@@ -148,6 +212,24 @@ def _find_work(out: Any) -> Any | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Issued:
+    seq: int
+    label: str
+    mesh_dim: str
+    group_size: int
+    nbytes: int
+    start: float
+    call_seconds: float
+
+
+def _argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return args[index] if index < len(args) else kwargs.get(name)
+    return None
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Dispatch mode that reports every collective to ``sink`` (see module docstring).
 
@@ -159,19 +241,45 @@ class CollectiveCounter(TorchDispatchMode):
     Args:
         sink: receives counts, bytes and completion times.
         clock: monotonic clock in seconds (default :func:`time.perf_counter`).
+        groups: process-group name -> mesh dimension label (``"dp"``, ``"tp"``);
+            see :meth:`ParallelDims.group_names`. Other groups are labelled
+            ``"world"`` (the default group) or ``"other"``.
+        observer: receives a :class:`CollectiveRecord` per completed collective.
+        recent: how many of the latest collectives :meth:`recent` keeps (for
+            the per-rank hang dump, :mod:`stormwatch.trainer.dump`).
     """
 
-    def __init__(self, sink: CollectiveSink, *, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        sink: CollectiveSink,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        groups: Mapping[str, str] | None = None,
+        observer: CollectiveObserver | None = None,
+        recent: int = 256,
+    ):
         super().__init__()
         self._sink = sink
         self._clock = clock
-        # functional collectives: output storage address -> (label, issue time).
+        self._groups = dict(groups or {})
+        self._observer = observer
+        self._group_cache: dict[str, tuple[str, int]] = {}
+        # functional collectives: output storage address -> what was issued.
         # Keyed by address because wait_tensor may get another tensor object
         # (an alias) for the same output.
-        self._pending: dict[int, tuple[str, float]] = {}
-        # c10d Work objects not yet seen complete: (work, label, issue time, call seconds)
-        self._works: list[tuple[Any, str, float, float]] = []
+        self._pending: dict[int, _Issued] = {}
+        # c10d Work objects not yet seen complete
+        self._works: list[tuple[Any, _Issued]] = []
+        # (start, end) of the collectives completed since take_wait_seconds()
+        self._intervals: list[tuple[float, float]] = []
         self._lock = threading.Lock()
+        self._seq = 0
+        self._recent: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+        self._recent_capacity = recent
+        #: Called as ``interceptor(op, mesh_dim)`` before each collective is
+        #: issued, on the issuing thread; ``None`` (the default) costs nothing.
+        #: Set by the training loop while a collective fault point is armed.
+        self.interceptor: Callable[[str, str], None] | None = None
 
     def __exit__(self, *exc_info: object) -> None:
         super().__exit__(*exc_info)
@@ -181,6 +289,27 @@ class CollectiveCounter(TorchDispatchMode):
             with self._lock:
                 self._works.clear()
                 self._pending.clear()
+
+    def recent(self) -> list[dict[str, Any]]:
+        """The latest collectives, oldest first, as JSON-ready dicts.
+
+        Keys: ``seq`` (issue order in this process, from 1), ``op``,
+        ``mesh_dim``, ``group_size``, ``nbytes``, ``issued_at`` (Unix time),
+        ``seconds`` (issue to observed completion; ``None`` while pending).
+        """
+        with self._lock:
+            return [dict(entry) for entry in self._recent.values()]
+
+    def take_wait_seconds(self) -> float:
+        """Seconds during which at least one collective was in flight, since the last call.
+
+        Call it once per step, after leaving the counter: it is the step's
+        collective wait (union of issue-to-completion intervals, so overlapping
+        collectives count once).
+        """
+        with self._lock:
+            intervals, self._intervals = self._intervals, []
+        return union_seconds(intervals)
 
     def poll(self, *, final: bool = False) -> None:
         """Report the completion of every pending ``c10d`` op that has finished.
@@ -194,22 +323,41 @@ class CollectiveCounter(TorchDispatchMode):
         try:
             now = self._clock()
             with self._lock:
-                still: list[tuple[Any, str, float, float]] = []
-                done: list[tuple[str, float]] = []
-                for work, label, start, call_seconds in self._works:
+                still: list[tuple[Any, _Issued]] = []
+                done: list[tuple[_Issued, float]] = []
+                for work, issued in self._works:
                     if work.is_completed():
-                        done.append((label, now - start))
+                        done.append((issued, now))
                     elif final:
-                        done.append((label, call_seconds))
+                        done.append((issued, issued.start + issued.call_seconds))
                     else:
-                        still.append((work, label, start, call_seconds))
+                        still.append((work, issued))
                 self._works = still
                 if final:
                     self._pending.clear()  # never waited inside the counter: untimed
-            for label, seconds in done:
-                self._sink.on_complete(label, seconds)
+            for issued, end in done:
+                self._completed(issued, end)
         except Exception as exc:
             self._sink.on_error("collectives", exc)
+
+    def _completed(self, issued: _Issued, end: float) -> None:
+        with self._lock:
+            self._intervals.append((issued.start, end))
+            entry = self._recent.get(issued.seq)
+            if entry is not None:
+                entry["seconds"] = end - issued.start
+        self._sink.on_complete(issued.label, end - issued.start)
+        if self._observer is not None:
+            self._observer.on_collective(
+                CollectiveRecord(
+                    op=issued.label,
+                    mesh_dim=issued.mesh_dim,
+                    group_size=issued.group_size,
+                    nbytes=issued.nbytes,
+                    start=issued.start,
+                    end=end,
+                )
+            )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -228,9 +376,46 @@ class CollectiveCounter(TorchDispatchMode):
         if label is None:
             return func(*args, **kwargs)
         start = self._clock()
+        hook = self.interceptor
+        if hook is not None:  # a chaos fault point is armed (stormwatch.trainer.control)
+            hook(label, self._mesh_dim_or_other(func, args, kwargs))
         out = func(*args, **kwargs)
         self._issued(func, label, start, self._clock() - start, args, kwargs, out)
         return out
+
+    def _mesh_dim_or_other(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        try:
+            return self._group(func, args, kwargs)[0]
+        except Exception as exc:
+            self._sink.on_error("collectives", exc)
+            return "other"
+
+    def _group(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, int]:
+        """(mesh dimension label, group size) of the op's process group."""
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        name = _argument(func, "group_name", args, kwargs)
+        group = None
+        if name is None:
+            group = _argument(func, "process_group", args, kwargs)
+            if isinstance(group, torch.ScriptObject):
+                group = torch._C._distributed_c10d.ProcessGroup.unbox(group)
+            if group is None:
+                return "other", 1
+            name = group.group_name
+        cached = self._group_cache.get(name)
+        if cached is not None:
+            return cached
+        if group is None:
+            group = c10d._resolve_process_group(name)
+        world = dist.group.WORLD if dist.is_initialized() else None
+        dim = self._groups.get(name)
+        if dim is None:
+            dim = "world" if world is not None and world.group_name == name else "other"
+        cached = (dim, group.size())
+        self._group_cache[name] = cached
+        return cached
 
     def _issued(
         self,
@@ -243,16 +428,32 @@ class CollectiveCounter(TorchDispatchMode):
         out: Any,
     ) -> None:
         try:
-            self._sink.on_issue(label, _input_bytes(func, label, args, kwargs))
+            nbytes = _input_bytes(func, label, args, kwargs)
+            self._sink.on_issue(label, nbytes)
+            mesh_dim, size = self._group(func, args, kwargs)
+            with self._lock:
+                self._seq += 1
+                issued = _Issued(self._seq, label, mesh_dim, size, nbytes, start, call_seconds)
+                self._recent[issued.seq] = {
+                    "seq": issued.seq,
+                    "op": label,
+                    "mesh_dim": mesh_dim,
+                    "group_size": size,
+                    "nbytes": nbytes,
+                    "issued_at": time.time() - (self._clock() - start),
+                    "seconds": None,
+                }
+                while len(self._recent) > self._recent_capacity:
+                    self._recent.popitem(last=False)
             work = _find_work(out)
             if work is not None:
                 with self._lock:
-                    self._works.append((work, label, start, call_seconds))
+                    self._works.append((work, issued))
             else:  # functional collective: one wait_tensor per output tensor
                 with self._lock:
                     for tensor in tree_leaves(out):
                         if isinstance(tensor, torch.Tensor):
-                            self._pending[_address(tensor)] = (label, start)
+                            self._pending[_address(tensor)] = issued
         except Exception as exc:  # never let bookkeeping break a collective
             self._sink.on_error("collectives", exc)
 
@@ -261,12 +462,18 @@ class CollectiveCounter(TorchDispatchMode):
             if not isinstance(tensor, torch.Tensor):
                 return
             with self._lock:
-                entry = self._pending.pop(_address(tensor), None)
-            if entry is not None:
-                label, start = entry
-                self._sink.on_complete(label, self._clock() - start)
+                issued = self._pending.pop(_address(tensor), None)
+            if issued is not None:
+                self._completed(issued, self._clock())
         except Exception as exc:
             self._sink.on_error("collectives", exc)
 
 
-__all__ = ["OP_LABELS", "CollectiveCounter", "CollectiveSink"]
+__all__ = [
+    "OP_LABELS",
+    "CollectiveCounter",
+    "CollectiveObserver",
+    "CollectiveRecord",
+    "CollectiveSink",
+    "union_seconds",
+]

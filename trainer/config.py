@@ -157,13 +157,23 @@ class CheckpointConfig:
         every: save after every ``every``-th step (and never at step 0).
         keep: number of complete checkpoints to keep (default 3); older ones
             are deleted only after a newer one is complete (FC-11).
+        mode: ``"sync"`` (default: training waits for the save) or
+            ``"async"`` (``dcp.async_save``: training goes on while a
+            background thread writes; committed once every rank's write
+            has finished, see :mod:`stormwatch.trainer.checkpoint`).
     """
 
     directory: Path | None = None
     every: int = 10
     keep: int = 3
+    mode: str = "sync"
 
     def __post_init__(self) -> None:
+        _check(
+            self.mode in ("sync", "async"),
+            "checkpoint_mode",
+            f"must be 'sync' or 'async' (got {self.mode!r})",
+        )
         _check_positive_int(self.every, "checkpoint_every")
         _check_positive_int(self.keep, "keep")
         if self.directory is not None and self.directory.exists():
@@ -182,11 +192,15 @@ class TelemetryConfig:
         job: value of the ``job`` label and of the log records.
         log_dir: folder for ``rank<R>.jsonl``; ``None`` disables the event log.
         metrics_dir: prometheus-client multiprocess folder; ``None`` disables metrics.
+        peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
+            up in :data:`stormwatch.trainer.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
+            the nominal :data:`~stormwatch.trainer.perf.CPU_NOMINAL_PEAK_FLOPS`).
     """
 
     job: str = "train"
     log_dir: Path | None = None
     metrics_dir: Path | None = None
+    peak_flops: float | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -194,10 +208,112 @@ class TelemetryConfig:
             "job",
             f"must be a non-empty printable string of at most 128 characters (got {self.job!r})",
         )
+        if self.peak_flops is not None:
+            _check(
+                isinstance(self.peak_flops, (int, float))
+                and math.isfinite(self.peak_flops)
+                and self.peak_flops > 0,
+                "peak_flops",
+                f"must be a finite number of FLOP/s > 0, e.g. 989e12 (got {self.peak_flops!r})",
+            )
         for name in ("log_dir", "metrics_dir"):
             path = getattr(self, name)
             if path is not None and path.exists():
                 _check(path.is_dir(), name, f"{path} exists and is not a directory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """Where the chaos control channel reads fault points (:mod:`stormwatch.trainer.control`).
+
+    Attributes:
+        directory: folder of the per-rank ``rank<R>.json`` files; ``None``
+            disables the channel (the CLI defaults it to ``<metrics-dir>/control``).
+    """
+
+    directory: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.directory is not None and self.directory.exists():
+            _check(
+                self.directory.is_dir(),
+                "control_dir",
+                f"{self.directory} exists and is not a directory",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DebugConfig:
+    """Bounded failure on hangs and post-mortem dumps (FC-10, :mod:`stormwatch.trainer.dump`).
+
+    Attributes:
+        dump_dir: where each rank writes ``rank<R>.json`` when training ends
+            abnormally; ``None`` disables dumps (the CLI defaults it to
+            ``<log-dir>/dumps``).
+        collective_timeout: seconds after which a collective that has not
+            completed fails the rank; ``None``: 120 s on GPU, 300 s on CPU
+            (:mod:`stormwatch.trainer.runtime`).
+        flight_recorder_entries: PyTorch flight-recorder ring size (0: leave
+            the recorder off unless the environment enables it).
+    """
+
+    dump_dir: Path | None = None
+    collective_timeout: float | None = None
+    flight_recorder_entries: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.collective_timeout is not None:
+            _check(
+                isinstance(self.collective_timeout, (int, float))
+                and math.isfinite(self.collective_timeout)
+                and self.collective_timeout >= 1,
+                "collective_timeout",
+                f"must be a number of seconds >= 1 (got {self.collective_timeout!r})",
+            )
+        _check(
+            isinstance(self.flight_recorder_entries, int) and self.flight_recorder_entries >= 0,
+            "flight_recorder_entries",
+            f"must be an integer >= 0 (got {self.flight_recorder_entries!r})",
+        )
+        if self.dump_dir is not None and self.dump_dir.exists():
+            _check(self.dump_dir.is_dir(), "dump_dir", f"{self.dump_dir} is not a directory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracingConfig:
+    """Where OpenTelemetry spans go (:mod:`stormwatch.trainer.tracing`).
+
+    Attributes:
+        otlp_endpoint: OTLP/HTTP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``);
+            takes precedence over ``spans_dir``.
+        spans_dir: folder for per-rank ``rank<R>.jsonl`` span files (the CLI
+            defaults it to ``<log-dir>/spans``).
+        flush_timeout: seconds the exit path waits for the export (default
+            2 s: a few seconds at most added to an exit, FC-08).
+    """
+
+    otlp_endpoint: str | None = None
+    spans_dir: Path | None = None
+    flush_timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.otlp_endpoint is not None:
+            _check(
+                self.otlp_endpoint.startswith(("http://", "https://")),
+                "otlp_endpoint",
+                "must be an http(s) URL such as http://127.0.0.1:4318/v1/traces "
+                f"(got {self.otlp_endpoint!r})",
+            )
+        _check(
+            isinstance(self.flush_timeout, (int, float)) and 0 < self.flush_timeout <= 60,
+            "trace_flush_timeout",
+            f"must be in (0, 60] seconds (got {self.flush_timeout!r})",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True when spans are exported somewhere."""
+        return self.otlp_endpoint is not None or self.spans_dir is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +340,9 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         _check_positive_int(self.steps, "steps")
@@ -257,9 +376,12 @@ __all__ = [
     "DEFAULT_CORPUS_MAX_BYTES",
     "VOCAB_SIZE",
     "CheckpointConfig",
+    "ControlConfig",
     "DataConfig",
+    "DebugConfig",
     "ModelConfig",
     "OptimConfig",
     "TelemetryConfig",
+    "TracingConfig",
     "TrainConfig",
 ]

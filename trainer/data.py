@@ -15,6 +15,7 @@ import hashlib
 from typing import Any
 
 import torch
+
 from stormwatch.trainer.config import DataConfig
 from stormwatch.trainer.corpus import Corpus
 from stormwatch.trainer.errors import CheckpointError, CorpusError

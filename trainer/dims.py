@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stormwatch.trainer.errors import TrainerError
-
 from stormwatch.errors import ConfigError
+from stormwatch.trainer.errors import TrainerError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -137,6 +136,14 @@ class ParallelDims:
         if name not in names:
             raise KeyError(f"no parallel dimension {name!r}; have {names}")
         return self.mesh[name]
+
+    def group_names(self) -> dict[str, str]:
+        """Process-group name -> dimension name, for labelling collectives by ``mesh_dim``.
+
+        Raises:
+            TrainerError: the mesh has not been built.
+        """
+        return {self[name].get_group().group_name: name for name, _ in self.degrees}
 
 
 __all__ = ["ParallelDims"]

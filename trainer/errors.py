@@ -17,4 +17,10 @@ class CheckpointError(TrainerError):
     """A checkpoint could not be saved, found or loaded consistently on every rank."""
 
 
-__all__ = ["CheckpointError", "CorpusError", "TrainerError"]
+class Terminated(TrainerError):
+    """The rank received SIGTERM (torchrun tearing the worker group down); exit status 143."""
+
+    exit_code = 128 + 15
+
+
+__all__ = ["CheckpointError", "CorpusError", "Terminated", "TrainerError"]

@@ -6,6 +6,9 @@ Records, one JSON object per line, appended and flushed as they happen:
 * ``{"event": "step", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}``
 * ``{"event": "checkpoint", "time", "step", "attempt"}``
 * ``{"event": "done", "time", "step", "attempt"}``
+* ``{"event": "fault", "time", "point", "step", "attempt"}``: a chaos fault
+  point (:mod:`stormwatch.trainer.control`) took effect in ``step`` (once
+  per point and step; only written when faults are armed)
 
 ``time`` is Unix seconds (float); ``attempt`` is TORCHELASTIC_RESTART_COUNT;
 ``loss`` is the global mean loss and ``loss_hex`` its ``float.hex`` for
@@ -94,6 +97,18 @@ class EventLog:
         """Training finished cleanly after ``step``."""
         self._write(
             {"event": "done", "time": self._clock(), "step": step, "attempt": self._attempt}
+        )
+
+    def fault(self, *, point: str, step: int) -> None:
+        """Fault point ``point`` took effect during ``step``."""
+        self._write(
+            {
+                "event": "fault",
+                "time": self._clock(),
+                "point": point,
+                "step": step,
+                "attempt": self._attempt,
+            }
         )
 
     def close(self) -> None:

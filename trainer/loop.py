@@ -9,34 +9,56 @@ Order of operations (each rank, collectively):
 4. the CPU RNG re-seeded per data-parallel rank (dropout); ranks of one TP
    group share the stream, so their dropout masks agree;
 5. resume from the latest complete checkpoint (restores step, sampler, RNG);
-6. steps: forward, backward, optimizer step, all-reduce of the loss over
-   ``dp`` (the logged loss is the global mean, identical on every rank),
-   with every collective counted; telemetry; checkpoint when due and after
-   the last step; optional sleep (``step_delay``);
+6. steps: forward, backward, the global gradient norm (one world
+   all-reduce, not counted with the step's collectives), optimizer step,
+   all-reduce of the loss over ``dp`` (the logged loss is the global mean,
+   identical on every rank), with every collective counted and labelled by
+   mesh dimension; telemetry (including the step's compute vs collective-wait
+   split, MFU and memory); checkpoint when due and after the last step;
+   optional sleep (``step_delay``); OpenTelemetry spans around the step,
+   forward, backward, optimizer and checkpoint save/load
+   (:mod:`stormwatch.trainer.tracing`);
 7. a final barrier, then the ``done`` record and done marker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from stormwatch.trainer.checkpoint import Checkpointer, RankLayout, TrainState
 from stormwatch.trainer.comms import CollectiveCounter
 from stormwatch.trainer.config import VOCAB_SIZE, TrainConfig
+from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError, control_path
 from stormwatch.trainer.corpus import load_stdlib_corpus
 from stormwatch.trainer.data import BatchSampler, derive_seed
 from stormwatch.trainer.dims import ParallelDims
+from stormwatch.trainer.dump import RankDumper
+from stormwatch.trainer.errors import Terminated
 from stormwatch.trainer.faults import FaultPoint
+from stormwatch.trainer.instrument import (
+    device_name,
+    global_grad_norm,
+    memory_bytes,
+    model_flops_per_token,
+)
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel import parallelize
+from stormwatch.trainer.perf import mfu, peak_flops
 from stormwatch.trainer.runtime import RankEnv, distributed
 from stormwatch.trainer.telemetry import RankTelemetry
+from stormwatch.trainer.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +90,12 @@ def train(config: TrainConfig, env: RankEnv, *, fault: FaultPoint | None = None)
         ConfigError: the degrees do not fit the world size.
         CorpusError: the corpus cannot be read.
         CheckpointError: saving or resuming failed (on every rank).
+        InjectedFault: the ``error_at_step`` chaos fault point fired.
+        Terminated: SIGTERM arrived (torchrun stopping the worker group).
+        RuntimeError: a collective failed or timed out (from torch.distributed).
+
+    On any of these the rank first writes its post-mortem dump
+    (:mod:`stormwatch.trainer.dump`).
     """
     dims = ParallelDims(dp=config.dp, tp=config.tp, world_size=env.world_size)
     with contextlib.ExitStack() as stack:
@@ -75,9 +103,69 @@ def train(config: TrainConfig, env: RankEnv, *, fault: FaultPoint | None = None)
             config.telemetry, rank=env.rank, world_size=env.world_size, attempt=env.attempt
         )
         stack.callback(telemetry.close)
-        device_type = stack.enter_context(distributed(env))
-        return _run(config, env, dims, device_type, telemetry, fault)
+        tracing = RankTracing(
+            config.tracing,
+            rank=env.rank,
+            attributes={"job": config.telemetry.job, "attempt": env.attempt},
+        )
+        stack.callback(_close_tracing, tracing, telemetry)
+        dumper = RankDumper(config.debug.dump_dir, rank=env.rank, attempt=env.attempt)
+        stack.enter_context(_sigterm_raises())
+        timeout = config.debug.collective_timeout
+        device_type = stack.enter_context(
+            distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
+        )
+        try:
+            return _run(config, env, dims, device_type, telemetry, fault, dumper, tracing)
+        except BaseException as exc:
+            # Before the process group is destroyed: the flight recorder still has its entries.
+            dumper.dump(f"{type(exc).__name__}: {exc}")
+            raise
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While training, SIGTERM raises :class:`Terminated` in the main thread.
+
+    torchrun stops the surviving workers with SIGTERM when one fails; raising
+    (instead of dying at once) lets the rank write its post-mortem dump.
+    Outside the main thread (tests) nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(f"received signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _close_tracing(tracing: RankTracing, telemetry: RankTelemetry) -> None:
+    dropped = tracing.close()
+    if dropped:
+        telemetry.on_error("tracing", RuntimeError(f"{dropped} spans not exported at exit"))
+
+
+def _committed(telemetry: RankTelemetry, step: int) -> None:
+    telemetry.checkpoint(step=step)
+
+
+def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
+    try:
+        return control.poll()
+    except ControlFileError as exc:  # a bad file arms nothing; training goes on
+        telemetry.on_error("control", exc)
+        return control.armed
+
+
+def _fired(telemetry: RankTelemetry, step: int, point: str) -> None:
+    telemetry.fault(point=point, step=step)
 
 
 def _run(
@@ -87,6 +175,8 @@ def _run(
     device_type: str,
     telemetry: RankTelemetry,
     fault: FaultPoint | None,
+    dumper: RankDumper,
+    tracing: RankTracing,
 ) -> TrainResult:
     dims.build_mesh(device_type)
     dp_rank = dims["dp"].get_local_rank()
@@ -99,7 +189,9 @@ def _run(
     sampler = BatchSampler(corpus, config=config.data, dp_rank=dp_rank)
 
     torch.manual_seed(derive_seed("init", seed))  # same weights on every rank
-    model = parallelize(ByteLM(config.model).to(device), dims)
+    unsharded = ByteLM(config.model).to(device)
+    flops_per_token = model_flops_per_token(unsharded, seq_len=config.data.seq_len)
+    model = parallelize(unsharded, dims)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
@@ -108,6 +200,8 @@ def _run(
     checkpointer = Checkpointer(
         config.checkpoint,
         state=TrainState(model=model, optimizer=optimizer, sampler=sampler, seed=seed),
+        on_commit=functools.partial(_committed, telemetry),
+        fault_hook=None if fault is None else fault.checkpoint_phase,
         layout=RankLayout(
             rank=env.rank,
             world_size=env.world_size,
@@ -117,39 +211,107 @@ def _run(
             attempt=env.attempt,
         ),
     )
-    resumed = checkpointer.load_latest()
+    with tracing.span("checkpoint_load"):
+        resumed = checkpointer.load_latest()
     telemetry.start(resumed_from_step=resumed)
+    telemetry.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
     log.info("rank %d: training steps %d..%d", env.rank, sampler.next_step, config.steps)
 
-    counter = CollectiveCounter(telemetry)
+    counter = CollectiveCounter(telemetry, groups=dims.group_names(), observer=telemetry)
+    dumper.recent = counter.recent
     dp_group = dims["dp"].get_group()
     tokens_per_step = config.data.micro_batch * config.data.seq_len
+    peak = peak_flops(
+        device_name(device_type),
+        on_gpu=device_type == "cuda",
+        override=config.telemetry.peak_flops,
+    )
+    if peak is None:
+        log.warning(
+            "no peak FLOP/s known for %s: MFU not exported (pass --peak-flops)",
+            device_name(device_type),
+        )
+    control = ControlChannel(
+        None
+        if config.control.directory is None
+        else control_path(config.control.directory, env.rank),
+    )
+    last_save_started: float | None = None
     last_step = resumed or 0
     final_loss: float | None = None
     model.train()
     while sampler.next_step <= config.steps:
+        dumper.step = sampler.next_step
         if fault is not None:
             fault.check(sampler.next_step)
-        started = time.perf_counter()
-        with counter:
-            step, inputs, targets = sampler.next_batch()
-            logits = model(inputs.to(device))
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), targets.to(device).reshape(-1))
-            if fault is not None:
-                fault.before_backward()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            global_loss = loss.detach().clone()
-            dist.all_reduce(global_loss, op=dist.ReduceOp.SUM, group=dp_group)
-            final_loss = float((global_loss / dims.dp).item())
-        seconds = time.perf_counter() - started
-        telemetry.step(step=step, loss=final_loss, seconds=seconds, tokens=tokens_per_step)
-        last_step = step
-        if (checkpointer.due(step) or step == config.steps) and checkpointer.save(step):
-            telemetry.checkpoint(step=step)
+        armed = _poll(control, telemetry)
+        counter.interceptor = control.before_collective if armed.touches_collectives else None
+        if armed.points:
+            control.on_fire = functools.partial(_fired, telemetry, sampler.next_step)
+        control.check_step(sampler.next_step)
+        with tracing.span("step", step=sampler.next_step):
+            started = time.perf_counter()
+            with counter:
+                step, inputs, targets = sampler.next_batch()
+                with tracing.span("forward"):
+                    logits = model(inputs.to(device))
+                    loss = F.cross_entropy(
+                        logits.reshape(-1, VOCAB_SIZE), targets.to(device).reshape(-1)
+                    )
+                with tracing.span("backward"):
+                    if fault is not None:
+                        fault.before_backward()
+                    control.slow_step()
+                    loss.backward()
+            norm_started = time.perf_counter()
+            grad_norm, (requests, writes_done) = global_grad_norm(
+                model.parameters(),
+                world_size=env.world_size,
+                device=device,
+                votes=(control.checkpoint_wanted(last_save_started), checkpointer.write_finished()),
+            )
+            norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
+            with counter, tracing.span("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                global_loss = loss.detach().clone()
+                dist.all_reduce(global_loss, op=dist.ReduceOp.SUM, group=dp_group)
+                final_loss = float((global_loss / dims.dp).item())
+            seconds = time.perf_counter() - started
+            wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
+            telemetry.step(step=step, loss=final_loss, seconds=seconds, tokens=tokens_per_step)
+            telemetry.step_details(
+                compute_seconds=seconds - wait,
+                wait_seconds=wait,
+                grad_norm=grad_norm,
+                mfu=None
+                if peak is None
+                else mfu(
+                    flops_per_token=flops_per_token,
+                    tokens=tokens_per_step,
+                    seconds=seconds,
+                    devices=dims.tp,
+                    peak=peak,
+                ),
+                peak_flops=peak,
+                memory=memory_bytes(device_type),
+            )
+            last_step = step
+            if writes_done == env.world_size:  # every rank's async write has finished
+                with tracing.span("checkpoint_commit", step=checkpointer.pending_step):
+                    checkpointer.finish()
+            requested = requests > 0  # agreed by every rank (same all-reduce result)
+            if requested and control.armed.checkpoint_requested_at is not None:
+                telemetry.fault(point="checkpoint_now", step=step)
+            if checkpointer.due(step) or step == config.steps or requested:
+                last_save_started = time.time()
+                with tracing.span("checkpoint_save", step=step):
+                    checkpointer.save(step)
         if config.step_delay > 0:
             time.sleep(config.step_delay)
+    if checkpointer.pending_step is not None:  # async: commit the last save before "done"
+        with tracing.span("checkpoint_commit", step=checkpointer.pending_step):
+            checkpointer.finish()
     # Leave together: with the store on rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
     # an early exit of rank 0 would break the others' teardown.
     dist.barrier()

@@ -35,7 +35,15 @@ class MetricSpec:
     kind: str  # "gauge" | "counter" | "histogram"
     help: str
     labels: tuple[str, ...] = ("job", "rank")
+    buckets: tuple[float, ...] | None = None  # histograms; None: STEP_DURATION_BUCKETS
 
+
+#: Seconds; one collective: 10 us (small CPU op) to 2 minutes (a stuck peer).
+COLLECTIVE_LATENCY_BUCKETS = (
+    1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120,
+)  # fmt: skip
+
+_COLL = ("job", "rank", "mesh_dim", "op")
 
 #: Every metric a trainer rank exports. Counters are named without the
 #: ``_total`` suffix that prometheus-client appends.
@@ -88,9 +96,89 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("job", "rank", "op"),
     ),
     MetricSpec(
+        "stormwatch_collective_latency_seconds",
+        "histogram",
+        "Issue-to-completion latency of one collective, by mesh dimension (dp, tp, world) and op.",
+        _COLL,
+        COLLECTIVE_LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "stormwatch_collective_size_bytes",
+        "counter",
+        "nccl-tests size S of the collectives (full buffer: all_gather output, others input).",
+        _COLL,
+    ),
+    MetricSpec(
+        "stormwatch_collective_algbw_bytes_per_second",
+        "gauge",
+        "Algorithm bandwidth S/t of the last step's collectives (nccl-tests definition).",
+        _COLL,
+    ),
+    MetricSpec(
+        "stormwatch_collective_busbw_bytes_per_second",
+        "gauge",
+        "Bus bandwidth algbw x op factor of the last step's collectives (nccl-tests definition).",
+        _COLL,
+    ),
+    MetricSpec(
+        "stormwatch_train_step_compute_seconds",
+        "gauge",
+        "Last step's wall time outside collectives (step time minus collective wait).",
+    ),
+    MetricSpec(
+        "stormwatch_train_step_collective_wait_seconds",
+        "gauge",
+        "Last step's wall time with at least one collective in flight on this rank.",
+    ),
+    MetricSpec(
+        "stormwatch_train_compute_seconds",
+        "counter",
+        "Step wall time outside collectives (low on ranks that wait for a straggler).",
+    ),
+    MetricSpec(
+        "stormwatch_train_collective_wait_seconds",
+        "counter",
+        "Step wall time spent waiting in collectives (lowest on a compute straggler, FC-14).",
+    ),
+    MetricSpec(
+        "stormwatch_train_grad_norm", "gauge", "Global L2 norm of the last step's gradients."
+    ),
+    MetricSpec(
+        "stormwatch_train_mfu_ratio",
+        "gauge",
+        "Model FLOPs utilisation of this rank's device in the last step (0..1).",
+    ),
+    MetricSpec(
+        "stormwatch_train_peak_flops_per_second",
+        "gauge",
+        "Peak FLOP/s of one device used as the MFU denominator (table or --peak-flops).",
+    ),
+    MetricSpec(
+        "stormwatch_train_memory_bytes",
+        "gauge",
+        "Memory of this rank (kind: rss on CPU, cuda_max_allocated on GPU).",
+        ("job", "rank", "kind"),
+    ),
+    MetricSpec(
+        "stormwatch_train_last_checkpoint_timestamp_seconds",
+        "gauge",
+        "Unix time at which this rank's last checkpoint was committed (complete on disk).",
+    ),
+    MetricSpec(
+        "stormwatch_train_checkpoint_interval_steps",
+        "gauge",
+        "Steps between checkpoints (--checkpoint-every); 0 when checkpointing is off.",
+    ),
+    MetricSpec(
+        "stormwatch_train_fault_injections",
+        "counter",
+        "Steps in which a chaos fault point took effect on this rank (by point).",
+        ("job", "rank", "point"),
+    ),
+    MetricSpec(
         "stormwatch_train_telemetry_errors",
         "counter",
-        "Telemetry writes that failed (sink: metrics, events, collectives, done_marker).",
+        "Telemetry writes that failed (sink: metrics, events, collectives, done_marker, control).",
         ("job", "rank", "sink"),
     ),
 )
@@ -142,7 +230,7 @@ class RankMetrics:
                     spec.name,
                     spec.help,
                     spec.labels,
-                    buckets=STEP_DURATION_BUCKETS,
+                    buckets=spec.buckets or STEP_DURATION_BUCKETS,
                     registry=None,
                 )
         self._m = made
@@ -195,9 +283,69 @@ class RankMetrics:
         """Add the issue-to-completion time of one collective ``op``."""
         self._counter("stormwatch_collective_duration_seconds", op=op).inc(max(seconds, 0.0))
 
+    def collective(self, *, mesh_dim: str, op: str, size: int, seconds: float) -> None:
+        """One collective of nccl-tests size ``size`` bytes took ``seconds``."""
+        labels = {**self._labels, "mesh_dim": mesh_dim, "op": op}
+        histogram = self._m["stormwatch_collective_latency_seconds"]
+        assert isinstance(histogram, Histogram)
+        histogram.labels(**labels).observe(max(seconds, 0.0))
+        self._counter("stormwatch_collective_size_bytes", mesh_dim=mesh_dim, op=op).inc(size)
+
+    def bandwidth(self, *, mesh_dim: str, op: str, algbw: float, busbw: float) -> None:
+        """Set the last step's algorithm and bus bandwidth (bytes/s) of ``(mesh_dim, op)``."""
+        labels = {**self._labels, "mesh_dim": mesh_dim, "op": op}
+        for name, value in (
+            ("stormwatch_collective_algbw_bytes_per_second", algbw),
+            ("stormwatch_collective_busbw_bytes_per_second", busbw),
+        ):
+            gauge = self._m[name]
+            assert isinstance(gauge, Gauge)
+            gauge.labels(**labels).set(value)
+
+    def breakdown(self, *, compute_seconds: float, wait_seconds: float) -> None:
+        """The last step's compute and collective-wait seconds (gauges and counters)."""
+        self._gauge("stormwatch_train_step_compute_seconds").set(compute_seconds)
+        self._gauge("stormwatch_train_step_collective_wait_seconds").set(wait_seconds)
+        self._counter("stormwatch_train_compute_seconds").inc(max(compute_seconds, 0.0))
+        self._counter("stormwatch_train_collective_wait_seconds").inc(max(wait_seconds, 0.0))
+
+    def grad_norm(self, value: float) -> None:
+        """Set the last step's global gradient norm."""
+        self._gauge("stormwatch_train_grad_norm").set(value)
+
+    def mfu(self, *, ratio: float, peak_flops: float) -> None:
+        """Set the last step's MFU and the peak FLOP/s it was computed against."""
+        self._gauge("stormwatch_train_mfu_ratio").set(ratio)
+        self._gauge("stormwatch_train_peak_flops_per_second").set(peak_flops)
+
+    def memory(self, *, kind: str, nbytes: int) -> None:
+        """Set this rank's memory of ``kind`` (``rss``, ``cuda_max_allocated``) in bytes."""
+        gauge = self._m["stormwatch_train_memory_bytes"]
+        assert isinstance(gauge, Gauge)
+        gauge.labels(**self._labels, kind=kind).set(nbytes)
+
+    def checkpoint_committed(self, *, timestamp: float) -> None:
+        """A checkpoint was committed at Unix time ``timestamp``."""
+        self._gauge("stormwatch_train_last_checkpoint_timestamp_seconds").set(timestamp)
+
+    def checkpoint_interval(self, steps: int) -> None:
+        """Set the checkpoint interval in steps (0: off)."""
+        self._gauge("stormwatch_train_checkpoint_interval_steps").set(steps)
+
+    def fault(self, point: str) -> None:
+        """Count one step in which fault point ``point`` took effect."""
+        self._counter("stormwatch_train_fault_injections", point=point).inc()
+
     def telemetry_error(self, sink: str) -> None:
         """Count one failed telemetry write."""
         self._counter("stormwatch_train_telemetry_errors", sink=sink).inc()
 
 
-__all__ = ["CATALOGUE", "STEP_DURATION_BUCKETS", "MetricSpec", "RankMetrics", "enable_multiprocess"]
+__all__ = [
+    "CATALOGUE",
+    "COLLECTIVE_LATENCY_BUCKETS",
+    "STEP_DURATION_BUCKETS",
+    "MetricSpec",
+    "RankMetrics",
+    "enable_multiprocess",
+]

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from stormwatch.trainer.config import VOCAB_SIZE, ModelConfig
 from torch import nn
+
+from stormwatch.trainer.config import VOCAB_SIZE, ModelConfig
 
 
 class Attention(nn.Module):

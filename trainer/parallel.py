@@ -19,14 +19,15 @@ parameter group suffices.
 
 from __future__ import annotations
 
-from stormwatch.trainer.dims import ParallelDims
-from stormwatch.trainer.model import ByteLM
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
     parallelize_module,
 )
+
+from stormwatch.trainer.dims import ParallelDims
+from stormwatch.trainer.model import ByteLM
 
 
 def parallelize(model: ByteLM, dims: ParallelDims) -> ByteLM:

@@ -30,9 +30,14 @@ from stormwatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: Collective timeout. A lost peer is normally noticed by torchrun (it tears
-#: the worker group down within seconds); this bounds the rest.
+#: Collective timeout on CPU (gloo) and store timeout. A lost peer is
+#: normally noticed by torchrun (it tears the worker group down within
+#: seconds); this bounds the rest.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)
+#: Collective timeout on GPU (NCCL): 2 minutes, long enough for a large
+#: checkpoint's collectives, short enough that a stuck collective ends the
+#: process well before a person notices (FC-10). ``--collective-timeout`` overrides.
+GPU_COLLECTIVE_TIMEOUT = timedelta(minutes=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +112,15 @@ class RankEnv:
 
 
 @contextlib.contextmanager
-def distributed(env: RankEnv) -> Iterator[str]:
+def distributed(env: RankEnv, *, timeout: timedelta | None = None) -> Iterator[str]:
     """Initialise the default process group for ``env``; yields the device type.
+
+    Args:
+        timeout: collective timeout of every process group (sub-groups of
+            the mesh inherit it); a collective that does not complete within
+            it raises (gloo) or aborts the communicator (NCCL). Default
+            :data:`GPU_COLLECTIVE_TIMEOUT` on GPU, :data:`PROCESS_GROUP_TIMEOUT`
+            on CPU.
 
     Yields:
         ``"cuda"`` (after ``torch.cuda.set_device(local_rank)``) or ``"cpu"``.
@@ -120,9 +132,11 @@ def distributed(env: RankEnv) -> Iterator[str]:
         device_type = "cuda"
         torch.cuda.set_device(env.local_rank)
         backend = "cuda:nccl,cpu:gloo"
+        pg_timeout = timeout or GPU_COLLECTIVE_TIMEOUT
     else:
         device_type = "cpu"
         backend = "gloo"
+        pg_timeout = timeout or PROCESS_GROUP_TIMEOUT
     if env.under_torchrun and env.agent_store and env.nodes == 1 and env.master_addr:
         # The agent's TCP store outlives a restart, so a restarted worker group
         # can read the previous attempt's gloo/NCCL addresses and fail to
@@ -140,7 +154,7 @@ def distributed(env: RankEnv) -> Iterator[str]:
             store=dist.PrefixStore(f"stormwatch/attempt-{env.attempt}", client),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=PROCESS_GROUP_TIMEOUT,
+            timeout=pg_timeout,
         )
     elif env.under_torchrun:
         if env.agent_store and env.max_restarts > 0:
@@ -149,20 +163,26 @@ def distributed(env: RankEnv) -> Iterator[str]:
                 "worker group can fail to connect (pytorch/pytorch#135712); start torchrun "
                 "with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
             )
-        dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT)
+        dist.init_process_group(backend, timeout=pg_timeout)
     else:
         dist.init_process_group(
             backend,
             store=dist.HashStore(),
             rank=0,
             world_size=1,
-            timeout=PROCESS_GROUP_TIMEOUT,
+            timeout=pg_timeout,
         )
-    log.info("process group: rank %d/%d, backend %s", env.rank, env.world_size, backend)
+    log.info(
+        "process group: rank %d/%d, backend %s, collective timeout %.0f s",
+        env.rank,
+        env.world_size,
+        backend,
+        pg_timeout.total_seconds(),
+    )
     try:
         yield device_type
     finally:
         dist.destroy_process_group()
 
 
-__all__ = ["PROCESS_GROUP_TIMEOUT", "RankEnv", "distributed"]
+__all__ = ["GPU_COLLECTIVE_TIMEOUT", "PROCESS_GROUP_TIMEOUT", "RankEnv", "distributed"]

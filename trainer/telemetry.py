@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stormwatch.trainer.config import TelemetryConfig
 from stormwatch.trainer.events import EventLog
 from stormwatch.trainer.metrics import RankMetrics
+from stormwatch.trainer.perf import bus_factor, collective_size
+
+if TYPE_CHECKING:
+    from stormwatch.trainer.comms import CollectiveRecord
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,11 @@ class RankTelemetry:
         self.errors: collections.Counter[str] = collections.Counter()
         self._metrics: RankMetrics | None = None
         self._events: EventLog | None = None
+        # (mesh_dim, op) -> [size bytes, seconds, group size] of this step's collectives
+        self._step_collectives: dict[tuple[str, str], list[float]] = {}
+        self._lock = threading.Lock()
+        self._fault_step = -1
+        self._faults_seen: set[str] = set()  # points recorded in step _fault_step
         if config.metrics_dir is not None:
             self._metrics = self._guard(
                 "metrics", RankMetrics, config.metrics_dir, job=config.job, rank=rank
@@ -128,10 +138,83 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.step, step=step, loss=loss, step_seconds=seconds)
 
+    def step_details(
+        self,
+        *,
+        compute_seconds: float,
+        wait_seconds: float,
+        grad_norm: float | None = None,
+        mfu: float | None = None,
+        peak_flops: float | None = None,
+        memory: Mapping[str, int] | None = None,
+    ) -> None:
+        """Record the per-step breakdown; call after :meth:`step` for the same step.
+
+        Args:
+            compute_seconds: step wall time outside collectives.
+            wait_seconds: step wall time with a collective in flight.
+            grad_norm: global gradient L2 norm.
+            mfu: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
+            memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
+
+        Also sets the algbw/busbw gauges from the collectives seen since the
+        previous call (see :mod:`stormwatch.trainer.perf`).
+        """
+        with self._lock:
+            collectives, self._step_collectives = self._step_collectives, {}
+        if self._metrics is None:
+            return
+        metrics = self._metrics
+        self._guard(
+            "metrics",
+            metrics.breakdown,
+            compute_seconds=compute_seconds,
+            wait_seconds=wait_seconds,
+        )
+        for (mesh_dim, op), (size, seconds, n) in collectives.items():
+            factor = bus_factor(op, int(n))
+            if seconds > 0 and size > 0:
+                algbw = size / seconds
+                self._guard(
+                    "metrics",
+                    metrics.bandwidth,
+                    mesh_dim=mesh_dim,
+                    op=op,
+                    algbw=algbw,
+                    busbw=algbw * factor,
+                )
+        if grad_norm is not None:
+            self._guard("metrics", metrics.grad_norm, grad_norm)
+        if mfu is not None and peak_flops is not None:
+            self._guard("metrics", metrics.mfu, ratio=mfu, peak_flops=peak_flops)
+        for kind, nbytes in (memory or {}).items():
+            self._guard("metrics", metrics.memory, kind=kind, nbytes=nbytes)
+
+    def fault(self, *, point: str, step: int) -> None:
+        """A chaos fault point took effect during ``step`` (recorded once per point and step)."""
+        with self._lock:
+            if step != self._fault_step:
+                self._fault_step, self._faults_seen = step, set()
+            if point in self._faults_seen:
+                return
+            self._faults_seen.add(point)
+        log.info("fault point %s took effect in step %d", point, step)
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.fault, point)
+        if self._events is not None:
+            self._guard("events", self._events.fault, point=point, step=step)
+
     def checkpoint(self, *, step: int) -> None:
-        """Record a complete checkpoint of ``step``."""
+        """Record a complete checkpoint of ``step`` (event and last-checkpoint timestamp)."""
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.checkpoint_committed, timestamp=self._clock())
         if self._events is not None:
             self._guard("events", self._events.checkpoint, step=step)
+
+    def checkpoint_interval(self, steps: int) -> None:
+        """Export the checkpoint interval in steps (0 when checkpointing is off)."""
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.checkpoint_interval, steps)
 
     def done(self, *, step: int) -> None:
         """Log the done record and touch ``<metrics-dir>/rank<R>.done``."""
@@ -157,6 +240,26 @@ class RankTelemetry:
 
     def on_error(self, where: str, exc: BaseException) -> None:
         self._failed(where, exc)
+
+    # CollectiveObserver
+    def on_collective(self, record: CollectiveRecord) -> None:
+        if self._metrics is None:
+            return
+        size = collective_size(record.op, record.nbytes, record.group_size)
+        with self._lock:
+            entry = self._step_collectives.setdefault(
+                (record.mesh_dim, record.op), [0.0, 0.0, float(record.group_size)]
+            )
+            entry[0] += size
+            entry[1] += record.seconds
+        self._guard(
+            "metrics",
+            self._metrics.collective,
+            mesh_dim=record.mesh_dim,
+            op=record.op,
+            size=size,
+            seconds=record.seconds,
+        )
 
 
 __all__ = ["RankTelemetry", "done_marker_path"]

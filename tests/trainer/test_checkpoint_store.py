@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from stormwatch.trainer import checkpoint_store as store
 
 
@@ -100,3 +101,32 @@ def test_prune_keeps_the_newest_complete_and_removes_partials(tmp_path):
 def test_scan_of_missing_folder_is_empty(tmp_path):
     found = store.scan(tmp_path / "absent")
     assert found.latest is None and found.partial == ()
+
+
+def test_marker_checksums_detect_a_damaged_file(tmp_path):
+    tmp = _fake_save(tmp_path, 6, marker=False)
+    names = sorted(p.name for p in tmp.iterdir())
+    store.write_marker(
+        tmp,
+        store.CompletionMarker(
+            step=6, files=names, world_size=1, dp=1, tp=1, attempt=0, time=time.time(),
+            checksums={name: store.file_checksum(tmp / name) for name in names},
+        ),
+    )  # fmt: skip
+    final = store.commit(tmp, 6)
+    checkpoint = store.scan(tmp_path).latest
+    assert checkpoint is not None and store.checksum_mismatch(checkpoint) is None
+    assert store.sound(final)
+    (final / "__0_0.distcp").write_bytes(b"shard but flipped")
+    reason = store.checksum_mismatch(checkpoint)
+    assert reason is not None and "checksum mismatch in __0_0.distcp" in reason
+    assert not store.sound(final)
+    # a corrupt final folder may be replaced by a new save of the same step
+    replacement = store.commit(_fake_save(tmp_path, 6), 6)
+    assert replacement == final and store.sound(final)
+
+
+def test_markers_without_checksums_still_count_as_complete(tmp_path):
+    final = store.commit(_fake_save(tmp_path, 2), 2)
+    assert store.read_marker(final).checksums == {}
+    assert store.sound(final)

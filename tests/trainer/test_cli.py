@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import stormwatch.trainer as trainer
-from stormwatch.trainer.faults import FaultPoint
 
+import stormwatch.trainer as trainer
 from stormwatch.cli import main
+from stormwatch.trainer.faults import FaultPoint
 
 
 def test_train_help_does_not_import_torch():
@@ -46,6 +46,9 @@ def plain_process_env(monkeypatch):
         (["--keep", "0"], "keep: must be an integer >= 1"),
         (["--step-delay", "-0.5"], "step_delay"),
         (["--job", ""], "job: must be a non-empty"),
+        (["--collective-timeout", "0"], "collective_timeout: must be a number of seconds"),
+        (["--peak-flops", "-1"], "peak_flops: must be a finite number"),
+        (["--otlp-endpoint", "nowhere"], "otlp_endpoint: must be an http(s) URL"),
     ],
 )
 def test_bad_options_are_config_errors(plain_process_env, capsys, args, message):
@@ -95,7 +98,39 @@ def test_public_api_exports_exactly_its_all():
             3,
             FaultPoint(slow_seconds=0.5),  # every attempt
         ),
+        (
+            {"STORMWATCH_FAULT_CHECKPOINT_KILL": "before_marker@4"},
+            0,
+            0,
+            FaultPoint(checkpoint_kill=("before_marker", 4)),
+        ),
+        ({"STORMWATCH_FAULT_CHECKPOINT_KILL": "before_marker@4"}, 0, 1, None),
     ],
 )
 def test_fault_points_apply_to_the_chosen_rank_and_attempt(env, rank, attempt, expected):
     assert FaultPoint.from_environ(env, rank=rank, attempt=attempt) == expected
+
+
+@pytest.mark.parametrize("value", ["before_lunch@4", "before_marker", "before_marker@0"])
+def test_checkpoint_kill_variable_names_the_phases(value, monkeypatch, capsys, plain_process_env):
+    monkeypatch.setenv("STORMWATCH_FAULT_CHECKPOINT_KILL", value)
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--steps", "1"])
+    assert info.value.code == 2
+    assert "before_shards, before_metadata, before_marker" in capsys.readouterr().err
+
+
+def test_missing_otlp_exporter_is_named_before_training_starts(plain_process_env, capsys):
+    pytest.importorskip("opentelemetry.sdk")
+    from stormwatch.trainer.tracing import OTLP_PACKAGE, check_otlp_available
+
+    try:
+        check_otlp_available()
+    except Exception:
+        pass
+    else:
+        pytest.skip(f"{OTLP_PACKAGE} is installed")
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--steps", "1", "--otlp-endpoint", "http://127.0.0.1:9/v1/traces"])
+    assert info.value.code == 2
+    assert f"pip install {OTLP_PACKAGE}" in capsys.readouterr().err

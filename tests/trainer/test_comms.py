@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from stormwatch.trainer.comms import OP_LABELS, CollectiveCounter
+
+from stormwatch.trainer.comms import OP_LABELS, CollectiveCounter, union_seconds
 
 
 class RecordingSink:
@@ -115,3 +116,38 @@ def test_every_label_is_a_known_op_name():
         "recv",
     }
     assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(OP_LABELS.values())
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.records = []
+
+    def on_collective(self, record) -> None:
+        self.records.append(record)
+
+
+def test_collectives_are_labelled_by_mesh_dimension_and_group_size(one_rank_group):
+    sink, observer = RecordingSink(), RecordingObserver()
+    sub = dist.new_group([0])
+    counter = CollectiveCounter(sink, groups={sub.group_name: "tp"}, observer=observer)
+    with counter:
+        dist.all_reduce(torch.ones(8))  # default group: "world"
+        dist.all_reduce(torch.ones(4), group=sub)  # named by the mapping: "tp"
+        out = funcol.all_reduce(torch.ones(2), "sum", sub)
+        float(out.sum())
+    labels = [(r.op, r.mesh_dim, r.group_size, r.nbytes) for r in observer.records]
+    assert labels == [
+        ("all_reduce", "world", 1, 32),
+        ("all_reduce", "tp", 1, 16),
+        ("all_reduce", "tp", 1, 8),
+    ]
+    assert all(r.end >= r.start for r in observer.records)
+    assert counter.take_wait_seconds() > 0
+    assert counter.take_wait_seconds() == 0  # taken: reset
+    assert sink.errors == []
+
+
+def test_wait_is_the_union_of_overlapping_intervals():
+    assert union_seconds([]) == 0
+    assert union_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+    assert union_seconds([(1.0, 2.0), (0.0, 3.0)]) == pytest.approx(3.0)

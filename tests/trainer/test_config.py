@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import pytest
+
+from stormwatch.errors import ConfigError
 from stormwatch.trainer import ParallelDims, TrainerError
 from stormwatch.trainer.config import (
     CheckpointConfig,
     DataConfig,
+    DebugConfig,
     ModelConfig,
     OptimConfig,
     TelemetryConfig,
+    TracingConfig,
     TrainConfig,
 )
-
-from stormwatch.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -84,6 +86,12 @@ def test_parallel_dims_mesh_is_unavailable_before_it_is_built():
         (lambda: TrainConfig(steps=1, step_delay=-1.0), "step_delay"),
         (lambda: TrainConfig(steps=1, tp=3), "tp"),
         (lambda: TrainConfig(steps=1, data=DataConfig(seq_len=128)), "seq_len"),
+        (lambda: CheckpointConfig(mode="lazy"), "checkpoint_mode"),
+        (lambda: TelemetryConfig(peak_flops=0.0), "peak_flops"),
+        (lambda: DebugConfig(collective_timeout=0.5), "collective_timeout"),
+        (lambda: DebugConfig(flight_recorder_entries=-1), "flight_recorder_entries"),
+        (lambda: TracingConfig(otlp_endpoint="collector:4318"), "otlp_endpoint"),
+        (lambda: TracingConfig(flush_timeout=0), "trace_flush_timeout"),
     ],
 )
 def test_configs_name_the_bad_field(build, field):

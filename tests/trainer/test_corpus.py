@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from stormwatch.trainer import CorpusError, load_stdlib_corpus
 from stormwatch.trainer.corpus import SEPARATOR, stdlib_dir
 

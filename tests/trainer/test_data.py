@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from stormwatch.trainer import CheckpointError, load_stdlib_corpus
 from stormwatch.trainer.config import DataConfig
 from stormwatch.trainer.data import BatchSampler, derive_seed

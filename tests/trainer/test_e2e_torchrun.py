@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
 from stormwatch.trainer import checkpoint_store as store
 from stormwatch.trainer.events import read_events
 
@@ -71,7 +72,13 @@ def _stormwatch() -> str:
     return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
 
 
-def _torchrun(root: Path, *, extra_env: dict[str, str] | None = None, max_restarts: int = 0) -> Run:
+def _torchrun(
+    root: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    extra_args: tuple[str, ...] = (),
+) -> Run:
     root.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
     env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
@@ -81,7 +88,7 @@ def _torchrun(root: Path, *, extra_env: dict[str, str] | None = None, max_restar
         "--no-python", _stormwatch(), "train", *TRAIN_ARGS,
         "--checkpoint-dir", str(root / "ckpt"),
         "--log-dir", str(root / "logs"),
-        "--metrics-dir", str(root / "metrics"),
+        "--metrics-dir", str(root / "metrics"), *extra_args,
     ]  # fmt: skip
     started = time.monotonic()
     done = subprocess.run(
@@ -287,3 +294,141 @@ def test_single_process_without_torchrun_runs_as_world_size_one(tmp_path):
     events = read_events(tmp_path / "logs" / "rank0.jsonl")
     assert [e["event"] for e in events] == ["start", "step", "step", "done"]
     assert (tmp_path / "metrics" / "rank0.done").exists()
+
+
+def test_fc14_slow_rank_has_lowest_collective_wait_and_highest_compute(uninterrupted):
+    """4 gloo ranks, rank 3 slowed before each backward: the per-rank split names it."""
+    samples = _collect(uninterrupted.metrics)
+
+    def per_rank(name: str) -> dict[int, float]:
+        return {r: _value(samples, name, job="e2e", rank=str(r)) for r in range(NPROC)}
+
+    wait = per_rank("stormwatch_train_collective_wait_seconds_total")
+    compute = per_rank("stormwatch_train_compute_seconds_total")
+    assert min(wait, key=wait.__getitem__) == SLOW_RANK, wait
+    assert max(compute, key=compute.__getitem__) == SLOW_RANK, compute
+    injected = STEPS * SLOW_SECONDS
+    for victim in set(range(NPROC)) - {SLOW_RANK}:
+        assert wait[victim] > wait[SLOW_RANK] + injected / 2, (victim, wait)
+    last_wait = per_rank("stormwatch_train_step_collective_wait_seconds")
+    last_compute = per_rank("stormwatch_train_step_compute_seconds")
+    assert last_compute[SLOW_RANK] > SLOW_SECONDS
+    assert all(value >= 0 for value in [*last_wait.values(), *last_compute.values()])
+
+
+def test_collectives_are_labelled_by_mesh_dim_with_nccl_tests_bandwidths(uninterrupted):
+    samples = _collect(uninterrupted.metrics)
+    per_step = {("dp", "all_gather"): 2 * N_LAYERS + 1, ("dp", "reduce_scatter"): N_LAYERS + 1}
+    per_step |= {("tp", "all_reduce"): 6 * N_LAYERS, ("dp", "all_reduce"): 1}
+    for rank in map(str, range(NPROC)):
+        for (mesh_dim, op), count in per_step.items():
+            labels = {"job": "e2e", "rank": rank, "mesh_dim": mesh_dim, "op": op}
+            calls = _value(samples, "stormwatch_collective_latency_seconds_count", **labels)
+            assert calls == STEPS * count, (labels, calls)
+            assert _value(samples, "stormwatch_collective_size_bytes_total", **labels) > 0
+            algbw = _value(samples, "stormwatch_collective_algbw_bytes_per_second", **labels)
+            busbw = _value(samples, "stormwatch_collective_busbw_bytes_per_second", **labels)
+            factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5}[op]  # n = 2
+            assert algbw > 0 and busbw == pytest.approx(algbw * factor), labels
+
+
+def test_grad_norm_mfu_and_memory_are_exported_per_rank(uninterrupted):
+    samples = _collect(uninterrupted.metrics)
+    norms = {
+        _value(samples, "stormwatch_train_grad_norm", job="e2e", rank=str(r)) for r in range(NPROC)
+    }
+    assert len(norms) == 1 and next(iter(norms)) > 0  # a global norm: the same on every rank
+    for rank in map(str, range(NPROC)):
+        assert 0 < _value(samples, "stormwatch_train_mfu_ratio", job="e2e", rank=rank) < 1
+        assert (
+            _value(samples, "stormwatch_train_peak_flops_per_second", job="e2e", rank=rank) == 1e11
+        )
+        assert (
+            _value(samples, "stormwatch_train_memory_bytes", job="e2e", rank=rank, kind="rss") > 0
+        )
+        errors = [k for k in samples if k[0] == "stormwatch_train_telemetry_errors_total"]
+        assert errors == []
+
+
+def test_fc07_spans_from_every_rank_process_are_exported(uninterrupted):
+    """torchrun execs the ranks; each sets up tracing itself and flushes it on exit."""
+    import json
+
+    for rank in range(NPROC):
+        path = uninterrupted.logs / "spans" / f"rank{rank}.jsonl"
+        spans = [json.loads(line) for line in path.read_text().splitlines()]
+        steps = {
+            s["context"]["span_id"]: s["attributes"]["step"] for s in spans if s["name"] == "step"
+        }
+        assert sorted(steps.values()) == list(range(1, STEPS + 1))
+        for name in ("forward", "backward", "optimizer"):
+            parents = [steps[s["parent_id"]] for s in spans if s["name"] == name]
+            assert sorted(parents) == list(range(1, STEPS + 1)), name
+        saves = sorted(s["attributes"]["step"] for s in spans if s["name"] == "checkpoint_save")
+        assert saves == list(range(2, STEPS + 1, 2))
+        assert [s["name"] for s in spans].count("checkpoint_load") == 1
+        assert {s["resource"]["attributes"]["rank"] for s in spans} == {rank}
+
+
+def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(uninterrupted, tmp_path):
+    root = tmp_path / "corrupt"
+    shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
+    latest = root / "ckpt" / store.step_dir_name(STEPS)
+    shard = latest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle of a tensor
+    shard.write_bytes(bytes(data))
+
+    run = _torchrun(root)
+    print(f"\nresume over a corrupt shard: {run.seconds:.1f}s")
+    assert run.returncode == 0, run.output[-5000:]
+    assert f"skipping corrupt checkpoint {latest}: checksum mismatch in __1_0.distcp" in run.output
+    reference = uninterrupted.losses(0)
+    for rank in range(NPROC):
+        assert run.events(rank)[0]["resumed_from_step"] == STEPS - 2
+        assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
+    assert store.sound(latest)  # saved again over the corrupt one
+
+
+@pytest.mark.parametrize(
+    ("phase", "rank"),
+    [("before_shards", 1), ("before_metadata", 0), ("before_marker", 0)],
+)
+def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
+    uninterrupted, tmp_path, phase, rank
+):
+    """--checkpoint-mode async; a rank SIGKILLed at one phase of the save of step 4."""
+    run = _torchrun(
+        tmp_path / phase,
+        extra_env={
+            "STORMWATCH_FAULT_CHECKPOINT_KILL": f"{phase}@4",
+            "STORMWATCH_FAULT_RANK": str(rank),
+        },
+        max_restarts=1,
+        extra_args=("--checkpoint-mode", "async"),
+    )
+    print(f"\nasync save killed {phase}: {run.seconds:.1f}s")
+    assert run.returncode == 0, run.output[-5000:]
+    assert f"SIGKILL at {phase} of the save of step 4" in run.output
+    reference = {step: next(iter(hexes)) for step, hexes in uninterrupted.losses(0).items()}
+    for r in range(NPROC):
+        for step, hexes in run.losses(r).items():
+            assert hexes == {reference[step]}, (r, step)
+        starts = [e for e in run.events(r) if e["event"] == "start"]
+        assert [(s["attempt"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 2)]
+        events = [(e["event"], e.get("step"), e["attempt"]) for e in run.events(r)]
+        # training went on while step 2 was written: committed only after step 3 ran
+        assert events.index(("checkpoint", 2, 0)) > events.index(("step", 3, 0))
+        assert ("checkpoint", 4, 0) not in events  # the killed save never counted
+    found = store.scan(run.checkpoints)
+    assert [c.step for c in found.complete] == [4, 6, 8]
+    assert found.partial == ()
+
+
+def test_checkpoint_freshness_is_exported_for_the_staleness_alert(uninterrupted):
+    samples = _collect(uninterrupted.metrics)
+    for rank in map(str, range(NPROC)):
+        labels = {"job": "e2e", "rank": rank}
+        assert _value(samples, "stormwatch_train_checkpoint_interval_steps", **labels) == 2
+        stamp = _value(samples, "stormwatch_train_last_checkpoint_timestamp_seconds", **labels)
+        assert stamp is not None and time.time() - 600 < stamp <= time.time()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
 from stormwatch.trainer import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
 from stormwatch.trainer.events import read_events
