@@ -16,12 +16,15 @@ norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
 (OpenTelemetry spans), ``control`` (chaos fault points armed per rank),
 ``dump`` (post-mortem dumps with the flight recorder), ``runtime`` (rank
 environment, process group, collective timeout), ``faults`` (test-only
-fault points), ``loop`` (the loop), ``cli`` (``stormwatch train``).
+fault points), ``paths`` (start-up check that output folders are writable),
+``progress`` (rank 0's progress lines on stderr), ``loop`` (the loop),
+``cli`` (``stormwatch train``).
 
 Exceptions::
 
     StormwatchError
     ├── ConfigError          bad option or environment value (names the field)
+    │   └── UnwritableDirError  an output folder cannot be created or written
     └── TrainerError
         ├── CorpusError      corpus unreadable or too small
         ├── CheckpointError  save/resume failed (raised on every rank together)
@@ -52,6 +55,8 @@ from stormwatch.trainer.control import ControlFileError, InjectedFault
 from stormwatch.trainer.corpus import Corpus, load_stdlib_corpus
 from stormwatch.trainer.dims import ParallelDims
 from stormwatch.trainer.errors import CheckpointError, CorpusError, Terminated, TrainerError
+from stormwatch.trainer.paths import UnwritableDirError
+from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
 from stormwatch.trainer.telemetry import RankTelemetry
 
@@ -88,6 +93,7 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "CollectiveCounter",
+    "ConsoleProgress",
     "ControlFileError",
     "Corpus",
     "CorpusError",
@@ -103,6 +109,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainerError",
+    "UnwritableDirError",
     "load_stdlib_corpus",
     "parallelize",
     "train",

@@ -8,8 +8,11 @@ Precedence: defaults < environment (``STORMWATCH_JOB``,
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -29,9 +32,18 @@ from stormwatch.trainer.config import (
 from stormwatch.trainer.dims import ParallelDims
 from stormwatch.trainer.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
 from stormwatch.trainer.faults import FaultPoint
+from stormwatch.trainer.paths import DirOption, UnwritableDirError, check_writable_dirs
+from stormwatch.trainer.progress import DEFAULT_LOG_EVERY, ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
 
+log = logging.getLogger(__name__)
+
 _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
+
+#: Seconds a rank that stays quiet about a start-up ConfigError waits before
+#: exiting, so that torchrun (which stops the other workers as soon as one
+#: exits non-zero) does not kill the reporting rank before it has printed.
+QUIET_RANK_EXIT_DELAY = 3.0
 
 
 @click.command(
@@ -161,6 +173,16 @@ _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
     metavar="SECONDS",
     help="Longest wait for the span export at exit.",
 )
+@click.option(
+    "--log-every",
+    type=int,
+    default=DEFAULT_LOG_EVERY,
+    metavar="N",
+    help="Progress line on stderr (rank 0) every N steps and at the last step.",
+)
+@click.option(
+    "--quiet", "-q", is_flag=True, help="No progress lines on stderr (warnings still shown)."
+)
 def train(
     steps: int,
     dp: int | None,
@@ -190,6 +212,8 @@ def train(
     otlp_endpoint: str | None,
     spans_dir: Path | None,
     trace_flush_timeout: float,
+    log_every: int,
+    quiet: bool,
 ) -> int:
     """Train the byte-level LM with FSDP2 x TP; one process per rank.
 
@@ -201,9 +225,71 @@ def train(
 
     Without torchrun it runs as a single rank (world size 1). It resumes from
     the latest complete checkpoint in --checkpoint-dir, and writes the
-    telemetry described in docs/ARCHITECTURE.md.
+    telemetry described in docs/ARCHITECTURE.md. Rank 0 prints progress
+    lines to stderr (--log-every, --quiet).
+
+    Mistakes in the options are reported once, by rank 0 (a folder that cannot
+    be written: by the first rank of each node that has the problem), and
+    every rank exits with status 2. Under torchrun, torchrun then prints its
+    own ChildFailedError summary after our message; that output is torchrun's.
     """
+    options: dict[str, Any] = dict(locals())  # the click parameters, passed on as they are
     env = RankEnv.from_environ(os.environ)
+    try:
+        return _train(env, **options)
+    except ConfigError as exc:
+        if _reports(env, exc):
+            raise
+        # The same mistake is reported by rank 0 (or this node's first rank):
+        # once, instead of once per rank before torchrun's own summary.
+        log.debug("rank %d: %s", env.rank, exc)
+        time.sleep(QUIET_RANK_EXIT_DELAY)
+        return exc.exit_code
+
+
+def _reports(env: RankEnv, exc: ConfigError) -> bool:
+    """Whether this rank prints ``exc`` (the others exit quietly with the same status)."""
+    if not env.under_torchrun:
+        return True
+    if isinstance(exc, UnwritableDirError):  # may differ from node to node
+        return env.local_rank == 0
+    return env.rank == 0
+
+
+def _train(
+    env: RankEnv,
+    *,
+    steps: int,
+    dp: int | None,
+    tp: int,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int,
+    keep: int,
+    checkpoint_mode: str,
+    log_dir: Path | None,
+    metrics_dir: Path | None,
+    job: str,
+    seed: int,
+    lr: float,
+    step_delay: float,
+    micro_batch: int,
+    seq_len: int,
+    d_model: int,
+    n_heads: int,
+    n_layers: int,
+    dropout: float,
+    corpus_max_bytes: int,
+    peak_flops: float | None,
+    control_dir: Path | None,
+    dump_dir: Path | None,
+    collective_timeout: float | None,
+    flight_recorder_entries: int,
+    otlp_endpoint: str | None,
+    spans_dir: Path | None,
+    trace_flush_timeout: float,
+    log_every: int,
+    quiet: bool,
+) -> int:
     if tp < 1:
         raise ConfigError(f"tp: must be an integer >= 1 (got {tp})")
     if dp is None:
@@ -260,6 +346,10 @@ def train(
         from stormwatch.trainer.tracing import check_otlp_available
 
         check_otlp_available()  # names the pip package before anything starts
+    progress = ConsoleProgress(every=log_every, quiet=quiet)  # validates --log-every
+    check_writable_dirs(
+        _dir_options(config, control_dir=control_dir, dump_dir=dump_dir, spans_dir=spans_dir)
+    )
     fault = FaultPoint.from_environ(os.environ, rank=env.rank, attempt=env.attempt)
     # The flight recorder reads these when the process group is created.
     os.environ.update(
@@ -268,8 +358,40 @@ def train(
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 
-    run_training(config, env, fault=fault)
+    run_training(config, env, fault=fault, progress=progress if env.rank == 0 else None)
     return 0
+
+
+def _dir_options(
+    config: TrainConfig,
+    *,
+    control_dir: Path | None,
+    dump_dir: Path | None,
+    spans_dir: Path | None,
+) -> list[DirOption]:
+    """Every folder the run writes, named as the user gave it (or where its default came from)."""
+    options = [
+        DirOption("--checkpoint-dir", config.checkpoint.directory),
+        DirOption("--log-dir", config.telemetry.log_dir),
+        DirOption("--metrics-dir", config.telemetry.metrics_dir),
+        DirOption(
+            "--control-dir",
+            config.control.directory,
+            None if control_dir is not None else "<metrics-dir>/control",
+        ),
+        DirOption(
+            "--dump-dir", config.debug.dump_dir, None if dump_dir is not None else "<log-dir>/dumps"
+        ),
+    ]
+    if config.tracing.otlp_endpoint is None:  # spans go to files only without an endpoint
+        options.append(
+            DirOption(
+                "--spans-dir",
+                config.tracing.spans_dir,
+                None if spans_dir is not None else "<log-dir>/spans",
+            )
+        )
+    return options
 
 
 __all__ = ["train"]

@@ -56,6 +56,7 @@ from stormwatch.trainer.instrument import (
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel import parallelize
 from stormwatch.trainer.perf import mfu, peak_flops
+from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv, distributed
 from stormwatch.trainer.telemetry import RankTelemetry
 from stormwatch.trainer.tracing import RankTracing
@@ -78,13 +79,22 @@ class TrainResult:
     final_loss: float | None
 
 
-def train(config: TrainConfig, env: RankEnv, *, fault: FaultPoint | None = None) -> TrainResult:
+def train(
+    config: TrainConfig,
+    env: RankEnv,
+    *,
+    fault: FaultPoint | None = None,
+    progress: ConsoleProgress | None = None,
+) -> TrainResult:
     """Run one rank of a training job; collective across the job's ranks.
 
     Args:
         config: the validated run configuration.
         env: this process's rank, world size and attempt.
         fault: test-only fault point (see :mod:`stormwatch.trainer.faults`).
+        progress: human progress lines (the CLI passes one to rank 0 only);
+            it also warns when the checkpoint resumed from is already at or
+            past ``config.steps`` (nothing is trained then).
 
     Raises:
         ConfigError: the degrees do not fit the world size.
@@ -116,7 +126,7 @@ def train(config: TrainConfig, env: RankEnv, *, fault: FaultPoint | None = None)
             distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
         )
         try:
-            return _run(config, env, dims, device_type, telemetry, fault, dumper, tracing)
+            return _run(config, env, dims, device_type, telemetry, fault, dumper, tracing, progress)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             dumper.dump(f"{type(exc).__name__}: {exc}")
@@ -177,6 +187,7 @@ def _run(
     fault: FaultPoint | None,
     dumper: RankDumper,
     tracing: RankTracing,
+    progress: ConsoleProgress | None,
 ) -> TrainResult:
     dims.build_mesh(device_type)
     dp_rank = dims["dp"].get_local_rank()
@@ -216,6 +227,28 @@ def _run(
     telemetry.start(resumed_from_step=resumed)
     telemetry.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
     log.info("rank %d: training steps %d..%d", env.rank, sampler.next_step, config.steps)
+    if progress is not None:
+        progress.start(
+            world_size=env.world_size,
+            dp=dims.dp,
+            tp=dims.tp,
+            resumed_from_step=resumed,
+            steps=config.steps,
+            checkpoint_dir=config.checkpoint.directory,
+        )
+    if resumed is not None and resumed >= config.steps:
+        log.info(
+            "rank %d: checkpoint step %d >= steps %d, nothing to train",
+            env.rank,
+            resumed,
+            config.steps,
+        )
+        if progress is not None:
+            progress.nothing_to_do(
+                checkpoint_step=resumed,
+                steps=config.steps,
+                checkpoint_dir=config.checkpoint.directory,
+            )
 
     counter = CollectiveCounter(telemetry, groups=dims.group_names(), observer=telemetry)
     dumper.recent = counter.recent
@@ -280,6 +313,14 @@ def _run(
             seconds = time.perf_counter() - started
             wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
             telemetry.step(step=step, loss=final_loss, seconds=seconds, tokens=tokens_per_step)
+            if progress is not None:
+                progress.step(
+                    step=step,
+                    last_step=config.steps,
+                    loss=final_loss,
+                    seconds=seconds,
+                    tokens=tokens_per_step * dims.dp,
+                )
             telemetry.step_details(
                 compute_seconds=seconds - wait,
                 wait_seconds=wait,
@@ -316,6 +357,13 @@ def _run(
     # an early exit of rank 0 would break the others' teardown.
     dist.barrier()
     telemetry.done(step=last_step)
+    if progress is not None:
+        progress.done(
+            last_step=last_step,
+            checkpoint_dir=config.checkpoint.directory,
+            log_dir=config.telemetry.log_dir,
+            metrics_dir=config.telemetry.metrics_dir,
+        )
     return TrainResult(last_step=last_step, resumed_from_step=resumed, final_loss=final_loss)
 
 
