@@ -23,7 +23,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("stormwatch.chaos.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
     "chaos": ("stormwatch.chaos.cli", "chaos", "Run and revert chaos experiments."),
     "alerts": ("stormwatch.alerts.cli", "alerts", "Alert rules, Alertmanager config, responder."),
-    "demo": ("stormwatch.chaos.demo", "demo", "Run the main job: lab + kill-rank experiment + report."),
+    "demo": (
+        "stormwatch.chaos.demo",
+        "demo",
+        "Run the main job: lab + kill-rank experiment + report.",
+    ),
 }
 
 

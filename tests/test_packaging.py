@@ -90,15 +90,39 @@ def test_user_error_has_no_traceback_and_exit_2(tmp_path: Path) -> None:
 def test_wheel_installs_every_component_outside_the_repo(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(dist), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dist),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     wheel = next(dist.glob("stormwatch-*.whl"))
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     code = (
         "import importlib, stormwatch\n"
@@ -112,6 +136,11 @@ def test_wheel_installs_every_component_outside_the_repo(tmp_path: Path) -> None
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
