@@ -58,6 +58,7 @@ demo: setup
 check: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy stormwatch agent trainer chaos alerts dashboards
 
 lint: check
 
