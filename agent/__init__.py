@@ -7,7 +7,8 @@ with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
 ``catalogue.csv``), :mod:`.gpu` (NVML backends and sampler), :mod:`.ranks`
 (rank watcher), :mod:`.collectors` (one module per collector), :mod:`.faults`
 (one module per fault kind, ledger, manager), :mod:`.server` (HTTP),
-:mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
+:mod:`.tracing` (the agent's own spans, FC-07/FC-08), :mod:`.procs` (process
+inspection), :mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
 
 Exceptions::
 
@@ -44,6 +45,7 @@ from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRan
 from stormwatch.agent.gpu import FakeNvml, GpuSampler
 from stormwatch.agent.ranks import RankInfo, RankWatcher
 from stormwatch.agent.runtime import Agent
+from stormwatch.agent.tracing import AgentTracing, TracingSettings
 
 __all__ = [
     "COLLECTOR_NAMES",
@@ -52,6 +54,7 @@ __all__ = [
     "AgentConfig",
     "AgentConfigError",
     "AgentError",
+    "AgentTracing",
     "Catalogue",
     "CollectorError",
     "FakeNvml",
@@ -70,5 +73,6 @@ __all__ = [
     "NvmlUnavailable",
     "RankInfo",
     "RankWatcher",
+    "TracingSettings",
     "load_catalogue",
 ]

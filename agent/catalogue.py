@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from stormwatch.agent.errors import AgentError
 
 MetricType = Literal["gauge", "counter", "histogram", "untyped"]

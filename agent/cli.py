@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from stormwatch.agent.catalogue import load_catalogue
 from stormwatch.agent.config import COLLECTOR_NAMES, AgentConfig, parse_listen
 from stormwatch.agent.runtime import Agent
@@ -67,7 +68,8 @@ def agent() -> None:
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="STORMWATCH_AGENT_STATE_DIR",
-    help="Where the fault ledger lives. [default: $XDG_STATE_HOME/stormwatch/agent/<node>]",
+    help="Where the fault ledger (and by default the span file) lives. "
+    "[default: $XDG_STATE_HOME/stormwatch/agent/<node>]",
 )
 @click.option(
     "--sample-interval",
@@ -85,6 +87,29 @@ def agent() -> None:
     envvar="STORMWATCH_AGENT_DISABLE_COLLECTOR",
     help="Switch a collector off (repeatable; env: space-separated names).",
 )
+@click.option(
+    "--otlp-endpoint",
+    envvar="STORMWATCH_AGENT_OTLP_ENDPOINT",
+    help="Send the agent's spans (fault inject/revert, rank exits, collector failures) to this "
+    "OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (needs "
+    "`pip install opentelemetry-exporter-otlp-proto-http`).",
+)
+@click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="STORMWATCH_AGENT_TRACE_FILE",
+    help="Append the agent's spans as JSON lines here when no --otlp-endpoint is given. "
+    "[default: <state-dir>/traces.jsonl]",
+)
+@click.option(
+    "--trace-flush-timeout",
+    type=float,
+    default=3.0,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_TRACE_FLUSH_TIMEOUT",
+    help="Seconds a span export or the final flush may take; bounds the agent's exit when "
+    "the collector hangs (FC-08).",
+)
 def run(
     listen: str,
     node: str | None,
@@ -95,6 +120,9 @@ def run(
     state_dir: Path | None,
     sample_interval: float,
     disabled: tuple[str, ...],
+    otlp_endpoint: str | None,
+    trace_file: Path | None,
+    trace_flush_timeout: float,
 ) -> int:
     """Serve /metrics, /healthz, /v1/ranks and the fault API until SIGTERM or SIGINT.
 
@@ -114,6 +142,9 @@ def run(
         "state_dir": state_dir,
         "sample_interval": sample_interval,
         "disabled_collectors": frozenset(disabled),
+        "otlp_endpoint": otlp_endpoint or None,
+        "trace_file": trace_file,
+        "trace_flush_timeout": trace_flush_timeout,
     }
     if node:
         values["node"] = node
@@ -131,7 +162,7 @@ async def _serve(config: AgentConfig) -> None:
         async with Agent(config) as node_agent:
             click.echo(
                 f"stormwatch agent {config.node}: listening on {node_agent.url} "
-                f"(GPU backend {node_agent.gpu_backend})",
+                f"(GPU backend {node_agent.gpu_backend}; spans to {node_agent.trace_destination})",
                 err=True,
             )
             await stop.wait()

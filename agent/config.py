@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from stormwatch.agent.errors import AgentConfigError
 
 #: Every collector the agent has; each can be switched off with ``--disable-collector``.
@@ -87,9 +88,17 @@ class AgentConfig(BaseModel):
         xid_window_seconds: how long ``DCGM_FI_DEV_XID_ERRORS`` keeps showing the
             last XID before returning to 0 (300 s, like dcgm-exporter's
             ``DCGM_EXP_XID_ERRORS_COUNT`` window); the counter never resets.
+        clock_events_window_seconds: window of ``DCGM_EXP_CLOCK_EVENTS_COUNT``
+            (300 s, dcgm-exporter's ``--clock-events-count-window-size`` default).
         disabled_collectors: names from :data:`COLLECTOR_NAMES` to switch off.
         max_request_bytes: largest accepted request body (64 KiB; fault
             requests are a few hundred bytes).
+        otlp_endpoint: OTLP/HTTP collector URL for the agent's spans (needs the
+            ``opentelemetry-exporter-otlp-proto-http`` package); None: JSON lines
+            to ``trace_file``.
+        trace_file: JSON-lines span file; default ``<state_dir>/traces.jsonl``.
+        trace_flush_timeout: seconds a span export or the final flush may take
+            (3 s; bounds the agent's exit when the collector hangs, FC-08).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,8 +115,19 @@ class AgentConfig(BaseModel):
     rank_scan_interval: float = Field(default=0.5, gt=0, le=60)
     rank_retention_seconds: float = Field(default=3600.0, gt=0)
     xid_window_seconds: float = Field(default=300.0, gt=0)
+    clock_events_window_seconds: float = Field(default=300.0, gt=0)
     disabled_collectors: frozenset[str] = frozenset()
     max_request_bytes: int = Field(default=64 * 1024, ge=1024)
+    otlp_endpoint: str | None = None
+    trace_file: Path | None = None
+    trace_flush_timeout: float = Field(default=3.0, gt=0, le=60)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("expected http(s)://HOST:PORT[/v1/traces] (OTLP over HTTP)")
+        return value
 
     @field_validator("node")
     @classmethod
@@ -140,6 +160,13 @@ class AgentConfig(BaseModel):
     def resolved_state_dir(self) -> Path:
         """``state_dir``, or the per-node default."""
         return self.state_dir if self.state_dir is not None else default_state_dir(self.node)
+
+    @property
+    def resolved_trace_file(self) -> Path:
+        """``trace_file``, or ``<state dir>/traces.jsonl``."""
+        if self.trace_file is not None:
+            return self.trace_file
+        return self.resolved_state_dir / "traces.jsonl"
 
     def enabled(self, collector: str) -> bool:
         """Whether ``collector`` (a name from :data:`COLLECTOR_NAMES`) runs."""

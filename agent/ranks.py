@@ -36,71 +36,26 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
+from opentelemetry import trace
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from stormwatch.agent.procs import (
+    ProcEntry,
+    RankEnv,
+    RankKey,
+    is_torchrun_agent,
+    pid_dead,
+    proc_stat,
+    rank_env,
+    same_time,
+)
 
 log = logging.getLogger(__name__)
 
-RankKey = tuple[str, int]
-"""(job, rank)."""
+_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
 
 HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
 STEP_METRIC = "stormwatch_train_step"
-_RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
-
-
-def is_torchrun_agent(name: str, cmdline: Sequence[str]) -> bool:
-    """Whether a process is a torchrun (elastic agent) launcher.
-
-    True for a process named ``torchrun``, a command line whose first or second
-    word is a file named ``torchrun`` (``python /venv/bin/torchrun ...``), and
-    ``python -m torch.distributed.run|launch``.
-    """
-    if name == "torchrun":
-        return True
-    if any(Path(arg).name == "torchrun" for arg in cmdline[:2]):
-        return True
-    for i, arg in enumerate(cmdline[:3]):
-        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in _TORCHRUN_MODULES:
-            return True
-    return False
-
-
-@dataclasses.dataclass(frozen=True)
-class RankEnv:
-    """What a rank's environment says about it."""
-
-    job: str
-    rank: int
-    local_rank: int
-    world_size: int
-    run_id: str
-    restart_count: int | None
-    metrics_dir: str | None = None
-
-    @property
-    def key(self) -> RankKey:
-        return (self.job, self.rank)
-
-
-def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
-    """Parse a rank's identity from its environment; None when it is not a rank."""
-    if any(name not in environ for name in _RANK_ENV):
-        return None
-    try:
-        restart = environ.get("TORCHELASTIC_RESTART_COUNT")
-        return RankEnv(
-            job=environ.get("STORMWATCH_JOB") or environ["TORCHELASTIC_RUN_ID"],
-            rank=int(environ["RANK"]),
-            local_rank=int(environ["LOCAL_RANK"]),
-            world_size=int(environ["WORLD_SIZE"]),
-            run_id=environ["TORCHELASTIC_RUN_ID"],
-            restart_count=int(restart) if restart is not None else None,
-            metrics_dir=environ.get("STORMWATCH_METRICS_DIR") or None,
-        )
-    except ValueError:
-        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,16 +97,6 @@ class _Tracked:
     exited_at: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Proc:
-    pid: int
-    ppid: int
-    name: str
-    cmdline: tuple[str, ...]
-    create_time: float
-    zombie: bool
-
-
 class RankWatcher:
     """Finds rank processes and tracks their lives.
 
@@ -161,6 +106,7 @@ class RankWatcher:
         forget_after: seconds after which an exited rank's series are dropped.
         clock: Unix time.
         is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+        tracer: records a ``rank.exit`` span per exit noticed (default: no-op).
     """
 
     def __init__(
@@ -171,13 +117,14 @@ class RankWatcher:
         forget_after: float = 3600.0,
         clock: Callable[[], float] = time.time,
         is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._dir = Path(metrics_dir)
         self._interval = interval
         self._forget_after = forget_after
         self._clock = clock
         self._is_agent = is_agent
-        self._files = MultiProcessCollector(None, path=str(self._dir))
+        self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.Lock()  # guards the state below
         self._scan_lock = threading.Lock()  # one scan at a time
         self._stop = threading.Event()
@@ -188,6 +135,7 @@ class RankWatcher:
         self._progress_seen: dict[RankKey, float] = {}
         self._steps: dict[RankKey, float] = {}
         self._environ: dict[tuple[int, float], Mapping[str, str] | None] = {}
+        self._names: dict[tuple[int, float], tuple[str, tuple[str, ...]]] = {}
         self._last_scan_at: float | None = None
         self._last_error: str | None = None
 
@@ -266,7 +214,7 @@ class RankWatcher:
             return None
         for candidate in chain:
             found = alive.get(candidate.pid)
-            if found is not None and _same_time(candidate.create_time(), found[1]):
+            if found is not None and same_time(candidate.create_time(), found[1]):
                 return found[0]
         return None
 
@@ -312,8 +260,11 @@ class RankWatcher:
     def _read_trainer_files(self) -> tuple[dict[RankKey, float], dict[RankKey, float]]:
         heartbeats: dict[RankKey, float] = {}
         steps: dict[RankKey, float] = {}
+        # Heartbeat and step are live gauges (docs/ARCHITECTURE.md): reading only the
+        # gauge_live* files skips the ranks' histograms and counters, which dominate.
+        files = [str(path) for path in self._dir.glob("gauge_live*_*.db")]
         try:
-            families = list(self._files.collect())
+            families = list(MultiProcessCollector.merge(files, accumulate=False))
         except Exception:  # a half-written file must not stop exit detection
             log.debug("reading multiprocess files failed", exc_info=True)
             return heartbeats, steps
@@ -329,25 +280,42 @@ class RankWatcher:
                 target[key] = max(sample.value, target.get(key, sample.value))
         return heartbeats, steps
 
-    @staticmethod
-    def _process_table() -> dict[int, _Proc]:
-        table: dict[int, _Proc] = {}
-        attrs = ["pid", "ppid", "name", "cmdline", "create_time", "status"]
-        for proc in psutil.process_iter(attrs):
-            info = proc.info
-            if info.get("create_time") is None:
-                continue
-            table[info["pid"]] = _Proc(
-                pid=info["pid"],
-                ppid=info.get("ppid") or 0,
-                name=info.get("name") or "",
-                cmdline=tuple(info.get("cmdline") or ()),
-                create_time=info["create_time"],
-                zombie=info.get("status") == psutil.STATUS_ZOMBIE,
+    def _process_table(self) -> dict[int, ProcEntry]:
+        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~stormwatch.agent.procs.proc_stat`).
+
+        Name and command line (psutil) are read once per process: they do not change.
+        """
+        table: dict[int, ProcEntry] = {}
+        names: dict[tuple[int, float], tuple[str, tuple[str, ...]]] = {}
+        boot = psutil.boot_time()
+        for pid in psutil.pids():
+            stat = proc_stat(pid, boot)
+            if stat is None:
+                continue  # gone since psutil.pids()
+            ppid, zombie, create_time = stat
+            key = (pid, create_time)
+            known = self._names.get(key)
+            if known is None:
+                try:
+                    proc = psutil.Process(pid)
+                    known = (proc.name(), tuple(proc.cmdline()))
+                except psutil.ZombieProcess:
+                    known = ("", ())
+                except psutil.Error:
+                    continue
+            names[key] = known
+            table[pid] = ProcEntry(
+                pid=pid,
+                ppid=ppid,
+                name=known[0],
+                cmdline=known[1],
+                create_time=create_time,
+                zombie=zombie,
             )
+        self._names = names  # only live processes stay cached
         return table
 
-    def _environ_of(self, proc: _Proc) -> Mapping[str, str] | None:
+    def _environ_of(self, proc: ProcEntry) -> Mapping[str, str] | None:
         key = (proc.pid, proc.create_time)
         if key not in self._environ:
             try:
@@ -356,14 +324,14 @@ class RankWatcher:
                 self._environ[key] = None
         return self._environ[key]
 
-    def _discover(self, table: Mapping[int, _Proc]) -> dict[RankKey, tuple[_Proc, RankEnv]]:
+    def _discover(self, table: Mapping[int, ProcEntry]) -> dict[RankKey, tuple[ProcEntry, RankEnv]]:
         children: dict[int, list[int]] = collections.defaultdict(list)
         for entry in table.values():
             children[entry.ppid].append(entry.pid)
         agents = [
             p.pid for p in table.values() if not p.zombie and self._is_agent(p.name, p.cmdline)
         ]
-        found: dict[RankKey, tuple[_Proc, RankEnv]] = {}
+        found: dict[RankKey, tuple[ProcEntry, RankEnv]] = {}
         stack: list[tuple[int, bool]] = [(c, False) for a in agents for c in children[a]]
         visited: set[int] = set()
         while stack:
@@ -392,7 +360,10 @@ class RankWatcher:
             return False
 
     def _update(
-        self, found: Mapping[RankKey, tuple[_Proc, RankEnv]], table: Mapping[int, _Proc], now: float
+        self,
+        found: Mapping[RankKey, tuple[ProcEntry, RankEnv]],
+        table: Mapping[int, ProcEntry],
+        now: float,
     ) -> None:
         for key, tracked in self._tracked.items():
             if not tracked.alive:
@@ -401,20 +372,22 @@ class RankWatcher:
             running = (
                 current is not None
                 and not current.zombie
-                and _same_time(current.create_time, tracked.create_time)
+                and same_time(current.create_time, tracked.create_time)
             )
             replaced = key in found and found[key][0].pid != tracked.pid
             if running and not replaced:
                 continue
             tracked.alive = False
             tracked.exited_at = now
-            if self._finished_cleanly(tracked):
+            clean = self._finished_cleanly(tracked)
+            if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
             else:
                 self._unexpected[key] += 1
                 log.warning(
                     "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
                 )
+            self._trace_exit(tracked, clean=clean, replaced=replaced)
         for key, (proc, env) in found.items():
             known = self._tracked.get(key)
             if known is not None and known.alive and known.pid == proc.pid:
@@ -426,6 +399,21 @@ class RankWatcher:
             self._tracked[key] = _Tracked(env, process, proc.pid, proc.create_time)
             self._unexpected.setdefault(key, 0)
             log.info("rank %d of job %s is pid %d", env.rank, env.job, proc.pid)
+
+    def _trace_exit(self, tracked: _Tracked, *, clean: bool, replaced: bool) -> None:
+        env = tracked.env
+        attributes: dict[str, str | int | bool | float] = {
+            "stormwatch.job": env.job,
+            "stormwatch.rank": env.rank,
+            "stormwatch.local_rank": env.local_rank,
+            "stormwatch.run_id": env.run_id,
+            "process.pid": tracked.pid,
+            "stormwatch.rank.clean_exit": clean,
+            "stormwatch.rank.replaced": replaced,
+        }
+        if env.restart_count is not None:
+            attributes["stormwatch.restart_count"] = env.restart_count
+        self._tracer.start_span("rank.exit", attributes=attributes).end()
 
     def _finished_cleanly(self, tracked: _Tracked) -> bool:
         marker = self._dir / f"rank{tracked.env.rank}.done"
@@ -459,22 +447,9 @@ class RankWatcher:
             if match is None:
                 continue
             pid = int(match[1])
-            if _pid_dead(pid):
+            if pid_dead(pid):
                 log.debug("marking pid %d dead in %s", pid, self._dir)
                 mark_process_dead(pid, str(self._dir))
-
-
-def _same_time(a: float, b: float) -> bool:
-    return abs(a - b) < 0.05
-
-
-def _pid_dead(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
 
 
 __all__ = [

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
+
+import stormwatch
 from stormwatch.agent.collectors import (
     Collector,
     CollectorSet,
@@ -39,8 +41,7 @@ from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
 from stormwatch.agent.ranks import RankWatcher
 from stormwatch.agent.server import ApiDeps, build_app
-
-import stormwatch
+from stormwatch.agent.tracing import AgentTracing, TracingSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,16 @@ _GPU_COLLECTORS = ("gpu", "nvlink", "xid", "gpu_processes")
 
 
 class _InfoCollector:
-    def __init__(self, node: str, backend: str) -> None:
-        self._node, self._backend = node, backend
+    def __init__(self, node: str, backend: str, tracing: AgentTracing) -> None:
+        self._node, self._backend, self._tracing = node, backend, tracing
 
     def collect(self) -> Iterator[Metric]:
         info = new_family("stormwatch_agent_info")
         info.add_metric([self._node, stormwatch.__version__, self._backend], 1.0)
-        yield info
+        spans = new_family("stormwatch_agent_spans_total")
+        for outcome, n in sorted(self._tracing.counts().items()):
+            spans.add_metric([outcome], float(n))
+        yield from (info, spans)
 
 
 class Agent:
@@ -70,7 +74,8 @@ class Agent:
 
     Attributes (after :meth:`start`): ``sampler`` (None when every GPU
     collector is off), ``watcher``, ``faults``, ``collectors``, ``registry``,
-    ``gpu_backend``, ``url``.
+    ``gpu_backend``, ``url``, ``tracing`` (:class:`AgentTracing`) and
+    ``trace_destination`` (the OTLP URL or the JSON-lines file).
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class Agent:
         self.sampler: GpuSampler | None = None
         self.gpu_backend = "none"
         self.url = ""
+        self.trace_destination = ""
 
     async def __aenter__(self) -> Agent:
         await self.start()
@@ -125,6 +131,20 @@ class Agent:
                 f"metrics_dir: cannot create {cfg.metrics_dir}: {exc.strerror}"
             ) from exc
 
+        # Tracing first (closed last, after the shutdown reverts it records), and
+        # only now, in the running process (FC-07); its close is bounded (FC-08).
+        self.tracing = AgentTracing(
+            TracingSettings(
+                node=cfg.node,
+                trace_file=cfg.resolved_trace_file,
+                otlp_endpoint=cfg.otlp_endpoint,
+                flush_timeout=cfg.trace_flush_timeout,
+            )
+        )
+        self.trace_destination = self.tracing.destination
+        stack.push_async_callback(self._close_tracing)
+        tracer = self.tracing.tracer
+
         ledger = FaultLedger(Path(cfg.resolved_state_dir) / "faults.sqlite3")
         stack.callback(ledger.close)
 
@@ -133,6 +153,7 @@ class Agent:
             interval=cfg.rank_scan_interval,
             forget_after=cfg.rank_retention_seconds,
             clock=self._clock,
+            tracer=tracer,
         )
         self.watcher.start()
         stack.callback(self.watcher.stop)
@@ -142,6 +163,7 @@ class Agent:
             FaultContext(node=cfg.node, ranks=self.watcher),
             types=FAULT_TYPES,
             clock=self._clock,
+            tracer=tracer,
         )
         self.faults.recover()
         stack.push_async_callback(self._revert_on_shutdown)
@@ -166,7 +188,13 @@ class Agent:
             stack.callback(self.sampler.stop)
             sampler = self.sampler
             builders: dict[str, Callable[[], Collector]] = {
-                "gpu": lambda: GpuCollector(sampler, hostname=cfg.node, clock=self._clock),
+                "gpu": lambda: GpuCollector(
+                    sampler,
+                    hostname=cfg.node,
+                    clock=self._clock,
+                    events_window_seconds=cfg.clock_events_window_seconds,
+                    xid_window_seconds=cfg.xid_window_seconds if cfg.enabled("xid") else None,
+                ),
                 "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node),
                 "xid": lambda: XidCollector(
                     sampler,
@@ -188,10 +216,17 @@ class Agent:
         if cfg.enabled("faults"):
             collectors.append(FaultsCollector(ledger))
 
-        self.collectors = CollectorSet(collectors)
+        self.collectors = CollectorSet(collectors, tracer=tracer)
+        info = _InfoCollector(cfg.node, self.gpu_backend, self.tracing)
+        info_registry = CollectorRegistry(auto_describe=False)
+        info_registry.register(info)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_InfoCollector(cfg.node, self.gpu_backend))
+        self.registry.register(info)
         self.registry.register(self.collectors)
+        collector_set = self.collectors
+
+        def render() -> bytes:
+            return generate_latest(info_registry) + collector_set.render()
 
         app = build_app(
             ApiDeps(
@@ -203,6 +238,8 @@ class Agent:
                 faults=self.faults,
                 token=token,
                 max_request_bytes=cfg.max_request_bytes,
+                unsupported_metrics=self._unsupported_metrics,
+                render=render,
             )
         )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -231,6 +268,20 @@ class Agent:
     async def stop(self) -> None:
         """Stop serving and release everything (idempotent)."""
         await self._stack.aclose()
+
+    def _unsupported_metrics(self) -> dict[str, dict[str, str]]:
+        """GPU index -> {DCGM metric: why this GPU cannot report it} from the latest sample."""
+        snapshot = self.sampler.latest if self.sampler is not None else None
+        if snapshot is None:
+            return {}
+        return {
+            str(device.index): dict(sorted(device.unsupported.items()))
+            for device in snapshot.devices
+            if device.up and device.unsupported
+        }
+
+    async def _close_tracing(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     async def _expire_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.errors import FaultError, InvalidFaultRequest
 from stormwatch.agent.faults import FaultManager, parse_fault_request
@@ -55,6 +56,10 @@ class ApiDeps:
         faults: the fault manager.
         token: the fault API's Bearer token; None disables the fault API (401).
         max_request_bytes: request body limit.
+        unsupported_metrics: ``() -> {gpu index: {DCGM metric: reason}}`` for
+            ``/healthz`` (what ``stormwatch_metric_supported 0`` means, and why).
+        render: ``() -> bytes``, the exposition ``/metrics`` serves (default:
+            ``generate_latest(registry)``).
     """
 
     node: str
@@ -65,6 +70,8 @@ class ApiDeps:
     faults: FaultManager
     token: str | None
     max_request_bytes: int
+    unsupported_metrics: Callable[[], dict[str, dict[str, str]]] = dict
+    render: Callable[[], bytes] | None = None
 
 
 def build_app(deps: ApiDeps) -> web.Application:
@@ -111,7 +118,10 @@ class _Api:
 
     # ------------------------------------------------------------ read-only
     async def metrics(self, request: web.Request) -> web.Response:
-        body = await self._blocking(generate_latest, self._deps.registry)
+        if self._deps.render is not None:
+            body = await self._blocking(self._deps.render)
+        else:
+            body = await self._blocking(generate_latest, self._deps.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -121,6 +131,7 @@ class _Api:
                 "node": self._deps.node,
                 "gpu_backend": self._deps.gpu_backend,
                 "collectors": self._deps.collectors.health(),
+                "unsupported_metrics": self._deps.unsupported_metrics(),
             }
         )
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
+from opentelemetry import trace
 from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,6 +26,7 @@ from prometheus_client.core import (
     Metric,
     UnknownMetricFamily,
 )
+
 from stormwatch.agent.catalogue import Catalogue, load_catalogue
 
 log = logging.getLogger(__name__)
@@ -77,15 +79,21 @@ class CollectorSet:
 
     Args:
         collectors: collectors to run, in exposition order; names must be unique.
+        tracer: records ``collector.failure`` when a collector goes down (with
+            the exception) and ``collector.recovered`` when it comes back
+            (default: no-op). Repeated failures are counted, not traced.
 
     ``collect()`` is safe to call from several threads (scrapes overlap).
     """
 
-    def __init__(self, collectors: Sequence[Collector]) -> None:
+    def __init__(
+        self, collectors: Sequence[Collector], *, tracer: trace.Tracer | None = None
+    ) -> None:
         names = [c.name for c in collectors]
         if len(set(names)) != len(names):
             raise ValueError(f"collector names must be unique, got {names}")
         self._collectors = tuple(collectors)
+        self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.Lock()
         self._errors: collections.Counter[str] = collections.Counter(dict.fromkeys(names, 0))
         self._up: dict[str, bool] = dict.fromkeys(names, True)
@@ -104,16 +112,28 @@ class CollectorSet:
     def collect(self) -> Iterator[Metric]:
         """Every collector's families, then the collector health families."""
         for collector in self._collectors:
-            yield from self._run(collector)
+            families, _ = self._run(collector)
+            yield from families
         yield from self._health_families()
 
-    def _run(self, collector: Collector) -> list[Metric]:
+    def render(self) -> bytes:
+        """The text exposition (format 0.0.4) of every collector, then collector health.
+
+        What ``/metrics`` serves: each collector is rendered once, inside its
+        guard, and the bytes are joined (the same text as ``generate_latest``
+        of a registry holding this set, at half the cost).
+        """
+        parts = [self._run(collector)[1] for collector in self._collectors]
+        parts.append(generate_latest(_Families(list(self._health_families()))))
+        return b"".join(parts)
+
+    def _run(self, collector: Collector) -> tuple[list[Metric], bytes]:
         started = time.perf_counter()
         try:
             families = list(collector.collect())
-            # Render once: a family the exposition cannot encode (bad label
-            # value type, NaN label...) fails here, inside the guard.
-            generate_latest(_Families(families))
+            # Render inside the guard: a family the exposition cannot encode (bad
+            # label value type, NaN label...) fails here, not in the whole scrape.
+            text = generate_latest(_Families(families))
         except Exception as exc:
             with self._lock:
                 was_up = self._up[collector.name]
@@ -124,17 +144,27 @@ class CollectorSet:
                 log.warning(
                     "collector %s failed; its metrics are missing", collector.name, exc_info=True
                 )
+                span = self._tracer.start_span(
+                    "collector.failure", attributes={"stormwatch.collector": collector.name}
+                )
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+                span.end()
             else:
                 log.warning(
                     "collector %s still failing: %s: %s", collector.name, type(exc).__name__, exc
                 )
-            return []
+            return [], b""
         with self._lock:
-            if not self._up[collector.name]:
-                log.warning("collector %s recovered", collector.name)
+            recovered = not self._up[collector.name]
             self._up[collector.name] = True
             self._duration[collector.name] = time.perf_counter() - started
-        return families
+        if recovered:
+            log.warning("collector %s recovered", collector.name)
+            self._tracer.start_span(
+                "collector.recovered", attributes={"stormwatch.collector": collector.name}
+            ).end()
+        return families, text
 
     def _health_families(self) -> Iterator[Metric]:
         up = new_family("stormwatch_collector_up")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
+
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.faults.ledger import FaultLedger
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 import psutil
 from prometheus_client.core import Metric
+
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.model import ProcessEntry

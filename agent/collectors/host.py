@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import psutil
 from prometheus_client.core import Metric
+
 from stormwatch.agent.collectors.base import new_family
 
 

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
+
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.errors import CollectorError
 from stormwatch.agent.ranks import RankWatcher

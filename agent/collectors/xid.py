@@ -3,15 +3,20 @@
 ``stormwatch_gpu_xid_errors_total{gpu,code}`` counts events; alerts use
 ``increase()`` over a window so they fire once and resolve by themselves.
 ``DCGM_FI_DEV_XID_ERRORS`` (dcgm-exporter's "last XID") is kept for
-dashboards, but decays to 0 after ``window_seconds`` instead of sticking.
+dashboards, but decays to 0 after ``window_seconds`` instead of sticking;
+``DCGM_EXP_XID_ERRORS_COUNT{xid}`` counts each code within that window. A GPU
+whose driver cannot deliver XID events (registration NOT_SUPPORTED) gets no
+XID series at all (``stormwatch_metric_supported`` 0), never a fake 0.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
+
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.sampler import GpuSampler
@@ -49,13 +54,21 @@ class XidCollector:
         for (gpu, code), n in sorted(snapshot.xid_counts.items()):
             counts.add_metric([str(gpu), str(code)], float(n))
         last = new_family("DCGM_FI_DEV_XID_ERRORS")
+        windowed = new_family("DCGM_EXP_XID_ERRORS_COUNT")
+        recent = collections.Counter(
+            (gpu, code) for gpu, code, seen in snapshot.xid_events if now - seen <= self._window
+        )
         for device in snapshot.devices:
-            if not device.up:
+            if not device.up or "DCGM_FI_DEV_XID_ERRORS" in device.unsupported:
                 continue
+            labels = device.dcgm_label_values(self._hostname)
             seen = snapshot.last_xid.get(device.index)
             value = seen[0] if seen is not None and now - seen[1] <= self._window else 0
-            last.add_metric(device.dcgm_label_values(self._hostname), float(value))
-        yield from (counts, last)
+            last.add_metric(labels, float(value))
+            for (gpu, code), n in sorted(recent.items()):
+                if gpu == device.index:
+                    windowed.add_metric([*labels, str(code)], float(n))
+        yield from (counts, last, windowed)
 
 
 __all__ = ["XidCollector"]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pydantic import ValidationError
+
 from stormwatch.agent.errors import InvalidFaultRequest
 from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
 from stormwatch.agent.faults.kill_rank import KillRank, KillRankSpec

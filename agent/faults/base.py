@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
+
 from stormwatch.agent.ranks import RankInfo
 
 #: Longest accepted time-to-live (one day): a forgotten fault must still end.

@@ -14,6 +14,7 @@ from typing import Literal
 
 import psutil
 from pydantic import Field
+
 from stormwatch.agent.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
 from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
 

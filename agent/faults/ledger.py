@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
 from stormwatch.agent.errors import LedgerError
 from stormwatch.agent.faults.base import Injection
 

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from opentelemetry import trace
+
 from stormwatch.agent.errors import (
     FaultConflict,
     FaultError,
@@ -27,6 +29,8 @@ class FaultManager:
         ctx: what faults act on.
         types: kind -> :class:`Fault` subclass (default: every built-in kind).
         clock: Unix time.
+        tracer: records a ``fault.inject`` / ``fault.revert`` span per action
+            (default: no-op).
     """
 
     def __init__(
@@ -36,11 +40,13 @@ class FaultManager:
         *,
         types: Mapping[str, type[Fault]],
         clock: Callable[[], float] = time.time,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._ledger = ledger
         self._ctx = ctx
         self._types = dict(types)
         self._clock = clock
+        self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.RLock()
 
     @property
@@ -59,6 +65,21 @@ class FaultManager:
             FaultTargetNotFound / FaultTargetAmbiguous: nothing was applied.
             FaultError: applying failed (recorded as ``failed``).
         """
+        attributes = {
+            f"stormwatch.fault.{key}": value
+            for key, value in spec.model_dump(mode="json").items()
+            if isinstance(value, str | int | float | bool)
+        }
+        attributes["stormwatch.node"] = self._ctx.node
+        with self._tracer.start_as_current_span("fault.inject", attributes=attributes) as span:
+            record, created = self._apply(spec)
+            span.set_attribute("stormwatch.fault.created", created)
+            span.set_attribute("stormwatch.fault.state", str(record.state.value))
+            if record.target_pid is not None:
+                span.set_attribute("stormwatch.fault.target_pid", record.target_pid)
+            return record, created
+
+    def _apply(self, spec: FaultSpec) -> tuple[FaultRecord, bool]:
         body = spec.model_dump(mode="json")
         with self._lock:
             existing = self._ledger.get(spec.id)
@@ -117,6 +138,20 @@ class FaultManager:
             FaultNotFound: unknown id.
             FaultError: the revert failed (the fault stays active and is retried).
         """
+        attributes = {
+            "stormwatch.fault.id": fault_id,
+            "stormwatch.fault.revert_reason": reason,
+            "stormwatch.node": self._ctx.node,
+        }
+        with self._tracer.start_as_current_span("fault.revert", attributes=attributes) as span:
+            record = self._revert(fault_id, reason)
+            span.set_attribute("stormwatch.fault.kind", record.kind)
+            span.set_attribute("stormwatch.fault.state", str(record.state.value))
+            if record.revert_reason is not None:
+                span.set_attribute("stormwatch.fault.reverted_for", record.revert_reason)
+            return record
+
+    def _revert(self, fault_id: str, reason: str) -> FaultRecord:
         with self._lock:
             record = self.get(fault_id)
             if not record.active:

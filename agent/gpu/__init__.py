@@ -3,7 +3,12 @@
 - :mod:`.backend`: :class:`NvmlApi` protocol, :func:`open_backend` (auto / nvml / sim)
 - :mod:`.fake`: :class:`FakeNvml`, the simulated NVML with error injection
 - :mod:`.sampler`: :class:`GpuSampler` producing immutable :class:`GpuSnapshot` s
-- :mod:`.queries`: the DCGM field table; :mod:`.nvlink`: per-link sampling
+- :mod:`.queries` (NVML function calls), :mod:`.fields` (NVML field values: ECC,
+  retired pages, remapped rows, PCIe replays, memory temperature, violations),
+  :mod:`.gpm` (``DCGM_FI_PROF_*`` from NVML GPM): the DCGM metric tables
+- :mod:`.nvlink`, :mod:`.nvlink_errors`: per-link state, throughput and error counters
+- :mod:`.identity` (labels and label fields), :mod:`.p2p` (NVLink P2P status)
+- :mod:`.fake_fields`, :mod:`.fake_extras`: the rest of the simulated NVML
 """
 
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend

@@ -29,6 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pynvml
+
+from stormwatch.agent.gpu.fake_extras import FakeNvmlExtras
+from stormwatch.agent.gpu.fake_fields import fill_field, set_field
 from stormwatch.agent.gpu.simulated import (
     FakeEventData,
     FakeEventSet,
@@ -66,6 +69,24 @@ NVML_FUNCTIONS: tuple[str, ...] = (
     "nvmlEventSetCreate",
     "nvmlEventSetWait",
     "nvmlEventSetFree",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlDeviceGetBrand",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetInforomVersion",
+    "nvmlDeviceGetInforomImageVersion",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetGridLicensableFeatures_v4",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
 )
 
 #: The legacy NVLink utilisation-counter API, deprecated since CUDA 11 (FC-05):
@@ -94,7 +115,7 @@ class _ErrorRule:
     remaining: int | None
 
 
-class FakeNvml:
+class FakeNvml(FakeNvmlExtras):
     """Simulated NVML with per-device, per-call error injection.
 
     Args:
@@ -125,6 +146,7 @@ class FakeNvml:
         self._event_sets: dict[int, dict[int, int]] = {}  # serial -> {gpu: mask}
         self._queues: dict[int, collections.deque[FakeEventData]] = {}
         self._next_set = 1
+        self._gpm_samples: dict[int, tuple[Any, int | None]] = {}
         self.driver_version = driver_version
         self.calls: collections.Counter[str] = collections.Counter()
         self.gpus: list[SimGpu] = [
@@ -338,35 +360,40 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         """Real ``c_nvmlFieldValue_t`` array with a per-entry ``nvmlReturn``.
 
-        Supported: ``NVML_FI_DEV_NVLINK_LINK_COUNT`` and the NVLink throughput
-        fields (scope = link). Anything else comes back NOT_SUPPORTED per entry.
+        Supported: NVLink link count, throughput (scope = link) and error
+        counters (per-link, scoped and totals), the device fields of
+        :mod:`.fake_fields` (ECC, retired pages, remapped rows, PCIe replays,
+        memory temperature, violation timers). Anything else, and the ids in
+        ``SimGpu.unsupported_fields``, come back NOT_SUPPORTED per entry.
         """
         index = self._gpu(handle)
         self._enter("nvmlDeviceGetFieldValues", index)
         gpu = self.gpus[index]
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         now_us = int(time.time() * 1e6)
+        elapsed = self._elapsed()
+        temperature = 35 + self._util(index) * 2 // 5
         for i, field in enumerate(fieldIds):
             field_id, scope = field if isinstance(field, tuple) else (field, 0)
             entry = values[i]
-            entry.fieldId, entry.scopeId, entry.timestamp = field_id, scope, now_us
-            entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-            if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT and gpu.links:
-                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                entry.value.uiVal = len(gpu.links)
-                entry.nvmlReturn = pynvml.NVML_SUCCESS
-            elif field_id in _THROUGHPUT_FIELDS:
-                if not 0 <= scope < len(gpu.links):
-                    entry.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
-                    continue
-                link = gpu.links[scope]
-                if not link.throughput_supported:
-                    continue
-                _, overhead = _THROUGHPUT_FIELDS[field_id]
-                kib = link.kib_per_second * self._elapsed() * overhead if link.active else 0.0
-                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                entry.value.ullVal = int(kib)
-                entry.nvmlReturn = pynvml.NVML_SUCCESS
+            set_field(entry, "fieldId", field_id)
+            set_field(entry, "scopeId", scope)
+            set_field(entry, "timestamp", now_us)
+            if field_id not in _THROUGHPUT_FIELDS:
+                fill_field(entry, gpu, field_id, scope, elapsed, temperature)
+                continue
+            set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
+            if not 0 <= scope < len(gpu.links):
+                set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
+                continue
+            link = gpu.links[scope]
+            if not link.throughput_supported or field_id in gpu.unsupported_fields:
+                continue
+            _, overhead = _THROUGHPUT_FIELDS[field_id]
+            kib = link.kib_per_second * elapsed * overhead if link.active else 0.0
+            set_field(entry, "valueType", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+            entry.value.ullVal = int(kib)
+            set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
         return values
 
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from stormwatch.agent.gpu.nvml_errors import Unsupported
+
 #: dcgm-exporter's per-GPU label names, in the order the agent emits them.
 DCGM_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 
@@ -18,6 +20,9 @@ class LinkReading:
         active: link state; None when NVML could not say (NOT_SUPPORTED / error).
         supported: throughput counters available; None when not asked (inactive link).
         tx_bytes, rx_bytes: cumulative data bytes, None when not available.
+        raw_tx_bytes, raw_rx_bytes: cumulative bytes including protocol headers.
+        errors: cumulative error counters by name (``crc_flit``, ``crc_data``,
+            ``replay``, ``recovery``, ``crc``); only those NVML reports for this link.
     """
 
     link: int
@@ -25,14 +30,25 @@ class LinkReading:
     supported: bool | None = None
     tx_bytes: float | None = None
     rx_bytes: float | None = None
+    raw_tx_bytes: float | None = None
+    raw_rx_bytes: float | None = None
+    errors: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class NvlinkReading:
-    """NVLink view of one GPU; ``present`` False when the GPU has no NVLink at all."""
+    """NVLink view of one GPU.
+
+    Attributes:
+        present: False when the GPU has no NVLink at all.
+        links: one reading per link.
+        dcgm: per-GPU DCGM NVLink metrics (bandwidth and error totals) -> value
+            in the catalogue's unit, or :class:`Unsupported` with the reason.
+    """
 
     present: bool
     links: tuple[LinkReading, ...] = ()
+    dcgm: Mapping[str, float | Unsupported] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +72,13 @@ class DeviceReading:
         index: NVML index (the ``gpu`` label).
         up: NVML answered for this GPU (False: lost / no handle, FC-02).
         uuid, pci_bus_id, name: identity labels ("" when unknown).
-        values: DCGM metric name -> value in the catalogue's unit.
+        values: DCGM metric name -> value in the catalogue's unit (NVLink totals included).
+        unsupported: DCGM metric name -> why this GPU cannot report it (NVML said
+            NOT_SUPPORTED, or there is no NVML equivalent): exported as
+            ``stormwatch_metric_supported 0``, never as a zero value.
+        supported: DCGM metric names this GPU produced data for in this sample
+            (``values`` keys plus derived families such as ``DCGM_EXP_P2P_STATUS``).
+        info: dcgm-exporter "label" fields (``DCGM_FI_DRIVER_VERSION``...) -> value.
         memory_total_bytes: framebuffer size, None when unknown.
         nvlink: None when not sampled (collector off or GPU down).
         processes: None when not sampled or the query failed.
@@ -68,6 +90,9 @@ class DeviceReading:
     pci_bus_id: str = ""
     name: str = ""
     values: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    supported: frozenset[str] = frozenset()
+    info: Mapping[str, str] = dataclasses.field(default_factory=dict)
     memory_total_bytes: int | None = None
     nvlink: NvlinkReading | None = None
     processes: tuple[ProcessEntry, ...] | None = None
@@ -97,6 +122,11 @@ class GpuSnapshot:
         nvml_errors: cumulative failed calls by (gpu index or "", function, error name).
         xid_counts: cumulative XID events by (gpu index, XID code).
         last_xid: gpu index -> (XID code, Unix time seen).
+        xid_events: recent XID events ``(gpu, code, Unix time)``, oldest first (bounded).
+        clock_events: recent clock-event onsets ``(gpu, reason, Unix time)``: a
+            reason that became active between two samples (bounded).
+        p2p: NVLink peer-to-peer status by (gpu, peer gpu), NVML's
+            ``NVML_P2P_STATUS_*`` code (refreshed every ``p2p_interval`` seconds).
     """
 
     taken_at: float
@@ -107,6 +137,9 @@ class GpuSnapshot:
     nvml_errors: Mapping[tuple[str, str, str], int]
     xid_counts: Mapping[tuple[int, int], int]
     last_xid: Mapping[int, tuple[int, float]]
+    xid_events: tuple[tuple[int, int, float], ...] = ()
+    clock_events: tuple[tuple[int, str, float], ...] = ()
+    p2p: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)
 
 
 __all__ = [

@@ -3,8 +3,10 @@
 For each GPU: find the links (``NVML_FI_DEV_NVLINK_LINK_COUNT``, else probe
 until NVML says the link index is invalid), check each link's state with
 ``nvmlDeviceGetNvLinkState``, then read ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}``
+(and ``RAW`` for link 0, dcgm-exporter's ``DCGM_FI_DEV_NVLINK_BANDWIDTH_L0``)
 with one ``nvmlDeviceGetFieldValues`` call, one entry per active link
-(``scopeId`` = link). Each entry's own ``nvmlReturn`` is checked: a
+(``scopeId`` = link), and the error counters with another
+(:mod:`.nvlink_errors`). Each entry's own ``nvmlReturn`` is checked: a
 NOT_SUPPORTED entry marks the link unsupported instead of reading a zero. The
 deprecated utilisation-counter API is never called and counters are never reset.
 """
@@ -14,31 +16,32 @@ from __future__ import annotations
 from typing import Any
 
 import pynvml
+
 from stormwatch.agent.gpu.backend import NvmlApi
+from stormwatch.agent.gpu.fields import entry_return, field_value
 from stormwatch.agent.gpu.model import LinkReading, NvlinkReading
-from stormwatch.agent.gpu.nvml_errors import UNSUPPORTED, ErrorSink, check, error_code
+from stormwatch.agent.gpu.nvlink_errors import TOTAL_METRICS, read_link_errors
+from stormwatch.agent.gpu.nvml_errors import (
+    UNSUPPORTED,
+    ErrorSink,
+    Unsupported,
+    check,
+    error_code,
+)
 
 KIB = 1024
 _FIELDS_CALL = "nvmlDeviceGetFieldValues"
 _STATE_CALL = "nvmlDeviceGetNvLinkState"
 
+BANDWIDTH_TOTAL = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+BANDWIDTH_L0 = "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0"
 
-def field_value(entry: Any) -> float:
-    """The value of a ``c_nvmlFieldValue_t`` according to its ``valueType``."""
-    kind = entry.valueType
-    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(entry.value.dVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return float(entry.value.uiVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return float(entry.value.ulVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return float(entry.value.sllVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return float(entry.value.siVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return float(entry.value.usVal)
-    return float(entry.value.ullVal)
+#: Every per-GPU DCGM metric this module produces (for "unsupported" marking).
+NVLINK_DCGM_METRICS: tuple[str, ...] = (
+    BANDWIDTH_TOTAL,
+    BANDWIDTH_L0,
+    *(m.name for m in TOTAL_METRICS),
+)
 
 
 def _link_count(api: NvmlApi, handle: Any, sink: ErrorSink) -> int | None:
@@ -47,8 +50,8 @@ def _link_count(api: NvmlApi, handle: Any, sink: ErrorSink) -> int | None:
     except pynvml.NVMLError as exc:
         check(_FIELDS_CALL, error_code(exc), sink, expected=UNSUPPORTED)
         return None
-    if entry.nvmlReturn != pynvml.NVML_SUCCESS:
-        check(_FIELDS_CALL, int(entry.nvmlReturn), sink, expected=UNSUPPORTED)
+    if entry_return(entry) != pynvml.NVML_SUCCESS:
+        check(_FIELDS_CALL, entry_return(entry), sink, expected=UNSUPPORTED)
         return None
     return int(field_value(entry))
 
@@ -72,14 +75,22 @@ def _states(api: NvmlApi, handle: Any, count: int | None, sink: ErrorSink) -> li
     return links
 
 
+_DIRECTIONS = (
+    ("tx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+    ("rx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
+)
+_RAW = (
+    ("raw_tx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX),
+    ("raw_rx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX),
+)
+
+
 def _throughput(
     api: NvmlApi, handle: Any, active: list[int], sink: ErrorSink
 ) -> dict[int, LinkReading]:
-    directions = (
-        ("tx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
-        ("rx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
-    )
-    requests = [(link, direction, field) for link in active for direction, field in directions]
+    requests = [(link, direction, field) for link in active for direction, field in _DIRECTIONS]
+    if 0 in active:
+        requests.extend((0, direction, field) for direction, field in _RAW)
     try:
         entries = api.nvmlDeviceGetFieldValues(
             handle, [(field, link) for link, _, field in requests]
@@ -92,25 +103,58 @@ def _throughput(
     unsupported: dict[int, int] = dict.fromkeys(active, 0)
     failed: set[int] = set()
     for (link, direction, _), entry in zip(requests, entries, strict=True):
-        ret = int(entry.nvmlReturn)
+        ret = entry_return(entry)
         if ret == pynvml.NVML_SUCCESS:
             seen[link][direction] = field_value(entry) * KIB
         elif check(_FIELDS_CALL, ret, sink, expected=UNSUPPORTED) in UNSUPPORTED:
-            unsupported[link] += 1
-        else:
+            if not direction.startswith("raw"):
+                unsupported[link] += 1
+        elif not direction.startswith("raw"):
             failed.add(link)
     result: dict[int, LinkReading] = {}
     for link in active:
         values = seen[link]
         verdict: bool | None
-        if values:
+        if "tx" in values or "rx" in values:
             verdict = True
-        elif unsupported[link] == len(directions):
+        elif unsupported[link] == len(_DIRECTIONS):
             verdict = False
         else:
             verdict = None if link in failed else False
-        result[link] = LinkReading(link, True, verdict, values.get("tx"), values.get("rx"))
+        result[link] = LinkReading(
+            link,
+            True,
+            verdict,
+            values.get("tx"),
+            values.get("rx"),
+            raw_tx_bytes=values.get("raw_tx"),
+            raw_rx_bytes=values.get("raw_rx"),
+        )
     return result
+
+
+def _dcgm_totals(
+    links: list[LinkReading], errors: dict[str, float | Unsupported]
+) -> dict[str, float | Unsupported]:
+    out: dict[str, float | Unsupported] = dict(errors)
+    active = [link for link in links if link.active]
+    if not active:
+        return out  # nothing read this sample: neither a value nor a verdict
+    supported = [link for link in active if link.supported]
+    if supported:
+        out[BANDWIDTH_TOTAL] = sum(
+            (link.tx_bytes or 0.0) + (link.rx_bytes or 0.0) for link in supported
+        )
+    elif all(link.supported is False for link in active):
+        out[BANDWIDTH_TOTAL] = Unsupported(
+            "NVLink throughput fields are NOT_SUPPORTED on every active link (FC-04)"
+        )
+    first = links[0]
+    if first.active and first.raw_tx_bytes is not None and first.raw_rx_bytes is not None:
+        out[BANDWIDTH_L0] = first.raw_tx_bytes + first.raw_rx_bytes
+    elif first.active and first.supported is False:
+        out[BANDWIDTH_L0] = Unsupported("NVLink raw throughput fields NOT_SUPPORTED on link 0")
+    return out
 
 
 def sample_nvlink(api: NvmlApi, handle: Any, sink: ErrorSink) -> NvlinkReading:
@@ -124,21 +168,49 @@ def sample_nvlink(api: NvmlApi, handle: Any, sink: ErrorSink) -> NvlinkReading:
 
     Returns:
         ``NvlinkReading(present=False)`` for a GPU without NVLink, else one
-        :class:`LinkReading` per link: inactive links have no throughput;
-        active links have ``supported`` True (with byte counters), False
-        (NOT_SUPPORTED) or None (the read failed).
+        :class:`LinkReading` per link: inactive links have no throughput and no
+        error counters; active links have ``supported`` True (with byte
+        counters), False (NOT_SUPPORTED) or None (the read failed). ``dcgm``
+        holds the per-GPU DCGM NVLink metrics (values or :class:`Unsupported`).
 
     Raises:
         DeviceDown: a device-fatal error (e.g. GPU_IS_LOST).
     """
     links = _states(api, handle, _link_count(api, handle, sink), sink)
     if not links:
-        return NvlinkReading(present=False)
+        reason = Unsupported("this GPU has no NVLink")
+        return NvlinkReading(present=False, dcgm=dict.fromkeys(NVLINK_DCGM_METRICS, reason))
     active = [link.link for link in links if link.active]
+    errors: dict[str, float | Unsupported] = {}
     if active:
         rates = _throughput(api, handle, active, sink)
-        links = [rates.get(link.link, link) for link in links]
-    return NvlinkReading(present=True, links=tuple(links))
+        per_link, errors = read_link_errors(api, handle, active, sink)
+        links = [
+            _with_errors(rates.get(link.link, link), per_link.get(link.link)) for link in links
+        ]
+    return NvlinkReading(present=True, links=tuple(links), dcgm=_dcgm_totals(links, errors))
 
 
-__all__ = ["KIB", "field_value", "sample_nvlink"]
+def _with_errors(link: LinkReading, errors: dict[str, float] | None) -> LinkReading:
+    if not errors:
+        return link
+    return LinkReading(
+        link.link,
+        link.active,
+        link.supported,
+        link.tx_bytes,
+        link.rx_bytes,
+        link.raw_tx_bytes,
+        link.raw_rx_bytes,
+        errors,
+    )
+
+
+__all__ = [
+    "BANDWIDTH_L0",
+    "BANDWIDTH_TOTAL",
+    "KIB",
+    "NVLINK_DCGM_METRICS",
+    "field_value",
+    "sample_nvlink",
+]

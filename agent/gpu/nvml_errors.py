@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pynvml
@@ -30,6 +31,21 @@ DEVICE_FATAL: frozenset[int] = frozenset(
 UNSUPPORTED: frozenset[int] = frozenset(
     {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT}
 )
+
+
+#: Answers of a whole NVML *function* meaning "this GPU or driver does not have it"
+#: (FUNCTION_NOT_FOUND: the driver predates the function). The metrics it would
+#: produce are marked unsupported and the answer is not counted as an error.
+CALL_UNSUPPORTED: frozenset[int] = frozenset(
+    {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsupported:
+    """A metric this GPU cannot report, and why (exported as ``stormwatch_metric_supported 0``)."""
+
+    reason: str
 
 
 def error_code(exc: pynvml.NVMLError) -> int:
@@ -64,11 +80,13 @@ def check(call: str, code: int, sink: ErrorSink, *, expected: frozenset[int] = f
 
 
 __all__ = [
+    "CALL_UNSUPPORTED",
     "DEVICE_FATAL",
     "ERROR_NAMES",
     "UNSUPPORTED",
     "DeviceDown",
     "ErrorSink",
+    "Unsupported",
     "check",
     "error_code",
     "error_name",

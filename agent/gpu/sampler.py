@@ -6,6 +6,11 @@ error (GPU lost) only that GPU, and a failing ``nvmlDeviceGetCount`` only that
 sample (FC-02). Handles are cached and re-acquired after a device-fatal error.
 XID events are drained from an NVML event set on every sample and kept as
 counters (FC-03).
+
+Per GPU one sample reads the function-call metrics (:mod:`.queries`), the
+field-value metrics (:mod:`.fields`), the profiling metrics (:mod:`.gpm`) and
+NVLink (:mod:`.nvlink`). What NVML answers NOT_SUPPORTED for is recorded as
+*unsupported* with its reason, never as a zero.
 """
 
 from __future__ import annotations
@@ -15,26 +20,45 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import pynvml
+
 from stormwatch.agent.gpu.backend import NvmlApi
+from stormwatch.agent.gpu.fields import FIELD_METRICS, read_fields
+from stormwatch.agent.gpu.gpm import GpmReader
+from stormwatch.agent.gpu.identity import Identity, read_identity, system_info
 from stormwatch.agent.gpu.model import DeviceReading, GpuSnapshot, ProcessEntry
 from stormwatch.agent.gpu.nvlink import sample_nvlink
 from stormwatch.agent.gpu.nvml_errors import (
+    CALL_UNSUPPORTED,
     DeviceDown,
+    Unsupported,
     check,
     error_code,
     error_name,
 )
-from stormwatch.agent.gpu.queries import DEVICE_QUERIES, MEMORY_TOTAL
+from stormwatch.agent.gpu.p2p import read_p2p
+from stormwatch.agent.gpu.queries import (
+    CLOCK_EVENT_REASONS,
+    CLOCK_REASONS,
+    DEVICE_QUERIES,
+    MEMORY_TOTAL,
+)
 
 log = logging.getLogger(__name__)
 
 #: Upper bound on events drained per sample, so an event storm cannot stall sampling.
 _MAX_EVENTS_PER_SAMPLE = 1000
+#: Recent XID / clock events kept for the windowed ``DCGM_EXP_*_COUNT`` metrics.
+_MAX_RECENT_EVENTS = 10_000
+
+XID_METRICS = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT")
+CLOCK_EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+HEALTH_STATUS = "DCGM_EXP_GPU_HEALTH_STATUS"
+P2P_STATUS = "DCGM_EXP_P2P_STATUS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,27 +67,24 @@ class SamplerOptions:
 
     Attributes:
         interval: seconds between samples.
-        nvlink: sample NVLink links (``nvlink`` collector).
+        nvlink: sample NVLink links and P2P status (``nvlink`` collector).
         processes: sample compute processes (``gpu_processes`` collector).
         xid: listen for XID events (``xid`` collector).
+        p2p_interval: seconds between P2P status refreshes (60 s: the status only
+            changes with the topology or a driver setting).
     """
 
     interval: float = 1.0
     nvlink: bool = True
     processes: bool = True
     xid: bool = True
+    p2p_interval: float = 60.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise ValueError(f"interval: must be > 0 seconds (got {self.interval})")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Identity:
-    handle: Any
-    uuid: str
-    pci_bus_id: str
-    name: str
+        if self.p2p_interval <= 0:
+            raise ValueError(f"p2p_interval: must be > 0 seconds (got {self.p2p_interval})")
 
 
 class GpuSampler:
@@ -72,7 +93,7 @@ class GpuSampler:
     Args:
         api: an initialised NVML backend (real ``pynvml`` or :class:`FakeNvml`).
         options: see :class:`SamplerOptions`.
-        clock: Unix time (seconds) for ``taken_at`` and XID times.
+        clock: Unix time (seconds) for ``taken_at`` and event times.
 
     Use :meth:`start` / :meth:`stop` (or :meth:`sample` directly, e.g. in tests).
     """
@@ -90,12 +111,25 @@ class GpuSampler:
         self._lock = threading.Lock()  # one sample at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._identities: dict[int, _Identity] = {}
+        self._system: dict[str, str] | None = None
+        self._identities: dict[int, Identity] = {}
+        self._gpm: dict[int, GpmReader] = {}
         self._registered: set[int] = set()
+        self._xid_unsupported: dict[int, str] = {}
         self._event_set: Any = None
         self._nvml_errors: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._xid_counts: collections.Counter[tuple[int, int]] = collections.Counter()
         self._last_xid: dict[int, tuple[int, float]] = {}
+        self._xid_events: collections.deque[tuple[int, int, float]] = collections.deque(
+            maxlen=_MAX_RECENT_EVENTS
+        )
+        self._clock_masks: dict[int, int] = {}
+        self._clock_events: collections.deque[tuple[int, str, float]] = collections.deque(
+            maxlen=_MAX_RECENT_EVENTS
+        )
+        self._p2p: dict[tuple[int, int], int] = {}
+        self._p2p_unsupported: set[int] = set()
+        self._p2p_at: float | None = None
         self._latest: GpuSnapshot | None = None
 
     # --------------------------------------------------------------- public
@@ -115,7 +149,7 @@ class GpuSampler:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread (waits up to ``timeout`` s for an NVML call in flight) and free events."""
+        """Stop the thread (waits up to ``timeout`` s for an NVML call in flight); free NVML objects."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -125,6 +159,9 @@ class GpuSampler:
                 )
                 return
         with self._lock:
+            for reader in self._gpm.values():
+                reader.close()
+            self._gpm.clear()
             if self._event_set is not None:
                 try:
                     self._api.nvmlEventSetFree(self._event_set)
@@ -151,7 +188,7 @@ class GpuSampler:
     def _record(self, gpu: int | None, call: str, code: int) -> None:
         self._nvml_errors[("" if gpu is None else str(gpu), call, error_name(code))] += 1
 
-    def _sink(self, gpu: int) -> Callable[[str, int], None]:
+    def _sink(self, gpu: int | None) -> Callable[[str, int], None]:
         def sink(call: str, code: int) -> None:
             self._record(gpu, call, code)
 
@@ -167,11 +204,15 @@ class GpuSampler:
             self._record(None, "nvmlDeviceGetCount", error_code(exc))
             error = f"nvmlDeviceGetCount: {error_name(error_code(exc))}"
         if count is not None:
+            if self._system is None:
+                self._system = system_info(self._api, self._sink(None))
             if self._options.xid:
                 self._ensure_event_set()
             devices = tuple(self._sample_device(index) for index in range(count))
             if self._options.xid:
                 self._drain_events()
+            if self._options.nvlink:
+                devices = self._with_p2p(devices)
         return GpuSnapshot(
             taken_at=self._clock(),
             duration_seconds=time.perf_counter() - started,
@@ -181,26 +222,52 @@ class GpuSampler:
             nvml_errors=MappingProxyType(dict(self._nvml_errors)),
             xid_counts=MappingProxyType(dict(self._xid_counts)),
             last_xid=MappingProxyType(dict(self._last_xid)),
+            xid_events=tuple(self._xid_events),
+            clock_events=tuple(self._clock_events),
+            p2p=MappingProxyType(dict(self._p2p)),
         )
 
     def _sample_device(self, index: int) -> DeviceReading:
         sink = self._sink(index)
+        values: dict[str, float] = {}
+        unsupported: dict[str, str] = {}
+
+        def merge(reading: Mapping[str, float | Unsupported]) -> None:
+            for name, value in reading.items():
+                if isinstance(value, Unsupported):
+                    unsupported[name] = value.reason
+                else:
+                    values[name] = float(value)
+
         try:
             ident = self._identity(index, sink)
-            values: dict[str, float] = {}
+            handle = ident.handle
             for query in DEVICE_QUERIES:
                 try:
-                    values.update(query.read(self._api, ident.handle))
+                    merge(query.read(self._api, handle))
                 except pynvml.NVMLError as exc:
-                    check(query.call, error_code(exc), sink)
-            total = values.pop(MEMORY_TOTAL, None)
-            nvlink = sample_nvlink(self._api, ident.handle, sink) if self._options.nvlink else None
-            processes = self._processes(ident.handle, sink) if self._options.processes else None
+                    code = check(query.call, error_code(exc), sink, expected=CALL_UNSUPPORTED)
+                    if code in CALL_UNSUPPORTED:
+                        reason = Unsupported(f"{query.call}: {error_name(code)}")
+                        merge(dict.fromkeys(query.metrics, reason))
+            merge(read_fields(self._api, handle, FIELD_METRICS, sink))
+            merge(self._gpm_reader(index, handle).read(sink))
+            nvlink = sample_nvlink(self._api, handle, sink) if self._options.nvlink else None
+            if nvlink is not None:
+                merge(nvlink.dcgm)
+            processes = self._processes(handle, sink) if self._options.processes else None
         except DeviceDown as down:
             log.debug("GPU %d down: %s", index, down)
-            self._identities.pop(index, None)
-            self._registered.discard(index)
+            self._forget(index)
             return DeviceReading(index=index, up=False)
+        total = values.pop(MEMORY_TOTAL, None)
+        supported = set(values) | {HEALTH_STATUS}
+        self._clock_event_support(index, values, unsupported, supported)
+        if self._options.xid:
+            if index in self._registered:
+                supported.update(XID_METRICS)
+            elif index in self._xid_unsupported:
+                unsupported.update(dict.fromkeys(XID_METRICS, self._xid_unsupported[index]))
         return DeviceReading(
             index=index,
             up=True,
@@ -208,12 +275,41 @@ class GpuSampler:
             pci_bus_id=ident.pci_bus_id,
             name=ident.name,
             values=MappingProxyType(values),
+            unsupported=MappingProxyType(unsupported),
+            supported=frozenset(supported),
+            info=ident.info,
             memory_total_bytes=None if total is None else int(total),
             nvlink=nvlink,
             processes=processes,
         )
 
-    def _identity(self, index: int, sink: Callable[[str, int], None]) -> _Identity:
+    def _clock_event_support(
+        self, index: int, values: dict[str, float], unsupported: dict[str, str], supported: set[str]
+    ) -> None:
+        """Track clock-event onsets (for ``DCGM_EXP_CLOCK_EVENTS_COUNT``) from the reasons mask."""
+        if CLOCK_REASONS in unsupported:
+            unsupported[CLOCK_EVENTS_COUNT] = unsupported[CLOCK_REASONS]
+            return
+        if CLOCK_REASONS not in values:
+            return
+        supported.add(CLOCK_EVENTS_COUNT)
+        mask = int(values[CLOCK_REASONS])
+        previous = self._clock_masks.get(index, 0)
+        self._clock_masks[index] = mask
+        now = self._clock()
+        for bit, reason in CLOCK_EVENT_REASONS:
+            if mask & bit and not previous & bit:
+                self._clock_events.append((index, reason, now))
+
+    def _forget(self, index: int) -> None:
+        """Drop a lost GPU's cached handle and NVML objects (re-acquired when it returns)."""
+        self._identities.pop(index, None)
+        self._registered.discard(index)
+        reader = self._gpm.pop(index, None)
+        if reader is not None:
+            reader.close()
+
+    def _identity(self, index: int, sink: Callable[[str, int], None]) -> Identity:
         cached = self._identities.get(index)
         if cached is not None:
             return cached
@@ -222,28 +318,19 @@ class GpuSampler:
         except pynvml.NVMLError as exc:
             sink("nvmlDeviceGetHandleByIndex", error_code(exc))
             raise DeviceDown(f"nvmlDeviceGetHandleByIndex: {error_name(error_code(exc))}") from exc
-
-        def text(call: str, read: Callable[[], str]) -> str:
-            try:
-                return str(read())
-            except pynvml.NVMLError as exc:
-                check(call, error_code(exc), sink)
-                return ""
-
-        ident = _Identity(
-            handle=handle,
-            uuid=text("nvmlDeviceGetUUID", lambda: self._api.nvmlDeviceGetUUID(handle)),
-            pci_bus_id=text(
-                "nvmlDeviceGetPciInfo", lambda: self._api.nvmlDeviceGetPciInfo(handle).busId
-            ),
-            name=text("nvmlDeviceGetName", lambda: self._api.nvmlDeviceGetName(handle)),
-        )
+        ident = read_identity(self._api, handle, sink, self._system or {})
         if self._options.xid and self._event_set is not None:
             self._register_events(index, handle, sink)
         # Cache only complete identities, so missing labels are retried next sample.
-        if ident.uuid and ident.pci_bus_id and ident.name:
+        if ident.complete:
             self._identities[index] = ident
         return ident
+
+    def _gpm_reader(self, index: int, handle: Any) -> GpmReader:
+        reader = self._gpm.get(index)
+        if reader is None:
+            reader = self._gpm[index] = GpmReader(self._api, handle)
+        return reader
 
     def _processes(
         self, handle: Any, sink: Callable[[str, int], None]
@@ -261,6 +348,31 @@ class GpuSampler:
             )
         return tuple(entries)
 
+    def _with_p2p(self, devices: tuple[DeviceReading, ...]) -> tuple[DeviceReading, ...]:
+        """Refresh the NVLink P2P matrix when due; mark each GPU's P2P support."""
+        up = {d.index for d in devices if d.up}
+        now = self._clock()
+        if self._p2p_at is None or now - self._p2p_at >= self._options.p2p_interval:
+            handles = {i: self._identities[i].handle for i in sorted(up) if i in self._identities}
+            self._p2p, self._p2p_unsupported = read_p2p(self._api, handles, self._sink)
+            self._p2p_at = now
+        out = []
+        for device in devices:
+            if not device.up or len(up) < 2:
+                out.append(device)
+            elif device.index in self._p2p_unsupported:
+                reason = {P2P_STATUS: "nvmlDeviceGetP2PStatus: NOT_SUPPORTED"}
+                out.append(
+                    dataclasses.replace(
+                        device, unsupported=MappingProxyType({**device.unsupported, **reason})
+                    )
+                )
+            elif any(gpu == device.index and peer in up for gpu, peer in self._p2p):
+                out.append(dataclasses.replace(device, supported=device.supported | {P2P_STATUS}))
+            else:
+                out.append(device)
+        return tuple(out)
+
     # ------------------------------------------------------------ XID events
     def _ensure_event_set(self) -> None:
         if self._event_set is not None:
@@ -277,12 +389,16 @@ class GpuSampler:
     def _register_events(self, index: int, handle: Any, sink: Callable[[str, int], None]) -> None:
         if index in self._registered:
             return
+        call = "nvmlDeviceRegisterEvents"
+        self._xid_unsupported.pop(index, None)
         try:
             self._api.nvmlDeviceRegisterEvents(
                 handle, pynvml.nvmlEventTypeXidCriticalError, self._event_set
             )
         except pynvml.NVMLError as exc:
-            check("nvmlDeviceRegisterEvents", error_code(exc), sink)
+            code = check(call, error_code(exc), sink, expected=CALL_UNSUPPORTED)
+            if code in CALL_UNSUPPORTED:
+                self._xid_unsupported[index] = f"{call}: {error_name(code)} (XIDs cannot be seen)"
             return
         self._registered.add(index)
 
@@ -304,9 +420,18 @@ class GpuSampler:
                 self._record(None, "nvmlDeviceGetIndex", error_code(exc))
                 gpu = -1
             code = int(data.eventData)
+            now = self._clock()
             self._xid_counts[(gpu, code)] += 1
-            self._last_xid[gpu] = (code, self._clock())
+            self._last_xid[gpu] = (code, now)
+            self._xid_events.append((gpu, code, now))
             log.warning("XID %d on GPU %d", code, gpu)
 
 
-__all__ = ["GpuSampler", "SamplerOptions"]
+__all__ = [
+    "CLOCK_EVENTS_COUNT",
+    "HEALTH_STATUS",
+    "P2P_STATUS",
+    "XID_METRICS",
+    "GpuSampler",
+    "SamplerOptions",
+]

@@ -16,11 +16,22 @@ class SimLink:
         throughput_supported: False makes the throughput field values come back
             with ``NVML_ERROR_NOT_SUPPORTED`` (A100-style, FC-04).
         kib_per_second: simulated data rate of each direction.
+        errors: cumulative error counters (``crc_flit``, ``crc_data``, ``replay``,
+            ``recovery``) served through the per-link NVML fields; tests bump them.
+        errors_supported: False makes the per-link error fields NOT_SUPPORTED.
+        legacy_error_fields: serve the pre-Hopper per-link CRC flit/data fields
+            (``NVML_FI_DEV_NVLINK_CRC_*_ERROR_COUNT_L<n>``); off like on an H100,
+            which reports per-link CRC errors through ``NVML_FI_DEV_NVLINK_ERROR_DL_CRC``.
     """
 
     active: bool = True
     throughput_supported: bool = True
     kib_per_second: float = 1_000_000.0
+    errors: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"crc_flit": 0, "crc_data": 0, "replay": 0, "recovery": 0}
+    )
+    errors_supported: bool = True
+    legacy_error_fields: bool = False
 
 
 @dataclasses.dataclass
@@ -37,6 +48,12 @@ class SimGpu:
         processes: ``(pid, usedGpuMemory bytes or None)`` entries returned by
             ``nvmlDeviceGetComputeRunningProcesses``, verbatim (they may be bogus: FC-06).
         lost: every call for this GPU raises ``NVMLError_GpuIsLost`` (FC-02).
+        counters: device error counters served as NVML fields (ECC, retired
+            pages, remapped rows, PCIe replays); tests bump them.
+        unsupported_fields: ``NVML_FI_DEV_*`` ids answered NOT_SUPPORTED per entry.
+        gpm_supported: False makes ``nvmlGpmQueryDeviceSupport`` say "no GPM"
+            (an A100: the profiling metrics become unsupported).
+        vgpu_licensed: vGPU license state; None for a GPU without vGPU licensing.
     """
 
     index: int
@@ -47,6 +64,24 @@ class SimGpu:
     links: list[SimLink] = dataclasses.field(default_factory=list)
     processes: list[tuple[int, int | None]] = dataclasses.field(default_factory=list)
     lost: bool = False
+    counters: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {
+            "ecc_sbe_vol": 0,
+            "ecc_dbe_vol": 0,
+            "ecc_sbe_agg": 2,
+            "ecc_dbe_agg": 0,
+            "retired_sbe": 0,
+            "retired_dbe": 0,
+            "retired_pending": 0,
+            "remapped_cor": 1,
+            "remapped_unc": 0,
+            "remap_failure": 0,
+            "pcie_replay": 0,
+        }
+    )
+    unsupported_fields: set[int] = dataclasses.field(default_factory=set)
+    gpm_supported: bool = True
+    vgpu_licensed: bool | None = True
 
 
 @dataclasses.dataclass(frozen=True)

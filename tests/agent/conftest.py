@@ -27,9 +27,44 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from stormwatch.agent import Agent, AgentConfig, FakeNvml
 
 TOKEN = "test-token-0123456789"
+
+#: dcgm-exporter's published files (test data, unchanged).
+PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "dcgm-exporter"
+
+
+@dataclasses.dataclass(frozen=True)
+class DcgmCounter:
+    """One field row of dcgm-exporter's ``default-counters.csv``.
+
+    ``enabled`` is False for the rows shipped commented out (``# DCGM_..., type, help``).
+    """
+
+    name: str
+    type: str
+    help: str
+    enabled: bool
+
+
+def dcgm_counters() -> dict[str, DcgmCounter]:
+    """Every field row of ``default-counters.csv``, commented or not (an enabled row wins)."""
+    rows: dict[str, DcgmCounter] = {}
+    for line in (PEERS / "default-counters.csv").read_text().splitlines():
+        text = line.strip()
+        enabled = not text.startswith("#")
+        text = text.lstrip("#").strip()
+        parts = [part.strip() for part in text.split(",", 2)]
+        if len(parts) != 3 or not parts[0].startswith("DCGM_"):
+            continue
+        if parts[1] not in ("gauge", "counter", "label"):
+            continue
+        row = DcgmCounter(parts[0], parts[1], parts[2], enabled)
+        if enabled or parts[0] not in rows:
+            rows[parts[0]] = row
+    return rows
 
 
 # ------------------------------------------------------------------ HTTP
@@ -476,6 +511,8 @@ def tools() -> Any:
         wait_for = staticmethod(wait_for)
         Scrape = Scrape
         make_agent = staticmethod(make_agent)
+        dcgm_counters = staticmethod(dcgm_counters)
+        peers = PEERS
         token = TOKEN
 
     return Tools

@@ -12,6 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 from click.testing import CliRunner
+
 from stormwatch.agent import AgentError, FakeNvml, load_catalogue
 from stormwatch.agent.catalogue import parse_catalogue
 from stormwatch.agent.cli import agent as agent_cli
@@ -106,16 +107,18 @@ def test_trainer_contract_metrics_are_catalogued() -> None:
         assert catalogue[name].source == "trainer"
 
 
-def test_dcgm_names_keep_dcgm_exporter_types() -> None:
+#: DCGM fields exported beyond default-counters.csv (dcgm-exporter ships them in its
+#: other counter files, e.g. ``dcp-metrics-included.csv``), with their dcgm-exporter type.
+DCGM_EXTRA_FIELDS = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "gauge"}
+
+
+def test_dcgm_names_keep_dcgm_exporter_types(tools: Any) -> None:
     """Gauges stay gauges; dcgm counters are untyped (prometheus-client would add _total)."""
-    peer: dict[str, str] = {}
-    for line in (PEERS / "default-counters.csv").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            name, kind, _ = (part.strip() for part in line.split(",", 2))
-            peer[name] = kind
+    peer = {name: row.type for name, row in tools.dcgm_counters().items()}
+    peer.update(DCGM_EXTRA_FIELDS)
     for spec in load_catalogue():
         if spec.name.startswith("DCGM_"):
-            assert spec.name in peer, f"{spec.name} is not a dcgm-exporter default field"
+            assert spec.name in peer, f"{spec.name} is not a dcgm-exporter field"
             assert spec.type == {"counter": "untyped"}.get(peer[spec.name], peer[spec.name]), (
                 spec.name
             )
@@ -152,8 +155,10 @@ def test_agent_metrics_command_prints_the_catalogue_in_each_format() -> None:
 def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, tools: Any) -> None:
     """promtool (Prometheus's own parser and linter) accepts /metrics.
 
-    The only finding allowed is dcgm-exporter's camelCase labels (``modelName``,
-    ``UUID``), kept verbatim for its dashboards.
+    The only findings allowed are dcgm-exporter's camelCase labels (``modelName``,
+    ``UUID``), kept verbatim for its dashboards (also on ``stormwatch_gpu_info``,
+    which carries them for joins), and its metric names containing "counter"
+    (``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``), kept verbatim too.
     """
     agent = start_agent(FakeNvml(2))
     text = tools.http("GET", agent.url + "/metrics").text
@@ -164,4 +169,6 @@ def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, too
     findings = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert findings, "expected the DCGM camelCase finding; did the labels change?"
     for line in findings:
-        assert line.startswith("DCGM_FI_") and "camelCase" in line, line
+        camel = line.startswith(("DCGM_", "stormwatch_gpu_info ")) and "camelCase" in line
+        dcgm_name = line.startswith("DCGM_") and "should not include type 'counter'" in line
+        assert camel or dcgm_name, line

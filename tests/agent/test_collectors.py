@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+
 from stormwatch.agent import AgentConfig, AgentConfigError
 from stormwatch.agent.collectors import CollectorSet, HostCollector, new_family
 

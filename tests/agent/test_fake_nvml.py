@@ -6,6 +6,7 @@ import inspect
 
 import pynvml
 import pytest
+
 from stormwatch.agent import FakeNvml, NvmlUnavailable
 from stormwatch.agent.gpu.backend import NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import NVML_FUNCTIONS

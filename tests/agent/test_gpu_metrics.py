@@ -7,9 +7,15 @@ from typing import Any
 
 import pynvml
 import pytest
+
 from stormwatch.agent import FakeNvml
 from stormwatch.agent.gpu.fake import LEGACY_NVLINK_FUNCTIONS
-from stormwatch.agent.gpu.nvml_errors import DEVICE_FATAL, UNSUPPORTED, error_name
+from stormwatch.agent.gpu.nvml_errors import (
+    CALL_UNSUPPORTED,
+    DEVICE_FATAL,
+    UNSUPPORTED,
+    error_name,
+)
 
 DCGM_DEVICE = {
     "DCGM_FI_DEV_GPU_UTIL",
@@ -23,18 +29,38 @@ DCGM_DEVICE = {
     "DCGM_FI_DEV_MEM_CLOCK",
     "DCGM_FI_DEV_XID_ERRORS",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
 }
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
 
 #: Per-device call sites whose failure costs exactly these metrics.
 VALUE_SITES: dict[str, set[str]] = {
     "nvmlDeviceGetUtilizationRates": {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"},
-    "nvmlDeviceGetMemoryInfo": {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"},
+    "nvmlDeviceGetMemoryInfo": {
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_RESERVED",
+    },
     "nvmlDeviceGetTemperature": {"DCGM_FI_DEV_GPU_TEMP"},
     "nvmlDeviceGetPowerUsage": {"DCGM_FI_DEV_POWER_USAGE"},
     "nvmlDeviceGetTotalEnergyConsumption": {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"},
     "nvmlDeviceGetClockInfo": {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK"},
+    "nvmlDeviceGetEncoderUtilization": {"DCGM_FI_DEV_ENC_UTIL"},
+    "nvmlDeviceGetDecoderUtilization": {"DCGM_FI_DEV_DEC_UTIL"},
+    "nvmlDeviceGetCurrentClocksEventReasons": {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"},
+    "nvmlDeviceGetGridLicensableFeatures_v4": {"DCGM_FI_DEV_VGPU_LICENSE_STATUS"},
+    "nvmlGpmMetricsGet": {"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES"},
 }
+#: Field-value metrics among DCGM_DEVICE (lost with a failing nvmlDeviceGetFieldValues).
+FIELD_SITE_METRICS = {"DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
 #: Per-device call sites whose (non-fatal) failure costs labels or side metrics only.
 OTHER_DEVICE_SITES = (
     "nvmlDeviceGetHandleByIndex",
@@ -78,6 +104,13 @@ def test_nvml_error_on_one_gpu_keeps_metrics_200_and_other_gpu_exported(
     gpu_agent: Any, tools: Any, call: str, code: int
 ) -> None:
     _reset(gpu_agent)
+    gpm = call.startswith("nvmlGpm")
+    # Drivers before R535 lack the "clocks event" name: the agent uses the "throttle" one.
+    fallback = call == "nvmlDeviceGetCurrentClocksEventReasons" and (
+        code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    )
+    if gpm:
+        gpu_agent.sample()  # GPM metrics need a previous GPM sample of the re-acquired GPU
     gpu_agent.fake.inject_error(call, code, gpu=1)
     gpu_agent.sample()
     scrape = tools.scrape(gpu_agent.url)  # asserts HTTP 200
@@ -93,12 +126,31 @@ def test_nvml_error_on_one_gpu_keeps_metrics_200_and_other_gpu_exported(
         assert gpu1 == set(), "a GPU that is down must not export stale values"
     else:
         assert scrape.value("stormwatch_gpu_up", gpu="1") == 1
-        lost = VALUE_SITES.get(call, set())
+        lost = set(VALUE_SITES.get(call, set()))
+        if call == "nvmlGpmMetricsGet" and code in CALL_UNSUPPORTED:
+            lost.discard("DCGM_FI_PROF_PCIE_TX_BYTES")  # falls back to nvmlDeviceGetPcieThroughput
+        if fallback:
+            lost = set()
+        if call == "nvmlDeviceGetFieldValues":
+            lost |= FIELD_SITE_METRICS
+        if call == "nvmlDeviceRegisterEvents" and code in CALL_UNSUPPORTED:
+            lost.add("DCGM_FI_DEV_XID_ERRORS")  # XIDs cannot be seen: no fake 0
         expected = DCGM_DEVICE - lost
+        if not gpm:  # the first sample of a re-acquired GPU has no GPM interval yet
+            expected = expected - VALUE_SITES["nvmlGpmMetricsGet"]
         if call in NVLINK_SITES:  # no throughput read -> no bandwidth total (never a fake 0)
             expected = expected - {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
         assert gpu1 == expected
-    quiet = call in NVLINK_SITES and code in UNSUPPORTED  # a capability answer, not an error
+    # A capability answer (NOT_SUPPORTED...) is not an error: the metrics it would have
+    # produced are marked unsupported instead.
+    capability = code in CALL_UNSUPPORTED and call in (*VALUE_SITES, "nvmlDeviceRegisterEvents")
+    if capability and not fallback:
+        for name in VALUE_SITES.get(call, {"DCGM_FI_DEV_XID_ERRORS"}) - {
+            "DCGM_FI_PROF_PCIE_TX_BYTES"
+        }:
+            assert scrape.value("stormwatch_metric_supported", gpu="1", metric=name) == 0, name
+            assert scrape.value("stormwatch_metric_supported", gpu="0", metric=name) is None
+    quiet = capability or (call in NVLINK_SITES and code in UNSUPPORTED)
     if not quiet:
         assert (
             scrape.value(

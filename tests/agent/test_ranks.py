@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from stormwatch.agent import FakeNvml
 from stormwatch.agent.ranks import is_torchrun_agent, rank_env
 
