@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := prometheus prometheus-alertmanager iproute2 iptables procps python3-venv
 PYTEST_ARGS ?=
 
-.PHONY: all setup system venv demo test test-fast test-e2e check lint format clean distclean
+.PHONY: all setup system venv demo test test-fast test-e2e check lint format bench gpu-check clean distclean
 
 all: test
 
@@ -75,9 +75,25 @@ test-e2e: setup
 test: setup check
 	$(SUDO) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# Speed and memory targets live here, not in timed tests.
+bench: setup
+	$(PY) benchmarks/agent_bench.py
+
+# On a machine with an NVIDIA GPU: the agent against real NVML (skips without a driver).
+gpu-check: venv
+	$(PY) scripts/gpu_check.py
+
 clean:
 	-$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/demo 2>/dev/null
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
-distclean: clean
+dist# Speed and memory targets live here, not in timed tests.
+bench: setup
+	$(PY) benchmarks/agent_bench.py
+
+# On a machine with an NVIDIA GPU: the agent against real NVML (skips without a driver).
+gpu-check: venv
+	$(PY) scripts/gpu_check.py
+
+clean: clean
 	rm -rf $(VENV) run
