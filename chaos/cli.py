@@ -9,10 +9,12 @@ from pathlib import Path
 import aiohttp
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.journal import Journal
 from stormwatch.chaos.ledger import Ledger, ledger_path
 from stormwatch.chaos.loader import load_experiment
 from stormwatch.chaos.revert import RevertOutcome, revert_entries
@@ -23,9 +25,43 @@ _RUN_DIR = click.option(
     "--run-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("run"),
+    envvar="STORMWATCH_LAB_DIR",
     show_default=True,
+    show_envvar=True,
     help="The lab's run directory (lab.json, fault ledger, experiments/).",
 )
+#: Where ``stormwatch demo`` keeps its run (hinted when the default run dir has no ledger).
+_DEMO_RUN_DIR = Path("run/demo")
+
+
+def _plural(count: int, word: str) -> str:
+    """``1 rollback``, ``2 rollbacks``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _activities(count: int) -> str:
+    return f"{count} method {'activity' if count == 1 else 'activities'}"
+
+
+def _after_text(journal: Journal) -> str:
+    """What the after-phase said, in words (``not checked (method failed)`` when it did not run)."""
+    met = journal.steady_state_after.met
+    if met is not None:
+        return "held" if met else "did NOT hold"
+    if journal.steady_state_before.met is False:
+        return "not checked (the hypothesis did not hold before)"
+    if journal.status == "aborted":
+        return "not checked (aborted)"
+    if journal.steady_state_before.met is None:
+        return "not checked (the job did not start)"
+    return "not checked (the method failed)"
+
+
+def _before_text(journal: Journal) -> str:
+    met = journal.steady_state_before.met
+    if met is None:
+        return "not checked (the job did not start)"
+    return "held" if met else "did NOT hold"
 
 
 @click.group("chaos")
@@ -56,8 +92,10 @@ def validate(files: tuple[Path, ...]) -> None:
             problems.append(exc)
             continue
         console.print(
-            f"[green]ok[/] {file}: {experiment.title!r} ({len(experiment.method)} "
-            f"method activities, {len(experiment.rollbacks)} rollbacks)"
+            f"[green]ok[/] {file}: {experiment.title!r} "
+            f"({_activities(len(experiment.method))}, "
+            f"{_plural(len(experiment.rollbacks), 'rollback')})",
+            soft_wrap=True,
         )
     if len(problems) == 1 and len(files) == 1:
         raise problems[0]
@@ -140,13 +178,16 @@ def run(
             )
         )
         reporter.stop()
-        reporter.event(f"post-mortem: {md}")
+        reporter.console.print(f"post-mortem: {md}", soft_wrap=True, highlight=False)
     colour = "green" if result.exit_code == EXIT_OK else "red"
     reporter.console.print(
-        f"[{colour}]{journal.status}[/]: hypothesis held before: "
-        f"{journal.steady_state_before.met}, after: {journal.steady_state_after.met}; "
-        f"rollbacks ok: {journal.rollbacks_ok}. Journal: {result.journal_path}"
+        f"[{colour}]{journal.status}[/]: hypothesis before: {_before_text(journal)}, "
+        f"after: {_after_text(journal)}; rollbacks "
+        f"{'ok' if journal.rollbacks_ok else 'FAILED'}."
+        + (f" Why: {escape(journal.error)}." if journal.error and result.exit_code else ""),
+        soft_wrap=True,
     )
+    reporter.console.print(f"journal: {result.journal_path}", soft_wrap=True, highlight=False)
     return result.exit_code
 
 
@@ -180,7 +221,7 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
         return 0
     for outcome in outcomes:
         mark = "[green]reverted[/]" if outcome.ok else "[red]FAILED[/]"
-        console.print(f"{mark} {outcome.fault_id}: {outcome.detail}")
+        console.print(f"{mark} {outcome.fault_id}: {outcome.detail}", soft_wrap=True)
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -191,7 +232,11 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     """List the faults in the ledger (what, where, when, state)."""
     path = ledger_path(run_dir)
     if not path.exists():
-        raise ChaosError(f"no fault ledger at {path}")
+        hint = ""
+        demo = ledger_path(_DEMO_RUN_DIR)
+        if run_dir == Path("run") and demo.exists():
+            hint = f"; the demo's is at {demo}: `stormwatch chaos ledger --run-dir {_DEMO_RUN_DIR}`"
+        raise ChaosError(f"no fault ledger at {path}{hint}")
     ledger = Ledger(path, create=False)
     entries = ledger.open_faults() if only_open else ledger.entries()
     table = Table()
@@ -211,7 +256,8 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
 
 
 @chaos.command("postmortem")
-@click.argument("experiment_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("experiment_dir", type=click.Path(file_okay=False, path_type=Path))
+@_RUN_DIR
 @click.option(
     "--baseline-log-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -230,11 +276,28 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     help="Seconds to wait for the alert to be received and resolved.",
 )
 def postmortem_cmd(
-    experiment_dir: Path, baseline_log_dir: Path | None, offline: bool, wait_resolved: float
+    experiment_dir: Path,
+    run_dir: Path,
+    baseline_log_dir: Path | None,
+    offline: bool,
+    wait_resolved: float,
 ) -> None:
-    """(Re)write postmortem.md/.json for EXPERIMENT_DIR (RUN_DIR/experiments/<id>)."""
+    """(Re)write postmortem.md/.json for EXPERIMENT_DIR.
+
+    EXPERIMENT_DIR is a folder (RUN_DIR/experiments/<id>) or just the experiment id,
+    looked up in --run-dir.
+    """
     from stormwatch.chaos.report import generate_postmortem
     from stormwatch.chaos.target import lab_target
+
+    if not experiment_dir.is_dir():
+        candidate = run_dir / "experiments" / experiment_dir
+        if len(experiment_dir.parts) != 1 or not candidate.is_dir():
+            raise ConfigError(
+                f"EXPERIMENT_DIR {experiment_dir}: no such folder (nor {candidate}); give "
+                "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
+            )
+        experiment_dir = candidate
 
     target = None if offline else lab_target(experiment_dir.parent.parent)
     _, md = asyncio.run(

@@ -32,12 +32,12 @@ class ConsoleReporter:
             return
         now = time.monotonic()
         if text != self._last_text and now - self._last_plain >= self._quiet:
-            self.console.print(f"  … {text}", highlight=False)
+            self.console.print(f"  … {text}", highlight=False, soft_wrap=True)
             self._last_plain, self._last_text = now, text
 
     def event(self, text: str) -> None:
         self.stop()
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def stop(self) -> None:
         """Remove the status line (call before printing anything else)."""

@@ -110,9 +110,24 @@ def clean_run_dir(run_dir: Path, console: Console) -> None:
             f"stormwatch run directory's ({', '.join(foreign[:5])}); choose another --run-dir"
         )
     if (run_dir / "lab.json").exists():
-        console.print(f"bringing down the lab left in {run_dir}")
-        Lab(run_dir).down()
+        removed = Lab(run_dir).down()  # a no-op for a lab that is already down
+        if removed:
+            console.print(
+                f"brought down the lab left in {run_dir} ({lab_down_summary(removed)})",
+                soft_wrap=True,
+            )
     shutil.rmtree(run_dir)
+
+
+def lab_down_summary(removed: list[str]) -> str:
+    """One line for what ``Lab.down`` removed."""
+    if not removed:
+        return "nothing was left to remove"
+    return (
+        f"removed {len(removed)} {'thing' if len(removed) == 1 else 'things'}: "
+        + ", ".join(removed[:3])
+        + (", …" if len(removed) > 3 else "")
+    )
 
 
 def _lab_progress(reporter: ConsoleReporter) -> Callable[[ProgressEvent], None]:
@@ -293,16 +308,20 @@ def run_demo(
         )
         reporter.stop()
         console.print(summary_table(run, pm))
-        console.print(f"post-mortem: {md}\njournal: {run.journal_path}")
+        console.print(f"post-mortem: {md}\njournal: {run.journal_path}", soft_wrap=True)
         return DemoOutcome(run, pm, md)
     finally:
         reporter.stop()
         if keep_lab:
-            console.print(f"lab left up in {run_dir}: `stormwatch lab down --run-dir {run_dir}`")
+            console.print(
+                f"lab left up in {run_dir}: `stormwatch lab down --run-dir {run_dir}`",
+                soft_wrap=True,
+            )
         else:
             console.rule("lab down")
-            lab.down(progress=_lab_progress(reporter))
+            removed = lab.down(progress=_lab_progress(reporter))
             reporter.stop()
+            console.print(f"lab down: {lab_down_summary(removed)}", soft_wrap=True)
 
 
 __all__ = [
@@ -311,6 +330,7 @@ __all__ = [
     "default_experiment",
     "demo",
     "demo_experiment",
+    "lab_down_summary",
     "run_demo",
     "summary_table",
 ]

@@ -144,7 +144,7 @@ class JobProvider(_Model):
     ``progressing``: every rank of the job completed a step within the last
     ``window_seconds`` *and* after the experiment's latest fault (so a rank that
     was killed counts only once it steps again); a rank that finished counts as
-    progressing. ``finished``: every rank logged ``done`` (the job finished).
+    progressing, unless it finished before that fault (nothing recovered). ``finished``: every rank logged ``done`` (the job finished).
     """
 
     type: Literal["job"]
@@ -265,6 +265,14 @@ class JobSection(_Model):
 
     ``startup_timeout_seconds`` bounds the wait until every rank has completed
     its first step (torch import + rendezvous take seconds on a loaded CPU).
+
+    ``name`` is a base: each run that starts its own job names it
+    ``<name>-<utc time>-<hex>`` (fresh logs and checkpoints every run).
+
+    The shape is optional: ``world_size``, or ``nodes`` and ``nproc_per_node`` (world
+    size = their product), fix the job's world size; then fault ranks are checked
+    when the file is validated, and the run refuses a lab of another size. Without
+    them, ranks are checked against the lab before anything is injected.
     """
 
     name: str = Field(default="experiment", pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
@@ -273,6 +281,18 @@ class JobSection(_Model):
     step_delay: float = Field(default=0.0, ge=0, le=60)
     seed: int = Field(default=0, ge=0)
     startup_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
+    world_size: int | None = Field(default=None, ge=1, le=4096)
+    nodes: int | None = Field(default=None, ge=1, le=64)
+    nproc_per_node: int | None = Field(default=None, ge=1, le=64)
+
+    @property
+    def fixed_world_size(self) -> int | None:
+        """``world_size``, else ``nodes`` * ``nproc_per_node``; ``None`` when not fixed."""
+        if self.world_size is not None:
+            return self.world_size
+        if self.nodes is not None and self.nproc_per_node is not None:
+            return self.nodes * self.nproc_per_node
+        return None
 
 
 class Experiment(_Model):

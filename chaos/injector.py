@@ -44,6 +44,8 @@ class Injector:
         experiment_id: prefix of the fault ids (``<experiment-id>.<action name>``).
         status: progress callback (one line).
         step_poll_seconds: how often rank logs are read while waiting for a step.
+        first_seen_steps: rank -> last completed step when the runner first observed the job
+            (a ``when.step`` already behind it is refused, never injected late).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class Injector:
         experiment_id: str,
         status: Callable[[str], None],
         step_poll_seconds: float,
+        first_seen_steps: dict[int, int] | None = None,
     ) -> None:
         self._ledger = ledger
         self._agents = agents
@@ -64,14 +67,24 @@ class Injector:
         self._experiment_id = experiment_id
         self._status = status
         self._poll = step_poll_seconds
+        self._first_seen = dict(first_seen_steps or {})
 
     async def wait_for_step(self, when: When, rank: int) -> tuple[int, int]:
         """Wait until ``rank`` completed ``when.step``; returns the (step, attempt) seen then.
 
         Raises:
-            FaultError: the job ended first, or ``when.timeout_seconds`` passed.
+            FaultError: the trigger was already past when the job was first observed (the
+                fault would land late, e.g. on a job that resumed a finished run), the job
+                ended first, or ``when.timeout_seconds`` passed.
         """
         job = self._job
+        first = max(self._first_seen.values(), default=None)
+        if first is not None and first > when.step:
+            raise FaultError(
+                f"not injected: the trigger when.step={when.step} was already past when job "
+                f"{job.name} was first observed (its ranks were at step {first}); start a "
+                "fresh job (without --job) or attach before that step"
+            )
         deadline = time.monotonic() + when.timeout_seconds
         while True:
             log = read_job_logs(job.log_dir).get(rank)

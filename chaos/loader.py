@@ -118,8 +118,35 @@ def semantic_issues(experiment: Experiment) -> list[Issue]:
                     f"the job runs (got {when.step})",
                 )
             )
+        world = experiment.job.fixed_world_size
+        if (
+            isinstance(activity, ActionActivity)
+            and world is not None
+            and activity.fault.rank >= world
+        ):
+            issues.append(
+                Issue(
+                    f"{path}.fault.rank",
+                    f"rank {activity.fault.rank} is out of range: the job has "
+                    f"{world} ranks ({_world_source(experiment)}), so use 0-{world - 1}",
+                )
+            )
         if isinstance(activity, ProbeActivity):
             issues.extend(_provider_issues(f"{path}.provider", activity.provider))
+    job = experiment.job
+    if (
+        job.world_size is not None
+        and job.nodes is not None
+        and job.nproc_per_node is not None
+        and job.world_size != job.nodes * job.nproc_per_node
+    ):
+        issues.append(
+            Issue(
+                "job.world_size",
+                f"{job.world_size} != job.nodes * job.nproc_per_node "
+                f"({job.nodes} * {job.nproc_per_node}); give one or make them agree",
+            )
+        )
     probe_names: set[str] = set()
     for i, probe in enumerate(experiment.steady_state_hypothesis.probes):
         path = f"steady_state_hypothesis.probes[{i}]"
@@ -130,6 +157,13 @@ def semantic_issues(experiment: Experiment) -> list[Issue]:
             issues.append(Issue(f"{path}.phases", "list each phase once (before, after)"))
         issues.extend(_provider_issues(f"{path}.provider", probe.provider))
     return issues
+
+
+def _world_source(experiment: Experiment) -> str:
+    job = experiment.job
+    if job.world_size is not None:
+        return "job.world_size"
+    return f"job.nodes * job.nproc_per_node = {job.nodes} * {job.nproc_per_node}"
 
 
 def _provider_issues(path: str, provider: PrometheusProvider | JobProvider) -> list[Issue]:

@@ -237,10 +237,10 @@ def _loss(
 ) -> LossCheck:
     check = LossCheck(baseline=name)
     if baseline is None:
-        check.note = "no baseline run given: loss not compared"
+        check.note = "no baseline run given"
         return check
     if rank0 is None:
-        check.note = "the experiment's rank-0 log is missing: loss not compared"
+        check.note = "the experiment's rank-0 log is missing"
         return check
     expected = final_losses(baseline)
     if pm.fault_at is not None and fault_attempt is not None:

@@ -47,6 +47,12 @@ async def preflight(
         except PrometheusAPIError as exc:
             raise LabNotReady(f"Prometheus does not answer: {exc}") from exc
     faults = [a.fault for a in experiment.method if isinstance(a, ActionActivity)]
+    fixed = experiment.job.fixed_world_size
+    if fixed is not None and fixed != target.world_size:
+        raise LabNotReady(
+            f"the experiment's job has {fixed} ranks (job section) but the lab runs "
+            f"{target.world_size}: bring up a lab of that size or fix the job section"
+        )
     for fault in faults:
         if fault.rank >= target.world_size:
             raise LabNotReady(

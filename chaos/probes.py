@@ -18,7 +18,7 @@ from pydantic import JsonValue
 from stormwatch.chaos.experiment import JobProvider, PrometheusProvider, Provider, expand
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.lab import AsyncPrometheusClient, PrometheusAPIError
-from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.chaos.ranklogs import RankLog, read_job_logs
 from stormwatch.chaos.target import JobControl
 
 
@@ -116,42 +116,86 @@ async def _prometheus(provider: PrometheusProvider, ctx: ProbeContext) -> ProbeO
     return ProbeOutcome(True, f"{shown} {tolerance}", output)
 
 
+def rank_spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``ranks 0-3, 5``; one rank -> ``rank 1``."""
+    spans: list[str] = []
+    ordered = sorted(ranks)
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
+
+
+def _steps(entries: list[tuple[int, int | None, float | None]]) -> str:
+    steps = sorted({step for _, step, _ in entries if step is not None})
+    if not steps:
+        return "no step"
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def _describe(kind: str, entries: list[tuple[int, int | None, float | None]]) -> str:
+    """One short phrase for ranks in the same situation (fits a progress line)."""
+    who = rank_spans([rank for rank, _, _ in entries])
+    if kind == "not stepped yet":
+        return f"{who} not stepped yet"
+    if kind == "not done":
+        return f"{who} not done (at {_steps(entries)})"
+    if kind == "finished before the fault":
+        return f"{who} had finished before the fault (at {_steps(entries)})"
+    ages = [age for _, _, age in entries if age is not None]
+    return f"{who} at {_steps(entries)}, last step {min(ages):.1f} s ago"
+
+
+def _done_at(log: RankLog | None) -> float:
+    """Unix time of the rank's last ``done`` event (0 when it has none)."""
+    if log is None:
+        return 0.0
+    return max((e.time for e in log.events if e.event == "done"), default=0.0)
+
+
 def _job(provider: JobProvider, ctx: ProbeContext) -> ProbeOutcome:
     logs = read_job_logs(ctx.job.log_dir)
     now = ctx.clock()
     ended = ctx.jobs.exited(ctx.job.name)
     ranks: dict[str, JsonValue] = {}
-    lagging: list[str] = []
+    lagging: dict[str, list[tuple[int, int | None, float | None]]] = {}
     for rank in range(ctx.job.world_size):
         log = logs.get(rank)
         last = log.last_step if log is not None else None
         finished = log is not None and log.finished
+        step = last.step if last else None
+        age = now - last.time if last else None
         ranks[str(rank)] = {
-            "last_step": last.step if last else None,
-            "age_seconds": round(now - last.time, 3) if last else None,
+            "last_step": step,
+            "age_seconds": round(age, 3) if age is not None else None,
             "attempt": log.latest_attempt if log is not None else None,
             "finished": finished,
         }
         if provider.expect == "finished":
             if not finished:
-                lagging.append(f"rank {rank} not done (step {last.step if last else '-'})")
+                lagging.setdefault("not done", []).append((rank, step, age))
             continue
-        if finished:
+        if finished and (ctx.since is None or _done_at(log) > ctx.since):
             continue
         floor = now - provider.window_seconds
         if ctx.since is not None:
             floor = max(floor, ctx.since)
-        if last is None:
-            lagging.append(f"rank {rank} has not stepped yet")
+        if finished:  # done before the latest fault: nothing stepped after it
+            lagging.setdefault("finished before the fault", []).append((rank, step, age))
+        elif last is None:
+            lagging.setdefault("not stepped yet", []).append((rank, step, age))
         elif last.time < floor:
-            lagging.append(
-                f"rank {rank} last stepped {now - last.time:.1f} s ago (step {last.step})"
-            )
+            lagging.setdefault("stale", []).append((rank, step, age))
     output: JsonValue = {"expect": provider.expect, "job_ended": ended, "ranks": ranks}
     if not lagging:
         word = "finished" if provider.expect == "finished" else "progressing"
         return ProbeOutcome(True, f"all {ctx.job.world_size} ranks {word}", output)
-    detail = "; ".join(lagging[:4]) + (f"; +{len(lagging) - 4} more" if len(lagging) > 4 else "")
+    detail = "; ".join(_describe(kind, entries) for kind, entries in lagging.items())
     if ended is False:
         return ProbeOutcome(False, f"the job failed: {detail}", output, terminal=True)
     if ended is True:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import secrets
@@ -41,11 +42,13 @@ from stormwatch.chaos.errors import ActivityFailed, ChaosError, FaultError
 from stormwatch.chaos.experiment import (
     ActionActivity,
     Experiment,
+    JobProvider,
     PauseActivity,
     ProbeActivity,
     Provider,
     RevertActivity,
 )
+from stormwatch.chaos.faults import reverts_itself
 from stormwatch.chaos.injector import Injector
 from stormwatch.chaos.journal import (
     ExperimentStatus,
@@ -59,6 +62,7 @@ from stormwatch.chaos.ledger import Ledger, ledger_path
 from stormwatch.chaos.preflight import preflight, wait_until_stepping
 from stormwatch.chaos.probes import ProbeContext, ProbeOutcome, wait_for
 from stormwatch.chaos.progress import NullReporter, Reporter
+from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_open
 from stormwatch.chaos.target import Target
 
@@ -77,11 +81,18 @@ class RunnerConfig:
         experiment_id: the id (and folder name); generated (``<utc time>-<title>-<hex>``) when None.
         step_poll_seconds: how often rank logs are read while waiting for a step (0.2 s:
             steps take ~0.3 s in the demo, so the fault lands within one step).
+        recovery_timeout_seconds: how long the after-phase waits for every rank to complete
+            a step after a self-reverting fault (kill_rank) before it says "not recovered".
+        job_end_timeout_seconds: how long :meth:`Runner.run` waits, at the end, for a job it
+            started to end (torchrun shuts down for ~30 s after the last step); a job that
+            is still running then is stopped.
     """
 
     attach_job: str | None = None
     experiment_id: str | None = None
     step_poll_seconds: float = 0.2
+    recovery_timeout_seconds: float = 300.0
+    job_end_timeout_seconds: float = 180.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,21 @@ class ExperimentRun:
     journal: Journal
     journal_path: Path
     exit_code: int
+
+
+def job_name_for(base: str, experiment_id: str) -> str:
+    """A fresh job name for one run: ``<base>-<utc time>-<hex>`` from the experiment id.
+
+    Every run that starts its own job gets its own job folder (rank logs, checkpoints),
+    so a re-run never resumes an earlier run's checkpoint. Ids not made by
+    :func:`new_experiment_id` get a hash instead. At most 63 characters (the lab's limit).
+    """
+    match = re.fullmatch(r"(\d{8}T\d{6})-.*-([0-9a-f]{4})", experiment_id)
+    if match:
+        suffix = f"{match.group(1).lower()}-{match.group(2)}"
+    else:
+        suffix = hashlib.sha1(experiment_id.encode()).hexdigest()[:8]
+    return f"{base[: 62 - len(suffix)]}-{suffix}"
 
 
 def new_experiment_id(title: str, now: float | None = None) -> str:
@@ -129,6 +155,8 @@ class Runner:
         self.experiment_dir = Path(target.run_dir) / "experiments" / self.experiment_id
         self.journal_path = self.experiment_dir / "journal.json"
         self._last_fault_at: float | None = None
+        self._first_seen_steps: dict[int, int] = {}
+        self._self_reverting_faults: list[str] = []
         self._job: JobRef | None = None
         self._prometheus: AsyncPrometheusClient | None = None
         self._agents: AgentClient | None = None
@@ -195,6 +223,7 @@ class Runner:
             cleanup_ok = await self._cleanup(status)
             self.journal.rollbacks_ok = rollbacks_ok and cleanup_ok
             self.journal.faults = self._ledger.entries(experiment_id=self.experiment_id)
+            await self._wait_for_job_end(status)
             self.journal.ended_at = time.time()
             self._writer.save()
         if status == "aborted":
@@ -249,12 +278,14 @@ class Runner:
                 job = self.target.jobs.attach(self.config.attach_job)
                 self.reporter.event(f"attached to job {job.name}")
             else:
+                spec = spec.model_copy(update={"name": job_name_for(spec.name, self.experiment_id)})
                 job = self.target.jobs.start(spec)
                 self.reporter.event(
                     f"started job {job.name} ({spec.steps} steps, checkpoint "
                     f"every {spec.checkpoint_every}, step delay {spec.step_delay:g} s)"
                 )
             self.journal.job = job
+            self._job = job  # from here on, a job this run started is waited for or stopped
             record.output = {
                 "job": job.name,
                 "log_dir": str(job.log_dir),
@@ -266,7 +297,61 @@ class Runner:
                 timeout=spec.startup_timeout_seconds,
                 status=self.reporter.status,
             )
+            # Where each rank was when the job was first observed: a ``when.step`` trigger
+            # already behind this is never injected (it would land on a finished job).
+            logs = read_job_logs(job.log_dir)
+            for rank, log in logs.items():
+                last = log.last_step
+                if last is not None and last.step is not None:
+                    self._first_seen_steps[rank] = last.step
+            record.output["first_seen_steps"] = {
+                str(r): s for r, s in self._first_seen_steps.items()
+            }
         return job
+
+    async def _wait_for_job_end(self, status: ExperimentStatus) -> None:
+        """Wait (bounded) for a job this run started to end; stop it when it does not.
+
+        A run that did not complete stops its job at once: nothing is watching it any more.
+        """
+        job = self._job
+        if job is None or not job.started_by_runner:
+            return
+        jobs = self.target.jobs
+        deadline = time.monotonic() + self.config.job_end_timeout_seconds
+        if status != "completed":
+            deadline = time.monotonic()
+        try:
+            while not await asyncio.to_thread(jobs.ended, job.name):
+                if time.monotonic() >= deadline:
+                    self.reporter.event(f"stopping job {job.name}")
+                    await asyncio.to_thread(jobs.stop, job.name)
+                    return
+                self.reporter.status(f"waiting for job {job.name} to end (torchrun shutdown)")
+                await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            _uncancel()
+            await asyncio.to_thread(jobs.stop, job.name)
+        except ChaosError as exc:
+            self.reporter.event(f"could not stop job {job.name}: {exc}")
+
+    async def _recovery_check(self) -> bool:
+        """After a fault that is over once sent (kill_rank), every rank must complete a step (or
+        finish) *after* it: a job that had already finished, or never came back, did not recover.
+
+        Journaled as the after-phase probe ``job-recovered``; True when there is nothing to check.
+        """
+        if not self._self_reverting_faults:
+            return True
+        provider = JobProvider(type="job", expect="progressing", window_seconds=3600.0)
+        outcome = await self._probe(
+            "job-recovered",
+            provider,
+            "after",
+            self.config.recovery_timeout_seconds,
+            1.0,
+        )
+        return outcome.ok
 
     # -- steady state ----------------------------------------------------------------------
 
@@ -290,6 +375,8 @@ class Runner:
                 probe.poll_seconds,
             )
             met = met and outcome.ok
+        if phase == "after":
+            met = await self._recovery_check() and met
         section.met = met
         self._writer.save()
         return met
@@ -375,6 +462,7 @@ class Runner:
             experiment_id=self.experiment_id,
             status=self.reporter.status,
             step_poll_seconds=self.config.step_poll_seconds,
+            first_seen_steps=self._first_seen_steps,
         )
         fault = activity.fault
         async with self._writer.activity(activity.name, "action", "method") as record:
@@ -384,6 +472,8 @@ class Runner:
             injected = await injector.inject(activity.name, fault, recorded=self._writer.save)
             result = injected.result
             self._last_fault_at = result.applied_at
+            if reverts_itself(fault):
+                self._self_reverting_faults.append(activity.name)
             record.output = {
                 "fault_id": injected.entry.id,
                 "kind": fault.kind,
@@ -489,7 +579,8 @@ class Runner:
             ]
             failed = [o for o in outcomes if not o.ok]
             self.reporter.event(
-                f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} fault(s)"
+                f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} "
+                + ("fault" if len(outcomes) == 1 else "faults")
             )
             if failed:
                 record.status = "failed"
@@ -547,6 +638,7 @@ __all__ = [
     "Reporter",
     "Runner",
     "RunnerConfig",
+    "job_name_for",
     "new_experiment_id",
     "run_experiment",
 ]

@@ -39,6 +39,14 @@ class JobControl(Protocol):
         """``None`` while the job runs (or when unknown); ``True``/``False``: ended ok / failed."""
         ...
 
+    def ended(self, name: str) -> bool:
+        """Whether every process of the job has exited (torchrun's shutdown included)."""
+        ...
+
+    def stop(self, name: str) -> None:
+        """Stop the job (SIGTERM, then SIGKILL); raises ChaosError when it cannot."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class AgentEndpoint:
@@ -102,6 +110,12 @@ class AttachedJobs:
             return True
         return None
 
+    def ended(self, name: str) -> bool:
+        return self.exited(name) is not None
+
+    def stop(self, name: str) -> None:
+        raise ChaosError(f"cannot stop job {name!r}: it was not started by stormwatch chaos")
+
 
 class LabJobs:
     """Jobs on a lab, through the lab's Python API (``stormwatch.chaos.lab.Lab``)."""
@@ -111,6 +125,18 @@ class LabJobs:
         self._world_size = world_size
 
     def start(self, job: JobSection) -> JobRef:
+        """Start ``job`` under its own name; refuses a name the lab already has a job of
+        (its folder holds that run's logs and checkpoints, which a new run would resume)."""
+        try:
+            existing = self._lab.state.jobs.get(job.name)
+        except StormwatchError as exc:
+            raise LabNotReady(str(exc)) from exc
+        if existing is not None:
+            raise ChaosError(
+                f"the lab already has a job {job.name!r} ({existing.info.job_dir}); a new run "
+                "would resume its checkpoints and append to its rank logs. Choose another "
+                "job.name, or attach to it with --job"
+            )
         spec = JobSpec(
             name=job.name,
             steps=job.steps,
@@ -155,6 +181,19 @@ class LabJobs:
         if codes and all(code == 0 for code in codes.values()):
             return True
         return None
+
+    def ended(self, name: str) -> bool:
+        try:
+            codes = self._lab.job_result(name).exit_codes
+        except StormwatchError:
+            return True
+        return all(code is not None for code in codes.values())
+
+    def stop(self, name: str) -> None:
+        try:
+            self._lab.stop_job(name)
+        except StormwatchError as exc:
+            raise ChaosError(f"could not stop job {name!r}: {exc}") from exc
 
 
 def lab_target(run_dir: Path) -> Target:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -12,9 +14,12 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
 from stormwatch.chaos.lab.config import JobSpec, LabConfig
 from stormwatch.chaos.lab.lab import Lab, ProgressEvent
+from stormwatch.chaos.lab.state import JobResult
 from stormwatch.chaos.lab.status import LabStatus, ServiceStatus
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
@@ -101,7 +106,8 @@ def _config(**values: Any) -> LabConfig:
 
 
 def _console() -> Console:
-    return Console(stderr=True, highlight=False)
+    # soft_wrap: paths stay on one line (copy-pastable) when stderr is not a terminal.
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _printer(console: Console) -> Any:
@@ -230,7 +236,10 @@ def _render(status: LabStatus, console: Console) -> None:
             jobs.add_column(column)
         for job in status.jobs:
             state = "running" if job.running else ("stopped" if job.stopped else "ended")
-            codes = ", ".join(f"{n}={c}" for n, c in job.exit_codes.items())
+            codes = ", ".join(
+                f"{n}={'running' if c is None and job.running else c}"
+                for n, c in job.exit_codes.items()
+            )
             jobs.add_row(job.name, state, codes, str(job.job_dir))
         console.print(jobs)
 
@@ -301,15 +310,63 @@ def train(
         console.print(f"  {node}: torchrun pid {pid}, output {info.node_logs[node]}")
     if not wait:
         return 0
-    return _report(the_lab.wait_job(name, timeout=timeout).exit_codes, console)
+    return _report(_wait_with_progress(the_lab, name, timeout, console), console)
 
 
-def _report(exit_codes: dict[str, int | None], console: Console) -> int:
+def _current_step(log_dir: Path) -> int | None:
+    """The highest step in the job's rank logs' last lines (None before the first step)."""
+    best: int | None = None
+    for path in log_dir.glob("rank*.jsonl"):
+        try:
+            with path.open("rb") as handle:
+                handle.seek(0, 2)
+                handle.seek(max(0, handle.tell() - 4096))
+                lines = handle.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            with contextlib.suppress(ValueError, AttributeError):
+                step = json.loads(line).get("step")
+                if isinstance(step, int):
+                    best = step if best is None else max(best, step)
+                    break
+    return best
+
+
+def _wait_with_progress(the_lab: Lab, name: str, timeout: float, console: Console) -> JobResult:
+    """``Lab.wait_job``, with a live line (the job's current step) on a terminal."""
+    if not console.is_terminal:
+        return the_lab.wait_job(name, timeout=timeout)
+    info = the_lab.job(name)
+    steps = info.spec.steps
+    deadline = time.monotonic() + timeout
+    with console.status(f"job {name}: starting") as status:
+        while time.monotonic() < deadline:
+            result = the_lab.job_result(name)
+            if all(code is not None for code in result.exit_codes.values()):
+                break
+            step = _current_step(Path(info.log_dir))
+            status.update(
+                f"job {name}: "
+                + (
+                    "starting (torch import, rendezvous)"
+                    if step is None
+                    else f"step {step}/{steps}"
+                )
+            )
+            time.sleep(1.0)
+    return the_lab.wait_job(name, timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _report(result: JobResult, console: Console) -> int:
+    exit_codes = result.exit_codes
     ok = bool(exit_codes) and all(code == 0 for code in exit_codes.values())
     for node, code in exit_codes.items():
         shown = "unknown" if code is None else str(code)
         colour = "green" if code == 0 else "red"
         console.print(f"  {node}: torchrun exit code [{colour}]{shown}[/]")
+    if result.detail:
+        console.print(f"  [red]why:[/] {escape(result.detail)}", soft_wrap=True)
     console.print("[bold green]job succeeded[/]" if ok else "[bold red]job failed[/]")
     return 0 if ok else 1
 
@@ -319,9 +376,14 @@ def _report(exit_codes: dict[str, int | None], console: Console) -> int:
 @click.option("--job", "name", required=True, help="Job name.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait.")
 def wait(run_dir: Path, name: str, timeout: float) -> int:
-    """Wait for both torchruns of a job; print their exit codes (exit 0 when all are 0)."""
-    result = Lab(run_dir).wait_job(name, timeout=timeout)
-    return _report(result.exit_codes, _console())
+    """Wait for every node's torchrun of a job; print their exit codes (exit 0 when all are 0).
+
+    On a terminal, shows the job's current step while waiting; when a node failed,
+    prints the last error lines of its torchrun log.
+    """
+    console = _console()
+    result = _wait_with_progress(Lab(run_dir), name, timeout, console)
+    return _report(result, console)
 
 
 @lab.command()
@@ -337,7 +399,7 @@ def wait(run_dir: Path, name: str, timeout: float) -> int:
 def stop(run_dir: Path, name: str, grace: float) -> None:
     """Stop a running job (SIGTERM to torchrun and its workers, then SIGKILL)."""
     result = Lab(run_dir).stop_job(name, grace=grace)
-    _report(result.exit_codes, _console())
+    _report(result, _console())
 
 
 __all__ = ["DEFAULT_RUN_DIR", "lab"]

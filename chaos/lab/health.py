@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+
 from stormwatch.chaos.lab import procs
 from stormwatch.chaos.lab.errors import PrometheusAPIError, ServiceFailedError
 from stormwatch.chaos.lab.promapi import PrometheusClient

@@ -18,7 +18,10 @@ machine; all nodes share one hostname, so hostname-based defaults are wrong):
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,9 +83,13 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
     return [*cmd, *spec.extra_args]
 
 
-def torchrun_command(state: LabState, spec: JobSpec, node_rank: int, paths: RunPaths) -> list[str]:
-    """The torchrun command line of node ``node_rank`` (node 0 hosts the rendezvous)."""
+def torchrun_command(
+    state: LabState, spec: JobSpec, node_rank: int, paths: RunPaths, rdzv_port: int | None = None
+) -> list[str]:
+    """The torchrun command line of node ``node_rank`` (node 0 hosts the rendezvous on
+    ``rdzv_port``, default ``LabConfig.rdzv_port``)."""
     config = state.config
+    port = config.rdzv_port if rdzv_port is None else rdzv_port
     node = state.nodes[node_rank]
     host = state.nodes[0]
     return [
@@ -96,7 +103,7 @@ def torchrun_command(state: LabState, spec: JobSpec, node_rank: int, paths: RunP
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"{host.address}:{config.rdzv_port}",
+        f"{host.address}:{port}",
         "--rdzv-id",
         spec.name,
         "--rdzv-conf",
@@ -130,8 +137,57 @@ def job_environment(spec: JobSpec, node: NodeState, base: dict[str, str]) -> dic
     }
 
 
+#: How many ports above ``LabConfig.rdzv_port`` are tried for a job's rendezvous.
+RDZV_PORT_RANGE = 100
+
+
+def listening_ports(netns: str) -> set[int]:
+    """TCP ports with a listening socket in network namespace ``netns`` (``/proc/net/tcp*``
+    read from inside it); empty when it cannot be read."""
+    try:
+        out = subprocess.run(
+            ["ip", "netns", "exec", netns, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    ports: set[int] = set()
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # 0A: LISTEN
+            with contextlib.suppress(ValueError):
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def allocate_rdzv_port(state: LabState) -> int:
+    """A rendezvous port for a new job: ``LabConfig.rdzv_port`` or the next one that no
+    running job of the lab holds and nothing listens on in node 0's namespace.
+
+    Raises:
+        JobError: none free within :data:`RDZV_PORT_RANGE` ports.
+    """
+    base = state.config.rdzv_port
+    taken = {record.info.rdzv_port or base for record in state.jobs.values() if is_running(record)}
+    taken |= listening_ports(state.nodes[0].netns)
+    taken.add(state.config.agent_port)
+    for port in range(base, min(base + RDZV_PORT_RANGE, 65536)):
+        if port not in taken:
+            return port
+    raise JobError(
+        f"no free rendezvous port in {base}-{base + RDZV_PORT_RANGE - 1} on "
+        f"{state.nodes[0].name}: stop a job (`stormwatch lab stop --job NAME`)"
+    )
+
+
 def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, str]) -> JobRecord:
     """Start one torchrun per node (node 0 first) and return the job's record.
+
+    The job gets its own rendezvous port (:func:`allocate_rdzv_port`, recorded in
+    ``JobInfo.rdzv_port``), so jobs can run side by side.
 
     The processes are recorded in the returned record; if a later node cannot be
     started, the earlier ones are stopped before :class:`JobError` is raised.
@@ -150,13 +206,14 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
             node_pids={},
             node_logs={},
             started_at=time.time(),
+            rdzv_port=allocate_rdzv_port(state),
         )
     )
     try:
         for rank, node in enumerate(state.nodes):
             process = procs.launch(
                 f"{spec.name}/{node.name}",
-                torchrun_command(state, spec, rank, paths),
+                torchrun_command(state, spec, rank, paths, record.info.rdzv_port),
                 log_file=paths.job_node_log(spec.name, node.name),
                 status_file=paths.job_node_status(spec.name, node.name),
                 env=job_environment(spec, node, base_env),
@@ -183,7 +240,41 @@ def result(record: JobRecord) -> JobResult:
     """Exit codes as recorded so far (``None`` for nodes still running or lost)."""
     codes = {node: procs.exit_status(p).returncode for node, p in record.processes.items()}
     ok = bool(codes) and all(code == 0 for code in codes.values())
-    return JobResult(name=record.info.name, ok=ok, exit_codes=codes)
+    detail = None
+    failed = [node for node, code in codes.items() if code not in (None, 0)]
+    if failed:
+        detail = "; ".join(
+            f"{node} (exit {codes[node]}): "
+            + (" | ".join(failure_lines(record.processes[node].log_file)) or "no output")
+            + f" [{record.processes[node].log_file}]"
+            for node in failed
+        )
+    return JobResult(name=record.info.name, ok=ok, exit_codes=codes, detail=detail)
+
+
+#: Lines of a torchrun log that say why it failed: exception lines (``ValueError: boom``,
+#: ``torch.distributed.DistNetworkError: ... EADDRINUSE``), glog-style ERROR lines
+#: (``E1130 12:52:00.183 ... failed (exitcode: 3)``), socket errors.
+_MEANINGFUL = re.compile(
+    r"^[\w.]*(Error|Exception|Interrupt)\b:?\s*\S|^E\d{4} |EADDRINUSE|address already in use"
+)
+
+
+def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> list[str]:
+    """The last ``limit`` meaningful lines (errors, exceptions) of a torchrun log; its last
+    non-empty lines when none match; empty when the file cannot be read."""
+    try:
+        with log_file.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - tail_bytes))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    meaningful = [line for line in lines if _MEANINGFUL.search(line)]
+    meaningful = [line for i, line in enumerate(meaningful) if line not in meaningful[:i]]
+    chosen = (meaningful or lines)[-limit:]
+    return [line[:300] for line in chosen]
 
 
 def wait(record: JobRecord, timeout: float) -> JobResult:
@@ -222,9 +313,13 @@ def base_environment(marker: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "RDZV_PORT_RANGE",
+    "allocate_rdzv_port",
     "base_environment",
+    "failure_lines",
     "is_running",
     "job_environment",
+    "listening_ports",
     "result",
     "start",
     "stop",

@@ -326,6 +326,10 @@ class Lab:
         Args:
             timeout: seconds to wait.
 
+        Returns:
+            The exit codes; when a node failed, ``detail`` names it with the last
+            error lines of its torchrun log (e.g. the rendezvous port in use).
+
         Raises:
             JobTimeoutError: still running after ``timeout`` seconds.
         """

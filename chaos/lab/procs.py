@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
 from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.lab.state import ProcessRecord
 

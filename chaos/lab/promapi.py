@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
+
 from stormwatch.chaos.lab.errors import PrometheusAPIError
 
 T = TypeVar("T")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from stormwatch.chaos.lab.config import LabConfig
 from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.lab.paths import RunPaths

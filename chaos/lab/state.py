@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
+
 from stormwatch.chaos.lab.config import JobSpec, LabConfig, describe_validation_error
 from stormwatch.chaos.lab.errors import JobError, LabError, LabNotUpError
 from stormwatch.chaos.lab.paths import RunPaths
@@ -94,6 +95,8 @@ class JobInfo(BaseModel):
         node_pids: node name -> pid of that node's torchrun (the elastic agent).
         node_logs: node name -> torchrun's output (``<node>.torchrun.log``).
         started_at: Unix time, seconds.
+        rdzv_port: the c10d rendezvous port on node 0, allocated per job (``None`` in
+            state files written before it was recorded: ``LabConfig.rdzv_port``).
     """
 
     name: str
@@ -104,6 +107,7 @@ class JobInfo(BaseModel):
     node_pids: dict[str, int]
     node_logs: dict[str, Path]
     started_at: float
+    rdzv_port: int | None = None
 
 
 class JobResult(BaseModel):
@@ -113,11 +117,14 @@ class JobResult(BaseModel):
         ok: every node's torchrun exited with 0.
         exit_codes: node -> torchrun's exit status (negative: killed by that signal;
             ``None``: unknown, its supervisor was killed too).
+        detail: when a node failed: which, and the last meaningful lines (errors,
+            exceptions) of its torchrun log; ``None`` otherwise.
     """
 
     name: str
     ok: bool
     exit_codes: dict[str, int | None]
+    detail: str | None = None
 
 
 class JobRecord(BaseModel):

@@ -6,6 +6,7 @@ import ipaddress
 from pathlib import Path
 
 from pydantic import BaseModel
+
 from stormwatch.chaos.lab import health, jobs, procs
 from stormwatch.chaos.lab.netns import NetworkLayer
 from stormwatch.chaos.lab.state import LabState, Phase

@@ -60,3 +60,35 @@ def test_clean_run_dir_removes_an_old_run_without_a_lab(tmp_path: Path) -> None:
     (run_dir / "experiments").mkdir()
     clean_run_dir(run_dir, Console(file=io.StringIO()))
     assert not run_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Lab.down needs root")
+def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path) -> None:
+    # `make demo` twice said "bringing down the lab left in run/demo" although it was down.
+    import ipaddress
+
+    from stormwatch.chaos.lab import LabConfig
+    from stormwatch.chaos.lab.paths import RunPaths
+    from stormwatch.chaos.lab.state import StateStore, plan_state
+
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    config = LabConfig(prefix="swcln", subnet=ipaddress.IPv4Network("10.217.93.0/24"))
+    state = plan_state(RunPaths(run_dir), config)
+    state.phase = "down"
+    StateStore(RunPaths(run_dir)).save(state)
+    output = io.StringIO()
+
+    clean_run_dir(run_dir, Console(file=output))
+
+    assert output.getvalue() == ""
+    assert not run_dir.exists()
+
+
+def test_lab_down_summary_is_one_line() -> None:
+    from stormwatch.chaos.demo import lab_down_summary
+
+    assert lab_down_summary([]) == "nothing was left to remove"
+    assert lab_down_summary(["netns a", "netns b", "veth c", "bridge d"]) == (
+        "removed 4 things: netns a, netns b, veth c, …"
+    )

@@ -7,17 +7,23 @@ from __future__ import annotations
 import io
 import ipaddress
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from stormwatch.chaos import ChaosError, load_experiment, load_journal
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.demo import default_experiment, demo_experiment, run_demo
-from stormwatch.chaos.lab import LabConfig
+from stormwatch.chaos.lab import Lab, LabConfig
 from stormwatch.chaos.ledger import Ledger, ledger_path
+from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.chaos.target import LabJobs
 
 pytestmark = pytest.mark.e2e
+STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 
 E2E_LAB = LabConfig(
     prefix="swchaos",
@@ -29,7 +35,7 @@ E2E_LAB = LabConfig(
 )
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 def test_e2e_kill_rank_is_detected_received_recovered_with_identical_loss(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the lab creates network namespaces (run the e2e tier with sudo)")
@@ -44,11 +50,19 @@ def test_e2e_kill_rank_is_detected_received_recovered_with_identical_loss(tmp_pa
             experiment=demo_experiment(source, None),
             source=source,
             lab_config=E2E_LAB,
-            keep_lab=False,
+            keep_lab=True,  # the re-run below uses the same lab
             reporter=reporter,
         )
+        first_job = outcome.run.journal.job
+        assert first_job is not None
+        # The run returned only once its job's torchruns were gone (the next run used to
+        # fail with "job 'experiment' is still running").
+        codes = Lab(run_dir).job_result(first_job.name).exit_codes
+        assert codes and all(c == 0 for c in codes.values()), codes
+        rerun = _rerun(source, run_dir)
     finally:
         print(output.getvalue())  # shown by pytest when the test fails
+        Lab(run_dir).down(E2E_LAB)  # the config only matters if lab.json is missing
 
     journal, pm = outcome.run.journal, outcome.postmortem
     report = outcome.postmortem_file.read_text()
@@ -60,9 +74,42 @@ def test_e2e_kill_rank_is_detected_received_recovered_with_identical_loss(tmp_pa
     assert pm.recovered and pm.workers_restarted_at is not None, report
     assert pm.resumed_from_step == 20 and pm.steps_lost is not None and pm.steps_lost >= 5, report
     assert pm.loss.identical is True and pm.loss.compared_steps >= 25, report
-    [fault] = Ledger(ledger_path(run_dir), create=False).entries()
-    assert fault.state == "reverted" and fault.kind == "kill_rank"
-    assert (
-        not (run_dir / "lab.json").exists()
-        or '"phase": "down"' in (run_dir / "lab.json").read_text()
+    assert [p.name for p in journal.steady_state_after.probes][-1] == "job-recovered"
+    faults = Ledger(ledger_path(run_dir), create=False).entries()
+    assert [(f.state, f.kind) for f in faults] == [("reverted", "kill_rank")] * 2
+    assert '"phase": "down"' in (run_dir / "lab.json").read_text()
+
+    # Re-running the experiment against the same lab: a fresh job (new name, new folder,
+    # no resumed checkpoint), the kill at step 25 again, and a real pass.
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    second = load_journal(_journal_path(rerun.stderr))
+    assert second.job is not None and second.job.name != first_job.name
+    assert second.job.name.startswith("experiment-") and first_job.name.startswith("experiment-")
+    [action] = second.method[:1]
+    assert isinstance(action.output, dict) and action.output["step"] < 30, action.output
+    assert second.status == "completed" and second.hypothesis_held
+    first_start = read_job_logs(Path(second.job.log_dir))[1].events[0]
+    assert first_start.event == "start" and first_start.resumed_from_step is None, "fresh job"
+    assert "after: held" in rerun.stderr and "after: None" not in rerun.stderr, rerun.stderr
+    # The lab refuses to reuse a job name for an experiment (it would resume that run).
+    with pytest.raises(ChaosError, match="already has a job"):
+        LabJobs(Lab(run_dir), world_size=4).start(
+            load_experiment(source).job.model_copy(update={"name": first_job.name})
+        )
+
+
+def _rerun(source: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``stormwatch chaos run`` (the lab found through STORMWATCH_LAB_DIR), no post-mortem."""
+    return subprocess.run(
+        [STORMWATCH, "chaos", "run", str(source), "--no-postmortem"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "STORMWATCH_LAB_DIR": str(run_dir), "COLUMNS": "80"},
     )
+
+
+def _journal_path(output: str) -> Path:
+    """The journal path ``chaos run`` prints last (on one line, whatever its length)."""
+    [line] = [line for line in output.splitlines() if line.startswith("journal: ")]
+    return Path(line.removeprefix("journal: "))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -307,3 +308,75 @@ def test_run_without_a_lab_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert "no lab" in out.stderr and "stormwatch lab up" in out.stderr
     assert not (run_dir / "chaos").exists() and not (run_dir / "experiments").exists()
+
+
+def test_validate_rejects_a_rank_outside_the_fixed_world_size(tmp_path: Path) -> None:
+    bad = tmp_path / "rank9.yaml"
+    data = yaml.safe_load(_mutate("method.0.fault.rank", 9))
+    data["job"]["world_size"] = 4
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        InvalidExperiment,
+        match=r"method\[0\]\.fault\.rank: rank 9 is out of range: the job has 4 ranks "
+        r"\(job\.world_size\), so use 0-3",
+    ):
+        load_experiment(bad)
+
+    data["job"].pop("world_size")
+    data["job"].update(nodes=2, nproc_per_node=2)
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidExperiment, match=r"job\.nodes \* job\.nproc_per_node = 2 \* 2"):
+        load_experiment(bad)
+
+    data["job"].update(world_size=8)
+    data["method"][0]["fault"]["rank"] = 1
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidExperiment, match=r"job\.world_size: 8 != job\.nodes"):
+        load_experiment(bad)
+
+    out = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(KILL_RANK)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # The shipped experiment fixes 4 ranks; the summary counts in words, singular included.
+    assert load_experiment(KILL_RANK).job.fixed_world_size == 4
+    assert "(2 method activities, 1 rollback)" in out.stdout, out.stdout
+
+
+def test_chaos_commands_take_the_run_dir_from_stormwatch_lab_dir(tmp_path: Path) -> None:
+    env_dir = tmp_path / "elsewhere"
+    (tmp_path / "run" / "demo" / "chaos").mkdir(parents=True)
+    (tmp_path / "run" / "demo" / "chaos" / "ledger.sqlite3").write_bytes(b"")
+    with_env = subprocess.run(
+        [str(STORMWATCH), "chaos", "ledger"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "STORMWATCH_LAB_DIR": str(env_dir)},
+    )
+    assert with_env.returncode == 1, with_env.stderr
+    assert f"no fault ledger at {env_dir}/chaos/ledger.sqlite3" in with_env.stderr
+
+    # Default run dir without a ledger, but the demo has one: say where it is.
+    default = subprocess.run(
+        [str(STORMWATCH), "chaos", "ledger"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "STORMWATCH_LAB_DIR"},
+    )
+    assert default.returncode == 1
+    assert "`stormwatch chaos ledger --run-dir run/demo`" in " ".join(default.stderr.split())
+
+    for command in ("run", "revert", "ledger", "postmortem"):
+        help_text = subprocess.run(
+            [str(STORMWATCH), "chaos", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert "STORMWATCH_LAB_DIR" in help_text, command

@@ -40,7 +40,6 @@ steady_state_hypothesis:
 method:
   - type: action
     name: freeze-rank-0
-    when: {{step: 5, timeout_seconds: 60}}
     fault: {{kind: freeze_rank, rank: 0, ttl_seconds: {ttl}}}
   - type: probe
     name: wait-for-progress

@@ -54,8 +54,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def torchrun_job(tmp_path: Path, unique_job: Any, wait_until: Any) -> Iterator[tuple[str, Path]]:
-    """Two stand-in ranks under torchrun (max 3 restarts); yields (job name, run dir)."""
+def torchrun_job(
+    request: pytest.FixtureRequest, tmp_path: Path, unique_job: Any, wait_until: Any
+) -> Iterator[tuple[str, Path]]:
+    """Two stand-in ranks under torchrun (max 3 restarts, or ``request.param`` when
+    parametrized indirectly); yields (job name, run dir)."""
+    max_restarts = getattr(request, "param", 3)
     job = unique_job("killrank").replace("-", "")[:30]
     run_dir = tmp_path / "run"
     log_dir = run_dir / "jobs" / job / "logs"
@@ -68,7 +72,7 @@ def torchrun_job(tmp_path: Path, unique_job: Any, wait_until: Any) -> Iterator[t
             "--nproc-per-node",
             "2",
             "--max-restarts",
-            "3",
+            str(max_restarts),
             "--rdzv-backend",
             "c10d",
             "--rdzv-endpoint",
@@ -157,7 +161,7 @@ steady_state_hypothesis:
 method:
   - type: action
     name: kill-rank-1
-    when: {{step: 8}}
+    when: {{step: 30}}
     fault: {{kind: kill_rank, rank: 1, signal: SIGKILL, ttl_seconds: 60}}
   - type: probe
     name: ranks-progressing-again
@@ -185,7 +189,7 @@ rollbacks:
     action = journal.method[0]
     assert action.status == "succeeded" and isinstance(action.output, dict)
     assert action.output["node"] == "n0" and action.output["target_pid"]
-    assert isinstance(action.output["step"], int) and action.output["step"] >= 8
+    assert isinstance(action.output["step"], int) and action.output["step"] >= 30
     [entry] = Ledger(ledger_path(run_dir), create=False).entries()
     assert entry.state == "reverted" and entry.revert_reason == "rollback revert-experiment-faults"
     assert entry.target.node == "n0" and entry.injected_at is not None
@@ -201,3 +205,54 @@ rollbacks:
     assert pm.steps_lost == pm.last_step_before_fault, "the stand-in resumes from step 0"
     assert not pm.detected and "not detected" in md.read_text()
     assert time.time() - journal.started_at < 120
+
+
+@pytest.mark.parametrize("torchrun_job", [0], indirect=True)
+def test_a_kill_the_job_does_not_recover_from_fails_the_hypothesis_after(
+    torchrun_job: tuple[str, Path],
+    agent: tuple[str, Path],
+) -> None:
+    # No hypothesis probe runs after the method: before this fix the after-phase passed
+    # vacuously and a kill that ended the job (no restarts left) was "completed".
+    job, run_dir = torchrun_job
+    url, token = agent
+    experiment = parse_experiment(f"""
+version: 1
+title: kill rank 1 of a job without restarts
+job: {{name: {job}, steps: 1000000, checkpoint_every: 10, startup_timeout_seconds: 60}}
+steady_state_hypothesis:
+  title: both ranks step
+  probes:
+    - name: ranks-progressing
+      provider: {{type: job, expect: progressing, window_seconds: 5}}
+      timeout_seconds: 20
+      phases: [before]
+method:
+  - type: action
+    name: kill-rank-1
+    fault: {{kind: kill_rank, rank: 1, signal: SIGKILL, ttl_seconds: 60}}
+""")
+    target = Target(
+        run_dir=run_dir,
+        jobs=AttachedJobs(run_dir, world_size=2),
+        world_size=2,
+        agents=(AgentEndpoint(node="n0", url=url),),
+        agent_token_file=token,
+    )
+    runner = Runner(
+        experiment,
+        source=Path("inline.yaml"),
+        target=target,
+        config=RunnerConfig(attach_job=job, recovery_timeout_seconds=8),
+    )
+
+    result = asyncio.run(runner.run())
+
+    journal = result.journal
+    assert result.exit_code == 1, journal.model_dump_json(indent=2)
+    assert journal.status == "deviated" and not journal.hypothesis_held
+    assert journal.method[0].status == "succeeded"
+    [recovered] = journal.steady_state_after.probes
+    assert recovered.name == "job-recovered" and recovered.status == "failed"
+    assert recovered.error and "rank" in recovered.error
+    assert journal.steady_state_after.met is False

@@ -341,7 +341,10 @@ def test_without_baseline_or_fault_the_report_says_what_it_could_not_do(tmp_path
     assert pm.fault_at is None and not pm.detected and not pm.recovered
     assert pm.loss.identical is None and "no baseline" in pm.loss.note
     assert any("no fault was injected" in n for n in pm.notes)
-    assert "not detected" in render_markdown(pm)
+    md = render_markdown(pm)
+    assert "not detected" in md
+    assert "Not compared: no baseline run given\n" in md + "\n"
+    assert "loss not compared" not in md  # said once, by the heading's "Not compared"
 
 
 def test_missing_baseline_log_is_noted(recorded: tuple[Path, Path, Path], tmp_path: Path) -> None:

@@ -100,3 +100,42 @@ def test_hypothesis_not_met_before_skips_the_method_and_injects_nothing(
     assert [(r.name, r.status) for r in journal.rollbacks] == [("undo", "succeeded")]
     assert Ledger(ledger_path(tmp_path / "run"), create=False).entries() == []
     assert journal.error and "did not hold before" in journal.error
+
+
+def test_a_trigger_already_past_when_the_job_is_first_observed_is_not_injected(
+    tmp_path: Path, start_workload: Any, unique_job: Any, wait_until: Any
+) -> None:
+    # A re-run that attaches to (or resumes) a job already beyond when.step must not
+    # fire late, on a job that may be finished: the action fails, nothing is injected.
+    job = unique_job("late")
+    workload = start_workload(job, step_seconds=0.02)
+    wait_until(lambda: workload.steps() >= 15, 30, "the rank to pass step 15")
+    text = _experiment(job, strategy="always", after_window=5.0).replace(
+        "    name: freeze\n", "    name: freeze\n    when: {step: 10}\n"
+    )
+
+    result = _run(tmp_path, job, text)
+
+    journal = result.journal
+    assert result.exit_code == 1 and journal.status == "failed"
+    [action, hold] = journal.method
+    assert (action.name, action.status) == ("freeze", "failed")
+    assert action.error and "already past" in action.error and "when.step=10" in action.error
+    assert hold.status == "skipped"
+    assert journal.error and "already past" in journal.error
+    assert Ledger(ledger_path(tmp_path / "run"), create=False).entries() == []
+    assert not workload.stopped
+
+
+def test_job_name_for_gives_every_run_its_own_job() -> None:
+    from stormwatch.chaos.lab import JobSpec
+    from stormwatch.chaos.runner import job_name_for, new_experiment_id
+
+    first, second = new_experiment_id("kill rank"), new_experiment_id("kill rank")
+    names = {job_name_for("experiment", first), job_name_for("experiment", second)}
+    assert len(names) == 2
+    for name in names:
+        assert name.startswith("experiment-") and len(name) <= 63
+        JobSpec(name=name, steps=1)  # a valid lab job name
+    assert job_name_for("x" * 40, "custom id/with spaces").startswith("x" * 40 + "-")
+    assert job_name_for("e", "20250101T120000-kill-rank-1a2b") == "e-20250101t120000-1a2b"

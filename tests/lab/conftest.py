@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from stormwatch.chaos.lab import LabConfig
 from stormwatch.chaos.lab.netns import NETNS_ETC, IpRoute2
 from stormwatch.chaos.lab.paths import RunPaths

@@ -6,10 +6,10 @@ import ipaddress
 from typing import Any
 
 import pytest
+
 from stormwatch.chaos.lab import JobSpec, LabConfig
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import LabState, plan_state
-
 from stormwatch.errors import ConfigError
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from stormwatch.chaos.lab import JobError, JobSpec, Lab, LabConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -108,6 +109,41 @@ def test_trainer_job_runs_to_completion(
     status = run_cli("lab", "status", "--run-dir", run_dir, "--json")
     [job] = [j for j in json.loads(status.stdout)["jobs"] if j["name"] == "tiny"]
     assert job["running"] is False and job["exit_codes"] == {"node0": 0, "node1": 0}
+
+
+def test_concurrent_jobs_get_their_own_rendezvous_port(
+    lab: Lab, tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    # Every job used rendezvous port 29400 on node0: a second job failed with
+    # EADDRINUSE buried in node0.torchrun.log.
+    first = lab.start_job(_allreduce("c1", tmp_path / "c1", sleep_s=8))
+    second = lab.start_job(_allreduce("c2", tmp_path / "c2", sleep_s=0))
+    assert first.rdzv_port == lab.state.config.rdzv_port
+    assert second.rdzv_port is not None and second.rdzv_port != first.rdzv_port
+    status = run_cli("lab", "status", "--run-dir", str(lab.run_dir))
+    assert "node0=running" in status.stdout and "=None" not in status.stdout, status.stdout
+    for name, info in (("c2", second), ("c1", first)):
+        result = lab.wait_job(name, timeout=240)
+        assert result.ok, (
+            result.detail,
+            {n: p.read_text()[-2000:] for n, p in info.node_logs.items()},
+        )
+        assert result.detail is None
+
+
+def test_a_failed_job_says_why(
+    lab: Lab, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    crash = "import sys; print('ValueError: boom-42', file=sys.stderr); sys.exit(3)"
+    lab.start_job(
+        JobSpec(name="crash", steps=1, max_restarts=0, entrypoint=(sys.executable, "-c", crash))
+    )
+    result = lab.wait_job("crash", timeout=240)
+    assert not result.ok and result.detail is not None
+    assert "node0 (exit 1)" in result.detail and "ValueError: boom-42" in result.detail
+    waited = run_cli("lab", "wait", "--run-dir", str(lab.run_dir), "--job", "crash")
+    assert waited.returncode == 1
+    assert "why:" in waited.stderr and "ValueError: boom-42" in waited.stderr, waited.stderr
 
 
 def test_stop_job_and_down_leave_no_torchrun_or_worker(lab: Lab, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from stormwatch.chaos.lab import (
     Lab,
     LabConfig,

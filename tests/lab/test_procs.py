@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from stormwatch.chaos.lab import procs
 from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.lab.state import ProcessRecord

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+
 from stormwatch.chaos.lab import (
     AsyncPrometheusClient,
     PrometheusAPI,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from stormwatch.chaos.lab import LabConfig
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.services import (

@@ -1,0 +1,36 @@
+"""What ``chaos run`` and the post-mortem say, in words (no ``None``, no doubled phrases)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from stormwatch.chaos.cli import _after_text, _before_text
+from stormwatch.chaos.journal import Journal
+
+
+def _journal(**values: object) -> Journal:
+    journal = Journal(
+        experiment_id="x", title="t", file=Path("x.yaml"), experiment={}, started_at=time.time()
+    )
+    for key, value in values.items():
+        setattr(journal, key, value)
+    return journal
+
+
+def test_the_run_summary_says_why_the_after_phase_was_not_checked() -> None:
+    method_failed = _journal(status="failed")
+    method_failed.steady_state_before.met = True
+    assert _before_text(method_failed) == "held"
+    assert _after_text(method_failed) == "not checked (the method failed)"
+
+    before_failed = _journal(status="failed")
+    before_failed.steady_state_before.met = False
+    assert _after_text(before_failed) == "not checked (the hypothesis did not hold before)"
+
+    no_job = _journal(status="failed")
+    assert _before_text(no_job) == "not checked (the job did not start)"
+
+    deviated = _journal(status="deviated")
+    deviated.steady_state_before.met, deviated.steady_state_after.met = True, False
+    assert _after_text(deviated) == "did NOT hold"
