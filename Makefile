@@ -87,13 +87,5 @@ clean:
 	-$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/demo 2>/dev/null
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
-dist# Speed and memory targets live here, not in timed tests.
-bench: setup
-	$(PY) benchmarks/agent_bench.py
-
-# On a machine with an NVIDIA GPU: the agent against real NVML (skips without a driver).
-gpu-check: venv
-	$(PY) scripts/gpu_check.py
-
-clean: clean
+distclean: clean
 	rm -rf $(VENV) run
