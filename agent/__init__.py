@@ -8,20 +8,22 @@ with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
 (rank watcher), :mod:`.collectors` (one module per collector), :mod:`.faults`
 (one module per fault kind, ledger, manager), :mod:`.server` (HTTP),
 :mod:`.tracing` (the agent's own spans, FC-07/FC-08), :mod:`.procs` (process
-inspection), :mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
+inspection, which rank names which metrics dir), :mod:`.statelock` (one agent per
+state dir), :mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
 
 Exceptions::
 
     StormwatchError
     └── AgentError
         ├── AgentConfigError        (a ConfigError too) bad setting; names field and fix
+        │                           (also: state dir held by another agent)
         ├── NvmlUnavailable         --gpu-backend nvml without a working driver
         ├── CollectorError          a collector cannot collect (collector_up 0)
         ├── LedgerError             the fault ledger cannot be opened or written
         └── FaultError              (http_status 500)
             ├── InvalidFaultRequest (a ConfigError too; 400) .problems names the fields
             ├── FaultNotFound       unknown fault id (404)
-            ├── FaultTargetNotFound target not on this node (404)
+            ├── FaultTargetNotFound target not a claimed rank of this node (404)
             ├── FaultTargetAmbiguous (409)
             └── FaultConflict       fault id reused with another request (409)
 """

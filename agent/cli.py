@@ -6,14 +6,17 @@ import asyncio
 import contextlib
 import csv
 import json
+import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from stormwatch.agent.catalogue import load_catalogue
+from stormwatch.agent.catalogue import MetricSpec, load_catalogue
 from stormwatch.agent.config import COLLECTOR_NAMES, AgentConfig, parse_listen
+from stormwatch.agent.errors import AgentConfigError
 from stormwatch.agent.runtime import Agent
 
 
@@ -110,6 +113,16 @@ def agent() -> None:
     help="Seconds a span export or the final flush may take; bounds the agent's exit when "
     "the collector hangs (FC-08).",
 )
+@click.option(
+    "--claim-unlabelled-ranks/--no-claim-unlabelled-ranks",
+    default=True,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_CLAIM_UNLABELLED_RANKS",
+    help="Treat ranks that name no metrics dir (no STORMWATCH_METRICS_DIR, no --metrics-dir "
+    "after `train`) as this node's, so they are watched and may be killed by the fault API. "
+    "Keep on with one agent per host; pass --no-claim-unlabelled-ranks when several agents "
+    "share one PID namespace (the lab).",
+)
 def run(
     listen: str,
     node: str | None,
@@ -123,6 +136,7 @@ def run(
     otlp_endpoint: str | None,
     trace_file: Path | None,
     trace_flush_timeout: float,
+    claim_unlabelled_ranks: bool,
 ) -> int:
     """Serve /metrics, /healthz, /v1/ranks and the fault API until SIGTERM or SIGINT.
 
@@ -145,6 +159,7 @@ def run(
         "otlp_endpoint": otlp_endpoint or None,
         "trace_file": trace_file,
         "trace_flush_timeout": trace_flush_timeout,
+        "claim_unlabelled_ranks": claim_unlabelled_ranks,
     }
     if node:
         values["node"] = node
@@ -173,6 +188,10 @@ async def _serve(config: AgentConfig) -> None:
                 loop.remove_signal_handler(sig)
 
 
+#: Terminal width from which the default table also shows the help column.
+HELP_COLUMN_MIN_WIDTH = 120
+
+
 @agent.command("metrics")
 @click.option(
     "--format",
@@ -180,34 +199,109 @@ async def _serve(config: AgentConfig) -> None:
     type=click.Choice(["table", "csv", "json"]),
     default="table",
     show_default=True,
-    help="table: rich table; csv: the catalogue file's columns; json: a list of objects.",
+    help="table: one line per metric; csv: the catalogue file's columns; json: a list of objects.",
 )
-def metrics(fmt: str) -> None:
-    """Print the metric catalogue: every metric the agent exports, with type, unit and labels."""
-    catalogue = load_catalogue()
+@click.option(
+    "--grep",
+    "pattern",
+    metavar="PATTERN",
+    help="Only metrics whose name matches this regular expression (case-insensitive search).",
+)
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Table: add the source column and the full help text (wrapped).",
+)
+def metrics(fmt: str, pattern: str | None, wide: bool) -> None:
+    """Print the metric catalogue: every metric the agent exports, with type, unit and labels.
+
+    The table has one line per metric (name, type, unit, labels); from
+    120 columns on it adds the help text, cut with an ellipsis; --wide shows
+    everything. Long label lists are cut with an ellipsis too: use --wide,
+    --format csv or --format json for the whole row.
+
+    \b
+    Examples:
+      stormwatch agent metrics --grep '^DCGM_FI_DEV_.*TEMP'
+      stormwatch agent metrics --grep collective --wide
+    """
+    specs = list(load_catalogue())
+    if pattern is not None:
+        try:
+            regex = re.compile(pattern, re.IGNORECASE)
+        except re.error as exc:
+            raise AgentConfigError(
+                f"--grep: invalid regular expression {pattern!r}: {exc}"
+            ) from exc
+        specs = [spec for spec in specs if regex.search(spec.name)]
     if fmt == "json":
-        click.echo(json.dumps([spec.model_dump(mode="json") for spec in catalogue], indent=2))
+        click.echo(json.dumps([spec.model_dump(mode="json") for spec in specs], indent=2))
         return
     if fmt == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["name", "type", "unit", "labels", "source", "help"])
-        for spec in catalogue:
+        for spec in specs:
             writer.writerow(
                 [spec.name, spec.type, spec.unit, " ".join(spec.labels), spec.source, spec.help]
             )
         return
+    _print_table(specs, wide=wide)
+
+
+def _print_table(specs: list[MetricSpec], *, wide: bool) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"stormwatch agent metrics ({len(catalogue)})")
-    table.add_column("name", no_wrap=True)  # names are copied into queries: never fold them
-    for column in ("type", "unit", "labels", "source", "help"):
-        table.add_column(column, overflow="fold")
-    for spec in catalogue:
-        table.add_row(
-            spec.name, spec.type, spec.unit, ",".join(spec.labels), spec.source, spec.help
-        )
-    Console().print(table)
+    console = Console()
+    show_help = wide or console.width >= HELP_COLUMN_MIN_WIDTH
+
+    # One line per metric unless --wide. Names are copied into queries: never cut
+    # or folded (the column is as wide as the longest shown name); labels and help
+    # take what is left, cut with an ellipsis. Widths are set here, not left to
+    # rich, which would drop whole columns on a narrow terminal.
+    def widest(header: str, values: list[str]) -> int:
+        return max([len(header), *(len(value) for value in values)])
+
+    name_w = widest("name", [spec.name for spec in specs])
+    type_w = widest("type", [spec.type for spec in specs])
+    unit_w = widest("unit", [spec.unit for spec in specs])
+    if not wide:
+        unit_w = min(unit_w, 8)  # bytes_per_second -> bytes_p…
+    source_w = widest("source", [spec.source for spec in specs]) if wide else 0
+    columns = 4 + (1 if show_help else 0) + (1 if wide else 0)
+    # Each column but the last is followed by one space of padding and one of
+    # rule (rich's widths include the padding).
+    rest = console.width - name_w - type_w - unit_w - source_w - 2 * (columns - 1)
+    labels_w = max(6, rest // 3 if show_help else rest)
+    help_w = max(10, rest - labels_w)
+    table = Table(
+        title=f"stormwatch agent metrics ({len(specs)})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        expand=False,
+    )
+    cut: dict[str, Any] = (
+        {"overflow": "fold"} if wide else {"no_wrap": True, "overflow": "ellipsis"}
+    )
+    table.add_column("name", no_wrap=True, width=name_w + 1)
+    table.add_column("type", no_wrap=True, width=type_w + 1)
+    table.add_column("unit", width=unit_w + 1, **cut)
+    table.add_column("labels", width=labels_w + (1 if wide or show_help else 0), **cut)
+    if wide:
+        table.add_column("source", no_wrap=True, width=source_w + (1 if show_help else 0))
+    if show_help:
+        table.add_column("help", width=help_w, **cut)
+    for spec in specs:
+        row = [spec.name, spec.type, spec.unit, " ".join(spec.labels)]
+        if wide:
+            row.append(spec.source)
+        if show_help:
+            row.append(spec.help)
+        table.add_row(*row)
+    console.print(table, crop=not wide)
 
 
 __all__ = ["agent"]

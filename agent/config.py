@@ -74,7 +74,7 @@ class AgentConfig(BaseModel):
             ``auto`` (NVML when a driver answers, otherwise simulated).
         sim_gpus: number of simulated GPUs (``sim`` / fallback of ``auto``).
         token_file: file holding the Bearer token of the fault API; without it
-            the fault API answers 401 to every request.
+            the fault API answers 401 to every request. It must hold an ASCII token.
         state_dir: where the fault ledger lives; default :func:`default_state_dir`.
         sample_interval: seconds between NVML samples (1 s: dcgm-exporter's
             default collection interval is 30 s, but chaos experiments want
@@ -99,6 +99,11 @@ class AgentConfig(BaseModel):
         trace_file: JSON-lines span file; default ``<state_dir>/traces.jsonl``.
         trace_flush_timeout: seconds a span export or the final flush may take
             (3 s; bounds the agent's exit when the collector hangs, FC-08).
+        claim_unlabelled_ranks: treat a rank that names no metrics folder (no
+            ``STORMWATCH_METRICS_DIR``, no ``--metrics-dir`` after ``train``) as
+            this node's (True: on a real node one agent owns every rank of the
+            host). False where several agents share one PID namespace (the lab):
+            then only ranks naming this agent's ``metrics_dir`` are claimed.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -121,6 +126,7 @@ class AgentConfig(BaseModel):
     otlp_endpoint: str | None = None
     trace_file: Path | None = None
     trace_flush_timeout: float = Field(default=3.0, gt=0, le=60)
+    claim_unlabelled_ranks: bool = True
 
     @field_validator("otlp_endpoint")
     @classmethod
@@ -178,15 +184,19 @@ class AgentConfig(BaseModel):
         """The fault-API token from ``token_file`` (stripped), or None without one.
 
         Raises:
-            AgentConfigError: the file is missing, unreadable or empty.
+            AgentConfigError: the file is missing, unreadable, not ASCII or empty.
         """
         if self.token_file is None:
             return None
         try:
-            token = self.token_file.read_text(encoding="utf-8").strip()
+            token = self.token_file.read_bytes().decode("ascii").strip()
         except OSError as exc:
             raise AgentConfigError(
                 f"token_file: cannot read {self.token_file}: {exc.strerror}"
+            ) from exc
+        except UnicodeDecodeError as exc:
+            raise AgentConfigError(
+                f"token_file: {self.token_file} must hold an ASCII token"
             ) from exc
         if not token:
             raise AgentConfigError(f"token_file: {self.token_file} is empty; write a token into it")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -56,7 +56,11 @@ class RankEnv:
 
 
 def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
-    """Parse a rank's identity from its environment; None when it is not a rank."""
+    """Parse a rank's identity from its environment; None when it is not a rank.
+
+    ``metrics_dir`` is ``STORMWATCH_METRICS_DIR`` only; :func:`rank_metrics_dir`
+    also reads the command line.
+    """
     if any(name not in environ for name in _RANK_ENV):
         return None
     try:
@@ -72,6 +76,50 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
         )
     except ValueError:
         return None
+
+
+def metrics_dir_argument(cmdline: Sequence[str]) -> str | None:
+    """The ``--metrics-dir D`` / ``--metrics-dir=D`` value given after a ``train`` word.
+
+    ``stormwatch train --metrics-dir D`` (also under ``python -m stormwatch`` or
+    a torchrun entry point) leaves ``STORMWATCH_METRICS_DIR`` unset: the folder
+    is only on the command line. The last occurrence wins, as in click.
+    """
+    try:
+        start = list(cmdline).index("train") + 1
+    except ValueError:
+        return None
+    found: str | None = None
+    args = list(cmdline[start:])
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--metrics-dir" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--metrics-dir="):
+            found = arg.split("=", 1)[1]
+    return found or None
+
+
+def rank_metrics_dir(
+    environ: Mapping[str, str], cmdline: Sequence[str], cwd: str | None
+) -> Path | None:
+    """A rank's metrics folder, resolved: ``--metrics-dir`` after ``train`` on its
+    command line (click: option over environment), else ``STORMWATCH_METRICS_DIR``;
+    None when it has neither.
+
+    A relative path is taken relative to the rank's working directory ``cwd``
+    (None when unknown: the relative path is returned as is and matches no folder).
+    """
+    raw = metrics_dir_argument(cmdline) or environ.get("STORMWATCH_METRICS_DIR") or None
+    if raw is None:
+        return None
+    path = Path(raw)
+    if not path.is_absolute():
+        if cwd is None:
+            return path  # relative and unresolvable: matches no agent's (absolute) folder
+        path = Path(cwd) / path
+    return Path(os.path.realpath(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,13 +170,59 @@ def pid_dead(pid: int) -> bool:
         return False
 
 
+def process_cwd(pid: int) -> str | None:
+    """Working directory of ``pid``; None when it cannot be read."""
+    try:
+        return psutil.Process(pid).cwd()
+    except psutil.Error:
+        return None
+
+
+def read_rank_process(
+    pid: int,
+    create_time: float,
+    key: RankKey,
+    is_agent: Callable[[str, Sequence[str]], bool],
+) -> tuple[Mapping[str, str], list[str], str | None] | str:
+    """Fresh ``(environ, cmdline, cwd)`` of ``pid`` if it is still rank ``key``.
+
+    Still rank ``key`` means: the same process (start time ``create_time``), not a
+    zombie, a descendant of a torchrun agent (``is_agent``), whose environment
+    says ``key``. Otherwise returns why not (one sentence, for a 404).
+    """
+    try:
+        process = psutil.Process(pid)
+        if not same_time(process.create_time(), create_time):
+            return f"pid {pid} is now another process (start time changed)"
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return f"pid {pid} has exited"
+        environ = process.environ()
+        cmdline = process.cmdline()
+        cwd = process_cwd(pid)
+        under_torchrun = any(is_agent(p.name(), p.cmdline()) for p in process.parents())
+    except psutil.NoSuchProcess:
+        return f"pid {pid} has exited"
+    except psutil.Error as exc:
+        return f"pid {pid} cannot be inspected ({type(exc).__name__})"
+    env = rank_env(environ)
+    if env is None or env.key != key:
+        return f"pid {pid} is not rank {key[1]} of job {key[0]}"
+    if not under_torchrun:
+        return f"pid {pid} is not under a torchrun agent"
+    return environ, cmdline, cwd
+
+
 __all__ = [
     "ProcEntry",
     "RankEnv",
     "RankKey",
     "is_torchrun_agent",
+    "metrics_dir_argument",
     "pid_dead",
     "proc_stat",
+    "process_cwd",
     "rank_env",
+    "rank_metrics_dir",
+    "read_rank_process",
     "same_time",
 ]

@@ -7,9 +7,13 @@ Every ``interval`` seconds (0.5 s) one scan:
 2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`);
 3. among their descendants, takes the topmost process per rank whose
    environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
-   ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and whose
-   ``STORMWATCH_METRICS_DIR``, when set, is this agent's metrics directory: in
-   the lab all nodes share one PID namespace, and that directory is per node;
+   ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and that
+   this node *claims*: its metrics folder (``--metrics-dir`` after ``train`` on
+   its command line, else ``STORMWATCH_METRICS_DIR``; resolved) is this agent's
+   metrics directory, or it has no metrics folder at all and the watcher claims
+   unlabelled ranks (``claim_unlabelled``: right for one agent per host, wrong in
+   the lab, where all nodes share one PID namespace and must pass
+   ``--no-claim-unlabelled-ranks``);
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
    written during that process's life;
@@ -46,7 +50,10 @@ from stormwatch.agent.procs import (
     is_torchrun_agent,
     pid_dead,
     proc_stat,
+    process_cwd,
     rank_env,
+    rank_metrics_dir,
+    read_rank_process,
     same_time,
 )
 
@@ -107,6 +114,9 @@ class RankWatcher:
         clock: Unix time.
         is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
         tracer: records a ``rank.exit`` span per exit noticed (default: no-op).
+        claim_unlabelled: claim ranks that name no metrics folder at all (default
+            True: on a real node one agent owns every rank of the host; the lab,
+            several agents in one PID namespace, sets it False).
     """
 
     def __init__(
@@ -118,8 +128,10 @@ class RankWatcher:
         clock: Callable[[], float] = time.time,
         is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
         tracer: trace.Tracer | None = None,
+        claim_unlabelled: bool = True,
     ) -> None:
         self._dir = Path(metrics_dir)
+        self._claim_unlabelled = claim_unlabelled
         self._interval = interval
         self._forget_after = forget_after
         self._clock = clock
@@ -135,6 +147,7 @@ class RankWatcher:
         self._progress_seen: dict[RankKey, float] = {}
         self._steps: dict[RankKey, float] = {}
         self._environ: dict[tuple[int, float], Mapping[str, str] | None] = {}
+        self._claims: dict[tuple[int, float], bool] = {}
         self._names: dict[tuple[int, float], tuple[str, tuple[str, ...]]] = {}
         self._last_scan_at: float | None = None
         self._last_error: str | None = None
@@ -254,6 +267,7 @@ class RankWatcher:
             self._mark_dead()
             live = {(p.pid, p.create_time) for p in table.values()}
             self._environ = {k: v for k, v in self._environ.items() if k in live}
+            self._claims = {k: v for k, v in self._claims.items() if k in live}
             self._last_scan_at = now
             self._last_error = None
 
@@ -345,19 +359,48 @@ class RankWatcher:
                 env = rank_env(environ) if environ is not None else None
                 if env is not None:
                     inside_rank = True  # its own children (data loaders...) are not ranks
-                    mine = env.metrics_dir is None or self._same_dir(env.metrics_dir)
-                    if mine and (
+                    if self._claimed(proc) and (
                         env.key not in found or found[env.key][0].create_time > proc.create_time
                     ):
                         found[env.key] = (proc, env)
             stack.extend((child, inside_rank) for child in children[pid])
         return found
 
-    def _same_dir(self, path: str) -> bool:
-        try:
-            return os.path.samefile(path, self._dir)
-        except OSError:
-            return False
+    def _claimed(self, proc: ProcEntry) -> bool:
+        key = (proc.pid, proc.create_time)
+        if key not in self._claims:
+            environ = self._environ_of(proc) or {}
+            self._claims[key] = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
+        return self._claims[key]
+
+    def claims(
+        self, environ: Mapping[str, str], cmdline: Sequence[str], cwd: str | None
+    ) -> str | None:
+        """Whether this node owns a rank with this environment, command line and
+        working directory: None when it does, else why not (one sentence)."""
+        owner = rank_metrics_dir(environ, cmdline, cwd)
+        if owner is None:
+            if self._claim_unlabelled:
+                return None
+            return "it names no metrics dir and this agent runs with --no-claim-unlabelled-ranks"
+        mine = Path(os.path.realpath(self._dir))
+        if owner == mine:
+            return None
+        return f"its metrics dir {owner} is not this node's {mine}"
+
+    def check_owned(self, pid: int, create_time: float, key: RankKey) -> str | None:
+        """Re-check, from fresh reads, that ``pid`` is still the claimed rank ``key``.
+
+        Returns None when it is: the same process (start time ``create_time``),
+        not a zombie, under a torchrun agent, with ``key``'s rank environment,
+        claimed by this node. Otherwise the reason it is not (for a 404).
+        """
+        fresh = read_rank_process(pid, create_time, key, self._is_agent)
+        if isinstance(fresh, str):
+            return fresh
+        environ, cmdline, cwd = fresh
+        why = self.claims(environ, cmdline, cwd)
+        return None if why is None else f"pid {pid} is not this node's rank: {why}"
 
     def _update(
         self,

@@ -41,6 +41,7 @@ from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
 from stormwatch.agent.ranks import RankWatcher
 from stormwatch.agent.server import ApiDeps, build_app
+from stormwatch.agent.statelock import StateDirLock
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,9 @@ class Agent:
         """Start everything and listen.
 
         Raises:
-            AgentConfigError: bad token file, unusable metrics directory, or the
-                listen address cannot be bound (taken, not local).
+            AgentConfigError: bad token file, unusable metrics directory (or its
+                parent missing), state dir held by another agent, or the listen
+                address cannot be bound (taken, not local).
             NvmlUnavailable: ``gpu_backend=nvml`` without a driver.
             LedgerError: the fault ledger cannot be opened.
         """
@@ -124,12 +126,9 @@ class Agent:
         cfg = self.config
         stack = self._stack
         token = cfg.read_token()
-        try:
-            cfg.metrics_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise AgentConfigError(
-                f"metrics_dir: cannot create {cfg.metrics_dir}: {exc.strerror}"
-            ) from exc
+        _ensure_metrics_dir(cfg.metrics_dir)
+        # Before anything in the state dir is opened: one agent per state dir.
+        stack.callback(StateDirLock(Path(cfg.resolved_state_dir)).release)
 
         # Tracing first (closed last, after the shutdown reverts it records), and
         # only now, in the running process (FC-07); its close is bounded (FC-08).
@@ -154,6 +153,7 @@ class Agent:
             forget_after=cfg.rank_retention_seconds,
             clock=self._clock,
             tracer=tracer,
+            claim_unlabelled=cfg.claim_unlabelled_ranks,
         )
         self.watcher.start()
         stack.callback(self.watcher.stop)
@@ -305,6 +305,28 @@ class Agent:
 
     def _revert_shutdown(self, fault_id: str) -> None:
         self.faults.revert(fault_id, reason="shutdown")
+
+
+def _ensure_metrics_dir(path: Path) -> None:
+    """Create the metrics dir itself when missing, never its parents (a typo must
+    not silently build a tree, e.g. at the filesystem root).
+
+    Raises:
+        AgentConfigError: the parent is missing, or the folder cannot be created.
+    """
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
+            "exist; create it or fix --metrics-dir"
+        )
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}"
+        ) from exc
 
 
 __all__ = ["EXPIRY_PERIOD", "Agent"]

@@ -12,7 +12,8 @@
 
 Errors are JSON ``{"error": "..."}``; a 400 also lists ``fields``
 (``[{"field": "rank", "message": "..."}]``). Request bodies above the
-configured size get 413. Blocking work (collection, SQLite, signals) runs in
+configured size get 413; a ``POST`` whose ``Content-Type`` is not
+``application/json`` gets 415; JSON nested deeper than :data:`MAX_JSON_DEPTH` gets 400. Blocking work (collection, SQLite, signals) runs in
 the default executor so the event loop keeps answering.
 """
 
@@ -37,6 +38,35 @@ from stormwatch.agent.ranks import RankWatcher
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Deepest accepted nesting of a request body (a fault request is 1 deep).
+MAX_JSON_DEPTH = 32
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Whether ``raw``'s brackets nest deeper than :data:`MAX_JSON_DEPTH` (outside strings).
+
+    Checked before ``json.loads``, whose recursion would otherwise overflow.
+    """
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -141,9 +171,26 @@ class _Api:
 
     # --------------------------------------------------------------- faults
     async def post_fault(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json":
+            return _error(
+                415,
+                f"Content-Type must be application/json (got {request.content_type or 'none'})",
+            )
         raw = await request.read()  # 413 above client_max_size
+        if _too_deep(raw):
+            return _error(
+                400,
+                f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                fields=[{"field": "body", "message": "nested too deeply"}],
+            )
         try:
             body = json.loads(raw)
+        except RecursionError:  # not reached after _too_deep; kept as a backstop
+            return _error(
+                400,
+                "body: JSON nested too deeply",
+                fields=[{"field": "body", "message": "nested too deeply"}],
+            )
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return _error(
                 400,
@@ -179,4 +226,4 @@ class _Api:
         return web.json_response(record.model_dump(mode="json"))
 
 
-__all__ = ["ApiDeps", "build_app"]
+__all__ = ["MAX_JSON_DEPTH", "ApiDeps", "build_app"]

@@ -42,7 +42,8 @@ class FaultSpec(BaseModel):
             on its own, even across restarts (default 300 s; at most one day).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: JSON types are checked, not coerced ("0" is not a rank; true is not 1).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
     kind: str
@@ -55,6 +56,8 @@ class RankDirectory(Protocol):
     def alive(self, rank: int, job: str | None = None) -> list[tuple[RankInfo, psutil.Process]]: ...
 
     def scan(self) -> None: ...
+
+    def check_owned(self, pid: int, create_time: float, key: tuple[str, int]) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """``kill_rank``: send SIGKILL or SIGTERM to a training rank on this node.
 
 The target is the rank's process as found by the rank watcher (a descendant of
-a torchrun agent with the rank's environment). psutil's ``send_signal``
-refuses a pid that was reused by another process. A kill cannot be undone:
+a torchrun agent with the rank's environment, claimed by this node). Right
+before the signal, ownership is checked again from fresh reads (same start
+time, same rank environment, still this node's: ``RankWatcher.check_owned``);
+a process that is no longer a claimed rank of this node is refused (404 with the
+reason), and psutil's ``send_signal`` refuses a pid reused since. A kill cannot be undone:
 ``revert`` does nothing, and the ledger records the fault as completed when
 its TTL ends (torchrun, not the agent, restarts the rank).
 """
@@ -45,6 +48,7 @@ class KillRank(Fault):
         super().__init__(spec)
         self._process: psutil.Process | None = None
         self._job: str | None = None
+        self._started_at = 0.0
 
     @property
     def _spec(self) -> KillRankSpec:
@@ -64,12 +68,16 @@ class KillRank(Fault):
             jobs = ", ".join(sorted(info.job for info, _ in matches))
             raise FaultTargetAmbiguous(f"{where} runs in several jobs ({jobs}); give 'job'")
         info, process = matches[0]
-        self._process, self._job = process, info.job
+        self._process, self._job, self._started_at = process, info.job, info.started_at
 
     def inject(self, ctx: FaultContext) -> Injection:
         if self._process is None:
             raise FaultError("kill_rank: inject() before prepare()")
         spec = self._spec
+        assert self._job is not None
+        why = ctx.ranks.check_owned(self._process.pid, self._started_at, (self._job, spec.rank))
+        if why is not None:
+            raise FaultTargetNotFound(f"refusing to signal rank {spec.rank}: {why}")
         try:
             if self._process.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped
                 raise psutil.NoSuchProcess(self._process.pid)

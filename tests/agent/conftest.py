@@ -83,7 +83,13 @@ class Reply:
 
 
 def http(
-    method: str, url: str, *, body: Any = None, token: str | None = None, raw: bytes | None = None
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    token: str | None = None,
+    raw: bytes | None = None,
+    content_type: str = "application/json",
 ) -> Reply:
     """One HTTP request; non-2xx answers are returned, not raised."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -91,7 +97,7 @@ def http(
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     if data is not None:
-        request.add_header("Content-Type", "application/json")
+        request.add_header("Content-Type", content_type)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return Reply(response.status, response.read(), dict(response.headers))
@@ -281,6 +287,29 @@ RANK_CODE = textwrap.dedent(
             calls.labels(op="all_reduce", **lab).inc()
             nbytes.labels(op="all_reduce", **lab).inc(4096)
             ctime.labels(op="all_reduce", **lab).inc(0.001)
+        # Every other metric the real trainer defines, one sample each (its catalogue
+        # is data; the trainer package imports no torch at this level).
+        from stormwatch.trainer.metrics import CATALOGUE, STEP_DURATION_BUCKETS
+        done = {"stormwatch_train_step", "stormwatch_train_last_step_timestamp_seconds",
+                "stormwatch_train_loss", "stormwatch_train_tokens_per_second",
+                "stormwatch_train_world_size", "stormwatch_train_restart_count",
+                "stormwatch_train_step_duration_seconds", "stormwatch_train_steps",
+                "stormwatch_train_tokens", "stormwatch_collective_calls",
+                "stormwatch_collective_bytes", "stormwatch_collective_duration_seconds"}
+        extra = {"op": "all_reduce", "mesh_dim": "world", "kind": "rss", "point": "slow_step",
+                 "sink": "metrics"}
+        for spec in CATALOGUE:
+            if spec.name in done:
+                continue
+            values = {**lab, **{k: extra.get(k, "x") for k in spec.labels if k not in lab}}
+            if spec.kind == "gauge":
+                Gauge(spec.name, "h", spec.labels, **live).labels(**values).set(1.0)
+            elif spec.kind == "counter":
+                Counter(spec.name, "h", spec.labels).labels(**values).inc()
+            else:
+                buckets = spec.buckets or STEP_DURATION_BUCKETS
+                Histogram(spec.name, "h", spec.labels, buckets=buckets).labels(
+                    **values).observe(0.01)
     # FAKE_RANK_EXIT_ON=<file>: on the first attempt, exit once the file exists
     # (code FAKE_RANK_EXIT_CODE, default 1; FAKE_RANK_DONE=1 writes rank<R>.done first).
     exit_on = os.environ.get("FAKE_RANK_EXIT_ON")
@@ -310,7 +339,8 @@ LAUNCHER_CODE = textwrap.dedent(
         env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(spec["world_size"]),
                    TORCHELASTIC_RUN_ID=spec["run_id"], STORMWATCH_JOB=spec["job"],
                    TORCHELASTIC_RESTART_COUNT=str(attempts.get(rank, 0)))
-        proc = subprocess.Popen([sys.executable, "-c", spec["rank_code"]], env=env)
+        argv = [sys.executable, "-c", spec["rank_code"], *spec.get("rank_args", [])]
+        proc = subprocess.Popen(argv, env=env)
         children[rank] = (proc, local_rank)
         print(json.dumps({"rank": rank, "pid": proc.pid}), flush=True)
     def stop(*_):
@@ -372,6 +402,9 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
     """``fake_torchrun(ranks=[0, 1], restart=False, env={...})``: start a launcher.
 
     The job name is unique per launcher (``launcher.job``) unless ``job`` is given.
+    ``write_metrics`` sets the ranks' ``STORMWATCH_METRICS_DIR`` to this test's
+    metrics dir; ``rank_args`` are appended to each rank's command line (e.g.
+    ``["train", "--metrics-dir", D]``: the rank's code ignores them).
     """
     launched: list[FakeTorchrun] = []
     script = tmp_path / "bin" / "torchrun"
@@ -387,6 +420,7 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
         restart_delay: float = 0.0,
         env: dict[str, str] | None = None,
         write_metrics: bool = True,
+        rank_args: list[str] | None = None,
     ) -> FakeTorchrun:
         # Unique by default: other users' torchrun jobs may run on this machine.
         job = job or f"job-{uuid.uuid4().hex[:8]}"
@@ -402,6 +436,7 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
             "restart_delay": restart_delay,
             "rank_code": RANK_CODE,
             "env": rank_env,
+            "rank_args": rank_args or [],
         }
         child_env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         proc = subprocess.Popen(

@@ -56,6 +56,7 @@ def test_agent_process_serves_metrics_and_stops_cleanly_on_signal(
         (["--sample-interval", "0"], "sample_interval"),
         (["--node", "bad name!"], "node"),
         (["--token-file", "/nonexistent/agent.token"], "token_file"),
+        (["--metrics-dir", "/nonexistent-stormwatch/metrics"], "--metrics-dir"),
     ],
 )
 def test_user_errors_exit_2_naming_the_field_without_traceback(
@@ -153,5 +154,80 @@ def test_agent_run_help_lists_the_contract_options() -> None:
         "--state-dir",
         "--sample-interval",
         "--disable-collector",
+        "--claim-unlabelled-ranks",
+        "--no-claim-unlabelled-ranks",
     ):
         assert option in out.stdout, option
+
+
+def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            STORMWATCH,
+            "agent",
+            "run",
+            "--metrics-dir",
+            str(tmp_path / "m"),
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--gpu-backend",
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_binary_token_file_is_a_clear_user_error(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.token"
+    binary.write_bytes(b"\xff\xfe")
+    out = _run(tmp_path, "--token-file", str(binary))
+    assert out.returncode == 2, out.stderr
+    assert "must hold an ASCII token" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_metrics_dir_parent_is_refused_and_nothing_is_created(tmp_path: Path) -> None:
+    """--metrics-dir /nonexistent/x used to mkdir -p at the filesystem root."""
+    missing = tmp_path / "no-such-parent" / "metrics"
+    out = subprocess.run(
+        [STORMWATCH, "agent", "run", "--metrics-dir", str(missing), "--state-dir",
+         str(tmp_path / "s"), "--gpu-backend", "sim", "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--metrics-dir" in out.stderr, out.stderr
+    assert str(missing.parent) in out.stderr and "Traceback" not in out.stderr
+    assert not missing.parent.exists()
+
+
+def test_metrics_dir_leaf_is_created_when_its_parent_exists(
+    start_agent: Any, tmp_path: Path
+) -> None:
+    start_agent(metrics_dir=tmp_path / "fresh-metrics")
+    assert (tmp_path / "fresh-metrics").is_dir()
+
+
+def test_second_agent_on_the_same_state_dir_is_refused_naming_dir_and_pid(
+    start_agent: Any, tmp_path: Path, tools: Any
+) -> None:
+    import os
+
+    from stormwatch.agent.errors import AgentConfigError
+
+    first = start_agent(state_dir=tmp_path / "s")
+    # Another process: the CLI exits 2 with the state dir and the holder's pid.
+    out = _run(tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert str(tmp_path / "s") in out.stderr and f"pid {os.getpid()}" in out.stderr
+    assert "Traceback" not in out.stderr
+    # The same process (another agent object) is refused too, and nothing is torn down.
+    with pytest.raises(AgentConfigError, match="in use by another agent"):
+        tools.make_agent(tmp_path / "second", state_dir=tmp_path / "s", metrics_dir=tmp_path / "m")
+    assert tools.http("GET", first.url + "/healthz").status == 200
+    first.stop()
+    # Released on stop: the state dir can be used again.
+    again = tools.make_agent(tmp_path / "third", state_dir=tmp_path / "s")
+    again.stop()

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from stormwatch.agent import AgentError, FakeNvml, load_catalogue
 from stormwatch.agent.catalogue import parse_catalogue
 from stormwatch.agent.cli import agent as agent_cli
+from stormwatch.trainer import metrics as trainer_metrics
 
 PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "dcgm-exporter"
 
@@ -107,6 +108,28 @@ def test_trainer_contract_metrics_are_catalogued() -> None:
         assert catalogue[name].source == "trainer"
 
 
+def _exposed(spec: trainer_metrics.MetricSpec) -> str:
+    """The exposed family name: prometheus-client appends ``_total`` to counters."""
+    return spec.name + "_total" if spec.kind == "counter" else spec.name
+
+
+def test_every_trainer_metric_has_a_catalogue_row_with_its_type_and_labels() -> None:
+    """The next trainer metric cannot be forgotten: trainer/metrics.py is the source."""
+    catalogue = load_catalogue()
+    assert trainer_metrics.CATALOGUE, "trainer/metrics.py defines no metrics?"
+    missing = sorted(_exposed(s) for s in trainer_metrics.CATALOGUE if _exposed(s) not in catalogue)
+    assert not missing, f"trainer metrics without a row in agent/catalogue.csv: {missing}"
+    for spec in trainer_metrics.CATALOGUE:
+        row = catalogue[_exposed(spec)]
+        assert row.type == spec.kind, f"{row.name}: catalogue {row.type}, trainer {spec.kind}"
+        assert set(row.labels) == set(spec.labels), f"{row.name}: labels differ"
+        assert row.source == "trainer", row.name
+    # And no catalogue row claims the trainer as source for a metric it no longer has.
+    defined = {_exposed(spec) for spec in trainer_metrics.CATALOGUE}
+    stale = sorted(row.name for row in catalogue.by_source("trainer") if row.name not in defined)
+    assert not stale, f"catalogue rows for metrics the trainer does not define: {stale}"
+
+
 #: DCGM fields exported beyond default-counters.csv (dcgm-exporter ships them in its
 #: other counter files, e.g. ``dcp-metrics-included.csv``), with their dcgm-exporter type.
 DCGM_EXTRA_FIELDS = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "gauge"}
@@ -144,12 +167,55 @@ def test_agent_metrics_command_prints_the_catalogue_in_each_format() -> None:
     assert as_csv.exit_code == 0, as_csv.output
     rows = list(csv.DictReader(io.StringIO(as_csv.output)))
     assert [row["name"] for row in rows] == [spec.name for spec in catalogue]
+    assert list(rows[0]) == ["name", "type", "unit", "labels", "source", "help"]
     as_json = runner.invoke(agent_cli, ["metrics", "--format", "json"])
     assert as_json.exit_code == 0
     parsed = json.loads(as_json.output)
     assert {entry["name"]: entry["type"] for entry in parsed}["stormwatch_rank_up"] == "gauge"
-    table = runner.invoke(agent_cli, ["metrics"], terminal_width=200)
+    table = runner.invoke(agent_cli, ["metrics"], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "DCGM_FI_DEV_GPU_UTIL" in table.output
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120, 160])
+def test_metrics_table_is_one_line_per_metric_and_fits_the_terminal(columns: int) -> None:
+    """At 80 columns the old table was 1,788 lines (help folded two letters wide)."""
+    catalogue = load_catalogue()
+    result = CliRunner().invoke(agent_cli, ["metrics"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) <= len(catalogue) + 4, f"{len(lines)} lines for {len(catalogue)} metrics"
+    assert max(len(line) for line in lines) <= columns
+    words = {line.split()[0] for line in lines if line.strip()}
+    for spec in catalogue:  # names are never cut: they are copied into queries
+        assert spec.name in words, spec.name
+    header = lines[1].split()
+    assert header[:4] == ["name", "type", "unit", "labels"]
+    assert ("help" in header) is (columns >= 120)
+    rank_up = next(line for line in lines if line.startswith("stormwatch_rank_up "))
+    assert rank_up.split()[1:3] == ["gauge", "1"]
+
+
+def test_metrics_grep_filters_by_name_in_every_format_and_wide_shows_help() -> None:
+    runner = CliRunner()
+    env = {"COLUMNS": "80"}
+    table = runner.invoke(agent_cli, ["metrics", "--grep", "^stormwatch_rank_"], env=env)
+    assert table.exit_code == 0, table.output
+    names = {line.split()[0] for line in table.output.splitlines()[3:] if line.strip()}
+    expected = {spec.name for spec in load_catalogue() if spec.name.startswith("stormwatch_rank_")}
+    assert names == expected and expected
+    as_csv = runner.invoke(agent_cli, ["metrics", "--grep", "TEMP", "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(as_csv.output)))
+    assert rows and all("TEMP" in row["name"] for row in rows)
+    as_json = runner.invoke(agent_cli, ["metrics", "--grep", "nomatch-xyz", "--format", "json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.output) == []
+    wide = runner.invoke(
+        agent_cli, ["metrics", "--grep", "^stormwatch_rank_up$", "--wide"], env=env
+    )
+    assert wide.exit_code == 0
+    text = " ".join(wide.output.split())
+    assert load_catalogue()["stormwatch_rank_up"].help in text and "source" in text
+    bad = runner.invoke(agent_cli, ["metrics", "--grep", "("])
+    assert bad.exit_code != 0 and "--grep" in str(bad.exception)
 
 
 def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, tools: Any) -> None:

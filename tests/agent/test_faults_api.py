@@ -66,6 +66,18 @@ def test_fault_api_is_closed_without_token_file(start_agent: Any, tools: Any) ->
         ({"id": "a", "rank": 0}, "kind"),
         ([1, 2], "body"),
         (b"{not json", "body"),
+        # Strict types: a JSON string is not a rank, true is not 1, 0.0 is not 0.
+        ({"id": "a", "kind": "kill_rank", "rank": "0"}, "rank"),
+        ({"id": "a", "kind": "kill_rank", "rank": True}, "rank"),
+        ({"id": "a", "kind": "kill_rank", "rank": 0.0}, "rank"),
+        ({"id": "a", "kind": "kill_rank", "rank": 0, "ttl_seconds": "5"}, "ttl_seconds"),
+        ({"id": 1, "kind": "kill_rank", "rank": 0}, "id"),
+        # 30000 '[' overflowed json.loads' recursion: a 500 with a RecursionError.
+        (b"[" * 30000, "body"),
+        (
+            b'{"id": "a", "kind": "kill_rank", "rank": 0, "x": ' + b"[" * 40 + b"]" * 40 + b"}",
+            "body",
+        ),
     ],
 )
 def test_bad_fault_body_is_400_naming_the_field(
@@ -78,6 +90,46 @@ def test_bad_fault_body_is_400_naming_the_field(
     answer = reply.json()
     assert field in [entry["field"] for entry in answer["fields"]]
     assert field in answer["error"]
+
+
+def test_deeply_nested_body_is_400_naming_the_nesting(start_agent: Any, tools: Any) -> None:
+    agent = start_agent()
+    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, raw=b"[" * 30000)
+    assert reply.status == 400 and "nested" in reply.json()["error"]
+    # Brackets inside strings do not count.
+    body = {"id": "a", "kind": "kill_rank", "rank": 77, "job": "[" * 100}
+    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, body=body)
+    assert reply.status == 404, reply.text
+
+
+def test_integer_ttl_is_still_accepted_as_seconds(start_agent: Any, tools: Any) -> None:
+    agent = start_agent()
+    body = {"id": "a", "kind": "kill_rank", "rank": 77, "job": "none", "ttl_seconds": 5}
+    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, body=body)
+    assert reply.status == 404, reply.text  # valid request; the rank is just not here
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_fault_body_must_be_application_json(
+    start_agent: Any, tools: Any, content_type: str
+) -> None:
+    agent = start_agent()
+    reply = tools.http(
+        "POST",
+        agent.url + "/v1/faults",
+        token=tools.token,
+        body=_kill(0, "a", job="j"),
+        content_type=content_type,
+    )
+    assert reply.status == 415 and "application/json" in reply.json()["error"]
+    charset = tools.http(
+        "POST",
+        agent.url + "/v1/faults",
+        token=tools.token,
+        body=_kill(77, "a", job="j"),
+        content_type="application/json; charset=utf-8",
+    )
+    assert charset.status == 404, charset.text
 
 
 def test_oversized_fault_body_is_413(start_agent: Any, tools: Any) -> None:

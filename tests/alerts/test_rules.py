@@ -144,12 +144,7 @@ def test_alert_has_severity_summary_description_and_runbook_section(alert: dict[
 #: Metrics the rules use that agent/catalogue.csv does not list yet, with the
 #: owner that will add them. Remove an entry when its catalogue row lands
 #: (test_awaiting_list_only_names_missing_metrics fails until you do).
-AWAITING_CATALOGUE: dict[str, str] = {
-    "stormwatch_collective_busbw_bytes_per_second": "trainer (gauge; job rank op mesh_dim)",
-    "stormwatch_train_compute_seconds_total": "trainer (counter; job rank)",
-    "stormwatch_train_last_checkpoint_timestamp_seconds": "trainer (gauge livemax; job rank)",
-    "stormwatch_train_checkpoint_interval_steps": "trainer (gauge livemax; job rank)",
-}
+AWAITING_CATALOGUE: dict[str, str] = {}
 
 #: Series Prometheus writes itself (per scrape target, or for alerts).
 PROMETHEUS_INTERNAL = frozenset({"up", "scrape_duration_seconds", "ALERTS", "ALERTS_FOR_STATE"})
