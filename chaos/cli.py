@@ -17,7 +17,7 @@ from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.journal import Journal
 from stormwatch.chaos.ledger import Ledger, ledger_path
 from stormwatch.chaos.loader import load_experiment
-from stormwatch.chaos.revert import RevertOutcome, revert_entries
+from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_overdue
 from stormwatch.chaos.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
 from stormwatch.errors import ConfigError
 
@@ -62,6 +62,25 @@ def _before_text(journal: Journal) -> str:
     if met is None:
         return "not checked (the job did not start)"
     return "held" if met else "did NOT hold"
+
+
+def reap_overdue(run_dir: Path) -> list[RevertOutcome]:
+    """Revert faults past their TTL in ``run_dir``'s ledger (their controller and reaper
+    died) and say so on stderr; every command that takes --run-dir does this first."""
+    outcomes = revert_overdue(run_dir)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    for outcome in outcomes:
+        if outcome.ok:
+            console.print(
+                f"[yellow]reverted overdue fault[/] {outcome.fault_id} "
+                f"(past its TTL; its controller and reaper are gone): {escape(outcome.detail)}"
+            )
+        else:
+            console.print(
+                f"[red]overdue fault {outcome.fault_id} could not be reverted:[/] "
+                f"{escape(outcome.detail)}"
+            )
+    return outcomes
 
 
 @click.group("chaos")
@@ -153,6 +172,7 @@ def run(
     from stormwatch.chaos.target import lab_target
 
     spec = load_experiment(experiment)
+    reap_overdue(run_dir)
     target = lab_target(run_dir)
     reporter = ConsoleReporter()
     runner = Runner(
@@ -203,6 +223,7 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
     """
     if all_ == bool(fault_ids):
         raise ConfigError("give either --all or one or more FAULT_IDS")
+    reap_overdue(run_dir)
     path = ledger_path(run_dir)
     console = Console()
     if not path.exists():
@@ -229,7 +250,11 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
 @_RUN_DIR
 @click.option("--open", "only_open", is_flag=True, help="Only faults not reverted yet.")
 def ledger_cmd(run_dir: Path, only_open: bool) -> None:
-    """List the faults in the ledger (what, where, when, state)."""
+    """List the faults in the ledger (what, where, when, state).
+
+    Faults past their TTL are reverted first; one still open after its TTL (its
+    revert failed) is marked OVERDUE.
+    """
     path = ledger_path(run_dir)
     if not path.exists():
         hint = ""
@@ -237,8 +262,10 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
         if run_dir == Path("run") and demo.exists():
             hint = f"; the demo's is at {demo}: `stormwatch chaos ledger --run-dir {_DEMO_RUN_DIR}`"
         raise ChaosError(f"no fault ledger at {path}{hint}")
+    reap_overdue(run_dir)
     ledger = Ledger(path, create=False)
     entries = ledger.open_faults() if only_open else ledger.entries()
+    now = time.time()
     table = Table()
     table.add_column("fault", overflow="fold", ratio=3)
     for column in ("kind", "rank", "where", "expires"):
@@ -251,6 +278,9 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
             state += f", injected {_t(e.injected_at)}"
         if e.reverted_at:
             state += f" {_t(e.reverted_at)} by {e.revert_reason}"
+        if e.open and e.expires_at <= now:
+            state = f"[red]OVERDUE[/] ({escape(state)}; TTL passed {_t(e.expires_at)}"
+            state += f"; {escape(e.last_error)})" if e.last_error else ")"
         table.add_row(e.id, e.kind, str(e.spec.rank), where, _t(e.expires_at), state)
     Console().print(table)
 
@@ -298,7 +328,14 @@ def postmortem_cmd(
                 "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
             )
         experiment_dir = candidate
+    if not (experiment_dir / "journal.json").is_file():
+        raise ConfigError(
+            f"{experiment_dir} is not an experiment directory (no journal.json); give "
+            "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
+        )
 
+    if not offline:
+        reap_overdue(experiment_dir.parent.parent)
     target = None if offline else lab_target(experiment_dir.parent.parent)
     _, md = asyncio.run(
         generate_postmortem(
@@ -315,4 +352,4 @@ def _t(at: float | None) -> str:
     return "" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
 
 
-__all__ = ["chaos"]
+__all__ = ["chaos", "reap_overdue"]

@@ -27,9 +27,25 @@ from stormwatch.chaos.experiment import (
     placeholders_in,
 )
 
+#: Largest experiment file accepted (bytes); real ones are a few KiB.
+MAX_EXPERIMENT_BYTES = 1024 * 1024
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
+    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)
+    and anchors/aliases (a "billion laughs" file would expand to gigabytes)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML anchors and aliases (&name, *name) are not allowed in experiment "
+                "files; write each value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -54,15 +70,33 @@ def load_experiment(path: Path | str) -> Experiment:
     """Read and validate an experiment file.
 
     Raises:
-        InvalidExperiment: the file is missing, not YAML, or not a valid experiment;
-            lists every problem with its field path and what is allowed.
+        InvalidExperiment: the file is missing, larger than :data:`MAX_EXPERIMENT_BYTES`,
+            not UTF-8, not YAML (anchors and aliases are refused, as is absurd
+            nesting), or not a valid experiment; lists every problem with its field
+            path and what is allowed.
     """
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as fh:
+            data = fh.read(MAX_EXPERIMENT_BYTES + 1)
     except OSError as exc:
         raise InvalidExperiment(file, [Issue("", f"cannot read the file: {exc.strerror}")]) from exc
+    if len(data) > MAX_EXPERIMENT_BYTES:
+        raise InvalidExperiment(file, [_too_large()])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InvalidExperiment(
+            file, [Issue("", f"not UTF-8 text (byte {exc.start}, line {line}): save it as UTF-8")]
+        ) from exc
     return parse_experiment(text, file)
+
+
+def _too_large() -> Issue:
+    return Issue(
+        "", f"larger than {MAX_EXPERIMENT_BYTES // 1024} KiB; an experiment file is a few KiB"
+    )
 
 
 def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment:
@@ -71,10 +105,16 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     Raises:
         InvalidExperiment: see :func:`load_experiment`.
     """
+    if len(text) > MAX_EXPERIMENT_BYTES:
+        raise InvalidExperiment(file, [_too_large()])
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise InvalidExperiment(file, [Issue("", f"not valid YAML: {_yaml_message(exc)}")]) from exc
+    except RecursionError as exc:
+        raise InvalidExperiment(
+            file, [Issue("", "nested too deeply to read (thousands of [ or { levels)")]
+        ) from exc
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         raise InvalidExperiment(
@@ -317,4 +357,4 @@ def _yaml_message(exc: yaml.YAMLError) -> str:
     return str(exc).replace("\n", " ")
 
 
-__all__ = ["load_experiment", "parse_experiment", "semantic_issues"]
+__all__ = ["MAX_EXPERIMENT_BYTES", "load_experiment", "parse_experiment", "semantic_issues"]

@@ -7,15 +7,18 @@ the ledger, the others are still reverted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.faults import bind_fault
-from stormwatch.chaos.ledger import Ledger, LedgerEntry
+from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
 
 logger = logging.getLogger(__name__)
 
@@ -86,4 +89,55 @@ async def revert_open(
         return await revert_entries(ledger, entries, reason=reason, session=own)
 
 
-__all__ = ["RevertOutcome", "revert_entries", "revert_open"]
+#: ``revert_reason`` of a fault reverted after its TTL by someone other than its reaper.
+OVERDUE_REASON = "ttl (overdue)"
+
+
+async def revert_expired(
+    ledger: Ledger, *, now: float | None = None, session: aiohttp.ClientSession | None = None
+) -> list[RevertOutcome]:
+    """Revert every open fault whose ``expires_at`` has passed (idempotent).
+
+    Its controller and its TTL reaper should have done so; this is the backstop
+    when both died. Each revert is logged (warning).
+    """
+    moment = time.time() if now is None else now
+    entries = [e for e in ledger.open_faults() if e.expires_at <= moment]
+    if not entries:
+        return []
+    for entry in entries:
+        logger.warning(
+            "fault %s (%s, rank %s) is %.0f s past its TTL and still open: reverting it",
+            entry.id,
+            entry.kind,
+            entry.spec.rank,
+            moment - entry.expires_at,
+        )
+    if session is not None:
+        return await revert_entries(ledger, entries, reason=OVERDUE_REASON, session=session)
+    async with aiohttp.ClientSession() as own:
+        return await revert_entries(ledger, entries, reason=OVERDUE_REASON, session=own)
+
+
+def revert_overdue(run_dir: Path) -> list[RevertOutcome]:
+    """Revert the overdue faults in ``run_dir``'s ledger, if it has one (for CLI commands).
+
+    Runs its own event loop: call it from synchronous code only.
+
+    Raises:
+        LedgerError: the ledger exists but cannot be read.
+    """
+    path = ledger_path(run_dir)
+    if not path.exists():
+        return []
+    return asyncio.run(revert_expired(Ledger(path, create=False)))
+
+
+__all__ = [
+    "OVERDUE_REASON",
+    "RevertOutcome",
+    "revert_entries",
+    "revert_expired",
+    "revert_open",
+    "revert_overdue",
+]

@@ -15,6 +15,7 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── LabPermissionError          not root (also a ConfigError)
     ├── PortInUseError              a root-namespace port is taken (also a ConfigError)
     ├── LabNotUpError               no lab in the run directory
+    ├── LabOwnedElsewhereError      the prefix belongs to a lab in another run dir (ConfigError)
     ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
     ├── JobError                    a job could not be started, found or stopped
     │   └── JobTimeoutError         wait_job gave up
@@ -22,7 +23,8 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ConfigError                     invalid LabConfig / JobSpec field (names the field)
 
 Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json),
-:mod:`.lab` (Lab), :mod:`.netns` (network seam), :mod:`.procs` + ``supervise.py``
+:mod:`.lab` (Lab), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
+(network seam), :mod:`.procs` + ``supervise.py``
 (detached processes), :mod:`.services` (commands and configs), :mod:`.health`,
 :mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.promapi`
 (Prometheus HTTP API client), :mod:`.cli` (``stormwatch lab``).
@@ -34,6 +36,7 @@ from stormwatch.chaos.lab.errors import (
     JobTimeoutError,
     LabError,
     LabNotUpError,
+    LabOwnedElsewhereError,
     LabPermissionError,
     PortInUseError,
     PrometheusAPIError,
@@ -73,6 +76,7 @@ __all__ = [
     "LabConfig",
     "LabError",
     "LabNotUpError",
+    "LabOwnedElsewhereError",
     "LabPermissionError",
     "LabState",
     "LabStatus",

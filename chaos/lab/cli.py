@@ -21,6 +21,7 @@ from stormwatch.chaos.lab.config import JobSpec, LabConfig
 from stormwatch.chaos.lab.lab import Lab, ProgressEvent
 from stormwatch.chaos.lab.state import JobResult
 from stormwatch.chaos.lab.status import LabStatus, ServiceStatus
+from stormwatch.errors import StormwatchError
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
 #: the same default as ``stormwatch chaos``, so ``lab up`` then ``chaos run`` just work.
@@ -134,6 +135,17 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _reap_overdue(run_dir: Path) -> None:
+    """Revert chaos faults past their TTL first (their controller and reaper died): a
+    frozen rank must not outlive its TTL. A ledger that cannot be read is only reported."""
+    from stormwatch.chaos.cli import reap_overdue  # the controller imports the lab
+
+    try:
+        reap_overdue(run_dir)
+    except StormwatchError as exc:
+        _console().print(f"[yellow]could not check the fault ledger:[/] {escape(str(exc))}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def lab() -> None:
     """Start, inspect and stop the local lab cluster (needs root).
@@ -161,17 +173,26 @@ def lab() -> None:
     show_default=True,
     help="Seconds to wait for every service to become healthy.",
 )
-def up(run_dir: Path, startup_timeout: float, **values: Any) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Rebuild a broken lab even though jobs run in it (they are killed).",
+)
+def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> None:
     """Create the lab: bridge, namespaces, agents, Prometheus, Alertmanager, responder.
 
     Prints progress, waits until every service is healthy and Prometheus scrapes
     every agent, and writes <run-dir>/lab.json. On failure or Ctrl-C it removes
     everything it created.
+
+    On a lab that is up but has dead services, restarts only those (jobs keep
+    running). A lab that must be rebuilt is not while jobs run in it, unless --force.
     """
     config = _config(startup_timeout=startup_timeout, **values)
     console = _console()
+    _reap_overdue(run_dir)
     with _sigterm_interrupts():
-        state = Lab(run_dir).up(config, progress=_printer(console))
+        state = Lab(run_dir).up(config, progress=_printer(console), force=force)
     console.print(f"[bold green]lab up[/] in {state.run_dir}")
     console.print(f"  Prometheus   {state.prometheus_url}")
     console.print(f"  Alertmanager {state.alertmanager_url}")
@@ -188,8 +209,11 @@ def down(run_dir: Path, **values: Any) -> None:
 
     Uses <run-dir>/lab.json when present; otherwise sweeps the names the
     options describe (--prefix). Safe to run twice, or after a crashed `lab up`.
+    Never touches a lab recorded in another run directory: without lab.json here,
+    it refuses when another run directory owns the prefix.
     """
     console = _console()
+    _reap_overdue(run_dir)
     removed = Lab(run_dir).down(_config(**values), progress=_printer(console))
     console.print("[bold]lab down[/]: " + ("nothing was left" if not removed else "all removed"))
 
@@ -242,13 +266,20 @@ def _render(status: LabStatus, console: Console) -> None:
             )
             jobs.add_row(job.name, state, codes, str(job.job_dir))
         console.print(jobs)
+        for job in status.jobs:
+            if job.problem:
+                console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
 
 
 @lab.command()
 @run_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(run_dir: Path, as_json: bool) -> int:
-    """Show nodes, services, their health, and jobs (exit 0 only when healthy)."""
+    """Show nodes, services, their health, and jobs (exit 0 only when healthy).
+
+    Chaos faults past their TTL are reverted first.
+    """
+    _reap_overdue(run_dir)
     result = Lab(run_dir).status()
     if as_json:
         click.echo(result.model_dump_json(indent=2))

@@ -37,6 +37,10 @@ class ServiceFailedError(LabError):
         self.log_file = log_file
 
 
+class LabOwnedElsewhereError(LabError, ConfigError):
+    """The lab's names belong to a lab recorded in another run directory (``--run-dir`` typo?)."""
+
+
 class JobError(LabError):
     """A training job could not be started, found or stopped."""
 
@@ -54,6 +58,7 @@ __all__ = [
     "JobTimeoutError",
     "LabError",
     "LabNotUpError",
+    "LabOwnedElsewhereError",
     "LabPermissionError",
     "PortInUseError",
     "PrometheusAPIError",

@@ -252,6 +252,26 @@ def result(record: JobRecord) -> JobResult:
     return JobResult(name=record.info.name, ok=ok, exit_codes=codes, detail=detail)
 
 
+def stranded(record: JobRecord) -> str | None:
+    """Why a running job can never finish, or ``None``.
+
+    It cannot when a node's torchrun has exited (failed, or its supervisor is
+    gone) while another node's still runs: the survivors wait for a world that
+    will never be whole again.
+    """
+    gone = {node: p for node, p in record.processes.items() if procs.is_finished(p)}
+    waiting = sorted(set(record.processes) - set(gone))
+    codes = {node: procs.exit_status(p).returncode for node, p in gone.items()}
+    lost = sorted(node for node, code in codes.items() if code != 0)
+    if not waiting or not lost:
+        return None
+    exits = ", ".join(f"{node} (exit {codes[node]})" for node in lost)
+    return (
+        f"cannot finish: the torchrun of {exits} is gone while {', '.join(waiting)} still "
+        f"wait(s); stop it with `stormwatch lab stop --job {record.info.name}`"
+    )
+
+
 #: Lines of a torchrun log that say why it failed: exception lines (``ValueError: boom``,
 #: ``torch.distributed.DistNetworkError: ... EADDRINUSE``), glog-style ERROR lines
 #: (``E1130 12:52:00.183 ... failed (exitcode: 3)``), socket errors.
@@ -323,6 +343,7 @@ __all__ = [
     "result",
     "start",
     "stop",
+    "stranded",
     "torchrun_command",
     "trainer_command",
     "wait",

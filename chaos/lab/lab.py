@@ -24,12 +24,13 @@ import shutil
 import time
 from pathlib import Path
 
-from stormwatch.chaos.lab import health, jobs, preflight, procs, services, teardown
+from stormwatch.chaos.lab import health, jobs, preflight, procs, registry, services, teardown
 from stormwatch.chaos.lab.config import NODE_INTERFACE, JobSpec, LabConfig
 from stormwatch.chaos.lab.errors import (
     JobError,
     LabError,
     LabNotUpError,
+    LabOwnedElsewhereError,
 )
 from stormwatch.chaos.lab.netns import IpRoute2, NetworkLayer
 from stormwatch.chaos.lab.paths import RunPaths
@@ -55,6 +56,38 @@ def _write_secret(path: Path) -> None:
     with os.fdopen(fd, "w") as fh:
         os.fchmod(fh.fileno(), 0o600)
         fh.write(secrets.token_urlsafe(32) + "\n")
+
+
+def _never_raises(report: Progress) -> Progress:
+    """``report``, but a failure to report (e.g. a closed pipe) is logged, not raised."""
+
+    def safe(event: ProgressEvent) -> None:
+        try:
+            report(event)
+        except BaseException as exc:
+            log.debug("could not report %s: %r", event.message, exc)
+
+    return safe
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A meaningful one-line reason for ``lab.json``'s ``error`` (never a bare errno)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or SIGTERM)"
+    if isinstance(exc, SystemExit) and isinstance(exc.__context__, BrokenPipeError):
+        exc = exc.__context__
+    if isinstance(exc, BrokenPipeError):
+        return "lab up's output pipe was closed (its reader exited), so it stopped"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}" + (
+            f" ({exc.filename})" if exc.filename else ""
+        )
+    if isinstance(exc, SystemExit):
+        return f"lab up exited with status {exc.code} while starting"
+    text = str(exc)
+    if not text or text.isdigit():
+        return f"{type(exc).__name__}({text})" if text else type(exc).__name__
+    return text
 
 
 class Lab:
@@ -99,52 +132,72 @@ class Lab:
         return PrometheusClient(self.state.prometheus_url)
 
     # -- up ----------------------------------------------------------------------------
-    def up(self, config: LabConfig | None = None, *, progress: Progress | None = None) -> LabState:
+    def up(
+        self,
+        config: LabConfig | None = None,
+        *,
+        progress: Progress | None = None,
+        force: bool = False,
+    ) -> LabState:
         """Bring the lab up (see the module docstring) and return its state.
 
         A lab already up in this run directory with all processes running is
         returned as is when ``config`` is ``None`` or equal to its configuration
-        (another configuration is an error); a stale or half-created one is
-        brought down first. ``None`` means :class:`LabConfig`'s defaults otherwise.
+        (another configuration is an error). A lab that is up but has dead
+        services (and all its namespaces and links) is repaired: only the dead
+        services are restarted; jobs keep running and stay recorded. A stale or
+        half-created lab is brought down first, but not while jobs of it run
+        unless ``force``. ``None`` means :class:`LabConfig`'s defaults otherwise.
 
         Raises:
             LabPermissionError: not root (nor CAP_NET_ADMIN + CAP_SYS_ADMIN).
+            LabOwnedElsewhereError: a lab in another run directory uses the prefix.
             PortInUseError: a root-namespace port is taken.
             ServiceFailedError: a service exited or did not become healthy within
                 ``config.startup_timeout`` seconds (names it and its log file).
-            LabError: anything else that kept the lab from coming up. In every
-                case, what was created has been removed again.
+            LabError: anything else that kept the lab from coming up (among them:
+                jobs run in a lab that would have to be rebuilt). In every case,
+                what was created has been removed again (a repair keeps the lab).
         """
         report = progress or quiet
         preflight.require_privileges("lab up")
         with self._store.locked():
             existing = self._store.load()
             if existing is not None and existing.phase != "down":
+                same = config is None or existing.config == config
                 if existing.phase == "up" and self._all_running(existing):
-                    if config is None or existing.config == config:
+                    if same:
                         report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
                         return existing
                     raise LabError(
                         f"a lab with another configuration is up in {self.run_dir}; "
                         "bring it down first (`stormwatch lab down`)"
                     )
+                if existing.phase == "up" and same and self._network_intact(existing):
+                    return self._repair(existing, report)
+                self._refuse_if_jobs_run(existing, force)
                 report(ProgressEvent("info", "lab", "removing the remains of an earlier lab"))
                 teardown.teardown(self._store, self.network, existing.config, report)
             config = config or LabConfig()
+            self._refuse_if_owned_elsewhere(config, "lab up")
             preflight.require_binaries()
             preflight.require_free_ports(config)
             preflight.require_unused_names(config, self.network)
             state = plan_state(self.paths, config)
             self._store.save(state)
+            registry.claim(config.prefix, self.run_dir)
             undo = contextlib.ExitStack()
             try:
                 self._create(state, undo, report)
             except BaseException as exc:
-                report(ProgressEvent("info", "lab", "start failed; removing what was created"))
+                # Reporting may be what failed (a closed output pipe): never let it cut
+                # the clean-up short.
+                safe = _never_raises(report)
+                safe(ProgressEvent("info", "lab", "start failed; removing what was created"))
                 with teardown.signals_deferred():
-                    self._unwind(undo, config, report)
+                    self._unwind(undo, config, safe)
                     state.phase = "failed"
-                    state.error = str(exc) or type(exc).__name__
+                    state.error = _describe_failure(exc)
                     state.resources.clear()
                     state.processes.clear()
                     self._store.save(state)
@@ -154,11 +207,85 @@ class Lab:
             report(ProgressEvent("info", "lab", f"lab is up; state in {self.paths.state_file}"))
             return state
 
+    def _dead_services(self, state: LabState) -> list[str]:
+        names = [f"agent-{n.name}" for n in state.nodes] + list(services.ROOT_SERVICES)
+        return [
+            n for n in names if n not in state.processes or not procs.is_running(state.processes[n])
+        ]
+
+    def _network_intact(self, state: LabState) -> bool:
+        namespaces = set(self.network.namespaces())
+        links = set(self.network.links())
+        return state.bridge in links and all(n.netns in namespaces for n in state.nodes)
+
+    def _refuse_if_jobs_run(self, state: LabState, force: bool) -> None:
+        running = sorted(n for n, job in state.jobs.items() if jobs.is_running(job))
+        if not running or force:
+            return
+        dead = ", ".join(self._dead_services(state)) or "none"
+        raise LabError(
+            f"the lab in {self.run_dir} is {state.phase} and cannot be repaired in place "
+            f"(dead services: {dead}; namespaces or links missing, or another configuration), "
+            f"and job(s) {', '.join(running)} still run; rebuilding it would kill them. "
+            "Stop them (`stormwatch lab stop --job NAME`), or `stormwatch lab down` then "
+            "`stormwatch lab up`, or `stormwatch lab up --force` to rebuild anyway"
+        )
+
+    def _refuse_if_owned_elsewhere(self, config: LabConfig, action: str) -> None:
+        others = teardown.other_labs(self.network, config, self.run_dir)
+        if others:
+            where = others[0]
+            raise LabOwnedElsewhereError(
+                f"{action}: prefix {config.prefix!r} belongs to the lab in {where}, not to "
+                f"{self.run_dir}; is --run-dir mistyped? Bring that lab down with "
+                f"`stormwatch lab down --run-dir {where}`, or choose another --prefix"
+            )
+
+    def _repair(self, state: LabState, report: Progress) -> LabState:
+        """Restart only the dead services of a lab that is up; jobs are left alone."""
+        dead = set(self._dead_services(state))
+        report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
+        config = state.config
+        specs = services.service_specs(state, self.paths)
+        env = jobs.base_environment(self.marker)
+        checks = []
+        for spec in specs:
+            if spec.name not in dead:
+                continue
+            earlier = state.processes.get(spec.name)
+            if earlier is not None:
+                procs.terminate(procs.tree(earlier))
+            report(ProgressEvent("start", spec.name, f"restarting {spec.name}"))
+            record = procs.launch(
+                spec.name,
+                spec.cmd,
+                log_file=self.paths.service_log(spec.name),
+                status_file=self.paths.service_status(spec.name),
+                env=env,
+                netns=spec.netns,
+                cwd=self.run_dir,
+            )
+            state.processes[spec.name] = record
+            self._store.save(state)
+            checks.append(health.HealthCheck(record, spec.health_url))
+        deadline = time.monotonic() + config.startup_timeout
+
+        def ready(name: str) -> None:
+            report(ProgressEvent("ready", name, f"{name} is healthy"))
+
+        health.wait_healthy(checks, timeout=config.startup_timeout, on_ready=ready)
+        health.wait_scraped(state, deadline)
+        state.error = None
+        self._store.save(state)
+        report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
+        return state
+
     def _all_running(self, state: LabState) -> bool:
         return bool(state.processes) and all(procs.is_running(p) for p in state.processes.values())
 
     def _create(self, state: LabState, undo: contextlib.ExitStack, report: Progress) -> None:
         config = state.config
+        undo_report = _never_raises(report)
         self._prepare_files(state)
         rules = services.rules_dir()
         services.write_prometheus_config(state, self.paths, rules)
@@ -166,7 +293,7 @@ class Lab:
         services.write_alertmanager_config(state, self.paths)
 
         self._remember(state, NetResource(kind="bridge", name=state.bridge))
-        undo.callback(self._remove, NetResource(kind="bridge", name=state.bridge), report)
+        undo.callback(self._remove, NetResource(kind="bridge", name=state.bridge), undo_report)
         self.network.add_bridge(state.bridge, state.bridge_address)
         report(
             ProgressEvent("create", state.bridge, f"bridge {state.bridge} {state.bridge_address}")
@@ -175,10 +302,10 @@ class Lab:
         hosts.update({str(n.address): n.netns for n in state.nodes})
         for node in state.nodes:
             self._remember(state, NetResource(kind="netns", name=node.netns))
-            undo.callback(self._remove, NetResource(kind="netns", name=node.netns), report)
+            undo.callback(self._remove, NetResource(kind="netns", name=node.netns), undo_report)
             self.network.add_namespace(node.netns, hosts)
             self._remember(state, NetResource(kind="veth", name=node.veth))
-            undo.callback(self._remove, NetResource(kind="veth", name=node.veth), report)
+            undo.callback(self._remove, NetResource(kind="veth", name=node.veth), undo_report)
             self.network.add_node_link(
                 netns=node.netns,
                 veth=node.veth,
@@ -189,16 +316,11 @@ class Lab:
             )
             report(ProgressEvent("create", node.netns, f"namespace {node.netns} {node.address}"))
 
-        specs = [services.agent_spec(config, node, state, self.paths) for node in state.nodes]
-        specs += [
-            services.prometheus_spec(config, state, self.paths),
-            services.alertmanager_spec(config, state, self.paths),
-            services.responder_spec(config, state, self.paths),
-        ]
+        specs = services.service_specs(state, self.paths)
         checks = []
         env = jobs.base_environment(self.marker)
         launched: list[ProcessRecord] = []
-        undo.callback(teardown.stop_processes, launched, report)
+        undo.callback(teardown.stop_processes, launched, undo_report)
         for spec in specs:
             report(ProgressEvent("start", spec.name, f"starting {spec.name}"))
             record = procs.launch(
@@ -270,12 +392,16 @@ class Lab:
 
         Raises:
             LabPermissionError: not root.
+            LabOwnedElsewhereError: there is no ``lab.json`` here and a lab in another
+                run directory uses the prefix (nothing is touched).
             LabError: something could not be removed (after trying everything else).
         """
         preflight.require_privileges("lab down")
         with self._store.locked(), teardown.signals_deferred():
             state = self._store.load()
             fallback = config or LabConfig()
+            if state is None:
+                self._refuse_if_owned_elsewhere(fallback, "lab down")
             return teardown.teardown(
                 self._store, self.network, state.config if state else fallback, progress or quiet
             )

@@ -173,6 +173,14 @@ def namespace_processes(pids: Iterable[int]) -> list[psutil.Process]:
     return procs
 
 
+def marker_of(proc: psutil.Process) -> str | None:
+    """The run directory in ``proc``'s :data:`LAB_MARKER_ENV` (``None``: unmarked or unreadable)."""
+    try:
+        return proc.environ().get(LAB_MARKER_ENV)
+    except psutil.Error:
+        return None
+
+
 def processes_marked(run_dir: Path) -> list[psutil.Process]:
     """Processes (other than this one and its ancestors) started for the lab in ``run_dir``.
 
@@ -253,6 +261,7 @@ __all__ = [
     "is_running",
     "launch",
     "log_tail",
+    "marker_of",
     "namespace_processes",
     "processes_marked",
     "terminate",

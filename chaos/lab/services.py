@@ -209,6 +209,9 @@ def agent_spec(config: LabConfig, node: NodeState, state: LabState, paths: RunPa
         str(state.agent_token_file),
         "--state-dir",
         str(paths.node_state(node.name)),
+        # The lab's agents share the host's PID namespace: without this each would
+        # claim every other job's ranks that name no metrics dir.
+        "--no-claim-unlabelled-ranks",
     )
     return ServiceSpec(
         name=f"agent-{node.name}",
@@ -258,8 +261,25 @@ def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Servi
     return ServiceSpec("responder", cmd, f"{state.responder_url}/healthz")
 
 
+#: The services in the root namespace, besides one ``agent-<node>`` per node.
+ROOT_SERVICES = ("prometheus", "alertmanager", "responder")
+
+
+def service_specs(state: LabState, paths: RunPaths) -> list[ServiceSpec]:
+    """Every service of the lab, in start order: the agents, then :data:`ROOT_SERVICES`."""
+    config = state.config
+    specs = [agent_spec(config, node, state, paths) for node in state.nodes]
+    specs += [
+        prometheus_spec(config, state, paths),
+        alertmanager_spec(config, state, paths),
+        responder_spec(config, state, paths),
+    ]
+    return specs
+
+
 __all__ = [
     "AGENT_SCRAPE_JOB",
+    "ROOT_SERVICES",
     "ServiceSpec",
     "agent_spec",
     "alertmanager_spec",
@@ -270,6 +290,7 @@ __all__ = [
     "prometheus_spec",
     "responder_spec",
     "rules_dir",
+    "service_specs",
     "stormwatch_command",
     "write_alertmanager_config",
     "write_prometheus_config",

@@ -43,7 +43,12 @@ class NodeStatus(BaseModel):
 
 
 class JobStatus(BaseModel):
-    """One job: ``exit_codes`` per node (``None`` while running or unknown)."""
+    """One job: ``exit_codes`` per node (``None`` while running or unknown).
+
+    Attributes:
+        problem: why a running job can never finish (a node's torchrun is gone
+            while the others wait), with what to do; ``None`` otherwise.
+    """
 
     name: str
     running: bool
@@ -51,6 +56,7 @@ class JobStatus(BaseModel):
     started_at: float
     exit_codes: dict[str, int | None]
     job_dir: Path
+    problem: str | None = None
 
 
 class LabStatus(BaseModel):
@@ -107,10 +113,12 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
     job_list = []
     for name, record in state.jobs.items():
         result = jobs.result(record)
+        running = jobs.is_running(record)
         job_list.append(
             JobStatus(
                 name=name,
-                running=jobs.is_running(record),
+                running=running,
+                problem=jobs.stranded(record) if running else None,
                 stopped=record.stopped,
                 started_at=record.info.started_at,
                 exit_codes=result.exit_codes,

@@ -8,16 +8,62 @@ is idempotent: a missing process or object is not an error.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
-from stormwatch.chaos.lab import jobs, procs
+from stormwatch.chaos.lab import jobs, procs, registry
 from stormwatch.chaos.lab.config import LabConfig
 from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.lab.netns import NetworkLayer
+from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.progress import Progress, ProgressEvent
 from stormwatch.chaos.lab.state import NetResource, ProcessRecord, StateStore
+
+log = logging.getLogger(__name__)
+
+
+def live_owner(prefix: str, run_dir: Path) -> Path | None:
+    """The run directory of *another* lab that is not down and claims ``prefix``, if any.
+
+    A registry entry whose run directory has no ``lab.json``, or whose lab is down
+    or uses another prefix now, is stale and ignored.
+    """
+    claim = registry.owner(prefix)
+    if claim is None or claim.run_dir == run_dir:
+        return None
+    try:
+        other = StateStore(RunPaths.of(claim.run_dir)).load()
+    except LabError:
+        other = None
+    if other is None or other.phase == "down" or other.config.prefix != prefix:
+        return None
+    return claim.run_dir
+
+
+def other_labs(network: NetworkLayer, config: LabConfig, run_dir: Path) -> list[str]:
+    """Run directories of other labs that use ``config``'s prefix: the registry's live
+    owner, and the markers of lab processes inside namespaces with the prefix's names."""
+    found: set[str] = set()
+    owner = live_owner(config.prefix, run_dir)
+    if owner is not None:
+        found.add(str(owner))
+    for name in network.namespaces():
+        if config.owns_netns(name):
+            found |= _foreign_markers(network, name, run_dir)
+    return sorted(found)
+
+
+def _foreign_markers(network: NetworkLayer, namespace: str, run_dir: Path) -> set[str]:
+    """Run directories, other than ``run_dir``, of lab processes inside ``namespace``."""
+    found = set()
+    for proc in procs.namespace_processes(network.namespace_pids(namespace)):
+        marker = procs.marker_of(proc)
+        if marker is not None and marker != str(run_dir):
+            found.add(marker)
+    return found
 
 
 @contextlib.contextmanager
@@ -87,12 +133,29 @@ def teardown(
         records += list(state.processes.values())
     alive = {record.name: procs.tree(record) for record in records}
     victims = {proc.pid: proc for tree in alive.values() for proc in tree}
-    namespaces = {n for n in network.namespaces() if config.owns_netns(n)}
-    if state is not None:
-        namespaces |= {r.name for r in state.resources if r.kind == "netns"}
+    recorded = {r.name for r in state.resources if r.kind == "netns"} if state else set()
+    # The name sweep must never reach another lab's objects: skip it when another
+    # run directory claims the prefix, and skip namespaces its processes use.
+    other = live_owner(config.prefix, store.run_dir)
+    foreign: set[str] = set()
+    namespaces = set(recorded)
+    if other is None:
+        for name in network.namespaces():
+            if not config.owns_netns(name) or name in recorded:
+                continue
+            markers = _foreign_markers(network, name, store.run_dir)
+            if markers:
+                foreign |= markers
+                log.warning("not touching namespace %s: used by the lab in %s", name, markers)
+            else:
+                namespaces.add(name)
+    else:
+        foreign.add(str(other))
     for name in namespaces:
         for proc in procs.namespace_processes(network.namespace_pids(name)):
-            victims.setdefault(proc.pid, proc)
+            marker = procs.marker_of(proc)
+            if marker is None or marker == str(store.run_dir):
+                victims.setdefault(proc.pid, proc)
     for proc in procs.processes_marked(store.run_dir):
         victims.setdefault(proc.pid, proc)
     if victims:
@@ -107,11 +170,12 @@ def teardown(
     # 2. Kernel objects: recorded ones in reverse, then anything with our names.
     planned: list[NetResource] = list(reversed(state.resources)) if state else []
     planned += [NetResource(kind="netns", name=n) for n in sorted(namespaces)]
-    planned += [
-        NetResource(kind="veth" if n != config.bridge else "bridge", name=n)
-        for n in network.links()
-        if config.owns_link(n)
-    ]
+    if not foreign:
+        planned += [
+            NetResource(kind="veth" if n != config.bridge else "bridge", name=n)
+            for n in network.links()
+            if config.owns_link(n)
+        ]
     # Namespaces first: their veth ends disappear with them; the bridge last.
     order = {"netns": 0, "veth": 1, "bridge": 2}
     unique = {(r.kind, r.name): r for r in planned}
@@ -131,7 +195,15 @@ def teardown(
         store.save(state)
     if problems:
         raise LabError("lab down left things behind: " + "; ".join(problems))
+    registry.release(config.prefix, store.run_dir)
     return removed
 
 
-__all__ = ["remove_resource", "signals_deferred", "stop_processes", "teardown"]
+__all__ = [
+    "live_owner",
+    "other_labs",
+    "remove_resource",
+    "signals_deferred",
+    "stop_processes",
+    "teardown",
+]

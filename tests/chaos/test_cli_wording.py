@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stormwatch.chaos.cli import _after_text, _before_text
+from click.testing import CliRunner
+
+from stormwatch.chaos.cli import _after_text, _before_text, chaos
 from stormwatch.chaos.journal import Journal
+from stormwatch.errors import ConfigError
 
 
 def _journal(**values: object) -> Journal:
@@ -34,3 +37,13 @@ def test_the_run_summary_says_why_the_after_phase_was_not_checked() -> None:
     deviated = _journal(status="deviated")
     deviated.steady_state_before.met, deviated.steady_state_after.met = True, False
     assert _after_text(deviated) == "did NOT hold"
+
+
+def test_postmortem_of_a_folder_without_a_journal_says_so(tmp_path: Path) -> None:
+    folder = tmp_path / "x"
+    folder.mkdir()
+    result = CliRunner().invoke(chaos, ["postmortem", str(folder)])
+    assert isinstance(result.exception, ConfigError)
+    message = str(result.exception)
+    assert "not an experiment directory (no journal.json)" in message
+    assert "lab.json" not in message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -380,3 +381,48 @@ def test_chaos_commands_take_the_run_dir_from_stormwatch_lab_dir(tmp_path: Path)
             timeout=60,
         ).stdout
         assert "STORMWATCH_LAB_DIR" in help_text, command
+
+
+def _yaml_bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels + 1):
+        previous = ", ".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{previous}]")
+    return "\n".join(lines) + f"\ntags: *a{levels}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "wanted"),
+    [
+        # Nine levels of aliases: validate reached 1.7 GB RSS before it was refused.
+        (_yaml_bomb().encode(), "anchors and aliases"),
+        (b"title: x\ntags: [a, b]\nextra: &x 1\n", "anchors and aliases (&name, *name)"),
+        (b"title: caf\xe9\n", "not UTF-8 text (byte 10, line 1)"),
+        (b"[" * 100_000, "nested too deeply"),
+        (b"# padding\n" * 110_000, "larger than 1024 KiB"),
+    ],
+    ids=["alias-bomb", "anchor", "latin1", "deep-nesting", "too-large"],
+)
+def test_hostile_yaml_is_refused_fast_without_traceback(
+    tmp_path: Path, content: bytes, wanted: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    with pytest.raises(InvalidExperiment, match=re.escape(wanted)):
+        load_experiment(bad)
+    out = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert str(bad) in out.stderr and wanted in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_alias_is_refused_naming_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "alias.yaml"
+    bad.write_text("title: x\nbase: &b {a: 1}\n")
+    with pytest.raises(InvalidExperiment, match=r"at line 2, column 7"):
+        load_experiment(bad)

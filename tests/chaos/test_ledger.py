@@ -17,6 +17,8 @@ import pytest
 from stormwatch.chaos import Ledger, LedgerError, revert_open
 from stormwatch.chaos.experiment import FreezeRankFault, KillRankFault
 from stormwatch.chaos.faults import FaultTarget, find_rank_process
+from stormwatch.chaos.ledger import ledger_path
+from stormwatch.chaos.revert import OVERDUE_REASON
 
 
 def _kill_spec() -> KillRankFault:
@@ -177,3 +179,58 @@ def test_unreachable_agent_keeps_an_unexpired_fault_open(tmp_path: Path) -> None
     assert ledger.get("live").open and ledger.get("live").last_error
     assert outcomes["expired"].ok and "expired" in outcomes["expired"].detail
     assert not ledger.get("expired").open
+
+
+@pytest.mark.parametrize("command", [("chaos", "ledger"), ("lab", "status")])
+def test_overdue_frozen_rank_is_thawed_by_the_next_command(
+    tmp_path: Path,
+    start_workload: Any,
+    unique_job: Any,
+    wait_until: Any,
+    command: tuple[str, str],
+) -> None:
+    """Controller and reaper both dead: the next chaos/lab command reverts the fault."""
+    job = unique_job("overdue")
+    workload = start_workload(job)
+    process = find_rank_process(job, 0)
+    run_dir = tmp_path / "run"
+    ledger = Ledger(ledger_path(run_dir))
+    target = FaultTarget(job=job, rank=0, pid=process.pid, pid_create_time=process.create_time())
+    ledger.record(
+        fault_id="frozen",
+        experiment_id="e",
+        spec=FreezeRankFault(kind="freeze_rank", rank=0, ttl_seconds=1),
+        target=target,
+        expires_at=time.time() - 5,  # past its TTL; no reaper runs
+    )
+    ledger.mark_injected(
+        "frozen", injected_at=time.time() - 6, expires_at=time.time() - 5, target_pid=process.pid
+    )
+    os.kill(process.pid, signal.SIGSTOP)
+    wait_until(lambda: workload.stopped, 5, "the process to stop")
+    # A fault whose revert fails stays open and is shown OVERDUE.
+    ledger.record(
+        fault_id="stuck",
+        experiment_id="e",
+        spec=_kill_spec(),
+        target=_agent_target(),
+        expires_at=time.time() - 5,
+    )
+
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("stormwatch")), *command, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+    assert "reverted overdue fault frozen" in out.stderr, out.stderr
+    assert "overdue fault stuck could not be reverted" in out.stderr
+    assert "Traceback" not in out.stderr
+    wait_until(lambda: not workload.stopped, 5, "the process to continue")
+    entry = ledger.get("frozen")
+    assert entry.state == "reverted" and entry.revert_reason == OVERDUE_REASON
+    assert ledger.get("stuck").open
+    if command == ("chaos", "ledger"):
+        assert "OVERDUE" in out.stdout and "stuck" in out.stdout

@@ -6,8 +6,10 @@ import ipaddress
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from stormwatch.chaos.lab import JobSpec, LabConfig
+from stormwatch.chaos.lab.cli import lab
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import LabState, plan_state
 from stormwatch.errors import ConfigError
@@ -56,6 +58,12 @@ def test_invalid_lab_config_names_the_field(values: dict[str, Any], field: str) 
         ({"name": "ok", "steps": 0}, "JobSpec.steps"),
         ({"name": "ok", "step_delay": -1}, "JobSpec.step_delay"),
         ({"name": "ok", "entrypoint": ()}, "JobSpec.entrypoint"),
+        # The trainer takes seeds in [0, 2**63) only: every rank failed on --seed -1.
+        ({"name": "ok", "seed": -1}, "JobSpec.seed"),
+        ({"name": "ok", "seed": 2**63}, "JobSpec.seed"),
+        ({"name": "ok", "step_delay": float("inf")}, "JobSpec.step_delay"),
+        ({"name": "ok", "checkpoint_every": -1}, "JobSpec.checkpoint_every"),
+        ({"name": "ok", "max_restarts": -1}, "JobSpec.max_restarts"),
         ({"steps": 3}, "JobSpec.name"),
     ],
 )
@@ -87,3 +95,11 @@ def test_state_round_trips_through_json(tmp_path: Any) -> None:
     assert again.nodes[1].agent_url == "http://10.99.0.11:9400"
     assert again.prometheus_url == "http://127.0.0.1:19090"
     assert again.agent_token_file == tmp_path.resolve() / "secrets" / "agent.token"
+
+
+def test_lab_train_refuses_a_negative_seed(tmp_path: Any) -> None:
+    result = CliRunner().invoke(
+        lab, ["train", "--run-dir", str(tmp_path), "--job", "j", "--steps", "3", "--seed", "-1"]
+    )
+    assert isinstance(result.exception, ConfigError)
+    assert "JobSpec.seed" in str(result.exception)

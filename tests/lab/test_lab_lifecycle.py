@@ -164,6 +164,24 @@ def test_ctrl_c_during_up_removes_what_was_created(
     assert Lab(tmp_path).state.phase == "failed"
 
 
+def test_up_whose_output_pipe_closes_records_why_and_leaves_nothing(
+    tmp_path: Path,
+    lab_config: LabConfig,
+    config_args: Callable[[LabConfig], list[str]],
+    nothing_left: Leftovers,
+    cleanup_lab: Callable[[LabConfig, Path], None],
+) -> None:
+    cleanup_lab(lab_config, tmp_path)
+    proc = _popen_up(tmp_path, config_args(lab_config))
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `lab up | head -0`: the reader is gone
+    assert proc.wait(timeout=120) != 0
+    state = Lab(tmp_path).state
+    assert state.phase == "failed"
+    assert state.error is not None and "pipe" in state.error, state.error
+    assert nothing_left(lab_config, tmp_path) == []
+
+
 def test_taken_port_fails_clearly_and_creates_nothing(
     tmp_path: Path,
     lab_config: LabConfig,

@@ -13,10 +13,12 @@ from stormwatch.chaos.lab import LabConfig
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.services import (
     AGENT_SCRAPE_JOB,
+    agent_spec,
     check_prometheus_config,
     go_duration,
     prometheus_spec,
     rules_dir,
+    stormwatch_command,
     write_alertmanager_config,
     write_prometheus_config,
 )
@@ -92,3 +94,18 @@ def test_generated_alertmanager_config_is_valid_and_waits_briefly(tmp_path: Path
 )
 def test_durations_are_written_the_go_way(seconds: float, text: str) -> None:
     assert go_duration(seconds) == text
+
+
+def test_lab_agents_do_not_claim_other_jobs_unlabelled_ranks(tmp_path: Path) -> None:
+    """Lab agents share the host's PID namespace: each must watch only its own node's ranks."""
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig())
+    specs = [agent_spec(state.config, node, state, paths) for node in state.nodes]
+    assert all("--no-claim-unlabelled-ranks" in spec.cmd for spec in specs)
+    help_text = subprocess.run(
+        [*stormwatch_command(), "agent", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "--no-claim-unlabelled-ranks" in help_text.replace("--no-\n", "--no-").replace(" ", "")
