@@ -1,8 +1,38 @@
 """stormwatch.dashboards: Grafana dashboards as code.
 
-Not built yet: the dashboards (grafana-foundation-sdk) and their push through
-grafana-client are tracked as their own issue. The package exists so the
-layout and the wheel already carry it.
+* One module per dashboard, built with grafana-foundation-sdk:
+  :mod:`~stormwatch.dashboards.cluster` (Cluster overview),
+  :mod:`~stormwatch.dashboards.node_gpu` (Node and GPU),
+  :mod:`~stormwatch.dashboards.nvlink` (NVLink and collectives),
+  :mod:`~stormwatch.dashboards.training` (Training),
+  :mod:`~stormwatch.dashboards.incidents` (Incidents); shared helpers in
+  :mod:`~stormwatch.dashboards.panels`.
+* :func:`build_all` / :func:`write`: deterministic JSON and Grafana provisioning files.
+* :func:`push`: create/update on a Grafana through grafana-client (:class:`PushResult`).
+* CLI: ``stormwatch dashboards build --out DIR`` and ``stormwatch dashboards push --url URL``.
+
+Exceptions::
+
+    StormwatchError
+    ├── ConfigError          bad --out, --prometheus-url, --url, GRAFANA_TOKEN missing
+    └── DashboardsError
+        └── PushError        Grafana unreachable or refusing a request
 """
 
-__all__: list[str] = []
+from stormwatch.dashboards.errors import DashboardsError, PushError
+from stormwatch.dashboards.panels import uid_for
+from stormwatch.dashboards.push import PushResult, push
+from stormwatch.dashboards.render import DASHBOARDS, DATASOURCE_UID, build_all, dumps, write
+
+__all__ = [
+    "DASHBOARDS",
+    "DATASOURCE_UID",
+    "DashboardsError",
+    "PushError",
+    "PushResult",
+    "build_all",
+    "dumps",
+    "push",
+    "uid_for",
+    "write",
+]

@@ -23,6 +23,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "lab": ("stormwatch.chaos.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
     "chaos": ("stormwatch.chaos.cli", "chaos", "Run and revert chaos experiments."),
     "alerts": ("stormwatch.alerts.cli", "alerts", "Alert rules, Alertmanager config, responder."),
+    "plan": ("stormwatch.chaos.plan.cli", "plan", "Goodput (ETTR) planning at scale, what-ifs."),
+    "dashboards": ("stormwatch.dashboards.cli", "dashboards", "Build and push Grafana dashboards."),
     "demo": (
         "stormwatch.chaos.demo",
         "demo",

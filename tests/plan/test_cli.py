@@ -1,0 +1,56 @@
+"""``stormwatch plan`` as a real process: writes the report files and exits 0; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import stormwatch.chaos.plan as plan
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _stormwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "from stormwatch.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_plan_writes_report_md_json_and_pngs(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    proc = _stormwatch("plan", "--gpus", "16384", "--replicas", "20", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "job MTTF 3.09 h" in proc.stdout
+    assert "in-memory checkpoints" in proc.stdout
+    for name in ("ettr_vs_interval.png", "ettr_vs_gpus.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["gpus"] == 16384
+    assert report["scenarios"][0]["name"] == "baseline"
+    md = (out / "report.md").read_text()
+    assert "Daly" in md and "9,600 GPUs" in md and "![ettr_vs_gpus](ettr_vs_gpus.png)" in md
+
+
+def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2() -> None:
+    proc = _stormwatch("plan", "--gpus", "0")
+    assert proc.returncode == 2
+    assert "gpus: Input should be greater than 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _stormwatch("plan", "--gpus", "8", "--detect", "gremlins=3")
+    assert proc.returncode == 2 and "unknown category 'gremlins'" in proc.stderr
+    proc = _stormwatch("plan", "--gpus", "8", "--detect", "nic")
+    assert proc.returncode == 2 and "--detect: expected CATEGORY=SECONDS" in proc.stderr
+
+
+def test_public_api_is_what_all_lists() -> None:
+    public = {n for n in vars(plan) if not n.startswith("_")}
+    modules = {"cli", "errors", "inputs", "model", "montecarlo", "planner", "plots",
+               "postmortems", "report", "whatif"}  # fmt: skip
+    assert public - modules == set(plan.__all__)
