@@ -5,7 +5,9 @@ simulated NVML, host metrics, the trainer's multiprocess metrics, the rank
 watcher's view), ``/healthz``, ``/v1/ranks`` and an authenticated fault API
 with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
 ``catalogue.csv``), :mod:`.gpu` (NVML backends and sampler), :mod:`.ranks`
-(rank watcher), :mod:`.collectors` (one module per collector), :mod:`.faults`
+(rank watcher), :mod:`.health` (hang / straggler detectors), :mod:`.rank_health`
+(drives them, events, hang diagnostics via :mod:`.diagnostics`), :mod:`.events`
+(``events.jsonl``, ``/v1/events``), :mod:`.collectors` (one module per collector), :mod:`.faults`
 (one module per fault kind, ledger, manager), :mod:`.server` (HTTP),
 :mod:`.tracing` (the agent's own spans, FC-07/FC-08), :mod:`.procs` (process
 inspection, which rank names which metrics dir), :mod:`.statelock` (one agent per
@@ -43,9 +45,12 @@ from stormwatch.agent.errors import (
     LedgerError,
     NvmlUnavailable,
 )
+from stormwatch.agent.events import EventLog
 from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRankSpec
 from stormwatch.agent.gpu import FakeNvml, GpuSampler
-from stormwatch.agent.ranks import RankInfo, RankWatcher
+from stormwatch.agent.health import HangSettings, StragglerSettings
+from stormwatch.agent.rank_health import RankHealth
+from stormwatch.agent.ranks import RankExit, RankInfo, RankWatcher
 from stormwatch.agent.runtime import Agent
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
 
@@ -59,6 +64,7 @@ __all__ = [
     "AgentTracing",
     "Catalogue",
     "CollectorError",
+    "EventLog",
     "FakeNvml",
     "FaultConflict",
     "FaultError",
@@ -68,13 +74,17 @@ __all__ = [
     "FaultTargetAmbiguous",
     "FaultTargetNotFound",
     "GpuSampler",
+    "HangSettings",
     "InvalidFaultRequest",
     "KillRankSpec",
     "LedgerError",
     "MetricSpec",
     "NvmlUnavailable",
+    "RankExit",
+    "RankHealth",
     "RankInfo",
     "RankWatcher",
+    "StragglerSettings",
     "TracingSettings",
     "load_catalogue",
 ]

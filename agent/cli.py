@@ -123,6 +123,40 @@ def agent() -> None:
     "Keep on with one agent per host; pass --no-claim-unlabelled-ranks when several agents "
     "share one PID namespace (the lab).",
 )
+@click.option(
+    "--hang-floor-seconds",
+    type=float,
+    default=30.0,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_HANG_FLOOR_SECONDS",
+    help="A running rank is hung when its last step heartbeat is older than "
+    "max(this, --hang-factor x the job's recent median step time).",
+)
+@click.option(
+    "--hang-factor",
+    type=float,
+    default=10.0,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_HANG_FACTOR",
+    help="Multiple of the job's recent median step time in the hang threshold.",
+)
+@click.option(
+    "--straggler-factor",
+    type=float,
+    default=1.2,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_STRAGGLER_FACTOR",
+    help="A step is slow when the rank's compute time is at least this times its peers' "
+    "median while the peers wait longer in collectives (FC-14).",
+)
+@click.option(
+    "--straggler-samples",
+    type=int,
+    default=3,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_STRAGGLER_SAMPLES",
+    help="Consecutive slow steps before a rank is flagged as a straggler.",
+)
 def run(
     listen: str,
     node: str | None,
@@ -137,6 +171,10 @@ def run(
     trace_file: Path | None,
     trace_flush_timeout: float,
     claim_unlabelled_ranks: bool,
+    hang_floor_seconds: float,
+    hang_factor: float,
+    straggler_factor: float,
+    straggler_samples: int,
 ) -> int:
     """Serve /metrics, /healthz, /v1/ranks and the fault API until SIGTERM or SIGINT.
 
@@ -160,6 +198,10 @@ def run(
         "trace_file": trace_file,
         "trace_flush_timeout": trace_flush_timeout,
         "claim_unlabelled_ranks": claim_unlabelled_ranks,
+        "hang_floor_seconds": hang_floor_seconds,
+        "hang_factor": hang_factor,
+        "straggler_factor": straggler_factor,
+        "straggler_samples": straggler_samples,
     }
     if node:
         values["node"] = node

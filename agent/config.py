@@ -25,7 +25,7 @@ COLLECTOR_NAMES: tuple[str, ...] = (
     "xid",  # XID events as counters
     "gpu_processes",  # GPU memory per rank, with FC-06 sanity checks
     "host",  # CPU and memory of the node
-    "ranks",  # rank watcher: up, unexpected exits, last progress
+    "ranks",  # rank watcher: up, exits, progress; hangs, collective lag, stragglers
     "trainer",  # the trainer's multiprocess files, merged
     "faults",  # fault ledger counts
 )
@@ -104,6 +104,12 @@ class AgentConfig(BaseModel):
             this node's (True: on a real node one agent owns every rank of the
             host). False where several agents share one PID namespace (the lab):
             then only ranks naming this agent's ``metrics_dir`` are claimed.
+        hang_floor_seconds, hang_factor: a running rank is hung when its last
+            heartbeat is older than ``max(hang_floor_seconds, hang_factor x the job's
+            recent median step time)`` (30 s, 10; :mod:`stormwatch.agent.health`).
+        straggler_factor, straggler_samples: a rank is a compute straggler after
+            ``straggler_samples`` consecutive steps with compute >= ``straggler_factor``
+            x its peers' median while they wait longer in collectives (1.2, 3).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -127,6 +133,10 @@ class AgentConfig(BaseModel):
     trace_file: Path | None = None
     trace_flush_timeout: float = Field(default=3.0, gt=0, le=60)
     claim_unlabelled_ranks: bool = True
+    hang_floor_seconds: float = Field(default=30.0, gt=0)
+    hang_factor: float = Field(default=10.0, gt=0)
+    straggler_factor: float = Field(default=1.2, gt=1.0)
+    straggler_samples: int = Field(default=3, ge=1)
 
     @field_validator("otlp_endpoint")
     @classmethod
@@ -166,6 +176,16 @@ class AgentConfig(BaseModel):
     def resolved_state_dir(self) -> Path:
         """``state_dir``, or the per-node default."""
         return self.state_dir if self.state_dir is not None else default_state_dir(self.node)
+
+    @property
+    def events_file(self) -> Path:
+        """``<state dir>/events.jsonl``: the rank event log."""
+        return self.resolved_state_dir / "events.jsonl"
+
+    @property
+    def diagnostics_dir(self) -> Path:
+        """``<state dir>/diagnostics``: hang diagnostics, one folder per job and hang."""
+        return self.resolved_state_dir / "diagnostics"
 
     @property
     def resolved_trace_file(self) -> Path:

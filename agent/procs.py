@@ -85,6 +85,11 @@ def metrics_dir_argument(cmdline: Sequence[str]) -> str | None:
     a torchrun entry point) leaves ``STORMWATCH_METRICS_DIR`` unset: the folder
     is only on the command line. The last occurrence wins, as in click.
     """
+    return train_option(cmdline, "--metrics-dir")
+
+
+def train_option(cmdline: Sequence[str], option: str) -> str | None:
+    """The value of ``option`` (``--log-dir``...) after a ``train`` word; the last wins."""
     try:
         start = list(cmdline).index("train") + 1
     except ValueError:
@@ -94,11 +99,32 @@ def metrics_dir_argument(cmdline: Sequence[str]) -> str | None:
     for i, arg in enumerate(args):
         if arg == "--":
             break
-        if arg == "--metrics-dir" and i + 1 < len(args):
+        if arg == option and i + 1 < len(args):
             found = args[i + 1]
-        elif arg.startswith("--metrics-dir="):
+        elif arg.startswith(option + "="):
             found = arg.split("=", 1)[1]
     return found or None
+
+
+def exit_status(pid: int) -> int | None:
+    """Exit status of the zombie ``pid`` (``/proc/<pid>/stat`` field 52), None when unknown.
+
+    Like ``subprocess``: the exit code, or ``-N`` for a death by signal N. Only a
+    zombie has one; a reaped process has no ``/proc`` entry left.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        if fields[0] != b"Z":
+            return None
+        status = int(fields[49])
+    except (IndexError, ValueError):
+        return None
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
 def rank_metrics_dir(
@@ -216,6 +242,7 @@ __all__ = [
     "ProcEntry",
     "RankEnv",
     "RankKey",
+    "exit_status",
     "is_torchrun_agent",
     "metrics_dir_argument",
     "pid_dead",
@@ -225,4 +252,5 @@ __all__ = [
     "rank_metrics_dir",
     "read_rank_process",
     "same_time",
+    "train_option",
 ]

@@ -47,6 +47,7 @@ from stormwatch.agent.procs import (
     ProcEntry,
     RankEnv,
     RankKey,
+    exit_status,
     is_torchrun_agent,
     pid_dead,
     proc_stat,
@@ -94,6 +95,23 @@ class RankInfo:
     unexpected_exits: int
 
 
+@dataclasses.dataclass(frozen=True)
+class RankExit:
+    """An exit the watcher noticed (passed to ``on_exit``).
+
+    ``exit_code``: the status when the process was caught as a zombie (negative:
+    killed by that signal), else None: ranks are torchrun's children, so torchrun
+    usually reaps them before a scan sees them.
+    """
+
+    job: str
+    rank: int
+    pid: int
+    clean: bool
+    replaced: bool
+    exit_code: int | None
+
+
 @dataclasses.dataclass
 class _Tracked:
     env: RankEnv
@@ -117,6 +135,7 @@ class RankWatcher:
         claim_unlabelled: claim ranks that name no metrics folder at all (default
             True: on a real node one agent owns every rank of the host; the lab,
             several agents in one PID namespace, sets it False).
+        on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed.
     """
 
     def __init__(
@@ -129,8 +148,10 @@ class RankWatcher:
         is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
         tracer: trace.Tracer | None = None,
         claim_unlabelled: bool = True,
+        on_exit: Callable[[RankExit], None] | None = None,
     ) -> None:
         self._dir = Path(metrics_dir)
+        self._on_exit = on_exit
         self._claim_unlabelled = claim_unlabelled
         self._interval = interval
         self._forget_after = forget_after
@@ -420,6 +441,8 @@ class RankWatcher:
             replaced = key in found and found[key][0].pid != tracked.pid
             if running and not replaced:
                 continue
+            zombie = current is not None and current.zombie
+            code = exit_status(tracked.pid) if zombie else None
             tracked.alive = False
             tracked.exited_at = now
             clean = self._finished_cleanly(tracked)
@@ -431,6 +454,11 @@ class RankWatcher:
                     "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
                 )
             self._trace_exit(tracked, clean=clean, replaced=replaced)
+            if self._on_exit is not None:
+                try:
+                    self._on_exit(RankExit(key[0], key[1], tracked.pid, clean, replaced, code))
+                except Exception:
+                    log.warning("on_exit callback failed", exc_info=True)
         for key, (proc, env) in found.items():
             known = self._tracked.get(key)
             if known is not None and known.alive and known.pid == proc.pid:
@@ -498,6 +526,7 @@ class RankWatcher:
 __all__ = [
     "HEARTBEAT_METRIC",
     "RankEnv",
+    "RankExit",
     "RankInfo",
     "RankKey",
     "RankWatcher",

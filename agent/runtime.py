@@ -35,11 +35,14 @@ from stormwatch.agent.collectors import (
 )
 from stormwatch.agent.config import AgentConfig
 from stormwatch.agent.errors import AgentConfigError, FaultError
+from stormwatch.agent.events import EventLog
 from stormwatch.agent.faults import FAULT_TYPES, FaultContext, FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.health import HangSettings, StragglerSettings
+from stormwatch.agent.rank_health import RankHealth
+from stormwatch.agent.ranks import RankExit, RankWatcher
 from stormwatch.agent.server import ApiDeps, build_app
 from stormwatch.agent.statelock import StateDirLock
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
@@ -74,7 +77,8 @@ class Agent:
         clock: Unix time (fault TTLs, snapshot ages).
 
     Attributes (after :meth:`start`): ``sampler`` (None when every GPU
-    collector is off), ``watcher``, ``faults``, ``collectors``, ``registry``,
+    collector is off), ``watcher``, ``health`` (:class:`RankHealth`), ``events``
+    (:class:`EventLog`), ``faults``, ``collectors``, ``registry``,
     ``gpu_backend``, ``url``, ``tracing`` (:class:`AgentTracing`) and
     ``trace_destination`` (the OTLP URL or the JSON-lines file).
     """
@@ -147,6 +151,19 @@ class Agent:
         ledger = FaultLedger(Path(cfg.resolved_state_dir) / "faults.sqlite3")
         stack.callback(ledger.close)
 
+        self.events = EventLog(cfg.events_file, cfg.node, clock=self._clock)
+
+        def on_exit(gone: RankExit) -> None:
+            self.events.record(
+                "rank_exit",
+                gone.job,
+                gone.rank,
+                pid=gone.pid,
+                clean=gone.clean,
+                replaced=gone.replaced,
+                exit_code=gone.exit_code,
+            )
+
         self.watcher = RankWatcher(
             cfg.metrics_dir,
             interval=cfg.rank_scan_interval,
@@ -154,9 +171,22 @@ class Agent:
             clock=self._clock,
             tracer=tracer,
             claim_unlabelled=cfg.claim_unlabelled_ranks,
+            on_exit=on_exit,
         )
         self.watcher.start()
         stack.callback(self.watcher.stop)
+        self.health = RankHealth(
+            self.watcher,
+            cfg.metrics_dir,
+            self.events,
+            cfg.diagnostics_dir,
+            hang=HangSettings(floor_seconds=cfg.hang_floor_seconds, factor=cfg.hang_factor),
+            straggler=StragglerSettings(factor=cfg.straggler_factor, samples=cfg.straggler_samples),
+            interval=cfg.rank_scan_interval,
+            clock=self._clock,
+        )
+        self.health.start()
+        stack.callback(self.health.stop)
 
         self.faults = FaultManager(
             ledger,
@@ -210,7 +240,7 @@ class Agent:
         if cfg.enabled("host"):
             collectors.append(HostCollector())
         if cfg.enabled("ranks"):
-            collectors.append(RanksCollector(self.watcher, clock=self._clock))
+            collectors.append(RanksCollector(self.watcher, clock=self._clock, health=self.health))
         if cfg.enabled("trainer"):
             collectors.append(TrainerCollector(cfg.metrics_dir))
         if cfg.enabled("faults"):
@@ -240,6 +270,7 @@ class Agent:
                 max_request_bytes=cfg.max_request_bytes,
                 unsupported_metrics=self._unsupported_metrics,
                 render=render,
+                events=self.events,
             )
         )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)

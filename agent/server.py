@@ -4,6 +4,8 @@
 ``GET /metrics``           Prometheus text format 0.0.4 (``generate_latest``)
 ``GET /healthz``           liveness + collector health (JSON)
 ``GET /v1/ranks``          ranks seen on this node (JSON)
+``GET /v1/events``         rank events: exits, hangs, stragglers (JSON; ``?since=``
+                           Unix seconds, ``?kind=``, ``?job=`` filter)
 ``POST /v1/faults``        apply a fault (Bearer token) -> 201, or 200 for a repeat
 ``GET /v1/faults``         every fault in the ledger (Bearer token)
 ``GET /v1/faults/{id}``    one fault (Bearer token)
@@ -32,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.errors import FaultError, InvalidFaultRequest
+from stormwatch.agent.events import EventLog
 from stormwatch.agent.faults import FaultManager, parse_fault_request
 from stormwatch.agent.ranks import RankWatcher
 
@@ -90,6 +93,7 @@ class ApiDeps:
             ``/healthz`` (what ``stormwatch_metric_supported 0`` means, and why).
         render: ``() -> bytes``, the exposition ``/metrics`` serves (default:
             ``generate_latest(registry)``).
+        events: the rank event log ``/v1/events`` serves (None: an empty list).
     """
 
     node: str
@@ -102,6 +106,7 @@ class ApiDeps:
     max_request_bytes: int
     unsupported_metrics: Callable[[], dict[str, dict[str, str]]] = dict
     render: Callable[[], bytes] | None = None
+    events: EventLog | None = None
 
 
 def build_app(deps: ApiDeps) -> web.Application:
@@ -111,6 +116,7 @@ def build_app(deps: ApiDeps) -> web.Application:
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/v1/ranks", api.ranks)
+    app.router.add_get("/v1/events", api.events)
     app.router.add_post("/v1/faults", api.post_fault)
     app.router.add_get("/v1/faults", api.list_faults)
     app.router.add_get("/v1/faults/{id}", api.get_fault)
@@ -168,6 +174,26 @@ class _Api:
     async def ranks(self, request: web.Request) -> web.Response:
         rows = [dataclasses.asdict(info) for info in self._deps.ranks.ranks()]
         return web.json_response({"node": self._deps.node, "ranks": rows})
+
+    async def events(self, request: web.Request) -> web.Response:
+        since_raw = request.query.get("since")
+        try:
+            since = None if since_raw is None else float(since_raw)
+        except ValueError:
+            return _error(
+                400,
+                f"since: expected Unix seconds (got {since_raw!r})",
+                fields=[{"field": "since", "message": "not a number"}],
+            )
+        log_ = self._deps.events
+        rows = (
+            []
+            if log_ is None
+            else log_.events(
+                since=since, kind=request.query.get("kind"), job=request.query.get("job")
+            )
+        )
+        return web.json_response({"node": self._deps.node, "events": rows})
 
     # --------------------------------------------------------------- faults
     async def post_fault(self, request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.alerts.prometheus import PrometheusClient
 from stormwatch.alerts.runner import ActionRunner, StoreWorker
 from stormwatch.alerts.store import Store
+from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,9 @@ class Responder:
         playbook: alert name -> actions (default: :func:`default_playbook`
             with a Prometheus client for ``settings.prometheus_url``).
         clock: Unix time source (seconds).
+        annotator: Grafana annotations of incidents opened/closed and actions run
+            (default :meth:`Annotator.from_env`: off unless ``STORMWATCH_GRAFANA_URL``
+            is set); closed on exit.
 
     Raises (on enter):
         ConfigError: unreadable token file, or a bad Prometheus URL.
@@ -159,8 +163,10 @@ class Responder:
         *,
         playbook: Playbook | None = None,
         clock: Callable[[], float] = time.time,
+        annotator: Annotator | None = None,
     ) -> None:
         self.settings = settings
+        self.annotator = annotator if annotator is not None else Annotator.from_env()
         self._playbook = playbook
         self._clock = clock
         self._token = read_token(settings.token_file, "token_file")
@@ -202,7 +208,10 @@ class Responder:
         self._audit = audit = AuditLog(settings.db_path, settings.audit_path)
         self._stack.callback(audit.close)
         guardrails = Guardrails(settings.policy, audit, clock=self._clock)
-        self._runner = runner = ActionRunner(db, playbook, clock=self._clock, guardrails=guardrails)
+        self._stack.push_async_callback(asyncio.to_thread, self.annotator.close)
+        self._runner = runner = ActionRunner(
+            db, playbook, clock=self._clock, guardrails=guardrails, annotator=self.annotator
+        )
         self._stack.push_async_callback(runner.aclose)
 
         app = web.Application(
@@ -291,6 +300,8 @@ class Responder:
             return _json_error(500, "the notification could not be stored; retry")
         for action_id in done.new_actions:
             self._runner.submit(action_id)
+        self._annotate_incidents(message, done.opened, "opened")
+        self._annotate_incidents(message, done.closed, "closed")
         log.info(
             "notification %d (%s, %d alerts): %d new, %d duplicates, opened %s, joined %s,"
             " closed %s",
@@ -314,6 +325,19 @@ class Responder:
                 "actions_started": done.new_actions,
             }
         )
+
+    def _annotate_incidents(
+        self, message: WebhookMessage, incident_ids: list[int], what: str
+    ) -> None:
+        """One Grafana annotation per incident opened or closed (queued; never raises)."""
+        name = message.common_labels.get("alertname") or message.group_labels.get(
+            "alertname", "alert"
+        )
+        for incident_id in incident_ids:
+            self.annotator.annotate(
+                f"incident {incident_id} {what}: {name} ({message.group_key})",
+                ("stormwatch", "incident", f"incident-{what}", name),
+            )
 
     async def _approve(self, request: web.Request) -> web.Response:
         """``POST /v1/actions/{id}/approve`` (body ``{"actor": str}``, optional): 200

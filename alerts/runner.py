@@ -21,6 +21,7 @@ from stormwatch.alerts.actions.base import ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
 from stormwatch.alerts.guards import Guardrails
 from stormwatch.alerts.store import Store
+from stormwatch.dashboards.annotations import Annotator
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,6 +52,7 @@ class ActionRunner:
         playbook: maps an action's kind to its object.
         clock: Unix time source (seconds).
         guardrails: guards and audit log every run goes through (None: run unguarded).
+        annotator: posts one Grafana annotation per finished action (None: none).
     """
 
     def __init__(
@@ -60,8 +62,10 @@ class ActionRunner:
         *,
         clock: Callable[[], float] = time.time,
         guardrails: Guardrails | None = None,
+        annotator: Annotator | None = None,
     ) -> None:
         self._db = db
+        self._annotator = annotator or Annotator(None)
         self._playbook = playbook
         self._clock = clock
         self._guardrails = guardrails
@@ -138,6 +142,12 @@ class ActionRunner:
             )
         )
         log.info("action %d (%s): %s: %s", action_id, record.kind, status, detail)
+        self._annotator.annotate(
+            f"action {action_id} ({record.kind}) for incident {incident.id}: {status}: {detail}",
+            ("stormwatch", "action", f"action-{status}", record.kind),
+            start=now,
+            end=finished,
+        )
 
 
 __all__ = ["ActionRunner", "StoreWorker"]

@@ -31,6 +31,8 @@ from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.experiment import Experiment
 from stormwatch.chaos.lab import JobSpec, Lab, LabConfig, ProgressEvent
+from stormwatch.chaos.lab.paths import RunPaths
+from stormwatch.chaos.lab.services import grafana_hint
 from stormwatch.chaos.loader import load_experiment, semantic_issues
 from stormwatch.chaos.postmortem import PostMortem
 from stormwatch.chaos.ranklogs import read_job_logs
@@ -58,6 +60,7 @@ _RUN_DIR_ENTRIES = frozenset(
         "prometheus",
         "alertmanager",
         "responder",
+        "grafana",
     }
 )
 #: How long the post-mortem waits for the alert to be received and resolved (s). The
@@ -309,6 +312,7 @@ def run_demo(
         reporter.stop()
         console.print(summary_table(run, pm))
         console.print(f"post-mortem: {md}\njournal: {run.journal_path}", soft_wrap=True)
+        console.print(grafana_hint(RunPaths.of(run_dir).grafana_dir), soft_wrap=True)
         return DemoOutcome(run, pm, md)
     finally:
         reporter.stop()

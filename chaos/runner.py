@@ -65,6 +65,7 @@ from stormwatch.chaos.progress import NullReporter, Reporter
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_open
 from stormwatch.chaos.target import Target
+from stormwatch.dashboards.annotations import Annotator
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,9 @@ class Runner:
         target: what it runs against.
         config: run options.
         reporter: progress output (default: none).
+        annotator: Grafana annotations of the experiment's start/end and each fault
+            injected and reverted (default :meth:`Annotator.from_env`: off unless
+            ``STORMWATCH_GRAFANA_URL`` is set); closed at the end of :meth:`run`.
     """
 
     def __init__(
@@ -145,8 +149,10 @@ class Runner:
         target: Target,
         config: RunnerConfig | None = None,
         reporter: Reporter | None = None,
+        annotator: Annotator | None = None,
     ) -> None:
         self.experiment = experiment
+        self.annotator = annotator if annotator is not None else Annotator.from_env()
         self.source = Path(source)
         self.target = target
         self.config = config or RunnerConfig()
@@ -200,6 +206,7 @@ class Runner:
             with contextlib.suppress(OSError):
                 shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
             self._writer.save()
+            self._annotate(f"experiment {self.experiment_id} started", "experiment-started")
             status: ExperimentStatus = "failed"
             try:
                 status = await self._body()
@@ -226,11 +233,37 @@ class Runner:
             await self._wait_for_job_end(status)
             self.journal.ended_at = time.time()
             self._writer.save()
+            self._annotate(
+                f"experiment {self.experiment_id} ended: {status}",
+                "experiment-ended",
+                start=self.journal.started_at,
+                end=self.journal.ended_at,
+            )
+            await asyncio.to_thread(self.annotator.close)
         if status == "aborted":
             code = EXIT_ABORTED
         else:
             code = EXIT_OK if self.journal.succeeded else EXIT_FAILED
         return ExperimentRun(self.journal, self.journal_path, code)
+
+    def _annotate(
+        self, text: str, *tags: str, start: float | None = None, end: float | None = None
+    ) -> None:
+        """One Grafana annotation (queued; never blocks or raises)."""
+        self.annotator.annotate(
+            text,
+            ("stormwatch", "chaos", f"experiment:{self.experiment_id}", *tags),
+            start=start,
+            end=end,
+        )
+
+    def _annotate_reverts(self, outcomes: list[RevertOutcome], reason: str) -> None:
+        for outcome in outcomes:
+            verb = "reverted" if outcome.ok else "NOT reverted"
+            self._annotate(
+                f"fault {outcome.fault_id} {verb} ({reason}): {outcome.detail}",
+                "fault-reverted" if outcome.ok else "fault-revert-failed",
+            )
 
     async def _body(self) -> ExperimentStatus:
         await self._recover_orphans()
@@ -263,6 +296,7 @@ class Runner:
                 {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
             ]
             failed = [o for o in outcomes if not o.ok]
+            self._annotate_reverts(outcomes, "left by a dead controller")
             if failed:
                 raise FaultError(
                     f"could not revert {len(failed)} orphaned fault(s): "
@@ -472,6 +506,13 @@ class Runner:
             injected = await injector.inject(activity.name, fault, recorded=self._writer.save)
             result = injected.result
             self._last_fault_at = result.applied_at
+            self._annotate(
+                f"fault {injected.entry.id} injected: {fault.kind} on rank {fault.rank} "
+                f"({injected.entry.target.node}): {result.detail}",
+                "fault-injected",
+                fault.kind,
+                start=result.applied_at,
+            )
             if reverts_itself(fault):
                 self._self_reverting_faults.append(activity.name)
             record.output = {
@@ -578,6 +619,7 @@ class Runner:
                 {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
             ]
             failed = [o for o in outcomes if not o.ok]
+            self._annotate_reverts(outcomes, reason)
             self.reporter.event(
                 f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} "
                 + ("fault" if len(outcomes) == 1 else "faults")

@@ -9,16 +9,20 @@
   :mod:`~stormwatch.dashboards.panels`.
 * :func:`build_all` / :func:`write`: deterministic JSON and Grafana provisioning files.
 * :func:`push`: create/update on a Grafana through grafana-client (:class:`PushResult`).
+* :class:`Annotator`: background Grafana annotations for chaos and responder events
+  (:class:`AnnotationSettings`, from ``STORMWATCH_GRAFANA_URL`` + ``GRAFANA_TOKEN``).
 * CLI: ``stormwatch dashboards build --out DIR`` and ``stormwatch dashboards push --url URL``.
 
 Exceptions::
 
     StormwatchError
-    ├── ConfigError          bad --out, --prometheus-url, --url, GRAFANA_TOKEN missing
+    ├── ConfigError          bad --out, --prometheus-url, --url, GRAFANA_TOKEN missing,
+    │                        bad STORMWATCH_GRAFANA_URL
     └── DashboardsError
         └── PushError        Grafana unreachable or refusing a request
 """
 
+from stormwatch.dashboards.annotations import AnnotationSettings, Annotator
 from stormwatch.dashboards.errors import DashboardsError, PushError
 from stormwatch.dashboards.panels import uid_for
 from stormwatch.dashboards.push import PushResult, push
@@ -27,6 +31,8 @@ from stormwatch.dashboards.render import DASHBOARDS, DATASOURCE_UID, build_all, 
 __all__ = [
     "DASHBOARDS",
     "DATASOURCE_UID",
+    "AnnotationSettings",
+    "Annotator",
     "DashboardsError",
     "PushError",
     "PushResult",

@@ -1,11 +1,19 @@
-"""Shared pytest set-up: tests restore the environment they change."""
+"""Shared pytest set-up: tests restore the environment they change; a stand-in Grafana."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from aiohttp import web
+
+#: The Bearer token the stand-in Grafana (``grafana`` fixture) accepts.
+GRAFANA_TEST_TOKEN = "glsa_test-token"
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +22,170 @@ def _restore_environment() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+class FakeGrafana:
+    """Grafana's folder, dashboard and annotation endpoints, in memory; records every request.
+
+    Requests are checked against Grafana's documented HTTP API
+    (grafana.com/docs/grafana/latest/developers/http_api/{dashboard,folder,annotations}/);
+    what does not follow it lands in :attr:`problems` (the fixture asserts it stays empty).
+    """
+
+    def __init__(self) -> None:
+        self.folders: list[dict[str, Any]] = []
+        self.dashboards: dict[str, dict[str, Any]] = {}
+        self.annotations: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []
+        self.problems: list[str] = []
+        self.url = ""
+        app = web.Application(middlewares=[self._check_auth])
+        app.router.add_get("/api/search", self.search)
+        app.router.add_get("/api/folders", self.list_folders)
+        app.router.add_post("/api/folders", self.create_folder)
+        app.router.add_get("/api/dashboards/uid/{uid}", self.get_dashboard)
+        app.router.add_post("/api/dashboards/db", self.save_dashboard)
+        app.router.add_post("/api/annotations", self.add_annotation)
+        self.app = app
+
+    @web.middleware
+    async def _check_auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append((request.method, request.path))
+        if request.headers.get("Authorization") != f"Bearer {GRAFANA_TEST_TOKEN}":
+            return web.json_response({"message": "Unauthorized"}, status=401)
+        if request.method == "POST" and request.content_type != "application/json":
+            self.problems.append(f"{request.path}: Content-Type {request.content_type}")
+            return web.json_response({"message": "bad content type"}, status=415)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def search(self, request: web.Request) -> web.Response:
+        hits = [
+            {"uid": uid, "title": d["dashboard"]["title"], "type": "dash-db"}
+            for uid, d in self.dashboards.items()
+        ]
+        return web.json_response(hits)
+
+    async def list_folders(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            [{"id": f["id"], "uid": f["uid"], "title": f["title"]} for f in self.folders]
+        )
+
+    async def create_folder(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if not isinstance(body.get("title"), str) or set(body) - {"title", "uid", "parentUid"}:
+            self.problems.append(f"POST /api/folders body {body}")
+            return web.json_response({"message": "bad request"}, status=400)
+        if any(f["title"] == body["title"] for f in self.folders):
+            return web.json_response({"message": "folder exists"}, status=409)
+        folder = {"id": len(self.folders) + 1, "uid": body.get("uid", "f"), "title": body["title"]}
+        self.folders.append(folder)
+        return web.json_response({**folder, "url": f"/dashboards/f/{folder['uid']}/", "version": 1})
+
+    async def get_dashboard(self, request: web.Request) -> web.Response:
+        stored = self.dashboards.get(request.match_info["uid"])
+        if stored is None:
+            return web.json_response({"message": "Dashboard not found"}, status=404)
+        return web.json_response(stored)
+
+    async def save_dashboard(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        dashboard = body.get("dashboard")
+        if (
+            not isinstance(dashboard, dict)
+            or not dashboard.get("uid")
+            or not dashboard.get("title")
+        ):
+            self.problems.append(f"POST /api/dashboards/db without dashboard.uid/title: {body}")
+            return web.json_response({"message": "bad request"}, status=400)
+        if dashboard.get("id") is not None or body.get("overwrite") is not True:
+            self.problems.append("POST /api/dashboards/db must send id null and overwrite true")
+        folder_uid = body.get("folderUid", "")
+        if folder_uid and folder_uid not in {f["uid"] for f in self.folders}:
+            return web.json_response({"message": "folder not found"}, status=400)
+        uid = dashboard["uid"]
+        previous = self.dashboards.get(uid)
+        version = previous["dashboard"]["version"] + 1 if previous else 1
+        number = previous["dashboard"]["id"] if previous else len(self.dashboards) + 1
+        self.dashboards[uid] = {
+            "dashboard": {**dashboard, "id": number, "version": version},
+            "meta": {"folderUid": folder_uid, "slug": uid, "version": version},
+        }
+        return web.json_response(
+            {
+                "id": number,
+                "uid": uid,
+                "url": f"/d/{uid}/{uid}",
+                "status": "success",
+                "version": version,
+                "slug": uid,
+            }
+        )
+
+    async def add_annotation(self, request: web.Request) -> web.Response:
+        """``POST /api/annotations``: ``time``/``timeEnd`` epoch ms, ``tags`` [str], ``text``."""
+        body = await request.json()
+        allowed = {"dashboardUID", "dashboardId", "panelId", "time", "timeEnd", "tags", "text"}
+        problems = []
+        if set(body) - allowed:
+            problems.append(f"unknown fields {sorted(set(body) - allowed)}")
+        if not isinstance(body.get("text"), str) or not body["text"]:
+            problems.append("text must be a non-empty string")
+        if not isinstance(body.get("tags", []), list) or not all(
+            isinstance(t, str) for t in body.get("tags", [])
+        ):
+            problems.append("tags must be a list of strings")
+        for key in ("time", "timeEnd"):
+            value = body.get(key)
+            # epoch milliseconds: 2001..2286 (seconds would be ~1.7e9)
+            if value is not None and not (isinstance(value, int) and 1e12 <= value < 1e13):
+                problems.append(f"{key} must be epoch milliseconds (got {value!r})")
+        time_, end = body.get("time"), body.get("timeEnd")
+        if isinstance(time_, int) and isinstance(end, int) and end < time_:
+            problems.append("timeEnd before time")
+        if problems:
+            self.problems.append(f"POST /api/annotations {body}: {'; '.join(problems)}")
+            return web.json_response({"message": "bad request"}, status=400)
+        self.annotations.append(body)
+        return web.json_response({"message": "Annotation added", "id": len(self.annotations)})
+
+    def texts(self, tag: str) -> list[str]:
+        """Texts of the annotations carrying ``tag``, in arrival order."""
+        return [a["text"] for a in self.annotations if tag in a.get("tags", [])]
+
+
+@pytest.fixture
+def grafana() -> Iterator[FakeGrafana]:
+    fake = FakeGrafana()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(fake.app)
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        fake.url = f"http://127.0.0.1:{port}"
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield fake
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    assert not fake.problems, fake.problems
+
+
+@pytest.fixture
+def silent_grafana() -> Iterator[str]:
+    """URL of a "Grafana" that accepts connections and never answers (a hung server)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"

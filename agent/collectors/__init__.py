@@ -6,7 +6,7 @@
 ``xid``            XID counters (FC-03)
 ``gpu_processes``  GPU memory per rank, with FC-06 checks
 ``host``           CPU and memory of the node
-``ranks``          rank watcher: up, unexpected exits, last progress
+``ranks``          rank watcher: up, exits, progress; hangs, lag, stragglers
 ``trainer``        the ranks' multiprocess files (FC-01)
 ``faults``         fault ledger counts
 =================  ===============================================================

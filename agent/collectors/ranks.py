@@ -1,4 +1,6 @@
-"""``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress)."""
+"""``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress)
+and, with a :class:`~stormwatch.agent.rank_health.RankHealth`, hangs, collective lag
+and stragglers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.errors import CollectorError
+from stormwatch.agent.rank_health import RankHealth
 from stormwatch.agent.ranks import RankWatcher
 
 
@@ -21,9 +24,16 @@ class RanksCollector:
 
     name = "ranks"
 
-    def __init__(self, watcher: RankWatcher, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        watcher: RankWatcher,
+        *,
+        clock: Callable[[], float] = time.time,
+        health: RankHealth | None = None,
+    ) -> None:
         self._watcher = watcher
         self._clock = clock
+        self._health = health
 
     def collect(self) -> Iterator[Metric]:
         scanned = self._watcher.last_scan_at
@@ -41,6 +51,24 @@ class RanksCollector:
         age = new_family("stormwatch_rank_watcher_scan_age_seconds")
         age.add_metric([], max(0.0, self._clock() - scanned))
         yield from (up, exits, progress, age)
+        if self._health is not None:
+            yield from self._health_families()
+
+    def _health_families(self) -> Iterator[Metric]:
+        assert self._health is not None
+        view = self._health.view()
+        tables: tuple[tuple[str, dict[tuple[str, int], float]], ...] = (
+            ("stormwatch_rank_hung", {k: float(v) for k, v in view.hung.items()}),
+            ("stormwatch_rank_hangs_total", {k: float(v) for k, v in view.hangs.items()}),
+            ("stormwatch_rank_collective_lag", view.lag),
+            ("stormwatch_rank_straggler_score", view.straggler_score),
+            ("stormwatch_rank_straggler", {k: float(v) for k, v in view.straggler.items()}),
+        )
+        for name, values in tables:
+            family = new_family(name)
+            for (job, rank), value in sorted(values.items()):
+                family.add_metric([job, str(rank)], value)
+            yield family
 
 
 __all__ = ["RanksCollector"]

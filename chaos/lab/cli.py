@@ -17,8 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from stormwatch.chaos.lab import services
 from stormwatch.chaos.lab.config import JobSpec, LabConfig
 from stormwatch.chaos.lab.lab import Lab, ProgressEvent
+from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import JobResult
 from stormwatch.chaos.lab.status import LabStatus, ServiceStatus
 from stormwatch.errors import StormwatchError
@@ -199,6 +201,8 @@ def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> Non
     console.print(f"  Responder    {state.responder_url}")
     for node in state.nodes:
         console.print(f"  {node.name:<12} {node.agent_url} (netns {node.netns})")
+    hint = services.grafana_hint(RunPaths.of(state.run_dir).grafana_dir)
+    console.print(escape(hint), soft_wrap=True)
 
 
 @lab.command()

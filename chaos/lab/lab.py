@@ -291,6 +291,7 @@ class Lab:
         services.write_prometheus_config(state, self.paths, rules)
         services.check_prometheus_config(self.paths.prometheus_config)
         services.write_alertmanager_config(state, self.paths)
+        services.write_grafana_files(state, self.paths)
 
         self._remember(state, NetResource(kind="bridge", name=state.bridge))
         undo.callback(self._remove, NetResource(kind="bridge", name=state.bridge), undo_report)

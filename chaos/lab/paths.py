@@ -76,6 +76,11 @@ class RunPaths:
         return self.prometheus_dir / "data"
 
     @property
+    def grafana_dir(self) -> Path:
+        """Generated Grafana dashboards (``dashboards/``) and provisioning (``provisioning/``)."""
+        return self.run_dir / "grafana"
+
+    @property
     def alertmanager_dir(self) -> Path:
         return self.run_dir / "alertmanager"
 

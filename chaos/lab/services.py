@@ -22,6 +22,7 @@ from stormwatch.chaos.lab.config import LabConfig
 from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import LabState, NodeState
+from stormwatch.dashboards import render as dashboards
 
 #: Prometheus scrape job of the agents (the ``job`` label of their series).
 AGENT_SCRAPE_JOB = "stormwatch-agent"
@@ -144,6 +145,33 @@ def write_prometheus_config(state: LabState, paths: RunPaths, rules: Path | None
     text = yaml.safe_dump(prometheus_config(state, rules), sort_keys=False)
     paths.prometheus_config.write_text(text)
     return paths.prometheus_config
+
+
+def write_grafana_files(state: LabState, paths: RunPaths) -> Path:
+    """Write the dashboards and Grafana provisioning for the lab's Prometheus.
+
+    ``<run>/grafana/dashboards/<uid>.json`` and ``<run>/grafana/provisioning/
+    {dashboards,datasources}/stormwatch.yaml`` (data source URL
+    :attr:`LabState.prometheus_url`), via :func:`stormwatch.dashboards.write`.
+
+    Returns:
+        The ``grafana`` folder.
+
+    Raises:
+        ConfigError: the folder cannot be written.
+    """
+    dashboards.write(paths.grafana_dir, state.prometheus_url)
+    return paths.grafana_dir
+
+
+def grafana_hint(grafana_dir: Path) -> str:
+    """One line telling how to point a Grafana at the files :func:`write_grafana_files` wrote."""
+    provisioning = grafana_dir / "provisioning"
+    return (
+        f"Grafana: dashboards + provisioning in {grafana_dir}; run Grafana with "
+        f"GF_PATHS_PROVISIONING={provisioning} (e.g. `GF_PATHS_PROVISIONING={provisioning} "
+        "grafana-server --homepath /usr/share/grafana`) and open the Stormwatch folder"
+    )
 
 
 def check_prometheus_config(path: Path) -> None:
@@ -286,6 +314,7 @@ __all__ = [
     "check_prometheus_config",
     "find_binary",
     "go_duration",
+    "grafana_hint",
     "prometheus_config",
     "prometheus_spec",
     "responder_spec",
@@ -293,5 +322,6 @@ __all__ = [
     "service_specs",
     "stormwatch_command",
     "write_alertmanager_config",
+    "write_grafana_files",
     "write_prometheus_config",
 ]

@@ -404,7 +404,8 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
     The job name is unique per launcher (``launcher.job``) unless ``job`` is given.
     ``write_metrics`` sets the ranks' ``STORMWATCH_METRICS_DIR`` to this test's
     metrics dir; ``rank_args`` are appended to each rank's command line (e.g.
-    ``["train", "--metrics-dir", D]``: the rank's code ignores them).
+    ``["train", "--metrics-dir", D]``: the rank's code ignores them); ``rank_code``
+    replaces the ranks' Python code (default :data:`RANK_CODE`).
     """
     launched: list[FakeTorchrun] = []
     script = tmp_path / "bin" / "torchrun"
@@ -421,6 +422,7 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
         env: dict[str, str] | None = None,
         write_metrics: bool = True,
         rank_args: list[str] | None = None,
+        rank_code: str = RANK_CODE,
     ) -> FakeTorchrun:
         # Unique by default: other users' torchrun jobs may run on this machine.
         job = job or f"job-{uuid.uuid4().hex[:8]}"
@@ -434,7 +436,7 @@ def fake_torchrun(tmp_path: Path, metrics_dir: Path) -> Iterator[Callable[..., F
             "world_size": world_size or len(ranks),
             "restart": restart,
             "restart_delay": restart_delay,
-            "rank_code": RANK_CODE,
+            "rank_code": rank_code,
             "env": rank_env,
             "rank_args": rank_args or [],
         }

@@ -82,6 +82,13 @@ def test_up_is_healthy_and_down_leaves_nothing(
         str(lab_config.node_address(0)),
         str(lab_config.node_address(1)),
     ]
+    # Grafana dashboards and provisioning for this lab's Prometheus, and how to use them.
+    grafana = RunPaths.of(tmp_path).grafana_dir
+    assert (grafana / "dashboards" / "stormwatch-training.json").is_file()
+    datasources = (grafana / "provisioning" / "datasources" / "stormwatch.yaml").read_text()
+    assert f"url: {state.prometheus_url}" in datasources
+    assert (grafana / "provisioning" / "dashboards" / "stormwatch.yaml").is_file()
+    assert f"GF_PATHS_PROVISIONING={grafana / 'provisioning'}" in up.stderr
     for token in (state.agent_token_file, state.responder_token_file):
         assert stat.S_IMODE(token.stat().st_mode) == 0o600
         assert len(token.read_text().strip()) >= 32

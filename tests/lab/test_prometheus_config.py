@@ -16,13 +16,16 @@ from stormwatch.chaos.lab.services import (
     agent_spec,
     check_prometheus_config,
     go_duration,
+    grafana_hint,
     prometheus_spec,
     rules_dir,
     stormwatch_command,
     write_alertmanager_config,
+    write_grafana_files,
     write_prometheus_config,
 )
 from stormwatch.chaos.lab.state import plan_state
+from stormwatch.dashboards import build_all
 
 
 @pytest.mark.skipif(
@@ -109,3 +112,20 @@ def test_lab_agents_do_not_claim_other_jobs_unlabelled_ranks(tmp_path: Path) -> 
         timeout=60,
     ).stdout
     assert "--no-claim-unlabelled-ranks" in help_text.replace("--no-\n", "--no-").replace(" ", "")
+
+
+def test_grafana_files_point_at_the_labs_prometheus(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path / "run")
+    state = plan_state(paths, LabConfig(prometheus_port=19990))
+    folder = write_grafana_files(state, paths)
+
+    assert folder == paths.grafana_dir == tmp_path / "run" / "grafana"
+    uids = {p.stem for p in (folder / "dashboards").glob("*.json")}
+    assert uids == set(build_all())
+    datasources = yaml.safe_load((folder / "provisioning/datasources/stormwatch.yaml").read_text())
+    [source] = datasources["datasources"]
+    assert source["url"] == state.prometheus_url == "http://127.0.0.1:19990"
+    providers = yaml.safe_load((folder / "provisioning/dashboards/stormwatch.yaml").read_text())
+    assert providers["providers"][0]["options"]["path"] == str(folder / "dashboards")
+    hint = grafana_hint(folder)
+    assert "\n" not in hint and f"GF_PATHS_PROVISIONING={folder / 'provisioning'}" in hint

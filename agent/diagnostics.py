@@ -1,0 +1,162 @@
+"""Hang diagnostics: what the agent records about a job's ranks when one hangs.
+
+For each running rank of the job on this node, one text file
+``<state-dir>/diagnostics/<job>/<UTC time>/rank<R>.txt`` holding:
+
+* a header: job, rank, pid, the hung ranks, each rank's collective count and lag
+  (``stormwatch_collective_calls_total`` summed over ``op``);
+* the rank's Python stacks from ``py-spy dump --pid`` when ``py-spy`` is on
+  ``PATH`` (it needs ptrace rights: root, or ``CAP_SYS_PTRACE``), otherwise the
+  kernel stack ``/proc/<pid>/stack`` (root only) and ``/proc/<pid>/status``;
+* the trainer's post-mortem dump ``<dump-dir>/rank<R>.json`` when it exists
+  (written on abnormal exit, so usually only after the hang ended the rank;
+  the dump folder is ``--dump-dir`` after ``train`` on the rank's command
+  line, else ``<--log-dir>/dumps``; docs/ARCHITECTURE.md "Trainer").
+
+Each section that cannot be read says why instead; nothing here raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from stormwatch.agent.procs import RankKey, train_option
+
+log = logging.getLogger(__name__)
+
+#: Seconds ``py-spy dump`` may take per rank.
+PY_SPY_TIMEOUT = 20.0
+#: Largest dump file copied into a diagnostics file, bytes.
+MAX_DUMP_BYTES = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTarget:
+    """A running rank to inspect: its key, pid, command line and working directory."""
+
+    key: RankKey
+    pid: int
+    cmdline: tuple[str, ...]
+    cwd: str | None
+
+
+def dump_dir(cmdline: Sequence[str], cwd: str | None) -> Path | None:
+    """The trainer's dump folder from its command line, or None when it names none."""
+    raw = train_option(cmdline, "--dump-dir")
+    if raw is None:
+        log_dir = train_option(cmdline, "--log-dir")
+        if log_dir is None:
+            return None
+        raw = str(Path(log_dir) / "dumps")
+    path = Path(raw)
+    if not path.is_absolute() and cwd is not None:
+        path = Path(cwd) / path
+    return path
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+def _stacks(pid: int) -> str:
+    py_spy = shutil.which("py-spy")
+    if py_spy is not None:
+        try:
+            done = subprocess.run(
+                [py_spy, "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=PY_SPY_TIMEOUT,
+                check=False,
+            )
+            return (
+                f"## py-spy dump --pid {pid} (exit {done.returncode})\n{done.stdout}{done.stderr}"
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"## py-spy dump --pid {pid} failed: {exc}\n"
+    parts = ["## py-spy not installed; kernel view instead\n"]
+    for name in ("stack", "status"):
+        try:
+            text = Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+        except OSError as exc:
+            text = f"(unreadable: {exc.strerror})\n"
+        parts.append(f"## /proc/{pid}/{name}\n{text}")
+    return "".join(parts)
+
+
+def _dump(target: RankTarget) -> str:
+    folder = dump_dir(target.cmdline, target.cwd)
+    if folder is None:
+        return "## trainer dump: the rank names no --dump-dir / --log-dir\n"
+    path = folder / f"rank{target.key[1]}.json"
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_DUMP_BYTES)
+    except OSError as exc:
+        return f"## trainer dump {path}: not available ({exc.strerror})\n"
+    return f"## trainer dump {path}\n{data.decode(errors='replace')}\n"
+
+
+def folder_for(base: Path, job: str, now: float) -> Path:
+    """``<base>/<job, file-safe>/<UTC time of now, YYYYmmddTHHMMSS.ffffffZ>``."""
+    stamp = datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return base / _safe(job) / stamp
+
+
+def collect(
+    base: Path,
+    job: str,
+    targets: Sequence[RankTarget],
+    *,
+    hung: Sequence[int],
+    calls: Mapping[RankKey, float],
+    lag: Mapping[RankKey, float],
+    now: float,
+) -> Path:
+    """Write one diagnostics file per target; returns their folder.
+
+    Args:
+        base: ``<state-dir>/diagnostics``.
+        job: the job (its name is made file-safe).
+        targets: the job's running ranks on this node.
+        hung: ranks of the job that are hung now.
+        calls, lag: collective counts and lags of the job's ranks.
+        now: Unix time naming the folder (UTC, ``YYYYmmddTHHMMSS.ffffffZ``).
+    """
+    folder = folder_for(base, job, now)
+    stamp = folder.name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot create %s: %s", folder, exc)
+        return folder
+    behind = max(lag.items(), key=lambda item: item[1], default=None)
+    counts = ", ".join(
+        f"rank {key[1]}: {calls[key]:g} (lag {lag.get(key, 0):g})" for key in sorted(calls)
+    )
+    for target in targets:
+        header = (
+            f"# stormwatch hang diagnostics\njob: {job}\nrank: {target.key[1]}\n"
+            f"pid: {target.pid}\ntime: {stamp}\nhung ranks: {sorted(hung)}\n"
+            f"collective calls: {counts or 'none recorded'}\n"
+            f"behind in the collective sequence: "
+            f"{'rank ' + str(behind[0][1]) if behind and behind[1] > 0 else 'no rank'}\n\n"
+        )
+        text = header + _stacks(target.pid) + "\n" + _dump(target)
+        path = folder / f"rank{target.key[1]}.txt"
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)
+    log.warning("hang diagnostics for job %s written to %s", job, folder)
+    return folder
+
+
+__all__ = ["MAX_DUMP_BYTES", "PY_SPY_TIMEOUT", "RankTarget", "collect", "dump_dir", "folder_for"]

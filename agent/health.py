@@ -1,0 +1,300 @@
+"""Rank-health detectors: hangs, compute stragglers, collective lag (pure, no I/O).
+
+The detectors consume what the rank-health monitor (:mod:`.rank_health`) reads
+from the trainer's multiprocess files each scan and return *transitions*
+(a rank became hung / recovered, became a straggler / stopped being one), so they
+can be driven from recorded sequences in tests.
+
+Hang (FC-10): a running rank whose last heartbeat
+(``stormwatch_train_last_step_timestamp_seconds``) is older than
+``max(floor_seconds, factor x median step time)`` is hung. The median is over the
+last ``window`` step times of *that job's* ranks on this node, each measured as
+(heartbeat advance) ÷ (step advance) between two scans. Defaults: floor 30 s,
+factor 10 (:class:`HangSettings`); before any step time is known the floor alone
+applies. One episode lasts from detection until the heartbeat advances (or the
+rank exits); each episode counts once. A rank that has not completed its first
+step (no heartbeat, or 0) is never hung here: start-up (model build, compile,
+rendezvous) has no step time to compare with; the trainer's collective timeout
+bounds it.
+
+Straggler (FC-14): per new step sample of a rank (its ``stormwatch_train_step``
+advanced), ``score = compute ÷ median(peers' compute)`` with
+``stormwatch_train_step_compute_seconds`` and the peers being the job's other
+ranks on this node. The sample is *slow* when ``score >= factor`` **and** the
+peers' median ``stormwatch_train_step_collective_wait_seconds`` exceeds the
+rank's own wait (they wait for it in collectives). ``samples`` consecutive slow
+samples flag the rank; one sample that is not slow clears it. Defaults: factor
+1.2, samples 3 (:class:`StragglerSettings`). A rank that waits (high wait,
+normal compute) scores about 1 and is never flagged. Needs at least two ranks of
+the job on this node (cross-node comparisons belong to Prometheus rules).
+
+Collective lag: ``lag = max(count of the job's ranks) - count(rank)`` over
+``stormwatch_collective_calls_total`` (summed over ``op``) of the job's ranks on
+this node: the rank with the highest lag is the one behind in the collective
+sequence.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from collections.abc import Iterable, Mapping
+
+from stormwatch.agent.errors import AgentConfigError
+from stormwatch.agent.procs import RankKey
+
+HANG = "rank_hang"
+HANG_CLEARED = "rank_hang_cleared"
+STRAGGLER = "rank_straggler"
+STRAGGLER_CLEARED = "rank_straggler_cleared"
+
+
+@dataclasses.dataclass(frozen=True)
+class HangSettings:
+    """Hang threshold: ``max(floor_seconds, factor x median step time)``.
+
+    Attributes:
+        floor_seconds: smallest threshold, seconds (30: longer than a checkpoint
+            save or a slow first step of a small job).
+        factor: multiple of the job's recent median step time (10: a step ten
+            times slower than usual is no longer jitter).
+        window: step times kept per job for the median (64).
+
+    Raises:
+        AgentConfigError: a value is not positive (names the field).
+    """
+
+    floor_seconds: float = 30.0
+    factor: float = 10.0
+    window: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("floor_seconds", "factor", "window"):
+            if not getattr(self, name) > 0:
+                raise AgentConfigError(f"hang {name}: must be > 0 (got {getattr(self, name)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerSettings:
+    """Straggler rule: ``samples`` consecutive steps with compute >= ``factor`` x peers' median.
+
+    Attributes:
+        factor: compute ÷ peers' median compute at or above which a step is slow (1.2).
+        samples: consecutive slow steps before the rank is flagged (3).
+
+    Raises:
+        AgentConfigError: factor not > 1 or samples < 1 (names the field).
+    """
+
+    factor: float = 1.2
+    samples: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1.0:
+            raise AgentConfigError(f"straggler factor: must be > 1 (got {self.factor})")
+        if self.samples < 1:
+            raise AgentConfigError(f"straggler samples: must be >= 1 (got {self.samples})")
+
+
+@dataclasses.dataclass(frozen=True)
+class RankProgress:
+    """One rank's progress at a scan: running?, last heartbeat (Unix s), last step."""
+
+    key: RankKey
+    alive: bool
+    heartbeat: float | None
+    step: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSample:
+    """One rank's per-step gauges: step number, compute and collective wait (seconds)."""
+
+    key: RankKey
+    step: float
+    compute: float
+    wait: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A detector's state change: ``kind`` is one of the module's event kinds."""
+
+    kind: str
+    key: RankKey
+    details: Mapping[str, float | int | str | None]
+
+
+class HangDetector:
+    """Tracks hangs per rank (see the module docstring)."""
+
+    def __init__(self, settings: HangSettings | None = None) -> None:
+        self.settings = settings or HangSettings()
+        self._last: dict[RankKey, tuple[float, float | None]] = {}
+        self._times: dict[str, collections.deque[float]] = {}
+        self._hung: dict[RankKey, float] = {}  # key -> heartbeat it hung at
+        self._episodes: collections.Counter[RankKey] = collections.Counter()
+
+    def threshold(self, job: str) -> float:
+        """Seconds without a heartbeat after which a rank of ``job`` is hung."""
+        median = self.median_step_seconds(job)
+        base = self.settings.floor_seconds
+        return base if median is None else max(base, self.settings.factor * median)
+
+    def median_step_seconds(self, job: str) -> float | None:
+        """Median of the job's recent step times on this node, or None before any."""
+        times = self._times.get(job)
+        return statistics.median(times) if times else None
+
+    def hung(self) -> dict[RankKey, bool]:
+        """Hung state of every rank seen (False once recovered)."""
+        return {key: key in self._hung for key in self._last}
+
+    def episodes(self) -> dict[RankKey, int]:
+        """Hang episodes per rank since start (never decreases)."""
+        return {key: self._episodes.get(key, 0) for key in self._last}
+
+    def observe(self, now: float, ranks: Iterable[RankProgress]) -> list[Transition]:
+        """Feed one scan; returns the hangs detected and cleared by it."""
+        out: list[Transition] = []
+        # 0 is a heartbeat gauge created but never set: no step completed yet.
+        current = [r for r in ranks if r.heartbeat is not None and r.heartbeat > 0]
+        for r in current:
+            assert r.heartbeat is not None
+            previous = self._last.get(r.key)
+            if previous is not None and r.heartbeat > previous[0]:
+                stepped = None if r.step is None or previous[1] is None else r.step - previous[1]
+                if stepped is not None and stepped > 0:
+                    times = self._times.setdefault(
+                        r.key[0], collections.deque(maxlen=self.settings.window)
+                    )
+                    times.append((r.heartbeat - previous[0]) / stepped)
+            self._last[r.key] = (r.heartbeat, r.step)
+        seen = {r.key for r in current}
+        for r in current:
+            assert r.heartbeat is not None
+            age = now - r.heartbeat
+            limit = self.threshold(r.key[0])
+            if r.key in self._hung:
+                if not r.alive or r.heartbeat > self._hung[r.key]:
+                    del self._hung[r.key]
+                    reason = "progress" if r.alive else "exited"
+                    out.append(Transition(HANG_CLEARED, r.key, {"reason": reason, "step": r.step}))
+            elif r.alive and age > limit:
+                self._hung[r.key] = r.heartbeat
+                self._episodes[r.key] += 1
+                median = self.median_step_seconds(r.key[0])
+                details = {
+                    "heartbeat": r.heartbeat,
+                    "age_seconds": round(age, 3),
+                    "threshold_seconds": round(limit, 3),
+                    "median_step_seconds": median,
+                    "step": r.step,
+                }
+                out.append(Transition(HANG, r.key, details))
+        for key in list(self._hung):
+            if key not in seen:  # the rank and its heartbeat are gone
+                del self._hung[key]
+                out.append(Transition(HANG_CLEARED, key, {"reason": "forgotten", "step": None}))
+        return out
+
+
+class StragglerDetector:
+    """Tracks compute stragglers per rank (see the module docstring)."""
+
+    def __init__(self, settings: StragglerSettings | None = None) -> None:
+        self.settings = settings or StragglerSettings()
+        self._steps: dict[RankKey, float] = {}
+        self._streak: collections.Counter[RankKey] = collections.Counter()
+        self._flagged: set[RankKey] = set()
+        self._scores: dict[RankKey, float] = {}
+
+    def scores(self) -> dict[RankKey, float]:
+        """Latest ``compute ÷ peers' median compute`` per rank that has peers."""
+        return dict(self._scores)
+
+    def flagged(self) -> dict[RankKey, bool]:
+        """Straggler state of every scored rank."""
+        return {key: key in self._flagged for key in self._scores}
+
+    def observe(self, samples: Iterable[StepSample]) -> list[Transition]:
+        """Feed the current per-step gauges of the node's ranks; returns state changes."""
+        by_job: dict[str, list[StepSample]] = collections.defaultdict(list)
+        for sample in samples:
+            by_job[sample.key[0]].append(sample)
+        live = {s.key for group in by_job.values() for s in group}
+        out: list[Transition] = []
+        for group in by_job.values():
+            for sample in group:
+                peers = [p for p in group if p.key != sample.key]
+                if not peers:
+                    continue
+                peer_compute = statistics.median(p.compute for p in peers)
+                peer_wait = statistics.median(p.wait for p in peers)
+                if peer_compute <= 0:
+                    continue
+                score = sample.compute / peer_compute
+                self._scores[sample.key] = score
+                if self._steps.get(sample.key) == sample.step:
+                    continue  # not a new step: the gauges have not changed
+                self._steps[sample.key] = sample.step
+                slow = score >= self.settings.factor and peer_wait > sample.wait
+                out.extend(self._advance(sample, slow, score, peer_compute, peer_wait))
+        for key in list(self._scores):
+            if key not in live:
+                self._scores.pop(key)
+                self._steps.pop(key, None)
+                self._streak.pop(key, None)
+                if key in self._flagged:
+                    self._flagged.discard(key)
+                    out.append(Transition(STRAGGLER_CLEARED, key, {"reason": "gone"}))
+        return out
+
+    def _advance(
+        self, sample: StepSample, slow: bool, score: float, peer_compute: float, peer_wait: float
+    ) -> list[Transition]:
+        key = sample.key
+        details = {
+            "step": sample.step,
+            "score": round(score, 4),
+            "compute_seconds": sample.compute,
+            "wait_seconds": sample.wait,
+            "peers_median_compute_seconds": peer_compute,
+            "peers_median_wait_seconds": peer_wait,
+        }
+        if not slow:
+            self._streak[key] = 0
+            if key in self._flagged:
+                self._flagged.discard(key)
+                return [Transition(STRAGGLER_CLEARED, key, details)]
+            return []
+        self._streak[key] += 1
+        if key not in self._flagged and self._streak[key] >= self.settings.samples:
+            self._flagged.add(key)
+            return [Transition(STRAGGLER, key, details)]
+        return []
+
+
+def collective_lag(counts: Mapping[RankKey, float]) -> dict[RankKey, float]:
+    """Collectives each rank is behind its job's most advanced rank on this node."""
+    top: dict[str, float] = {}
+    for (job, _), n in counts.items():
+        top[job] = max(n, top.get(job, n))
+    return {key: top[key[0]] - n for key, n in counts.items()}
+
+
+__all__ = [
+    "HANG",
+    "HANG_CLEARED",
+    "STRAGGLER",
+    "STRAGGLER_CLEARED",
+    "HangDetector",
+    "HangSettings",
+    "RankProgress",
+    "StepSample",
+    "StragglerDetector",
+    "StragglerSettings",
+    "Transition",
+    "collective_lag",
+]

@@ -1,0 +1,245 @@
+"""The rank-health monitor: drives the detectors of :mod:`.health` from live data.
+
+Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
+
+1. reads the per-step gauges (``stormwatch_train_step``,
+   ``stormwatch_train_step_compute_seconds``,
+   ``stormwatch_train_step_collective_wait_seconds``) from the ``gauge_live*``
+   multiprocess files and ``stormwatch_collective_calls_total`` from the
+   ``counter_*`` files of the metrics dir;
+2. feeds the :class:`~.health.HangDetector` with the rank watcher's running
+   ranks and heartbeats, and the :class:`~.health.StragglerDetector` with the
+   running ranks' step gauges;
+3. records every transition in the :class:`~.events.EventLog`; on a hang it
+   writes diagnostics for the job's running ranks (:mod:`.diagnostics`) on a
+   separate thread, so a slow ``py-spy`` never delays detection.
+
+Exports (through the ``ranks`` collector): ``stormwatch_rank_hung``,
+``stormwatch_rank_hangs_total``, ``stormwatch_rank_collective_lag``,
+``stormwatch_rank_straggler_score``, ``stormwatch_rank_straggler``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from stormwatch.agent import diagnostics
+from stormwatch.agent.events import EventLog
+from stormwatch.agent.health import (
+    HANG,
+    HangDetector,
+    HangSettings,
+    RankProgress,
+    StepSample,
+    StragglerDetector,
+    StragglerSettings,
+    collective_lag,
+)
+from stormwatch.agent.procs import RankKey, process_cwd
+from stormwatch.agent.ranks import STEP_METRIC, RankInfo, RankWatcher
+
+log = logging.getLogger(__name__)
+
+COMPUTE_METRIC = "stormwatch_train_step_compute_seconds"
+WAIT_METRIC = "stormwatch_train_step_collective_wait_seconds"
+CALLS_SAMPLE = "stormwatch_collective_calls_total"
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthView:
+    """What the collector exports (all keyed by ``(job, rank)``)."""
+
+    hung: dict[RankKey, bool]
+    hangs: dict[RankKey, int]
+    lag: dict[RankKey, float]
+    straggler_score: dict[RankKey, float]
+    straggler: dict[RankKey, bool]
+
+
+class RankHealth:
+    """Hang and straggler detection for the ranks the watcher tracks.
+
+    Args:
+        watcher: the rank watcher (running ranks, heartbeats).
+        metrics_dir: the trainer's multiprocess folder.
+        events: where transitions are recorded.
+        diagnostics_dir: ``<state-dir>/diagnostics``.
+        hang, straggler: detector settings (defaults: see :mod:`.health`).
+        interval: seconds between evaluations.
+        clock: Unix time.
+    """
+
+    def __init__(
+        self,
+        watcher: RankWatcher,
+        metrics_dir: Path,
+        events: EventLog,
+        diagnostics_dir: Path,
+        *,
+        hang: HangSettings | None = None,
+        straggler: StragglerSettings | None = None,
+        interval: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._watcher = watcher
+        self._dir = Path(metrics_dir)
+        self._events = events
+        self._diag_dir = Path(diagnostics_dir)
+        self._hang = HangDetector(hang)
+        self._straggler = StragglerDetector(straggler)
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
+        self._view = HealthView({}, {}, {}, {}, {})
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        """Evaluate every ``interval`` seconds on a background thread."""
+        self._thread = threading.Thread(
+            target=self._run, name="stormwatch-rank-health", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread; wait (bounded) for diagnostics being written."""
+        self._stop.set()
+        for thread in [self._thread, *self._workers]:
+            if thread is not None:
+                thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.evaluate()
+                self.last_error = None
+            except Exception as exc:
+                if self.last_error is None:
+                    log.warning("rank health evaluation failed", exc_info=True)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def view(self) -> HealthView:
+        """The latest evaluation."""
+        with self._lock:
+            return self._view
+
+    def evaluate(self) -> None:
+        """One evaluation (see the module docstring)."""
+        gauges, calls = self._read()
+        ranks = self._watcher.ranks()
+        progress = self._watcher.last_progress()
+        running = {(r.job, r.rank): r for r in ranks if r.alive}
+        now = self._clock()
+        hang_input = [
+            RankProgress((r.job, r.rank), r.alive, progress.get((r.job, r.rank)), r.last_step)
+            for r in ranks
+        ]
+        samples = [
+            StepSample(key, step, gauges[COMPUTE_METRIC][key], gauges[WAIT_METRIC].get(key, 0.0))
+            for key, step in gauges[STEP_METRIC].items()
+            if key in running and key in gauges[COMPUTE_METRIC]
+        ]
+        mine = {key: n for key, n in calls.items() if key in running}
+        lag = collective_lag(mine)
+        transitions = self._hang.observe(now, hang_input) + self._straggler.observe(samples)
+        hung_now = self._hang.hung()
+        for t in transitions:
+            info = running.get(t.key)
+            details = dict(t.details)
+            if t.kind == HANG:
+                details["collective_calls"] = mine.get(t.key)
+                details["collective_lag"] = lag.get(t.key)
+                job_lag = [(v, k[1]) for k, v in lag.items() if k[0] == t.key[0]]
+                most = max(job_lag, default=(0.0, None))
+                details["behind_rank"] = most[1] if most[0] > 0 else None
+                details["diagnostics"] = str(
+                    self._diagnose(t.key[0], running, hung_now, mine, lag, now)
+                )
+            self._events.record(
+                t.kind, t.key[0], t.key[1], pid=info.pid if info else None, **details
+            )
+        view = HealthView(
+            hung={k: v for k, v in hung_now.items() if k in running},
+            hangs=self._hang.episodes(),
+            lag=lag,
+            straggler_score=self._straggler.scores(),
+            straggler=self._straggler.flagged(),
+        )
+        with self._lock:
+            self._view = view
+
+    def _diagnose(
+        self,
+        job: str,
+        running: dict[RankKey, RankInfo],
+        hung: dict[RankKey, bool],
+        calls: dict[RankKey, float],
+        lag: dict[RankKey, float],
+        now: float,
+    ) -> Path:
+        stamp_folder = self._diag_dir
+        targets: list[diagnostics.RankTarget] = []
+        for key, info in sorted(running.items()):
+            if key[0] != job:
+                continue
+            pid = info.pid
+            try:
+                cmdline = tuple(psutil.Process(pid).cmdline())
+            except psutil.Error:
+                cmdline = ()
+            targets.append(diagnostics.RankTarget(key, pid, cmdline, process_cwd(pid)))
+        job_calls = {k: v for k, v in calls.items() if k[0] == job}
+        job_lag = {k: v for k, v in lag.items() if k[0] == job}
+        hung_ranks = [k[1] for k, v in hung.items() if v and k[0] == job]
+
+        def work() -> None:
+            diagnostics.collect(
+                stamp_folder, job, targets, hung=hung_ranks, calls=job_calls, lag=job_lag, now=now
+            )
+
+        thread = threading.Thread(target=work, name="stormwatch-hang-diagnostics", daemon=True)
+        thread.start()
+        self._workers = [t for t in self._workers if t.is_alive()] + [thread]
+        return diagnostics.folder_for(stamp_folder, job, now)
+
+    def _read(self) -> tuple[dict[str, dict[RankKey, float]], dict[RankKey, float]]:
+        gauges: dict[str, dict[RankKey, float]] = {
+            STEP_METRIC: {},
+            COMPUTE_METRIC: {},
+            WAIT_METRIC: {},
+        }
+        calls: dict[RankKey, float] = {}
+        live = [str(p) for p in self._dir.glob("gauge_live*_*.db")]
+        counters = [str(p) for p in self._dir.glob("counter_*.db")]
+        for files, wanted in ((live, gauges), (counters, None)):
+            try:
+                families = list(MultiProcessCollector.merge(files, accumulate=False))
+            except Exception:  # a half-written file: try again next time
+                log.debug("reading multiprocess files failed", exc_info=True)
+                continue
+            for family in families:
+                for sample in family.samples:
+                    try:
+                        key = (sample.labels["job"], int(sample.labels["rank"]))
+                    except (KeyError, ValueError):
+                        continue
+                    if wanted is None:
+                        if sample.name == CALLS_SAMPLE:
+                            calls[key] = calls.get(key, 0.0) + sample.value
+                    elif sample.name in wanted:
+                        target = wanted[sample.name]
+                        target[key] = max(sample.value, target.get(key, sample.value))
+        return gauges, calls
+
+
+__all__ = ["COMPUTE_METRIC", "WAIT_METRIC", "HealthView", "RankHealth"]

@@ -1,0 +1,250 @@
+"""Hang and straggler detectors over recorded gauge sequences (table-driven, no I/O)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stormwatch.agent import AgentConfigError
+from stormwatch.agent.events import EventLog
+from stormwatch.agent.health import (
+    HANG,
+    HANG_CLEARED,
+    STRAGGLER,
+    STRAGGLER_CLEARED,
+    HangDetector,
+    HangSettings,
+    RankProgress,
+    StepSample,
+    StragglerDetector,
+    StragglerSettings,
+    collective_lag,
+)
+
+JOB = "job-a"
+
+# --------------------------------------------------------------- stragglers
+# Each step: {rank: (compute seconds, collective wait seconds)}, as the trainer's
+# livemax gauges show them after that step.
+SLOW_2 = [{0: (1.0, 0.55), 1: (1.02, 0.5), 2: (1.5, 0.02), 3: (0.98, 0.56)}] * 5
+JITTER = [{0: (1.0, 0.1), 1: (1.1, 0.02), 2: (1.0, 0.1), 3: (1.05, 0.06)}] * 6
+NOBODY_WAITS = [{0: (1.0, 0.0), 1: (1.5, 0.3), 2: (1.0, 0.0)}] * 5
+INTERMITTENT = [
+    {0: (1.0, 0.5), 1: (1.5, 0.0), 2: (1.0, 0.5)},
+    {0: (1.0, 0.5), 1: (1.5, 0.0), 2: (1.0, 0.5)},
+    {0: (1.0, 0.0), 1: (1.0, 0.0), 2: (1.0, 0.0)},
+    {0: (1.0, 0.5), 1: (1.5, 0.0), 2: (1.0, 0.5)},
+    {0: (1.0, 0.5), 1: (1.5, 0.0), 2: (1.0, 0.5)},
+]
+# Rank 1 waits a lot (for someone on another node) with normal compute.
+WAITER_ONLY = [{0: (1.0, 0.1), 1: (1.0, 2.0), 2: (1.01, 0.1)}] * 6
+
+
+@pytest.mark.parametrize(
+    ("steps", "samples", "expected"),
+    [
+        pytest.param(SLOW_2, 3, {2: 3}, id="slow-rank-2-flagged-at-third-step"),
+        pytest.param(SLOW_2, 5, {2: 5}, id="needs-n-samples"),
+        pytest.param(JITTER, 3, {}, id="below-factor"),
+        pytest.param(NOBODY_WAITS, 3, {}, id="peers-do-not-wait"),
+        pytest.param(INTERMITTENT, 3, {}, id="not-consecutive"),
+        pytest.param(WAITER_ONLY, 1, {}, id="waiting-rank-not-flagged"),
+    ],
+)
+def test_fc14_straggler_detector_names_the_slow_rank_only(
+    steps: list[dict[int, tuple[float, float]]], samples: int, expected: dict[int, int]
+) -> None:
+    detector = StragglerDetector(StragglerSettings(factor=1.2, samples=samples))
+    flagged_at: dict[int, int] = {}
+    for number, step in enumerate(steps, start=1):
+        batch = [StepSample((JOB, r), float(number), c, w) for r, (c, w) in step.items()]
+        for t in detector.observe(batch):
+            assert t.kind == STRAGGLER, t
+            flagged_at[t.key[1]] = number
+        # Re-reading unchanged gauges (several scans per step) counts nothing new.
+        assert detector.observe(batch) == []
+    assert flagged_at == expected
+    state = detector.flagged()
+    assert {r for (_, r), on in state.items() if on} == set(expected)
+
+
+def test_fc14_straggler_score_and_recovery() -> None:
+    detector = StragglerDetector(StragglerSettings(samples=2))
+    kinds = []
+    for number, slow in enumerate([1.5, 1.5, 1.5, 1.0, 1.0], start=1):
+        batch = [
+            StepSample((JOB, 0), number, 1.0, 0.5 if slow > 1 else 0.0),
+            StepSample((JOB, 1), number, slow, 0.0),
+            StepSample((JOB, 2), number, 1.0, 0.5 if slow > 1 else 0.0),
+        ]
+        kinds += [(t.kind, t.key[1], number) for t in detector.observe(batch)]
+        if number == 3:
+            assert detector.scores()[(JOB, 1)] == pytest.approx(1.5)
+            assert detector.scores()[(JOB, 0)] == pytest.approx(1.0 / 1.25)
+    assert kinds == [(STRAGGLER, 1, 2), (STRAGGLER_CLEARED, 1, 4)]
+    assert detector.flagged()[(JOB, 1)] is False
+
+
+def test_fc14_ranks_of_other_jobs_are_not_peers() -> None:
+    detector = StragglerDetector(StragglerSettings(samples=1))
+    batch = [
+        StepSample(("fast", 0), 1, 1.0, 0.5),
+        StepSample(("slow", 0), 1, 3.0, 0.0),  # alone in its job on this node
+    ]
+    assert detector.observe(batch) == []
+    assert detector.scores() == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"factor": 1.0}, "factor"), ({"samples": 0}, "samples")],
+)
+def test_straggler_settings_name_the_field(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(AgentConfigError, match=field):
+        StragglerSettings(**kwargs)
+
+
+# -------------------------------------------------------------------- hangs
+def _run_hang(
+    detector: HangDetector, scans: list[tuple[float, dict[int, tuple[float, float, bool]]]]
+) -> list[tuple[float, str, int]]:
+    """scans: (now, {rank: (heartbeat, step, alive)}) -> [(now, kind, rank)]."""
+    out = []
+    for now, ranks in scans:
+        progress = [RankProgress((JOB, r), alive, hb, st) for r, (hb, st, alive) in ranks.items()]
+        out += [(now, t.kind, t.key[1]) for t in detector.observe(now, progress)]
+    return out
+
+
+def _steady(
+    until: float, step_seconds: float, ranks: tuple[int, ...] = (0, 1)
+) -> list[tuple[float, dict[int, tuple[float, float, bool]]]]:
+    scans = []
+    t = 0.0
+    while t <= until:
+        scans.append((t, {r: (t, t / step_seconds, True) for r in ranks}))
+        t += step_seconds
+    return scans
+
+
+# Threshold max(30, 10 x 1 s) = 30 s; rank 1 stops at t=10 and resumes at t=50.
+FAST_JOB = [
+    *_steady(10, 1.0),
+    (39.0, {0: (39.0, 39.0, True), 1: (10.0, 10.0, True)}),  # 29 s: not yet
+    (41.0, {0: (41.0, 41.0, True), 1: (10.0, 10.0, True)}),  # 31 s: hung
+    (45.0, {0: (45.0, 45.0, True), 1: (10.0, 10.0, True)}),  # still the same episode
+    (50.0, {0: (50.0, 50.0, True), 1: (50.0, 11.0, True)}),  # progress: cleared
+    (51.0, {0: (51.0, 51.0, True), 1: (51.0, 12.0, True)}),
+]
+# 5 s steps: threshold max(30, 50) = 50 s.
+SLOW_JOB = [
+    *_steady(50, 5.0),
+    (95.0, {0: (95.0, 19.0, True), 1: (50.0, 10.0, True)}),  # 45 s: not yet
+    (101.0, {0: (100.0, 20.0, True), 1: (50.0, 10.0, True)}),  # 51 s: hung
+]
+# A rank that exited is not hung, however old its heartbeat.
+EXITED = [*_steady(5, 1.0), (100.0, {0: (5.0, 5.0, True), 1: (5.0, 5.0, False)})]
+
+
+@pytest.mark.parametrize(
+    ("scans", "settings", "expected", "episodes"),
+    [
+        pytest.param(
+            FAST_JOB,
+            HangSettings(),
+            [(41.0, HANG, 1), (50.0, HANG_CLEARED, 1)],
+            {0: 0, 1: 1},
+            id="floor-applies-then-clears-on-progress",
+        ),
+        pytest.param(
+            SLOW_JOB, HangSettings(), [(101.0, HANG, 1)], {0: 0, 1: 1}, id="factor-x-median"
+        ),
+        pytest.param(
+            FAST_JOB,
+            HangSettings(floor_seconds=5.0, factor=2.0),
+            [(39.0, HANG, 1), (50.0, HANG_CLEARED, 1)],
+            {0: 0, 1: 1},
+            id="configured-floor",
+        ),
+        pytest.param(
+            EXITED, HangSettings(), [(100.0, HANG, 0)], {0: 1, 1: 0}, id="exited-not-hung"
+        ),
+    ],
+)
+def test_fc10_hang_fires_after_threshold_and_clears_on_progress(
+    scans: list[tuple[float, dict[int, tuple[float, float, bool]]]],
+    settings: HangSettings,
+    expected: list[tuple[float, str, int]],
+    episodes: dict[int, int],
+) -> None:
+    detector = HangDetector(settings)
+    assert _run_hang(detector, scans) == expected
+    assert {r: n for (_, r), n in detector.episodes().items()} == episodes
+
+
+def test_fc10_hang_threshold_uses_the_jobs_median_step_time() -> None:
+    detector = HangDetector()
+    assert detector.threshold(JOB) == 30.0  # nothing measured yet: the floor
+    _run_hang(detector, _steady(40, 4.0))
+    assert detector.median_step_seconds(JOB) == pytest.approx(4.0)
+    assert detector.threshold(JOB) == pytest.approx(40.0)
+
+
+def test_fc10_a_second_hang_is_a_second_episode() -> None:
+    detector = HangDetector(HangSettings(floor_seconds=5.0, factor=1.0))
+    scans = [
+        *_steady(3, 1.0, ranks=(0,)),
+        (10.0, {0: (3.0, 3.0, True)}),
+        (11.0, {0: (11.0, 4.0, True)}),
+        (20.0, {0: (11.0, 4.0, True)}),
+    ]
+    kinds = [kind for _, kind, _ in _run_hang(detector, scans)]
+    assert kinds == [HANG, HANG_CLEARED, HANG]
+    assert detector.episodes() == {(JOB, 0): 2}
+
+
+def test_hang_settings_name_the_field() -> None:
+    with pytest.raises(AgentConfigError, match="floor_seconds"):
+        HangSettings(floor_seconds=0)
+
+
+def test_fc10_collective_lag_names_the_rank_behind() -> None:
+    counts = {(JOB, 0): 120.0, (JOB, 1): 117.0, (JOB, 2): 120.0, ("other", 5): 3.0}
+    assert collective_lag(counts) == {
+        (JOB, 0): 0.0,
+        (JOB, 1): 3.0,
+        (JOB, 2): 0.0,
+        ("other", 5): 0.0,
+    }
+
+
+def test_event_log_appends_json_lines_and_reloads(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "events.jsonl"
+    clock = iter([100.0, 200.0])
+    log = EventLog(path, "node-x", clock=lambda: next(clock))
+    log.record("rank_exit", JOB, 1, pid=42, exit_code=None)
+    log.record(HANG, JOB, 2, age_seconds=31.0)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {
+        "time": 100.0,
+        "node": "node-x",
+        "kind": "rank_exit",
+        "job": JOB,
+        "rank": 1,
+        "pid": 42,
+        "exit_code": None,
+    }
+    again = EventLog(path, "node-x")
+    assert [e["kind"] for e in again.events()] == ["rank_exit", HANG]
+    assert [e["rank"] for e in again.events(since=150.0)] == [2]
+    assert again.events(kind="rank_exit", job="nope") == []
+
+
+def test_fc10_a_rank_before_its_first_step_is_not_hung() -> None:
+    detector = HangDetector(HangSettings(floor_seconds=1.0))
+    # prometheus-client creates the labelled heartbeat gauge at 0 before the first set().
+    progress = [RankProgress((JOB, 0), True, 0.0, 0.0), RankProgress((JOB, 1), True, None, None)]
+    assert detector.observe(1000.0, progress) == []
+    assert detector.hung() == {}
