@@ -224,7 +224,11 @@ def _about(labels: dict[str, str], pm: PostMortem) -> bool:
 def _best(alerts: list[AlertEvidence], pm: PostMortem) -> AlertEvidence | None:
     about = [a for a in alerts if _about(a.labels, pm)]
     exact = [a for a in about if a.labels.get("job") == pm.job]
-    pool = exact or about
+    # An alert that names the faulted rank says more than a job-level one that fired first.
+    named = [
+        a for a in exact if pm.fault_rank is not None and a.labels.get("rank") == str(pm.fault_rank)
+    ]
+    pool = named or exact or about
     return min(pool, key=lambda a: a.firing_at) if pool else None
 
 

@@ -257,6 +257,7 @@ PROMTOOL_CASES = {
     "training_test.yml": [
         "rank_crash_loop_fires_and_resolves",
         "job_crash_loop_fires_and_resolves",
+        "one_group_failure_is_not_a_job_crash_loop",
         "restart_storm_fires_and_resolves",
         "training_hung_fires_after_threshold_and_resolves",
         "throughput_drop_fires_and_resolves",
@@ -283,6 +284,12 @@ def test_promtool_case_table_matches_the_test_file(file: str) -> None:
     [path] = [p for p in rule_test_files() if p.name == file]
     names = [case["name"] for case in yaml.safe_load(path.read_text())["tests"]]
     assert names == PROMTOOL_CASES[file]
+
+
+def test_one_killed_rank_is_not_a_job_crash_loop(tmp_path: Path) -> None:
+    """A single failure under torchrun ends every rank: world_size exits, not a loop."""
+    run = _run_case(tmp_path, "one_group_failure_is_not_a_job_crash_loop")
+    assert run.ok, run.output
 
 
 def test_fc14_straggler_rule_fires_and_resolves(tmp_path: Path) -> None:
