@@ -8,7 +8,9 @@ import datetime as dt
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -265,6 +267,22 @@ def serve_cmd(
 _LAB_TOKEN = str(Path(os.environ.get("STORMWATCH_LAB_DIR", "run")) / "secrets" / "responder.token")
 
 
+def _responder_client_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--url`` and ``--token-file`` of the commands that talk to a running responder."""
+    command = click.option(
+        "--token-file",
+        default=_LAB_TOKEN,
+        show_default=True,
+        envvar="STORMWATCH_RESPONDER_TOKEN_FILE",
+        type=click.Path(path_type=Path),
+        help="File with the responder's Bearer token; the default is the local lab's "
+        "(`$STORMWATCH_LAB_DIR/secrets/responder.token`).",
+    )(command)
+    return click.option(
+        "--url", default="http://127.0.0.1:19095", show_default=True, help="Responder base URL."
+    )(command)
+
+
 def _time(value: float | None) -> str:
     if value is None:
         return "-"
@@ -272,18 +290,7 @@ def _time(value: float | None) -> str:
 
 
 @alerts.command("incidents")
-@click.option(
-    "--url", default="http://127.0.0.1:19095", show_default=True, help="Responder base URL."
-)
-@click.option(
-    "--token-file",
-    default=_LAB_TOKEN,
-    show_default=True,
-    envvar="STORMWATCH_RESPONDER_TOKEN_FILE",
-    type=click.Path(path_type=Path),
-    help="File with the responder's Bearer token; the default is the local lab's "
-    "(`$STORMWATCH_LAB_DIR/secrets/responder.token`).",
-)
+@_responder_client_options
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON ({incidents, actions}) instead of a table."
 )
@@ -361,18 +368,7 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
 
 @alerts.command("approve")
 @click.argument("action_id", type=int)
-@click.option(
-    "--url", default="http://127.0.0.1:19095", show_default=True, help="Responder base URL."
-)
-@click.option(
-    "--token-file",
-    default=_LAB_TOKEN,
-    show_default=True,
-    envvar="STORMWATCH_RESPONDER_TOKEN_FILE",
-    type=click.Path(path_type=Path),
-    help="File with the responder's Bearer token; the default is the local lab's "
-    "(`$STORMWATCH_LAB_DIR/secrets/responder.token`).",
-)
+@_responder_client_options
 @click.option(
     "--actor",
     default=None,
