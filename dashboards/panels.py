@@ -291,5 +291,25 @@ def new_dashboard(title: str, description: str, tags: Sequence[str]) -> dash.Das
         .timezone("utc")
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
         .editable()
+        .annotation(events_annotation())
         .with_variable(datasource_variable())
+    )
+
+
+def events_annotation() -> dash.AnnotationQuery:
+    """Grafana's built-in annotation query for stormwatch's events.
+
+    The chaos runner and the responder post annotations tagged ``stormwatch``
+    (:mod:`stormwatch.dashboards.annotations`): experiments, faults injected and
+    reverted, incidents and actions. Every dashboard shows them on its time axis.
+    """
+    return (
+        dash.AnnotationQuery()
+        .name("stormwatch events")
+        .datasource(model.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+        .enable(True)
+        .icon_color("red")
+        .target(
+            dash.AnnotationTarget().type("tags").tags(["stormwatch"]).match_any(False).limit(100)
+        )
     )

@@ -89,6 +89,21 @@ def test_every_panel_has_title_description_unit_and_datasource() -> None:
         assert len(ids) == len(set(ids)), f"{data['title']}: duplicate panel ids"
 
 
+def test_every_dashboard_shows_the_stormwatch_event_annotations() -> None:
+    """The chaos runner and the responder tag every annotation ``stormwatch``; each
+    dashboard queries Grafana's built-in annotations for that tag."""
+    for data in build_all().values():
+        [query] = data["annotations"]["list"]
+        assert query["enable"] is True, data["title"]
+        assert query["datasource"] == {"type": "grafana", "uid": "-- Grafana --"}
+        assert query["target"] == {
+            "type": "tags",
+            "tags": ["stormwatch"],
+            "matchAny": False,
+            "limit": 100,
+        }
+
+
 def test_template_variables() -> None:
     dashboards = build_all()
     names = {
