@@ -1,13 +1,15 @@
-"""stormwatch.trainer: the reference hybrid-parallel trainer (FSDP2 x TP), the system under test.
+"""stormwatch.trainer: the reference 3-D parallel trainer (PP x FSDP2 x TP), the system under test.
 
 A byte-level decoder-only transformer trained on the Python standard
-library's source (:mod:`~stormwatch.trainer.corpus`), sharded with tensor
-parallelism and FSDP2 over a ``("dp", "tp")`` device mesh, checkpointed with
+library's source (:mod:`~stormwatch.trainer.corpus`), split into pipeline
+stages and sharded with tensor parallelism and FSDP2 (or HSDP) over a
+``(pp, dp_replicate, dp_shard, tp)`` device mesh, checkpointed with
 DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
 instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
 
 Modules, one responsibility each: ``config`` (frozen configs), ``dims``
 (:class:`ParallelDims`, the mesh), ``parallel`` (:func:`parallelize`),
+``pipeline`` (stage split and schedule),
 ``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
 ``checkpoint_store`` (DCP sync/async + crash-safe layout with checksums),
 ``comms`` (collective counter, mesh-dimension labels, wait accounting),

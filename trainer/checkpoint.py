@@ -3,6 +3,9 @@
 What is saved (one DCP state dict; nested keys are flattened by DCP):
 
 * ``model``, ``optim``: from :func:`~torch.distributed.checkpoint.state_dict.get_state_dict`
+  with ``flatten_optimizer_state_dict=True`` (optimizer state *and* param-group
+  settings keyed by parameter FQN, as torchtitan does, so that pipeline
+  stages, each holding other parameters, never write the same key)
   (sharded DTensors; DCP re-shards on load, so other degrees can resume);
 * ``train``: ``step``, ``world_size``, ``dp``, ``tp`` (same on every rank);
 * ``ranks.<R>``: this rank's ``rng_cpu`` (torch CPU generator state),
@@ -41,6 +44,10 @@ so a resumed CPU run reproduces the uninterrupted run's losses bit for bit.
 When the world size or degrees differ from the checkpoint's, model and
 optimizer are re-sharded but the per-rank RNG/sampler state cannot be
 mapped; it is re-derived from ``(seed, step, dp_rank)`` with a warning.
+The sampler's state does not depend on the layout (samples are indexed
+globally, :mod:`stormwatch.trainer.data`), so it is also saved under
+``train.sampler`` and restored from there after a resize (elastic restart at
+another ``dp``); a different global batch is allowed with a warning.
 """
 
 from __future__ import annotations
@@ -58,7 +65,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from stormwatch.trainer import checkpoint_store as store
 from stormwatch.trainer.config import CheckpointConfig
@@ -70,9 +81,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+#: Optimizer state keyed by parameter FQN ("optim.state.layers.1.mlp.w1.weight.exp_avg",
+#: "optim.param_groups.layers.1.mlp.w1.weight.lr"), not by list index: with pipeline
+#: parallelism each stage's optimizer holds other parameters, and index-keyed param
+#: groups ("optim.param_groups.0.params") would collide across stages.
+_STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankLayout:
-    """Where this rank sits in the job (what a checkpoint's per-rank state depends on)."""
+    """Where this rank sits in the job (what a checkpoint's per-rank state depends on).
+
+    ``dp`` is the data-parallel degree the data sees (``dp_replicate x
+    dp_shard``) and ``dp_rank`` this rank's index in it. ``pp`` is implied:
+    ``world_size / (dp x tp)``, so equal ``(world_size, dp, tp)`` mean the
+    same rank -> batch mapping (HSDP and FSDP2 of the same ``dp`` differ only
+    in how parameters are sharded, which DCP re-shards).
+    """
 
     rank: int
     world_size: int
@@ -325,7 +350,9 @@ class Checkpointer:
         return str(final)
 
     def _capture(self, step: int) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self._state.model, self._state.optimizer)
+        model_sd, optim_sd = get_state_dict(
+            self._state.model, self._state.optimizer, options=_STATE_DICT_OPTIONS
+        )
         layout = self._layout
         return {
             "model": model_sd,
@@ -335,6 +362,8 @@ class Checkpointer:
                 "world_size": layout.world_size,
                 "dp": layout.dp,
                 "tp": layout.tp,
+                # The same on every rank and at every dp (trainer/data.py): restored on resize too.
+                "sampler": self._state.sampler.state_dict(),
             },
             "ranks": {
                 str(layout.rank): {**_rng_state(), "sampler": self._state.sampler.state_dict()}
@@ -371,6 +400,7 @@ class Checkpointer:
                 self._state.optimizer,
                 model_state_dict=template["model"],
                 optim_state_dict=template["optim"],
+                options=_STATE_DICT_OPTIONS,
             )
         except Exception as exc:
             raise CheckpointError(f"loading {path} failed: {exc}") from exc
@@ -386,7 +416,17 @@ class Checkpointer:
             if "rng_cuda" in mine:
                 torch.cuda.set_rng_state(mine["rng_cuda"])
         else:
-            self._state.sampler.next_step = step + 1
+            saved = template["train"]["sampler"]
+            self._state.sampler.load_state_dict(saved)
+            if saved.get("global_batch") != self._state.sampler.global_batch:
+                log.warning(
+                    "checkpoint %s was trained with a global batch of %s sequences, this run "
+                    "uses %d: the optimisation changes (pass --global-batch %s to keep it)",
+                    path,
+                    saved.get("global_batch"),
+                    self._state.sampler.global_batch,
+                    saved.get("global_batch"),
+                )
             torch.manual_seed(derive_seed("dropout", self._state.seed, self._layout.dp_rank, step))
         log.info("resumed from %s (step %d)", path, step)
         return step
@@ -414,8 +454,9 @@ class Checkpointer:
         if not same:
             log.warning(
                 "checkpoint %s was written by world_size=%d dp=%d tp=%d, this run has "
-                "world_size=%d dp=%d tp=%d: model and optimizer are re-sharded, RNG and "
-                "sampler state are re-derived from the seed (losses will not match bitwise)",
+                "world_size=%d dp=%d tp=%d: model and optimizer are re-sharded, the data "
+                "sampler continues at the same global sample; per-rank RNG state is re-derived "
+                "(dropout is re-seeded per micro-batch anyway)",
                 latest.path,
                 marker.world_size,
                 marker.dp,

@@ -40,6 +40,25 @@ log = logging.getLogger(__name__)
 
 _DIR = click.Path(path_type=Path, file_okay=False, dir_okay=True)
 
+
+class _DpType(click.ParamType):
+    """``--dp``: a positive integer or ``auto`` (``None``: derived from the world size)."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither an integer nor 'auto'", param, ctx)
+
+
+_DP = _DpType()
+
 #: Seconds a rank that stays quiet about a start-up ConfigError waits before
 #: exiting, so that torchrun (which stops the other workers as soon as one
 #: exits non-zero) does not kill the reporting rank before it has printed.
@@ -52,9 +71,33 @@ QUIET_RANK_EXIT_DELAY = 3.0
 )
 @click.option("--steps", type=int, default=30, help="Train up to this step (steps count from 1).")
 @click.option(
-    "--dp", type=int, default=None, help="Data-parallel (FSDP2) degree. [default: WORLD_SIZE / tp]"
+    "--dp",
+    type=_DP,
+    default=None,
+    help="Data-parallel (FSDP2 shard) degree, or 'auto': WORLD_SIZE / (pp x dp-replicate x "
+    "tp), re-derived at every (elastic) restart. [default: auto]",
 )
 @click.option("--tp", type=int, default=1, help="Tensor-parallel degree; divides --n-heads.")
+@click.option(
+    "--dp-replicate",
+    type=int,
+    default=1,
+    help="HSDP replicas: --dp shards the model inside each replica, gradients are "
+    "all-reduced across replicas.",
+)
+@click.option("--pp", type=int, default=1, help="Pipeline stages (outermost); at most --n-layers.")
+@click.option(
+    "--pp-schedule",
+    type=click.Choice(["1F1B", "GPipe"]),
+    default="1F1B",
+    help="Pipeline schedule (torch.distributed.pipelining).",
+)
+@click.option(
+    "--pp-microbatches",
+    type=int,
+    default=0,
+    help="Pipeline micro-batches per step; divides --micro-batch, >= --pp for 1F1B. 0 means --pp.",
+)
 @click.option(
     "--checkpoint-dir",
     type=_DIR,
@@ -104,7 +147,18 @@ QUIET_RANK_EXIT_DELAY = 3.0
     help="Sleep after each step (slows a lab run down).",
 )
 @click.option(
-    "--micro-batch", type=int, default=4, help="Sequences per data-parallel rank per step."
+    "--micro-batch",
+    type=int,
+    default=4,
+    help="Sequences per data-parallel rank per forward/backward pass.",
+)
+@click.option(
+    "--global-batch",
+    type=int,
+    default=None,
+    help="Sequences per optimizer step over all data-parallel ranks; a multiple of "
+    "micro-batch x dp, the quotient being the gradient-accumulation steps. Keep it fixed "
+    "for an elastic job. [default: micro-batch x dp]",
 )
 @click.option("--seq-len", type=int, default=64, help="Bytes per sequence.")
 @click.option("--d-model", type=int, default=64, help="Model width.")
@@ -187,6 +241,10 @@ def train(
     steps: int,
     dp: int | None,
     tp: int,
+    dp_replicate: int,
+    pp: int,
+    pp_schedule: str,
+    pp_microbatches: int,
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     keep: int,
@@ -198,6 +256,7 @@ def train(
     lr: float,
     step_delay: float,
     micro_batch: int,
+    global_batch: int | None,
     seq_len: int,
     d_model: int,
     n_heads: int,
@@ -222,6 +281,13 @@ def train(
       torchrun --nnodes 1 --nproc-per-node 4 --no-python \\
         stormwatch train --dp 2 --tp 2 --steps 30 \\
         --checkpoint-dir ckpt --log-dir logs --metrics-dir metrics
+
+    \b
+    Elastic (1 to 2 nodes of 2 ranks; run on each node; dp follows the world size,
+    the global batch stays 8 sequences, so a resize continues the same optimisation):
+      torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST0:29500 --rdzv-id job1 --max-restarts 3 --no-python \\
+        stormwatch train --dp auto --tp 1 --micro-batch 2 --global-batch 8 ...
 
     Without torchrun it runs as a single rank (world size 1). It resumes from
     the latest complete checkpoint in --checkpoint-dir, and writes the
@@ -262,6 +328,10 @@ def _train(
     steps: int,
     dp: int | None,
     tp: int,
+    dp_replicate: int,
+    pp: int,
+    pp_schedule: str,
+    pp_microbatches: int,
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     keep: int,
@@ -273,6 +343,7 @@ def _train(
     lr: float,
     step_delay: float,
     micro_batch: int,
+    global_batch: int | None,
     seq_len: int,
     d_model: int,
     n_heads: int,
@@ -290,24 +361,35 @@ def _train(
     log_every: int,
     quiet: bool,
 ) -> int:
-    if tp < 1:
-        raise ConfigError(f"tp: must be an integer >= 1 (got {tp})")
+    for name, value in (("tp", tp), ("pp", pp), ("dp_replicate", dp_replicate)):
+        if value < 1:
+            raise ConfigError(f"{name}: must be an integer >= 1 (got {value})")
+    others = tp * pp * dp_replicate  # every degree but --dp
+    if dp is None and not env.under_torchrun:
+        dp = 1  # a single process: any other degree > 1 is reported just below
     if dp is None:
-        if env.world_size % tp:
+        if env.world_size % others:
             raise ConfigError(
-                f"tp: must divide the world size {env.world_size} when --dp is not given (got {tp})"
+                f"pp x dp_replicate x tp = {pp} x {dp_replicate} x {tp} = {others}: must divide "
+                f"the world size {env.world_size} when --dp is not given"
             )
-        dp = env.world_size // tp
-    if not env.under_torchrun and dp * tp != 1:
+        dp = env.world_size // others
+    if not env.under_torchrun and dp * others != 1:
         raise ConfigError(
-            f"dp x tp = {dp} x {tp} needs {dp * tp} ranks, but this is a single process; "
-            f"run it under torchrun --nproc-per-node {dp * tp} (or use --dp 1 --tp 1)"
+            f"pp x dp_replicate x dp x tp = {pp} x {dp_replicate} x {dp} x {tp} needs "
+            f"{dp * others} ranks, but this is a single process; run it under torchrun "
+            f"--nproc-per-node {dp * others} (or leave all degrees at 1)"
         )
-    ParallelDims(dp=dp, tp=tp, world_size=env.world_size)  # validate before importing torch
+    # validate before importing torch
+    ParallelDims(pp=pp, dp_replicate=dp_replicate, dp_shard=dp, tp=tp, world_size=env.world_size)
     config = TrainConfig(
         steps=steps,
         dp=dp,
         tp=tp,
+        pp=pp,
+        dp_replicate=dp_replicate,
+        pp_schedule=pp_schedule,
+        pp_microbatches=pp_microbatches,
         step_delay=step_delay,
         model=ModelConfig(
             d_model=d_model,
@@ -317,7 +399,11 @@ def _train(
             dropout=dropout,
         ),
         data=DataConfig(
-            seed=seed, seq_len=seq_len, micro_batch=micro_batch, corpus_max_bytes=corpus_max_bytes
+            seed=seed,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            corpus_max_bytes=corpus_max_bytes,
         ),
         optim=OptimConfig(lr=lr),
         checkpoint=CheckpointConfig(

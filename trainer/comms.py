@@ -16,8 +16,10 @@ Per collective it reports to a :class:`CollectiveSink`:
   ``reduce_scatter``, ``all_reduce``, ...), whatever API issued it;
 * bytes: total size of the op's *input* tensors on this rank (for
   ``all_gather`` this rank's shard, for ``reduce_scatter`` the full
-  unreduced buffer, for ``all_reduce``/``broadcast`` the tensor); 0 for
-  ``barrier``;
+  unreduced buffer, for ``all_reduce``/``broadcast`` the tensor, for the
+  pipeline's point-to-point ``send``/``recv`` the tensor sent or the buffer
+  received into, e.g. one micro-batch's activations ``[mb, seq, d_model]``); 0
+  for ``barrier``;
 * time, in seconds: wall time from issuing the op until the trainer thread
   observes it complete. Collectives are asynchronous (FSDP2 overlaps them
   with compute), so completion is polled: for ``c10d`` ops,
@@ -36,8 +38,8 @@ Per collective it reports to a :class:`CollectiveSink`:
 
 Besides the per-op sink, the counter can label each collective with the
 mesh dimension of its process group (``groups``: process-group name ->
-``"dp"``/``"tp"``; other groups are ``"world"`` for the default group, else
-``"other"``) and hand a :class:`CollectiveRecord` (op, mesh dimension, group
+``"pp"``/``"dp_replicate"``/``"dp_shard"``/``"tp"``; other groups are
+``"world"`` for the default group, else ``"other"``) and hand a :class:`CollectiveRecord` (op, mesh dimension, group
 size, bytes, issue and completion time) to a :class:`CollectiveObserver`.
 It also keeps, per step, the wall time during which at least one collective
 was in flight (:meth:`CollectiveCounter.take_wait_seconds`, the union of the
@@ -84,7 +86,8 @@ class CollectiveRecord:
 
     Attributes:
         op: label from :data:`OP_LABELS`.
-        mesh_dim: ``"dp"``/``"tp"`` (the mesh dimension of its group),
+        mesh_dim: ``"pp"``/``"dp_replicate"``/``"dp_shard"``/``"tp"`` (the mesh
+            dimension of its group),
             ``"world"`` (default group) or ``"other"``.
         group_size: ranks in its process group (``n`` of the bus-bandwidth factor).
         nbytes: input bytes on this rank (as reported to ``on_issue``).
@@ -241,12 +244,15 @@ class CollectiveCounter(TorchDispatchMode):
     Args:
         sink: receives counts, bytes and completion times.
         clock: monotonic clock in seconds (default :func:`time.perf_counter`).
-        groups: process-group name -> mesh dimension label (``"dp"``, ``"tp"``);
+        groups: process-group name -> mesh dimension label (``"dp_shard"``, ``"tp"``, ...);
             see :meth:`ParallelDims.group_names`. Other groups are labelled
             ``"world"`` (the default group) or ``"other"``.
         observer: receives a :class:`CollectiveRecord` per completed collective.
         recent: how many of the latest collectives :meth:`recent` keeps (for
             the per-rank hang dump, :mod:`stormwatch.trainer.dump`).
+        enabled: ``False`` makes entering the counter a no-op (no dispatch
+            mode, nothing observed, :meth:`take_wait_seconds` returns 0): the
+            "bare" trainer of ``benchmarks/trainer_bench.py``.
     """
 
     def __init__(
@@ -257,8 +263,10 @@ class CollectiveCounter(TorchDispatchMode):
         groups: Mapping[str, str] | None = None,
         observer: CollectiveObserver | None = None,
         recent: int = 256,
+        enabled: bool = True,
     ):
         super().__init__()
+        self.enabled = enabled
         self._sink = sink
         self._clock = clock
         self._groups = dict(groups or {})
@@ -281,7 +289,14 @@ class CollectiveCounter(TorchDispatchMode):
         #: Set by the training loop while a collective fault point is armed.
         self.interceptor: Callable[[str, str], None] | None = None
 
+    def __enter__(self) -> CollectiveCounter:
+        if self.enabled:
+            super().__enter__()
+        return self
+
     def __exit__(self, *exc_info: object) -> None:
+        if not self.enabled:
+            return
         super().__exit__(*exc_info)
         if exc_info[0] is None:
             self.poll(final=True)

@@ -95,10 +95,16 @@ class DataConfig:
     """Batch sampling over the byte corpus.
 
     Attributes:
-        seed: base seed; the batch for step ``s`` on data-parallel rank ``r``
-            is a pure function of ``(seed, s, r)``.
+        seed: base seed; the global batch of step ``s`` is a pure function of
+            ``(seed, s, global_batch, micro_batch)`` (:mod:`stormwatch.trainer.data`).
         seq_len: tokens (bytes) per sequence.
-        micro_batch: sequences per data-parallel rank per step.
+        micro_batch: sequences per data-parallel rank per forward/backward pass.
+        global_batch: sequences per optimizer step across all data-parallel
+            ranks; ``None`` means ``micro_batch * dp`` (no accumulation). Must
+            be a multiple of ``micro_batch * dp``; the quotient is the number
+            of gradient-accumulation steps (:meth:`accumulation_steps`). Kept
+            constant across an elastic resize so the optimisation is unchanged
+            (:mod:`stormwatch.trainer.data`).
         corpus_max_bytes: cap on the corpus size (default 1 MiB, see
             :data:`DEFAULT_CORPUS_MAX_BYTES`).
     """
@@ -106,6 +112,7 @@ class DataConfig:
     seed: int = 0
     seq_len: int = 64
     micro_batch: int = 4
+    global_batch: int | None = None
     corpus_max_bytes: int = DEFAULT_CORPUS_MAX_BYTES
 
     def __post_init__(self) -> None:
@@ -116,11 +123,34 @@ class DataConfig:
         )
         _check_positive_int(self.seq_len, "data.seq_len")
         _check_positive_int(self.micro_batch, "data.micro_batch")
+        if self.global_batch is not None:
+            _check_positive_int(self.global_batch, "global_batch")
         _check(
             isinstance(self.corpus_max_bytes, int) and self.corpus_max_bytes > self.seq_len + 1,
             "data.corpus_max_bytes",
             f"must be an integer > seq_len + 1 = {self.seq_len + 1} (got {self.corpus_max_bytes!r})",
         )
+
+    def accumulation_steps(self, dp: int) -> int:
+        """Gradient-accumulation steps ``global_batch / (micro_batch * dp)`` (1 by default).
+
+        Args:
+            dp: data-parallel degree (all data-parallel axes together).
+
+        Raises:
+            ConfigError: ``global_batch`` is not a multiple of ``micro_batch * dp``.
+        """
+        if self.global_batch is None:
+            return 1
+        per_pass = self.micro_batch * dp
+        _check(
+            self.global_batch % per_pass == 0,
+            "global_batch",
+            f"{self.global_batch} is not a multiple of micro_batch x dp = {self.micro_batch} x "
+            f"{dp} = {per_pass}; pass --global-batch as a multiple of {per_pass} (for an elastic "
+            "job: of micro_batch x every dp it may run at) or change --micro-batch",
+        )
+        return self.global_batch // per_pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,12 +225,18 @@ class TelemetryConfig:
         peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
             up in :data:`stormwatch.trainer.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
             the nominal :data:`~stormwatch.trainer.perf.CPU_NOMINAL_PEAK_FLOPS`).
+        count_collectives: count and time every collective (the dispatch-mode
+            :class:`~stormwatch.trainer.comms.CollectiveCounter`: collective
+            metrics, the compute/wait split, the dump's recent collectives).
+            ``False`` only for the "bare" trainer of ``benchmarks/trainer_bench.py``
+            (the instrumentation-overhead baseline); no CLI option.
     """
 
     job: str = "train"
     log_dir: Path | None = None
     metrics_dir: Path | None = None
     peak_flops: float | None = None
+    count_collectives: bool = True
 
     def __post_init__(self) -> None:
         _check(
@@ -323,8 +359,17 @@ class TrainConfig:
     Attributes:
         steps: last step to run (steps are numbered from 1). A resumed run
             continues after the checkpoint's step up to ``steps``.
-        dp: data-parallel (FSDP2) degree.
+        dp: FSDP2 shard degree (``dp_shard`` of
+            :class:`~stormwatch.trainer.dims.ParallelDims`; the CLI's ``--dp``).
         tp: tensor-parallel degree; must divide ``model.n_heads`` and ``model.ffn_dim``.
+        pp: pipeline-parallel degree (stages); at most ``model.n_layers``.
+        dp_replicate: HSDP replica degree (1: plain FSDP2). The data-parallel
+            degree the data sees is ``dp_replicate * dp`` (:attr:`dp_total`).
+        pp_schedule: ``"1F1B"`` (default) or ``"GPipe"``
+            (:data:`stormwatch.trainer.pipeline.SCHEDULES`).
+        pp_microbatches: micro-batches the pipeline cuts each rank's batch
+            into; 0 (default) means ``pp``. Divides ``data.micro_batch``;
+            ``>= pp`` for 1F1B.
         step_delay: seconds to sleep after each step (to slow a lab run down).
 
     Raises:
@@ -334,6 +379,10 @@ class TrainConfig:
     steps: int
     dp: int = 1
     tp: int = 1
+    pp: int = 1
+    dp_replicate: int = 1
+    pp_schedule: str = "1F1B"
+    pp_microbatches: int = 0
     step_delay: float = 0.0
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -370,6 +419,52 @@ class TrainConfig:
             "seq_len",
             f"must be <= model.max_seq_len ({self.data.seq_len} > {self.model.max_seq_len})",
         )
+        self.data.accumulation_steps(self.dp_total)  # global batch divisible by micro_batch x dp
+        self._check_pipeline()
+
+    @property
+    def dp_total(self) -> int:
+        """Data-parallel degree the data sees: ``dp_replicate * dp``."""
+        return self.dp_replicate * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Pipeline micro-batches per step (``pp_microbatches``, or ``pp`` when 0)."""
+        return self.pp_microbatches or self.pp
+
+    def _check_pipeline(self) -> None:
+        _check_positive_int(self.pp, "pp")
+        _check_positive_int(self.dp_replicate, "dp_replicate")
+        _check(
+            self.pp_schedule in ("1F1B", "GPipe"),
+            "pp_schedule",
+            f"must be '1F1B' or 'GPipe' (got {self.pp_schedule!r})",
+        )
+        _check(
+            isinstance(self.pp_microbatches, int) and self.pp_microbatches >= 0,
+            "pp_microbatches",
+            f"must be an integer >= 0, 0 meaning pp (got {self.pp_microbatches!r})",
+        )
+        if self.pp == 1:
+            return
+        _check(
+            self.pp <= self.model.n_layers,
+            "pp",
+            f"must be <= n_layers: every stage needs a block (pp={self.pp}, "
+            f"n_layers={self.model.n_layers})",
+        )
+        _check(
+            self.data.micro_batch % self.microbatches == 0,
+            "pp_microbatches",
+            f"must divide micro_batch ({self.data.micro_batch} sequences into "
+            f"{self.microbatches} micro-batches)",
+        )
+        if self.pp_schedule == "1F1B":
+            _check(
+                self.microbatches >= self.pp,
+                "pp_microbatches",
+                f"1F1B needs at least pp={self.pp} micro-batches (got {self.microbatches})",
+            )
 
 
 __all__ = [

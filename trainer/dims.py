@@ -1,15 +1,24 @@
 """Parallel dimensions: one validated object that owns the device mesh and hands it out by name.
 
-Today there are two dimensions, outermost first: ``dp`` (data parallel,
-FSDP2-sharded) and ``tp`` (tensor parallel). Ranks that differ only in their
-``tp`` coordinate are adjacent (``rank = dp_rank * tp + tp_rank``) so that the
-chattiest group (TP, collectives inside every layer) stays on one node.
+Four dimensions, outermost first: ``pp`` (pipeline stages), ``dp_replicate``
+(HSDP replicas: whole copies of the sharded model), ``dp_shard`` (FSDP2
+shards; the CLI's ``--dp``) and ``tp`` (tensor parallel). The global rank is
+``((pp_i * dp_replicate + r_i) * dp_shard + s_i) * tp + t_i``: ranks that
+differ only in their ``tp`` coordinate are adjacent so that the chattiest
+group (TP, collectives inside every layer) stays on one node, and pipeline
+stages (point-to-point traffic once per micro-batch) are the farthest apart,
+as in torchtitan's ``ParallelDims``.
 
-To add a dimension (``pp``, ``dp_replicate`` for HSDP, ...): add a field,
-validate it in ``__post_init__`` like the others and insert it into
-:meth:`ParallelDims.degrees` at its place in the outer-to-inner order; the
-mesh, the product check and :meth:`ParallelDims.coordinate` follow from that
-list. This module does not import torch until a mesh is built.
+The mesh holds ``dp_shard`` and ``tp`` always (every parameter is a DTensor
+sharded over ``dp_shard``, whatever the degrees, so checkpoints have one
+layout) and ``pp`` / ``dp_replicate`` only when their degree is > 1; the
+metrics label every collective with the name of its mesh dimension
+(``mesh_dim`` = ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``).
+
+"Data parallel" as the data sees it is ``dp = dp_replicate x dp_shard``:
+each of those ranks reads its own batch (:attr:`ParallelDims.dp`,
+:meth:`ParallelDims.dp_rank`). This module does not import torch until a
+mesh is built.
 """
 
 from __future__ import annotations
@@ -23,14 +32,19 @@ from stormwatch.trainer.errors import TrainerError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+#: Dimensions that are always in the mesh, even at degree 1.
+_ALWAYS = frozenset({"dp_shard", "tp"})
+
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of each parallel dimension for a job of ``world_size`` ranks.
 
     Attributes:
-        dp: data-parallel degree (FSDP2 shards parameters over it).
-        tp: tensor-parallel degree.
+        pp: pipeline-parallel degree (stages), outermost.
+        dp_replicate: HSDP replica degree (gradients all-reduced across replicas).
+        dp_shard: FSDP2 shard degree (parameters sharded, gradients reduce-scattered).
+        tp: tensor-parallel degree, innermost.
         world_size: number of ranks in the job (``WORLD_SIZE``).
 
     Raises:
@@ -39,7 +53,9 @@ class ParallelDims:
             degrees and the world size).
     """
 
-    dp: int = 1
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
     tp: int = 1
     world_size: int = 1
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
@@ -60,8 +76,23 @@ class ParallelDims:
 
     @property
     def degrees(self) -> tuple[tuple[str, int], ...]:
-        """``(name, degree)`` of every dimension, outermost first (the mesh's order)."""
-        return (("dp", self.dp), ("tp", self.tp))
+        """``(name, degree)`` of every dimension, outermost first."""
+        return (
+            ("pp", self.pp),
+            ("dp_replicate", self.dp_replicate),
+            ("dp_shard", self.dp_shard),
+            ("tp", self.tp),
+        )
+
+    @property
+    def mesh_degrees(self) -> tuple[tuple[str, int], ...]:
+        """The dimensions the mesh holds (``dp_shard``, ``tp`` and any other of degree > 1)."""
+        return tuple((n, d) for n, d in self.degrees if n in _ALWAYS or d > 1)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree as the data sees it: ``dp_replicate x dp_shard`` batches per step."""
+        return self.dp_replicate * self.dp_shard
 
     @property
     def dp_enabled(self) -> bool:
@@ -73,8 +104,16 @@ class ParallelDims:
         """True when layers are sharded across more than one rank."""
         return self.tp > 1
 
+    @property
+    def pp_enabled(self) -> bool:
+        """True when the layers are split into more than one pipeline stage."""
+        return self.pp > 1
+
     def coordinate(self, rank: int) -> dict[str, int]:
-        """This rank's index along each dimension, e.g. ``{"dp": 1, "tp": 0}`` for rank 2 of 2x2.
+        """This rank's index along every dimension (degree-1 ones are 0).
+
+        E.g. ``{"pp": 0, "dp_replicate": 0, "dp_shard": 1, "tp": 0}`` for rank 2 of
+        ``dp_shard=2 x tp=2``.
 
         Raises:
             ConfigError: ``rank`` is outside ``[0, world_size)``.
@@ -88,8 +127,17 @@ class ParallelDims:
             coords[name] = (rank // stride) % degree
         return coords
 
+    def dp_rank(self, rank: int) -> int:
+        """Index of ``rank``'s batch among the ``dp`` data-parallel ones (``r_i * dp_shard + s_i``).
+
+        Raises:
+            ConfigError: ``rank`` is outside ``[0, world_size)``.
+        """
+        coords = self.coordinate(rank)
+        return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
+
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """Create (once) and return the N-D mesh named by :meth:`degrees`.
+        """Create (once) and return the N-D mesh named by :attr:`mesh_degrees`.
 
         The default process group must already be initialised with
         ``world_size`` ranks.
@@ -108,8 +156,8 @@ class ParallelDims:
                     f"mesh already built for {self._mesh.device_type!r}, not {device_type!r}"
                 )
             return self._mesh
-        names = tuple(name for name, _ in self.degrees)
-        shape = tuple(degree for _, degree in self.degrees)
+        names = tuple(name for name, _ in self.mesh_degrees)
+        shape = tuple(degree for _, degree in self.mesh_degrees)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         object.__setattr__(self, "_mesh", mesh)  # frozen: the mesh is set exactly once
         return mesh
@@ -126,16 +174,27 @@ class ParallelDims:
         return self._mesh
 
     def __getitem__(self, name: str) -> DeviceMesh:
-        """The 1-D sub-mesh of one dimension, e.g. ``dims["dp"]``.
+        """The 1-D sub-mesh of one dimension, e.g. ``dims["dp_shard"]``.
 
         Raises:
-            KeyError: no dimension has that name.
+            KeyError: the mesh has no dimension of that name (``pp`` and
+                ``dp_replicate`` are absent at degree 1).
             TrainerError: the mesh has not been built.
         """
-        names = [n for n, _ in self.degrees]
+        names = [n for n, _ in self.mesh_degrees]
         if name not in names:
-            raise KeyError(f"no parallel dimension {name!r}; have {names}")
+            raise KeyError(f"no parallel dimension {name!r} in the mesh; have {names}")
         return self.mesh[name]
+
+    def fsdp_mesh(self) -> DeviceMesh:
+        """The mesh FSDP2 shards over: ``dp_shard`` (1-D), or ``(dp_replicate, dp_shard)`` for HSDP.
+
+        Raises:
+            TrainerError: the mesh has not been built.
+        """
+        if self.dp_replicate > 1:
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self["dp_shard"]
 
     def group_names(self) -> dict[str, str]:
         """Process-group name -> dimension name, for labelling collectives by ``mesh_dim``.
@@ -143,7 +202,7 @@ class ParallelDims:
         Raises:
             TrainerError: the mesh has not been built.
         """
-        return {self[name].get_group().group_name: name for name, _ in self.degrees}
+        return {self[name].get_group().group_name: name for name, _ in self.mesh_degrees}
 
 
 __all__ = ["ParallelDims"]

@@ -25,6 +25,8 @@ def model_flops_per_token(model: ByteLM, *, seq_len: int) -> int:
     Call it before :func:`~stormwatch.trainer.parallel.parallelize` (or after:
     DTensor ``numel`` is the global size).
     """
+    if model.tok_emb is None or model.pos_emb is None:
+        raise ValueError("model_flops_per_token needs the whole model, not a pipeline stage")
     embedding = model.tok_emb.weight.numel() + model.pos_emb.weight.numel()
     total = sum(p.numel() for p in model.parameters())
     config = model.config
@@ -69,11 +71,15 @@ def global_grad_norm(
     """L2 norm of all gradients over every rank, and a vote count; collective.
 
     One all-reduce on the default group. Works for a mix of DTensor meshes
-    (TP-sharded on ``("dp", "tp")``, replicated over ``tp`` on ``"dp"``): each
+    (TP-sharded on ``(dp_shard, tp)``, replicated over ``tp`` on ``dp_shard``): each
     shard's squared sum is weighted by the fraction of ranks that hold a copy.
     Reads gradients only.
 
     Args:
+        world_size: ranks that hold (a shard of) the same parameters: the
+            world size, or ``world_size // pp`` with pipeline parallelism (each
+            stage's parameters live on that many ranks; the all-reduce over
+            every rank then adds up all stages).
         votes: this rank's yes/no answers, each summed over ranks in the same
             all-reduce (agreement without another collective: a requested
             checkpoint, a finished async write).

@@ -2,17 +2,21 @@
 
 Order of operations (each rank, collectively):
 
-1. process group, then the ``("dp", "tp")`` mesh (:class:`ParallelDims`);
+1. process group, then the ``(pp, dp_replicate, dp_shard, tp)`` mesh
+   (:class:`ParallelDims`; ``pp`` and ``dp_replicate`` only when > 1);
 2. corpus and batch sampler for this rank's data-parallel index;
 3. model built under a fixed seed (identical on every rank), parallelized
-   (TP, then FSDP2), AdamW;
+   (PP split, TP, then FSDP2 / HSDP: :func:`parallelize`), AdamW over this
+   rank's parameters (its pipeline stage's, with PP);
 4. the CPU RNG re-seeded per data-parallel rank (dropout); ranks of one TP
    group share the stream, so their dropout masks agree;
 5. resume from the latest complete checkpoint (restores step, sampler, RNG);
-6. steps: forward, backward, the global gradient norm (one world
-   all-reduce, not counted with the step's collectives), optimizer step,
-   all-reduce of the loss over ``dp`` (the logged loss is the global mean,
-   identical on every rank), with every collective counted and labelled by
+6. steps: forward, backward (with PP: the pipeline schedule, micro-batches
+   sent between stages), the global gradient norm over every stage (one
+   world all-reduce, not counted with the step's collectives), optimizer
+   step, all-reduce of the loss over the data-parallel dimensions, and over
+   ``pp`` from the last stage (the logged loss is the global mean, identical
+   on every rank), with every collective counted and labelled by
    mesh dimension; telemetry (including the step's compute vs collective-wait
    split, MFU and memory); checkpoint when due and after the last step;
    optional sleep (``step_delay``); OpenTelemetry spans around the step,
@@ -36,6 +40,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 
 from stormwatch.trainer.checkpoint import Checkpointer, RankLayout, TrainState
 from stormwatch.trainer.comms import CollectiveCounter
@@ -107,7 +112,13 @@ def train(
     On any of these the rank first writes its post-mortem dump
     (:mod:`stormwatch.trainer.dump`).
     """
-    dims = ParallelDims(dp=config.dp, tp=config.tp, world_size=env.world_size)
+    dims = ParallelDims(
+        pp=config.pp,
+        dp_replicate=config.dp_replicate,
+        dp_shard=config.dp,
+        tp=config.tp,
+        world_size=env.world_size,
+    )
     with contextlib.ExitStack() as stack:
         telemetry = RankTelemetry(
             config.telemetry, rank=env.rank, world_size=env.world_size, attempt=env.attempt
@@ -156,6 +167,27 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
+    """FSDP2: reduce-scatter gradients in this backward (``sync``) or keep accumulating
+    them unsharded (``FSDPModule.set_requires_gradient_sync``); no-op for other modules."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+
+
+def _global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
+    """The step's loss averaged over the data-parallel ranks, the same on every rank; collective.
+
+    Summed over ``dp_shard`` (then ``dp_replicate``) and divided by ``dp``;
+    with PP only the last stage holds a loss (the others a zero), so a sum
+    over ``pp`` hands it to every stage.
+    """
+    total = local_loss.detach().clone()
+    for name in ("dp_shard", "dp_replicate", "pp"):
+        if name == "dp_shard" or dict(dims.degrees)[name] > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dims[name].get_group())
+    return float((total / dims.dp).item())
+
+
 def _close_tracing(tracing: RankTracing, telemetry: RankTelemetry) -> None:
     dropped = tracing.close()
     if dropped:
@@ -190,22 +222,33 @@ def _run(
     progress: ConsoleProgress | None,
 ) -> TrainResult:
     dims.build_mesh(device_type)
-    dp_rank = dims["dp"].get_local_rank()
+    dp_rank = dims.dp_rank(env.rank)  # over dp_replicate x dp_shard
     device = (
         torch.device(device_type, env.local_rank) if device_type == "cuda" else torch.device("cpu")
     )
     seed = config.data.seed
 
     corpus = load_stdlib_corpus(config.data.corpus_max_bytes)
-    sampler = BatchSampler(corpus, config=config.data, dp_rank=dp_rank)
+    sampler = BatchSampler(corpus, config=config.data, dp=dims.dp, dp_rank=dp_rank)
 
     torch.manual_seed(derive_seed("init", seed))  # same weights on every rank
     unsharded = ByteLM(config.model).to(device)
     flops_per_token = model_flops_per_token(unsharded, seq_len=config.data.seq_len)
-    model = parallelize(unsharded, dims)
+    parallel = parallelize(
+        unsharded,
+        dims,
+        device=device,
+        batch_shape=(config.data.micro_batch, config.data.seq_len),
+        pp_schedule=config.pp_schedule,
+        pp_microbatches=config.microbatches,
+        accumulation_steps=sampler.accumulation_steps,
+    )
+    model = parallel.model
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
+    # Dropout is re-seeded before each micro-batch (MicroBatch.dropout_seed: a function of
+    # seed, step and micro-batch index, not of dp); this only covers what runs before.
     torch.manual_seed(derive_seed("dropout", seed, dp_rank))  # seeds CUDA too
 
     checkpointer = Checkpointer(
@@ -230,8 +273,7 @@ def _run(
     if progress is not None:
         progress.start(
             world_size=env.world_size,
-            dp=dims.dp,
-            tp=dims.tp,
+            mesh=dims.mesh_degrees,
             resumed_from_step=resumed,
             steps=config.steps,
             checkpoint_dir=config.checkpoint.directory,
@@ -250,10 +292,16 @@ def _run(
                 checkpoint_dir=config.checkpoint.directory,
             )
 
-    counter = CollectiveCounter(telemetry, groups=dims.group_names(), observer=telemetry)
+    counter = CollectiveCounter(
+        telemetry,
+        groups=dims.group_names(),
+        observer=telemetry,
+        enabled=config.telemetry.count_collectives,  # False: benchmarks/trainer_bench.py's baseline
+    )
     dumper.recent = counter.recent
-    dp_group = dims["dp"].get_group()
-    tokens_per_step = config.data.micro_batch * config.data.seq_len
+    pipeline = parallel.pipeline
+    accumulation = sampler.accumulation_steps  # micro-batches per rank per optimizer step
+    tokens_per_step = config.data.micro_batch * config.data.seq_len * accumulation
     peak = peak_flops(
         device_name(device_type),
         on_gpu=device_type == "cuda",
@@ -285,21 +333,48 @@ def _run(
         with tracing.span("step", step=sampler.next_step):
             started = time.perf_counter()
             with counter:
-                step, inputs, targets = sampler.next_batch()
-                with tracing.span("forward"):
-                    logits = model(inputs.to(device))
-                    loss = F.cross_entropy(
-                        logits.reshape(-1, VOCAB_SIZE), targets.to(device).reshape(-1)
-                    )
-                with tracing.span("backward"):
-                    if fault is not None:
-                        fault.before_backward()
-                    control.slow_step()
-                    loss.backward()
+                # Gradient accumulation (constant global batch, trainer/data.py): FSDP2
+                # reduce-scatters only after the last micro-batch; each loss is scaled by
+                # 1/A so the gradient is that of the mean over the global batch.
+                step, micro_batches = sampler.next_micro_batches()
+                local_loss: torch.Tensor | None = None
+                for j, micro in enumerate(micro_batches):
+                    if accumulation > 1 and pipeline is None:  # PP: the schedule syncs
+                        _set_gradient_sync(model, j == accumulation - 1)
+                    torch.manual_seed(micro.dropout_seed)
+                    if pipeline is not None:  # PP: the schedule runs forward and backward
+                        if j == 0:
+                            if fault is not None:
+                                fault.before_backward()
+                            control.slow_step()
+                        with tracing.span("pipeline", micro_batch=micro.index):
+                            detached = pipeline.forward_backward(
+                                micro.inputs.to(device), micro.targets.to(device)
+                            )
+                        local_loss = detached if local_loss is None else local_loss + detached
+                        continue
+                    with tracing.span("forward", micro_batch=micro.index):
+                        logits = model(micro.inputs.to(device))
+                        loss = F.cross_entropy(
+                            logits.reshape(-1, VOCAB_SIZE), micro.targets.to(device).reshape(-1)
+                        )
+                        if accumulation > 1:  # A == 1: exactly the unscaled loss (bitwise)
+                            loss = loss / accumulation
+                    with tracing.span("backward", micro_batch=micro.index):
+                        if j == 0:
+                            if fault is not None:
+                                fault.before_backward()
+                            control.slow_step()
+                        loss.backward()
+                    detached = loss.detach()
+                    local_loss = detached.clone() if local_loss is None else local_loss + detached
+                assert local_loss is not None
             norm_started = time.perf_counter()
             grad_norm, (requests, writes_done) = global_grad_norm(
                 model.parameters(),
-                world_size=env.world_size,
+                # Ranks holding a copy of a stage's parameters (each stage's
+                # squared sum is counted once; the all-reduce covers every stage).
+                world_size=env.world_size // dims.pp,
                 device=device,
                 votes=(control.checkpoint_wanted(last_save_started), checkpointer.write_finished()),
             )
@@ -307,9 +382,7 @@ def _run(
             with counter, tracing.span("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                global_loss = loss.detach().clone()
-                dist.all_reduce(global_loss, op=dist.ReduceOp.SUM, group=dp_group)
-                final_loss = float((global_loss / dims.dp).item())
+                final_loss = _global_mean_loss(local_loss, dims)
             seconds = time.perf_counter() - started
             wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
             telemetry.step(step=step, loss=final_loss, seconds=seconds, tokens=tokens_per_step)
@@ -331,7 +404,7 @@ def _run(
                     flops_per_token=flops_per_token,
                     tokens=tokens_per_step,
                     seconds=seconds,
-                    devices=dims.tp,
+                    devices=dims.tp * dims.pp,  # the devices one data-parallel batch runs on
                     peak=peak,
                 ),
                 peak_flops=peak,

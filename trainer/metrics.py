@@ -98,7 +98,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "stormwatch_collective_latency_seconds",
         "histogram",
-        "Issue-to-completion latency of one collective, by mesh dimension (dp, tp, world) and op.",
+        "Issue-to-completion latency of one collective, by mesh dimension (pp, dp_replicate, dp_shard, tp, world) and op.",
         _COLL,
         COLLECTIVE_LATENCY_BUCKETS,
     ),

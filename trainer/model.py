@@ -8,6 +8,14 @@ Tensor-parallel friendly: the attention and MLP projections are separate
 row-wise; the attention reads its local head count from the projected shape,
 so the same code runs unsharded and with ``n_heads / tp`` heads per rank.
 
+Pipeline parallelism (:mod:`stormwatch.trainer.pipeline`) keeps one
+:class:`ByteLM` per stage with the modules of other stages set to ``None``:
+the first stage keeps the embeddings, the last the final norm and head, and
+each stage its slice of ``layers`` under the *original* keys, so parameter
+names (and checkpoint keys) are the same whatever the number of stages.
+:meth:`ByteLM.forward` then maps tokens or hidden states to hidden states or
+logits, depending on which ends it holds.
+
 Dropout sits only where activations are replicated across a tensor-parallel
 group (after the embeddings and after each block's output projections).
 Ranks of one TP group share a CPU RNG stream (same seed, same sequence of
@@ -85,13 +93,15 @@ class ByteLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(VOCAB_SIZE, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+        # Optional: a pipeline stage other than the first / last drops them.
+        self.tok_emb: nn.Embedding | None = nn.Embedding(VOCAB_SIZE, config.d_model)
+        self.pos_emb: nn.Embedding | None = nn.Embedding(config.max_seq_len, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
-        # ModuleDict keyed "0", "1", ... keeps FQNs stable for checkpoints.
+        # ModuleDict keyed "0", "1", ... keeps FQNs stable for checkpoints (and
+        # across pipeline stages, which keep the keys of their layers).
         self.layers = nn.ModuleDict({str(i): Block(config) for i in range(config.n_layers)})
-        self.norm = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(config.d_model)
+        self.head: nn.Linear | None = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -102,13 +112,24 @@ class ByteLM(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T, 256]`` for byte tokens ``[B, T]`` (``T <= max_seq_len``)."""
-        seq = tokens.shape[1]
-        positions = torch.arange(seq, device=tokens.device)
-        x = self.dropout(self.tok_emb(tokens) + self.pos_emb(positions))
+        """Logits ``[B, T, 256]`` for byte tokens ``[B, T]`` (``T <= max_seq_len``).
+
+        A pipeline stage without the embeddings takes hidden states
+        ``[B, T, d_model]`` instead of tokens; one without the head returns
+        hidden states ``[B, T, d_model]`` instead of logits.
+        """
+        if self.tok_emb is not None and self.pos_emb is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.dropout(self.tok_emb(tokens) + self.pos_emb(positions))
+        else:
+            x = tokens
         for block in self.layers.values():
             x = block(x)
-        return self.head(self.norm(x))
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
 
 
 __all__ = ["Attention", "Block", "ByteLM", "FeedForward"]

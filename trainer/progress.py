@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -53,13 +54,16 @@ class ConsoleProgress:
         self,
         *,
         world_size: int,
-        dp: int,
-        tp: int,
+        mesh: Sequence[tuple[str, int]],
         resumed_from_step: int | None,
         steps: int,
         checkpoint_dir: Path | None,
     ) -> None:
-        """The run is set up (after resume); ``steps`` is the last step to run."""
+        """The run is set up (after resume); ``steps`` is the last step to run.
+
+        ``mesh`` is ``(dimension, degree)`` outermost first, e.g.
+        ``ParallelDims.mesh_degrees`` (``(("pp", 2), ("dp_shard", 2), ("tp", 1))``).
+        """
         self._started = time.monotonic()
         if self.quiet:
             return
@@ -68,7 +72,7 @@ class ConsoleProgress:
         )
         checkpoints = "off" if checkpoint_dir is None else str(checkpoint_dir)
         self._write(
-            f"world size {world_size}, mesh dp={dp} x tp={tp}, {origin}, "
+            f"world size {world_size}, mesh {' x '.join(f'{n}={d}' for n, d in mesh)}, {origin}, "
             f"training to step {steps}; checkpoints: {checkpoints}"
         )
 

@@ -310,6 +310,20 @@ def status(run_dir: Path, as_json: bool) -> int:
 @click.option(
     "--max-restarts", type=int, default=3, show_default=True, help="torchrun --max-restarts."
 )
+@click.option(
+    "--min-nodes",
+    type=int,
+    default=None,
+    help="Elastic job: torchrun --nnodes MIN_NODES:<lab nodes>; a lost node shrinks the job "
+    "(dp follows the nodes present), a rejoined one grows it back. [default: fixed size]",
+)
+@click.option(
+    "--global-batch",
+    type=int,
+    default=None,
+    help="Sequences per optimizer step, constant across resizes. [default: elastic: "
+    "micro-batch x lcm(min-nodes..nodes); fixed: micro-batch x dp]",
+)
 @click.option("--wait/--no-wait", default=False, show_default=True, help="Wait for the job to end.")
 @click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait with --wait."
@@ -322,12 +336,15 @@ def train(
     step_delay: float,
     seed: int,
     max_restarts: int,
+    min_nodes: int | None,
+    global_batch: int | None,
     wait: bool,
     timeout: float,
 ) -> int:
     """Start a training job: one torchrun per node, dp = nodes, tp = workers per node.
 
-    Returns at once (the job runs detached) unless --wait is given.
+    Returns at once (the job runs detached) unless --wait is given. With
+    --min-nodes the job is elastic: `stormwatch lab rejoin` brings a lost node back.
     """
     spec = JobSpec(
         name=name,
@@ -336,6 +353,8 @@ def train(
         step_delay=step_delay,
         seed=seed,
         max_restarts=max_restarts,
+        min_nodes=min_nodes,
+        global_batch=global_batch,
     )
     the_lab = Lab(run_dir)
     info = the_lab.start_job(spec)
@@ -419,6 +438,19 @@ def wait(run_dir: Path, name: str, timeout: float) -> int:
     console = _console()
     result = _wait_with_progress(Lab(run_dir), name, timeout, console)
     return _report(result, console)
+
+
+@lab.command()
+@run_dir_option
+@click.option("--job", "name", required=True, help="Elastic job name (started with --min-nodes).")
+@click.option("--node", required=True, help="Node whose torchrun is started again, e.g. node1.")
+def rejoin(run_dir: Path, name: str, node: str) -> None:
+    """Start a lost node's torchrun again in a running elastic job; the job grows back."""
+    info = Lab(run_dir).rejoin_job_node(name, node)
+    _console().print(
+        f"[bold]{node}[/] rejoins job {name}: torchrun pid {info.node_pids[node]}, "
+        f"output {info.node_logs[node]}"
+    )
 
 
 @lab.command()

@@ -66,7 +66,10 @@ class LabConfig(_Frozen):
             characters so that interface names fit Linux's 15-character limit.
         prometheus_port / alertmanager_port / responder_port: loopback ports in the
             root namespace.
-        agent_port: the agents' port inside each namespace.
+        agent_port: the agents' read-only port (``/metrics``, ``/healthz``) inside each
+            namespace.
+        agent_fault_port: the agents' fault API port (``--fault-api-listen``) inside
+            each namespace; the chaos controller sends faults there.
         rdzv_port: torchrun's c10d rendezvous port on node 0.
         startup_timeout: seconds to wait for every service to become healthy (60 s:
             Prometheus replays its WAL on a reused run directory).
@@ -87,6 +90,7 @@ class LabConfig(_Frozen):
     alertmanager_port: int = Field(default=19093, ge=1, le=65535)
     responder_port: int = Field(default=19095, ge=1, le=65535)
     agent_port: int = Field(default=9400, ge=1, le=65535)
+    agent_fault_port: int = Field(default=9401, ge=1, le=65535)
     rdzv_port: int = Field(default=29400, ge=1, le=65535)
     startup_timeout: float = Field(default=60.0, gt=0, le=3600)
     scrape_interval: float = Field(default=1.0, gt=0, le=60)
@@ -119,8 +123,13 @@ class LabConfig(_Frozen):
         }
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"root-namespace ports must differ (got {ports})")
-        if self.agent_port == self.rdzv_port:
-            raise ValueError("agent_port and rdzv_port must differ inside a node")
+        node_ports = {
+            "agent_port": self.agent_port,
+            "agent_fault_port": self.agent_fault_port,
+            "rdzv_port": self.rdzv_port,
+        }
+        if len(set(node_ports.values())) != len(node_ports):
+            raise ValueError(f"ports inside a node must differ (got {node_ports})")
         return self
 
     # -- derived names and addresses ---------------------------------------------------
@@ -181,6 +190,14 @@ class JobSpec(_Frozen):
         extra_args: extra arguments appended to the trainer's command line.
         entrypoint: replaces ``stormwatch train ...`` with this command (an executable
             and its arguments; run by torchrun with ``--no-python``), for smoke tests.
+        min_nodes: makes the job elastic: torchrun ``--nnodes MIN_NODES:NODES`` and the
+            trainer's dp follows the nodes present (``--dp auto``); ``None``: fixed size.
+            A lost node shrinks the job to the survivors (one restart, resumed from
+            the last checkpoint); a node started again (:meth:`Lab.rejoin_job_node`)
+            grows it back. See :mod:`stormwatch.chaos.lab.jobs`.
+        global_batch: the trainer's ``--global-batch`` (sequences per optimizer step,
+            kept constant when an elastic job resizes); ``None``: for an elastic job the
+            smallest that every possible dp divides, otherwise the trainer's default.
     """
 
     name: str
@@ -192,6 +209,8 @@ class JobSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     entrypoint: tuple[str, ...] | None = None
+    min_nodes: int | None = Field(default=None, ge=1, le=8)
+    global_batch: int | None = Field(default=None, ge=1)
 
     @field_validator("name")
     @classmethod

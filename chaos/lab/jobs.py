@@ -14,6 +14,23 @@ machine; all nodes share one hostname, so hostname-based defaults are wrong):
 * ``GLOO_SOCKET_IFNAME=eth0``: gloo binds to the namespace's bridge interface.
 * resolvable peers (``/etc/netns/<ns>/hosts``, see :mod:`.netns`), or every
   reverse lookup waits for an unreachable DNS server.
+
+Elastic jobs (``JobSpec.min_nodes``): torchrun gets ``--nnodes MIN:MAX`` and
+:data:`ELASTIC_RDZV_CONF`, the trainer ``--dp auto`` and a fixed
+``--global-batch``. What torch 2.13 does (measured on loopback and in the lab,
+see docs/ARCHITECTURE.md "Elastic resize"): when a non-host node's torchrun
+dies (SIGTERM or SIGKILL), the survivors' workers fail in their next
+collective, their torchrun drops the dead node from the rendezvous once its
+heartbeat is ``keep_alive_interval x keep_alive_max_attempt`` seconds stale,
+and restarts the worker group at the smaller world size (one restart counted
+against ``--max-restarts``); the trainer resumes from the last checkpoint,
+resharded. A node started again (:func:`rejoin`) is seen by the running
+agents as a waiting node: they restart the group at the larger size (not
+counted as a failure). If a torchrun nevertheless ends with
+``RendezvousClosedError`` (FC-09: a rendezvous marked closed by a departing
+agent, pytorch/pytorch#147064), :func:`rendezvous_closed` recognises it in the
+node's log and :func:`relaunch_closed` starts every node again under a fresh
+rendezvous id, resuming from the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,10 +41,20 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from stormwatch.chaos.lab import procs
 from stormwatch.chaos.lab.config import JobSpec
+from stormwatch.chaos.lab.elastic import (
+    CLOSED_MARKER,
+    ELASTIC_RDZV_CONF,
+    MAX_RELAUNCHES,
+    check_elastic,
+    global_batch_of,
+    log_tail,
+    rendezvous_closed,
+)
 from stormwatch.chaos.lab.errors import JobError, JobTimeoutError
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.services import stormwatch_command
@@ -53,11 +80,12 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
     if spec.entrypoint is not None:
         return [*spec.entrypoint, *spec.extra_args]
     config = state.config
+    elastic = spec.min_nodes is not None
     cmd = [
         *stormwatch_command(),
         "train",
         "--dp",
-        str(config.nodes),
+        "auto" if elastic else str(config.nodes),
         "--tp",
         str(config.nproc_per_node),
         "--job",
@@ -73,6 +101,9 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
         "--metrics-dir",
         str(node.metrics_dir),
     ]
+    global_batch = global_batch_of(state, spec)
+    if global_batch is not None:
+        cmd += ["--global-batch", str(global_batch)]
     if spec.checkpoint_every > 0:  # without --checkpoint-dir the trainer does not checkpoint
         cmd += [
             "--checkpoint-dir",
@@ -84,18 +115,28 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
 
 
 def torchrun_command(
-    state: LabState, spec: JobSpec, node_rank: int, paths: RunPaths, rdzv_port: int | None = None
+    state: LabState,
+    spec: JobSpec,
+    node_rank: int,
+    paths: RunPaths,
+    rdzv_port: int | None = None,
+    rdzv_id: str | None = None,
 ) -> list[str]:
     """The torchrun command line of node ``node_rank`` (node 0 hosts the rendezvous on
-    ``rdzv_port``, default ``LabConfig.rdzv_port``)."""
+    ``rdzv_port``, default ``LabConfig.rdzv_port``; ``rdzv_id`` defaults to the job name)."""
     config = state.config
     port = config.rdzv_port if rdzv_port is None else rdzv_port
     node = state.nodes[node_rank]
     host = state.nodes[0]
+    rdzv_conf = f"is_host={1 if node_rank == 0 else 0}"
+    nnodes = str(config.nodes)
+    if spec.min_nodes is not None:
+        nnodes = f"{spec.min_nodes}:{config.nodes}"
+        rdzv_conf += "".join(f",{key}={value}" for key, value in ELASTIC_RDZV_CONF.items())
     return [
         torchrun_binary(),
         "--nnodes",
-        str(config.nodes),
+        nnodes,
         "--nproc-per-node",
         str(config.nproc_per_node),
         "--node-rank",
@@ -105,9 +146,9 @@ def torchrun_command(
         "--rdzv-endpoint",
         f"{host.address}:{port}",
         "--rdzv-id",
-        spec.name,
+        spec.name if rdzv_id is None else rdzv_id,
         "--rdzv-conf",
-        f"is_host={1 if node_rank == 0 else 0}",
+        rdzv_conf,
         "--local-addr",
         str(node.address),
         "--max-restarts",
@@ -192,6 +233,7 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
     The processes are recorded in the returned record; if a later node cannot be
     started, the earlier ones are stopped before :class:`JobError` is raised.
     """
+    check_elastic(state, spec)
     for folder in (paths.job_logs(spec.name), paths.job_checkpoints(spec.name)):
         folder.mkdir(parents=True, exist_ok=True)
     for node in state.nodes:
@@ -210,19 +252,8 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
         )
     )
     try:
-        for rank, node in enumerate(state.nodes):
-            process = procs.launch(
-                f"{spec.name}/{node.name}",
-                torchrun_command(state, spec, rank, paths, record.info.rdzv_port),
-                log_file=paths.job_node_log(spec.name, node.name),
-                status_file=paths.job_node_status(spec.name, node.name),
-                env=job_environment(spec, node, base_env),
-                netns=node.netns,
-                cwd=paths.job_dir(spec.name),
-            )
-            record.processes[node.name] = process
-            record.info.node_pids[node.name] = process.pid
-            record.info.node_logs[node.name] = process.log_file
+        for rank in range(len(state.nodes)):
+            _launch_node(state, record, rank, paths, base_env)
     except BaseException as exc:  # Ctrl-C included: leave no half-started job behind
         stop(record)
         if isinstance(exc, Exception):
@@ -231,15 +262,98 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
     return record
 
 
+def _launch_node(
+    state: LabState,
+    record: JobRecord,
+    rank: int,
+    paths: RunPaths,
+    base_env: dict[str, str],
+    rdzv_id: str | None = None,
+) -> None:
+    spec = record.info.spec
+    node = state.nodes[rank]
+    process = procs.launch(
+        f"{spec.name}/{node.name}",
+        torchrun_command(state, spec, rank, paths, record.info.rdzv_port, rdzv_id),
+        log_file=paths.job_node_log(spec.name, node.name),
+        status_file=paths.job_node_status(spec.name, node.name),
+        env=job_environment(spec, node, base_env),
+        netns=node.netns,
+        cwd=paths.job_dir(spec.name),
+    )
+    record.processes[node.name] = process
+    record.info.node_pids[node.name] = process.pid
+    record.info.node_logs[node.name] = process.log_file
+
+
+def rejoin(
+    state: LabState, record: JobRecord, node_name: str, paths: RunPaths, base_env: dict[str, str]
+) -> None:
+    """Start node ``node_name``'s torchrun again in a running elastic job (it joins the
+    rendezvous as a new node; the running agents restart the group at the larger size).
+
+    Raises:
+        JobError: the job is not elastic or no longer runs, the node is unknown, or its
+            torchrun still runs.
+    """
+    spec = record.info.spec
+    names = [node.name for node in state.nodes]
+    if spec.min_nodes is None:
+        raise JobError(
+            f"job {spec.name!r} has a fixed size; start it with --min-nodes to let nodes rejoin"
+        )
+    if node_name not in names:
+        raise JobError(f"no node {node_name!r} in the lab; nodes: {', '.join(names)}")
+    current = record.processes.get(node_name)
+    if current is not None and not procs.is_finished(current):
+        raise JobError(f"the torchrun of {node_name} in job {spec.name!r} is still running")
+    if not is_running(record):
+        raise JobError(f"job {spec.name!r} has ended; start it again instead")
+    _launch_node(state, record, names.index(node_name), paths, base_env)
+
+
+def relaunch_closed(
+    state: LabState, record: JobRecord, paths: RunPaths, base_env: dict[str, str]
+) -> bool:
+    """FC-09 remedy: when a node's torchrun ended with ``RendezvousClosedError``, stop the
+    rest and start every node again under a fresh rendezvous id (``<job>-r<N>``); the
+    trainer resumes from the last complete checkpoint.
+
+    Returns:
+        True if the job was relaunched; False when no rendezvous was closed, or after
+        :data:`MAX_RELAUNCHES` relaunches (the job then fails as it is).
+    """
+    if not rendezvous_closed(record) or record.info.relaunches >= MAX_RELAUNCHES:
+        return False
+    stop(record)
+    record.info.relaunches += 1
+    rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
+    for rank in range(len(state.nodes)):
+        _launch_node(state, record, rank, paths, base_env, rdzv_id)
+    return True
+
+
 def is_running(record: JobRecord) -> bool:
     """Whether any node of the job still runs (its supervisor included)."""
     return any(not procs.is_finished(p) for p in record.processes.values())
 
 
 def result(record: JobRecord) -> JobResult:
-    """Exit codes as recorded so far (``None`` for nodes still running or lost)."""
+    """Exit codes as recorded so far (``None`` for nodes still running or lost).
+
+    A fixed-size job is ``ok`` when every node's torchrun exited with 0. An
+    elastic job (``JobSpec.min_nodes``) is ``ok`` when none still runs and at
+    least ``min_nodes`` of them finished with 0: the survivors completed the
+    training without the lost nodes, which ``detail`` still names.
+    """
     codes = {node: procs.exit_status(p).returncode for node, p in record.processes.items()}
-    ok = bool(codes) and all(code == 0 for code in codes.values())
+    min_nodes = record.info.spec.min_nodes
+    finished = sum(1 for code in codes.values() if code == 0)
+    if min_nodes is None:
+        ok = bool(codes) and finished == len(codes)
+    else:
+        running = any(not procs.is_finished(p) for p in record.processes.values())
+        ok = not running and finished >= max(min_nodes, 1)
     detail = None
     failed = [node for node, code in codes.items() if code not in (None, 0)]
     if failed:
@@ -249,6 +363,8 @@ def result(record: JobRecord) -> JobResult:
             + f" [{record.processes[node].log_file}]"
             for node in failed
         )
+        if ok:
+            detail = f"elastic job finished on {finished} of {len(codes)} nodes; lost: {detail}"
     return JobResult(name=record.info.name, ok=ok, exit_codes=codes, detail=detail)
 
 
@@ -265,6 +381,9 @@ def stranded(record: JobRecord) -> str | None:
     lost = sorted(node for node, code in codes.items() if code != 0)
     if not waiting or not lost:
         return None
+    min_nodes = record.info.spec.min_nodes
+    if min_nodes is not None and len(waiting) >= min_nodes and not rendezvous_closed(record):
+        return None  # elastic: the survivors go on at a smaller size
     exits = ", ".join(f"{node} (exit {codes[node]})" for node in lost)
     return (
         f"cannot finish: the torchrun of {exits} is gone while {', '.join(waiting)} still "
@@ -283,13 +402,7 @@ _MEANINGFUL = re.compile(
 def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> list[str]:
     """The last ``limit`` meaningful lines (errors, exceptions) of a torchrun log; its last
     non-empty lines when none match; empty when the file cannot be read."""
-    try:
-        with log_file.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - tail_bytes))
-            text = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return []
+    text = log_tail(log_file, tail_bytes)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     meaningful = [line for line in lines if _MEANINGFUL.search(line)]
     meaningful = [line for i, line in enumerate(meaningful) if line not in meaningful[:i]]
@@ -297,14 +410,28 @@ def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> li
     return [line[:300] for line in chosen]
 
 
-def wait(record: JobRecord, timeout: float) -> JobResult:
+def wait(
+    record: JobRecord,
+    timeout: float,
+    relaunch: Callable[[], JobRecord | None] | None = None,
+) -> JobResult:
     """Block until every node's torchrun (and its supervisor) has exited.
+
+    Args:
+        relaunch: called when a node's torchrun ended with ``RendezvousClosedError``
+            (FC-09); returns the relaunched job's record (waiting goes on with it) or
+            ``None`` (e.g. :func:`relaunch_closed`'s budget is spent).
 
     Raises:
         JobTimeoutError: after ``timeout`` seconds, naming the nodes still running.
     """
     deadline = time.monotonic() + timeout
     while True:
+        if relaunch is not None and rendezvous_closed(record):
+            fresh = relaunch()
+            if fresh is not None:
+                record = fresh
+                continue
         running = [n for n, p in record.processes.items() if not procs.is_finished(p)]
         if not running:
             return result(record)
@@ -333,13 +460,21 @@ def base_environment(marker: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "CLOSED_MARKER",
+    "ELASTIC_RDZV_CONF",
+    "MAX_RELAUNCHES",
     "RDZV_PORT_RANGE",
     "allocate_rdzv_port",
     "base_environment",
+    "check_elastic",
     "failure_lines",
+    "global_batch_of",
     "is_running",
     "job_environment",
     "listening_ports",
+    "rejoin",
+    "relaunch_closed",
+    "rendezvous_closed",
     "result",
     "start",
     "stop",

@@ -38,6 +38,7 @@ from stormwatch.chaos.lab.progress import Progress, ProgressEvent, quiet
 from stormwatch.chaos.lab.promapi import PrometheusClient
 from stormwatch.chaos.lab.state import (
     JobInfo,
+    JobRecord,
     JobResult,
     LabState,
     NetResource,
@@ -460,7 +461,31 @@ class Lab:
         Raises:
             JobTimeoutError: still running after ``timeout`` seconds.
         """
-        return jobs.wait(self.state.job(name), timeout)
+        return jobs.wait(self.state.job(name), timeout, relaunch=lambda: self._relaunch(name))
+
+    def rejoin_job_node(self, name: str, node: str) -> JobInfo:
+        """Start ``node``'s torchrun again in the running elastic job ``name``: the node
+        joins the rendezvous and the job grows back to include it.
+
+        Raises:
+            LabNotUpError: the lab is not up.
+            JobError: the job is not elastic (``JobSpec.min_nodes``) or has ended, the
+                node is unknown, or its torchrun still runs.
+        """
+        with self._store.transaction() as state:
+            if state.phase != "up":
+                raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
+            record = state.job(name)
+            jobs.rejoin(state, record, node, self.paths, jobs.base_environment(self.marker))
+            return record.info
+
+    def _relaunch(self, name: str) -> JobRecord | None:
+        """FC-09 (:func:`jobs.relaunch_closed`): the relaunched job's record, or ``None``."""
+        with self._store.transaction() as state:
+            record = state.job(name)
+            if jobs.relaunch_closed(state, record, self.paths, jobs.base_environment(self.marker)):
+                return record
+        return None
 
     def stop_job(self, name: str, grace: float = 10.0) -> JobResult:
         """SIGTERM the job's torchruns and workers (SIGKILL after ``grace`` seconds)."""

@@ -76,6 +76,9 @@ class NodeState(BaseModel):
         veth: the host-side end of its veth pair.
         agent_url: base URL of its agent (``http://10.213.0.10:9400``), reachable from the
             root namespace.
+        agent_fault_url: base URL of its agent's fault API listener
+            (``http://10.213.0.10:9401``); None in state files written before the fault
+            API had its own listener.
         metrics_dir: its prometheus-client multiprocess directory.
     """
 
@@ -85,6 +88,7 @@ class NodeState(BaseModel):
     interface: str
     veth: str
     agent_url: str
+    agent_fault_url: str | None = None
     metrics_dir: Path
 
 
@@ -97,6 +101,8 @@ class JobInfo(BaseModel):
         started_at: Unix time, seconds.
         rdzv_port: the c10d rendezvous port on node 0, allocated per job (``None`` in
             state files written before it was recorded: ``LabConfig.rdzv_port``).
+        relaunches: times every node was started again under a fresh rendezvous id
+            after a ``RendezvousClosedError`` (FC-09, ``jobs.relaunch_closed``).
     """
 
     name: str
@@ -108,6 +114,7 @@ class JobInfo(BaseModel):
     node_logs: dict[str, Path]
     started_at: float
     rdzv_port: int | None = None
+    relaunches: int = 0
 
 
 class JobResult(BaseModel):
@@ -196,6 +203,7 @@ def plan_state(paths: RunPaths, config: LabConfig) -> LabState:
             interface="eth0",
             veth=config.veth(i),
             agent_url=f"http://{config.node_address(i)}:{config.agent_port}",
+            agent_fault_url=f"http://{config.node_address(i)}:{config.agent_fault_port}",
             metrics_dir=paths.node_metrics(config.node_name(i)),
         )
         for i in range(config.nodes)

@@ -40,7 +40,8 @@ def test_default_config_is_the_documented_lab() -> None:
         ({"subnet": "not-a-net"}, "LabConfig.subnet"),
         ({"prometheus_port": 19093}, "ports must differ"),
         ({"prometheus_port": 70000}, "LabConfig.prometheus_port"),
-        ({"rdzv_port": 9400}, "agent_port and rdzv_port"),
+        ({"rdzv_port": 9400}, "ports inside a node must differ"),
+        ({"agent_fault_port": 9400}, "ports inside a node must differ"),
         ({"startup_timeout": 0}, "LabConfig.startup_timeout"),
         ({"colour": "blue"}, "LabConfig.colour"),
     ],
@@ -93,6 +94,7 @@ def test_state_round_trips_through_json(tmp_path: Any) -> None:
     again = LabState.model_validate_json(state.model_dump_json())
     assert again == state
     assert again.nodes[1].agent_url == "http://10.99.0.11:9400"
+    assert again.nodes[1].agent_fault_url == "http://10.99.0.11:9401"
     assert again.prometheus_url == "http://127.0.0.1:19090"
     assert again.agent_token_file == tmp_path.resolve() / "secrets" / "agent.token"
 

@@ -40,6 +40,9 @@ def plain_process_env(monkeypatch):
     ("args", "message"),
     [
         (["--dp", "2", "--tp", "2"], "run it under torchrun --nproc-per-node 4"),
+        (["--pp", "2", "--dp-replicate", "2"], "run it under torchrun --nproc-per-node 4"),
+        (["--pp", "0"], "pp: must be an integer >= 1"),
+        (["--dp-replicate", "0"], "dp_replicate: must be an integer >= 1"),
         (["--steps", "0"], "steps: must be an integer >= 1"),
         (["--lr", "-1"], "lr: must be a finite number > 0"),
         (["--d-model", "30", "--n-heads", "4"], "model.d_model: must be divisible by n_heads"),
@@ -60,13 +63,30 @@ def test_bad_options_are_config_errors(plain_process_env, capsys, args, message)
     assert "Traceback" not in err
 
 
-def test_degrees_not_matching_torchrun_world_size_name_both(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dp", "3", "--tp", "2"], "dp_shard=3 x tp=2 = 6 ranks, but the world size is 4"),
+        (
+            ["--pp", "2", "--dp", "4"],
+            "pp=2 x dp_replicate=1 x dp_shard=4 x tp=1 = 8 ranks, but the world size is 4",
+        ),
+        (
+            ["--dp-replicate", "2", "--dp", "1", "--tp", "1"],
+            "dp_replicate=2 x dp_shard=1 x tp=1 = 2 ranks, but the world size is 4",
+        ),
+        (["--pp", "3"], "pp x dp_replicate x tp = 3 x 1 x 1 = 3: must divide the world size 4"),
+        (["--pp", "2", "--pp-microbatches", "1"], "pp_microbatches: 1F1B needs at least pp=2"),
+        (["--pp", "4"], "pp: must be <= n_layers"),
+    ],
+)
+def test_degrees_not_matching_torchrun_world_size_name_both(monkeypatch, capsys, args, message):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit) as info:
-        main(["train", "--dp", "3", "--tp", "2"])
+        main(["train", *args])
     assert info.value.code == 2
-    assert "dp=3 x tp=2 = 6 ranks, but the world size is 4" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_fault_variables_must_be_integers(monkeypatch, capsys, plain_process_env):

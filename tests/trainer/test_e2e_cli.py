@@ -40,7 +40,7 @@ def test_standalone_run_prints_progress_and_rerun_past_steps_warns(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("train: ")]
     assert len(lines) == 3, done.stderr
-    assert "world size 1, mesh dp=1 x tp=1, fresh start, training to step 3" in lines[0]
+    assert "world size 1, mesh dp_shard=1 x tp=1, fresh start, training to step 3" in lines[0]
     assert "checkpoints: ck" in lines[0]
     assert lines[1].startswith("train: step 3/3  loss ")
     assert "tokens/s" in lines[1]
@@ -61,7 +61,7 @@ def test_option_mistake_under_torchrun_is_printed_once_before_torchruns_summary(
         timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode != 0
-    message = "dp=3 x tp=1 = 3 ranks, but the world size is 2"
+    message = "dp_shard=3 x tp=1 = 3 ranks, but the world size is 2"
     assert done.stdout.count(message) == 1, done.stdout
     assert "Traceback" not in done.stdout.split(message)[0]  # ours comes first, without one
     if "ChildFailedError" in done.stdout:  # torchrun's own summary, after ours

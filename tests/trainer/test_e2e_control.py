@@ -48,7 +48,7 @@ def armed_run(tmp_path_factory):
                 "faults": [
                     {"point": "slow_step", "seconds": SLOW_SECONDS, "expires_at": now + 3600},
                     {"point": "collective_delay", "seconds": 0.05, "op": "all_reduce",
-                     "mesh_dim": "dp"},
+                     "mesh_dim": "dp_shard"},
                     {"point": "checkpoint_now", "requested_at": now},
                     {"point": "error_at_step", "step": ERROR_STEP},
                     {"point": "collective_hang", "expires_at": now - 1},

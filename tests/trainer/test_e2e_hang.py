@@ -1,6 +1,6 @@
 """FC-10 on CPU: a rank that never joins a collective ends the job within a bound, with dumps.
 
-2 gloo ranks (dp=2). Rank 1's control file arms ``collective_hang`` on the dp
+2 gloo ranks (dp=2). Rank 1's control file arms ``collective_hang`` on the dp_shard
 all-reduce (no expiry): for rank 0 its peer skipped the collective. With
 ``--collective-timeout 3`` rank 0's all-reduce times out, it writes its dump
 and exits; torchrun then stops rank 1 with SIGTERM, which writes its own.
@@ -38,7 +38,7 @@ def _stormwatch() -> str:
 def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(tmp_path):
     control = tmp_path / "metrics" / "control"
     control.mkdir(parents=True)
-    hang = {"point": "collective_hang", "op": "all_reduce", "mesh_dim": "dp"}
+    hang = {"point": "collective_hang", "op": "all_reduce", "mesh_dim": "dp_shard"}
     control_path(control, 1).write_text(json.dumps({"faults": [hang]}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
     env["OMP_NUM_THREADS"] = "1"
@@ -77,4 +77,4 @@ def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(tmp_
     # The post-mortem's clue: rank 0 enqueued one collective more than rank 1 ever did.
     assert last[0] == last[1] + 1
     pending = [c for c in dumps[0]["collectives"] if c["seconds"] is None]
-    assert [(c["op"], c["mesh_dim"]) for c in pending] == [("all_reduce", "dp")]
+    assert [(c["op"], c["mesh_dim"]) for c in pending] == [("all_reduce", "dp_shard")]

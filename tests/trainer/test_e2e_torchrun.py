@@ -1,4 +1,4 @@
-"""End to end under real torchrun: 4 CPU ranks, FSDP2 (dp=2) x TP (tp=2), gloo.
+"""End to end under real torchrun: 4 CPU ranks, FSDP2 (dp_shard=2) x TP (tp=2), gloo.
 
 Runs share module-scoped fixtures to keep the tier short: one uninterrupted
 run (rank 3 slowed before each backward pass, a straggler for FC-14; sleeping
@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -36,70 +36,32 @@ TRAIN_ARGS = ["--dp", "2", "--tp", "2", "--steps", str(STEPS), "--checkpoint-eve
 TRAIN_ARGS += ["--n-layers", str(N_LAYERS), "--job", "e2e"]
 
 
-@dataclass(frozen=True)
-class Run:
-    root: Path
-    returncode: int
-    output: str
-    seconds: float
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "ckpt"
-
-    def events(self, rank: int) -> list[dict]:
-        return read_events(self.logs / f"rank{rank}.jsonl")
-
-    def losses(self, rank: int) -> dict[int, set[str]]:
-        """step -> every loss_hex logged for it (one per attempt that ran the step)."""
-        out: dict[int, set[str]] = {}
-        for event in self.events(rank):
-            if event["event"] == "step":
-                out.setdefault(event["step"], set()).add(event["loss_hex"])
-        return out
-
-
 def _stormwatch() -> str:
     path = Path(sys.executable).with_name("stormwatch")
     return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
 
 
 def _torchrun(
+    torchrun_train,
     root: Path,
     *,
     extra_env: dict[str, str] | None = None,
     max_restarts: int = 0,
     extra_args: tuple[str, ...] = (),
-) -> Run:
-    root.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
-    env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(NPROC), "--max-restarts", str(max_restarts),
-        "--no-python", _stormwatch(), "train", *TRAIN_ARGS,
-        "--checkpoint-dir", str(root / "ckpt"),
-        "--log-dir", str(root / "logs"),
-        "--metrics-dir", str(root / "metrics"), *extra_args,
-    ]  # fmt: skip
-    started = time.monotonic()
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=root
+) -> Any:
+    return torchrun_train(
+        root,
+        [*TRAIN_ARGS, *extra_args],
+        nproc=NPROC,
+        extra_env=extra_env,
+        max_restarts=max_restarts,
     )
-    return Run(root, done.returncode, done.stdout + done.stderr, time.monotonic() - started)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Run:
+def uninterrupted(tmp_path_factory, torchrun_train) -> Any:
     run = _torchrun(
+        torchrun_train,
         tmp_path_factory.mktemp("uninterrupted"),
         extra_env={
             "STORMWATCH_FAULT_SLOW_SECONDS": str(SLOW_SECONDS),
@@ -112,8 +74,9 @@ def uninterrupted(tmp_path_factory) -> Run:
 
 
 @pytest.fixture(scope="module")
-def crashed_and_resumed(tmp_path_factory) -> Run:
+def crashed_and_resumed(tmp_path_factory, torchrun_train) -> Any:
     run = _torchrun(
+        torchrun_train,
         tmp_path_factory.mktemp("crashed"),
         extra_env={
             "STORMWATCH_FAULT_EXIT_AT_STEP": str(FAULT_STEP),
@@ -209,7 +172,8 @@ def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
 def test_collectives_of_each_step_are_counted_by_op(uninterrupted):
     samples = _collect(uninterrupted.metrics)
     per_step = {
-        # FSDP2: root unshard + each block in forward and again in backward
+        # FSDP2: root unshard + each block in forward and again in backward (on CPU every
+        # block is resharded after forward, trainer/parallel.py)
         "all_gather": 2 * N_LAYERS + 1,
         # FSDP2: one reduce-scatter per block and one for the root
         "reduce_scatter": N_LAYERS + 1,
@@ -252,7 +216,9 @@ def test_fc14_straggler_waits_least_inside_collectives(uninterrupted):
         assert waited(victim) > culprit + injected / 2, (victim, waited(victim), culprit)
 
 
-def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(uninterrupted, tmp_path):
+def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(
+    uninterrupted, tmp_path, torchrun_train
+):
     root = tmp_path / "partial"
     shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
     latest = root / "ckpt" / store.step_dir_name(STEPS)
@@ -264,7 +230,7 @@ def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(uninterrupt
     stale.mkdir()
     shutil.copy(latest / "__0_0.distcp", stale / "__0_0.distcp")
 
-    run = _torchrun(root)
+    run = _torchrun(torchrun_train, root)
     print(f"\nresume over partial checkpoints: {run.seconds:.1f}s")
     assert run.returncode == 0, run.output[-5000:]
     assert f"skipping partial checkpoint {latest}" in run.output
@@ -318,8 +284,9 @@ def test_fc14_slow_rank_has_lowest_collective_wait_and_highest_compute(uninterru
 
 def test_collectives_are_labelled_by_mesh_dim_with_nccl_tests_bandwidths(uninterrupted):
     samples = _collect(uninterrupted.metrics)
-    per_step = {("dp", "all_gather"): 2 * N_LAYERS + 1, ("dp", "reduce_scatter"): N_LAYERS + 1}
-    per_step |= {("tp", "all_reduce"): 6 * N_LAYERS, ("dp", "all_reduce"): 1}
+    per_step = {("dp_shard", "all_gather"): 2 * N_LAYERS + 1}
+    per_step |= {("dp_shard", "reduce_scatter"): N_LAYERS + 1}
+    per_step |= {("tp", "all_reduce"): 6 * N_LAYERS, ("dp_shard", "all_reduce"): 1}
     for rank in map(str, range(NPROC)):
         for (mesh_dim, op), count in per_step.items():
             labels = {"job": "e2e", "rank": rank, "mesh_dim": mesh_dim, "op": op}
@@ -370,7 +337,9 @@ def test_fc07_spans_from_every_rank_process_are_exported(uninterrupted):
         assert {s["resource"]["attributes"]["rank"] for s in spans} == {rank}
 
 
-def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(uninterrupted, tmp_path):
+def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(
+    uninterrupted, tmp_path, torchrun_train
+):
     root = tmp_path / "corrupt"
     shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
     latest = root / "ckpt" / store.step_dir_name(STEPS)
@@ -379,7 +348,7 @@ def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(unint
     data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle of a tensor
     shard.write_bytes(bytes(data))
 
-    run = _torchrun(root)
+    run = _torchrun(torchrun_train, root)
     print(f"\nresume over a corrupt shard: {run.seconds:.1f}s")
     assert run.returncode == 0, run.output[-5000:]
     assert f"skipping corrupt checkpoint {latest}: checksum mismatch in __1_0.distcp" in run.output
@@ -395,10 +364,11 @@ def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(unint
     [("before_shards", 1), ("before_metadata", 0), ("before_marker", 0)],
 )
 def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
-    uninterrupted, tmp_path, phase, rank
+    uninterrupted, tmp_path, phase, rank, torchrun_train
 ):
     """--checkpoint-mode async; a rank SIGKILLed at one phase of the save of step 4."""
     run = _torchrun(
+        torchrun_train,
         tmp_path / phase,
         extra_env={
             "STORMWATCH_FAULT_CHECKPOINT_KILL": f"{phase}@4",

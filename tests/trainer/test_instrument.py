@@ -29,9 +29,11 @@ def test_grad_norm_of_the_sharded_model_equals_the_plain_norm(one_rank_group):
     torch.manual_seed(0)
     plain = ByteLM(config)
     torch.manual_seed(0)
-    dims = ParallelDims(dp=1, tp=1, world_size=1)
+    dims = ParallelDims(world_size=1)
     dims.build_mesh("cpu")
-    sharded = parallelize(ByteLM(config), dims)
+    sharded = parallelize(
+        ByteLM(config), dims, device=torch.device("cpu"), batch_shape=(2, 8)
+    ).model
     tokens = torch.randint(0, VOCAB_SIZE, (2, 8))
     for model in (plain, sharded):
         loss = F.cross_entropy(model(tokens).reshape(-1, VOCAB_SIZE), tokens.reshape(-1))

@@ -37,7 +37,11 @@ def test_start_and_done_lines_say_mesh_origin_and_where_outputs_are(tmp_path):
     out = io.StringIO()
     progress = ConsoleProgress(every=1, stream=out)
     progress.start(
-        world_size=4, dp=2, tp=2, resumed_from_step=20, steps=30, checkpoint_dir=tmp_path / "ck"
+        world_size=4,
+        mesh=(("pp", 2), ("dp_shard", 2), ("tp", 1)),
+        resumed_from_step=20,
+        steps=30,
+        checkpoint_dir=tmp_path / "ck",
     )
     for step in (21, 22):
         progress.step(step=step, last_step=22, loss=1.0, seconds=0.1, tokens=10)
@@ -45,7 +49,7 @@ def test_start_and_done_lines_say_mesh_origin_and_where_outputs_are(tmp_path):
         last_step=22, checkpoint_dir=tmp_path / "ck", log_dir=tmp_path / "logs", metrics_dir=None
     )
     start, *_, done = _lines(out)
-    assert "world size 4, mesh dp=2 x tp=2, resumed from step 20" in start
+    assert "world size 4, mesh pp=2 x dp_shard=2 x tp=1, resumed from step 20" in start
     assert f"checkpoints: {tmp_path / 'ck'}" in start
     assert "done, 2 steps (21..22)" in done
     assert f"checkpoints: {tmp_path / 'ck'}; logs: {tmp_path / 'logs'}" in done
@@ -54,7 +58,9 @@ def test_start_and_done_lines_say_mesh_origin_and_where_outputs_are(tmp_path):
 def test_quiet_prints_only_the_nothing_trained_warning():
     out = io.StringIO()
     progress = ConsoleProgress(quiet=True, stream=out)
-    progress.start(world_size=1, dp=1, tp=1, resumed_from_step=None, steps=3, checkpoint_dir=None)
+    progress.start(
+        world_size=1, mesh=(("dp_shard", 1),), resumed_from_step=None, steps=3, checkpoint_dir=None
+    )
     progress.step(step=3, last_step=3, loss=1.0, seconds=0.1, tokens=10)
     progress.nothing_to_do(checkpoint_step=36, steps=20, checkpoint_dir=Path("ck"))
     progress.done(last_step=3, checkpoint_dir=None, log_dir=None, metrics_dir=None)
@@ -85,7 +91,7 @@ def test_rerun_with_steps_below_the_checkpoint_warns_that_nothing_was_trained(tm
     first = train(_config(tmp_path, 3), RankEnv(), progress=ConsoleProgress(every=2, stream=out))
     assert first.last_step == 3
     lines = _lines(out)
-    assert lines[0].startswith("train: world size 1, mesh dp=1 x tp=1, fresh start")
+    assert lines[0].startswith("train: world size 1, mesh dp_shard=1 x tp=1, fresh start")
     assert [line.split()[2] for line in lines[1:-1]] == ["2/3", "3/3"]
     assert lines[-1].startswith("train: done, 3 steps (1..3)")
 

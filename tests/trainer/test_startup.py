@@ -111,7 +111,7 @@ def test_option_mistake_under_torchrun_is_printed_by_rank_0_only():
     (_, err0), (out1, err1) = (p.communicate(timeout=60) for p in procs)
     assert [p.returncode for p in procs] == [2, 2]
     assert err0.count("error: ") == 1
-    assert "dp=3 x tp=1 = 3 ranks, but the world size is 2" in err0
+    assert "dp_shard=3 x tp=1 = 3 ranks, but the world size is 2" in err0
     assert (out1, err1) == ("", "")
 
 

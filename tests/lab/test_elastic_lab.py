@@ -1,0 +1,103 @@
+"""An elastic job in the lab: node1 (not the rendezvous host) is lost, the job shrinks, node1
+rejoins and the job grows back (FC-09), 4 -> 2 -> 4 ranks (tp=2, dp 2 -> 1 -> 2).
+
+The lab's supervisor stops a dead torchrun's workers, so SIGKILL of node1's torchrun
+loses the whole node. Shares nothing with other lab tests (its own lab, ~60 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from stormwatch.chaos.lab import JobSpec, Lab, LabConfig
+from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.events import read_events
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+
+@pytest.fixture(scope="module")
+def lab(
+    tmp_path_factory: pytest.TempPathFactory,
+    lab_config_factory: Callable[[], LabConfig],
+    lab_possible: None,
+    nothing_left: Callable[[LabConfig, Path], list[str]],
+) -> Iterator[Lab]:
+    config = lab_config_factory()
+    the_lab = Lab(tmp_path_factory.mktemp("lab"))
+    try:
+        the_lab.up(config)
+        yield the_lab
+    finally:
+        the_lab.down(config)
+        assert nothing_left(config, the_lab.run_dir) == []
+
+
+def _world_sizes(ckpt: Path) -> list[tuple[int, int]]:
+    return [(c.step, c.marker.world_size) for c in store.scan(ckpt).complete]
+
+
+def _wait_for(what: str, predicate: Callable[[], object], timeout: float = 180.0) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
+    lab: Lab, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    run_dir = str(lab.run_dir)
+    started = run_cli(
+        "lab", "train", "--run-dir", run_dir, "--job", "elastic", "--steps", "40",
+        "--checkpoint-every", "2", "--step-delay", "0.25", "--min-nodes", "1",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    info = lab.job("elastic")
+    ckpt = info.checkpoint_dir
+    _wait_for("a checkpoint at world size 4", lambda: (4, 4) in _world_sizes(ckpt))
+    os.kill(info.node_pids["node1"], signal.SIGKILL)  # node1 lost (its supervisor stops the rest)
+    shrunk = _wait_for(
+        "a checkpoint at world size 2", lambda: [s for s, w in _world_sizes(ckpt) if w == 2]
+    )
+    assert isinstance(shrunk, list)
+    assert lab.status().jobs[0].problem is None  # an elastic job that lost a node is not stranded
+    rejoined = run_cli("lab", "rejoin", "--run-dir", run_dir, "--job", "elastic", "--node", "node1")
+    assert rejoined.returncode == 0, rejoined.stderr
+    result = lab.wait_job("elastic", timeout=300)
+    logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
+    assert result.ok, (result, logs)
+    sizes = _world_sizes(ckpt)
+    assert [s for s, w in sizes if w == 4 and s > shrunk[0]], sizes
+    starts = [e for e in read_events(info.log_dir / "rank0.jsonl") if e["event"] == "start"]
+    assert len(starts) == 3, starts  # first group, one restart at world size 2, the regrowth
+    assert all("RendezvousClosedError" not in text for text in logs.values())
+    assert lab.job("elastic").relaunches == 0
+
+
+def test_fc09_a_job_whose_rendezvous_closed_is_relaunched_under_a_fresh_id(lab: Lab) -> None:
+    """torch 2.13 did not close the rendezvous in our runs; this stand-in worker fails with
+    torchrun's RendezvousClosedError text under the first id, so the lab's remedy runs for real."""
+    spec = JobSpec(
+        name="closed",
+        min_nodes=1,
+        max_restarts=0,
+        entrypoint=(sys.executable, str(Path(__file__).with_name("closed_rdzv_job.py"))),
+    )
+    info = lab.start_job(spec)
+    result = lab.wait_job("closed", timeout=180)
+    logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
+    assert result.ok, (result, logs)
+    assert lab.job("closed").relaunches == 1
+    assert all("relaunched as closed-r1" in text for text in logs.values()), logs

@@ -1,0 +1,107 @@
+"""Shared helpers for the trainer's torchrun end-to-end tests (real torchrun, gloo, CPU).
+
+``torchrun_train(root, args, ...)`` runs ``stormwatch train *args`` under
+torchrun with ``--checkpoint-dir/--log-dir/--metrics-dir`` inside ``root`` and
+returns a :class:`TorchrunRun` (events per rank, losses per step, metrics).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from stormwatch.trainer.events import read_events
+
+#: Metric samples keyed by (name, sorted label pairs).
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@dataclass(frozen=True)
+class TorchrunRun:
+    """One finished torchrun job of ``stormwatch train``."""
+
+    root: Path
+    returncode: int
+    output: str
+    seconds: float
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "ckpt"
+
+    def events(self, rank: int) -> list[dict]:
+        return read_events(self.logs / f"rank{rank}.jsonl")
+
+    def losses(self, rank: int) -> dict[int, set[str]]:
+        """step -> every loss_hex logged for it (one per attempt that ran the step)."""
+        out: dict[int, set[str]] = {}
+        for event in self.events(rank):
+            if event["event"] == "step":
+                out.setdefault(event["step"], set()).add(event["loss_hex"])
+        return out
+
+    def samples(self) -> Samples:
+        """Every metric sample the ranks wrote (prometheus-client multiprocess files)."""
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.metrics))
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in registry.collect()
+            for s in family.samples
+        }
+
+
+def stormwatch_binary() -> str:
+    path = Path(sys.executable).with_name("stormwatch")
+    return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
+
+
+def run_torchrun(
+    root: Path,
+    train_args: Sequence[str],
+    *,
+    nproc: int,
+    extra_env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+) -> TorchrunRun:
+    """Run ``stormwatch train *train_args`` on ``nproc`` local CPU ranks under torchrun."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
+    env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+        "--no-python", stormwatch_binary(), "train", *train_args,
+        "--checkpoint-dir", str(root / "ckpt"),
+        "--log-dir", str(root / "logs"),
+        "--metrics-dir", str(root / "metrics"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=root
+    )
+    return TorchrunRun(root, done.returncode, done.stdout + done.stderr, time.monotonic() - started)
+
+
+@pytest.fixture(scope="session")
+def torchrun_train() -> Callable[..., TorchrunRun]:
+    """:func:`run_torchrun`, for module-scoped fixtures of the e2e tests."""
+    return run_torchrun
