@@ -18,7 +18,8 @@ Exceptions::
     StormwatchError
     └── AgentError
         ├── AgentConfigError        (a ConfigError too) bad setting; names field and fix
-        │                           (also: state dir held by another agent)
+        │   │                       (also: state dir held by another agent)
+        │   └── WebConfigError      bad --web-config-file (TLS, basic auth); names the key
         ├── NvmlUnavailable         --gpu-backend nvml without a working driver
         ├── CollectorError          a collector cannot collect (collector_up 0)
         ├── LedgerError             the fault ledger cannot be opened or written
@@ -44,6 +45,7 @@ from stormwatch.agent.errors import (
     InvalidFaultRequest,
     LedgerError,
     NvmlUnavailable,
+    WebConfigError,
 )
 from stormwatch.agent.events import EventLog
 from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRankSpec
@@ -86,5 +88,6 @@ __all__ = [
     "RankWatcher",
     "StragglerSettings",
     "TracingSettings",
+    "WebConfigError",
     "load_catalogue",
 ]

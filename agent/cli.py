@@ -65,7 +65,21 @@ def agent() -> None:
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="STORMWATCH_AGENT_TOKEN_FILE",
-    help="File with the fault API's Bearer token; without it the fault API answers 401.",
+    help="File with the fault API's Bearer token (required with --fault-api-listen).",
+)
+@click.option(
+    "--fault-api-listen",
+    envvar="STORMWATCH_AGENT_FAULT_API_LISTEN",
+    metavar="HOST:PORT",
+    help="Serve the fault API (POST/GET/DELETE /v1/faults, Bearer token) on its own "
+    "listener here. [default: off, nothing listens]",
+)
+@click.option(
+    "--web-config-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="STORMWATCH_AGENT_WEB_CONFIG_FILE",
+    help="Prometheus exporter web-config file (tls_server_config, basic_auth_users with bcrypt "
+    "hashes): TLS for both listeners, basic auth for /metrics and the read-only endpoints.",
 )
 @click.option(
     "--state-dir",
@@ -164,6 +178,8 @@ def run(
     gpu_backend: str,
     sim_gpus: int,
     token_file: Path | None,
+    fault_api_listen: str | None,
+    web_config_file: Path | None,
     state_dir: Path | None,
     sample_interval: float,
     disabled: tuple[str, ...],
@@ -176,12 +192,14 @@ def run(
     straggler_factor: float,
     straggler_samples: int,
 ) -> int:
-    """Serve /metrics, /healthz, /v1/ranks and the fault API until SIGTERM or SIGINT.
+    """Serve /metrics, /healthz, /v1/ranks, /v1/events (and, when enabled, the fault API
+    on its own listener) until SIGTERM or SIGINT.
 
     \b
     Example:
       stormwatch agent run --listen 0.0.0.0:9400 --node node0 \\
-          --metrics-dir /run/stormwatch/metrics --token-file /etc/stormwatch/agent.token
+          --metrics-dir /run/stormwatch/metrics --web-config-file /etc/stormwatch/web.yml \\
+          --fault-api-listen 10.0.0.5:9401 --token-file /etc/stormwatch/agent.token
     """
     host, port = parse_listen(listen)
     values: dict[str, object] = {
@@ -191,6 +209,7 @@ def run(
         "gpu_backend": gpu_backend,
         "sim_gpus": sim_gpus,
         "token_file": token_file,
+        "web_config_file": web_config_file,
         "state_dir": state_dir,
         "sample_interval": sample_interval,
         "disabled_collectors": frozenset(disabled),
@@ -203,6 +222,10 @@ def run(
         "straggler_factor": straggler_factor,
         "straggler_samples": straggler_samples,
     }
+    if fault_api_listen:
+        fault_host, fault_port = parse_listen(fault_api_listen, field="fault_listen")
+        values["fault_listen_host"] = fault_host
+        values["fault_listen_port"] = fault_port
     if node:
         values["node"] = node
     config = AgentConfig.build(**values)
@@ -219,7 +242,8 @@ async def _serve(config: AgentConfig) -> None:
         async with Agent(config) as node_agent:
             click.echo(
                 f"stormwatch agent {config.node}: listening on {node_agent.url} "
-                f"(GPU backend {node_agent.gpu_backend}; spans to {node_agent.trace_destination})",
+                f"(fault API {'on ' + node_agent.fault_url if node_agent.fault_url else 'off'}; "
+                f"GPU backend {node_agent.gpu_backend}; spans to {node_agent.trace_destination})",
                 err=True,
             )
             await stop.wait()

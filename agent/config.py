@@ -14,7 +14,14 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from stormwatch.agent.errors import AgentConfigError
 
@@ -44,7 +51,7 @@ def default_state_dir(node: str) -> Path:
     return Path(base) / "stormwatch" / "agent" / node
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, *, field: str = "listen") -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[::1]:9400`` for IPv6) into host and port.
 
     Raises:
@@ -52,12 +59,12 @@ def parse_listen(value: str) -> tuple[str, int]:
     """
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise AgentConfigError(f"listen: expected HOST:PORT such as 0.0.0.0:9400 (got {value!r})")
+        raise AgentConfigError(f"{field}: expected HOST:PORT such as 0.0.0.0:9400 (got {value!r})")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     number = int(port)
     if number > 65535:
-        raise AgentConfigError(f"listen: port must be 0..65535 (got {number})")
+        raise AgentConfigError(f"{field}: port must be 0..65535 (got {number})")
     return host, number
 
 
@@ -73,8 +80,15 @@ class AgentConfig(BaseModel):
         gpu_backend: ``nvml`` (real driver, required), ``sim`` (simulated GPUs),
             ``auto`` (NVML when a driver answers, otherwise simulated).
         sim_gpus: number of simulated GPUs (``sim`` / fallback of ``auto``).
-        token_file: file holding the Bearer token of the fault API; without it
-            the fault API answers 401 to every request. It must hold an ASCII token.
+        token_file: file holding the Bearer token of the fault API (required
+            with ``fault_listen_host``). It must hold an ASCII token.
+        fault_listen_host, fault_listen_port: the fault API's own listener
+            (``POST/GET/DELETE /v1/faults``); None (the default): no fault API at
+            all, nothing listens. Must differ from the metrics listener.
+        web_config_file: Prometheus exporter-toolkit web-config file (TLS and
+            basic auth, :mod:`stormwatch.agent.webconfig`); its TLS settings apply
+            to both listeners, its basic auth users to the read-only one (the fault
+            API takes the Bearer token). None: plain HTTP, no basic auth.
         state_dir: where the fault ledger lives; default :func:`default_state_dir`.
         sample_interval: seconds between NVML samples (1 s: dcgm-exporter's
             default collection interval is 30 s, but chaos experiments want
@@ -121,6 +135,9 @@ class AgentConfig(BaseModel):
     gpu_backend: GpuBackendName = "auto"
     sim_gpus: int = Field(default=2, ge=0, le=64)
     token_file: Path | None = None
+    fault_listen_host: str | None = None
+    fault_listen_port: int = Field(default=9401, ge=0, le=65535)
+    web_config_file: Path | None = None
     state_dir: Path | None = None
     sample_interval: float = Field(default=1.0, gt=0, le=3600)
     rank_scan_interval: float = Field(default=0.5, gt=0, le=60)
@@ -160,6 +177,30 @@ class AgentConfig(BaseModel):
             raise ValueError(f"unknown collector(s) {unknown}; valid: {', '.join(COLLECTOR_NAMES)}")
         return value
 
+    @model_validator(mode="after")
+    def _fault_listener(self) -> AgentConfig:
+        if self.fault_listen_host is None:
+            return self
+        if self.token_file is None:
+            raise ValueError(
+                "fault_listen (--fault-api-listen) needs token_file (--token-file): "
+                "the fault API only answers requests carrying its Bearer token"
+            )
+        if (self.fault_listen_host, self.fault_listen_port) == (
+            self.listen_host,
+            self.listen_port,
+        ) and self.listen_port != 0:
+            raise ValueError(
+                "fault_listen (--fault-api-listen) must differ from listen (--listen): "
+                "the fault API has its own listener"
+            )
+        return self
+
+    @property
+    def fault_api_enabled(self) -> bool:
+        """Whether the fault API listens (``--fault-api-listen`` given)."""
+        return self.fault_listen_host is not None
+
     @classmethod
     def build(cls, **values: Any) -> AgentConfig:
         """Validate ``values``; raise :class:`AgentConfigError` naming the field."""
@@ -167,7 +208,8 @@ class AgentConfig(BaseModel):
             return cls(**values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
                 for err in exc.errors()
             )
             raise AgentConfigError(f"agent config: {problems}") from exc

@@ -13,6 +13,10 @@ class AgentConfigError(AgentError, ConfigError):
     """An agent setting is invalid; the message names the field and the fix."""
 
 
+class WebConfigError(AgentConfigError):
+    """The ``--web-config-file`` (TLS, basic auth) is invalid; the message names the key."""
+
+
 class NvmlUnavailable(AgentError):
     """``--gpu-backend nvml`` was asked for but NVML could not be initialised."""
 
@@ -81,4 +85,5 @@ __all__ = [
     "InvalidFaultRequest",
     "LedgerError",
     "NvmlUnavailable",
+    "WebConfigError",
 ]

@@ -43,6 +43,7 @@ import psutil
 from opentelemetry import trace
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from stormwatch.agent.proc_exits import ExitSource, UnavailableExits, signal_name
 from stormwatch.agent.procs import (
     ProcEntry,
     RankEnv,
@@ -61,6 +62,10 @@ from stormwatch.agent.procs import (
 log = logging.getLogger(__name__)
 
 _LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+#: Seconds a scan waits for the proc connector's event of a rank that is gone (it is
+#: sent at exit, before torchrun reaps; this only covers the reader thread's lag).
+EXIT_EVENT_WAIT = 0.2
 
 HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
 STEP_METRIC = "stormwatch_train_step"
@@ -99,9 +104,10 @@ class RankInfo:
 class RankExit:
     """An exit the watcher noticed (passed to ``on_exit``).
 
-    ``exit_code``: the status when the process was caught as a zombie (negative:
-    killed by that signal), else None: ranks are torchrun's children, so torchrun
-    usually reaps them before a scan sees them.
+    ``exit_code``: like ``subprocess``, the exit code or minus the number of the
+    signal that killed it; from the proc connector (:mod:`.proc_exits`), else from
+    the zombie's ``/proc/<pid>/stat`` when a scan caught one; None when unknown
+    (ranks are torchrun's children: it usually reaps them before a scan looks).
     """
 
     job: str
@@ -110,6 +116,21 @@ class RankExit:
     clean: bool
     replaced: bool
     exit_code: int | None
+
+    @property
+    def reason(self) -> str:
+        """``finished`` (its ``rank<R>.done`` marker), ``signal``, ``exit_code`` or
+        ``unknown``: the ``reason`` label of ``stormwatch_rank_exits_total``."""
+        if self.clean:
+            return "finished"
+        if self.exit_code is None:
+            return "unknown"
+        return "signal" if self.exit_code < 0 else "exit_code"
+
+    @property
+    def exit_signal(self) -> str | None:
+        """``SIGKILL`` ... when a signal killed it, else None."""
+        return signal_name(-self.exit_code) if self.exit_code and self.exit_code < 0 else None
 
 
 @dataclasses.dataclass
@@ -136,6 +157,8 @@ class RankWatcher:
             True: on a real node one agent owns every rank of the host; the lab,
             several agents in one PID namespace, sets it False).
         on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed.
+        exits: where exit statuses come from (:func:`~.proc_exits.open_exit_source`);
+            None: only from zombies a scan catches.
     """
 
     def __init__(
@@ -149,8 +172,13 @@ class RankWatcher:
         tracer: trace.Tracer | None = None,
         claim_unlabelled: bool = True,
         on_exit: Callable[[RankExit], None] | None = None,
+        exits: ExitSource | None = None,
     ) -> None:
         self._dir = Path(metrics_dir)
+        self.exits: ExitSource = exits or UnavailableExits("not configured")
+        self._exit_counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
+        self._last_exit_code: dict[RankKey, int] = {}
+        self._listeners: list[Callable[[], None]] = []
         self._on_exit = on_exit
         self._claim_unlabelled = claim_unlabelled
         self._interval = interval
@@ -202,6 +230,11 @@ class RankWatcher:
                 log.warning("rank scan failed", exc_info=True)
             self._last_error = f"{type(exc).__name__}: {exc}"
 
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the scan thread) after a scan in which a rank
+        appeared, exited, was replaced or was forgotten; it must not raise."""
+        self._listeners.append(listener)
+
     # ----------------------------------------------------------------- reads
     @property
     def last_scan_at(self) -> float | None:
@@ -222,6 +255,16 @@ class RankWatcher:
         """Unexpected exits per rank since the agent started (never forgotten)."""
         with self._lock:
             return dict(self._unexpected)
+
+    def exit_counts(self) -> dict[tuple[str, int, str], int]:
+        """Exits per ``(job, rank, reason)`` (:attr:`RankExit.reason`), never forgotten."""
+        with self._lock:
+            return dict(self._exit_counts)
+
+    def last_exit_codes(self) -> dict[RankKey, int]:
+        """Last known exit code per rank still known (negative: the signal's number)."""
+        with self._lock:
+            return dict(self._last_exit_code)
 
     def last_progress(self) -> dict[RankKey, float]:
         """Last heartbeat per rank (Unix time), kept after the rank dies."""
@@ -279,6 +322,7 @@ class RankWatcher:
             found = self._discover(table)
             now = self._clock()
             with self._lock:
+                before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
                 self._update(found, table, now)
                 for key, stamp in heartbeats.items():
                     self._progress[key] = max(stamp, self._progress.get(key, stamp))
@@ -291,6 +335,9 @@ class RankWatcher:
             self._claims = {k: v for k, v in self._claims.items() if k in live}
             self._last_scan_at = now
             self._last_error = None
+        if before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
+            for listener in self._listeners:
+                listener()  # outside the locks
 
     def _read_trainer_files(self) -> tuple[dict[RankKey, float], dict[RankKey, float]]:
         heartbeats: dict[RankKey, float] = {}
@@ -443,6 +490,14 @@ class RankWatcher:
                 continue
             zombie = current is not None and current.zombie
             code = exit_status(tracked.pid) if zombie else None
+            if code is None:  # reaped already: the kernel told the proc connector
+                # Ranks that were replaced may still run (no exit event): do not wait.
+                gone = self.exits.lookup(
+                    tracked.pid,
+                    since=tracked.create_time - 1.0,
+                    wait=0.0 if current is not None and not zombie else EXIT_EVENT_WAIT,
+                )
+                code = gone.returncode if gone is not None else None
             tracked.alive = False
             tracked.exited_at = now
             clean = self._finished_cleanly(tracked)
@@ -453,10 +508,14 @@ class RankWatcher:
                 log.warning(
                     "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
                 )
-            self._trace_exit(tracked, clean=clean, replaced=replaced)
+            self._trace_exit(tracked, clean=clean, replaced=replaced, code=code)
+            gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code)
+            self._exit_counts[(key[0], key[1], gone_rank.reason)] += 1
+            if code is not None:
+                self._last_exit_code[key] = code
             if self._on_exit is not None:
                 try:
-                    self._on_exit(RankExit(key[0], key[1], tracked.pid, clean, replaced, code))
+                    self._on_exit(gone_rank)
                 except Exception:
                     log.warning("on_exit callback failed", exc_info=True)
         for key, (proc, env) in found.items():
@@ -471,7 +530,9 @@ class RankWatcher:
             self._unexpected.setdefault(key, 0)
             log.info("rank %d of job %s is pid %d", env.rank, env.job, proc.pid)
 
-    def _trace_exit(self, tracked: _Tracked, *, clean: bool, replaced: bool) -> None:
+    def _trace_exit(
+        self, tracked: _Tracked, *, clean: bool, replaced: bool, code: int | None
+    ) -> None:
         env = tracked.env
         attributes: dict[str, str | int | bool | float] = {
             "stormwatch.job": env.job,
@@ -484,6 +545,8 @@ class RankWatcher:
         }
         if env.restart_count is not None:
             attributes["stormwatch.restart_count"] = env.restart_count
+        if code is not None:
+            attributes["process.exit.code"] = code
         self._tracer.start_span("rank.exit", attributes=attributes).end()
 
     def _finished_cleanly(self, tracked: _Tracked) -> bool:
@@ -500,6 +563,7 @@ class RankWatcher:
             clean = self._finished_cleanly(tracked)
             if clean or now - tracked.exited_at >= self._forget_after:
                 del self._tracked[key]
+                self._last_exit_code.pop(key, None)
                 self._progress.pop(key, None)
                 self._steps.pop(key, None)
         # Heartbeats of ranks never seen running (e.g. files left from before an

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -36,16 +38,19 @@ from stormwatch.agent.collectors import (
 from stormwatch.agent.config import AgentConfig
 from stormwatch.agent.errors import AgentConfigError, FaultError
 from stormwatch.agent.events import EventLog
+from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
 from stormwatch.agent.faults import FAULT_TYPES, FaultContext, FaultLedger, FaultManager
-from stormwatch.agent.gpu.backend import open_backend
+from stormwatch.agent.gpu.backend import NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
 from stormwatch.agent.health import HangSettings, StragglerSettings
+from stormwatch.agent.proc_exits import open_exit_source
 from stormwatch.agent.rank_health import RankHealth
 from stormwatch.agent.ranks import RankExit, RankWatcher
-from stormwatch.agent.server import ApiDeps, build_app
+from stormwatch.agent.server import ApiDeps, build_app, build_fault_app
 from stormwatch.agent.statelock import StateDirLock
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
+from stormwatch.agent.webconfig import BasicAuth, load_web_config, server_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,8 @@ class Agent:
     Attributes (after :meth:`start`): ``sampler`` (None when every GPU
     collector is off), ``watcher``, ``health`` (:class:`RankHealth`), ``events``
     (:class:`EventLog`), ``faults``, ``collectors``, ``registry``,
-    ``gpu_backend``, ``url``, ``tracing`` (:class:`AgentTracing`) and
+    ``gpu_backend``, ``url`` (the read-only listener), ``fault_url`` (the fault
+    API's listener; ``""`` when off), ``exposition``, ``tracing`` (:class:`AgentTracing`) and
     ``trace_destination`` (the OTLP URL or the JSON-lines file).
     """
 
@@ -96,8 +102,10 @@ class Agent:
         self._stack = contextlib.AsyncExitStack()
         self._started = False
         self.sampler: GpuSampler | None = None
+        self.gpu_api: NvmlApi | None = None  # the open NVML backend (GPU faults act on it)
         self.gpu_backend = "none"
         self.url = ""
+        self.fault_url = ""
         self.trace_destination = ""
 
     async def __aenter__(self) -> Agent:
@@ -111,7 +119,8 @@ class Agent:
         """Start everything and listen.
 
         Raises:
-            AgentConfigError: bad token file, unusable metrics directory (or its
+            AgentConfigError: bad token file, bad web config (:class:`WebConfigError`),
+                unusable metrics directory (or its
                 parent missing), state dir held by another agent, or the listen
                 address cannot be bound (taken, not local).
             NvmlUnavailable: ``gpu_backend=nvml`` without a driver.
@@ -130,6 +139,8 @@ class Agent:
         cfg = self.config
         stack = self._stack
         token = cfg.read_token()
+        web_config = load_web_config(cfg.web_config_file) if cfg.web_config_file else None
+        tls = server_ssl_context(web_config) if web_config is not None else None
         _ensure_metrics_dir(cfg.metrics_dir)
         # Before anything in the state dir is opened: one agent per state dir.
         stack.callback(StateDirLock(Path(cfg.resolved_state_dir)).release)
@@ -152,6 +163,9 @@ class Agent:
         stack.callback(ledger.close)
 
         self.events = EventLog(cfg.events_file, cfg.node, clock=self._clock)
+        exits = open_exit_source() if cfg.enabled("ranks") else None
+        if exits is not None:
+            stack.callback(exits.close)
 
         def on_exit(gone: RankExit) -> None:
             self.events.record(
@@ -162,6 +176,8 @@ class Agent:
                 clean=gone.clean,
                 replaced=gone.replaced,
                 exit_code=gone.exit_code,
+                exit_signal=gone.exit_signal,
+                reason=gone.reason,
             )
 
         self.watcher = RankWatcher(
@@ -172,6 +188,7 @@ class Agent:
             tracer=tracer,
             claim_unlabelled=cfg.claim_unlabelled_ranks,
             on_exit=on_exit,
+            exits=exits,
         )
         self.watcher.start()
         stack.callback(self.watcher.stop)
@@ -190,7 +207,13 @@ class Agent:
 
         self.faults = FaultManager(
             ledger,
-            FaultContext(node=cfg.node, ranks=self.watcher),
+            FaultContext(
+                node=cfg.node,
+                ranks=self.watcher,
+                metrics_dir=Path(cfg.metrics_dir),
+                state_dir=Path(cfg.resolved_state_dir),
+                gpu=lambda: self.gpu_api,
+            ),
             types=FAULT_TYPES,
             clock=self._clock,
             tracer=tracer,
@@ -204,6 +227,7 @@ class Agent:
                 open_backend(cfg.gpu_backend, sim_gpus=cfg.sim_gpus, fake=self._fake)
             )
             self.gpu_backend = backend.name
+            self.gpu_api = backend.api
             self.sampler = GpuSampler(
                 backend.api,
                 SamplerOptions(
@@ -224,6 +248,7 @@ class Agent:
                     clock=self._clock,
                     events_window_seconds=cfg.clock_events_window_seconds,
                     xid_window_seconds=cfg.xid_window_seconds if cfg.enabled("xid") else None,
+                    export_age=False,
                 ),
                 "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node),
                 "xid": lambda: XidCollector(
@@ -240,7 +265,11 @@ class Agent:
         if cfg.enabled("host"):
             collectors.append(HostCollector())
         if cfg.enabled("ranks"):
-            collectors.append(RanksCollector(self.watcher, clock=self._clock, health=self.health))
+            collectors.append(
+                RanksCollector(
+                    self.watcher, clock=self._clock, health=self.health, export_age=False
+                )
+            )
         if cfg.enabled("trainer"):
             collectors.append(TrainerCollector(cfg.metrics_dir))
         if cfg.enabled("faults"):
@@ -258,43 +287,90 @@ class Agent:
         def render() -> bytes:
             return generate_latest(info_registry) + collector_set.render()
 
-        app = build_app(
-            ApiDeps(
-                node=cfg.node,
-                gpu_backend=self.gpu_backend,
-                registry=self.registry,
-                collectors=self.collectors,
-                ranks=self.watcher,
-                faults=self.faults,
-                token=token,
-                max_request_bytes=cfg.max_request_bytes,
-                unsupported_metrics=self._unsupported_metrics,
-                render=render,
-                events=self.events,
-            )
+        self.exposition = ExpositionCache(
+            render,
+            live=LiveAges(
+                self.sampler if cfg.enabled("gpu") else None,
+                self.watcher if cfg.enabled("ranks") else None,
+                clock=self._clock,
+            ),
+            sampler=self.sampler,
+            period=min(cfg.sample_interval, MAX_EXPOSITION_AGE),
         )
+        self.watcher.add_listener(self.exposition.changed)
+        deps = ApiDeps(
+            node=cfg.node,
+            gpu_backend=self.gpu_backend,
+            registry=self.registry,
+            collectors=self.collectors,
+            ranks=self.watcher,
+            faults=self.faults,
+            token=token,
+            max_request_bytes=cfg.max_request_bytes,
+            unsupported_metrics=self._unsupported_metrics,
+            exposition=self.exposition,
+            events=self.events,
+            basic_auth=BasicAuth(web_config.basic_auth_users) if web_config else None,
+            headers=web_config.http_server_config.headers if web_config else {},
+        )
+        self.exposition.refresh()
+        self.url = await self._listen(build_app(deps), cfg.listen_host, cfg.listen_port, tls)
+        if cfg.fault_listen_host is not None:
+            self.fault_url = await self._listen(
+                build_fault_app(deps),
+                cfg.fault_listen_host,
+                cfg.fault_listen_port,
+                tls,
+                what="fault_listen (--fault-api-listen)",
+            )
+        await self._background(self.exposition.run(), "stormwatch-exposition")
+        await self._background(self._expire_loop(), "stormwatch-fault-expiry")
+        log.info(
+            "agent %s listening on %s%s (GPU backend %s)",
+            cfg.node,
+            self.url,
+            f", fault API on {self.fault_url}" if self.fault_url else ", fault API off",
+            self.gpu_backend,
+        )
+
+    async def _listen(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None,
+        *,
+        what: str = "listen (--listen)",
+    ) -> str:
+        """Serve ``app`` on ``host:port``; return its base URL (``https`` with TLS).
+
+        Raises:
+            AgentConfigError: the address cannot be bound (taken, not local).
+        """
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, cfg.listen_host, cfg.listen_port)
+        self._stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
             raise AgentConfigError(
-                f"listen: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc.strerror}"
+                f"{what}: cannot listen on {host}:{port}: {exc.strerror}"
             ) from exc
-        host, port = runner.addresses[0][:2]
-        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        bound, bound_port = runner.addresses[0][:2]
+        scheme = "https" if tls is not None else "http"
+        return f"{scheme}://{'[' + bound + ']' if ':' in bound else bound}:{bound_port}"
 
-        expiry = asyncio.create_task(self._expire_loop(), name="stormwatch-fault-expiry")
+    async def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` as a task, cancelled when the agent stops."""
+        task = asyncio.create_task(work, name=name)
 
-        async def cancel_expiry() -> None:
-            expiry.cancel()
+        async def cancel() -> None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await expiry
+                await task
 
-        stack.push_async_callback(cancel_expiry)
-        log.info("agent %s listening on %s (GPU backend %s)", cfg.node, self.url, self.gpu_backend)
+        self._stack.push_async_callback(cancel)
 
     async def stop(self) -> None:
         """Stop serving and release everything (idempotent)."""
@@ -319,7 +395,8 @@ class Agent:
         while True:
             await asyncio.sleep(EXPIRY_PERIOD)
             try:
-                await loop.run_in_executor(None, self.faults.revert_expired)
+                if await loop.run_in_executor(None, self.faults.revert_expired):
+                    self.exposition.invalidate()
             except Exception:
                 log.exception("fault expiry check failed")
 

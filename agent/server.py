@@ -1,21 +1,32 @@
-"""The agent's HTTP API (aiohttp).
+"""The agent's HTTP APIs (aiohttp): a read-only listener and the fault API's own.
+
+Read-only listener (``--listen``; TLS and basic auth from ``--web-config-file``):
 
 =========================  ======================================================
-``GET /metrics``           Prometheus text format 0.0.4 (``generate_latest``)
+``GET /metrics``           Prometheus text format 0.0.4, the cached exposition
+                           (:mod:`stormwatch.agent.exposition`)
 ``GET /healthz``           liveness + collector health (JSON)
 ``GET /v1/ranks``          ranks seen on this node (JSON)
 ``GET /v1/events``         rank events: exits, hangs, stragglers (JSON; ``?since=``
                            Unix seconds, ``?kind=``, ``?job=`` filter)
-``POST /v1/faults``        apply a fault (Bearer token) -> 201, or 200 for a repeat
-``GET /v1/faults``         every fault in the ledger (Bearer token)
-``GET /v1/faults/{id}``    one fault (Bearer token)
-``DELETE /v1/faults/{id}`` revert a fault now (Bearer token)
+=========================  ======================================================
+
+Fault API listener (``--fault-api-listen``; off unless given; every request
+needs the Bearer token of ``--token-file``; TLS from the web config):
+
+=========================  ======================================================
+``POST /v1/faults``        apply a fault -> 201, or 200 for a repeat
+``GET /v1/faults``         every fault in the ledger
+``GET /v1/faults/{id}``    one fault
+``DELETE /v1/faults/{id}`` revert a fault now
 =========================  ======================================================
 
 Errors are JSON ``{"error": "..."}``; a 400 also lists ``fields``
-(``[{"field": "rank", "message": "..."}]``). Request bodies above the
+(``[{"field": "rank", "message": "..."}]``). A missing or wrong basic-auth
+password gets 401 with ``WWW-Authenticate: Basic``; a missing or wrong token
+401 with ``WWW-Authenticate: Bearer``. Request bodies above the
 configured size get 413; a ``POST`` whose ``Content-Type`` is not
-``application/json`` gets 415; JSON nested deeper than :data:`MAX_JSON_DEPTH` gets 400. Blocking work (collection, SQLite, signals) runs in
+``application/json`` gets 415; JSON nested deeper than :data:`MAX_JSON_DEPTH` gets 400. Blocking work (collection, SQLite, signals, bcrypt) runs in
 the default executor so the event loop keeps answering.
 """
 
@@ -26,7 +37,7 @@ import dataclasses
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -35,8 +46,10 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.errors import FaultError, InvalidFaultRequest
 from stormwatch.agent.events import EventLog
+from stormwatch.agent.exposition import ExpositionCache
 from stormwatch.agent.faults import FaultManager, parse_fault_request
 from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.webconfig import BasicAuth
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +96,19 @@ class ApiDeps:
     Attributes:
         node: node name (in ``/healthz`` and ``/v1/ranks``).
         gpu_backend: ``nvml``, ``sim`` or ``none`` (GPU collectors off).
-        registry: the registry ``/metrics`` renders.
+        registry: the registry ``/metrics`` renders when there is no ``exposition``.
         collectors: for collector health in ``/healthz``.
         ranks: the rank watcher.
         faults: the fault manager.
-        token: the fault API's Bearer token; None disables the fault API (401).
+        token: the fault API's Bearer token; None: every fault request gets 401.
         max_request_bytes: request body limit.
         unsupported_metrics: ``() -> {gpu index: {DCGM metric: reason}}`` for
             ``/healthz`` (what ``stormwatch_metric_supported 0`` means, and why).
-        render: ``() -> bytes``, the exposition ``/metrics`` serves (default:
-            ``generate_latest(registry)``).
+        exposition: the cached exposition ``/metrics`` serves (None:
+            ``generate_latest(registry)`` per scrape).
         events: the rank event log ``/v1/events`` serves (None: an empty list).
+        basic_auth: users of the read-only listener (None or empty: no auth).
+        headers: extra response headers (web config ``http_server_config.headers``).
     """
 
     node: str
@@ -105,18 +120,31 @@ class ApiDeps:
     token: str | None
     max_request_bytes: int
     unsupported_metrics: Callable[[], dict[str, dict[str, str]]] = dict
-    render: Callable[[], bytes] | None = None
+    exposition: ExpositionCache | None = None
     events: EventLog | None = None
+    basic_auth: BasicAuth | None = None
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def build_app(deps: ApiDeps) -> web.Application:
-    """The aiohttp application serving the agent API."""
+    """The read-only application (``/metrics``, ``/healthz``, ``/v1/ranks``, ``/v1/events``)."""
     api = _Api(deps)
-    app = web.Application(client_max_size=deps.max_request_bytes, middlewares=[api.auth])
+    app = web.Application(
+        client_max_size=deps.max_request_bytes, middlewares=[api.headers, api.basic_auth]
+    )
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/v1/ranks", api.ranks)
     app.router.add_get("/v1/events", api.events)
+    return app
+
+
+def build_fault_app(deps: ApiDeps) -> web.Application:
+    """The fault API's application (``/v1/faults``), every route behind the Bearer token."""
+    api = _Api(deps)
+    app = web.Application(
+        client_max_size=deps.max_request_bytes, middlewares=[api.headers, api.bearer_auth]
+    )
     app.router.add_post("/v1/faults", api.post_fault)
     app.router.add_get("/v1/faults", api.list_faults)
     app.router.add_get("/v1/faults/{id}", api.get_fault)
@@ -132,9 +160,33 @@ class _Api:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     @web.middleware
-    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.path.startswith("/v1/faults"):
+    async def headers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(self._deps.headers)
+            raise
+        response.headers.update(self._deps.headers)
+        return response
+
+    @web.middleware
+    async def basic_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        users = self._deps.basic_auth
+        if users is None or not users.enabled:
             return await handler(request)
+        given = BasicAuth.parse(request.headers.get("Authorization", ""))
+        if given is not None and (
+            users.cached(*given) or await self._blocking(users.check, *given)
+        ):
+            return await handler(request)
+        return web.json_response(
+            {"error": "missing or wrong basic-auth user or password"},
+            status=401,
+            headers={"WWW-Authenticate": 'Basic realm="stormwatch-agent"'},
+        )
+
+    @web.middleware
+    async def bearer_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         expected = self._deps.token
         challenge = {"WWW-Authenticate": 'Bearer realm="stormwatch-agent"'}
         if expected is None:
@@ -154,10 +206,13 @@ class _Api:
 
     # ------------------------------------------------------------ read-only
     async def metrics(self, request: web.Request) -> web.Response:
-        if self._deps.render is not None:
-            body = await self._blocking(self._deps.render)
-        else:
+        cache = self._deps.exposition
+        if cache is None:
             body = await self._blocking(generate_latest, self._deps.registry)
+        elif cache.stale():
+            body = await self._blocking(cache.body)
+        else:  # the cached bytes plus the live age gauges: microseconds, no executor hop
+            body = cache.body()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -168,6 +223,10 @@ class _Api:
                 "gpu_backend": self._deps.gpu_backend,
                 "collectors": self._deps.collectors.health(),
                 "unsupported_metrics": self._deps.unsupported_metrics(),
+                "proc_connector": {
+                    "up": self._deps.ranks.exits.available,
+                    "reason": self._deps.ranks.exits.reason,
+                },
             }
         )
 
@@ -226,6 +285,7 @@ class _Api:
         try:
             spec = parse_fault_request(body)
             record, created = await self._blocking(self._deps.faults.apply, spec)
+            self._changed()
         except InvalidFaultRequest as exc:
             fields = [{"field": field, "message": message} for field, message in exc.problems]
             return _error(400, f"invalid fault request: {exc}", fields=fields)
@@ -249,7 +309,13 @@ class _Api:
             record = await self._blocking(self._deps.faults.revert, request.match_info["id"])
         except FaultError as exc:
             return _error(exc.http_status, str(exc))
+        self._changed()
         return web.json_response(record.model_dump(mode="json"))
 
+    def _changed(self) -> None:
+        """A fault changed: the next scrape must show it (not the cached exposition)."""
+        if self._deps.exposition is not None:
+            self._deps.exposition.invalidate()
 
-__all__ = ["MAX_JSON_DEPTH", "ApiDeps", "build_app"]
+
+__all__ = ["MAX_JSON_DEPTH", "ApiDeps", "build_app", "build_fault_app"]

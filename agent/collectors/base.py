@@ -98,6 +98,8 @@ class CollectorSet:
         self._errors: collections.Counter[str] = collections.Counter(dict.fromkeys(names, 0))
         self._up: dict[str, bool] = dict.fromkeys(names, True)
         self._duration: dict[str, float] = dict.fromkeys(names, 0.0)
+        # Per collector: family content -> its rendered text, from the last render.
+        self._texts: dict[str, dict[tuple[object, ...], bytes]] = {name: {} for name in names}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -133,7 +135,7 @@ class CollectorSet:
             families = list(collector.collect())
             # Render inside the guard: a family the exposition cannot encode (bad
             # label value type, NaN label...) fails here, not in the whole scrape.
-            text = generate_latest(_Families(families))
+            text = self._render(collector.name, families)
         except Exception as exc:
             with self._lock:
                 was_up = self._up[collector.name]
@@ -165,6 +167,34 @@ class CollectorSet:
                 "collector.recovered", attributes={"stormwatch.collector": collector.name}
             ).end()
         return families, text
+
+    def _render(self, name: str, families: Sequence[Metric]) -> bytes:
+        """``generate_latest`` of ``families``, one family at a time, reusing the text
+        of a family whose content is the same as at the last render (most GPU
+        counters, identity and support flags do not change from one sample to the
+        next; rendering is ~25 us a sample line, comparing ~1 us; labels in the
+        collector's order, so a reordering only costs a miss)."""
+        previous = self._texts.get(name, {})
+        current: dict[tuple[object, ...], bytes] = {}
+        parts = []
+        for family in families:
+            key = (
+                family.name,
+                family.type,
+                family.documentation,
+                family.unit,
+                tuple(
+                    (s.name, tuple(s.labels.items()), s.value, s.timestamp, s.exemplar)
+                    for s in family.samples
+                ),
+            )
+            text = previous.get(key)
+            if text is None:
+                text = generate_latest(_Families([family]))
+            current[key] = text
+            parts.append(text)
+        self._texts[name] = current
+        return b"".join(parts)
 
     def _health_families(self) -> Iterator[Metric]:
         up = new_family("stormwatch_collector_up")

@@ -46,6 +46,8 @@ class GpuCollector:
             dcgm-exporter's ``--clock-events-count-window-size`` default).
         xid_window_seconds: how far back an XID counts for the XID health watch;
             None when XIDs are not watched (``xid`` collector off).
+        export_age: export ``stormwatch_gpu_snapshot_age_seconds`` (False when the
+            agent renders it per scrape, :class:`~stormwatch.agent.exposition.LiveAges`).
 
     Raises (from ``collect``):
         CollectorError: no sample yet, or ``nvmlDeviceGetCount`` failed in the last sample.
@@ -61,8 +63,10 @@ class GpuCollector:
         clock: Callable[[], float] = time.time,
         events_window_seconds: float = 300.0,
         xid_window_seconds: float | None = 300.0,
+        export_age: bool = True,
     ) -> None:
         self._sampler = sampler
+        self._export_age = export_age
         self._hostname = hostname
         self._clock = clock
         self._events_window = events_window_seconds
@@ -120,7 +124,9 @@ class GpuCollector:
             recent = None if xids is None else xids.get(device.index, set())
             for watch, verdict in sorted(health(device.values, recent).items()):
                 status.add_metric([*labels, watch], float(verdict))
-        yield from (age, duration, count, up, errors)
+        if self._export_age:
+            yield age
+        yield from (duration, count, up, errors)
         yield from families.values()
         yield from (events, status, info, supported, active)
 

@@ -18,6 +18,9 @@ from stormwatch.agent.ranks import RankWatcher
 class RanksCollector:
     """Exports :class:`RankWatcher` state.
 
+    ``export_age=False`` leaves ``stormwatch_rank_watcher_scan_age_seconds`` to
+    :class:`~stormwatch.agent.exposition.LiveAges` (rendered per scrape).
+
     Raises (from ``collect``):
         CollectorError: the watcher has not completed a scan, or its last scan failed.
     """
@@ -30,8 +33,10 @@ class RanksCollector:
         *,
         clock: Callable[[], float] = time.time,
         health: RankHealth | None = None,
+        export_age: bool = True,
     ) -> None:
         self._watcher = watcher
+        self._export_age = export_age
         self._clock = clock
         self._health = health
 
@@ -45,12 +50,22 @@ class RanksCollector:
         exits = new_family("stormwatch_rank_unexpected_exits_total")
         for (job, rank), n in sorted(self._watcher.unexpected_exits().items()):
             exits.add_metric([job, str(rank)], float(n))
+        by_reason = new_family("stormwatch_rank_exits_total")
+        for (job, rank, reason), n in sorted(self._watcher.exit_counts().items()):
+            by_reason.add_metric([job, str(rank), reason], float(n))
+        last_code = new_family("stormwatch_rank_last_exit_code")
+        for (job, rank), code in sorted(self._watcher.last_exit_codes().items()):
+            last_code.add_metric([job, str(rank)], float(code))
+        connector = new_family("stormwatch_proc_connector_up")
+        connector.add_metric([], 1.0 if self._watcher.exits.available else 0.0)
         progress = new_family("stormwatch_rank_last_progress_timestamp_seconds")
         for (job, rank), stamp in sorted(self._watcher.last_progress().items()):
             progress.add_metric([job, str(rank)], stamp)
         age = new_family("stormwatch_rank_watcher_scan_age_seconds")
         age.add_metric([], max(0.0, self._clock() - scanned))
-        yield from (up, exits, progress, age)
+        yield from (up, exits, by_reason, last_code, connector, progress)
+        if self._export_age:
+            yield age
         if self._health is not None:
             yield from self._health_families()
 

@@ -131,12 +131,18 @@ class GpuSampler:
         self._p2p_unsupported: set[int] = set()
         self._p2p_at: float | None = None
         self._latest: GpuSnapshot | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     # --------------------------------------------------------------- public
     @property
     def latest(self) -> GpuSnapshot | None:
         """The most recent snapshot (None before the first sample)."""
         return self._latest
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the sampling thread) after each published snapshot;
+        its exceptions are logged, never raised into sampling."""
+        self._listeners.append(listener)
 
     def start(self) -> None:
         """Take one sample now (so the first scrape has data), then sample in the background."""
@@ -175,7 +181,12 @@ class GpuSampler:
             started = time.perf_counter()
             snapshot = self._sample_locked(started)
             self._latest = snapshot
-            return snapshot
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.warning("GPU sample listener failed", exc_info=True)
+        return snapshot
 
     # -------------------------------------------------------------- private
     def _run(self) -> None:

@@ -1,5 +1,11 @@
 """Client for a node agent: ``/healthz``, ``/v1/ranks`` and the authenticated fault API.
 
+The agent serves these on two listeners: ``healthy`` and ``ranks`` take the base URL
+of its read-only listener (``AgentEndpoint.url``, ``--listen``), the fault calls
+(``inject``, ``forget``, ``revert_fault``) the base URL of its fault API listener
+(``AgentEndpoint.fault_api``, ``--fault-api-listen``). A fault call sent to the
+read-only listener gets a plain 404 and raises :class:`ServiceError` ("did not return JSON").
+
 Contract (docs/ARCHITECTURE.md, "Agent"): ``POST /v1/faults`` with
 ``{"id", "kind", "rank", "signal", "ttl_seconds"}`` and a Bearer token ->
 201 ``{"id", "kind", "applied_at", "expires_at", "target_pid"}``; 404 when the
@@ -44,7 +50,8 @@ class AgentFault(BaseModel):
 
 
 class AgentClient:
-    """Talks to agents by base URL (``http://10.213.0.10:9400``).
+    """Talks to agents by base URL (``http://10.213.0.10:9400`` read-only,
+    ``http://10.213.0.10:9401`` fault API in the lab).
 
     Args:
         session: the aiohttp session to use (owned by the caller).
@@ -126,6 +133,33 @@ class AgentClient:
         if status in (401, 403):
             raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
         return status != 404
+
+    async def revert_fault(self, base_url: str, token: str, fault_id: str) -> dict[str, Any] | None:
+        """``DELETE /v1/faults/{id}``: revert now; the agent's fault record, None when the agent
+        does not know the id (404: never applied there, or its ledger is gone).
+
+        Raises:
+            FaultError: the token was refused, or the agent tried and failed to revert
+                (HTTP 500; the message is the agent's, e.g. rules still present).
+            ServiceError: the agent is unreachable.
+        """
+        status, answer = await request_json(
+            self._session,
+            "DELETE",
+            f"{base_url}/v1/faults/{fault_id}",
+            what="agent",
+            timeout=self._timeout,
+            ok=(200, 401, 403, 404, 500),
+            headers=_auth(token),
+        )
+        if status in (401, 403):
+            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if status == 500:
+            raise FaultError(f"agent {base_url} could not revert fault {fault_id}: {error}")
+        if status == 404:
+            return None
+        return answer if isinstance(answer, dict) else {}
 
 
 def _auth(token: str) -> dict[str, str]:

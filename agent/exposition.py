@@ -1,0 +1,265 @@
+"""The cached ``/metrics`` exposition: rendered in the background, served as bytes.
+
+Rendering every collector (8 GPUs x 18 NVLinks, the ranks' histograms merged
+from their multiprocess files) costs tens of milliseconds; doing it inside each
+scrape made the agent's scrape latency several times node_exporter's
+(``benchmarks/agent_bench.py``). Instead a background task renders the
+exposition (text format 0.0.4, ``prometheus_client.generate_latest``) once per
+period and a scrape serves the cached bytes:
+
+- it renders right after each GPU sample (the sampler notifies it), and at the
+  latest every period: the GPU sample interval capped at
+  :data:`MAX_EXPOSITION_AGE` (1 s), so that rank and trainer state stay fresh when
+  GPUs are sampled rarely;
+- a scrape renders itself (in the executor) only when the cache is *stale*:
+  nothing rendered yet, the GPU sampler published a snapshot the cache does not
+  hold (a test's ``sample()``, or a render loop that fell behind), a
+  state-changing request called :meth:`ExpositionCache.invalidate` (the fault
+  API), the rank watcher saw a rank appear or exit (:meth:`ExpositionCache.changed`),
+  or the cache is older than twice the period (the loop is stuck);
+- renders are paced by the scrapers, so that an agent nobody scrapes (or one
+  scraped every 15 s) does not render every second for nothing: the background
+  renders after each trigger while scrapes arrive at least every 1.5 periods,
+  and, for a slower scraper, once, after the last GPU sample before its next
+  expected scrape
+  (predicted from the median interval of the last :data:`SCRAPES_KEPT` scrapes;
+  Prometheus scrapes a target at a fixed phase). Nobody scraping for three
+  intervals: no renders at all. A scrape the prediction missed (or that comes
+  after a newer sample) renders itself, as above;
+- age gauges (``stormwatch_gpu_snapshot_age_seconds``,
+  ``stormwatch_rank_watcher_scan_age_seconds``) are *not* cached: they are
+  rendered per scrape by :class:`LiveAges` (a few microseconds) so they stay
+  exact.
+
+OpenMetrics is not cached: the agent always answers text 0.0.4, which every
+Prometheus accepts (it lists it in its ``Accept`` header).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.gpu.sampler import GpuSampler
+from stormwatch.agent.ranks import RankWatcher
+
+log = logging.getLogger(__name__)
+
+#: Oldest (seconds) the cached rank and trainer state may get, whatever the sample interval.
+MAX_EXPOSITION_AGE = 1.0
+#: Scrape times kept to estimate the scrape interval.
+SCRAPES_KEPT = 6
+
+
+class LiveAges:
+    """The age gauges, computed at scrape time (never cached).
+
+    Args:
+        sampler: the GPU sampler (None when every GPU collector is off).
+        watcher: the rank watcher (None when the ``ranks`` collector is off).
+        clock: Unix time, the same clock as the sampler's and watcher's stamps.
+    """
+
+    def __init__(
+        self,
+        sampler: GpuSampler | None,
+        watcher: RankWatcher | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sampler, self._watcher, self._clock = sampler, watcher, clock
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._clock()
+        snapshot = self._sampler.latest if self._sampler is not None else None
+        if snapshot is not None and snapshot.error is None:
+            age = new_family("stormwatch_gpu_snapshot_age_seconds")
+            age.add_metric([], max(0.0, now - snapshot.taken_at))
+            yield age
+        if self._watcher is not None:
+            scanned = self._watcher.last_scan_at
+            if scanned is not None and self._watcher.last_error is None:
+                scan = new_family("stormwatch_rank_watcher_scan_age_seconds")
+                scan.add_metric([], max(0.0, now - scanned))
+                yield scan
+
+
+class ExpositionCache:
+    """Holds the last rendered exposition; see the module docstring.
+
+    Args:
+        render: ``() -> bytes``, the full (cacheable) exposition; blocking.
+        live: the per-scrape part (:class:`LiveAges`), appended to the cached bytes.
+        sampler: whose ``latest`` snapshot the cache must hold (None: no GPUs).
+        period: seconds between background renders (> 0).
+        monotonic: the clock of the cache's age.
+    """
+
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        *,
+        live: LiveAges,
+        sampler: GpuSampler | None,
+        period: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if period <= 0:
+            raise ValueError(f"period must be > 0 (got {period})")
+        self._render = render
+        self._live = CollectorRegistry(auto_describe=False)
+        self._live.register(live)
+        self._sampler = sampler
+        self.period = period
+        self._monotonic = monotonic
+        self._lock = threading.Lock()  # one render at a time
+        self._body: bytes | None = None
+        self._snapshot: object = None
+        self._rendered_at = float("-inf")
+        self._generation = 0  # bumped by invalidate()
+        self._rendered_generation = -1
+        self.renders = 0
+        self._render_seconds = 0.0
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scrapes: collections.deque[float] = collections.deque(maxlen=SCRAPES_KEPT)
+        if sampler is not None:
+            sampler.add_listener(self.notify)
+
+    def invalidate(self) -> None:
+        """Make the next scrape render (after a state change it must show)."""
+        self._generation += 1
+
+    def changed(self) -> None:
+        """State changed (a rank appeared or exited): render now, and make a scrape
+        that comes first render too. Thread-safe."""
+        self.invalidate()
+        self.notify()
+
+    def refresh(self) -> bytes:
+        """Render now and keep the result (blocking; thread-safe)."""
+        with self._lock:
+            return self._refresh_locked()
+
+    def _refresh_if_stale(self) -> bytes:
+        """Render unless a render that finished while we waited for the lock (the
+        background's, or another scrape's) already made the cache fresh."""
+        with self._lock:
+            if self._body is not None and not self.stale():
+                return self._body
+            return self._refresh_locked()
+
+    def _refresh_locked(self) -> bytes:
+        generation = self._generation
+        snapshot = self._sampler.latest if self._sampler is not None else None
+        started = self._monotonic()
+        body = self._render()
+        self._body, self._snapshot = body, snapshot
+        self._render_seconds = self._monotonic() - started
+        self._rendered_generation = generation
+        self._rendered_at = self._monotonic()
+        self.renders += 1
+        return body
+
+    def stale(self) -> bool:
+        """Whether a scrape must render instead of serving the cache."""
+        snapshot = self._sampler.latest if self._sampler is not None else None
+        return (
+            self._body is None
+            or snapshot is not self._snapshot
+            or self._rendered_generation != self._generation
+            or self._monotonic() - self._rendered_at > 2 * self.period
+        )
+
+    def _until_due(self, now: float) -> float | None:
+        """Seconds until a background render is due (<= 0: now); None: not wanted.
+
+        A scraper at least every 1.5 periods: due at every trigger (0). A slower one
+        (Prometheus every 15 s, at a fixed phase): due when the cache is stale within
+        one period plus :attr:`lead` before its next expected scrape (the median of the
+        recent intervals after the last one), i.e. after the last GPU sample before it.
+        Nobody scraping for three intervals (or two periods, before an interval is
+        known): never.
+        """
+        scrapes = list(self._scrapes)
+        if not scrapes:
+            return None
+        last = scrapes[-1]
+        if len(scrapes) < 3:
+            return 0.0 if now - last <= 2 * self.period else None
+        interval = max(statistics.median(b - a for a, b in itertools.pairwise(scrapes)), 1e-3)
+        if now - last > 3 * max(interval, self.period):
+            return None
+        if interval <= 1.5 * self.period:
+            return 0.0
+        ahead = (math.floor(max(now - last, 0.0) / interval) + 1) * interval + last - now
+        window = self.period + self.lead  # holds the last sample before the scrape
+        if ahead > window:
+            return ahead - window
+        return 0.0 if self.stale() else None
+
+    def wanted(self, now: float | None = None) -> bool:
+        """Whether a background render now is likely to be served (see :meth:`_until_due`)."""
+        due = self._until_due(self._monotonic() if now is None else now)
+        return due is not None and due <= 0
+
+    @property
+    def lead(self) -> float:
+        """How long before a slow scraper's expected scrape to render: twice the
+        last render's duration plus 20 ms."""
+        return 2 * self._render_seconds + 0.02
+
+    def body(self) -> bytes:
+        """What ``/metrics`` serves: the cached (or, when stale, fresh) exposition
+        followed by the live age gauges. Blocking only when stale."""
+        self._scrapes.append(self._monotonic())
+        cached = self._body
+        if cached is None or self.stale():
+            cached = self._refresh_if_stale()
+        return cached + generate_latest(self._live)
+
+    def notify(self) -> None:
+        """A new GPU snapshot was published: render now (thread-safe; a no-op until
+        :meth:`run` started)."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            loop.call_soon_threadsafe(wake.set)
+
+    async def run(self) -> None:
+        """Render after each GPU sample, and at least every ``period`` seconds (1.25 x
+        with a sampler, so that its samples, not the timer, pace the renders), when
+        :meth:`wanted`; until cancelled. Renders run in the executor."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = asyncio.Event()
+        self._loop = loop
+        timeout = self.period * (1.25 if self._sampler is not None else 1.0)
+        try:
+            while True:
+                due = self._until_due(self._monotonic())
+                wait = timeout if due is None or due <= 0 else min(due, timeout)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), wait)
+                wake.clear()
+                if not self.wanted():
+                    continue
+                try:
+                    await loop.run_in_executor(None, self.refresh)
+                except Exception:
+                    log.exception("rendering the exposition failed; scrapes will retry")
+        finally:
+            self._loop = self._wake = None
+
+
+__all__ = ["MAX_EXPOSITION_AGE", "ExpositionCache", "LiveAges"]

@@ -1,0 +1,116 @@
+"""Item 10: ``/metrics`` serves a cached exposition, rendered ahead of the scrapes.
+
+The cache is driven with a manual monotonic clock and a real :class:`GpuSampler`
+over the fake NVML; the agent-level test scrapes a real agent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stormwatch.agent import FakeNvml
+from stormwatch.agent.exposition import ExpositionCache, LiveAges
+from stormwatch.agent.gpu.sampler import GpuSampler
+
+
+def _sampler() -> GpuSampler:
+    fake = FakeNvml(1)
+    fake.nvmlInit()
+    sampler = GpuSampler(fake)
+    sampler.sample()
+    return sampler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cache(clock: Clock, sampler: GpuSampler | None = None) -> tuple[ExpositionCache, list[int]]:
+    rendered: list[int] = []
+
+    def render() -> bytes:
+        rendered.append(1)
+        return b"# rendered %d\n" % len(rendered)
+
+    cache = ExpositionCache(
+        render, live=LiveAges(sampler, None), sampler=sampler, period=1.0, monotonic=clock
+    )
+    return cache, rendered
+
+
+def test_a_fresh_cache_is_served_without_rendering() -> None:
+    clock = Clock()
+    sampler = _sampler()
+    cache, rendered = _cache(clock, sampler)
+    cache.refresh()
+    clock.now += 0.5
+    assert not cache.stale()
+    assert cache.body().startswith(b"# rendered 1\n")
+    assert b"stormwatch_gpu_snapshot_age_seconds" in cache.body(), "ages are live"
+    assert len(rendered) == 1
+
+
+def test_a_new_sample_an_invalidation_or_old_age_make_the_scrape_render() -> None:
+    clock = Clock()
+    sampler = _sampler()
+    cache, rendered = _cache(clock, sampler)
+    cache.refresh()
+    sampler.sample()
+    assert cache.stale(), "a snapshot the cache does not hold"
+    assert cache.body().startswith(b"# rendered 2\n")
+    cache.invalidate()
+    assert cache.body().startswith(b"# rendered 3\n")
+    clock.now += 2.5
+    assert cache.body().startswith(b"# rendered 4\n"), "older than two periods"
+    assert len(rendered) == 4
+
+
+def test_background_renders_follow_the_scrapers() -> None:
+    clock = Clock()
+    cache, _ = _cache(clock)
+    assert not cache.wanted(), "nobody scrapes: no renders"
+    for _ in range(4):  # a scraper every 0.5 s (faster than the 1 s period)
+        cache.body()
+        clock.now += 0.5
+    assert cache.wanted()
+    clock.now += 10
+    assert not cache.wanted(), "the scraper went away"
+
+
+def test_a_slow_scraper_gets_one_render_just_before_its_next_scrape() -> None:
+    clock = Clock()
+    cache, _ = _cache(clock)
+    for _ in range(4):  # Prometheus every 15 s, at a fixed phase
+        cache.body()
+        clock.now += 15
+    last = clock.now - 15
+    lead = cache.lead
+    assert 0 < lead < 0.1
+    early = [at for at in range(0, 139) if cache.wanted(last + at / 10)]
+    assert not early, "nothing before the last period before the expected scrape"
+    clock.now = last + 14.5  # the last GPU sample before the scrape came
+    assert cache.wanted()
+    cache.refresh()
+    assert not cache.wanted(), "rendered: the scrape will be served this"
+    clock.now = last + 20
+    assert not cache.wanted()
+    clock.now = last + 29.5  # before the next one: the cache is old by then
+    assert cache.wanted()
+    assert not cache.wanted(last + 46), "three intervals without a scrape"
+
+
+def test_agent_scrapes_serve_the_sample_taken_just_before(start_agent: Any, tools: Any) -> None:
+    fake = FakeNvml(1)
+    agent = start_agent(fake)
+    replays = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+    fake.gpus[0].counters["pcie_replay"] = 7
+    agent.sample()
+    assert tools.scrape(agent.url).value(replays, gpu="0") == 7
+    fake.gpus[0].counters["pcie_replay"] = 8
+    assert tools.scrape(agent.url).value(replays, gpu="0") == 7, "no new sample yet"
+    agent.sample()
+    assert tools.scrape(agent.url).value(replays, gpu="0") == 8

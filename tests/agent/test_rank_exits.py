@@ -1,0 +1,162 @@
+"""Item 7: a rank's exit code or killing signal, although the agent is not its parent.
+
+Real processes throughout: exits of another process's children are read from the
+Linux proc connector; the fallback is exercised in a user + network namespace,
+where the connector cannot be reached.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from stormwatch.agent.proc_exits import UnavailableExits, open_exit_source
+from stormwatch.agent.ranks import RankWatcher
+
+GRANDCHILDREN = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    three = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    print(three.pid, flush=True)
+    three.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(sleeper.pid, flush=True)
+    sys.stdin.readline()  # the test kills the sleeper, then lets us reap it
+    sleeper.wait()
+    """
+)
+
+
+def test_exits_of_another_process_s_children_carry_code_and_signal() -> None:
+    source = open_exit_source()
+    if not source.available:
+        pytest.skip(f"no proc connector on this machine: {source.reason}")
+    started = time.time()
+    with subprocess.Popen(
+        [sys.executable, "-c", GRANDCHILDREN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as parent:
+        try:
+            assert parent.stdout is not None and parent.stdin is not None
+            three = int(parent.stdout.readline())
+            sleeper = int(parent.stdout.readline())
+            os.kill(sleeper, signal.SIGKILL)  # we are not its parent: its parent reaps it
+            parent.stdin.write("\n")
+            parent.stdin.flush()
+            assert parent.wait(30) == 0
+            exited = source.lookup(three, since=started, wait=5)
+            killed = source.lookup(sleeper, since=started, wait=5)
+        finally:
+            parent.kill()
+            source.close()
+    assert exited is not None and (exited.code, exited.signal, exited.returncode) == (3, None, 3)
+    assert killed is not None and (killed.code, killed.signal, killed.returncode) == (None, 9, -9)
+    assert source.lookup(three, since=time.time() + 60) is None, "an older exit of a reused pid"
+
+
+def test_without_the_proc_connector_the_reason_is_logged_and_exits_are_unknown() -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    code = (
+        "import logging; logging.basicConfig(level=logging.WARNING);"
+        "from stormwatch.agent.proc_exits import open_exit_source;"
+        "s = open_exit_source(); print(s.available, s.lookup(1, since=0, wait=0.1))"
+    )
+    done = subprocess.run(
+        [unshare, "--user", "--map-root-user", "--net", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"cannot create user namespaces here: {done.stderr.strip()}")
+    assert done.stdout.split() == ["False", "None"], done.stderr
+    assert "proc connector unavailable" in done.stderr
+    assert "only known for ranks seen as zombies" in done.stderr
+
+
+def _ranks(tools: Any, agent: Any, job: str) -> list[dict[str, Any]]:
+    rows = tools.http("GET", agent.url + "/v1/ranks").json()["ranks"]
+    return [row for row in rows if row["job"] == job]
+
+
+def _events(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:
+    reply = tools.http("GET", agent.url + f"/v1/events?kind=rank_exit&job={job}")
+    return {event["rank"]: event for event in reply.json()["events"]}
+
+
+def test_rank_exit_code_and_kill_signal_reach_events_and_metrics(
+    start_agent: Any, fake_torchrun: Any, tools: Any, tmp_path: Path
+) -> None:
+    agent = start_agent()
+    if not agent.agent.watcher.exits.available:
+        pytest.skip(f"no proc connector: {agent.agent.watcher.exits.reason}")
+    release = tmp_path / "release"
+    launcher = fake_torchrun(
+        [0, 1], env={"FAKE_RANK_EXIT_ON": str(release), "FAKE_RANK_EXIT_CODE": "3"}
+    )
+    doomed = launcher.wait_pid(1)
+    launcher.wait_pid(0)
+    # Only this job's ranks: other jobs may run on the machine (the watcher sees them too).
+    tools.wait_for(lambda: len(_ranks(tools, agent, launcher.job)) == 2)
+    os.kill(doomed, signal.SIGKILL)  # the launcher (torchrun's stand-in) reaps it
+    tools.wait_for(lambda: 1 in _events(tools, agent, launcher.job))
+    release.touch()  # rank 0 exits with code 3
+    events = tools.wait_for(
+        lambda: (found := _events(tools, agent, launcher.job)).keys() == {0, 1} and found
+    )
+
+    assert events[0]["exit_code"] == 3 and events[0]["exit_signal"] is None
+    assert events[0]["reason"] == "exit_code"
+    assert events[1]["exit_code"] == -9 and events[1]["exit_signal"] == "SIGKILL"
+    assert events[1]["reason"] == "signal"
+    scrape = tools.scrape(agent.url)
+    job = launcher.job
+    assert scrape.value("stormwatch_proc_connector_up") == 1
+    health = tools.http("GET", agent.url + "/healthz").json()
+    assert health["proc_connector"] == {"up": True, "reason": None}
+    assert scrape.value("stormwatch_rank_exits_total", job=job, rank="0", reason="exit_code") == 1
+    assert scrape.value("stormwatch_rank_exits_total", job=job, rank="1", reason="signal") == 1
+    assert scrape.value("stormwatch_rank_last_exit_code", job=job, rank="0") == 3
+    assert scrape.value("stormwatch_rank_last_exit_code", job=job, rank="1") == -9
+
+
+def test_a_watcher_without_exit_events_counts_the_exit_as_unknown(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    watcher = RankWatcher(metrics_dir, exits=UnavailableExits("test: no connector"))
+    launcher = fake_torchrun([0])
+    pid = launcher.wait_pid(0)
+    tools.wait_for(lambda: watcher.scan() or watcher.ranks())
+    os.kill(pid, signal.SIGKILL)
+    tools.wait_for(lambda: not psutil.pid_exists(pid))  # reaped before any scan saw a zombie
+    watcher.scan()
+    assert watcher.exit_counts() == {(launcher.job, 0, "unknown"): 1}
+    assert watcher.last_exit_codes() == {}
+
+
+def test_an_agent_without_the_proc_connector_says_so_in_metrics_and_healthz(
+    start_agent: Any, tools: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on a kernel without CONFIG_PROC_EVENTS: the agent runs on, exit codes unknown.
+    reason = "proc connector unavailable: Protocol not supported"
+    monkeypatch.setattr(
+        "stormwatch.agent.runtime.open_exit_source", lambda: UnavailableExits(reason)
+    )
+    agent = start_agent()
+    assert tools.scrape(agent.url).value("stormwatch_proc_connector_up") == 0
+    health = tools.http("GET", agent.url + "/healthz").json()
+    assert health["proc_connector"] == {"up": False, "reason": reason}

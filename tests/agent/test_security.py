@@ -1,0 +1,331 @@
+"""Item 9: TLS and basic auth from a Prometheus web-config file; the fault API on its own listener.
+
+The certificate is a real self-signed one (``cryptography``), the server the real
+agent, and the scraper a real Prometheus binary speaking TLS with basic auth.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+
+from stormwatch.agent import AgentConfigError
+from stormwatch.agent.errors import WebConfigError
+from stormwatch.agent.webconfig import load_web_config
+
+x509 = pytest.importorskip("cryptography.x509")
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+
+USER, PASSWORD = "prometheus", "s3cret-scrape"
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 / localhost and its key (PEM files)."""
+    folder = tmp_path_factory.mktemp("tls")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stormwatch-agent-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "agent.crt", folder / "agent.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture(scope="module")
+def password_hash() -> str:
+    return bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+@pytest.fixture
+def web_config(tmp_path: Path, cert: tuple[Path, Path], password_hash: str) -> Path:
+    """TLS with the test certificate (relative paths, as upstream allows) and one user."""
+    for source in cert:
+        shutil.copy(source, tmp_path / source.name)
+    path = tmp_path / "web.yml"
+    path.write_text(
+        "tls_server_config:\n"
+        "  cert_file: agent.crt\n"
+        "  key_file: agent.key\n"
+        "  min_version: TLS12\n"
+        "http_server_config:\n"
+        "  headers: {X-Content-Type-Options: nosniff}\n"
+        "basic_auth_users:\n"
+        f"  {USER}: '{password_hash}'\n"
+    )
+    return path
+
+
+def _https(
+    url: str,
+    cert: Path,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {pair}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, dict(err.headers), err.read()
+
+
+# ------------------------------------------------------------ TLS + basic auth
+def test_metrics_over_tls_need_the_right_password(
+    start_agent: Any, web_config: Path, cert: tuple[Path, Path]
+) -> None:
+    agent = start_agent(web_config_file=web_config)
+    assert agent.url.startswith("https://")
+    status, headers, body = _https(agent.url + "/metrics", cert[0], user=USER, password=PASSWORD)
+    assert status == 200 and b"DCGM_FI_DEV_GPU_TEMP" in body
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    for user, password in ((USER, "wrong"), ("nobody", PASSWORD), (None, None)):
+        status, headers, _ = _https(agent.url + "/healthz", cert[0], user=user, password=password)
+        assert status == 401, (user, password)
+        assert headers["WWW-Authenticate"].startswith("Basic")
+
+
+def test_plain_http_to_the_tls_listener_gets_no_metrics(
+    start_agent: Any, web_config: Path, tools: Any
+) -> None:
+    agent = start_agent(web_config_file=web_config)
+    plain = agent.url.replace("https://", "http://")
+    with pytest.raises((OSError, ConnectionError)):
+        tools.http("GET", plain + "/metrics")
+
+
+def test_fault_api_uses_tls_and_the_token_not_basic_auth(
+    start_agent: Any, web_config: Path, cert: tuple[Path, Path], tools: Any
+) -> None:
+    agent = start_agent(web_config_file=web_config)
+    assert agent.fault_url.startswith("https://")
+    status, _, body = _https(agent.fault_url + "/v1/faults", cert[0], token=tools.token)
+    assert status == 200 and json.loads(body) == {"faults": []}
+    status, headers, _ = _https(
+        agent.fault_url + "/v1/faults", cert[0], user=USER, password=PASSWORD
+    )
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.e2e
+def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(
+    start_agent: Any, web_config: Path, cert: tuple[Path, Path], tmp_path: Path, tools: Any
+) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (apt install prometheus; `make setup` does it)")
+    agent = start_agent(web_config_file=web_config, sample_interval=1.0)
+    target = agent.url.removeprefix("https://")
+
+    def job(name: str, password: str) -> dict[str, Any]:
+        return {
+            "job_name": name,
+            "scheme": "https",
+            "tls_config": {"ca_file": str(cert[0])},
+            "basic_auth": {"username": USER, "password": password},
+            "static_configs": [{"targets": [target]}],
+        }
+
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": "1s"},
+                "scrape_configs": [job("right", PASSWORD), job("wrong", "not-it")],
+            }
+        )
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+
+        def targets() -> dict[str, dict[str, Any]] | None:
+            url = f"http://127.0.0.1:{port}/api/v1/targets"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    active = json.loads(reply.read())["data"]["activeTargets"]
+            except OSError:
+                return None
+            found = {t["labels"]["job"]: t for t in active}
+            done = all(t.get("health") in ("up", "down") for t in found.values())
+            return found if len(found) == 2 and done else None
+
+        found = tools.wait_for(targets, timeout=60, interval=0.5)
+        assert found["right"]["health"] == "up", found["right"].get("lastError")
+        assert found["wrong"]["health"] == "down"
+        assert "401" in found["wrong"]["lastError"]
+        query = urllib.parse.urlencode({"query": 'DCGM_FI_DEV_GPU_TEMP{job="right"}'})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query?{query}") as reply:
+            assert len(json.loads(reply.read())["data"]["result"]) == 2, "both GPUs stored"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# --------------------------------------------------------- web-config errors
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("tls_server_config: {cert_file: a.crt}\n", "tls_server_config.key_file: required"),
+        (
+            "tls_server_config: {cert_file: nope.crt, key_file: nope.key}\n",
+            "tls_server_config.cert_file: no file",
+        ),
+        ("basic_auth_users: {prometheus: plaintext}\n", "expected a bcrypt hash"),
+        ("tls_config: {}\n", "tls_config: unknown key"),
+        (
+            "tls_server_config: {cert_file: a, key_file: b, min_version: TLS14}\n",
+            "tls_server_config.min_version",
+        ),
+        (
+            "tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequestClientCert}\n",
+            "client_auth_type",
+        ),
+        (
+            "tls_server_config: {cert_file: a, key_file: b, cipher_suites: [X]}\n",
+            "cipher_suites is not supported",
+        ),
+        ("- just\n- a list\n", "expected a mapping"),
+        ("key: [unclosed\n", "invalid YAML"),
+    ],
+)
+def test_a_bad_web_config_names_the_key_and_the_fix(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(WebConfigError, match="web config") as caught:
+        load_web_config(path)
+    assert named in str(caught.value)
+    assert isinstance(caught.value, AgentConfigError)
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(
+    tmp_path: Path, cert: tuple[Path, Path]
+) -> None:
+    other = ec.generate_private_key(ec.SECP256R1())
+    wrong_key = tmp_path / "other.key"
+    wrong_key.write_bytes(
+        other.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path = tmp_path / "web.yml"
+    path.write_text(f"tls_server_config: {{cert_file: {cert[0]}, key_file: {wrong_key}}}\n")
+    with pytest.raises(WebConfigError, match="not a PEM certificate and its private key"):
+        load_web_config(path)
+
+
+def test_agent_run_with_a_bad_web_config_prints_one_error_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "web.yml"
+    bad.write_text("basic_auth_users: {prometheus: hunter2}\n")
+    (tmp_path / "metrics").mkdir()
+    stormwatch = Path(sys.executable).with_name("stormwatch")
+    done = subprocess.run(
+        [
+            str(stormwatch),
+            "agent",
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-dir",
+            str(tmp_path / "metrics"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--gpu-backend",
+            "sim",
+            "--web-config-file",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "basic_auth_users" in done.stderr and "bcrypt hash" in done.stderr
+    assert done.stderr.strip().count("\n") <= 1, done.stderr
+
+
+def test_fault_api_listen_must_be_host_and_port(tmp_path: Path) -> None:
+    stormwatch = Path(sys.executable).with_name("stormwatch")
+    done = subprocess.run(
+        [
+            str(stormwatch),
+            "agent",
+            "run",
+            "--metrics-dir",
+            str(tmp_path),
+            "--fault-api-listen",
+            "9401",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "fault_listen: expected HOST:PORT" in done.stderr
