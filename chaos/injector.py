@@ -15,14 +15,22 @@ from dataclasses import dataclass
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError, FaultError, RankNotFound
-from stormwatch.chaos.experiment import Fault, FreezeRankFault, When
-from stormwatch.chaos.faults import bind_fault, find_rank_process, reverts_itself
+from stormwatch.chaos.experiment import When
+from stormwatch.chaos.faults import bind_fault, find_rank_process, plan_requests, reverts_itself
 from stormwatch.chaos.faults.base import FaultTarget, InjectionResult
+from stormwatch.chaos.faults.specs import (
+    Fault,
+    FreezeRankFault,
+    KillRankFault,
+    target_nodes,
+    target_rank,
+)
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.ledger import Ledger, LedgerEntry
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reaper import spawn_reaper
 from stormwatch.chaos.target import Target
+from stormwatch.errors import StormwatchError
 
 
 @dataclass(frozen=True)
@@ -103,34 +111,69 @@ class Injector:
             self._status(f"waiting for step {when.step}: rank {rank} at step {at}")
             await asyncio.sleep(self._poll)
 
-    async def locate(self, fault: Fault) -> list[FaultTarget]:
+    async def locate(self, fault: Fault, fault_id: str = "") -> list[FaultTarget]:
         """Where ``fault`` can go, most likely first (agents that list the rank alive lead).
 
+        Agent-side catalogue kinds get one candidate per request set
+        (:func:`~stormwatch.chaos.faults.plan_requests`), their agent ids derived from
+        ``fault_id``.
+
         Raises:
-            FaultError: the rank's process cannot be found, or there are no agents.
+            FaultError: the rank's process cannot be found, a node is unknown, or there
+                are no agents.
         """
-        job, rank = self._job.name, fault.rank
+        job = self._job.name
         if isinstance(fault, FreezeRankFault):
-            process = find_rank_process(job, rank)
+            process = find_rank_process(job, fault.rank)
             return [
                 FaultTarget(
-                    job=job, rank=rank, pid=process.pid, pid_create_time=process.create_time()
+                    job=job, rank=fault.rank, pid=process.pid, pid_create_time=process.create_time()
                 )
             ]
         if not self._target.agents:
             raise FaultError("the target has no node agents")
         token = str(self._target.agent_token_file) if self._target.agent_token_file else None
-        holders: set[str] = set()
-        for agent in self._target.agents:
-            with contextlib.suppress(ChaosError):
-                ranks = await self._agents.ranks(agent.url)
-                if any(r.job == job and r.rank == rank and r.alive for r in ranks):
-                    holders.add(agent.node)
+        rank = target_rank(fault)
+        holders = (
+            await self._holders(rank) if rank is not None and not target_nodes(fault) else set()
+        )
+        if not isinstance(fault, KillRankFault):
+            sets = plan_requests(
+                spec=fault, fault_id=fault_id, job=job, agents=self._target.agents, holders=holders
+            )
+            return [
+                FaultTarget(
+                    job=job,
+                    rank=rank,
+                    node=requests[0].node if len(requests) == 1 else None,
+                    agent_url=requests[0].agent_url if len(requests) == 1 else None,
+                    token_file=token,
+                    requests=tuple(requests),
+                )
+                for requests in sets
+            ]
         ordered = sorted(self._target.agents, key=lambda a: a.node not in holders)
         return [
-            FaultTarget(job=job, rank=rank, node=a.node, agent_url=a.url, token_file=token)
+            FaultTarget(job=job, rank=rank, node=a.node, agent_url=a.fault_api, token_file=token)
             for a in ordered
         ]
+
+    async def _holders(self, rank: int) -> set[str]:
+        """Nodes that run ``rank`` of the job (the platform backend, else every agent's /v1/ranks)."""
+        job = self._job.name
+        holders: set[str] = set()
+        if self._target.placement is not None:
+            with contextlib.suppress(StormwatchError):
+                placed = await asyncio.to_thread(self._target.placement.ranks, job)
+                if rank in placed:
+                    holders.add(placed[rank])
+        if not holders:  # no backend, or it does not know: ask each agent
+            for agent in self._target.agents:
+                with contextlib.suppress(ChaosError):
+                    ranks = await self._agents.ranks(agent.url)
+                    if any(r.job == job and r.rank == rank and r.alive for r in ranks):
+                        holders.add(agent.node)
+        return holders
 
     async def inject(self, name: str, fault: Fault, *, recorded: Callable[[], None]) -> Injected:
         """Locate, record (``pending``), send, confirm (``injected``); ``recorded()`` runs after
@@ -139,8 +182,8 @@ class Injector:
         Raises:
             FaultError: it could not be located or sent (a pending row stays for the revert).
         """
-        candidates = await self.locate(fault)
         fault_id = f"{self._experiment_id}.{name}"
+        candidates = await self.locate(fault, fault_id)
         self._ledger.record(
             fault_id=fault_id,
             experiment_id=self._experiment_id,
@@ -160,7 +203,7 @@ class Injector:
             except RankNotFound as exc:
                 if i == len(candidates) - 1:
                     raise FaultError(
-                        f"no agent holds rank {fault.rank} of job {self._job.name}: {exc}"
+                        f"no agent accepted {fault.kind} for job {self._job.name}: {exc}"
                     ) from exc
         assert result is not None
         entry = self._ledger.mark_injected(

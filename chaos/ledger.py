@@ -24,8 +24,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from stormwatch.chaos.errors import LedgerError
-from stormwatch.chaos.experiment import Fault
 from stormwatch.chaos.faults.base import FaultTarget
+from stormwatch.chaos.faults.specs import Fault
 
 FaultState = Literal["pending", "injected", "reverted"]
 _FAULT_ADAPTER: TypeAdapter[Fault] = TypeAdapter(Fault)

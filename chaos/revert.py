@@ -18,6 +18,7 @@ import aiohttp
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.faults import bind_fault
+from stormwatch.chaos.faults.specs import target_rank
 from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ async def revert_expired(
             "fault %s (%s, rank %s) is %.0f s past its TTL and still open: reverting it",
             entry.id,
             entry.kind,
-            entry.spec.rank,
+            target_rank(entry.spec),
             moment - entry.expires_at,
         )
     if session is not None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import psutil
@@ -59,6 +60,12 @@ class RankDirectory(Protocol):
 
     def check_owned(self, pid: int, create_time: float, key: tuple[str, int]) -> str | None: ...
 
+    def ranks(self) -> tuple[RankInfo, ...]: ...
+
+
+def _no_gpu() -> Any:
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class FaultContext:
@@ -67,10 +74,18 @@ class FaultContext:
     Attributes:
         node: this agent's node name.
         ranks: the rank watcher.
+        metrics_dir: the node's metrics folder (``--metrics-dir``; trainer control files
+            live in ``<metrics-dir>/control``), None when unknown.
+        state_dir: the agent's state folder (scratch space of faults: overlay upper dirs).
+        gpu: returns the agent's NVML backend (``pynvml`` or a ``FakeNvml``), None
+            before it is open or without GPU collectors.
     """
 
     node: str
     ranks: RankDirectory
+    metrics_dir: Path | None = None
+    state_dir: Path | None = None
+    gpu: Callable[[], Any] = _no_gpu
 
 
 @dataclasses.dataclass(frozen=True)

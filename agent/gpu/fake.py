@@ -36,6 +36,7 @@ from stormwatch.agent.gpu.simulated import (
     FakeEventData,
     FakeEventSet,
     FakeHandle,
+    SimControls,
     SimGpu,
     SimLink,
 )
@@ -115,7 +116,7 @@ class _ErrorRule:
     remaining: int | None
 
 
-class FakeNvml(FakeNvmlExtras):
+class FakeNvml(FakeNvmlExtras, SimControls):
     """Simulated NVML with per-device, per-call error injection.
 
     Args:

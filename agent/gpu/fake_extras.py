@@ -89,12 +89,13 @@ class FakeNvmlExtras:
         return [self._util(index) // 20, 167_000]
 
     def _clock_mask(self, index: int) -> int:
+        forced = self.gpus[index].forced_clock_events  # chaos gpu_throttle
         util = self._util(index)
         if util < 10:
-            return int(pynvml.nvmlClocksEventReasonGpuIdle)
+            return int(pynvml.nvmlClocksEventReasonGpuIdle) | forced
         if util > 88:
-            return int(pynvml.nvmlClocksEventReasonSwPowerCap)
-        return int(pynvml.nvmlClocksEventReasonNone)
+            return int(pynvml.nvmlClocksEventReasonSwPowerCap) | forced
+        return int(pynvml.nvmlClocksEventReasonNone) | forced
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         """Idle below 10 % utilisation, power-capped above 88 %."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import pynvml
 
 _GIB = 1024**3
 
@@ -54,6 +57,11 @@ class SimGpu:
         gpm_supported: False makes ``nvmlGpmQueryDeviceSupport`` say "no GPM"
             (an A100: the profiling metrics become unsupported).
         vgpu_licensed: vGPU license state; None for a GPU without vGPU licensing.
+        forced_clock_events: ``nvmlClocksEventReason*`` bits OR-ed into the simulated
+            throttle reasons (chaos ``gpu_throttle``).
+        power_limit_mw: the power management limit (milliwatts, default 700 W: H100 SXM).
+        power_limit_range_mw: (min, max) settable limit.
+        locked_clocks_mhz: (min, max) graphics clock lock, None when unlocked.
     """
 
     index: int
@@ -82,6 +90,10 @@ class SimGpu:
     unsupported_fields: set[int] = dataclasses.field(default_factory=set)
     gpm_supported: bool = True
     vgpu_licensed: bool | None = True
+    forced_clock_events: int = 0
+    power_limit_mw: int = 700_000
+    power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
+    locked_clocks_mhz: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,4 +121,59 @@ class FakeEventData:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-__all__ = ["FakeEventData", "FakeEventSet", "FakeHandle", "SimGpu", "SimLink"]
+class SimControls:
+    """NVML setters and getters of power limits and clock locks on :class:`SimGpu` state.
+
+    Mixed into :class:`~stormwatch.agent.gpu.fake.FakeNvml`; names and units as in
+    pynvml (milliwatts, MHz). Setting needs root on a real GPU; the simulation
+    always allows it, and rejects values out of range like NVML
+    (``NVML_ERROR_INVALID_ARGUMENT``).
+    """
+
+    gpus: list[SimGpu]
+    _queues: dict[int, Any]
+
+    def pending_events(self) -> int:
+        """Events delivered to event sets and not read yet (``nvmlEventSetWait``)."""
+        return sum(len(queue) for queue in self._queues.values())
+
+    def _enter(self, call: str, gpu: int | None = None, *, needs_init: bool = True) -> None:
+        raise NotImplementedError  # provided by FakeNvml
+
+    def _gpu(self, handle: Any) -> int:
+        raise NotImplementedError  # provided by FakeNvml
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        index = self._gpu(handle)
+        self._enter("nvmlDeviceGetPowerManagementLimit", index)
+        return self.gpus[index].power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        index = self._gpu(handle)
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints", index)
+        return list(self.gpus[index].power_limit_range_mw)
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
+        index = self._gpu(handle)
+        self._enter("nvmlDeviceSetPowerManagementLimit", index)
+        low, high = self.gpus[index].power_limit_range_mw
+        if not low <= limit <= high:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.gpus[index].power_limit_mw = int(limit)
+
+    def nvmlDeviceSetGpuLockedClocks(
+        self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int
+    ) -> None:
+        index = self._gpu(handle)
+        self._enter("nvmlDeviceSetGpuLockedClocks", index)
+        if not 0 < minGpuClockMHz <= maxGpuClockMHz:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.gpus[index].locked_clocks_mhz = (minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
+        index = self._gpu(handle)
+        self._enter("nvmlDeviceResetGpuLockedClocks", index)
+        self.gpus[index].locked_clocks_mhz = None
+
+
+__all__ = ["FakeEventData", "FakeEventSet", "FakeHandle", "SimControls", "SimGpu", "SimLink"]

@@ -1,9 +1,13 @@
 """Fault kinds: each binds a spec from the experiment to a target and can ``inject()``/``revert()``.
 
+The catalogue (models in :mod:`.specs`, documented in docs/faults.md):
+
 * ``kill_rank`` (:class:`KillRank`): agent-side; the agent signals the worker and
   drops its record at the TTL.
 * ``freeze_rank`` (:class:`FreezeRank`): controller-side SIGSTOP/SIGCONT; a
   detached reaper (:mod:`stormwatch.chaos.reaper`) reverts it at the TTL.
+* every other kind (:class:`AgentSideFault`): sent to the node agent(s) over the
+  fault API, applied and reverted at the TTL by the agents themselves.
 
 :func:`bind_fault` builds the right object from a ledger entry's parts, so a
 fresh process holding only the ledger can revert any fault.
@@ -12,10 +16,11 @@ fresh process holding only the ledger can revert any fault.
 from __future__ import annotations
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.experiment import Fault, FreezeRankFault, KillRankFault
-from stormwatch.chaos.faults.base import ActiveFault, FaultTarget, InjectionResult
+from stormwatch.chaos.faults.agent_side import AgentSideFault, plan_requests
+from stormwatch.chaos.faults.base import ActiveFault, AgentRequest, FaultTarget, InjectionResult
 from stormwatch.chaos.faults.freeze_rank import FreezeRank, find_rank_process
 from stormwatch.chaos.faults.kill_rank import KillRank
+from stormwatch.chaos.faults.specs import Fault, FreezeRankFault, KillRankFault
 
 
 def bind_fault(
@@ -29,7 +34,7 @@ def bind_fault(
     """The fault object for ``spec`` at ``target``.
 
     Raises:
-        FaultError: the target lacks what this kind needs (agent URL, pid, ...).
+        FaultError: the target lacks what this kind needs (agent URL, pid, requests...).
     """
     if isinstance(spec, KillRankFault):
         return KillRank(
@@ -37,21 +42,26 @@ def bind_fault(
         )
     if isinstance(spec, FreezeRankFault):
         return FreezeRank(fault_id=fault_id, spec=spec, target=target)
-    raise AssertionError(f"unhandled fault kind {spec!r}")  # pragma: no cover
+    return AgentSideFault(
+        fault_id=fault_id, spec=spec, target=target, agents=agents, expires_at=expires_at
+    )
 
 
 def reverts_itself(spec: Fault) -> bool:
     """Whether something outside the controller (the agent) reverts this kind at its TTL."""
-    return isinstance(spec, KillRankFault)
+    return not isinstance(spec, FreezeRankFault)
 
 
 __all__ = [
     "ActiveFault",
+    "AgentRequest",
+    "AgentSideFault",
     "FaultTarget",
     "FreezeRank",
     "InjectionResult",
     "KillRank",
     "bind_fault",
     "find_rank_process",
+    "plan_requests",
     "reverts_itself",
 ]

@@ -8,9 +8,25 @@ that a fresh process holding only the ledger entry can revert it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentRequest(BaseModel):
+    """One request sent to one node agent for a fault (a partition sends one per node).
+
+    Attributes:
+        node: the node.
+        agent_url: its agent's fault API base URL.
+        body: the ``POST /v1/faults`` body, ``id`` included (the agent-side fault id).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    agent_url: str
+    body: dict[str, Any]
 
 
 class FaultTarget(BaseModel):
@@ -25,17 +41,20 @@ class FaultTarget(BaseModel):
         pid: target process (controller-side faults).
         pid_create_time: the process's start time (``psutil``, Unix seconds), so a
             reused PID is never signalled by mistake.
+        requests: what is sent to which agent (agent-side kinds other than ``kill_rank``);
+            recorded before sending, so a revert knows every agent-side id.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job: str
-    rank: int = Field(ge=0)
+    rank: int | None = Field(default=None, ge=0)
     node: str | None = None
     agent_url: str | None = None
     token_file: str | None = None
     pid: int | None = None
     pid_create_time: float | None = None
+    requests: tuple[AgentRequest, ...] = ()
 
 
 class InjectionResult(BaseModel):
@@ -75,4 +94,4 @@ class ActiveFault(Protocol):
         ...
 
 
-__all__ = ["ActiveFault", "FaultTarget", "InjectionResult"]
+__all__ = ["ActiveFault", "AgentRequest", "FaultTarget", "InjectionResult"]

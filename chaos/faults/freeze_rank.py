@@ -15,8 +15,8 @@ import time
 import psutil
 
 from stormwatch.chaos.errors import FaultError
-from stormwatch.chaos.experiment import FreezeRankFault
 from stormwatch.chaos.faults.base import FaultTarget, InjectionResult
+from stormwatch.chaos.faults.specs import FreezeRankFault
 
 #: Nothing outside the controller reverts this fault: the runner starts a reaper for its TTL.
 REVERTS_ITSELF = False

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, ServiceError
-from stormwatch.chaos.experiment import KillRankFault
 from stormwatch.chaos.faults.base import FaultTarget, InjectionResult
+from stormwatch.chaos.faults.specs import KillRankFault
 
 #: Agent-side faults revert themselves at their TTL; no controller-side reaper needed.
 REVERTS_ITSELF = True

@@ -165,7 +165,13 @@ class AgentThread:
 
     @property
     def url(self) -> str:
+        """The read-only listener (``/metrics``, ``/healthz``, ``/v1/ranks``, ``/v1/events``)."""
         return self.agent.url
+
+    @property
+    def fault_url(self) -> str:
+        """The fault API's listener (``/v1/faults``)."""
+        return self.agent.fault_url
 
     def sample(self) -> None:
         """Take a GPU sample now (tests run with a long sample interval)."""
@@ -219,6 +225,8 @@ def make_agent(base: Path, fake: FakeNvml | None = None, **overrides: Any) -> Ag
         "metrics_dir": base / "metrics",
         "gpu_backend": "sim",
         "token_file": token_file,
+        "fault_listen_host": "127.0.0.1",  # the fault API's own listener, any free port
+        "fault_listen_port": 0,
         "state_dir": base / "state",
         "sample_interval": 3600.0,  # tests sample explicitly
         "rank_scan_interval": 0.1,
@@ -466,6 +474,7 @@ class AgentProcess:
         with log.open("wb") as sink:
             self.proc = subprocess.Popen([str(script), *args], stdout=sink, stderr=sink, env=env)
         self.url = ""
+        self.fault_url = ""
 
     def wait_listening(self, timeout: float = 60.0) -> str:
         def url() -> str | None:
@@ -473,6 +482,8 @@ class AgentProcess:
                 raise AssertionError(f"agent exited {self.proc.returncode}: {self.log.read_text()}")
             for line in self.log.read_text().splitlines():
                 if "listening on " in line:
+                    if "fault API on " in line:
+                        self.fault_url = line.split("fault API on ", 1)[1].split(";")[0]
                     return line.split("listening on ", 1)[1].split()[0]
             return None
 
@@ -511,6 +522,8 @@ def agent_process(
             "sim",
             "--token-file",
             str(token_file),
+            "--fault-api-listen",
+            "127.0.0.1:0",
             "--state-dir",
             str(tmp_path / "state"),
             *extra,

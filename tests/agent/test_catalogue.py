@@ -52,6 +52,9 @@ def _everything_exported(start_agent: Any, fake_torchrun: Any, tools: Any) -> An
             "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="1"
         )
     )
+    # Each fake rank writes every trainer metric after its first heartbeats: wait for them.
+    trainer = {spec.name for spec in load_catalogue() if spec.source == "trainer"}
+    tools.wait_for(lambda: trainer <= set(tools.scrape(agent.url).families))
     fake.set_processes(0, [(rank0, 2**30), (6498025472, 9980)])
     fake.emit_xid(0, 48)
     fake.inject_error("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_UNKNOWN, gpu=0)
@@ -63,11 +66,11 @@ def _everything_exported(start_agent: Any, fake_torchrun: Any, tools: Any) -> An
             "job": launcher.job,
             "ttl_seconds": ttl,
         }
-        reply = tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token)
+        reply = tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
         assert reply.status in (200, 201), reply.text
     tools.wait_for(
         lambda: (
-            tools.http("GET", agent.url + "/v1/faults/b", token=tools.token).json()["state"]
+            tools.http("GET", agent.fault_url + "/v1/faults/b", token=tools.token).json()["state"]
             == "reverted"
         )
     )

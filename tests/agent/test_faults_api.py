@@ -10,6 +10,8 @@ from typing import Any
 import psutil
 import pytest
 
+from stormwatch.agent import AgentConfig, AgentConfigError
+
 
 def _kill(rank: int, fault_id: str, **extra: Any) -> dict[str, Any]:
     return {"id": fault_id, "kind": "kill_rank", "rank": rank, "signal": "SIGKILL", **extra}
@@ -37,17 +39,31 @@ def test_fault_api_without_valid_token_is_401(
     start_agent: Any, tools: Any, method: str, path: str, token: str | None
 ) -> None:
     agent = start_agent()
-    reply = tools.http(method, agent.url + path, body=_kill(0, "a"), token=token)
+    reply = tools.http(method, agent.fault_url + path, body=_kill(0, "a"), token=token)
     assert reply.status == 401
     assert reply.headers["WWW-Authenticate"].startswith("Bearer")
-    assert tools.http("GET", agent.url + "/v1/faults", token=tools.token).status == 200
+    assert tools.http("GET", agent.fault_url + "/v1/faults", token=tools.token).status == 200
 
 
-def test_fault_api_is_closed_without_token_file(start_agent: Any, tools: Any) -> None:
-    agent = start_agent(token_file=None)
+def test_fault_api_does_not_listen_unless_enabled(start_agent: Any, tools: Any) -> None:
+    agent = start_agent(fault_listen_host=None)
+    assert agent.fault_url == ""
     reply = tools.http("POST", agent.url + "/v1/faults", body=_kill(0, "a"), token=tools.token)
-    assert reply.status == 401 and "--token-file" in reply.json()["error"]
+    assert reply.status in (404, 405), "not served by the read-only listener"
+    assert tools.http("GET", agent.url + "/v1/faults", token=tools.token).status == 404
     assert tools.http("GET", agent.url + "/metrics").status == 200
+
+
+def test_fault_api_without_a_token_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(AgentConfigError, match=r"--fault-api-listen.*--token-file"):
+        AgentConfig.build(metrics_dir=tmp_path, fault_listen_host="127.0.0.1", fault_listen_port=0)
+
+
+def test_fault_api_is_not_served_by_the_metrics_listener(start_agent: Any, tools: Any) -> None:
+    agent = start_agent()
+    assert tools.http("GET", agent.url + "/v1/faults", token=tools.token).status == 404
+    assert tools.http("GET", agent.fault_url + "/metrics").status == 401, "token first"
+    assert tools.http("GET", agent.fault_url + "/metrics", token=tools.token).status == 404
 
 
 # --------------------------------------------------------------- validation
@@ -85,7 +101,7 @@ def test_bad_fault_body_is_400_naming_the_field(
 ) -> None:
     agent = start_agent()
     kwargs = {"raw": body} if isinstance(body, bytes) else {"body": body}
-    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, **kwargs)
+    reply = tools.http("POST", agent.fault_url + "/v1/faults", token=tools.token, **kwargs)
     assert reply.status == 400
     answer = reply.json()
     assert field in [entry["field"] for entry in answer["fields"]]
@@ -94,18 +110,18 @@ def test_bad_fault_body_is_400_naming_the_field(
 
 def test_deeply_nested_body_is_400_naming_the_nesting(start_agent: Any, tools: Any) -> None:
     agent = start_agent()
-    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, raw=b"[" * 30000)
+    reply = tools.http("POST", agent.fault_url + "/v1/faults", token=tools.token, raw=b"[" * 30000)
     assert reply.status == 400 and "nested" in reply.json()["error"]
     # Brackets inside strings do not count.
     body = {"id": "a", "kind": "kill_rank", "rank": 77, "job": "[" * 100}
-    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, body=body)
+    reply = tools.http("POST", agent.fault_url + "/v1/faults", token=tools.token, body=body)
     assert reply.status == 404, reply.text
 
 
 def test_integer_ttl_is_still_accepted_as_seconds(start_agent: Any, tools: Any) -> None:
     agent = start_agent()
     body = {"id": "a", "kind": "kill_rank", "rank": 77, "job": "none", "ttl_seconds": 5}
-    reply = tools.http("POST", agent.url + "/v1/faults", token=tools.token, body=body)
+    reply = tools.http("POST", agent.fault_url + "/v1/faults", token=tools.token, body=body)
     assert reply.status == 404, reply.text  # valid request; the rank is just not here
 
 
@@ -116,7 +132,7 @@ def test_fault_body_must_be_application_json(
     agent = start_agent()
     reply = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         token=tools.token,
         body=_kill(0, "a", job="j"),
         content_type=content_type,
@@ -124,7 +140,7 @@ def test_fault_body_must_be_application_json(
     assert reply.status == 415 and "application/json" in reply.json()["error"]
     charset = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         token=tools.token,
         body=_kill(77, "a", job="j"),
         content_type="application/json; charset=utf-8",
@@ -135,19 +151,24 @@ def test_fault_body_must_be_application_json(
 def test_oversized_fault_body_is_413(start_agent: Any, tools: Any) -> None:
     agent = start_agent()
     body = _kill(0, "big", job="x" * (128 * 1024))
-    assert tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token).status == 413
+    assert (
+        tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token).status
+        == 413
+    )
 
 
 def test_unknown_rank_is_404_and_leaves_no_record(start_agent: Any, tools: Any) -> None:
     agent = start_agent()
     reply = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         body=_kill(77, "nope", job="no-such-job"),
         token=tools.token,
     )
     assert reply.status == 404 and "rank 77" in reply.json()["error"]
-    assert tools.http("GET", agent.url + "/v1/faults", token=tools.token).json() == {"faults": []}
+    assert tools.http("GET", agent.fault_url + "/v1/faults", token=tools.token).json() == {
+        "faults": []
+    }
 
 
 # ---------------------------------------------------------------- kill_rank
@@ -161,7 +182,7 @@ def test_kill_rank_signals_the_rank_process(
     before = time.time()
     reply = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         body={
             "id": f"kill-{sig}",
             "kind": "kill_rank",
@@ -203,7 +224,7 @@ def test_sigkill_with_quick_torchrun_restart_is_still_counted(
     )
     reply = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         body=_kill(0, "quick", job=launcher.job),
         token=tools.token,
     )
@@ -229,18 +250,24 @@ def test_same_fault_id_twice_has_one_effect(
     launcher = fake_torchrun([0], restart=True)
     first = launcher.wait_pid(0)
     body = _kill(0, "once", job=launcher.job)
-    assert tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token).status == 201
+    assert (
+        tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token).status
+        == 201
+    )
     second = launcher.wait_pid(0, count=2)
     tools.wait_for(lambda: tools.http("GET", agent.url + "/v1/ranks").json()["ranks"])
-    again = tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token)
+    again = tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
     assert again.status == 200 and again.json()["target_pid"] == first
     time.sleep(0.3)
     assert not _gone(second), "a repeated request killed the restarted rank"
     conflict = tools.http(
-        "POST", agent.url + "/v1/faults", body={**body, "signal": "SIGTERM"}, token=tools.token
+        "POST",
+        agent.fault_url + "/v1/faults",
+        body={**body, "signal": "SIGTERM"},
+        token=tools.token,
     )
     assert conflict.status == 409
-    listed = tools.http("GET", agent.url + "/v1/faults", token=tools.token).json()["faults"]
+    listed = tools.http("GET", agent.fault_url + "/v1/faults", token=tools.token).json()["faults"]
     assert [f["id"] for f in listed] == ["once"]
 
 
@@ -250,10 +277,13 @@ def test_ttl_expiry_is_recorded(start_agent: Any, fake_torchrun: Any, tools: Any
     launcher = fake_torchrun([0])
     launcher.wait_pid(0)
     body = _kill(0, "short", job=launcher.job, ttl_seconds=0.3)
-    assert tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token).status == 201
+    assert (
+        tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token).status
+        == 201
+    )
 
     def expired() -> Any:
-        record = tools.http("GET", agent.url + "/v1/faults/short", token=tools.token).json()
+        record = tools.http("GET", agent.fault_url + "/v1/faults/short", token=tools.token).json()
         return record if record["state"] == "reverted" else None
 
     record = tools.wait_for(expired)
@@ -271,13 +301,19 @@ def test_delete_reverts_now_and_is_idempotent(
     launcher = fake_torchrun([0])
     launcher.wait_pid(0)
     body = _kill(0, "del", job=launcher.job)
-    assert tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token).status == 201
-    first = tools.http("DELETE", agent.url + "/v1/faults/del", token=tools.token)
+    assert (
+        tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token).status
+        == 201
+    )
+    first = tools.http("DELETE", agent.fault_url + "/v1/faults/del", token=tools.token)
     assert first.status == 200 and first.json()["state"] == "reverted"
     assert first.json()["revert_reason"] == "request"
-    second = tools.http("DELETE", agent.url + "/v1/faults/del", token=tools.token)
+    second = tools.http("DELETE", agent.fault_url + "/v1/faults/del", token=tools.token)
     assert second.status == 200 and second.json() == first.json()
-    assert tools.http("DELETE", agent.url + "/v1/faults/unknown", token=tools.token).status == 404
+    assert (
+        tools.http("DELETE", agent.fault_url + "/v1/faults/unknown", token=tools.token).status
+        == 404
+    )
 
 
 def test_ledger_survives_agent_crash_and_ttl_still_expires(
@@ -290,12 +326,16 @@ def test_ledger_survives_agent_crash_and_ttl_still_expires(
     for fault_id, rank, ttl in (("old", 0, 0.5), ("live", 1, 3.0)):
         body = _kill(rank, fault_id, job=launcher.job, ttl_seconds=ttl)
         assert (
-            tools.http("POST", crashed.url + "/v1/faults", body=body, token=tools.token).status
+            tools.http(
+                "POST", crashed.fault_url + "/v1/faults", body=body, token=tools.token
+            ).status
             == 201
         )
     applied = {
         f["id"]: f
-        for f in tools.http("GET", crashed.url + "/v1/faults", token=tools.token).json()["faults"]
+        for f in tools.http("GET", crashed.fault_url + "/v1/faults", token=tools.token).json()[
+            "faults"
+        ]
     }
     assert (
         crashed.stop(signal.SIGKILL) == -signal.SIGKILL
@@ -305,7 +345,9 @@ def test_ledger_survives_agent_crash_and_ttl_still_expires(
     agent = start_agent(state_dir=tmp_path / "state")
     records = {
         f["id"]: f
-        for f in tools.http("GET", agent.url + "/v1/faults", token=tools.token).json()["faults"]
+        for f in tools.http("GET", agent.fault_url + "/v1/faults", token=tools.token).json()[
+            "faults"
+        ]
     }
     assert records["old"]["state"] == "reverted" and records["old"]["revert_reason"] == "ttl"
     assert records["old"]["applied_at"] == applied["old"]["applied_at"]
@@ -313,14 +355,14 @@ def test_ledger_survives_agent_crash_and_ttl_still_expires(
     assert records["live"]["target_pid"] == applied["live"]["target_pid"]
 
     def live_expired() -> bool:
-        record = tools.http("GET", agent.url + "/v1/faults/live", token=tools.token).json()
+        record = tools.http("GET", agent.fault_url + "/v1/faults/live", token=tools.token).json()
         return record["state"] == "reverted" and record["revert_reason"] == "ttl"
 
     tools.wait_for(live_expired)
     # The same id after the restart still has one effect.
     again = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         body=_kill(1, "live", job=launcher.job, ttl_seconds=3.0),
         token=tools.token,
     )
@@ -334,8 +376,11 @@ def test_clean_shutdown_completes_active_faults(
     launcher = fake_torchrun([0])
     launcher.wait_pid(0)
     body = _kill(0, "bye", job=launcher.job, ttl_seconds=600)
-    assert tools.http("POST", first.url + "/v1/faults", body=body, token=tools.token).status == 201
+    assert (
+        tools.http("POST", first.fault_url + "/v1/faults", body=body, token=tools.token).status
+        == 201
+    )
     first.stop()
     second = start_agent(state_dir=tmp_path / "state")
-    record = tools.http("GET", second.url + "/v1/faults/bye", token=tools.token).json()
+    record = tools.http("GET", second.fault_url + "/v1/faults/bye", token=tools.token).json()
     assert record["state"] == "reverted" and record["revert_reason"] == "shutdown"

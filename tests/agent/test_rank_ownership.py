@@ -29,7 +29,7 @@ def _ranks(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:
 
 def _kill(tools: Any, agent: Any, rank: int, job: str, fault_id: str = "k") -> Any:
     body = {"id": fault_id, "kind": "kill_rank", "rank": rank, "job": job}
-    return tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token)
+    return tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
 
 
 @pytest.mark.parametrize(

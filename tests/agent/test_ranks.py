@@ -104,7 +104,7 @@ def test_ranks_of_another_node_are_not_this_nodes(
     assert _ranks(tools, agent, theirs.job) == {}
     reply = tools.http(
         "POST",
-        agent.url + "/v1/faults",
+        agent.fault_url + "/v1/faults",
         body={"id": "x", "kind": "kill_rank", "rank": 1, "job": theirs.job},
         token=tools.token,
     )

@@ -50,7 +50,7 @@ def test_kill_rank_under_real_torchrun_is_restarted_and_counted(
         first = tools.wait_for(lambda: (r := ranks()) and len(r) == 2 and r, timeout=120)
         assert {row["world_size"] for row in first.values()} == {2}
         body = {"id": "e2e-kill", "kind": "kill_rank", "rank": 1, "job": job, "signal": "SIGKILL"}
-        reply = tools.http("POST", agent.url + "/v1/faults", body=body, token=tools.token)
+        reply = tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
         assert reply.status == 201, reply.text
         assert reply.json()["target_pid"] == first[1]["pid"]
         # torchrun restarts the worker group: new pids, attempt 1.

@@ -1,0 +1,158 @@
+"""Shared helpers of the agent's fault kinds: commands, process identity, names from ids.
+
+Every helper raises :class:`~stormwatch.agent.errors.FaultError` (never a bare
+``CalledProcessError``) with the command and its stderr, so the API answers
+with a message an operator can act on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import psutil
+
+from stormwatch.agent.errors import FaultError, FaultTargetNotFound
+from stormwatch.agent.faults.base import FaultContext
+from stormwatch.agent.procs import is_torchrun_agent
+from stormwatch.agent.ranks import RankInfo
+
+#: Seconds any one system command may take (iptables waits for its lock with ``-w``).
+COMMAND_TIMEOUT_S = 20.0
+
+
+def run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command; a missing tool, a timeout or (with ``check``) a non-zero exit raise.
+
+    Raises:
+        FaultError: naming the command and its stderr.
+    """
+    if shutil.which(args[0]) is None:
+        raise FaultError(f"{args[0]} is not installed on this node (needed for this fault)")
+    try:
+        done = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FaultError(f"{' '.join(args)}: {exc}") from exc
+    if check and done.returncode != 0:
+        raise FaultError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def short_tag(fault_id: str, length: int = 12) -> str:
+    """A stable short hex tag of ``fault_id`` (chain, cgroup and folder names have length limits)."""
+    return hashlib.sha256(fault_id.encode()).hexdigest()[:length]
+
+
+def process_ref(process: psutil.Process) -> list[float]:
+    """``[pid, create_time]``: identifies a process across pid reuse (stored in the ledger)."""
+    return [process.pid, process.create_time()]
+
+
+def same_process(ref: Sequence[float]) -> psutil.Process | None:
+    """The live process ``ref`` names, or None (gone, zombie, or the pid was reused)."""
+    try:
+        process = psutil.Process(int(ref[0]))
+        if abs(process.create_time() - float(ref[1])) >= 0.01:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except (psutil.Error, ValueError, IndexError):
+        return None
+
+
+def job_ranks(ctx: FaultContext, job: str | None) -> list[RankInfo]:
+    """This node's running ranks (of ``job``), after a fresh scan.
+
+    Raises:
+        FaultTargetNotFound: none.
+    """
+    ctx.ranks.scan()
+    found = [r for r in ctx.ranks.ranks() if r.alive and (job is None or r.job == job)]
+    if not found:
+        where = f" of job {job}" if job else ""
+        raise FaultTargetNotFound(f"no rank{where} is running on node {ctx.node}")
+    return found
+
+
+def torchrun_of(pid: int) -> psutil.Process | None:
+    """The torchrun agent ``pid`` descends from (nearest ancestor), or None."""
+    try:
+        for parent in psutil.Process(pid).parents():
+            try:
+                if is_torchrun_agent(parent.name(), parent.cmdline()):
+                    return parent
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        return None
+    return None
+
+
+def torchruns(ranks: Iterable[RankInfo]) -> list[psutil.Process]:
+    """The distinct torchrun agents of ``ranks``."""
+    found: dict[int, psutil.Process] = {}
+    for info in ranks:
+        agent = torchrun_of(info.pid)
+        if agent is not None:
+            found[agent.pid] = agent
+    return [found[pid] for pid in sorted(found)]
+
+
+def option_value(cmdline: Sequence[str], *names: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` in a command line (first of ``names`` found)."""
+    for i, arg in enumerate(cmdline):
+        for name in names:
+            if arg == name and i + 1 < len(cmdline):
+                return cmdline[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1 :]
+    return None
+
+
+def rank_option(ctx: FaultContext, job: str | None, *names: str) -> Path | None:
+    """An option of the trainer (after ``train`` on a rank's command line), resolved."""
+    for info in job_ranks(ctx, job):
+        try:
+            process = psutil.Process(info.pid)
+            cmdline, cwd = process.cmdline(), process.cwd()
+        except psutil.Error:
+            continue
+        tail = cmdline[cmdline.index("train") + 1 :] if "train" in cmdline else cmdline
+        value = option_value(tail, *names)
+        if value is not None:
+            return (Path(cwd) / value).resolve()
+    return None
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds pass (at least once); returns
+    whether it became true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+__all__ = [
+    "COMMAND_TIMEOUT_S",
+    "job_ranks",
+    "option_value",
+    "process_ref",
+    "rank_option",
+    "run",
+    "same_process",
+    "short_tag",
+    "torchrun_of",
+    "torchruns",
+    "wait_until",
+]

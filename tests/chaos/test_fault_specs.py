@@ -1,0 +1,132 @@
+"""The catalogue's experiment models and how the controller turns them into agent requests."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from stormwatch.agent.faults import FAULT_TYPES, parse_fault_request
+from stormwatch.chaos.errors import FaultError
+from stormwatch.chaos.faults import plan_requests
+from stormwatch.chaos.faults.specs import FINAL_KINDS, Fault, target_nodes, target_rank
+from stormwatch.chaos.target import AgentEndpoint
+
+FAULT: TypeAdapter[Any] = TypeAdapter(Fault)
+AGENTS = (
+    AgentEndpoint(node="n0", url="http://10.0.0.10:9400", fault_url="http://10.0.0.10:9401"),
+    AgentEndpoint(node="n1", url="http://10.0.0.11:9400", fault_url="http://10.0.0.11:9401"),
+    AgentEndpoint(node="n2", url="http://10.0.0.12:9400", fault_url="http://10.0.0.12:9401"),
+)
+
+#: One valid experiment fault per kind (the YAML an operator writes).
+EXAMPLES: list[dict[str, Any]] = [
+    {"kind": "kill_rank", "rank": 1},
+    {"kind": "freeze_rank", "rank": 1},
+    {"kind": "freeze_ranks", "node": "n1", "include_torchrun": True},
+    {"kind": "kill_torchrun", "rank": 2},
+    {"kind": "kill_node_processes", "node": "n1"},
+    {"kind": "kill_rdzv_host"},
+    {"kind": "kill_agent", "node": "n2", "signal": "SIGTERM"},
+    {"kind": "partition", "nodes": ["n0"], "direction": "outbound"},
+    {"kind": "isolate_store", "node": "n1"},
+    {"kind": "bandwidth_limit", "node": "n1", "rate_kbit": 10_000},
+    {"kind": "packet_drop", "node": "n1", "probability": 0.1, "peers": ["n0"]},
+    {"kind": "link_flap", "node": "n1", "period_seconds": 2, "down_seconds": 0.5},
+    {"kind": "cpu_throttle", "rank": 3, "cpu_fraction": 0.25},
+    {"kind": "trainer_fault", "rank": 3, "point": "slow_step", "seconds": 0.2},
+    {"kind": "trainer_fault", "rank": 0, "point": "collective_hang", "op": "all_reduce"},
+    {"kind": "trainer_fault", "rank": 0, "point": "error_at_step", "step": 12},
+    {"kind": "gpu_xid", "node": "n0", "gpu": 1, "xid": 79},
+    {"kind": "gpu_throttle", "node": "n0", "reason": "power"},
+    {"kind": "nvlink_down", "node": "n0", "links": [0, 1]},
+    {"kind": "nvlink_errors", "node": "n0", "counter": "crc_data", "count": 10},
+    {"kind": "gpu_lost", "rank": 0},
+    {"kind": "gpu_power_cap", "node": "n0", "watts": 400.0},
+    {"kind": "checkpoint_readonly", "node": "n0"},
+    {"kind": "checkpoint_full", "rank": 0, "path": "/shared/ckpt"},
+]
+
+
+#: Kinds with their own controller classes (chaos/faults/kill_rank.py, freeze_rank.py).
+OWN_CLASSES = ("kill_rank", "freeze_rank")
+
+
+def test_the_examples_cover_the_catalogue_and_every_agent_kind_has_a_controller_model() -> None:
+    kinds = {FAULT.validate_python(body).kind for body in EXAMPLES}
+    models = get_args(get_args(Fault)[0])
+    assert kinds == {get_args(m.model_fields["kind"].annotation)[0] for m in models}
+    assert set(FAULT_TYPES) == kinds - {"freeze_rank"}
+
+
+@pytest.mark.parametrize(
+    "body", [b for b in EXAMPLES if b["kind"] not in OWN_CLASSES], ids=lambda b: b["kind"]
+)
+def test_every_kind_plans_requests_the_agent_accepts(body: dict[str, Any]) -> None:
+    spec = FAULT.validate_python(body)
+    candidates = plan_requests(
+        spec=spec, fault_id="exp.fault", job="job-a", agents=AGENTS, holders=["n2"]
+    )
+    for requests in candidates:
+        for request in requests:
+            agent_spec = parse_fault_request(request.body)  # the agent's own validation
+            assert agent_spec.kind == spec.kind
+            assert agent_spec.ttl_seconds == spec.ttl_seconds
+            assert request.agent_url.endswith(":9401")  # the fault API listener
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"kind": "kill_torchrun"}, "exactly one of 'node'"),
+        ({"kind": "kill_torchrun", "node": "n0", "rank": 1}, "exactly one of 'node'"),
+        ({"kind": "partition", "nodes": ["n0"], "peers": ["n0"]}, "must not share"),
+        ({"kind": "link_flap", "node": "n0", "period_seconds": 1, "down_seconds": 1}, "shorter"),
+        ({"kind": "trainer_fault", "rank": 0, "point": "slow_step"}, "'seconds' is required"),
+        ({"kind": "trainer_fault", "rank": 0, "point": "error_at_step"}, "'step' is required"),
+        ({"kind": "gpu_power_cap", "node": "n0"}, "give 'watts'"),
+        ({"kind": "packet_drop", "node": "n0", "probability": 0}, "greater than 0"),
+        ({"kind": "bandwidth_limit", "node": "n0", "rate_kbit": "10mbit"}, "valid integer"),
+        ({"kind": "gpu_xid", "node": "n0", "xid": 79, "gpus": 1}, "Extra inputs"),
+        ({"kind": "nope"}, "does not match any of the expected tags"),
+    ],
+)
+def test_a_malformed_fault_names_the_problem(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        FAULT.validate_python(body)
+
+
+def test_a_partition_is_one_request_per_node_of_side_a_naming_side_b() -> None:
+    spec = FAULT.validate_python({"kind": "partition", "nodes": ["n0", "n1"], "ttl_seconds": 30})
+    [requests] = plan_requests(spec=spec, fault_id="e.p", job="j", agents=AGENTS)
+    assert [(r.node, r.body["id"]) for r in requests] == [("n0", "e.p:n0"), ("n1", "e.p:n1")]
+    assert requests[0].body["peers"] == [{"address": "10.0.0.12", "verify_port": 9400}]
+    assert target_nodes(spec) == ["n0", "n1"] and target_rank(spec) is None
+
+
+def test_a_rank_fault_tries_the_node_holding_the_rank_first() -> None:
+    spec = FAULT.validate_python({"kind": "cpu_throttle", "rank": 3, "cpu_fraction": 0.5})
+    candidates = plan_requests(spec=spec, fault_id="e.c", job="j", agents=AGENTS, holders=["n1"])
+    assert [c[0].node for c in candidates] == ["n1", "n0", "n2"]
+    assert candidates[0][0].body == {
+        "id": "e.c",
+        "kind": "cpu_throttle",
+        "rank": 3,
+        "job": "j",
+        "cpu_fraction": 0.5,
+        "method": "auto",
+        "ttl_seconds": 60.0,
+    }
+
+
+def test_the_rendezvous_host_is_asked_of_every_agent_and_kills_are_final() -> None:
+    spec = FAULT.validate_python({"kind": "kill_rdzv_host"})
+    assert len(plan_requests(spec=spec, fault_id="e.k", job="j", agents=AGENTS)) == 3
+    assert "kill_rdzv_host" in FINAL_KINDS and "partition" not in FINAL_KINDS
+
+
+def test_a_node_without_an_agent_is_refused_before_anything_is_sent() -> None:
+    spec = FAULT.validate_python({"kind": "gpu_lost", "node": "n9"})
+    with pytest.raises(FaultError, match="node 'n9' has no agent"):
+        plan_requests(spec=spec, fault_id="e.g", job="j", agents=AGENTS)
