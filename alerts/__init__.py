@@ -17,6 +17,9 @@
   append-only audit log (SQLite table + JSONL).
 * :class:`PlatformBackend` (Protocol) and :class:`LabBackend`: restart workers,
   exclude a node, checkpoint now, collect diagnostics.
+* :mod:`stormwatch.alerts.postmortem`: the post-mortem the responder writes when an
+  incident closes (Markdown, one self-contained HTML page, JSON, plots);
+  ``stormwatch alerts postmortem INCIDENT`` writes it again.
 
 Exceptions::
 
@@ -27,6 +30,7 @@ Exceptions::
         ├── StoreError              the responder's SQLite database
         ├── PrometheusError         Prometheus HTTP API unreachable or erroring
         ├── BackendError            a platform backend could not act (no such worker, ...)
+        ├── UnknownIncident         no such incident (a ConfigError too)
         └── ResponderClientError    the responder's HTTP API (attribute ``status``)
 """
 

@@ -21,9 +21,11 @@ from stormwatch.alerts.alertmanager import (
     write_alertmanager_config,
 )
 from stormwatch.alerts.auth import read_token
+from stormwatch.alerts.backend import PlatformSettings, load_platform_settings
 from stormwatch.alerts.client import ResponderClient
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.policy import default_policy, load_policy
+from stormwatch.alerts.postmortem.cli import postmortem_cmd
 from stormwatch.alerts.records import ActionRecord, IncidentRecord
 from stormwatch.alerts.responder import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
@@ -50,6 +52,7 @@ def alerts() -> None:
     stormwatch alerts incidents             list the responder's incidents
     stormwatch alerts approve ACTION_ID     approve an action waiting for approval
     stormwatch alerts policy-check FILE     validate a runbook policy file
+    stormwatch alerts postmortem INCIDENT   (re-)write an incident's post-mortem
     """
 
 
@@ -210,8 +213,31 @@ def alertmanager_cmd(
     "--lab-run-dir",
     default=None,
     type=click.Path(path_type=Path),
-    help="The lab's run directory: enables the lab backend for remedial actions.",
+    help="The lab's run directory: enables the lab backend for remedial actions and gives "
+    "post-mortems the job's rank logs, dumps, spans, agent events and chaos journals.",
 )
+@click.option(
+    "--platform",
+    type=click.Choice(["lab", "kubernetes", "slurm"]),
+    default="lab",
+    show_default=True,
+    help="Platform backend of the remedial actions (docs/deploy-kubernetes.md, "
+    "docs/deploy-slurm.md).",
+)
+@click.option(
+    "--platform-config",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="YAML with the kubernetes:/slurm: backend settings (namespace, nproc_per_node, ...).",
+)
+@click.option(
+    "--postmortem-dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Write a post-mortem into <dir>/incident-<id>/ when an incident closes "
+    "[default: <db folder>/postmortems].",
+)
+@click.option("--no-postmortems", is_flag=True, help="Write no post-mortem when incidents close.")
 def serve_cmd(
     listen: str,
     db_path: Path,
@@ -223,8 +249,13 @@ def serve_cmd(
     dry_run: bool,
     audit_jsonl: Path | None,
     lab_run_dir: Path | None,
+    platform: str,
+    platform_config: Path | None,
+    postmortem_dir: Path | None,
+    no_postmortems: bool,
 ) -> None:
-    """Run the responder: receive Alertmanager webhooks, keep incidents, run actions.
+    """Run the responder: receive Alertmanager webhooks, keep incidents, run actions, and
+    write a post-mortem when an incident closes.
 
     Prints `listening on URL` once ready; stops cleanly on SIGINT/SIGTERM.
     """
@@ -236,6 +267,12 @@ def serve_cmd(
         policy=policy,
         audit_jsonl=audit_jsonl,
         lab_run_dir=lab_run_dir,
+        postmortem_dir=postmortem_dir,
+        postmortems=not no_postmortems,
+        platform=platform,
+        platform_settings=(
+            load_platform_settings(platform_config) if platform_config else PlatformSettings()
+        ),
         db_path=db_path,
         token_file=token_file,
         host=host,
@@ -393,6 +430,9 @@ def policy_check_cmd(policy_file: Path) -> None:
     for rule in policy.rules:
         click.echo(f"{rule.alertname}: {', '.join(rule.actions)}")
     click.echo(f"ok: {len(policy.rules)} rules, dry_run={str(policy.dry_run).lower()}")
+
+
+alerts.add_command(postmortem_cmd)
 
 
 __all__ = ["alerts"]

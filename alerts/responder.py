@@ -33,11 +33,22 @@ from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
 from stormwatch.alerts.audit import AuditEntry, AuditLog
 from stormwatch.alerts.auth import bearer_matches, read_token
-from stormwatch.alerts.backend import LabBackend
+from stormwatch.alerts.backend import (
+    LabBackend,
+    PlatformBackend,
+    PlatformSettings,
+    make_backend,
+)
 from stormwatch.alerts.errors import StoreError
 from stormwatch.alerts.guards import Guardrails
 from stormwatch.alerts.payload import WebhookMessage
 from stormwatch.alerts.policy import Policy, default_policy
+from stormwatch.alerts.postmortem import (
+    PostMortemFiles,
+    PostMortemWriter,
+    recovery_visible,
+    write_incident_postmortem,
+)
 from stormwatch.alerts.prometheus import PrometheusClient
 from stormwatch.alerts.runner import ActionRunner, StoreWorker
 from stormwatch.alerts.store import Store
@@ -73,7 +84,16 @@ class ResponderSettings:
         audit_jsonl: JSONL mirror of the audit log (default ``<db>.audit.jsonl``).
         lab_run_dir: the lab's run directory; enables the lab backend for
             remedial actions (node map from ``lab.json``, diagnostics in
-            ``<run-dir>/responder/diagnostics``). None: no backend.
+            ``<run-dir>/responder/diagnostics``). None: no backend. Post-mortems
+            read the job's rank logs, dumps, spans, agent events and chaos
+            journals from it.
+        platform: which backend remedial actions use: ``lab`` (needs
+            :attr:`lab_run_dir`), ``kubernetes`` or ``slurm`` (alerts/backend/).
+        platform_settings: the ``kubernetes``/``slurm`` settings (``--platform-config``);
+            their diagnostics go to ``<db folder>/diagnostics``.
+        postmortem_dir: where a post-mortem is written when an incident closes
+            (``incident-<id>/``; default ``<db folder>/postmortems``).
+        postmortems: False writes none (``--no-postmortems``).
     """
 
     db_path: Path
@@ -86,6 +106,30 @@ class ResponderSettings:
     policy: Policy = field(default_factory=default_policy)
     audit_jsonl: Path | None = None
     lab_run_dir: Path | None = None
+    platform: str = "lab"
+    platform_settings: PlatformSettings = field(default_factory=PlatformSettings)
+    postmortem_dir: Path | None = None
+    postmortems: bool = True
+
+    @property
+    def postmortem_path(self) -> Path:
+        """Where post-mortems go (:attr:`postmortem_dir` or ``<db folder>/postmortems``)."""
+        return self.postmortem_dir or Path(self.db_path).parent / "postmortems"
+
+    def write_postmortem(self, incident_id: int) -> PostMortemFiles:
+        """Write the post-mortem of ``incident_id`` from this responder's sources (blocking).
+
+        Raises:
+            UnknownIncident: no such incident.
+            StoreError: the database cannot be read.
+        """
+        return write_incident_postmortem(
+            db_path=self.db_path,
+            incident_id=incident_id,
+            postmortem_dir=self.postmortem_path,
+            lab_run_dir=self.lab_run_dir,
+            prometheus_url=self.prometheus_url,
+        )
 
     @property
     def audit_path(self) -> Path:
@@ -114,7 +158,24 @@ class ResponderSettings:
             diagnostics_dir=run_dir / "responder" / "diagnostics", node_metrics_dirs=nodes
         )
 
+    def backend(self) -> PlatformBackend | None:
+        """The backend :attr:`platform` names (lab: :meth:`lab_backend`, None without a run dir).
+
+        Raises:
+            ConfigError: unknown platform, or an unreadable ``lab.json``.
+            BackendError: the Kubernetes client finds no cluster configuration.
+        """
+        if self.platform == "lab":
+            return self.lab_backend()
+        return make_backend(
+            self.platform,
+            self.platform_settings,
+            diagnostics_dir=Path(self.db_path).parent / "diagnostics",
+        )
+
     def __post_init__(self) -> None:
+        if self.platform not in ("lab", "kubernetes", "slurm"):
+            raise ConfigError(f"platform: must be lab, kubernetes or slurm (got {self.platform!r})")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: must be 0..65535 (got {self.port})")
         if not self.host:
@@ -174,6 +235,7 @@ class Responder:
         self._db: StoreWorker | None = None
         self._runner: ActionRunner | None = None
         self._audit: AuditLog | None = None
+        self._postmortems: PostMortemWriter | None = None
         self.url = ""
 
     async def __aenter__(self) -> Responder:
@@ -198,7 +260,7 @@ class Responder:
             playbook = playbook_from_policy(
                 settings.policy,
                 prometheus=prometheus,
-                backend=settings.lab_backend(),
+                backend=settings.backend(),
                 confirm=settings.confirm,
             )
         self._playbook = playbook
@@ -213,6 +275,12 @@ class Responder:
             db, playbook, clock=self._clock, guardrails=guardrails, annotator=self.annotator
         )
         self._stack.push_async_callback(runner.aclose)
+        if settings.postmortems:
+            self._postmortems = writer = PostMortemWriter(
+                settings.write_postmortem,
+                recovered=lambda pm: recovery_visible(pm, settings.lab_run_dir),
+            )
+            self._stack.push_async_callback(writer.aclose)
 
         app = web.Application(
             client_max_size=settings.max_body_bytes, middlewares=[self._authenticate]
@@ -302,6 +370,9 @@ class Responder:
             self._runner.submit(action_id)
         self._annotate_incidents(message, done.opened, "opened")
         self._annotate_incidents(message, done.closed, "closed")
+        if self._postmortems is not None:
+            for incident_id in done.closed:
+                self._postmortems.submit(incident_id)
         log.info(
             "notification %d (%s, %d alerts): %d new, %d duplicates, opened %s, joined %s,"
             " closed %s",

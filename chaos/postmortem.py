@@ -28,6 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.chaos.evidence import AlertEvidence, Evidence
+from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.journal import Journal
 from stormwatch.chaos.ranklogs import RankLog, final_losses
 
@@ -127,7 +128,7 @@ def analyze(
         job=journal.job.name if journal.job else None,
     )
     pm.faults_left_open = [
-        f"{f.id} ({f.kind} rank {f.spec.rank}, {f.state})" for f in journal.faults if f.open
+        f"{f.id} ({f.kind} {_where(f.spec)}, {f.state})" for f in journal.faults if f.open
     ]
     _fault(pm, journal)
     fault_attempt = _restart(pm, logs)
@@ -381,12 +382,12 @@ def _notes(pm: PostMortem, evidence: Evidence | None, journal: Journal) -> None:
         if not pm.detected:
             notes.append(
                 f"no alert fired between the fault and "
-                f"{_clock(evidence.window_end)} (MTTD: not detected)"
+                f"{format_clock(evidence.window_end)} (MTTD: not detected)"
             )
         elif pm.alert_received_at is None:
             notes.append("the alert fired but the responder has no record of receiving it")
         if pm.detected and pm.alert_resolved_at is None:
-            notes.append(f"the alert had not resolved by {_clock(evidence.window_end)}")
+            notes.append(f"the alert had not resolved by {format_clock(evidence.window_end)}")
     if pm.workers_restarted_at is None:
         notes.append("no worker restart appears in the rank logs")
     elif not pm.recovered:
@@ -400,7 +401,8 @@ def _notes(pm: PostMortem, evidence: Evidence | None, journal: Journal) -> None:
 # -- Markdown ------------------------------------------------------------------------------------
 
 
-def _clock(at: float | None) -> str:
+def format_clock(at: float | None) -> str:
+    """Local wall-clock time ``HH:MM:SS.mmm`` of Unix time ``at`` ("—" for None)."""
     if at is None:
         return "—"
     return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int((at % 1) * 1000):03d}"
@@ -429,7 +431,7 @@ def render_markdown(pm: PostMortem) -> str:
         "| measure | value |",
         "|---|---|",
         f"| fault | {pm.fault_kind or '—'} rank {pm.fault_rank if pm.fault_rank is not None else '—'}"
-        f" on {pm.fault_node or '—'} at {_clock(pm.fault_at)} |",
+        f" on {pm.fault_node or '—'} at {format_clock(pm.fault_at)} |",
         f"| alert | {_alert_name(pm) or 'none'} |",
         f"| time to detect (fault → alert firing) | "
         f"{_secs(pm.time_to_detect_seconds, 'not detected')} |",
@@ -453,7 +455,7 @@ def render_markdown(pm: PostMortem) -> str:
         since = (
             "" if event.at is None or pm.fault_at is None else f"{event.at - pm.fault_at:+.1f} s"
         )
-        at = _clock(event.at) if event.at is not None else "not observed"
+        at = format_clock(event.at) if event.at is not None else "not observed"
         lines.append(f"| {at} | {since} | {event.event} | {event.source} | {event.detail} |")
     lines += ["", "## Loss after recovery", ""]
     if pm.loss_plot:
@@ -507,12 +509,22 @@ def write_postmortem(pm: PostMortem, experiment_dir: Path) -> tuple[Path, Path]:
     return md, js
 
 
+def _where(spec: object) -> str:
+    """``rank R`` or ``node N`` (or both nodes of a partition) for a fault's one-line description."""
+    rank = target_rank(spec)
+    if rank is not None:
+        return f"rank {rank}"
+    nodes = target_nodes(spec)
+    return f"node {', '.join(nodes)}" if nodes else "job-wide"
+
+
 __all__ = [
     "LossCheck",
     "LossMismatch",
     "PostMortem",
     "TimelineEvent",
     "analyze",
+    "format_clock",
     "render_markdown",
     "write_postmortem",
 ]

@@ -107,7 +107,7 @@ def playbook_from_policy(
     if missing:
         raise ConfigError(
             f"policy: actions {missing} need a platform backend; start the responder "
-            "with --lab-run-dir (the lab backend)"
+            "with --lab-run-dir (the lab backend) or --platform kubernetes|slurm"
         )
     return Playbook(
         {rule.alertname: tuple(objects[k] for k in rule.actions) for rule in policy.rules}

@@ -235,6 +235,8 @@ def agent_spec(config: LabConfig, node: NodeState, state: LabState, paths: RunPa
         str(sim_gpus),
         "--token-file",
         str(state.agent_token_file),
+        "--fault-api-listen",
+        f"0.0.0.0:{config.agent_fault_port}",
         "--state-dir",
         str(paths.node_state(node.name)),
         # The lab's agents share the host's PID namespace: without this each would
@@ -273,6 +275,12 @@ def alertmanager_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Se
 
 
 def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> ServiceSpec:
+    """The responder: runbook policy ``<run>/responder/policy.yml`` when present, else the
+    shipped lab policy (:func:`~stormwatch.alerts.policy.lab_policy_path`); the lab backend
+    and post-mortems (``<run>/responder/postmortems``) from the run directory."""
+    from stormwatch.alerts.policy import lab_policy_path
+
+    own_policy = paths.responder_dir / "policy.yml"
     cmd = (
         *stormwatch_command(),
         "alerts",
@@ -285,6 +293,12 @@ def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Servi
         str(state.responder_token_file),
         "--prometheus-url",
         state.prometheus_url,
+        "--policy",
+        str(own_policy if own_policy.is_file() else lab_policy_path()),
+        "--lab-run-dir",
+        str(paths.run_dir),
+        "--postmortem-dir",
+        str(paths.responder_dir / "postmortems"),
     )
     return ServiceSpec("responder", cmd, f"{state.responder_url}/healthz")
 

@@ -176,6 +176,8 @@ def start_responder(
     started: list[ResponderProcess] = []
 
     def start(*args: str, db: Path | None = None) -> ResponderProcess:
+        if "--postmortem-dir" not in args:  # post-mortems only where a test looks at them
+            args = (*args, "--no-postmortems")
         token, path = token_file
         proc = ResponderProcess(
             db=db or tmp_path / "responder.sqlite",
@@ -204,7 +206,11 @@ def module_responder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Respo
     path.write_text(token + "\n")
     path.chmod(0o600)
     proc = ResponderProcess(
-        db=folder / "responder.sqlite", token=token, token_file=path, log=folder / "responder.log"
+        db=folder / "responder.sqlite",
+        token=token,
+        token_file=path,
+        log=folder / "responder.log",
+        args=("--no-postmortems",),
     )
     proc.start()
     try:
@@ -401,9 +407,10 @@ class Kit:
     fingerprint = staticmethod(unique_fingerprint)
     free_port = staticmethod(free_port)
     stormwatch = STORMWATCH
+    responder_process = ResponderProcess
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def kit() -> type[Kit]:
     """The helper namespace :class:`Kit`."""
     return Kit

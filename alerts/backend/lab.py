@@ -1,7 +1,4 @@
-"""Platform backends: how remedial actions reach the training platform.
-
-:class:`PlatformBackend` is the seam (a ``Protocol``); only :class:`LabBackend`
-exists now. A Kubernetes or Slurm backend implements the same four calls.
+"""The lab's platform backend: local processes in one PID namespace.
 
 The lab backend finds a job's workers the way the agent's rank watcher does
 (their environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
@@ -24,7 +21,6 @@ The lab backend finds a job's workers the way the agent's rank watcher does
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -34,42 +30,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
 from stormwatch.agent.ranks import rank_env
-from stormwatch.alerts.errors import AlertsError
+from stormwatch.alerts.backend.base import BackendError, arm_checkpoint, write_diagnostics
 
 log = logging.getLogger(__name__)
 
 #: Seconds ``py-spy dump`` may take per process.
 PY_SPY_TIMEOUT_S = 20.0
-
-
-class BackendError(AlertsError):
-    """A platform backend could not carry out an action (e.g. no worker of the job found)."""
-
-
-class PlatformBackend(Protocol):
-    """What remedial actions need from the platform; each call returns one
-    human-readable line saying what it did, and raises :class:`BackendError`."""
-
-    def restart_workers(self, job: str) -> str:
-        """Restart the job's worker processes (same world size)."""
-        ...
-
-    def exclude_node_and_restart(self, job: str, node: str) -> str:
-        """Take ``node`` out of the job and restart it at the smaller world size."""
-        ...
-
-    def request_checkpoint(self, job: str) -> str:
-        """Ask the job to save a checkpoint after its current step."""
-        ...
-
-    def collect_diagnostics(self, job: str, incident_id: int) -> str:
-        """Gather stacks and state of the job's workers; returns where they went."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -128,6 +99,14 @@ class LabBackend:
             found.append(Worker(proc.pid, proc.info["ppid"], ident.rank, node, dict(environ)))
         return sorted(found, key=lambda w: (w.rank, w.pid))
 
+    def ranks(self, job: str) -> dict[int, str]:
+        """Global rank -> node of the job's live workers on a known node.
+
+        Raises:
+            BackendError: the job has no live worker.
+        """
+        return {w.rank: w.node for w in self._require(job) if w.node is not None}
+
     def _require(self, job: str) -> list[Worker]:
         workers = self.workers(job)
         if not workers:
@@ -169,24 +148,7 @@ class LabBackend:
         if worker is None or worker.control_dir is None:
             raise BackendError(f"no worker of job {job!r} has a control directory")
         path = worker.control_dir / f"rank{worker.rank}.json"
-        now = self.clock()
-        faults: list[Any] = []
-        try:
-            current = json.loads(path.read_text())
-            faults = [
-                f
-                for f in current.get("faults", [])
-                if isinstance(f, dict) and f.get("point") != "checkpoint_now"
-            ]
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, AttributeError) as exc:
-            log.warning("control file %s unreadable (%s); replacing it", path, exc)
-        faults.append({"point": "checkpoint_now", "requested_at": now})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"faults": faults}))
-        tmp.replace(path)
+        arm_checkpoint(path, self.clock())
         return f"requested a checkpoint of job {job} in {path}"
 
     def collect_diagnostics(self, job: str, incident_id: int) -> str:
@@ -219,10 +181,12 @@ class LabBackend:
                 except subprocess.TimeoutExpired:
                     entry["py_spy"] = f"timed out after {PY_SPY_TIMEOUT_S:g} s"
             report.append(entry)
-        self.diagnostics_dir.mkdir(parents=True, exist_ok=True)
-        path = self.diagnostics_dir / f"incident-{incident_id}.json"
-        path.write_text(json.dumps({"job": job, "time": self.clock(), "workers": report}, indent=1))
+        path = write_diagnostics(
+            self.diagnostics_dir,
+            incident_id,
+            {"job": job, "platform": "lab", "time": self.clock(), "workers": report},
+        )
         return f"diagnostics of {len(report)} workers of job {job} in {path}"
 
 
-__all__ = ["BackendError", "LabBackend", "PlatformBackend", "Worker"]
+__all__ = ["LabBackend", "Worker"]

@@ -1,0 +1,138 @@
+"""Platform backends: how remedial actions and chaos target discovery reach the platform.
+
+One interface (:class:`PlatformBackend`, in :mod:`.base`), three platforms,
+chosen by configuration (``stormwatch alerts serve --platform``):
+
+* ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files;
+* ``kubernetes`` (:mod:`.kubernetes`): the official ``kubernetes`` client: delete
+  pods, cordon and evict, pod labels for the rank placement;
+* ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue, drain with a reason.
+
+:class:`PlatformSettings` is the YAML file of the platform-specific settings
+(``--platform-config``); :func:`make_backend` builds the backend from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stormwatch.alerts.backend.base import (
+    BACKEND_METHODS,
+    BackendError,
+    PlatformBackend,
+    arm_checkpoint,
+    write_diagnostics,
+)
+from stormwatch.alerts.backend.lab import LabBackend, Worker
+from stormwatch.errors import ConfigError
+
+#: The platforms ``--platform`` accepts.
+PLATFORMS = ("lab", "kubernetes", "slurm")
+Platform = Literal["lab", "kubernetes", "slurm"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KubernetesSettings(_Strict):
+    """``kubernetes:`` section (see :class:`~.kubernetes.KubernetesBackend`)."""
+
+    namespace: str = Field(default="default", min_length=1)
+    job_label: str = Field(default="stormwatch.io/job", min_length=1)
+    control_dir: Path | None = None
+    drain_node: bool = False
+    grace_period_s: int = Field(default=30, ge=0)
+    log_tail_lines: int = Field(default=200, ge=1)
+
+
+class SlurmSettings(_Strict):
+    """``slurm:`` section (see :class:`~.slurm.SlurmBackend`)."""
+
+    nproc_per_node: int = Field(default=1, ge=1)
+    control_dir: str | None = None
+
+
+class PlatformSettings(_Strict):
+    """The ``--platform-config`` file: per-platform settings (all optional)."""
+
+    kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())
+    slurm: SlurmSettings = Field(default_factory=lambda: SlurmSettings())
+
+
+def load_platform_settings(path: Path) -> PlatformSettings:
+    """Read and validate a ``--platform-config`` YAML file.
+
+    Raises:
+        ConfigError: unreadable, not YAML, or invalid (the message names the field).
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"--platform-config: cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--platform-config: {path} is not valid YAML: {exc}") from exc
+    try:
+        return PlatformSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"--platform-config {path}: {problems}") from exc
+
+
+def make_backend(
+    platform: str, settings: PlatformSettings, *, diagnostics_dir: Path
+) -> PlatformBackend:
+    """The ``kubernetes`` or ``slurm`` backend (the lab backend needs the lab's run
+    directory: ``ResponderSettings.lab_backend``).
+
+    Raises:
+        ConfigError: ``platform`` is not ``kubernetes`` or ``slurm``.
+        BackendError: the Kubernetes client finds no cluster configuration.
+    """
+    if platform == "kubernetes":
+        from stormwatch.alerts.backend.kubernetes import KubernetesBackend
+
+        kube = settings.kubernetes
+        return KubernetesBackend.connect(
+            namespace=kube.namespace,
+            diagnostics_dir=diagnostics_dir,
+            job_label=kube.job_label,
+            control_dir=kube.control_dir,
+            drain_node=kube.drain_node,
+            grace_period_s=kube.grace_period_s,
+            log_tail_lines=kube.log_tail_lines,
+        )
+    if platform == "slurm":
+        from stormwatch.alerts.backend.slurm import SlurmBackend
+
+        return SlurmBackend(
+            diagnostics_dir=diagnostics_dir,
+            nproc_per_node=settings.slurm.nproc_per_node,
+            control_dir=settings.slurm.control_dir,
+        )
+    raise ConfigError(f"--platform: {platform!r} has no factory here; use kubernetes or slurm")
+
+
+__all__ = [
+    "BACKEND_METHODS",
+    "PLATFORMS",
+    "BackendError",
+    "KubernetesSettings",
+    "LabBackend",
+    "Platform",
+    "PlatformBackend",
+    "PlatformSettings",
+    "SlurmSettings",
+    "Worker",
+    "arm_checkpoint",
+    "load_platform_settings",
+    "make_backend",
+    "write_diagnostics",
+]

@@ -1,0 +1,108 @@
+"""The platform-backend interface and what every backend shares.
+
+:class:`PlatformBackend` is what the responder's remedial actions and the chaos
+controller's target discovery need from the platform a job runs on. Each
+action call returns one human-readable line saying what it did and raises
+:class:`BackendError` when it could not act; :meth:`PlatformBackend.ranks`
+returns the job's placement (global rank -> node name).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from stormwatch.alerts.errors import AlertsError
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(AlertsError):
+    """A platform backend could not carry out an action (e.g. no worker of the job found)."""
+
+
+@runtime_checkable
+class PlatformBackend(Protocol):
+    """What remedial actions and chaos target discovery need from the platform.
+
+    Every method raises :class:`BackendError` when the job has no live worker
+    (or the platform refuses); the action methods return one line of detail.
+    """
+
+    def ranks(self, job: str) -> Mapping[int, str]:
+        """The job's placement: global rank -> node name (ranks whose node is unknown left out)."""
+        ...
+
+    def restart_workers(self, job: str) -> str:
+        """Restart the job's worker processes (same world size)."""
+        ...
+
+    def exclude_node_and_restart(self, job: str, node: str) -> str:
+        """Take ``node`` out of the job and restart it without that node."""
+        ...
+
+    def request_checkpoint(self, job: str) -> str:
+        """Ask the job to save a checkpoint after its current step."""
+        ...
+
+    def collect_diagnostics(self, job: str, incident_id: int) -> str:
+        """Gather stacks and state of the job's workers; returns where they went."""
+        ...
+
+
+#: The methods of :class:`PlatformBackend`, in the order above (contract tests use it).
+BACKEND_METHODS = (
+    "ranks",
+    "restart_workers",
+    "exclude_node_and_restart",
+    "request_checkpoint",
+    "collect_diagnostics",
+)
+
+
+def arm_checkpoint(control_file: Path, now: float) -> None:
+    """Add ``{"point": "checkpoint_now", "requested_at": now}`` to the trainer's control
+    file (``<control-dir>/rank<R>.json``, docs/ARCHITECTURE.md), keeping the other armed
+    entries (chaos faults) and replacing an older ``checkpoint_now``; written atomically.
+
+    Raises:
+        OSError: the control directory cannot be created or written.
+    """
+    faults: list[Any] = []
+    try:
+        current = json.loads(control_file.read_text())
+        faults = [
+            f
+            for f in current.get("faults", [])
+            if isinstance(f, dict) and f.get("point") != "checkpoint_now"
+        ]
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("control file %s unreadable (%s); replacing it", control_file, exc)
+    faults.append({"point": "checkpoint_now", "requested_at": now})
+    control_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = control_file.with_name(f".{control_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"faults": faults}))
+    tmp.replace(control_file)
+
+
+def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, Any]) -> Path:
+    """Write ``report`` as ``<directory>/incident-<id>.json`` (folder created on demand)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"incident-{incident_id}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return path
+
+
+__all__ = [
+    "BACKEND_METHODS",
+    "BackendError",
+    "PlatformBackend",
+    "arm_checkpoint",
+    "write_diagnostics",
+]

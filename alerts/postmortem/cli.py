@@ -1,0 +1,88 @@
+"""``stormwatch alerts postmortem INCIDENT``: write an incident's post-mortem again."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from stormwatch.errors import ConfigError
+
+_LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
+
+
+@click.command("postmortem")
+@click.argument("incident_id", metavar="INCIDENT", type=int)
+@click.option(
+    "--db",
+    "db_path",
+    default=str(_LAB_DIR / "responder" / "responder.sqlite"),
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="The responder's database (the local lab's by default).",
+)
+@click.option(
+    "--lab-run-dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="The lab's run directory (rank logs, dumps, spans, agent events, chaos journals) "
+    "[default: $STORMWATCH_LAB_DIR or ./run when --db is the lab's].",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    help="Prometheus for the plots and straggler/XID evidence [default: the lab's, when "
+    "--lab-run-dir has a lab.json]; without one the plots come from the rank logs.",
+)
+@click.option(
+    "-o",
+    "--postmortem-dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Parent of incident-<id>/ [default: <db folder>/postmortems, where the responder "
+    "writes them].",
+)
+def postmortem_cmd(
+    incident_id: int,
+    db_path: Path,
+    lab_run_dir: Path | None,
+    prometheus_url: str | None,
+    postmortem_dir: Path | None,
+) -> None:
+    """Write (again) the post-mortem of INCIDENT: Markdown, one self-contained HTML file
+    and JSON in <postmortem-dir>/incident-<id>/ (the responder writes it by itself when
+    the incident closes)."""
+    from stormwatch.alerts.postmortem import write_incident_postmortem
+
+    if not db_path.is_file():
+        raise ConfigError(
+            f"--db: {db_path} does not exist; pass the responder's database "
+            "(stormwatch alerts serve --db)"
+        )
+    if lab_run_dir is None and db_path.resolve().parent.parent.joinpath("lab.json").is_file():
+        lab_run_dir = db_path.resolve().parent.parent
+    if prometheus_url is None and lab_run_dir is not None:
+        prometheus_url = _lab_prometheus(lab_run_dir)
+    files = write_incident_postmortem(
+        db_path=db_path,
+        incident_id=incident_id,
+        postmortem_dir=postmortem_dir or db_path.parent / "postmortems",
+        lab_run_dir=lab_run_dir,
+        prometheus_url=prometheus_url,
+    )
+    click.echo(files.postmortem.summary)
+    for path in (files.markdown, files.html, files.json):
+        click.echo(f"wrote {path}")
+
+
+def _lab_prometheus(run_dir: Path) -> str | None:
+    try:
+        url = json.loads((run_dir / "lab.json").read_text()).get("prometheus_url")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return url if isinstance(url, str) and url else None
+
+
+__all__ = ["postmortem_cmd"]

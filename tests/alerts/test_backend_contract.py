@@ -1,0 +1,175 @@
+"""Every platform backend keeps the same contract: the methods and signatures of
+``PlatformBackend``, the same placement for the same job, one line per action, and
+``BackendError`` with the same wording for a missing job or node.
+
+One job ``llm`` of 4 ranks on nodes node-a (ranks 0, 1) and node-b (ranks 2, 3) on each
+platform: the lab as real processes carrying the ranks' environment, Kubernetes as
+two indexed-Job pods behind an autospec'd ``CoreV1Api``, Slurm as one running job
+behind a recorded command runner.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, get_type_hints
+from unittest import mock
+
+import pytest
+from kubernetes import client as k8s
+
+from stormwatch.alerts.backend import (
+    BACKEND_METHODS,
+    BackendError,
+    LabBackend,
+    PlatformBackend,
+)
+from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX, KubernetesBackend
+from stormwatch.alerts.backend.slurm import SlurmBackend
+
+PLACEMENT = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+BACKENDS = (LabBackend, KubernetesBackend, SlurmBackend)
+
+
+def _k8s_api(running: bool) -> Any:
+    api = mock.create_autospec(k8s.CoreV1Api, instance=True)
+    pods = [
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(
+                name=f"llm-{i}", labels={"stormwatch.io/job": "llm", COMPLETION_INDEX: str(i)}
+            ),
+            spec=k8s.V1PodSpec(
+                node_name=node,
+                containers=[
+                    k8s.V1Container(
+                        name="t", env=[k8s.V1EnvVar(name="PET_NPROC_PER_NODE", value="2")]
+                    )
+                ],
+            ),
+            status=k8s.V1PodStatus(phase="Running"),
+        )
+        for i, node in enumerate(("node-a", "node-b"))
+    ]
+    api.list_namespaced_pod.side_effect = lambda ns, label_selector: k8s.V1PodList(
+        items=pods if running and label_selector.endswith("=llm") else []
+    )
+    api.read_namespaced_pod_log.return_value = "log"
+    return api
+
+
+def _slurm_runner(running: bool) -> Callable[[Sequence[str]], str]:
+    def run(argv: Sequence[str]) -> str:
+        if argv[0] == "squeue" and "--name=llm" in argv:
+            return "77|node-[a-b]\n" if running else ""
+        if list(argv[:3]) == ["scontrol", "show", "hostnames"]:
+            return "node-a\nnode-b\n"
+        return ""
+
+    return run
+
+
+@pytest.fixture(params=["lab", "kubernetes", "slurm"])
+def platform(
+    request: pytest.FixtureRequest, tmp_path: Path, fake_job: Any, kit: Any
+) -> Callable[[bool], PlatformBackend]:
+    """``platform(running)`` -> a backend on which job ``llm`` runs (or nothing runs)."""
+    diag = tmp_path / "diag"
+    control = tmp_path / "shared" / "control"
+
+    def make(running: bool) -> PlatformBackend:
+        if request.param == "lab":
+            nodes = {n: tmp_path / n / "metrics" for n in ("node-a", "node-b")}
+            for path in nodes.values():
+                path.mkdir(parents=True, exist_ok=True)
+            backend = LabBackend(diagnostics_dir=diag, node_metrics_dirs=nodes)
+            if running:
+                fake_job("llm", nodes["node-a"], workers=2, first_rank=0)
+                fake_job("llm", nodes["node-b"], workers=2, first_rank=2)
+                kit.wait_for(lambda: len(backend.workers("llm")) == 4, 20, "4 workers")
+            return backend
+        if request.param == "kubernetes":
+            return KubernetesBackend(
+                core=_k8s_api(running), namespace="t", diagnostics_dir=diag, control_dir=control
+            )
+        return SlurmBackend(
+            diagnostics_dir=diag,
+            nproc_per_node=2,
+            control_dir=str(control),
+            runner=_slurm_runner(running),
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__)
+@pytest.mark.parametrize("method", BACKEND_METHODS)
+def test_each_backend_has_the_protocols_method_with_its_signature(
+    backend: type, method: str
+) -> None:
+    expected = inspect.signature(getattr(PlatformBackend, method))
+    actual = inspect.signature(getattr(backend, method))
+    assert list(actual.parameters) == list(expected.parameters)
+    hints = get_type_hints(getattr(backend, method))
+    wanted = get_type_hints(getattr(PlatformBackend, method))
+    for name, hint in wanted.items():
+        if name == "return" and method == "ranks":
+            assert hints["return"] == dict[int, str]  # a Mapping[int, str]
+        else:
+            assert hints[name] == hint, f"{backend.__name__}.{method}: {name}"
+
+
+def test_the_protocol_lists_exactly_the_contract_methods() -> None:
+    declared = [
+        name
+        for name, value in vars(PlatformBackend).items()
+        if callable(value) and not name.startswith("_")
+    ]
+    assert sorted(declared) == sorted(BACKEND_METHODS)
+
+
+def test_every_backend_places_the_same_job_the_same_way(
+    platform: Callable[[bool], PlatformBackend],
+) -> None:
+    backend = platform(True)
+    assert isinstance(backend, PlatformBackend)
+    assert dict(backend.ranks("llm")) == PLACEMENT
+
+
+def test_every_action_answers_one_line_and_diagnostics_land_in_the_same_file(
+    platform: Callable[[bool], PlatformBackend], tmp_path: Path
+) -> None:
+    backend = platform(True)
+    for call in (
+        lambda: backend.restart_workers("llm"),
+        lambda: backend.exclude_node_and_restart("llm", "node-b"),
+        lambda: backend.request_checkpoint("llm"),
+        lambda: backend.collect_diagnostics("llm", 5),
+    ):
+        detail = call()
+        assert isinstance(detail, str) and detail and "\n" not in detail
+    report = json.loads((tmp_path / "diag" / "incident-5.json").read_text())
+    assert report["job"] == "llm"
+
+
+def test_every_backend_refuses_a_missing_job_with_the_same_error(
+    platform: Callable[[bool], PlatformBackend],
+) -> None:
+    backend = platform(False)
+    for call in (
+        lambda: backend.ranks("llm"),
+        lambda: backend.restart_workers("llm"),
+        lambda: backend.exclude_node_and_restart("llm", "node-a"),
+        lambda: backend.request_checkpoint("llm"),
+        lambda: backend.collect_diagnostics("llm", 1),
+    ):
+        with pytest.raises(BackendError, match="no live worker of job 'llm'"):
+            call()
+
+
+def test_every_backend_refuses_a_node_the_job_is_not_on(
+    platform: Callable[[bool], PlatformBackend],
+) -> None:
+    with pytest.raises(BackendError, match="job 'llm' has no live worker on node 'node-z'"):
+        platform(True).exclude_node_and_restart("llm", "node-z")

@@ -1,0 +1,125 @@
+"""``--platform`` chooses the responder's backend; ``--platform-config`` sets it up.
+
+The end-to-end case runs a real responder with ``--platform slurm`` whose
+``squeue``/``scontrol`` are stand-ins on PATH (no Slurm here) that log their
+command lines: an alert's ``restart_workers`` becomes ``scontrol requeue``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormwatch.alerts.backend import (
+    BackendError,
+    KubernetesSettings,
+    LabBackend,
+    PlatformSettings,
+    SlurmSettings,
+    load_platform_settings,
+)
+from stormwatch.alerts.backend.slurm import SlurmBackend
+from stormwatch.alerts.responder import ResponderSettings
+from stormwatch.errors import ConfigError
+
+
+def _settings(tmp_path: Path, **extra: Any) -> ResponderSettings:
+    return ResponderSettings(db_path=tmp_path / "r.sqlite", token_file=tmp_path / "t", **extra)
+
+
+def test_the_platform_setting_picks_the_backend(tmp_path: Path) -> None:
+    assert _settings(tmp_path).backend() is None  # lab without a run dir: no backend
+    assert isinstance(_settings(tmp_path, lab_run_dir=tmp_path).backend(), LabBackend)
+    slurm = _settings(
+        tmp_path,
+        platform="slurm",
+        platform_settings=PlatformSettings(slurm=SlurmSettings(nproc_per_node=8)),
+    ).backend()
+    assert isinstance(slurm, SlurmBackend) and slurm.nproc_per_node == 8
+    assert slurm.diagnostics_dir == tmp_path / "diagnostics"
+    with pytest.raises(ConfigError, match="platform: must be lab, kubernetes or slurm"):
+        _settings(tmp_path, platform="k8s")
+
+
+def test_kubernetes_without_a_cluster_configuration_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings = _settings(
+        tmp_path,
+        platform="kubernetes",
+        platform_settings=PlatformSettings(kubernetes=KubernetesSettings(namespace="train")),
+    )
+    with pytest.raises(BackendError, match="no in-cluster service account and no kubeconfig"):
+        settings.backend()
+
+
+def test_the_platform_config_file_rejects_unknown_keys_naming_them(tmp_path: Path) -> None:
+    path = tmp_path / "platform.yaml"
+    path.write_text("kubernetes: {namespace: training, drain: true}\n")
+    with pytest.raises(ConfigError, match=r"kubernetes\.drain: Extra inputs are not permitted"):
+        load_platform_settings(path)
+    path.write_text("slurm: {nproc_per_node: 4, control_dir: '/shared/{job}/control'}\n")
+    assert load_platform_settings(path).slurm == SlurmSettings(
+        nproc_per_node=4, control_dir="/shared/{job}/control"
+    )
+
+
+def test_serve_with_a_bad_platform_config_exits_2_without_a_traceback(
+    kit: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "t").write_text("abc\n")
+    config = tmp_path / "platform.yaml"
+    config.write_text("slurm: {nproc_per_node: 0}\n")
+    args = ["--db", str(tmp_path / "db"), "--token-file", str(tmp_path / "t")]
+    args += ["--platform", "slurm", "--platform-config", str(config)]
+    out = subprocess.run(
+        [kit.stormwatch, "alerts", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "slurm.nproc_per_node" in out.stderr and "Traceback" not in out.stderr
+
+
+_FAKE_SLURM = """#!/bin/sh
+echo "$(basename "$0") $*" >> "{log}"
+case "$(basename "$0") $1 $2" in
+  "squeue --noheader --name=train") echo "4242|gpu-[1-2]" ;;
+  "scontrol show hostnames") printf 'gpu-1\\ngpu-2\\n' ;;
+esac
+"""
+
+
+def test_a_responder_on_slurm_requeues_the_job_an_alert_names(
+    start_responder: Any, kit: Any, tmp_path: Path
+) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "slurm.log"
+    bin_dir.mkdir()
+    for name in ("squeue", "scontrol"):
+        tool = bin_dir / name
+        tool.write_text(_FAKE_SLURM.format(log=log))
+        tool.chmod(0o755)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    policy = tmp_path / "policy.yml"
+    policy.write_text("rules: [{alertname: StormwatchRankCrashLoop, actions: [restart_workers]}]")
+    responder = start_responder("--policy", str(policy), "--platform", "slurm")
+    alert = kit.alert(starts_at=time.time() - 1, alertname="StormwatchRankCrashLoop", job="train")
+    assert responder.post(kit.payload(alert)).status == 200
+
+    def finished() -> Any:
+        actions = responder.get("actions")
+        return actions if actions and actions[0]["status"] != "running" else None
+
+    [action] = kit.wait_for(finished, 30, "the restart to finish")
+    assert action["status"] == "succeeded", action
+    assert action["detail"] == "requeued Slurm job 4242 (train)"
+    assert "scontrol requeue 4242" in log.read_text().splitlines()
