@@ -1,0 +1,190 @@
+"""Every overlay renders with ``kubectl kustomize`` and every object in it validates.
+
+Built-in kinds: ``kubernetes-validate`` against the OpenAPI schemas of its newest
+Kubernetes release, strict (unknown fields fail). Prometheus Operator kinds
+(ServiceMonitor, PrometheusRule, AlertmanagerConfig), which kubernetes-validate has
+no schema for: the pydantic models generated from the operator's published CRD
+schemas (``cloudcoil-models-prometheus-operator``); a field those models do not know
+would be dropped, so the object must come back unchanged from a validate-dump round trip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
+from cloudcoil.models.prometheus_operator import v1alpha1 as monitoring_v1alpha1
+
+from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX
+
+K8S_VERSION = kubernetes_validate.latest_version()
+CRD_MODELS: dict[tuple[str, str], Any] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring_v1.ServiceMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): monitoring_v1.PrometheusRule,
+    (
+        "monitoring.coreos.com/v1alpha1",
+        "AlertmanagerConfig",
+    ): monitoring_v1alpha1.AlertmanagerConfig,
+}
+FOLDERS = ["base", "examples/training-job", *(f"overlays/{o}" for o in ("dev", "production"))]
+
+
+def _validate(obj: dict[str, Any]) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_MODELS:
+        model = CRD_MODELS[key].model_validate(obj)
+        assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == obj, (
+            f"{key[1]} {obj['metadata']['name']}: fields the CRD schema does not know"
+        )
+    else:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.fixture(scope="module")
+def rendered(kit: Any) -> dict[str, list[dict[str, Any]]]:
+    return {folder: kit.kustomize(kit.kubernetes / folder) for folder in FOLDERS}
+
+
+def test_the_overlays_are_the_ones_tested(kit: Any) -> None:
+    assert kit.overlays == ["dev", "production"]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_object_validates_against_its_schema(
+    folder: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    objects = rendered[folder]
+    assert objects
+    for obj in objects:
+        _validate(obj)
+
+
+def test_a_schema_violation_is_caught(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    monitor = next(o for o in rendered["base"] if o["kind"] == "ServiceMonitor")
+    endpoint = monitor["spec"]["endpoints"][0]
+    endpoint["honorLabel"] = endpoint.pop("honorLabels")  # a typo
+    with pytest.raises(AssertionError, match="does not know"):
+        _validate(monitor)
+    daemonset = next(o for o in rendered["base"] if o["kind"] == "DaemonSet")
+    daemonset["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(daemonset)
+
+
+@pytest.mark.parametrize("overlay", ["dev", "production"])
+def test_each_overlay_deploys_every_part(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    kinds = Counter(o["kind"] for o in rendered[f"overlays/{overlay}"])
+    for kind in (
+        "DaemonSet",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "AlertmanagerConfig",
+        "Deployment",
+        "ClusterRole",
+        "RoleBinding",
+    ):
+        assert kinds[kind] >= 1, f"{overlay}: no {kind}"
+    assert kinds["ConfigMap"] >= 6  # five dashboards and the responder's platform settings
+
+
+def test_the_agent_runs_on_gpu_nodes_with_the_host_pid_namespace(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    ds = next(o for o in rendered["overlays/production"] if o["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert agent["resources"]["limits"] and agent["resources"]["requests"]
+
+
+def test_the_responder_may_cordon_delete_evict_and_read_and_nothing_more(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    roles = {
+        o["metadata"]["name"]: o["rules"]
+        for o in rendered["overlays/production"]
+        if o["kind"] == "ClusterRole"
+    }
+    granted = {
+        (group, resource, verb)
+        for rules in roles.values()
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "delete"),
+        ("", "pods/log", "get"),
+        ("", "pods/eviction", "create"),
+        ("batch", "jobs", "get"),
+        ("batch", "jobs", "list"),
+    }
+    bindings = [o for o in rendered["overlays/production"] if o["kind"] == "RoleBinding"]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"stormwatch", "training"}
+
+
+def test_the_responder_token_comes_from_a_secret(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    deployment = next(o for o in rendered["overlays/production"] if o["kind"] == "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "stormwatch-responder-token"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--platform=kubernetes" in args
+    assert not any(o["kind"] == "Secret" for o in rendered["overlays/production"])
+
+
+def test_the_example_job_is_indexed_torchrun_with_a_headless_rendezvous_service(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["examples/training-job"]
+    job = next(o for o in objects if o["kind"] == "Job")
+    service = next(o for o in objects if o["kind"] == "Service")
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert (
+        service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    )
+    assert container["command"] == ["torchrun"]
+    assert (
+        f"--rdzv-endpoint={job['metadata']['name']}-0.{service['metadata']['name']}:29500"
+        in (container["args"])
+    )
+    assert COMPLETION_INDEX in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert service["spec"]["selector"] == {"stormwatch.io/job": job["metadata"]["name"]}
+
+
+def test_the_dcgm_exporter_component_drops_only_the_agents_dcgm_series(
+    kit: Any, tmp_path: Path
+) -> None:
+    root = Path(os.path.relpath(kit.kubernetes, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{root}/overlays/production]\ncomponents: [{root}/components/dcgm-exporter]\n"
+    )
+    objects = kit.kustomize(tmp_path)
+    monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+    _validate(monitor)
+    assert monitor["spec"]["endpoints"][0]["metricRelabelings"] == [
+        {"sourceLabels": ["__name__"], "regex": "DCGM_.*", "action": "drop"}
+    ]
