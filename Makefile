@@ -1,6 +1,7 @@
 # stormwatch — set-up and entry points.
 #
 #   make demo   set up everything (apt + venv) and run the main job
+#   make game-day  run the default chaos suite on a fresh lab and write a scorecard
 #   make test   set up everything and run the whole suite (fast tier + e2e)
 #
 # Set-up is idempotent: system packages are installed only when missing, the
@@ -14,16 +15,18 @@ PY := $(VENV)/bin/python
 # (pyproject.toml only asks for torch>=2.6).
 TORCH_SPEC ?= torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := prometheus prometheus-alertmanager iproute2 iptables procps python3-venv
+APT_PACKAGES := prometheus prometheus-alertmanager iproute2 iptables procps python3-venv kubernetes-client
 PYTEST_ARGS ?=
 
-.PHONY: all setup system venv demo test test-fast test-e2e check lint format bench gpu-check clean distclean
+.PHONY: all setup system venv demo game-day test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
 
 all: test
 
 setup: system venv
 
-# Debian/Ubuntu packages: Prometheus, Alertmanager, promtool, amtool, ip, iptables.
+# Debian/Ubuntu packages: Prometheus, Alertmanager, promtool, amtool, ip, iptables,
+# kubectl (kubernetes-client: `kubectl kustomize` renders the deploy/ overlays in the tests),
+# chromium (the post-mortem HTML test opens it through playwright; no `playwright install`).
 system:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
@@ -32,6 +35,8 @@ system:
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v iptables >/dev/null || missing="$$missing iptables"; \
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo ">> installing system packages:$$missing"; \
@@ -55,6 +60,13 @@ $(VENV)/.installed: pyproject.toml setup.py
 demo: setup
 	$(SUDO) $(VENV)/bin/stormwatch demo
 
+# A game day: lab up in run/game-day, the default suite (experiments/suite), a scorecard in
+# run/game-day/suites/<id>/scorecard.md, lab down (docs/chaos-suite.md).
+game-day: setup
+	$(SUDO) $(VENV)/bin/stormwatch lab up --run-dir run/game-day
+	$(SUDO) $(VENV)/bin/stormwatch chaos suite experiments/suite --run-dir run/game-day; rc=$$?; \
+	$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/game-day; exit $$rc
+
 check: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -75,13 +87,24 @@ test-e2e: setup
 test: setup check
 	$(SUDO) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# Speed and memory targets live here, not in timed tests.
+# Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
+#   agent_bench.py    the agent vs node-exporter (~1.5 min)
+#   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
+#                     checkpoint blocking, exposed communication (~6 min on 2 cores)
 bench: setup
 	$(PY) benchmarks/agent_bench.py
+	$(PY) benchmarks/trainer_bench.py
 
-# On a machine with an NVIDIA GPU: the agent against real NVML (skips without a driver).
+# Regenerate deploy/kubernetes/{base,examples} from the code (rules, dashboards, ports).
+deploy-manifests: venv
+	$(PY) deploy/render.py
+
+# On a machine with an NVIDIA GPU (each skips with exit 0 and the reason without one):
+#   gpu_check.py          the agent against real NVML, every catalogue GPU metric
+#   gpu_check_trainer.py  the trainer with NCCL at world size 1, seen by the agent; step time, MFU
 gpu-check: venv
 	$(PY) scripts/gpu_check.py
+	$(PY) scripts/gpu_check_trainer.py
 
 clean:
 	-$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/demo 2>/dev/null

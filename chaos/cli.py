@@ -14,11 +14,14 @@ from rich.table import Table
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.journal import Journal
 from stormwatch.chaos.ledger import Ledger, ledger_path
 from stormwatch.chaos.loader import load_experiment
 from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_overdue
-from stormwatch.chaos.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
+from stormwatch.chaos.runner import EXIT_ABORTED, EXIT_OK, Runner, RunnerConfig, run_experiment
+from stormwatch.chaos.scorecard import ScorecardRow
+from stormwatch.chaos.verify import Verification, write_verification
 from stormwatch.errors import ConfigError
 
 _RUN_DIR = click.option(
@@ -94,6 +97,8 @@ def chaos() -> None:
     \b
       stormwatch chaos validate experiments/kill-rank.yaml
       stormwatch chaos run experiments/kill-rank.yaml --run-dir run
+      stormwatch chaos run experiments/kill-rank.yaml --dry-run
+      stormwatch chaos suite experiments/suite --run-dir run
       stormwatch chaos revert --all --run-dir run
     """
 
@@ -149,6 +154,9 @@ def validate(files: tuple[Path, ...]) -> None:
     show_default=True,
     help="Seconds the post-mortem waits for the alert to be received and resolved.",
 )
+@click.option(
+    "--dry-run", is_flag=True, help="Validate and print the plan (targets resolved); run nothing."
+)
 def run(
     experiment: Path,
     run_dir: Path,
@@ -156,6 +164,7 @@ def run(
     baseline_job: str | None,
     postmortem: bool,
     wait_resolved: float,
+    dry_run: bool,
 ) -> int:
     """Run EXPERIMENT against the lab in --run-dir.
 
@@ -172,6 +181,11 @@ def run(
     from stormwatch.chaos.target import lab_target
 
     spec = load_experiment(experiment)
+    if dry_run:
+        from stormwatch.chaos.dryrun import lab_shape, print_plan
+
+        print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), lab_shape(run_dir))
+        return EXIT_OK
     reap_overdue(run_dir)
     target = lab_target(run_dir)
     reporter = ConsoleReporter()
@@ -188,7 +202,7 @@ def run(
     journal = result.journal
     if postmortem and journal.job is not None:
         baseline = (target.run_dir / "jobs" / baseline_job / "logs") if baseline_job else None
-        _, md = asyncio.run(
+        pm, md = asyncio.run(
             generate_postmortem(
                 runner.experiment_dir,
                 target=target,
@@ -199,6 +213,12 @@ def run(
         )
         reporter.stop()
         reporter.console.print(f"post-mortem: {md}", soft_wrap=True, highlight=False)
+        _print_verification(
+            write_verification(
+                runner.experiment_dir, journal, pm, target=target, baseline_log_dir=baseline
+            ),
+            reporter.console,
+        )
     colour = "green" if result.exit_code == EXIT_OK else "red"
     reporter.console.print(
         f"[{colour}]{journal.status}[/]: hypothesis before: {_before_text(journal)}, "
@@ -209,6 +229,109 @@ def run(
     )
     reporter.console.print(f"journal: {result.journal_path}", soft_wrap=True, highlight=False)
     return result.exit_code
+
+
+def _print_verification(result: Verification, console: Console) -> None:
+    """One line per check of :mod:`stormwatch.chaos.verify` (ok / FAILED / not checked)."""
+    for name, check in (
+        ("loss", result.loss),
+        ("checkpoint", result.checkpoint),
+        ("faults cleared", result.faults_cleared),
+    ):
+        mark = {True: "[green]ok[/]", False: "[red]FAILED[/]", None: "[yellow]not checked[/]"}
+        console.print(f"{name}: {mark[check.ok]}: {escape(check.detail)}", soft_wrap=True)
+
+
+@chaos.command()
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
+@_RUN_DIR
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    show_default=True,
+    help="Train a fault-free baseline per seed and compare every experiment's loss to it.",
+)
+@click.option(
+    "--wait-detected",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds each post-mortem waits for an alert to fire after the experiment.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Validate every experiment and print its plan; run nothing."
+)
+def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry_run: bool) -> int:
+    """Run every experiment in DIR on the lab, one after another, and write a scorecard.
+
+    All files are validated first (exit 2, nothing started, when one is invalid).
+    The scorecard (per fault: detected?, by which alert, time to detect, time to
+    recover, steps lost, loss/checkpoint/fault checks, verdict) is written as
+    Markdown and JSON to RUN_DIR/suites/<suite-id>/ after every experiment.
+    Ctrl-C rolls the running experiment back and skips the rest.
+
+    \b
+      stormwatch chaos suite experiments/suite --run-dir run
+      make game-day
+
+    Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
+    2 for an invalid experiment or a lab that is not up.
+    """
+    from stormwatch.chaos.dryrun import print_plan
+    from stormwatch.chaos.suite import SuiteOptions, SuiteRunner, load_suite
+    from stormwatch.chaos.target import lab_target
+
+    entries = load_suite(folder)
+    if dry_run:
+        console = Console(highlight=False, soft_wrap=True)
+        for entry in entries:
+            print_plan(entry.experiment, entry.path, console)
+        console.print(f"[green]{_plural(len(entries), 'experiment')} valid[/]; nothing was run")
+        return 0
+    reap_overdue(run_dir)
+    target = lab_target(run_dir)
+    reporter = ConsoleReporter()
+
+    def show(row: ScorecardRow, index: int, total: int) -> None:
+        colour = "green" if row.verdict == "pass" else "red"
+        detect = (
+            f"detected by {row.alert} in {row.time_to_detect_seconds:.1f} s"
+            if row.detected and row.time_to_detect_seconds is not None
+            else "not detected"
+        )
+        recover = (
+            f"recovered in {row.time_to_recover_seconds:.1f} s"
+            if row.time_to_recover_seconds is not None
+            else "no restart"
+        )
+        reporter.console.print(
+            f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "
+            f"{detect}, {recover}" + (f"; {escape('; '.join(row.reasons))}" if row.reasons else ""),
+            soft_wrap=True,
+        )
+
+    runner = SuiteRunner(
+        entries,
+        folder=folder,
+        target=target,
+        options=SuiteOptions(baseline=baseline, wait_detected_seconds=wait_detected),
+        reporter=reporter,
+        on_row=show,
+    )
+    reporter.event(f"suite {runner.suite_id}: {_plural(len(entries), 'experiment')} in {folder}")
+    card = runner.run()
+    md, _ = runner.save()
+    reporter.stop()
+    colour = "green" if card.ok else "red"
+    reporter.console.print(
+        f"[{colour}]{card.passed}/{len(card.rows)} passed[/]"
+        + (" (interrupted)" if card.interrupted else ""),
+        soft_wrap=True,
+    )
+    reporter.console.print(f"scorecard: {md}", soft_wrap=True, highlight=False)
+    if card.interrupted:
+        return EXIT_ABORTED
+    return EXIT_OK if card.ok else 1
 
 
 @chaos.command()
@@ -268,7 +391,7 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     now = time.time()
     table = Table()
     table.add_column("fault", overflow="fold", ratio=3)
-    for column in ("kind", "rank", "where", "expires"):
+    for column in ("kind", "rank/node", "where", "expires"):
         table.add_column(column, no_wrap=True)
     table.add_column("state", overflow="fold", ratio=2)
     for e in entries:
@@ -281,7 +404,9 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
         if e.open and e.expires_at <= now:
             state = f"[red]OVERDUE[/] ({escape(state)}; TTL passed {_t(e.expires_at)}"
             state += f"; {escape(e.last_error)})" if e.last_error else ")"
-        table.add_row(e.id, e.kind, str(e.spec.rank), where, _t(e.expires_at), state)
+        rank = target_rank(e.spec)
+        what = str(rank) if rank is not None else ",".join(target_nodes(e.spec)) or "-"
+        table.add_row(e.id, e.kind, what, where, _t(e.expires_at), state)
     Console().print(table)
 
 

@@ -19,10 +19,13 @@ class Issue:
     Attributes:
         path: field path in the file, e.g. ``method[0].fault.rank`` (``""`` for the file itself).
         message: what is wrong and what is allowed.
+        line: 1-based line of the field in the file (of its nearest enclosing key when the
+            field is missing); None when unknown.
     """
 
     path: str
     message: str
+    line: int | None = None
 
 
 class InvalidExperiment(ChaosError, ConfigError):
@@ -36,10 +39,10 @@ class InvalidExperiment(ChaosError, ConfigError):
     def __init__(self, file: Path | str, issues: list[Issue]) -> None:
         self.file = Path(file)
         self.issues = list(issues)
-        lines = [
-            f"{self.file}: {i.path}: {i.message}" if i.path else f"{self.file}: {i.message}"
-            for i in self.issues
-        ]
+        lines = []
+        for i in self.issues:
+            where = f"{self.file}:{i.line}" if i.line is not None else f"{self.file}"
+            lines.append(f"{where}: {i.path}: {i.message}" if i.path else f"{where}: {i.message}")
         head = f"{self.file}: invalid experiment ({len(self.issues)} problem"
         head += "s)" if len(self.issues) != 1 else ")"
         super().__init__("\n".join([head, *lines]))

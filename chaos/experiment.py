@@ -11,9 +11,22 @@ Shape::
     title, description, tags
     job:                      what to train (the runner starts it, or attaches with --job)
     steady_state_hypothesis:  title + probes, checked before and after the method
-    method:                   actions (carrying a typed fault), probes, pauses
+    method:                   actions (a typed fault, a ``target`` selector, ``when.step``,
+                              ``background``), probes, ``until`` PromQL waits, pauses
     rollbacks:                revert / probe / pause activities
-    rollback_strategy:        always (default) | deviated | never
+    rollback_strategy:        always (default) | default | deviated | never  (chaostoolkit's
+                              meanings: every time; unless the hypothesis failed before the
+                              method or the run was interrupted; only when the hypothesis did
+                              not hold after; never). Whatever the strategy, every fault of
+                              the experiment still open at the end is reverted.
+    safeguards:               probes checked continuously during the method; one that fails
+                              stops injecting, fails the run and rolls back
+    blast_radius:             max_fraction_of_ranks (0.5): the most ranks all faults may touch
+    expect:                   what a game day expects (alerts, category, loss check)
+
+Probe providers: ``prometheus`` (PromQL vs tolerance), ``job`` (progressing/finished),
+``http`` (status and body), ``ranks`` (ranks alive per the agents), ``progress`` (steps
+per window), ``loss`` (finite, bounded, not diverging).
 
 Probe queries may use the placeholders ``${job}``, ``${steps}``,
 ``${checkpoint_every}`` and ``${world_size}``; the runner fills them in.
@@ -21,11 +34,22 @@ Probe queries may use the placeholders ``${job}``, ``${steps}``,
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from stormwatch.chaos.faults.specs import Fault, FreezeRankFault, KillRankFault
+from stormwatch.chaos.providers import (
+    HttpProvider,
+    JobProvider,
+    LossProvider,
+    ProgressProvider,
+    PrometheusProvider,
+    Provider,
+    RanksProvider,
+    Tolerance,
+)
 
 #: Placeholders a probe query may use (filled in by the runner at run time).
 PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size")
@@ -46,113 +70,6 @@ _Name = Annotated[
         description="letters, digits, '_', '.', '-'; starts with a letter or digit; <= 64 chars",
     ),
 ]
-
-
-class Tolerance(_Model):
-    """What a probe's value must be: exactly one of the fields below.
-
-    A bare number in the file means ``eq``. ``range`` is inclusive ``[low, high]``.
-    Values are compared as floats; ``eq``/``ne`` compare exactly, which suits
-    counts (``count(...) == 4``).
-    """
-
-    eq: float | None = None
-    ne: float | None = None
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    range: list[float] | None = Field(default=None, min_length=2, max_length=2)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_number_means_eq(cls, data: object) -> object:
-        if isinstance(data, (int, float)) and not isinstance(data, bool):
-            return {"eq": float(data)}
-        if not isinstance(data, (dict, Tolerance)):
-            raise ValueError(
-                "must be a number (exact value) or a mapping with exactly one of "
-                f"eq, ne, gt, ge, lt, le, range (got {data!r})"
-            )
-        return data
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Tolerance:
-        given = [name for name in _TOLERANCE_OPS if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of eq, ne, gt, ge, lt, le, range "
-                f"(or a bare number for eq); got {given or 'none'}"
-            )
-        if self.range is not None and self.range[0] > self.range[1]:
-            raise ValueError(f"range must be [low, high] with low <= high (got {self.range})")
-        return self
-
-    def accepts(self, value: float) -> bool:
-        """Whether ``value`` is within the tolerance (NaN is never accepted)."""
-        if math.isnan(value):
-            return False
-        if self.eq is not None:
-            return value == self.eq
-        if self.ne is not None:
-            return value != self.ne
-        if self.gt is not None:
-            return value > self.gt
-        if self.ge is not None:
-            return value >= self.ge
-        if self.lt is not None:
-            return value < self.lt
-        if self.le is not None:
-            return value <= self.le
-        assert self.range is not None
-        return self.range[0] <= value <= self.range[1]
-
-    def describe(self) -> str:
-        """Human form, e.g. ``== 4`` or ``in [1, 5]``."""
-        for name, symbol in (
-            ("eq", "=="),
-            ("ne", "!="),
-            ("gt", ">"),
-            ("ge", ">="),
-            ("lt", "<"),
-            ("le", "<="),
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                return f"{symbol} {value:g}"
-        assert self.range is not None
-        return f"in [{self.range[0]:g}, {self.range[1]:g}]"
-
-
-_TOLERANCE_OPS = ("eq", "ne", "gt", "ge", "lt", "le", "range")
-
-
-class PrometheusProvider(_Model):
-    """A PromQL instant query; every sample of the result must be within ``tolerance``.
-
-    An empty result never satisfies the tolerance (the series are absent).
-    """
-
-    type: Literal["prometheus"]
-    query: str = Field(min_length=1, description="PromQL; may use ${job}, ${steps}, ...")
-    tolerance: Tolerance
-
-
-class JobProvider(_Model):
-    """A condition read from the job's rank logs (``<job>/logs/rank<R>.jsonl``).
-
-    ``progressing``: every rank of the job completed a step within the last
-    ``window_seconds`` *and* after the experiment's latest fault (so a rank that
-    was killed counts only once it steps again); a rank that finished counts as
-    progressing, unless it finished before that fault (nothing recovered). ``finished``: every rank logged ``done`` (the job finished).
-    """
-
-    type: Literal["job"]
-    expect: Literal["progressing", "finished"]
-    window_seconds: float = Field(default=15.0, gt=0, le=3600)
-
-
-Provider = Annotated[PrometheusProvider | JobProvider, Field(discriminator="type")]
 
 
 PhaseName = Literal["before", "after"]
@@ -180,33 +97,7 @@ class SteadyStateHypothesis(_Model):
     probes: list[SteadyStateProbe] = Field(min_length=1)
 
 
-class KillRankFault(_Model):
-    """Kill one rank's worker process (sent to the agent of the node that holds the rank).
-
-    The kill itself cannot be undone; torchrun is expected to restart the
-    workers. ``ttl_seconds`` bounds the agent-side fault record.
-    """
-
-    kind: Literal["kill_rank"]
-    rank: int = Field(ge=0, le=65_535)
-    signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
-    ttl_seconds: float = Field(default=300.0, gt=0, le=MAX_TTL_SECONDS)
-
-
-class FreezeRankFault(_Model):
-    """Freeze one rank's worker with SIGSTOP; revert sends SIGCONT (controller-side).
-
-    The controller signals the process directly (the lab shares one PID
-    namespace); a detached reaper reverts it when ``ttl_seconds`` expire, even
-    if the controller died.
-    """
-
-    kind: Literal["freeze_rank"]
-    rank: int = Field(ge=0, le=65_535)
-    ttl_seconds: float = Field(default=60.0, gt=0, le=MAX_TTL_SECONDS)
-
-
-Fault = Annotated[KillRankFault | FreezeRankFault, Field(discriminator="kind")]
+# The fault catalogue (one model per kind) lives with the faults: stormwatch.chaos.faults.specs.
 
 
 class When(_Model):
@@ -216,12 +107,83 @@ class When(_Model):
     timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
 
 
+class RandomPick(_Model):
+    """Pick ``k`` targets, or ``percent`` of them (rounded up, at least one), with ``seed``.
+
+    The same seed and pool give the same pick (``random.Random(seed).sample``).
+    """
+
+    k: int | None = Field(default=None, ge=1, le=65_536)
+    percent: float | None = Field(default=None, gt=0, le=100)
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_size(self) -> RandomPick:
+        if (self.k is None) == (self.percent is None):
+            raise ValueError("give exactly one of 'k' (a count) or 'percent' (of the pool)")
+        return self
+
+
+#: Roles a target selector understands: ``leader`` rank 0, ``rdzv_host`` the ranks of the
+#: node hosting the rendezvous store (the first node), ``worker`` every rank but 0, ``any``.
+ROLES = ("leader", "rdzv_host", "worker", "any")
+
+
+class TargetSelector(_Model):
+    """Which ranks an action hits: exactly one of ``node``, ``ranks``, ``role``; ``random``
+    then picks among them (alone: among every rank).
+
+    For a rank fault (``kill_rank``, ``trainer_fault``, ...) one fault is injected per
+    selected rank; for a node fault (``gpu_xid``, ``bandwidth_limit``, ...) one per node
+    holding a selected rank. The fault itself then names no ``rank``/``node``.
+    """
+
+    node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    ranks: list[Annotated[int, Field(ge=0, le=65_535)]] | None = Field(default=None, min_length=1)
+    role: Literal["leader", "rdzv_host", "worker", "any"] | None = None
+    random: RandomPick | None = None
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> TargetSelector:
+        given = [n for n in ("node", "ranks", "role") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of node, ranks, role (got {', '.join(given)})")
+        if not given and self.random is None:
+            raise ValueError("give one of node, ranks, role, or random")
+        return self
+
+
 class ActionActivity(_Model):
-    """Inject ``fault`` (when the job reaches ``when.step``, or at once)."""
+    """Inject ``fault`` (when the job reaches ``when.step``, or at once).
+
+    ``target`` selects the ranks/nodes instead of the fault's own ``rank``/``node``.
+    ``background: true`` runs the action (its wait and injection) while the method
+    goes on; the method waits for it at its end.
+    """
 
     type: Literal["action"]
     name: _Name
     fault: Fault
+    target: TargetSelector | None = None
+    background: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_fills_the_fault(cls, data: object) -> object:
+        """With ``target``, the fault names no rank/node: rank 0 stands in until the run
+        (where the selection replaces it); validation of the rest of the fault still runs."""
+        if not isinstance(data, dict) or data.get("target") is None:
+            return data
+        fault = data.get("fault")
+        if not isinstance(fault, dict):
+            return data
+        named = [k for k in ("rank", "node", "nodes") if k in fault]
+        if named:
+            raise ValueError(
+                f"give the target either in 'target' or as the fault's {'/'.join(named)}, not both"
+            )
+        return {**data, "fault": {**fault, "rank": 0}}
+
     when: When | None = None
     pause_after_seconds: float = Field(default=0.0, ge=0, le=3600)
 
@@ -233,6 +195,17 @@ class ProbeActivity(_Model):
     name: _Name
     provider: Provider
     timeout_seconds: float = Field(default=60.0, ge=0, le=86_400)
+    poll_seconds: float = Field(default=1.0, gt=0, le=60)
+
+
+class UntilActivity(_Model):
+    """Wait until a PromQL instant query is within ``tolerance``; fails after ``timeout_seconds``."""
+
+    type: Literal["until"]
+    name: _Name
+    query: str = Field(min_length=1, description="PromQL; may use ${job}, ${steps}, ...")
+    tolerance: Tolerance
+    timeout_seconds: float = Field(default=60.0, gt=0, le=86_400)
     poll_seconds: float = Field(default=1.0, gt=0, le=60)
 
 
@@ -253,7 +226,7 @@ class RevertActivity(_Model):
 
 
 MethodActivity = Annotated[
-    ActionActivity | ProbeActivity | PauseActivity, Field(discriminator="type")
+    ActionActivity | ProbeActivity | PauseActivity | UntilActivity, Field(discriminator="type")
 ]
 RollbackActivity = Annotated[
     RevertActivity | ProbeActivity | PauseActivity, Field(discriminator="type")
@@ -295,6 +268,52 @@ class JobSection(_Model):
         return None
 
 
+class Expectations(_Model):
+    """What a game day expects of the experiment; the scorecard's verdict uses it.
+
+    Attributes:
+        detect: an alert about the job must fire after the fault (False: the fault is
+            expected to go unnoticed, e.g. a slowdown below the straggler threshold).
+        alerts: alert names that count as detection (empty: any alert about the job).
+        category: the failure category in the planner's table (``chaos/plan/llama3_table5.yaml``
+            ids, e.g. ``faulty_gpu``) whose detect/recover times this experiment measures
+            for ``stormwatch plan``; default from the fault kind
+            (:data:`stormwatch.chaos.scorecard.FAULT_KIND_CATEGORY`).
+        loss: after recovery the loss must be ``identical`` (bitwise) to a fault-free
+            baseline, ``bounded`` (relative difference <= ``loss_rel_tolerance``: elastic
+            resizes), or is not compared (``skip``).
+        loss_rel_tolerance: the bound for ``bounded`` (default 0.05,
+            :data:`stormwatch.chaos.verify.ELASTIC_LOSS_REL_BOUND`).
+    """
+
+    detect: bool = True
+    alerts: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default_factory=list
+    )
+    category: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
+    loss: Literal["identical", "bounded", "skip"] = "identical"
+    loss_rel_tolerance: float = Field(default=0.05, ge=0, le=1)
+
+
+class BlastRadius(_Model):
+    """The most an experiment may touch: at most ``max_fraction_of_ranks`` of the job's ranks
+    over all its faults (a node fault touches every rank of its node), and never fewer than
+    one rank. Checked when the file is validated (when the job's shape is fixed) and again,
+    on the real job, before anything is injected."""
+
+    max_fraction_of_ranks: float = Field(default=0.5, gt=0, le=1)
+
+
+class Safeguard(_Model):
+    """A condition checked every ``interval_seconds`` from the method's start to the end of the
+    after-phase; when it does not hold, the run stops injecting, is marked failed and rolls back.
+    """
+
+    name: _Name
+    provider: Provider
+    interval_seconds: float = Field(default=2.0, gt=0, le=600)
+
+
 class Experiment(_Model):
     """A chaos experiment (see the module docstring for the file shape)."""
 
@@ -306,7 +325,10 @@ class Experiment(_Model):
     steady_state_hypothesis: SteadyStateHypothesis
     method: list[MethodActivity] = Field(min_length=1)
     rollbacks: list[RollbackActivity] = Field(default_factory=list)
-    rollback_strategy: Literal["always", "deviated", "never"] = "always"
+    rollback_strategy: Literal["always", "default", "deviated", "never"] = "always"
+    expect: Expectations = Field(default_factory=Expectations)
+    blast_radius: BlastRadius = Field(default_factory=BlastRadius)
+    safeguards: list[Safeguard] = Field(default_factory=list)
 
 
 def placeholders_in(text: str) -> list[str]:
@@ -326,23 +348,34 @@ def expand(text: str, variables: dict[str, str]) -> str:
 __all__ = [
     "MAX_TTL_SECONDS",
     "PLACEHOLDERS",
+    "ROLES",
     "ActionActivity",
+    "BlastRadius",
+    "Expectations",
     "Experiment",
     "Fault",
     "FreezeRankFault",
+    "HttpProvider",
     "JobProvider",
     "JobSection",
     "KillRankFault",
+    "LossProvider",
     "MethodActivity",
     "PauseActivity",
     "ProbeActivity",
+    "ProgressProvider",
     "PrometheusProvider",
     "Provider",
+    "RandomPick",
+    "RanksProvider",
     "RevertActivity",
     "RollbackActivity",
+    "Safeguard",
     "SteadyStateHypothesis",
     "SteadyStateProbe",
+    "TargetSelector",
     "Tolerance",
+    "UntilActivity",
     "When",
     "expand",
     "placeholders_in",

@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
+from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.ledger import LedgerEntry
+from stormwatch.chaos.tracing import ExperimentTrace, span_hex
 
 ActivityStatus = Literal["running", "succeeded", "failed", "skipped", "aborted"]
 ExperimentStatus = Literal["running", "completed", "deviated", "failed", "aborted"]
@@ -38,6 +40,7 @@ class ActivityRecord(BaseModel):
         start / end: Unix seconds.
         output: what it observed or did (JSON).
         error: why it failed, when it did.
+        span_id: the activity's OpenTelemetry span (hex) in the journal's ``trace_id``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -50,6 +53,7 @@ class ActivityRecord(BaseModel):
     end: float | None = None
     output: JsonValue = None
     error: str | None = None
+    span_id: str | None = None
 
     @property
     def duration(self) -> float | None:
@@ -86,6 +90,8 @@ class Journal(BaseModel):
         rollbacks_ok: every rollback and the final revert of this experiment's
             faults succeeded (None: not run yet).
         faults: this experiment's ledger entries at the end.
+        trace_id: the experiment's OpenTelemetry trace (hex; spans in ``spans.jsonl``
+            beside the journal, or sent to ``STORMWATCH_OTLP_ENDPOINT``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -108,6 +114,7 @@ class Journal(BaseModel):
     rollbacks_ok: bool | None = None
     faults: list[LedgerEntry] = Field(default_factory=list)
     error: str | None = None
+    trace_id: str | None = None
 
     @property
     def hypothesis_held(self) -> bool:
@@ -123,12 +130,17 @@ class Journal(BaseModel):
 class JournalWriter:
     """Keeps a :class:`Journal` and rewrites ``path`` after every change (once its folder exists).
 
-    :meth:`activity` journals one activity: start on entry; end, status and error on exit.
+    :meth:`activity` journals one activity: start on entry; end, status and error on exit;
+    with ``trace``, each activity is also a span (child of the experiment's root span)
+    whose id the record keeps.
     """
 
-    def __init__(self, journal: Journal, path: Path) -> None:
+    def __init__(self, journal: Journal, path: Path, trace: ExperimentTrace | None = None) -> None:
         self.journal = journal
         self.path = path
+        self.trace = trace
+        if trace is not None:
+            journal.trace_id = trace.trace_id
 
     def save(self) -> None:
         """Write the journal (no-op until the experiment folder exists)."""
@@ -160,6 +172,14 @@ class JournalWriter:
         (or swallowed with ``raise_on_failure=False``); cancellation marks it aborted.
         """
         record = ActivityRecord(name=name, type=type_, phase=phase, start=time.time())
+        span = None
+        if self.trace is not None:
+            span = self.trace.tracer.start_span(
+                f"{phase} {type_} {name}",
+                context=self.trace.context,
+                attributes={"activity.name": name, "activity.type": type_, "phase": phase},
+            )
+            record.span_id = span_hex(span)
         self.section(phase).append(record)
         self.save()
         try:
@@ -179,6 +199,11 @@ class JournalWriter:
                 record.status = "succeeded"
         finally:
             record.end = time.time()
+            if span is not None:
+                span.set_attribute("activity.status", record.status)
+                if record.error:
+                    span.set_status(Status(StatusCode.ERROR, record.error))
+                span.end()
             self.save()
 
     def skipped(self, name: str, type_: str, phase: Phase, why: str) -> None:

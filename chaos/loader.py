@@ -8,6 +8,7 @@ exits 2). Nothing else happens before an experiment is valid.
 
 from __future__ import annotations
 
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -21,10 +22,20 @@ from stormwatch.chaos.experiment import (
     PLACEHOLDERS,
     ActionActivity,
     Experiment,
-    JobProvider,
+    HttpProvider,
     ProbeActivity,
     PrometheusProvider,
+    Provider,
+    UntilActivity,
     placeholders_in,
+)
+from stormwatch.chaos.faults.specs import target_rank
+from stormwatch.chaos.selection import (
+    SelectionError,
+    Shape,
+    blast_radius_problem,
+    expand,
+    static_shape,
 )
 
 #: Largest experiment file accepted (bytes); real ones are a few KiB.
@@ -110,7 +121,10 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise InvalidExperiment(file, [Issue("", f"not valid YAML: {_yaml_message(exc)}")]) from exc
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        issue = Issue("", f"not valid YAML: {_yaml_message(exc)}", line)
+        raise InvalidExperiment(file, [issue]) from exc
     except RecursionError as exc:
         raise InvalidExperiment(
             file, [Issue("", "nested too deeply to read (thousands of [ or { levels)")]
@@ -123,11 +137,44 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     try:
         experiment = Experiment.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise InvalidExperiment(file, [_issue(err) for err in exc.errors()]) from exc
+        issues = [_issue(err) for err in exc.errors()]
+        raise InvalidExperiment(file, _with_lines(issues, text)) from exc
     issues = semantic_issues(experiment)
     if issues:
-        raise InvalidExperiment(file, issues)
+        raise InvalidExperiment(file, _with_lines(issues, text))
     return experiment
+
+
+def _with_lines(issues: list[Issue], text: str) -> list[Issue]:
+    """``issues`` with the line of each field (or of its nearest enclosing key) filled in."""
+    try:
+        root = yaml.compose(text, Loader=_UniqueKeyLoader)
+    except (yaml.YAMLError, RecursionError):  # pragma: no cover - it loaded a moment ago
+        return issues
+    lines: dict[str, int] = {}
+    _index_lines(root, "", lines)
+    out = []
+    for issue in issues:
+        path = issue.path
+        while path and path not in lines:
+            parent = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+            path = "" if parent == path else parent  # a top-level key: no enclosing key
+        out.append(Issue(issue.path, issue.message, lines.get(path)))
+    return out
+
+
+def _index_lines(node: yaml.Node | None, path: str, out: dict[str, int]) -> None:
+    """Record the 1-based line of every mapping key and sequence item under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = _join(path, key_node.value)
+            out.setdefault(child, key_node.start_mark.line + 1)
+            _index_lines(value_node, child, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = _join(path, index)
+            out.setdefault(child, item.start_mark.line + 1)
+            _index_lines(item, child, out)
 
 
 def semantic_issues(experiment: Experiment) -> list[Issue]:
@@ -159,20 +206,27 @@ def semantic_issues(experiment: Experiment) -> list[Issue]:
                 )
             )
         world = experiment.job.fixed_world_size
+        rank = target_rank(activity.fault) if isinstance(activity, ActionActivity) else None
         if (
             isinstance(activity, ActionActivity)
+            and activity.target is None
             and world is not None
-            and activity.fault.rank >= world
+            and rank is not None
+            and rank >= world
         ):
             issues.append(
                 Issue(
                     f"{path}.fault.rank",
-                    f"rank {activity.fault.rank} is out of range: the job has "
+                    f"rank {rank} is out of range: the job has "
                     f"{world} ranks ({_world_source(experiment)}), so use 0-{world - 1}",
                 )
             )
+        if isinstance(activity, ActionActivity):
+            issues.extend(_selection_issues(path, activity, experiment))
         if isinstance(activity, ProbeActivity):
             issues.extend(_provider_issues(f"{path}.provider", activity.provider))
+        if isinstance(activity, UntilActivity):
+            issues.extend(_query_issues(f"{path}.query", activity.query))
     job = experiment.job
     if (
         job.world_size is not None
@@ -187,6 +241,16 @@ def semantic_issues(experiment: Experiment) -> list[Issue]:
                 f"({job.nodes} * {job.nproc_per_node}); give one or make them agree",
             )
         )
+    for i, guard in enumerate(experiment.safeguards):
+        issues.extend(_provider_issues(f"safeguards[{i}].provider", guard.provider))
+    shape = static_shape(experiment)
+    if shape is not None:
+        try:
+            problem = blast_radius_problem(experiment, shape)
+        except SelectionError:
+            problem = None  # reported per action above
+        if problem is not None:
+            issues.append(Issue("blast_radius.max_fraction_of_ranks", problem))
     probe_names: set[str] = set()
     for i, probe in enumerate(experiment.steady_state_hypothesis.probes):
         path = f"steady_state_hypothesis.probes[{i}]"
@@ -206,14 +270,34 @@ def _world_source(experiment: Experiment) -> str:
     return f"job.nodes * job.nproc_per_node = {job.nodes} * {job.nproc_per_node}"
 
 
-def _provider_issues(path: str, provider: PrometheusProvider | JobProvider) -> list[Issue]:
-    if not isinstance(provider, PrometheusProvider):
+def _selection_issues(path: str, action: ActionActivity, experiment: Experiment) -> list[Issue]:
+    """A target selector must fit the fault kind, and the job's shape when the file fixes it."""
+    shape = static_shape(experiment)
+    if action.target is None and shape is None:
         return []
-    unknown = sorted({n for n in placeholders_in(provider.query) if n not in PLACEHOLDERS})
+    try:
+        expand(action, shape or Shape.generic(1, 1))
+    except SelectionError as exc:
+        if shape is None and "takes no 'target'" not in str(exc):
+            return []  # the shape is known only at run time; checked then
+        return [Issue(f"{path}.target" if action.target else f"{path}.fault", str(exc))]
+    return []
+
+
+def _query_issues(path: str, query: str) -> list[Issue]:
+    unknown = sorted({n for n in placeholders_in(query) if n not in PLACEHOLDERS})
     if not unknown:
         return []
     allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
-    return [Issue(f"{path}.query", f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
+    return [Issue(path, f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
+
+
+def _provider_issues(path: str, provider: Provider) -> list[Issue]:
+    if isinstance(provider, PrometheusProvider):
+        return _query_issues(f"{path}.query", provider.query)
+    if isinstance(provider, HttpProvider):
+        return _query_issues(f"{path}.url", provider.url)
+    return []
 
 
 # --- pydantic error -> Issue -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from stormwatch.chaos.experiment import (
     ProbeActivity,
     PrometheusProvider,
 )
+from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.lab import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.chaos.ranklogs import read_job_logs
@@ -53,11 +54,19 @@ async def preflight(
             f"the experiment's job has {fixed} ranks (job section) but the lab runs "
             f"{target.world_size}: bring up a lab of that size or fix the job section"
         )
+    known_nodes = {agent.node for agent in target.agents}
     for fault in faults:
-        if fault.rank >= target.world_size:
+        rank = target_rank(fault)
+        if rank is not None and rank >= target.world_size:
             raise LabNotReady(
-                f"{fault.kind}: rank {fault.rank} does not exist (world size "
+                f"{fault.kind}: rank {rank} does not exist (world size "
                 f"{target.world_size}: ranks 0-{target.world_size - 1})"
+            )
+        unknown = [node for node in target_nodes(fault) if node not in known_nodes]
+        if known_nodes and unknown:
+            raise LabNotReady(
+                f"{fault.kind}: node {', '.join(unknown)} is not in the lab "
+                f"(nodes: {', '.join(sorted(known_nodes))})"
             )
     if any(isinstance(f, KillRankFault) for f in faults):
         if not target.agents or target.agent_token_file is None:

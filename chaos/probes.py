@@ -9,17 +9,30 @@ the probe's *result* (:class:`ProbeOutcome`), recorded in the journal.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 from pydantic import JsonValue
 
-from stormwatch.chaos.experiment import JobProvider, PrometheusProvider, Provider, expand
+from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.errors import ServiceError
+from stormwatch.chaos.experiment import (
+    HttpProvider,
+    JobProvider,
+    LossProvider,
+    ProgressProvider,
+    PrometheusProvider,
+    Provider,
+    RanksProvider,
+    expand,
+)
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.lab import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.chaos.ranklogs import RankLog, read_job_logs
-from stormwatch.chaos.target import JobControl
+from stormwatch.chaos.target import AgentEndpoint, JobControl
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class ProbeContext:
         since: Unix time of the experiment's latest fault (None before any):
             ``progressing`` only counts steps completed after it.
         clock: Unix time source.
+        agents: the node agents (``ranks`` probes).
+        session: HTTP session (``http`` and ``ranks`` probes; None: they fail).
     """
 
     job: JobRef
@@ -59,13 +74,108 @@ class ProbeContext:
     variables: dict[str, str]
     since: float | None = None
     clock: Callable[[], float] = field(default=time.time)
+    agents: tuple[AgentEndpoint, ...] = ()
+    session: aiohttp.ClientSession | None = None
 
 
 async def check(provider: Provider, ctx: ProbeContext) -> ProbeOutcome:
     """Evaluate ``provider`` once."""
     if isinstance(provider, PrometheusProvider):
         return await _prometheus(provider, ctx)
+    if isinstance(provider, HttpProvider):
+        return await _http(provider, ctx)
+    if isinstance(provider, RanksProvider):
+        return await _ranks(provider, ctx)
+    if isinstance(provider, ProgressProvider):
+        return _progress(provider, ctx)
+    if isinstance(provider, LossProvider):
+        return _loss(provider, ctx)
     return _job(provider, ctx)
+
+
+async def _http(provider: HttpProvider, ctx: ProbeContext) -> ProbeOutcome:
+    url = expand(provider.url, ctx.variables)
+    if ctx.session is None:
+        return ProbeOutcome(False, "no HTTP session", {"url": url}, terminal=True)
+    try:
+        async with ctx.session.get(
+            url, timeout=aiohttp.ClientTimeout(total=provider.timeout_seconds)
+        ) as response:
+            body = await response.text(errors="replace")
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        detail = f"GET {url}: {type(exc).__name__}: {exc}"
+        return ProbeOutcome(False, detail, {"url": url, "error": detail})
+    output: JsonValue = {"url": url, "status": status, "body_bytes": len(body)}
+    if status != provider.status:
+        return ProbeOutcome(False, f"GET {url}: HTTP {status}, wanted {provider.status}", output)
+    if provider.contains is not None and provider.contains not in body:
+        return ProbeOutcome(False, f"GET {url}: body lacks {provider.contains!r}", output)
+    return ProbeOutcome(True, f"GET {url}: HTTP {status}", output)
+
+
+async def _ranks(provider: RanksProvider, ctx: ProbeContext) -> ProbeOutcome:
+    tolerance = provider.tolerance.describe()
+    if ctx.session is None or not ctx.agents:
+        return ProbeOutcome(False, "no node agents in this target", None, terminal=True)
+    client = AgentClient(ctx.session)
+    alive: list[int] = []
+    errors: list[str] = []
+    for agent in ctx.agents:
+        try:
+            ranks = await client.ranks(agent.url)
+        except ServiceError as exc:
+            errors.append(f"{agent.node}: {exc}")
+            continue
+        alive += [r.rank for r in ranks if r.job == ctx.job.name and r.alive]
+    count = len(set(alive))
+    alive_ranks: list[JsonValue] = list(sorted(set(alive)))
+    output: JsonValue = {"alive_ranks": alive_ranks, "errors": list(errors)}
+    if errors:
+        return ProbeOutcome(False, "agents did not answer: " + "; ".join(errors), output)
+    ok = provider.tolerance.accepts(float(count))
+    return ProbeOutcome(ok, f"{count} ranks alive {'' if ok else 'not '}{tolerance}", output)
+
+
+def _progress(provider: ProgressProvider, ctx: ProbeContext) -> ProbeOutcome:
+    logs = read_job_logs(ctx.job.log_dir)
+    floor = ctx.clock() - provider.window_seconds
+    slow: list[str] = []
+    counts: dict[str, JsonValue] = {}
+    for rank in range(ctx.job.world_size):
+        log = logs.get(rank)
+        if log is not None and log.finished:
+            counts[str(rank)] = "finished"
+            continue
+        recent = {e.step for e in (log.steps if log else []) if e.time >= floor}
+        counts[str(rank)] = len(recent)
+        if len(recent) < provider.min_steps:
+            slow.append(f"rank {rank}: {len(recent)}")
+    output: JsonValue = {"steps_in_window": counts, "window_seconds": provider.window_seconds}
+    if slow:
+        detail = f"fewer than {provider.min_steps} step(s) in {provider.window_seconds:g} s: "
+        return ProbeOutcome(False, detail + ", ".join(slow), output)
+    return ProbeOutcome(
+        True, f"every rank made >= {provider.min_steps} step(s) in the window", output
+    )
+
+
+def _loss(provider: LossProvider, ctx: ProbeContext) -> ProbeOutcome:
+    log = read_job_logs(ctx.job.log_dir).get(0)
+    losses = [e.loss for e in (log.steps if log else []) if e.loss is not None]
+    if not losses:
+        return ProbeOutcome(False, "no loss logged yet by rank 0", None)
+    last, lowest = losses[-1], min(losses)
+    output: JsonValue = {"last": last, "lowest": lowest, "steps": len(losses)}
+    if not math.isfinite(last):
+        return ProbeOutcome(False, f"loss is {last}", output, terminal=True)
+    if provider.max is not None and last > provider.max:
+        return ProbeOutcome(False, f"loss {last:.4g} > max {provider.max:g}", output)
+    if last > provider.max_ratio * lowest:
+        return ProbeOutcome(
+            False, f"loss {last:.4g} > {provider.max_ratio:g} x lowest {lowest:.4g}", output
+        )
+    return ProbeOutcome(True, f"loss {last:.4g} finite and sane", output)
 
 
 async def wait_for(

@@ -6,6 +6,7 @@ Used by ``stormwatch chaos run``, ``stormwatch chaos postmortem`` and the demo.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.evidence import (
@@ -65,10 +66,12 @@ async def generate_postmortem(
     baseline_log_dir: Path | None,
     wait_resolved_seconds: float = 0.0,
     reporter: Reporter | None = None,
+    wait_until: Literal["resolved", "detected"] = "resolved",
 ) -> tuple[PostMortem, Path]:
     """Collect evidence from ``target`` (or reuse ``evidence.json`` when ``target`` is None),
-    optionally waiting up to ``wait_resolved_seconds`` for the alert to be received and resolved,
-    then write ``postmortem.md``/``.json``. Returns the post-mortem and the Markdown path.
+    optionally waiting up to ``wait_resolved_seconds`` for the alert to be received and resolved
+    (``wait_until="detected"``: only until it fired), then write ``postmortem.md``/``.json``.
+    Returns the post-mortem and the Markdown path.
     """
     reporter = reporter or NullReporter()
     experiment_dir = Path(experiment_dir)
@@ -90,6 +93,8 @@ async def generate_postmortem(
 
         def settled(ev: Evidence) -> bool:
             pm = postmortem_from_files(experiment_dir, evidence=ev, baseline_log_dir=None)
+            if wait_until == "detected":
+                return pm.fault_at is None or pm.detected
             return pm.fault_at is None or (
                 pm.alert_resolved_at is not None and pm.alert_received_at is not None
             )

@@ -24,13 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import re
-import secrets
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,18 +34,13 @@ from pathlib import Path
 import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.errors import ActivityFailed, ChaosError, FaultError
+from stormwatch.chaos.errors import ChaosError, FaultError
 from stormwatch.chaos.experiment import (
-    ActionActivity,
     Experiment,
     JobProvider,
-    PauseActivity,
-    ProbeActivity,
     Provider,
-    RevertActivity,
 )
-from stormwatch.chaos.faults import reverts_itself
-from stormwatch.chaos.injector import Injector
+from stormwatch.chaos.ids import job_name_for, new_experiment_id
 from stormwatch.chaos.journal import (
     ExperimentStatus,
     JobRef,
@@ -59,12 +50,15 @@ from stormwatch.chaos.journal import (
 )
 from stormwatch.chaos.lab import AsyncPrometheusClient
 from stormwatch.chaos.ledger import Ledger, ledger_path
+from stormwatch.chaos.method import MethodMixin
 from stormwatch.chaos.preflight import preflight, wait_until_stepping
 from stormwatch.chaos.probes import ProbeContext, ProbeOutcome, wait_for
 from stormwatch.chaos.progress import NullReporter, Reporter
 from stormwatch.chaos.ranklogs import read_job_logs
-from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_open
+from stormwatch.chaos.revert import RevertOutcome, revert_entries
+from stormwatch.chaos.rollback import RollbackMixin, _uncancel
 from stormwatch.chaos.target import Target
+from stormwatch.chaos.tracing import ExperimentTrace
 from stormwatch.dashboards.annotations import Annotator
 
 logger = logging.getLogger(__name__)
@@ -105,29 +99,7 @@ class ExperimentRun:
     exit_code: int
 
 
-def job_name_for(base: str, experiment_id: str) -> str:
-    """A fresh job name for one run: ``<base>-<utc time>-<hex>`` from the experiment id.
-
-    Every run that starts its own job gets its own job folder (rank logs, checkpoints),
-    so a re-run never resumes an earlier run's checkpoint. Ids not made by
-    :func:`new_experiment_id` get a hash instead. At most 63 characters (the lab's limit).
-    """
-    match = re.fullmatch(r"(\d{8}T\d{6})-.*-([0-9a-f]{4})", experiment_id)
-    if match:
-        suffix = f"{match.group(1).lower()}-{match.group(2)}"
-    else:
-        suffix = hashlib.sha1(experiment_id.encode()).hexdigest()[:8]
-    return f"{base[: 62 - len(suffix)]}-{suffix}"
-
-
-def new_experiment_id(title: str, now: float | None = None) -> str:
-    """``20250101T120000-kill-rank-1a2b``: sortable, readable, unique."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
-    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "experiment"
-    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
-
-
-class Runner:
+class Runner(MethodMixin, RollbackMixin):
     """Runs one validated experiment against a target.
 
     Args:
@@ -175,7 +147,8 @@ class Runner:
             experiment=experiment.model_dump(mode="json"),
             started_at=time.time(),
         )
-        self._writer = JournalWriter(journal, self.journal_path)
+        self._trace = ExperimentTrace(self.experiment_id, experiment.title)
+        self._writer = JournalWriter(journal, self.journal_path, self._trace)
 
     @property
     def journal(self) -> Journal:
@@ -203,6 +176,7 @@ class Runner:
             )
             self._ledger = Ledger(ledger_path(self.target.run_dir))
             self.experiment_dir.mkdir(parents=True, exist_ok=True)
+            self._trace.export_to(self.experiment_dir)
             with contextlib.suppress(OSError):
                 shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
             self._writer.save()
@@ -233,6 +207,7 @@ class Runner:
             await self._wait_for_job_end(status)
             self.journal.ended_at = time.time()
             self._writer.save()
+            self._trace.end(status)
             self._annotate(
                 f"experiment {self.experiment_id} ended: {status}",
                 "experiment-ended",
@@ -268,10 +243,14 @@ class Runner:
     async def _body(self) -> ExperimentStatus:
         await self._recover_orphans()
         self._job = await self._open_job()
+        self._check_blast_radius()
         if not await self._steady_state("before"):
             self.journal.error = "the steady-state hypothesis did not hold before the method"
             self.reporter.event(self.journal.error)
             return "failed"
+        return await self._guarded(self._method_and_after())
+
+    async def _method_and_after(self) -> ExperimentStatus:
         await self._method()
         if not await self._steady_state("after"):
             self.reporter.event(
@@ -422,17 +401,12 @@ class Runner:
         phase: Phase,
         timeout: float,
         poll: float,
+        *,
+        type_: str = "probe",
     ) -> ProbeOutcome:
-        assert self._job is not None
-        ctx = ProbeContext(
-            job=self._job,
-            jobs=self.target.jobs,
-            prometheus=self._prometheus,
-            variables=self._variables(),
-            since=self._last_fault_at,
-        )
         outcome = ProbeOutcome(False, "probe did not run")
-        async with self._writer.activity(name, "probe", phase, raise_on_failure=False) as record:
+        ctx = self._probe_context()
+        async with self._writer.activity(name, type_, phase, raise_on_failure=False) as record:
 
             def on_poll(outcome: ProbeOutcome, elapsed: float) -> None:
                 self.reporter.status(f"{name}: {outcome.detail} ({elapsed:.0f}/{timeout:g} s)")
@@ -446,6 +420,18 @@ class Runner:
         self.reporter.event(f"  {name}: {mark}: {outcome.detail}")
         return outcome
 
+    def _probe_context(self) -> ProbeContext:
+        assert self._job is not None
+        return ProbeContext(
+            job=self._job,
+            jobs=self.target.jobs,
+            prometheus=self._prometheus,
+            variables=self._variables(),
+            since=self._last_fault_at,
+            agents=self.target.agents,
+            session=self._session,
+        )
+
     def _variables(self) -> dict[str, str]:
         assert self._job is not None
         spec = self.experiment.job
@@ -455,191 +441,6 @@ class Runner:
             "checkpoint_every": str(spec.checkpoint_every),
             "world_size": str(self._job.world_size),
         }
-
-    # -- method ----------------------------------------------------------------------------
-
-    async def _method(self) -> None:
-        self.reporter.event("method")
-        for index, activity in enumerate(self.experiment.method):
-            try:
-                if isinstance(activity, ActionActivity):
-                    await self._action(activity)
-                elif isinstance(activity, ProbeActivity):
-                    outcome = await self._probe(
-                        activity.name,
-                        activity.provider,
-                        "method",
-                        activity.timeout_seconds,
-                        activity.poll_seconds,
-                    )
-                    if not outcome.ok:
-                        raise ActivityFailed(f"method probe {activity.name}: {outcome.detail}")
-                else:
-                    await self._pause(activity, "method")
-            except BaseException:
-                for later in self.experiment.method[index + 1 :]:
-                    self._writer.skipped(
-                        later.name,
-                        later.type,
-                        "method",
-                        "an earlier activity failed or the run was interrupted",
-                    )
-                raise
-
-    async def _action(self, activity: ActionActivity) -> None:
-        assert self._job is not None and self._ledger is not None and self._agents is not None
-        injector = Injector(
-            ledger=self._ledger,
-            agents=self._agents,
-            target=self.target,
-            job=self._job,
-            experiment_id=self.experiment_id,
-            status=self.reporter.status,
-            step_poll_seconds=self.config.step_poll_seconds,
-            first_seen_steps=self._first_seen_steps,
-        )
-        fault = activity.fault
-        async with self._writer.activity(activity.name, "action", "method") as record:
-            step = attempt = None
-            if activity.when is not None:
-                step, attempt = await injector.wait_for_step(activity.when, fault.rank)
-            injected = await injector.inject(activity.name, fault, recorded=self._writer.save)
-            result = injected.result
-            self._last_fault_at = result.applied_at
-            self._annotate(
-                f"fault {injected.entry.id} injected: {fault.kind} on rank {fault.rank} "
-                f"({injected.entry.target.node}): {result.detail}",
-                "fault-injected",
-                fault.kind,
-                start=result.applied_at,
-            )
-            if reverts_itself(fault):
-                self._self_reverting_faults.append(activity.name)
-            record.output = {
-                "fault_id": injected.entry.id,
-                "kind": fault.kind,
-                "rank": fault.rank,
-                "node": injected.entry.target.node,
-                "target_pid": result.target_pid,
-                "applied_at": result.applied_at,
-                "expires_at": result.expires_at,
-                "step": step,
-                "attempt": attempt,
-                "detail": result.detail,
-            }
-            self.reporter.event(
-                f"  {activity.name}: {result.detail}"
-                + (f" after step {step}" if step is not None else "")
-            )
-            if activity.pause_after_seconds:
-                await asyncio.sleep(activity.pause_after_seconds)
-
-    async def _pause(self, activity: PauseActivity, phase: Phase) -> None:
-        async with self._writer.activity(activity.name, "pause", phase) as record:
-            self.reporter.status(f"{activity.name}: pausing {activity.seconds:g} s")
-            await asyncio.sleep(activity.seconds)
-            record.output = {"seconds": activity.seconds}
-
-    # -- rollbacks and cleanup -------------------------------------------------------------
-
-    async def _rollbacks(self, status: ExperimentStatus) -> bool:
-        strategy = self.experiment.rollback_strategy
-        run = strategy == "always" or (strategy == "deviated" and status == "deviated")
-        if not self.experiment.rollbacks:
-            return True
-        if not run:
-            for activity in self.experiment.rollbacks:
-                self._writer.skipped(
-                    activity.name,
-                    activity.type,
-                    "rollbacks",
-                    f"rollback_strategy {strategy!r} and status {status!r}",
-                )
-            return True
-        self.reporter.event("rollbacks")
-        ok = True
-        for activity in self.experiment.rollbacks:
-            # FC-13: one rollback's failure (or a second interrupt) never skips the others.
-            try:
-                if isinstance(activity, RevertActivity):
-                    ok = await self._revert(activity) and ok
-                elif isinstance(activity, ProbeActivity):
-                    outcome = await self._probe(
-                        activity.name,
-                        activity.provider,
-                        "rollbacks",
-                        activity.timeout_seconds,
-                        activity.poll_seconds,
-                    )
-                    ok = ok and outcome.ok
-                else:
-                    await self._pause(activity, "rollbacks")
-            except asyncio.CancelledError:
-                _uncancel()
-                ok = False
-            except Exception:  # FC-13: a failing rollback is reported, the rest still run
-                logger.exception("rollback %s failed", activity.name)
-                ok = False
-        return ok
-
-    async def _revert(self, activity: RevertActivity) -> bool:
-        scope = None if activity.scope == "all" else self.experiment_id
-        return await self._revert_open(
-            activity.name, "rollbacks", f"rollback {activity.name}", scope
-        )
-
-    async def _cleanup(self, status: ExperimentStatus) -> bool:
-        """Revert whatever of this experiment is still open (the safety net; always runs)."""
-        assert self._ledger is not None
-        if not self._ledger.open_faults(experiment_id=self.experiment_id):
-            return True
-        reason = "abort" if status == "aborted" else "end of experiment"
-        try:
-            return await self._revert_open(
-                "revert-open-faults", "cleanup", reason, self.experiment_id
-            )
-        except asyncio.CancelledError:  # only without run_experiment's signal handling
-            _uncancel()
-            return False
-        except Exception:
-            logger.exception("reverting the faults of %s failed", self.experiment_id)
-            return False
-
-    async def _revert_open(
-        self, name: str, phase: Phase, reason: str, experiment_id: str | None
-    ) -> bool:
-        """Journal one revert of the open faults (of ``experiment_id``; all when None)."""
-        assert self._ledger is not None
-        failed: list[RevertOutcome] = []
-        async with self._writer.activity(name, "revert", phase, raise_on_failure=False) as record:
-            outcomes = await revert_open(
-                self._ledger, reason=reason, experiment_id=experiment_id, session=self._session
-            )
-            record.output = [
-                {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
-            ]
-            failed = [o for o in outcomes if not o.ok]
-            self._annotate_reverts(outcomes, reason)
-            self.reporter.event(
-                f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} "
-                + ("fault" if len(outcomes) == 1 else "faults")
-            )
-            if failed:
-                record.status = "failed"
-                record.error = "; ".join(f"{o.fault_id}: {o.detail}" for o in failed)
-                self.reporter.event(
-                    f"could NOT revert: {record.error} (still open in the "
-                    "ledger; `stormwatch chaos revert --all`)"
-                )
-        return not failed and record.status != "failed"
-
-
-def _uncancel() -> None:
-    """Clear the pending-cancel count so cleanup can await normally (Python >= 3.11)."""
-    task = asyncio.current_task()
-    if task is not None and sys.version_info >= (3, 11):
-        while task.cancelling():
-            task.uncancel()
 
 
 def run_experiment(runner: Runner) -> ExperimentRun:

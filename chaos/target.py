@@ -10,10 +10,12 @@ without a lab. The runner only sees :class:`Target` and the
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from stormwatch.alerts.backend.lab import LabBackend
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment import JobSection
 from stormwatch.chaos.journal import JobRef
@@ -48,12 +50,28 @@ class JobControl(Protocol):
         ...
 
 
+class RankPlacement(Protocol):
+    """Where a job's ranks run; every platform backend (``stormwatch.alerts.backend``) is one."""
+
+    def ranks(self, job: str) -> Mapping[int, str]:
+        """Global rank -> node name; raises a StormwatchError when the job has no worker."""
+        ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentEndpoint:
-    """One node's agent: ``node`` name and base ``url``."""
+    """One node's agent: ``node`` name, base ``url`` of its read-only listener
+    (``/healthz``, ``/v1/ranks``) and ``fault_url``, its fault API listener
+    (``--fault-api-listen``; None: the same as ``url``)."""
 
     node: str
     url: str
+    fault_url: str | None = None
+
+    @property
+    def fault_api(self) -> str:
+        """Base URL for ``/v1/faults``: ``fault_url``, else ``url``."""
+        return self.fault_url or self.url
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +86,8 @@ class Target:
         agents: the node agents (kill_rank needs them).
         agent_token_file: the agents' Bearer token file.
         responder_url / responder_token_file: the responder (post-mortems).
+        placement: the platform backend that says which node runs a rank (agent
+            faults go to that node's agent first); None: ask every agent.
     """
 
     run_dir: Path
@@ -78,6 +98,7 @@ class Target:
     agent_token_file: Path | None = None
     responder_url: str | None = None
     responder_token_file: Path | None = None
+    placement: RankPlacement | None = None
 
 
 class AttachedJobs:
@@ -217,11 +238,26 @@ def lab_target(run_dir: Path) -> Target:
         jobs=LabJobs(lab, world_size=state.config.world_size),
         world_size=state.config.world_size,
         prometheus_url=state.prometheus_url,
-        agents=tuple(AgentEndpoint(node=n.name, url=n.agent_url) for n in state.nodes),
+        agents=tuple(
+            AgentEndpoint(node=n.name, url=n.agent_url, fault_url=n.agent_fault_url)
+            for n in state.nodes
+        ),
         agent_token_file=Path(state.agent_token_file),
         responder_url=state.responder_url,
         responder_token_file=Path(state.responder_token_file),
+        placement=LabBackend(
+            diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
+            node_metrics_dirs={n.name: Path(n.metrics_dir) for n in state.nodes},
+        ),
     )
 
 
-__all__ = ["AgentEndpoint", "AttachedJobs", "JobControl", "LabJobs", "Target", "lab_target"]
+__all__ = [
+    "AgentEndpoint",
+    "AttachedJobs",
+    "JobControl",
+    "LabJobs",
+    "RankPlacement",
+    "Target",
+    "lab_target",
+]

@@ -9,9 +9,15 @@ from rich.console import Console
 from rich.table import Table
 
 from stormwatch.chaos.plan.errors import InvalidPlanInput
-from stormwatch.chaos.plan.inputs import PlanSettings, load_failure_table, make_settings
+from stormwatch.chaos.plan.fromscorecard import find_scorecard, read_scorecard_times
+from stormwatch.chaos.plan.inputs import (
+    FailureTable,
+    PlanSettings,
+    load_failure_table,
+    make_settings,
+)
 from stormwatch.chaos.plan.planner import PlanReport, build_plan
-from stormwatch.chaos.plan.postmortems import read_postmortems
+from stormwatch.chaos.plan.postmortems import MeasuredTimes, read_postmortems
 from stormwatch.chaos.plan.report import write_report
 
 
@@ -73,6 +79,53 @@ def _show(report: PlanReport, console: Console) -> None:
                 f"(detect + recover ≤ {row.max_detect_plus_recover_s:.0f} s; "
                 f"this plan: {row.current_downtime_s:.0f} s)"
             )
+
+
+def _measured(
+    table: FailureTable,
+    postmortems: Path | None,
+    scorecard: Path | None,
+    run_dir: Path,
+    no_scorecard: bool,
+    console: Console,
+) -> MeasuredTimes | None:
+    """Measured times: --from-postmortems, else --scorecard, else the latest scorecard under
+    --run-dir, else None (the documented defaults), saying which on the console."""
+    if postmortems is not None:
+        return read_postmortems(postmortems)
+    if no_scorecard:
+        console.print("detect/recover times: documented defaults (--no-scorecard)")
+        return None
+    if scorecard is not None and (scorecard.is_dir() or not scorecard.exists()):
+        raise InvalidPlanInput(f"--scorecard: {scorecard} is not a scorecard.json file")
+    path = scorecard or find_scorecard(run_dir)
+    if path is None:
+        console.print(
+            f"detect/recover times: no game-day scorecard under {run_dir}/suites, so the "
+            "documented defaults (chaos/plan/inputs.py); run `stormwatch chaos suite` to "
+            "measure them",
+            soft_wrap=True,
+        )
+        return None
+    measured = read_scorecard_times(path, table)
+    if not measured.times:
+        if scorecard is not None:
+            raise InvalidPlanInput(
+                f"--scorecard {scorecard}: no experiment of it was detected and recovered with "
+                "a failure category; nothing to plan with"
+            )
+        console.print(
+            f"detect/recover times: the latest scorecard ({path}) measured no failure category "
+            "(nothing detected and recovered), so the documented defaults (chaos/plan/inputs.py)",
+            soft_wrap=True,
+        )
+        return None
+    console.print(
+        f"detect/recover times: from {path} for {', '.join(sorted(measured.times))}; "
+        "documented defaults for the other categories",
+        soft_wrap=True,
+    )
+    return measured
 
 
 @click.command("plan")
@@ -194,6 +247,28 @@ def _show(report: PlanReport, console: Console) -> None:
     help="Run dir: take measured detect/recover times from experiments/*/postmortem.json.",
 )
 @click.option(
+    "--scorecard",
+    "scorecard",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Game-day scorecard.json to take per-category detect/recover times from "
+    "(default: the latest under --run-dir).",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("run"),
+    envvar="STORMWATCH_LAB_DIR",
+    show_default=True,
+    show_envvar=True,
+    help="Where to look for the latest scorecard (RUN_DIR/suites/*/scorecard.json).",
+)
+@click.option(
+    "--no-scorecard",
+    is_flag=True,
+    help="Ignore scorecards: use the documented default detect/recover times.",
+)
+@click.option(
     "--replicas",
     type=int,
     default=_default("replicas"),
@@ -215,6 +290,9 @@ def plan(
     recover: tuple[str, ...],
     rates: Path | None,
     postmortems: Path | None,
+    scorecard: Path | None,
+    run_dir: Path,
+    no_scorecard: bool,
     out_dir: Path | None,
     **values: float,
 ) -> int:
@@ -231,6 +309,11 @@ def plan(
     Example:
       stormwatch plan --gpus 16384 --out run/plan
       stormwatch plan --gpus 9600 --days 90 --from-postmortems run/demo
+      stormwatch plan --gpus 16384 --scorecard run/suites/<id>/scorecard.json
+
+    Per-category detect/recover times come from --from-postmortems, else from
+    --scorecard, else from the latest game-day scorecard under --run-dir
+    (`stormwatch chaos suite`), else the documented defaults; the output says which.
     """
     table = load_failure_table(rates)
     settings = make_settings(
@@ -238,9 +321,9 @@ def plan(
         detect_overrides=_pairs("--detect", detect),
         recover_overrides=_pairs("--recover", recover),
     )
-    measured = read_postmortems(postmortems) if postmortems is not None else None
-    report, scenarios = build_plan(table, settings, measured)
     console = Console()
+    measured = _measured(table, postmortems, scorecard, run_dir, no_scorecard, console)
+    report, scenarios = build_plan(table, settings, measured)
     if out_dir is not None:
         report = write_report(report, table, scenarios, out_dir)
     _show(report, console)

@@ -52,6 +52,14 @@ def _mutate(path: str, value: object, *, delete: bool = False) -> str:
     return yaml.safe_dump(data)
 
 
+#: The line of ``rank: -1`` in ``_mutate("method.0.fault.rank", -1)``: errors name it.
+RANK_LINE = next(
+    number
+    for number, line in enumerate(_mutate("method.0.fault.rank", -1).splitlines(), 1)
+    if "rank: -1" in line
+)
+
+
 # (case id, file text, field path the message must name, what it must say is allowed)
 BAD = [
     (
@@ -139,9 +147,9 @@ BAD = [
     ),
     (
         "unknown-provider",
-        _mutate("steady_state_hypothesis.probes.0.provider.type", "http"),
+        _mutate("steady_state_hypothesis.probes.0.provider.type", "smoke-signal"),
         "steady_state_hypothesis.probes[0].provider.type",
-        "'prometheus', 'job'",
+        "'prometheus', 'job', 'http', 'ranks', 'progress', 'loss'",
     ),
     (
         "two-tolerances",
@@ -183,7 +191,7 @@ BAD = [
         "bad-rollback-strategy",
         _mutate("rollback_strategy", "sometimes"),
         "rollback_strategy",
-        "'always', 'deviated' or 'never'",
+        "'always', 'default', 'deviated' or 'never'",
     ),
     (
         "duplicate-names",
@@ -219,9 +227,9 @@ def test_invalid_experiment_names_file_field_and_what_is_allowed(
 
     assert isinstance(caught.value, ConfigError)
     lines = str(caught.value).splitlines()
-    expected_prefix = f"{path}: {field}: " if field else f"{path}: "
-    matching = [line for line in lines[1:] if line.startswith(expected_prefix)]
-    assert matching, f"no line names {expected_prefix!r}:\n{caught.value}"
+    expected = re.escape(str(path)) + r"(:\d+)?: " + (re.escape(field) + ": " if field else "")
+    matching = [line for line in lines[1:] if re.match(expected, line)]
+    assert matching, f"no line names {expected!r}:\n{caught.value}"
     assert any(allowed in line for line in matching), f"{allowed!r} not said:\n{caught.value}"
 
 
@@ -276,7 +284,9 @@ def test_validate_command_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
     )
     assert good.returncode == 0 and "ok" in good.stdout
     assert both.returncode == 2
-    assert f"{bad}: method[0].fault.rank" in both.stderr and "Traceback" not in both.stderr
+    assert (
+        f"{bad}:{RANK_LINE}: method[0].fault.rank" in both.stderr and "Traceback" not in both.stderr
+    )
 
 
 def test_run_with_invalid_experiment_exits_2_and_starts_nothing(tmp_path: Path) -> None:
@@ -293,7 +303,10 @@ def test_run_with_invalid_experiment_exits_2_and_starts_nothing(tmp_path: Path) 
 
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    assert f"{bad}: method[0].fault.rank: Input should be greater than or equal to 0" in out.stderr
+    assert (
+        f"{bad}:{RANK_LINE}: method[0].fault.rank: Input should be greater than or equal to 0"
+        in out.stderr
+    )
     # Nothing touched: no run directory (so no lab, no ledger, no journal), no children left.
     assert not run_dir.exists()
 

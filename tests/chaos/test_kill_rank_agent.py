@@ -99,12 +99,13 @@ def torchrun_job(
 
 
 @pytest.fixture
-def agent(tmp_path: Path, wait_until: Any) -> Iterator[tuple[str, Path]]:
-    """A real ``stormwatch agent`` on loopback; yields (base URL, token file)."""
+def agent(tmp_path: Path, wait_until: Any) -> Iterator[tuple[AgentEndpoint, Path]]:
+    """A real ``stormwatch agent`` on loopback, fault API on its own port; yields
+    (its endpoint, token file)."""
     token = tmp_path / "agent.token"
     token.write_text("test-token\n")
     token.chmod(0o600)
-    port = _free_port()
+    port, fault_port = _free_port(), _free_port()
     (tmp_path / "metrics").mkdir()
     proc = subprocess.Popen(
         [
@@ -121,6 +122,8 @@ def agent(tmp_path: Path, wait_until: Any) -> Iterator[tuple[str, Path]]:
             "sim",
             "--token-file",
             str(token),
+            "--fault-api-listen",
+            f"127.0.0.1:{fault_port}",
             "--state-dir",
             str(tmp_path / "agent-state"),
             "--sample-interval",
@@ -137,17 +140,17 @@ def agent(tmp_path: Path, wait_until: Any) -> Iterator[tuple[str, Path]]:
 
     try:
         wait_until(healthy, 60, "the agent to listen")
-        yield url, token
+        yield AgentEndpoint(node="n0", url=url, fault_url=f"http://127.0.0.1:{fault_port}"), token
     finally:
         _stop(proc)
 
 
 def test_kill_rank_through_the_agent_is_ledgered_recovered_and_reverted(
     torchrun_job: tuple[str, Path],
-    agent: tuple[str, Path],
+    agent: tuple[AgentEndpoint, Path],
 ) -> None:
     job, run_dir = torchrun_job
-    url, token = agent
+    endpoint, token = agent
     experiment = parse_experiment(f"""
 version: 1
 title: kill rank 1 through the agent
@@ -174,7 +177,7 @@ rollbacks:
         run_dir=run_dir,
         jobs=AttachedJobs(run_dir, world_size=2),
         world_size=2,
-        agents=(AgentEndpoint(node="n0", url=url),),
+        agents=(endpoint,),
         agent_token_file=token,
     )
     runner = Runner(
@@ -210,12 +213,12 @@ rollbacks:
 @pytest.mark.parametrize("torchrun_job", [0], indirect=True)
 def test_a_kill_the_job_does_not_recover_from_fails_the_hypothesis_after(
     torchrun_job: tuple[str, Path],
-    agent: tuple[str, Path],
+    agent: tuple[AgentEndpoint, Path],
 ) -> None:
     # No hypothesis probe runs after the method: before this fix the after-phase passed
     # vacuously and a kill that ended the job (no restarts left) was "completed".
     job, run_dir = torchrun_job
-    url, token = agent
+    endpoint, token = agent
     experiment = parse_experiment(f"""
 version: 1
 title: kill rank 1 of a job without restarts
@@ -236,7 +239,7 @@ method:
         run_dir=run_dir,
         jobs=AttachedJobs(run_dir, world_size=2),
         world_size=2,
-        agents=(AgentEndpoint(node="n0", url=url),),
+        agents=(endpoint,),
         agent_token_file=token,
     )
     runner = Runner(

@@ -51,6 +51,6 @@ def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2() -> None:
 
 def test_public_api_is_what_all_lists() -> None:
     public = {n for n in vars(plan) if not n.startswith("_")}
-    modules = {"cli", "errors", "inputs", "model", "montecarlo", "planner", "plots",
+    modules = {"cli", "errors", "fromscorecard", "inputs", "model", "montecarlo", "planner", "plots",
                "postmortems", "report", "whatif"}  # fmt: skip
     assert public - modules == set(plan.__all__)

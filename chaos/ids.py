@@ -1,0 +1,33 @@
+"""Names of experiment runs and of the jobs they start."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+
+
+def job_name_for(base: str, experiment_id: str) -> str:
+    """A fresh job name for one run: ``<base>-<utc time>-<hex>`` from the experiment id.
+
+    Every run that starts its own job gets its own job folder (rank logs, checkpoints),
+    so a re-run never resumes an earlier run's checkpoint. Ids not made by
+    :func:`new_experiment_id` get a hash instead. At most 63 characters (the lab's limit).
+    """
+    match = re.fullmatch(r"(\d{8}T\d{6})-.*-([0-9a-f]{4})", experiment_id)
+    if match:
+        suffix = f"{match.group(1).lower()}-{match.group(2)}"
+    else:
+        suffix = hashlib.sha1(experiment_id.encode()).hexdigest()[:8]
+    return f"{base[: 62 - len(suffix)]}-{suffix}"
+
+
+def new_experiment_id(title: str, now: float | None = None) -> str:
+    """``20250101T120000-kill-rank-1a2b``: sortable, readable, unique."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "experiment"
+    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+__all__ = ["job_name_for", "new_experiment_id"]

@@ -1,0 +1,130 @@
+"""``stormwatch plan`` takes per-category detect/recover times from the latest game-day scorecard,
+and says when it falls back to the documented defaults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stormwatch.chaos.plan import load_failure_table
+from stormwatch.chaos.plan.errors import InvalidPlanInput
+from stormwatch.chaos.plan.fromscorecard import read_scorecard_times
+from stormwatch.chaos.plan.inputs import PlanSettings
+from stormwatch.chaos.scorecard import Scorecard, ScorecardRow, write_scorecard
+
+
+def _row(file: str, kind: str | None, category: str | None, **times: float | None) -> ScorecardRow:
+    ttd, ttr = times.get("ttd"), times.get("ttr")
+    return ScorecardRow(
+        file=file,
+        title=file,
+        fault_kind=kind,
+        category=category,
+        detected=ttd is not None,
+        time_to_detect_seconds=ttd,
+        time_to_recover_seconds=ttr,
+        verdict="pass",
+    )
+
+
+def _write(run_dir: Path, suite_id: str, rows: list[ScorecardRow]) -> Path:
+    card = Scorecard(
+        suite_id=suite_id, suite_dir="experiments/suite", run_dir=str(run_dir), started_at=0.0
+    )
+    card.rows = rows
+    _, path = write_scorecard(card, run_dir / "suites" / suite_id)
+    return path
+
+
+ROWS = [
+    _row("01-rank-kill.yaml", "kill_rank", "software_bug", ttd=4.0, ttr=40.0),
+    _row("02-rank-kill-again.yaml", "kill_rank", "software_bug", ttd=6.0, ttr=50.0),
+    _row("08-gpu-xid-79.yaml", "gpu_xid", "faulty_gpu", ttd=10.0, ttr=None),
+    _row("06-slow-rank.yaml", "trainer_fault", None, ttd=130.0, ttr=None),
+]
+
+
+def _stormwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "from stormwatch.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_measured_times_are_the_mean_per_category_and_rows_without_recovery_are_skipped(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path / "run", "20260101T000000-suite-aaaa", ROWS)
+
+    measured = read_scorecard_times(path, load_failure_table())
+
+    assert set(measured.times) == {"software_bug"}
+    times = measured.times["software_bug"]
+    assert times.detect_s == pytest.approx(5.0)
+    assert times.restart_s == pytest.approx((36.0 + 44.0) / 2)  # recover - detect, averaged
+    assert times.source == "scorecard 20260101T000000-suite-aaaa (2 experiments)"
+    assert any("08-gpu-xid-79.yaml: no recovery time" in s for s in measured.skipped)
+    assert any("06-slow-rank.yaml" in s and "no failure category" in s for s in measured.skipped)
+
+
+def test_a_scorecard_with_an_unknown_category_is_rejected_naming_it(tmp_path: Path) -> None:
+    bad = [_row("x.yaml", "kill_rank", "gremlins", ttd=1.0, ttr=2.0)]
+    path = _write(tmp_path / "run", "20260101T000000-suite-bbbb", bad)
+    with pytest.raises(InvalidPlanInput, match="unknown category 'gremlins'"):
+        read_scorecard_times(path, load_failure_table())
+
+
+def test_plan_uses_the_latest_scorecard_under_the_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _write(
+        run_dir,
+        "20250101T000000-suite-old0",
+        [_row("a.yaml", "kill_rank", "software_bug", ttd=99.0, ttr=199.0)],
+    )
+    latest = _write(run_dir, "20260101T000000-suite-new0", ROWS)
+    out = tmp_path / "plan"
+
+    proc = _stormwatch(
+        "plan", "--gpus", "16384", "--replicas", "20", "--run-dir", str(run_dir), "--out", str(out)
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    assert f"from {latest} for software_bug" in " ".join(proc.stdout.split())
+    report = json.loads((out / "report.json").read_text())
+    by_id = {c["id"]: c for c in report["categories"]}
+    assert by_id["software_bug"]["detect_s"] == pytest.approx(5.0)
+    assert by_id["software_bug"]["source"].startswith("scorecard 20260101T000000-suite-new0")
+    # Categories the scorecard does not measure keep the documented defaults.
+    defaults = PlanSettings(gpus=1)
+    assert by_id["faulty_gpu"]["detect_s"] == defaults.detect_s
+    assert by_id["faulty_gpu"]["source"] == "default"
+
+
+def test_plan_without_a_scorecard_says_it_uses_the_documented_defaults(tmp_path: Path) -> None:
+    proc = _stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "no game-day scorecard under" in proc.stdout
+    assert "documented defaults" in proc.stdout
+
+
+def test_a_latest_scorecard_that_measured_nothing_falls_back_to_the_defaults(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    nothing = [_row("06-slow-rank.yaml", "trainer_fault", None, ttd=130.0, ttr=None)]
+    path = _write(run_dir, "20260101T000000-suite-cccc", nothing)
+    proc = _stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "measured no failure category" in proc.stdout and "documented defaults" in proc.stdout
+    explicit = _stormwatch("plan", "--gpus", "1024", "--scorecard", str(path))
+    assert explicit.returncode == 2 and "nothing to plan with" in explicit.stderr
+
+
+def test_plan_with_a_missing_scorecard_file_exits_2_naming_the_option(tmp_path: Path) -> None:
+    proc = _stormwatch("plan", "--gpus", "8", "--scorecard", str(tmp_path / "nope.json"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--scorecard" in proc.stderr and "Traceback" not in proc.stderr
