@@ -15,18 +15,18 @@ PY := $(VENV)/bin/python
 # (pyproject.toml only asks for torch>=2.6).
 TORCH_SPEC ?= torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := prometheus prometheus-alertmanager iproute2 iptables procps python3-venv kubernetes-client
 PYTEST_ARGS ?=
+# Extra arguments of `stormwatch demo`, e.g. make demo DEMO_ARGS=--keep-lab (keeps the lab up
+# so a Grafana can be pointed at its Prometheus; `stormwatch lab down --run-dir run/demo` after).
+DEMO_ARGS ?=
 
-.PHONY: all setup system venv demo game-day test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
+.PHONY: all setup system system-test venv demo game-day test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
 
 all: test
 
 setup: system venv
 
-# Debian/Ubuntu packages: Prometheus, Alertmanager, promtool, amtool, ip, iptables,
-# kubectl (kubernetes-client: `kubectl kustomize` renders the deploy/ overlays in the tests),
-# chromium (the post-mortem HTML test opens it through playwright; no `playwright install`).
+# Debian/Ubuntu packages the lab needs: Prometheus, Alertmanager, promtool, amtool, ip, iptables.
 system:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
@@ -35,8 +35,6 @@ system:
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v iptables >/dev/null || missing="$$missing iptables"; \
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
-	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo ">> installing system packages:$$missing"; \
@@ -46,6 +44,19 @@ system:
 	    $(SUDO) systemctl disable --now $$s >/dev/null 2>&1 || $(SUDO) service $$s stop >/dev/null 2>&1 || true; \
 	  done; \
 	else echo ">> system packages present"; fi
+
+# What only the tests need: kubectl (`kubectl kustomize` renders the deploy/ overlays; Debian's
+# kubernetes-client when no kubectl is installed) and chromium (the post-mortem HTML test opens
+# it through playwright; no `playwright install`).
+system-test:
+	@missing=""; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo ">> installing test packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo ">> test packages present"; fi
 
 venv: $(VENV)/.installed
 
@@ -58,7 +69,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	@touch $@
 
 demo: setup
-	$(SUDO) $(VENV)/bin/stormwatch demo
+	$(SUDO) $(VENV)/bin/stormwatch demo $(DEMO_ARGS)
 
 # A game day: lab up in run/game-day, the default suite (experiments/suite), a scorecard in
 # run/game-day/suites/<id>/scorecard.md, lab down (docs/chaos-suite.md).
@@ -81,14 +92,14 @@ format: venv
 test-fast: venv
 	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
 
-test-e2e: setup
+test-e2e: setup system-test
 	$(SUDO) $(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 
-test: setup check
+test: setup system-test check
 	$(SUDO) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
-#   agent_bench.py    the agent vs node-exporter (~1.5 min)
+#   agent_bench.py    the agent vs node-exporter (~2 min)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
 #                     checkpoint blocking, exposed communication (~6 min on 2 cores)
 bench: setup

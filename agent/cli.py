@@ -201,7 +201,7 @@ def run(
           --metrics-dir /run/stormwatch/metrics --web-config-file /etc/stormwatch/web.yml \\
           --fault-api-listen 10.0.0.5:9401 --token-file /etc/stormwatch/agent.token
     """
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen, field="listen (--listen)")
     values: dict[str, object] = {
         "listen_host": host,
         "listen_port": port,
@@ -223,7 +223,9 @@ def run(
         "straggler_samples": straggler_samples,
     }
     if fault_api_listen:
-        fault_host, fault_port = parse_listen(fault_api_listen, field="fault_listen")
+        fault_host, fault_port = parse_listen(
+            fault_api_listen, field="fault_listen (--fault-api-listen)"
+        )
         values["fault_listen_host"] = fault_host
         values["fault_listen_port"] = fault_port
     if node:

@@ -208,8 +208,9 @@ class AgentConfig(BaseModel):
             return cls(**values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: "
-                f"{err['msg'].removeprefix('Value error, ')}"
+                ".".join(str(p) for p in err["loc"])
+                + ": " * bool(err["loc"])
+                + err["msg"].removeprefix("Value error, ")
                 for err in exc.errors()
             )
             raise AgentConfigError(f"agent config: {problems}") from exc

@@ -190,13 +190,16 @@ def _open_here() -> socket.socket:
 
 
 def _foreign_netns_pids() -> list[int]:
-    """PID 1, then this process's ancestors: processes whose network namespace may be
-    the initial one (the lab's ``ip netns exec`` leaves the agent's parent outside)."""
+    """PID 1, PID 2, then this process's ancestors: processes whose network namespace may
+    be the initial one. PID 2 is ``kthreadd`` in the host's PID namespace (kernel threads
+    live in the initial network namespace), and stays readable where PID 1 is not (an
+    init with its own restrictions); the ancestors cover ``ip netns exec`` started from a
+    process outside, as long as it has not been re-parented."""
     try:
         own = os.readlink("/proc/self/ns/net")
     except OSError:
         return []
-    pids, pid = [1], os.getppid()
+    pids, pid = [1, 2], os.getppid()
     while pid > 1 and pid not in pids:
         pids.append(pid)
         try:

@@ -161,7 +161,7 @@ def load_web_config(path: Path) -> WebConfig:
         config = config.model_copy(
             update={"tls_server_config": _resolve(config.tls_server_config, path.parent)}
         )
-        server_ssl_context(config)  # fail now, naming the key, not at the first connection
+        server_ssl_context(config, where)  # fail now, naming file and key, not at first use
     return config
 
 
@@ -186,8 +186,9 @@ def _resolve(tls: TlsServerConfig, base: Path) -> TlsServerConfig:
     return tls.model_copy(update=update)
 
 
-def server_ssl_context(config: WebConfig) -> ssl.SSLContext | None:
-    """The server-side ``SSLContext`` for ``config`` (None without ``tls_server_config``).
+def server_ssl_context(config: WebConfig, where: str = "web config") -> ssl.SSLContext | None:
+    """The server-side ``SSLContext`` for ``config`` (None without ``tls_server_config``);
+    ``where`` starts the error messages (``web config /etc/stormwatch/web.yml``).
 
     Raises:
         WebConfigError: a certificate, key or CA file cannot be loaded, or the
@@ -196,7 +197,7 @@ def server_ssl_context(config: WebConfig) -> ssl.SSLContext | None:
     tls = config.tls_server_config
     if tls is None:
         return None
-    prefix = "web config: tls_server_config"
+    prefix = f"{where}: tls_server_config"
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _TLS_VERSIONS[tls.min_version]
     context.maximum_version = _TLS_VERSIONS[tls.max_version]

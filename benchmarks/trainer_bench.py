@@ -10,8 +10,9 @@ machine load. Variants:
 * ``bare``: the same model and mesh with telemetry (metrics, event log),
   collective counting (``TelemetryConfig.count_collectives=False``),
   tracing and the control channel switched off;
-* ``counting``: ``bare`` plus collective counting alone (the dispatch mode
-  of ``trainer/comms.py``; its sinks write nowhere): where the overhead is;
+* ``counting``: ``bare`` plus collective counting alone (the kernels on the
+  ``c10d`` ops, ``trainer/collective_ops.py``, and the counter of
+  ``trainer/comms.py``; its sinks write nowhere);
 * ``instrumented``: as ``stormwatch train`` runs in the lab: prometheus
   multiprocess metrics, JSON-lines event log, span files, collective counting
   and the control channel (folder present, no file);
@@ -29,6 +30,13 @@ repetition's ratio, with their min..max):
   in wall time and in process CPU time (all threads: gloo, span export);
   CPU time is the robust figure on a shared machine, where wall time swings
   with the neighbours' load;
+* collective counting, timed directly (the per-step ratios of a few per
+  cent drown in this machine's noise): one process, world size 1, gloo,
+  ``dist.all_reduce`` of 64 bytes with and without a counter entered,
+  interleaved; the difference per collective times the collectives per step
+  (rank 0's ``stormwatch_collective_calls_total`` in the instrumented trials)
+  over the bare step's CPU time. The kernels are removed after every trial,
+  so ``bare`` trials are bare;
 * disarmed fault points: disarmed / bare step time (claim: nothing
   measurable: its distance from 1 at most the largest distance from 1 of the
   A/A ratios), plus the channel's own per-step work timed directly;
@@ -162,24 +170,25 @@ def _config(plan: Plan, variant: str, trial_dir: Path, shared: Path) -> Any:
     )
 
 
-def _counters(metrics_dir: Path, rank: int) -> tuple[float, float]:
-    """This rank's (compute, collective wait) seconds counters from the multiprocess files."""
+def _counters(metrics_dir: Path, rank: int) -> tuple[float, float, float]:
+    """This rank's (compute seconds, collective wait seconds, collectives) counters."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics_dir))
-    found = {"compute": 0.0, "wait": 0.0}
+    found = {"compute": 0.0, "wait": 0.0, "calls": 0.0}
     names = {
         "stormwatch_train_compute_seconds_total": "compute",
         "stormwatch_train_collective_wait_seconds_total": "wait",
+        "stormwatch_collective_calls_total": "calls",
     }
     for family in registry.collect():
         for sample in family.samples:
             key = names.get(sample.name)
             if key is not None and sample.labels.get("rank") == str(rank):
                 found[key] += sample.value
-    return found["compute"], found["wait"]
+    return found["compute"], found["wait"], found["calls"]
 
 
 def _span_seconds(spans_file: Path, last_step: int, first_step: int) -> dict[str, list[float]]:
@@ -224,6 +233,7 @@ def _write_expired_faults(path: Path) -> None:
 
 def worker(work: Path) -> int:
     """One torchrun rank: every trial of the plan, results to ``<work>/rank<R>.json``."""
+    from stormwatch.trainer.collective_ops import KERNELS
     from stormwatch.trainer.control import control_path
     from stormwatch.trainer.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
     from stormwatch.trainer.progress import ConsoleProgress
@@ -249,7 +259,7 @@ def worker(work: Path) -> int:
             self.warmup, self.metrics_dir = warmup, metrics_dir
             self.wall: list[float] = []
             self.cpu: list[float] = []
-            self.at_warm: tuple[float, float] | None = None
+            self.at_warm: tuple[float, float, float] | None = None
             self._last = (0.0, 0.0)
 
         def step(self, *, step: int, **rest: Any) -> None:
@@ -273,6 +283,7 @@ def worker(work: Path) -> int:
         recorder = Recorder(plan.warmup, metrics_dir)
         started = time.monotonic()
         train(config, dataclasses.replace(env, attempt=ATTEMPT_BASE + index), progress=recorder)
+        KERNELS.uninstall()  # the next trial may be bare: no kernel on the c10d ops
         result: dict[str, Any] = {
             "rep": rep,
             "variant": variant,
@@ -280,9 +291,13 @@ def worker(work: Path) -> int:
             "cpu": recorder.cpu,
         }
         if metrics_dir is not None and recorder.at_warm is not None:
-            compute, wait = _counters(metrics_dir, env.rank)
+            compute, wait, calls = _counters(metrics_dir, env.rank)
             result["compute_seconds"] = compute - recorder.at_warm[0]
             result["wait_seconds"] = wait - recorder.at_warm[1]
+            # counted while each step runs, before progress.step: the steps timed in ``wall``
+            result["collectives_per_step"] = (calls - recorder.at_warm[2]) / max(
+                len(recorder.wall), 1
+            )
         if variant.startswith("ckpt-"):
             spans = trial_dir / "spans" / f"rank{env.rank}.jsonl"
             result["spans"] = _span_seconds(spans, plan.ckpt_steps, plan.ckpt_every)
@@ -325,6 +340,51 @@ def _channel_cost(step_seconds: float) -> dict[str, float]:
             channel.checkpoint_wanted(None)
         per_step = (time.perf_counter() - started) / rounds
     return {"seconds": per_step, "share": per_step / step_seconds if step_seconds else 0.0}
+
+
+def _counter_cost(step_cpu_seconds: float, per_step: float) -> dict[str, float]:
+    """The collective counter's work, timed directly (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    from stormwatch.trainer.collective_ops import KERNELS
+    from stormwatch.trainer.comms import CollectiveCounter
+
+    class NullSink:
+        def on_issue(self, op: str, nbytes: int) -> None: ...
+        def on_complete(self, op: str, seconds: float) -> None: ...
+        def on_error(self, where: str, exc: BaseException) -> None:
+            raise RuntimeError(f"{where}: {exc}") from exc
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        tensor, calls = torch.ones(16), 200
+        counter = CollectiveCounter(NullSink())
+
+        def per_call() -> float:
+            started = time.process_time()
+            for _ in range(calls):
+                dist.all_reduce(tensor)
+            return (time.process_time() - started) / calls
+
+        bare: list[float] = []
+        counting: list[float] = []
+        for _ in range(30):
+            KERNELS.uninstall()
+            bare.append(per_call())
+            with counter:
+                counting.append(per_call())
+            counter.take_wait_seconds()
+        KERNELS.uninstall()
+    finally:
+        dist.destroy_process_group()
+    extra = max(_median(counting) - _median(bare), 0.0)
+    return {
+        "bare_call_seconds": _median(bare),
+        "seconds_per_collective": extra,
+        "collectives_per_step": per_step,
+        "share": extra * per_step / step_cpu_seconds if step_cpu_seconds else 0.0,
+    }
 
 
 def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -379,12 +439,14 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         _median([exposed(rep, rank) for rep in range(plan.reps)]) for rank in range(len(ranks))
     ]
     bare_wall = pooled("bare", "wall")
+    per_step = _median([r["collectives_per_step"] for r in ranks[0] if "collectives_per_step" in r])
     return {
         "wall_seconds": {v: pooled(v, "wall") for v in VARIANTS},
         "cpu_seconds": {v: pooled(v, "cpu") for v in STEP_VARIANTS},
         "wall_ratio": {v: paired(v, "wall") for v in STEP_VARIANTS[1:]},
         "cpu_ratio": {v: paired(v, "cpu") for v in STEP_VARIANTS[1:]},
         "channel_cost": _channel_cost(bare_wall),
+        "counter_cost": _counter_cost(pooled("bare", "cpu"), per_step),
         "ckpt_parts_seconds": {k: _median(v) for k, v in ckpt.items()},
         "ckpt_sync_seconds": sync,
         "ckpt_async_seconds": async_,
@@ -489,6 +551,13 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
     )
     Console(width=170).print(table)
     cost = figures["channel_cost"]
+    counting = figures["counter_cost"]
+    print(
+        f"collective counting, timed directly: {counting['seconds_per_collective'] * 1e6:.1f} us "
+        f"per collective (a bare all_reduce: {counting['bare_call_seconds'] * 1e6:.1f} us) x "
+        f"{counting['collectives_per_step']:.1f} collectives per step = "
+        f"{counting['share'] * 100:.2f} % of a bare step's CPU time"
+    )
     parts = figures["ckpt_parts_seconds"]
     print(
         f"control channel work per step (poll + checks; file of expired faults), timed directly: "

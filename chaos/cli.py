@@ -184,7 +184,11 @@ def run(
     if dry_run:
         from stormwatch.chaos.dryrun import lab_shape, print_plan
 
-        print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), lab_shape(run_dir))
+        refused = print_plan(
+            spec, experiment, Console(highlight=False, soft_wrap=True), lab_shape(run_dir)
+        )
+        if refused is not None:
+            raise ConfigError(f"{experiment}: a run would refuse this plan: {refused}")
         return EXIT_OK
     reap_overdue(run_dir)
     target = lab_target(run_dir)
@@ -284,8 +288,16 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
     entries = load_suite(folder)
     if dry_run:
         console = Console(highlight=False, soft_wrap=True)
-        for entry in entries:
-            print_plan(entry.experiment, entry.path, console)
+        refused = [
+            f"{entry.path}: {why}"
+            for entry in entries
+            if (why := print_plan(entry.experiment, entry.path, console)) is not None
+        ]
+        if refused:
+            raise ConfigError(
+                f"suite {folder}: a run would refuse {_plural(len(refused), 'experiment')}:\n"
+                + "\n".join(refused)
+            )
         console.print(f"[green]{_plural(len(entries), 'experiment')} valid[/]; nothing was run")
         return 0
     reap_overdue(run_dir)
@@ -344,8 +356,13 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
     Give --all or FAULT_IDS. Exit 1 when a fault could not be reverted (it stays
     open in the ledger; the agent still reverts it at its TTL).
     """
-    if all_ == bool(fault_ids):
-        raise ConfigError("give either --all or one or more FAULT_IDS")
+    if all_ and fault_ids:
+        raise ConfigError(
+            f"--all and FAULT_IDS ({' '.join(fault_ids)}) together: give one of them "
+            "(the run directory is --run-dir, e.g. `stormwatch chaos revert --all --run-dir run`)"
+        )
+    if not all_ and not fault_ids:
+        raise ConfigError("nothing to revert: give --all or one or more FAULT_IDS")
     reap_overdue(run_dir)
     path = ledger_path(run_dir)
     console = Console()

@@ -312,7 +312,14 @@ def run_demo(
         reporter.stop()
         console.print(summary_table(run, pm))
         console.print(f"post-mortem: {md}\njournal: {run.journal_path}", soft_wrap=True)
-        console.print(grafana_hint(RunPaths.of(run_dir).grafana_dir), soft_wrap=True)
+        incidents = sorted((run_dir / "responder" / "postmortems").glob("incident-*/postmortem.*"))
+        if incidents:
+            shown = ", ".join(str(path) for path in incidents if path.suffix in (".md", ".html"))
+            console.print(f"responder's incident post-mortem: {shown}", soft_wrap=True)
+        hint = grafana_hint(RunPaths.of(run_dir).grafana_dir)
+        if not keep_lab:  # its Prometheus goes down with the lab
+            hint += " (the lab's Prometheus is down after the demo: keep it with --keep-lab)"
+        console.print(hint, soft_wrap=True)
         return DemoOutcome(run, pm, md)
     finally:
         reporter.stop()

@@ -78,8 +78,14 @@ def lab_shape(run_dir: Path) -> Shape | None:
 
 def print_plan(
     experiment: Experiment, path: Path, console: Console, shape: Shape | None = None
-) -> None:
-    """Print the plan of ``experiment`` (from ``path``)."""
+) -> str | None:
+    """Print the plan of ``experiment`` (from ``path``).
+
+    Returns:
+        Why a run would refuse the plan (faults that cannot be placed on the shape, or a
+        blast radius exceeded), or None when it would start.
+    """
+    refused: str | None = None
     shape, source = plan_shape(experiment, shape)
     job = experiment.job
     p = console.print
@@ -113,8 +119,10 @@ def print_plan(
             touched = touched_ranks(experiment, shape)
             problem = blast_radius_problem(experiment, shape)
         except SelectionError as exc:
-            p(f"  [red]cannot place the faults: {escape(str(exc))}[/]")
+            refused = f"cannot place the faults: {exc}"
+            p(f"  [red]{escape(refused)}[/]")
         else:
+            refused = problem
             limit = experiment.blast_radius.max_fraction_of_ranks
             verdict = "[red]REFUSED[/]" if problem else "[green]ok[/]"
             p(
@@ -128,6 +136,7 @@ def print_plan(
         + f", loss {expect.loss}"
         + (f", category {expect.category}" if expect.category else "")
     )
+    return refused
 
 
 def _activity(

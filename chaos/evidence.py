@@ -29,10 +29,15 @@ class AlertEvidence(BaseModel):
 
     Attributes:
         alertname / labels: the alert (``ALERTS`` labels without ``alertstate``).
-        firing_at: first sample with ``alertstate="firing"`` (Unix s), or ``activeAt``.
-        resolved_at: just after the last firing sample, when the series ended before
-            the end of the query window; None while still firing.
-        source: ``query_range`` or ``alerts_api``.
+        firing_at: when Prometheus fired it (Unix s): the ``startsAt`` Prometheus sent to
+            Alertmanager, as the responder recorded it, when the responder has the alert
+            (so that this and the responder's post-mortem give one time); otherwise the
+            first ``ALERTS{alertstate="firing"}`` sample (up to one query step late), or
+            ``activeAt``.
+        resolved_at: the alert's ``endsAt`` from the responder, else just after the last
+            firing sample when the series ended before the end of the query window;
+            None while still firing.
+        source: ``alertmanager``, ``query_range`` or ``alerts_api``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,7 +101,41 @@ async def collect_evidence(
             evidence.notifications = await responder.notifications()
         except ChaosError as exc:
             evidence.responder_error = str(exc)
+    evidence.alerts = align_with_incidents(evidence.alerts, evidence.incidents)
     return evidence
+
+
+def align_with_incidents(
+    alerts: list[AlertEvidence], incidents: list[Incident]
+) -> list[AlertEvidence]:
+    """Take each alert's firing and resolve times from the responder's record of the same
+    alert (an incident member with the same labels: ``startsAt``/``endsAt`` as Prometheus
+    sent them), where there is one.
+
+    The ``ALERTS`` series only says when a rule evaluation first saw the alert firing, at
+    the query's step; the responder has Prometheus's own timestamps. Using them here keeps
+    the experiment's post-mortem and the responder's incident post-mortem in agreement.
+    """
+
+    def key(alertname: str, labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({**labels, "alertname": alertname}.items()))
+
+    members = {
+        key(m.alertname, m.labels): m
+        for incident in incidents
+        for m in incident.members
+        if m.starts_at is not None
+    }
+    aligned = []
+    for alert in alerts:
+        member = members.get(key(alert.alertname, alert.labels))
+        if member is None or member.starts_at is None:
+            aligned.append(alert)
+            continue
+        resolved = member.ends_at if member.ends_at is not None else alert.resolved_at
+        update = {"firing_at": member.starts_at, "resolved_at": resolved, "source": "alertmanager"}
+        aligned.append(alert.model_copy(update=update))
+    return sorted(aligned, key=lambda a: a.firing_at)
 
 
 async def _alerts(client: AsyncPrometheusClient, start: float, end: float) -> list[AlertEvidence]:
@@ -177,6 +216,7 @@ def load_evidence(path: Path) -> Evidence:
 __all__ = [
     "AlertEvidence",
     "Evidence",
+    "align_with_incidents",
     "collect_evidence",
     "load_evidence",
     "save_evidence",

@@ -153,6 +153,13 @@ class TargetSelector(_Model):
         return self
 
 
+#: Fault kinds whose place is fixed by the fault itself, so an action may not give a ``target``.
+_NO_TARGET = {
+    "partition": "it names its nodes in 'nodes'",
+    "kill_rdzv_host": "it always hits the node hosting the rendezvous store",
+}
+
+
 class ActionActivity(_Model):
     """Inject ``fault`` (when the job reaches ``when.step``, or at once).
 
@@ -177,6 +184,11 @@ class ActionActivity(_Model):
         fault = data.get("fault")
         if not isinstance(fault, dict):
             return data
+        kind = fault.get("kind")
+        if isinstance(kind, str) and kind in _NO_TARGET:
+            raise ValueError(
+                f"fault kind {kind!r} takes no 'target' ({_NO_TARGET[kind]}); remove 'target'"
+            )
         named = [k for k in ("rank", "node", "nodes") if k in fault]
         if named:
             raise ValueError(

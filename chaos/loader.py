@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import promql_parser
 import pydantic
 import yaml
 from pydantic import BaseModel
@@ -29,6 +30,7 @@ from stormwatch.chaos.experiment import (
     UntilActivity,
     placeholders_in,
 )
+from stormwatch.chaos.experiment import expand as fill_placeholders
 from stormwatch.chaos.faults.specs import target_rank
 from stormwatch.chaos.selection import (
     SelectionError,
@@ -284,19 +286,26 @@ def _selection_issues(path: str, action: ActionActivity, experiment: Experiment)
     return []
 
 
-def _query_issues(path: str, query: str) -> list[Issue]:
+def _query_issues(path: str, query: str, *, promql: bool = True) -> list[Issue]:
+    """Unknown ``${placeholders}``; with ``promql``, a query Prometheus would reject (parsed
+    by promql-parser, the placeholders standing in as ``1``), so a typo fails before any fault."""
     unknown = sorted({n for n in placeholders_in(query) if n not in PLACEHOLDERS})
-    if not unknown:
-        return []
-    allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
-    return [Issue(path, f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
+    if unknown:
+        allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
+        return [Issue(path, f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
+    if promql:
+        try:
+            promql_parser.parse(fill_placeholders(query, dict.fromkeys(PLACEHOLDERS, "1")))
+        except ValueError as exc:
+            return [Issue(path, f"not valid PromQL: {exc}; fix the query (got {query!r})")]
+    return []
 
 
 def _provider_issues(path: str, provider: Provider) -> list[Issue]:
     if isinstance(provider, PrometheusProvider):
         return _query_issues(f"{path}.query", provider.query)
     if isinstance(provider, HttpProvider):
-        return _query_issues(f"{path}.url", provider.url)
+        return _query_issues(f"{path}.url", provider.url, promql=False)
     return []
 
 

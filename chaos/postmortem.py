@@ -173,7 +173,7 @@ def _restart(pm: PostMortem, logs: dict[int, RankLog]) -> int | None:
     if steps:
         pm.recovered, pm.recovered_at = True, steps[0].time
         pm.first_step_after_resume = steps[0].step
-        pm.time_to_recover_seconds = steps[0].time - t0
+        pm.time_to_recover_seconds = max(0.0, steps[0].time - t0)
     if pm.last_step_before_fault is not None and pm.resumed_from_step is not None:
         pm.steps_lost = max(0, pm.last_step_before_fault - pm.resumed_from_step)
     return attempt

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stormwatch.chaos.errors import ChaosError
 
@@ -89,10 +89,10 @@ class ScorecardRow(BaseModel):
     status: str = "not run"
     detected: bool | None = None
     alert: str | None = None
-    time_to_detect_seconds: float | None = None
+    time_to_detect_seconds: float | None = Field(default=None, ge=0)
     recovered: bool | None = None
-    time_to_recover_seconds: float | None = None
-    steps_lost: int | None = None
+    time_to_recover_seconds: float | None = Field(default=None, ge=0)
+    steps_lost: int | None = Field(default=None, ge=0)
     loss: bool | None = None
     checkpoint: bool | None = None
     faults_cleared: bool | None = None
@@ -192,12 +192,24 @@ def load_scorecard(path: Path) -> Scorecard:
     """Read a ``scorecard.json``.
 
     Raises:
-        ChaosError: missing, not JSON, or not a scorecard.
+        ChaosError: missing, not JSON, or not a scorecard (an unknown key, a negative
+            time or step count; each problem named by its path, e.g. ``rows.0.category``).
     """
     try:
-        return Scorecard.model_validate_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ChaosError(f"{path}: cannot read the scorecard: {exc}") from exc
+    try:
+        return Scorecard.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'file'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ChaosError(
+            f"{path}: not a scorecard written by `stormwatch chaos suite` ({problems}); give "
+            "a RUN_DIR/suites/<suite-id>/scorecard.json, or rerun the suite"
+        ) from exc
 
 
 def latest_scorecard(run_dir: Path) -> Path | None:

@@ -86,7 +86,8 @@ def select_ranks(selector: TargetSelector, shape: Shape) -> list[int]:
     """The ranks ``selector`` picks, sorted.
 
     Raises:
-        SelectionError: a node or rank the job does not have, or an empty pool.
+        SelectionError: a node or rank the job does not have, an empty pool, or
+            ``random.k`` larger than the pool.
     """
     if selector.node is not None:
         pool = shape.ranks_of(selector.node)
@@ -105,6 +106,11 @@ def select_ranks(selector: TargetSelector, shape: Shape) -> list[int]:
     pick = selector.random
     if pick is None:
         return pool
+    if pick.k is not None and pick.k > len(pool):
+        raise SelectionError(
+            f"random.k {pick.k} is more than the {len(pool)} rank(s) to pick from; "
+            f"lower it to at most {len(pool)}, or use random.percent"
+        )
     count = pick.k if pick.k is not None else math.ceil(len(pool) * (pick.percent or 0) / 100)
     count = max(1, min(count, len(pool)))
     return sorted(random.Random(pick.seed).sample(pool, count))

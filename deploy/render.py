@@ -126,7 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         path.write_text(text, encoding="utf-8")
         print(path)
     if stale:
-        print("stale generated files (run `make deploy-manifests`):", *stale, sep="\n  ")
+        print(
+            f"{len(stale)} generated file(s) in {args.out} differ from what the code renders:",
+            *stale,
+            sep="\n  ",
+        )
+        print(
+            "They are generated (alert rules, dashboards, ports, images come from the code): "
+            "a hand edit is overwritten. Make the change in the source (or in an overlay), "
+            "then run `make deploy-manifests` and commit the regenerated files."
+        )
         return 1
     return 0
 

@@ -13,6 +13,7 @@ Modules, one responsibility each: ``config`` (frozen configs), ``dims``
 ``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
 ``checkpoint_store`` (DCP sync/async + crash-safe layout with checksums),
 ``comms`` (collective counter, mesh-dimension labels, wait accounting),
+``collective_ops`` (Python kernels on the ``c10d`` collective ops only),
 ``perf`` (nccl-tests bandwidths, MFU, peak FLOP/s), ``instrument`` (grad
 norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
 (OpenTelemetry spans), ``control`` (chaos fault points armed per rank),

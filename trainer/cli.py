@@ -52,9 +52,12 @@ class _DpType(click.ParamType):
         if str(value).strip().lower() == "auto":
             return None
         try:
-            return int(value)
+            degree = int(value)
         except ValueError:
             self.fail(f"{value!r} is neither an integer nor 'auto'", param, ctx)
+        if degree < 1:
+            self.fail(f"{degree} is not a degree: give an integer >= 1, or 'auto'", param, ctx)
+        return degree
 
 
 _DP = _DpType()

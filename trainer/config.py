@@ -225,7 +225,7 @@ class TelemetryConfig:
         peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
             up in :data:`stormwatch.trainer.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
             the nominal :data:`~stormwatch.trainer.perf.CPU_NOMINAL_PEAK_FLOPS`).
-        count_collectives: count and time every collective (the dispatch-mode
+        count_collectives: count and time every collective (the
             :class:`~stormwatch.trainer.comms.CollectiveCounter`: collective
             metrics, the compute/wait split, the dump's recent collectives).
             ``False`` only for the "bare" trainer of ``benchmarks/trainer_bench.py``

@@ -19,7 +19,7 @@ the file with ``attempt`` recorded in it)::
   gives each group's last enqueued / completed sequence number, which is
   what a post-mortem compares across ranks to find the one that never
   joined.
-* ``collectives``: the last collectives seen by our dispatch-mode counter
+* ``collectives``: the last collectives seen by our collective counter
   (:meth:`~stormwatch.trainer.comms.CollectiveCounter.recent`), with mesh
   dimension and ``seconds: null`` for those never observed complete.
 

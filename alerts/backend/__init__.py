@@ -15,7 +15,7 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,7 +42,8 @@ class _Strict(BaseModel):
 class KubernetesSettings(_Strict):
     """``kubernetes:`` section (see :class:`~.kubernetes.KubernetesBackend`)."""
 
-    namespace: str = Field(default="default", min_length=1)
+    #: A DNS-1123 label, as Kubernetes requires of namespace names.
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     job_label: str = Field(default="stormwatch.io/job", min_length=1)
     control_dir: Path | None = None
     drain_node: bool = False
@@ -79,11 +80,23 @@ def load_platform_settings(path: Path) -> PlatformSettings:
     try:
         return PlatformSettings.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
+        problems = "; ".join(_problem(e) for e in exc.errors(include_url=False))
         raise ConfigError(f"--platform-config {path}: {problems}") from exc
+
+
+def _problem(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        sections = {"kubernetes": KubernetesSettings, "slurm": SlurmSettings}
+        section = sections.get(str(err["loc"][0]), PlatformSettings)
+        section = PlatformSettings if len(err["loc"]) == 1 else section
+        return f"{where}: unknown key (valid keys: {', '.join(section.model_fields)})"
+    if err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "namespace":
+        return (
+            f"{where}: {err['input']!r} is not a Kubernetes namespace name "
+            "(lowercase a-z, 0-9 and '-', at most 63)"
+        )
+    return f"{where}: {err['msg']}"
 
 
 def make_backend(

@@ -144,7 +144,9 @@ class KubernetesBackend:
                 kube_config.load_kube_config()
             except (kube_config.ConfigException, OSError) as exc:
                 raise BackendError(
-                    f"kubernetes: no in-cluster service account and no kubeconfig ({exc})"
+                    f"kubernetes: no in-cluster service account and no kubeconfig ({exc}); "
+                    "run the responder in the cluster with its ServiceAccount "
+                    "(deploy/kubernetes), or point KUBECONFIG at a kubeconfig file"
                 ) from exc
         return cls(core=k8s.CoreV1Api(), **settings)
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from stormwatch.agent.proc_exits import signal_name
 from stormwatch.alerts.postmortem.model import Culprit, RankDump
 from stormwatch.alerts.postmortem.sources import Inputs
+from stormwatch.chaos.postmortem import format_clock
 from stormwatch.chaos.ranklogs import RankEvent
 
 #: Straggler score from which a rank counts as a straggler (the agent's default factor).
@@ -150,11 +152,33 @@ def _rank_exit(inputs: Inputs, onset: float | None) -> Culprit | None:
         method="rank_exit",
         certain=len({e["rank"] for e in tied}) == 1,
         evidence=[
-            f"agent on {e.get('node')}: rank {e['rank']} exited unexpectedly "
-            f"(exit code {e.get('exit_code')}) at {float(e.get('time') or 0.0):.1f}"
+            f"agent on {e.get('node')}: rank {e['rank']} {exit_status(e)} at "
+            f"{format_clock(float(e.get('time') or 0.0))}"
             for e in exits[:5]
         ],
     )
+
+
+def exit_status(event: dict[str, Any]) -> str:
+    """How a ``rank_exit`` agent event says the rank ended, in words.
+
+    ``killed by SIGKILL`` (``exit_signal``, or a negative ``exit_code``), ``exited with code
+    143 (128 + SIGTERM: the process ended itself on that signal)``, ``exited with code 1``,
+    or ``exited (status unknown: the agent saw no exit event)``.
+    """
+    code, sig = event.get("exit_code"), event.get("exit_signal")
+    if isinstance(sig, str) and sig:
+        return f"was killed by {sig}"
+    if isinstance(code, int) and code < 0:
+        return f"was killed by {signal_name(-code)}"
+    if isinstance(code, int) and code > 128:
+        return (
+            f"exited with code {code} (128 + {signal_name(code - 128)}: "
+            "the process ended itself on that signal)"
+        )
+    if isinstance(code, int):
+        return f"exited with code {code}"
+    return "exited (status unknown: the agent saw no exit event)"
 
 
 def _alert_rank(inputs: Inputs) -> Culprit | None:

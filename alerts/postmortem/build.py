@@ -259,7 +259,12 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
 
 def _agent_detail(event: dict[str, Any]) -> str:
     skip = {"time", "kind", "node"}
-    return ", ".join(f"{k}={v}" for k, v in event.items() if k not in skip)[:160]
+    return ", ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)[:160]
+
+
+def _short(value: object) -> str:
+    """Floats to 4 significant digits (``0.1924``), the rest as they are."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _span_rows(inputs: Inputs) -> list[TimelineEvent]:

@@ -57,9 +57,9 @@ def postmortem_cmd(
     from stormwatch.alerts.postmortem import write_incident_postmortem
 
     if not db_path.is_file():
+        what = "is a folder, not a file" if db_path.is_dir() else "does not exist"
         raise ConfigError(
-            f"--db: {db_path} does not exist; pass the responder's database "
-            "(stormwatch alerts serve --db)"
+            f"--db: {db_path} {what}; pass the responder's database (stormwatch alerts serve --db)"
         )
     if lab_run_dir is None and db_path.resolve().parent.parent.joinpath("lab.json").is_file():
         lab_run_dir = db_path.resolve().parent.parent

@@ -33,6 +33,16 @@ class Notification(_Record):
     new_alerts: int = 0
 
 
+class IncidentMember(_Record):
+    """One alert of an incident, with the times Prometheus gave it (Unix s)."""
+
+    alertname: str
+    status: str = "firing"
+    labels: dict[str, str] = {}
+    starts_at: float | None = None
+    ends_at: float | None = None
+
+
 class Incident(_Record):
     """One alert occurrence: opened by its first firing notification, closed by its resolution."""
 
@@ -45,6 +55,7 @@ class Incident(_Record):
     ends_at: float | None = None
     opened_at: float
     closed_at: float | None = None
+    members: list[IncidentMember] = []
 
 
 class Action(_Record):

@@ -280,7 +280,13 @@ class StateStore:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[LabState]:
-        """Lock, load, let the caller change the state, save (unless the block raised)."""
+        """Lock, load, let the caller change the state, save (unless the block raised).
+
+        Raises:
+            LabNotUpError: no lab; a missing run directory is not created (nothing is left behind).
+        """
+        if not self._paths.run_dir.is_dir():
+            self.require()
         with self.locked():
             state = self.require()
             yield state

@@ -96,8 +96,12 @@ def _measured(
     if no_scorecard:
         console.print("detect/recover times: documented defaults (--no-scorecard)")
         return None
-    if scorecard is not None and (scorecard.is_dir() or not scorecard.exists()):
-        raise InvalidPlanInput(f"--scorecard: {scorecard} is not a scorecard.json file")
+    if scorecard is not None and not scorecard.is_file():
+        what = "is a folder" if scorecard.is_dir() else "does not exist"
+        raise InvalidPlanInput(
+            f"--scorecard: {scorecard} {what}; give a RUN_DIR/suites/<suite-id>/scorecard.json "
+            "written by `stormwatch chaos suite` (or leave --scorecard out to use the latest)"
+        )
     path = scorecard or find_scorecard(run_dir)
     if path is None:
         console.print(

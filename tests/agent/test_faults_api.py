@@ -55,8 +55,9 @@ def test_fault_api_does_not_listen_unless_enabled(start_agent: Any, tools: Any) 
 
 
 def test_fault_api_without_a_token_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(AgentConfigError, match=r"--fault-api-listen.*--token-file"):
+    with pytest.raises(AgentConfigError, match=r"--fault-api-listen.*--token-file") as caught:
         AgentConfig.build(metrics_dir=tmp_path, fault_listen_host="127.0.0.1", fault_listen_port=0)
+    assert str(caught.value).startswith("agent config: fault_listen"), "no 'config: config:'"
 
 
 def test_fault_api_is_not_served_by_the_metrics_listener(start_agent: Any, tools: Any) -> None:

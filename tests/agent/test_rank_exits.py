@@ -160,3 +160,45 @@ def test_an_agent_without_the_proc_connector_says_so_in_metrics_and_healthz(
     assert tools.scrape(agent.url).value("stormwatch_proc_connector_up") == 0
     health = tools.http("GET", agent.url + "/healthz").json()
     assert health["proc_connector"] == {"up": False, "reason": reason}
+
+
+REPARENTED_OPEN = textwrap.dedent(
+    """
+    import os, sys
+    from stormwatch.agent.proc_exits import open_exit_source
+    source = open_exit_source()
+    with open(sys.argv[1], "w") as out:
+        out.write(f"{os.getppid()} {source.available} {source.reason}")
+    """
+)
+
+
+@pytest.mark.root
+def test_an_agent_in_a_lab_namespace_reparented_to_init_still_opens_the_connector(
+    tmp_path: Path,
+) -> None:
+    """The lab's agents run in a node's network namespace, daemonised: their ancestors
+    are gone (parent: PID 1, whose namespace may be unreadable). The connector is opened
+    from the initial network namespace all the same (through kthreadd's)."""
+    if shutil.which("ip") is None or shutil.which("setsid") is None:
+        pytest.skip("needs ip (iproute2) and setsid")
+    if not open_exit_source().available:
+        pytest.skip("no proc connector on this machine at all")
+    name = f"swpe{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        out = tmp_path / "opened"
+        script = tmp_path / "open.py"
+        script.write_text(REPARENTED_OPEN)
+        subprocess.run(
+            ["ip", "netns", "exec", name, "setsid", "-f", sys.executable, str(script), str(out)],
+            check=True,
+        )
+        deadline = time.monotonic() + 30
+        while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ppid, available, reason = out.read_text().split(" ", 2)
+        assert int(ppid) != os.getpid()  # re-parented: no ancestor of ours is left to join
+        assert available == "True", reason
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

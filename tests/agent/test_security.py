@@ -249,13 +249,22 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(
         ),
         ("- just\n- a list\n", "expected a mapping"),
         ("key: [unclosed\n", "invalid YAML"),
+        ("tls_server_config: {cert_file: g.crt, key_file: g.key}\n", "not a PEM certificate"),
+        (
+            "tls_server_config: {cert_file: g.crt, key_file: g.key, min_version: TLS13, "
+            "max_version: TLS12}\n",
+            "min_version TLS13 is above max_version",
+        ),
     ],
 )
 def test_a_bad_web_config_names_the_key_and_the_fix(tmp_path: Path, text: str, named: str) -> None:
     path = tmp_path / "web.yml"
     path.write_text(text)
-    with pytest.raises(WebConfigError, match="web config") as caught:
+    for garbage in ("g.crt", "g.key"):
+        (tmp_path / garbage).write_text("not PEM\n")
+    with pytest.raises(WebConfigError) as caught:
         load_web_config(path)
+    assert str(caught.value).startswith(f"web config {path}: "), "every error names the file"
     assert named in str(caught.value)
     assert isinstance(caught.value, AgentConfigError)
 
@@ -328,4 +337,4 @@ def test_fault_api_listen_must_be_host_and_port(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "fault_listen: expected HOST:PORT" in done.stderr
+    assert "fault_listen (--fault-api-listen): expected HOST:PORT" in done.stderr

@@ -61,11 +61,39 @@ def test_kubernetes_without_a_cluster_configuration_is_a_clear_error(
         settings.backend()
 
 
-def test_the_platform_config_file_rejects_unknown_keys_naming_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "kubernetes: {namespace: training, drain: true}\n",
+            "kubernetes.drain: unknown key (valid keys: namespace, job_label, control_dir, ",
+        ),
+        (
+            "slurm: {nodes: 2}\n",
+            "slurm.nodes: unknown key (valid keys: nproc_per_node, control_dir)",
+        ),
+        ("lab: {}\n", "lab: unknown key (valid keys: kubernetes, slurm)"),
+        (
+            "kubernetes: {namespace: Bad_NS!}\n",
+            "kubernetes.namespace: 'Bad_NS!' is not a Kubernetes namespace name",
+        ),
+        ("slurm: {nproc_per_node: -3}\n", "slurm.nproc_per_node: Input should be greater"),
+        ("slurm: [\n", "is not valid YAML"),
+    ],
+    ids=["unknown-k8s-key", "unknown-slurm-key", "unknown-section", "bad-namespace", "neg", "yaml"],
+)
+def test_the_platform_config_file_rejects_mistakes_naming_field_and_fix(
+    tmp_path: Path, text: str, said: str
+) -> None:
     path = tmp_path / "platform.yaml"
-    path.write_text("kubernetes: {namespace: training, drain: true}\n")
-    with pytest.raises(ConfigError, match=r"kubernetes\.drain: Extra inputs are not permitted"):
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
         load_platform_settings(path)
+    assert said in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_the_platform_config_file_accepts_a_valid_file(tmp_path: Path) -> None:
+    path = tmp_path / "platform.yaml"
     path.write_text("slurm: {nproc_per_node: 4, control_dir: '/shared/{job}/control'}\n")
     assert load_platform_settings(path).slurm == SlurmSettings(
         nproc_per_node=4, control_dir="/shared/{job}/control"

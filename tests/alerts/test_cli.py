@@ -121,3 +121,13 @@ def test_serve_on_a_busy_port_fails_cleanly(kit: Any, start_responder: Any, tmp_
     )
     assert out.returncode == 2
     assert "cannot listen" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_postmortem_names_a_missing_or_folder_db_and_how_to_fix_it(
+    kit: Any, tmp_path: Path
+) -> None:
+    for db, said in ((tmp_path / "none.db", "does not exist"), (tmp_path, "is a folder")):
+        out = _run(kit, "alerts", "postmortem", "1", "--db", str(db), check=False)
+        assert out.returncode == 2, out.stderr
+        assert f"--db: {db} {said}" in out.stderr and "alerts serve --db" in out.stderr
+        assert "Traceback" not in out.stderr

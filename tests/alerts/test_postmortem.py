@@ -295,3 +295,19 @@ def test_a_rank_killed_without_a_dump_is_named_and_not_a_survivor_behind_it(
     ]
     assert (culprit["rank"], culprit["method"]) == (2, "rank_exit"), culprit
     assert "flight recorder not compared: rank(s) 2 wrote no dump" in culprit["evidence"]
+
+
+@pytest.mark.parametrize(
+    ("event", "words"),
+    [
+        ({"exit_code": -9, "exit_signal": "SIGKILL"}, "was killed by SIGKILL"),
+        ({"exit_code": -15}, "was killed by SIGTERM"),
+        ({"exit_code": 143}, "exited with code 143 (128 + SIGTERM: the process ended itself"),
+        ({"exit_code": 1}, "exited with code 1"),
+        ({"exit_code": None, "reason": "unknown"}, "exited (status unknown: the agent saw no"),
+    ],
+)
+def test_a_rank_exit_is_told_in_words_not_raw_codes(event: dict[str, object], words: str) -> None:
+    from stormwatch.alerts.postmortem.analysis import exit_status
+
+    assert exit_status(event).startswith(words)

@@ -47,3 +47,13 @@ def test_postmortem_of_a_folder_without_a_journal_says_so(tmp_path: Path) -> Non
     message = str(result.exception)
     assert "not an experiment directory (no journal.json)" in message
     assert "lab.json" not in message
+
+
+def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: Path) -> None:
+    both = CliRunner().invoke(chaos, ["revert", "--all", str(tmp_path)])
+    assert isinstance(both.exception, ConfigError)
+    assert "--all and FAULT_IDS" in str(both.exception)
+    assert "--run-dir" in str(both.exception)
+    neither = CliRunner().invoke(chaos, ["revert", "--run-dir", str(tmp_path)])
+    assert isinstance(neither.exception, ConfigError)
+    assert "nothing to revert: give --all or one or more FAULT_IDS" in str(neither.exception)

@@ -130,6 +130,40 @@ BAD = [
         "no node 'sw-node7'",
     ),
     (
+        "target-random-k-above-the-pool",
+        _mutate("method.0.target", {"role": "worker", "random": {"k": 5}}),
+        "method[0].target",
+        "random.k 5 is more than the 3 rank(s) to pick from",
+    ),
+    (
+        "target-on-a-partition",
+        _mutate(
+            "method.0",
+            {
+                "type": "action",
+                "name": "cut",
+                "target": {"node": "sw-node1"},
+                "fault": {"kind": "partition"},
+            },
+        ),
+        "method[0]",
+        "fault kind 'partition' takes no 'target' (it names its nodes in 'nodes')",
+    ),
+    (
+        "target-on-kill-rdzv-host",
+        _mutate(
+            "method.0",
+            {
+                "type": "action",
+                "name": "cut",
+                "target": {"role": "leader"},
+                "fault": {"kind": "kill_rdzv_host"},
+            },
+        ),
+        "method[0]",
+        "fault kind 'kill_rdzv_host' takes no 'target'",
+    ),
+    (
         "blast-radius-exceeded",
         _mutate("method.0.target", {"role": "any"}),
         "blast_radius.max_fraction_of_ranks",
@@ -152,6 +186,24 @@ BAD = [
         _mutate("method.1.query", "up{job='${jobb}'}"),
         "method[1].query",
         "unknown placeholder(s) ['jobb']",
+    ),
+    (
+        "until-not-promql",
+        _mutate("method.1.query", "count(ALERTS{"),
+        "method[1].query",
+        "not valid PromQL: unexpected end of input inside braces",
+    ),
+    (
+        "until-bad-duration",
+        _mutate("method.1.query", "rate(up{job='${job}'}[5x]) > ${world_size}"),
+        "method[1].query",
+        "not valid PromQL: bad number or duration syntax: 5x",
+    ),
+    (
+        "probe-not-promql",
+        _mutate("steady_state_hypothesis.probes.0.provider.query", "sum by (rank up)"),
+        "steady_state_hypothesis.probes[0].provider.query",
+        "not valid PromQL",
     ),
     (
         "safeguard-unknown-provider",
@@ -392,4 +444,55 @@ def test_dry_run_prints_the_plan_with_resolved_targets_and_starts_nothing(tmp_pa
     assert 'until count(ALERTS{alertname="StormwatchStraggler"}) >= 1' in text
     assert "safeguard loss-sane every 1 s" in text
     assert f"blast radius: touches ranks [{expected[0]}] of 4 (limit 0.5): ok" in text
+    assert not run_dir.exists()
+
+
+#: Files whose shape is known only at run time (``job.world_size`` alone) pass validation;
+#: the dry run resolves them on the default lab and must refuse what a run would refuse.
+REFUSED_AT_PLAN = [
+    ("blast-radius", {"target": {"role": "any"}, "fault": {"kind": "kill_rank"}}, "touch 4 of 4"),
+    (
+        "random-k-above-the-ranks",
+        {"target": {"random": {"k": 9}}, "fault": {"kind": "kill_rank"}},
+        "random.k 9 is more than the 4 rank(s)",
+    ),
+    (
+        "unknown-node",
+        {"fault": {"kind": "gpu_xid", "node": "node9", "xid": 79}},
+        "no node 'node9' (the job runs on node0, node1)",
+    ),
+    (
+        "partition-of-an-unknown-node",
+        {"fault": {"kind": "partition", "nodes": ["nodeX"]}},
+        "no node 'nodeX'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("action", "said"), [c[1:] for c in REFUSED_AT_PLAN], ids=[c[0] for c in REFUSED_AT_PLAN]
+)
+def test_a_dry_run_of_a_plan_a_run_would_refuse_exits_2_naming_why(
+    tmp_path: Path, action: dict[str, Any], said: str
+) -> None:
+    data = yaml.safe_load(RICH)
+    data["job"] = {"steps": 50, "checkpoint_every": 10, "world_size": 4}
+    data["method"] = [{"type": "action", "name": "hit", **action}]
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    path = folder / "refused.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    for command in (["run", str(path)], ["suite", str(folder)]):
+        out = subprocess.run(
+            [str(STORMWATCH), "chaos", *command, "--dry-run", "--run-dir", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        )
+        assert out.returncode == 2, (command, out.stdout, out.stderr)
+        error = " ".join(out.stderr.split())
+        assert str(path) in error and said in error, error
+        assert "Traceback" not in out.stderr
     assert not run_dir.exists()

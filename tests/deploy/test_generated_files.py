@@ -38,6 +38,8 @@ def test_check_mode_reports_a_hand_edited_file_and_writes_nothing(tmp_path: Path
     done = kit.render(tmp_path, "--check")
     assert done.returncode == 1
     assert "base/prometheusrule.yaml" in done.stdout
+    assert "a hand edit is overwritten" in done.stdout, "says why the edit cannot stay"
+    assert "make deploy-manifests" in done.stdout, "says what to run"
     assert rule.read_bytes() == before
 
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from stormwatch.chaos.lab import JobSpec, LabConfig
 from stormwatch.chaos.lab.cli import lab
+from stormwatch.chaos.lab.errors import LabNotUpError
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import LabState, plan_state
 from stormwatch.errors import ConfigError
@@ -105,3 +106,25 @@ def test_lab_train_refuses_a_negative_seed(tmp_path: Any) -> None:
     )
     assert isinstance(result.exception, ConfigError)
     assert "JobSpec.seed" in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "said"),
+    [
+        (["--min-nodes", "0"], ConfigError, "JobSpec.min_nodes"),
+        (["--min-nodes", "99"], ConfigError, "JobSpec.min_nodes"),
+        (["--min-nodes", "1"], LabNotUpError, "no lab in"),
+        ([], LabNotUpError, "start one with `stormwatch lab up`"),
+    ],
+    ids=["min-nodes-0", "min-nodes-above-any-lab", "valid-but-no-lab", "no-lab"],
+)
+def test_lab_train_without_a_lab_says_so_and_leaves_no_run_dir(
+    tmp_path: Any, extra: list[str], error: type[Exception], said: str
+) -> None:
+    run_dir = tmp_path / "no-lab-here"
+    result = CliRunner().invoke(
+        lab, ["train", "--run-dir", str(run_dir), "--job", "j", "--steps", "3", *extra]
+    )
+    assert isinstance(result.exception, error), result.output
+    assert said in str(result.exception)
+    assert not run_dir.exists(), "a failed `lab train` must not create the run directory"

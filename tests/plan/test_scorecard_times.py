@@ -128,3 +128,62 @@ def test_plan_with_a_missing_scorecard_file_exits_2_naming_the_option(tmp_path: 
     proc = _stormwatch("plan", "--gpus", "8", "--scorecard", str(tmp_path / "nope.json"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--scorecard" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _card(tmp_path: Path, **change: object) -> dict[str, object]:
+    path = _write(tmp_path / "good", "20260101T000000-suite-cccc", ROWS[:1])
+    card = json.loads(path.read_text())
+    card["rows"][0].update(change)
+    return card
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "does not exist; give a RUN_DIR/suites/<suite-id>/scorecard.json"),
+        ("{bad", "not a scorecard written by `stormwatch chaos suite` (file: Invalid JSON"),
+        ("[]", "(file: Input should be an object)"),
+        ("{}", "suite_id: Field required"),
+        (
+            {"time_to_detect_seconds": -5.0},
+            "rows.0.time_to_detect_seconds: Input should be greater",
+        ),
+        (
+            {"time_to_recover_seconds": -1.0},
+            "rows.0.time_to_recover_seconds: Input should be greater",
+        ),
+        ({"steps_lost": -3}, "rows.0.steps_lost: Input should be greater than or equal to 0"),
+        (
+            {"time_to_detect_seconds": "soon"},
+            "rows.0.time_to_detect_seconds: Input should be a valid",
+        ),
+        ({"mood": "great"}, "rows.0.mood: Extra inputs are not permitted"),
+        ({"category": "gremlins"}, "unknown category 'gremlins'"),
+    ],
+    ids=[
+        "missing",
+        "not-json",
+        "a-list",
+        "empty-object",
+        "negative-detect",
+        "negative-recover",
+        "negative-steps-lost",
+        "time-not-a-number",
+        "unknown-key",
+        "unknown-category",
+    ],
+)
+def test_a_bad_scorecard_file_exits_2_with_one_line_naming_the_field(
+    tmp_path: Path, content: object, said: str
+) -> None:
+    path = tmp_path / "scorecard.json"
+    if isinstance(content, dict):
+        path.write_text(json.dumps(_card(tmp_path, **content)))
+    elif isinstance(content, str):
+        path.write_text(content)
+    out = tmp_path / "plan"
+    proc = _stormwatch("plan", "--gpus", "8", "--scorecard", str(path), "--out", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in proc.stderr and str(path) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "errors.pydantic.dev" not in proc.stderr
+    assert not out.exists()

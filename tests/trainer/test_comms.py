@@ -1,4 +1,5 @@
-"""The collective counter sees c10d and functional collectives, with op label, bytes and time."""
+"""The collective counter sees c10d and functional collectives, with op label, bytes and time,
+through kernels on the collective ops only (no per-op Python)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from stormwatch.trainer.comms import OP_LABELS, CollectiveCounter, union_seconds
 
@@ -75,14 +77,64 @@ def test_c10d_collectives_are_counted_with_input_bytes_and_completion(one_rank_g
     assert sink.errors == []
 
 
-def test_functional_collectives_complete_at_their_wait(one_rank_group):
+def test_functional_collectives_are_counted_once_through_their_c10d_op(one_rank_group):
     sink = RecordingSink()
     with CollectiveCounter(sink):
         out = funcol.all_reduce(torch.ones(4), "sum", one_rank_group)
         total = (out + 1).sum()  # first use waits on the result
+        gathered = funcol.all_gather_single(torch.ones(2), 0, one_rank_group)
+        float(gathered.sum())
     assert float(total) == 8.0
-    assert sink.calls["all_reduce"] == 1 and sink.bytes["all_reduce"] == 16
-    assert sink.completed["all_reduce"] == 1
+    assert dict(sink.calls) == {"all_reduce": 1, "all_gather": 1}  # not twice (funcol + c10d)
+    assert dict(sink.bytes) == {"all_reduce": 16, "all_gather": 8}
+    assert sink.completed == sink.calls
+
+
+def test_ops_other_than_collectives_never_enter_python(one_rank_group):
+    sink = RecordingSink()
+    counter = CollectiveCounter(sink)
+    with counter:
+        assert counter.observing
+        assert _get_current_dispatch_mode() is None  # no dispatch mode: aten ops stay in C++
+        dist.all_reduce(torch.ones(2))
+    assert not counter.observing
+    dist.all_reduce(torch.ones(2))  # outside the block: handed on, not counted
+    assert dict(sink.calls) == {"all_reduce": 1}
+
+
+def test_collectives_of_other_threads_are_not_counted(one_rank_group):
+    sink = RecordingSink()
+    side = dist.new_group([0])  # like the async checkpoint's own group, used from its thread
+    with CollectiveCounter(sink):
+        thread = threading.Thread(target=lambda: dist.all_reduce(torch.ones(2), group=side))
+        thread.start()
+        thread.join()
+        dist.broadcast(torch.ones(2), src=0)
+    assert dict(sink.calls) == {"broadcast": 1}
+
+
+def test_the_interceptor_runs_before_each_collective_with_its_op_and_mesh_dim(one_rank_group):
+    sink, seen = RecordingSink(), []
+    sub = dist.new_group([0])
+    counter = CollectiveCounter(sink, groups={sub.group_name: "tp"})
+    counter.interceptor = lambda op, mesh_dim: seen.append((op, mesh_dim, sink.calls[op]))
+    with counter:
+        dist.all_reduce(torch.ones(2), group=sub)
+        funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).wait()
+    # called before the op is issued (its count is still 0), once per collective
+    assert seen == [("all_reduce", "tp", 0), ("all_reduce", "world", 1)]
+
+
+def test_a_failed_step_leaves_nothing_pending_and_stops_observing(one_rank_group):
+    sink = RecordingSink()
+    counter = CollectiveCounter(sink)
+    with pytest.raises(RuntimeError, match="step failed"), counter:
+        dist.reduce_scatter_single(torch.empty(2), torch.ones(2))  # gloo: never reports completion
+        raise RuntimeError("step failed")
+    assert not counter.observing and sink.calls["reduce_scatter"] == 1
+    with counter:
+        pass
+    assert sink.completed["reduce_scatter"] == 0  # dropped with the failed step, not timed later
 
 
 def test_a_failing_sink_never_changes_the_collective(one_rank_group):
