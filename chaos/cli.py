@@ -367,10 +367,25 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
     path = ledger_path(run_dir)
     console = Console()
     if not path.exists():
+        if fault_ids:  # named faults cannot be in a ledger that does not exist
+            raise ConfigError(
+                f"no fault ledger at {path}, so no fault {', '.join(fault_ids)}; check "
+                "--run-dir (the run directory the experiment ran in)"
+            )
         console.print(f"no fault ledger at {path}: nothing to revert")
         return 0
     ledger = Ledger(path, create=False)
-    entries = ledger.open_faults() if all_ else [ledger.get(i) for i in fault_ids]
+    if all_:
+        entries = ledger.open_faults()
+    else:
+        known = {e.id: e for e in ledger.entries()}
+        unknown = [i for i in fault_ids if i not in known]
+        if unknown:
+            raise ConfigError(
+                f"not in the ledger {path}: {', '.join(unknown)}; nothing was reverted. "
+                f"List the faults with `stormwatch chaos ledger --run-dir {run_dir}`"
+            )
+        entries = [known[i] for i in fault_ids]
 
     async def go() -> list[RevertOutcome]:
         async with aiohttp.ClientSession() as session:

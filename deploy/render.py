@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sep="\n  ",
         )
         print(
-            "They are generated (alert rules, dashboards, ports, images come from the code): "
+            "They are generated (alert rules, dashboards and ports come from the code): "
             "a hand edit is overwritten. Make the change in the source (or in an overlay), "
             "then run `make deploy-manifests` and commit the regenerated files."
         )

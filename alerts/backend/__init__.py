@@ -87,9 +87,13 @@ def load_platform_settings(path: Path) -> PlatformSettings:
 def _problem(err: Any) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        sections = {"kubernetes": KubernetesSettings, "slurm": SlurmSettings}
-        section = sections.get(str(err["loc"][0]), PlatformSettings)
-        section = PlatformSettings if len(err["loc"]) == 1 else section
+        sections: dict[str, type[BaseModel]] = {
+            "kubernetes": KubernetesSettings,
+            "slurm": SlurmSettings,
+        }
+        section: type[BaseModel] = sections.get(str(err["loc"][0]), PlatformSettings)
+        if len(err["loc"]) == 1:
+            section = PlatformSettings
         return f"{where}: unknown key (valid keys: {', '.join(section.model_fields)})"
     if err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "namespace":
         return (

@@ -26,13 +26,14 @@ def from_validation_error(where: str, exc: ValidationError) -> InvalidPlanInput:
     """
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = ".".join(str(p) for p in err["loc"])
         got = (
             f" (got {err['input']!r})"
             if "input" in err and not isinstance(err["input"], dict)
             else ""
         )
-        lines.append(f"{where}: {loc}: {err['msg']}{got}")
+        message = str(err["msg"]).removeprefix("Value error, ")  # a validator names its field
+        lines.append(f"{where}: {loc + ': ' if loc else ''}{message}{got}")
     return InvalidPlanInput("\n".join(lines))
 
 

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from stormwatch.chaos.cli import _after_text, _before_text, chaos
 from stormwatch.chaos.journal import Journal
+from stormwatch.chaos.ledger import Ledger, ledger_path
 from stormwatch.errors import ConfigError
 
 
@@ -57,3 +58,20 @@ def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: P
     neither = CliRunner().invoke(chaos, ["revert", "--run-dir", str(tmp_path)])
     assert isinstance(neither.exception, ConfigError)
     assert "nothing to revert: give --all or one or more FAULT_IDS" in str(neither.exception)
+
+
+def test_revert_of_a_fault_id_the_ledger_lacks_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    # No ledger at all: a named fault cannot be there (a wrong --run-dir, most likely).
+    missing = CliRunner().invoke(chaos, ["revert", "f-1", "--run-dir", str(tmp_path / "nope")])
+    assert isinstance(missing.exception, ConfigError)
+    assert "no fault ledger at" in str(missing.exception) and "f-1" in str(missing.exception)
+    assert not (tmp_path / "nope").exists()
+    # A ledger without those faults: name them and where to list the real ones.
+    path = ledger_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    Ledger(path)
+    unknown = CliRunner().invoke(chaos, ["revert", "f-1", "f-2", "--run-dir", str(tmp_path)])
+    assert isinstance(unknown.exception, ConfigError)
+    assert "not in the ledger" in str(unknown.exception)
+    assert "f-1, f-2; nothing was reverted" in str(unknown.exception)
+    assert "stormwatch chaos ledger --run-dir" in str(unknown.exception)

@@ -44,6 +44,10 @@ def _table(tmp_path: Path, **changes: object) -> Path:
         ),
         ({"gpus": 8, "restart_s": -1.0}, "restart_s: Input should be greater than or equal to 0"),
         ({"gpus": 8, "detect_overrides": {"nic": -3.0}}, "detect_overrides.nic: must be"),
+        (
+            {"gpus": 8, "detect_overrides": {"nic": -3.0}},
+            r"^plan settings: detect_overrides\.nic: must be a finite number >= 0 \(got -3\.0\)$",
+        ),
         ({"gpus": 8, "bogus": 1}, "bogus: Extra inputs are not permitted"),
     ],
 )
