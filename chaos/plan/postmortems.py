@@ -3,17 +3,9 @@
 Reads every ``experiments/*/postmortem.json`` under a run directory (or the
 directory itself if it holds ``postmortem.json`` files one level down), keeps
 those with both ``time_to_detect_seconds`` and ``time_to_recover_seconds``, and
-maps each ``fault_kind`` to a failure category with :data:`FAULT_KIND_CATEGORY`:
-
-=================  ==========================  ==============================================
-fault_kind         category                    why
-=================  ==========================  ==============================================
-``kill_rank``      ``software_bug``            a process crash (SIGKILL): what a software bug
-                                               or a dying dependency looks like to the job
-``freeze_rank``    ``nccl_watchdog_timeouts``  a hung rank: peers block in a collective until
-                                               the watchdog fires
-``partition``      ``network_switch_cable``    a lost link between nodes
-=================  ==========================  ==============================================
+maps each ``fault_kind`` to a failure category with :data:`FAULT_KIND_CATEGORY`, the
+same mapping the game-day scorecard uses (:mod:`stormwatch.chaos.scorecard`, whose
+docstring says why each kind models its category).
 
 Per category the mean over experiments is used: ``detect_s`` = mean time to
 detect; ``restart_s`` = mean of ``time_to_recover - time_to_detect`` (the
@@ -33,15 +25,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stormwatch.chaos.plan.errors import InvalidPlanInput, from_validation_error
 from stormwatch.chaos.plan.inputs import CategoryTimes
+from stormwatch.chaos.scorecard import FAULT_KIND_CATEGORY
 
 log = logging.getLogger(__name__)
-
-#: Chaos fault kind -> failure-table category (see the module docstring).
-FAULT_KIND_CATEGORY: dict[str, str] = {
-    "kill_rank": "software_bug",
-    "freeze_rank": "nccl_watchdog_timeouts",
-    "partition": "network_switch_cable",
-}
 
 
 class _PostMortemTimes(BaseModel):
