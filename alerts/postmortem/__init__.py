@@ -169,18 +169,25 @@ class PostMortemWriter:
         files = await self._write_once(incident_id)
         if files is None or self._recovered is None:
             return
-        check = self._recovered
-        if await asyncio.to_thread(check, files.postmortem) is not False:
+        if files.postmortem.recovered_at is not None:  # written with the recovery in it
             return
+        # Not in the report yet. It may already have happened in the moment between
+        # building the report and now: look at once, then every poll_s.
+        check = self._recovered
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._follow_up_s
+        first = True
         while loop.time() < deadline:
-            await asyncio.sleep(self._poll_s)
+            if not first:
+                await asyncio.sleep(self._poll_s)
             try:
                 seen = await asyncio.to_thread(check, files.postmortem)
             except Exception:
                 log.exception("incident %d: cannot look for the recovery", incident_id)
                 return
+            if seen is None and first:  # cannot be known: no follow-up
+                return
+            first = False
             if seen:
                 log.info(
                     "incident %d: the job recovered; writing its post-mortem again", incident_id
