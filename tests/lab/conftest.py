@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stormwatch.chaos.lab import LabConfig
+from stormwatch.chaos.lab import Lab, LabConfig
 from stormwatch.chaos.lab.netns import NETNS_ETC, IpRoute2
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.preflight import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
@@ -192,3 +192,22 @@ def cleanup_lab() -> Iterator[Callable[[LabConfig, Path], None]]:
     for config, run_dir in registered:
         if leftovers(config, run_dir):
             run_cli("lab", "down", "--run-dir", str(run_dir), *config_args(config))
+
+
+@pytest.fixture(scope="module")
+def lab(
+    tmp_path_factory: pytest.TempPathFactory,
+    lab_config_factory: Callable[[], LabConfig],
+    lab_possible: None,
+    nothing_left: Callable[[LabConfig, Path], list[str]],
+) -> Iterator[Lab]:
+    """One lab (own prefix, subnet, ports) shared by a module's tests, torn down after
+    them with the "nothing left behind" check."""
+    config = lab_config_factory()
+    the_lab = Lab(tmp_path_factory.mktemp("lab"))
+    try:
+        the_lab.up(config)
+        yield the_lab
+    finally:
+        the_lab.down(config)
+        assert nothing_left(config, the_lab.run_dir) == []

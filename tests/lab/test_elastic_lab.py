@@ -12,33 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import JobSpec, Lab, LabConfig
+from stormwatch.chaos.lab import JobSpec, Lab
 from stormwatch.trainer import checkpoint_store as store
 from stormwatch.trainer.events import read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
-
-
-@pytest.fixture(scope="module")
-def lab(
-    tmp_path_factory: pytest.TempPathFactory,
-    lab_config_factory: Callable[[], LabConfig],
-    lab_possible: None,
-    nothing_left: Callable[[LabConfig, Path], list[str]],
-) -> Iterator[Lab]:
-    config = lab_config_factory()
-    the_lab = Lab(tmp_path_factory.mktemp("lab"))
-    try:
-        the_lab.up(config)
-        yield the_lab
-    finally:
-        the_lab.down(config)
-        assert nothing_left(config, the_lab.run_dir) == []
 
 
 def _world_sizes(ckpt: Path) -> list[tuple[int, int]]:

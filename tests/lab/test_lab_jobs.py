@@ -9,34 +9,17 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from stormwatch.chaos.lab import JobError, JobSpec, Lab, LabConfig
+from stormwatch.chaos.lab import JobError, JobSpec, Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 ALLREDUCE = Path(__file__).with_name("allreduce_job.py")
-
-
-@pytest.fixture(scope="module")
-def lab(
-    tmp_path_factory: pytest.TempPathFactory,
-    lab_config_factory: Callable[[], LabConfig],
-    lab_possible: None,
-    nothing_left: Callable[[LabConfig, Path], list[str]],
-) -> Iterator[Lab]:
-    config = lab_config_factory()
-    the_lab = Lab(tmp_path_factory.mktemp("lab"))
-    try:
-        the_lab.up(config)
-        yield the_lab
-    finally:
-        the_lab.down(config)
-        assert nothing_left(config, the_lab.run_dir) == []
 
 
 def _allreduce(name: str, out: Path, sleep_s: float = 0.0) -> JobSpec:
