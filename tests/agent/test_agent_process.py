@@ -116,26 +116,7 @@ def test_taken_port_is_a_user_error(tmp_path: Path) -> None:
 def test_empty_token_file_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty.token"
     empty.write_text("\n")
-    out = subprocess.run(
-        [
-            STORMWATCH,
-            "agent",
-            "run",
-            "--metrics-dir",
-            str(tmp_path / "m"),
-            "--state-dir",
-            str(tmp_path / "s"),
-            "--gpu-backend",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            str(empty),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _run(tmp_path, "--token-file", str(empty))
     assert out.returncode == 2 and "empty" in out.stderr, out.stderr
 
 
