@@ -281,17 +281,18 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
     Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
     2 for an invalid experiment or a lab that is not up.
     """
-    from stormwatch.chaos.dryrun import print_plan
+    from stormwatch.chaos.dryrun import lab_shape, print_plan
     from stormwatch.chaos.suite import SuiteOptions, SuiteRunner, load_suite
     from stormwatch.chaos.target import lab_target
 
     entries = load_suite(folder)
     if dry_run:
         console = Console(highlight=False, soft_wrap=True)
+        shape = lab_shape(run_dir)  # the lab in --run-dir when it is up, else each file's job
         refused = [
             f"{entry.path}: {why}"
             for entry in entries
-            if (why := print_plan(entry.experiment, entry.path, console)) is not None
+            if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
         ]
         if refused:
             raise ConfigError(
@@ -312,9 +313,9 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
             else "not detected"
         )
         recover = (
-            f"recovered in {row.time_to_recover_seconds:.1f} s"
+            f"recovered in {row.time_to_recover_seconds:.1f} s ({row.recovered_by})"
             if row.time_to_recover_seconds is not None
-            else "no restart"
+            else "not recovered"
         )
         reporter.console.print(
             f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "

@@ -258,6 +258,12 @@ class JobSection(_Model):
     size = their product), fix the job's world size; then fault ranks are checked
     when the file is validated, and the run refuses a lab of another size. Without
     them, ranks are checked against the lab before anything is injected.
+
+    ``min_nodes`` makes the job elastic (torchrun ``--nnodes MIN:NODES``, the trainer's
+    dp follows the nodes present): a lost node shrinks it, the survivors resume from
+    the last checkpoint. ``global_batch`` (sequences per optimizer step) keeps the
+    optimisation the same at any size; see :class:`stormwatch.chaos.lab.JobSpec`.
+    Probes of an elastic job expect the ranks of its latest rendezvous.
     """
 
     name: str = Field(default="experiment", pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
@@ -269,6 +275,8 @@ class JobSection(_Model):
     world_size: int | None = Field(default=None, ge=1, le=4096)
     nodes: int | None = Field(default=None, ge=1, le=64)
     nproc_per_node: int | None = Field(default=None, ge=1, le=64)
+    min_nodes: int | None = Field(default=None, ge=1, le=64)
+    global_batch: int | None = Field(default=None, ge=1, le=1_048_576)
 
     @property
     def fixed_world_size(self) -> int | None:

@@ -13,7 +13,11 @@ Definitions (times are Unix seconds; the fault time is the agent's ``applied_at`
   an alert about the job (``activeAt`` / the responder's ``startsAt`` when
   Prometheus has no sample); "not detected" when no alert fired after the fault.
 * time to recover (MTTR): fault -> first step completed by a restarted worker
-  (``attempt`` greater than the attempt at fault time).
+  (a ``start`` event after the fault); ``recovered_by`` ``restart``. A fault that
+  does not restart the job (a partition that heals, a slowdown, a GPU fault on the
+  simulated backend, a killed node agent) recovers when it is removed: fault ->
+  the moment every rank of the job has completed a step after the fault's revert
+  (the ledger's ``reverted_at``); ``recovered_by`` ``fault removed``.
 * steps lost: last step completed before the fault minus the step the restarted
   workers resumed from (``resumed_from_step`` of their ``start`` event).
 * loss identical: every step after the resume step has the same ``loss_hex`` on
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,6 +103,7 @@ class PostMortem(BaseModel):
     detected: bool = False
     time_to_detect_seconds: float | None = None
     recovered: bool = False
+    recovered_by: Literal["restart", "fault removed"] | None = None
     time_to_recover_seconds: float | None = None
     last_step_before_fault: int | None = None
     resumed_from_step: int | None = None
@@ -132,6 +138,8 @@ def analyze(
     ]
     _fault(pm, journal)
     fault_attempt = _restart(pm, logs)
+    if not pm.recovered:
+        _removed(pm, journal, logs)
     _alert(pm, evidence)
     pm.loss = _loss(pm, logs.get(0), baseline, baseline_name, fault_attempt)
     pm.timeline = _timeline(pm, journal)
@@ -172,11 +180,38 @@ def _restart(pm: PostMortem, logs: dict[int, RankLog]) -> int | None:
     )
     if steps:
         pm.recovered, pm.recovered_at = True, steps[0].time
+        pm.recovered_by = "restart"
         pm.first_step_after_resume = steps[0].step
         pm.time_to_recover_seconds = max(0.0, steps[0].time - t0)
     if pm.last_step_before_fault is not None and pm.resumed_from_step is not None:
         pm.steps_lost = max(0, pm.last_step_before_fault - pm.resumed_from_step)
     return attempt
+
+
+def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None:
+    """Recovery of a fault that did not restart the job: every rank steps after its revert."""
+    if pm.fault_at is None or not logs:
+        return
+    ends = [f.reverted_at for f in journal.faults if f.reverted_at is not None]
+    if not ends or any(f.open for f in journal.faults):
+        return
+    cleared = max(ends)
+    firsts = []
+    for log in logs.values():
+        after = [e.time for e in log.steps if e.time > cleared]
+        if not after and log.finished and _done_at(log) <= cleared:
+            continue  # this rank had finished before the fault was removed
+        if not after:
+            return
+        firsts.append(min(after))
+    if firsts:
+        pm.recovered, pm.recovered_by = True, "fault removed"
+        pm.recovered_at = max(firsts)
+        pm.time_to_recover_seconds = max(0.0, pm.recovered_at - pm.fault_at)
+
+
+def _done_at(log: RankLog) -> float:
+    return max((e.time for e in log.events if e.event == "done"), default=0.0)
 
 
 def _alert(pm: PostMortem, evidence: Evidence | None) -> None:
@@ -324,7 +359,9 @@ def _timeline(pm: PostMortem, journal: Journal) -> list[TimelineEvent]:
         ),
         TimelineEvent(
             at=pm.recovered_at,
-            event="first completed step after resume",
+            event="first completed step after resume"
+            if pm.recovered_by != "fault removed"
+            else "every rank stepped after the fault was removed",
             source="rank logs",
             detail=f"step {pm.first_step_after_resume}"
             if pm.first_step_after_resume is not None
@@ -389,7 +426,10 @@ def _notes(pm: PostMortem, evidence: Evidence | None, journal: Journal) -> None:
         if pm.detected and pm.alert_resolved_at is None:
             notes.append(f"the alert had not resolved by {format_clock(evidence.window_end)}")
     if pm.workers_restarted_at is None:
-        notes.append("no worker restart appears in the rank logs")
+        notes.append(
+            "no worker restart appears in the rank logs"
+            + ("; recovered when the fault was removed" if pm.recovered else "")
+        )
     elif not pm.recovered:
         notes.append("the workers restarted but completed no step afterwards")
     if pm.loss.note:
@@ -410,6 +450,12 @@ def format_clock(at: float | None) -> str:
 
 def _secs(value: float | None, missing: str) -> str:
     return missing if value is None else f"{value:.1f} s"
+
+
+def _recovery_event(pm: PostMortem) -> str:
+    if pm.recovered_by == "fault removed":
+        return "every rank stepping after the fault's removal"
+    return "first step after resume"
 
 
 def render_markdown(pm: PostMortem) -> str:
@@ -435,7 +481,7 @@ def render_markdown(pm: PostMortem) -> str:
         f"| alert | {_alert_name(pm) or 'none'} |",
         f"| time to detect (fault → alert firing) | "
         f"{_secs(pm.time_to_detect_seconds, 'not detected')} |",
-        f"| time to recover (fault → first step after resume) | "
+        f"| time to recover (fault → {_recovery_event(pm)}) | "
         f"{_secs(pm.time_to_recover_seconds, 'not recovered')} |",
         f"| last step before the fault | {_opt(pm.last_step_before_fault)} |",
         f"| resumed from step | {_opt(pm.resumed_from_step)} |",

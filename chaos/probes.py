@@ -31,7 +31,7 @@ from stormwatch.chaos.experiment import (
 )
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.lab import AsyncPrometheusClient, PrometheusAPIError
-from stormwatch.chaos.ranklogs import RankLog, read_job_logs
+from stormwatch.chaos.ranklogs import RankLog, current_world_size, read_job_logs
 from stormwatch.chaos.target import AgentEndpoint, JobControl
 
 
@@ -142,7 +142,7 @@ def _progress(provider: ProgressProvider, ctx: ProbeContext) -> ProbeOutcome:
     floor = ctx.clock() - provider.window_seconds
     slow: list[str] = []
     counts: dict[str, JsonValue] = {}
-    for rank in range(ctx.job.world_size):
+    for rank in range(current_world_size(logs, ctx.job.world_size)):
         log = logs.get(rank)
         if log is not None and log.finished:
             counts[str(rank)] = "finished"
@@ -274,7 +274,8 @@ def _job(provider: JobProvider, ctx: ProbeContext) -> ProbeOutcome:
     ended = ctx.jobs.exited(ctx.job.name)
     ranks: dict[str, JsonValue] = {}
     lagging: dict[str, list[tuple[int, int | None, float | None]]] = {}
-    for rank in range(ctx.job.world_size):
+    world = current_world_size(logs, ctx.job.world_size)
+    for rank in range(world):
         log = logs.get(rank)
         last = log.last_step if log is not None else None
         finished = log is not None and log.finished
@@ -304,7 +305,7 @@ def _job(provider: JobProvider, ctx: ProbeContext) -> ProbeOutcome:
     output: JsonValue = {"expect": provider.expect, "job_ended": ended, "ranks": ranks}
     if not lagging:
         word = "finished" if provider.expect == "finished" else "progressing"
-        return ProbeOutcome(True, f"all {ctx.job.world_size} ranks {word}", output)
+        return ProbeOutcome(True, f"all {world} ranks {word}", output)
     detail = "; ".join(_describe(kind, entries) for kind, entries in lagging.items())
     if ended is False:
         return ProbeOutcome(False, f"the job failed: {detail}", output, terminal=True)

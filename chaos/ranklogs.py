@@ -36,6 +36,7 @@ class RankEvent(BaseModel):
     loss_hex: str | None = None
     step_seconds: float | None = None
     resumed_from_step: int | None = None
+    world_size: int | None = None
 
 
 @dataclass
@@ -122,6 +123,17 @@ def read_job_logs(log_dir: Path) -> dict[int, RankLog]:
     return logs
 
 
+def current_world_size(logs: dict[int, RankLog], default: int) -> int:
+    """Ranks of the job's latest rendezvous: the ``world_size`` of the most recent ``start``
+    event of any rank (an elastic job that lost a node restarts smaller); ``default`` (the
+    job's size) before any start, or for logs of trainers that do not write it."""
+    starts = [e for log in logs.values() for e in log.events if e.event == "start"]
+    if not starts:
+        return default
+    latest = max(starts, key=lambda e: e.time)
+    return latest.world_size if latest.world_size is not None else default
+
+
 def last_completed_step(logs: dict[int, RankLog]) -> int:
     """Highest step any rank has completed (0 before the first step)."""
     return max((e.step or 0 for log in logs.values() for e in log.steps), default=0)
@@ -139,6 +151,7 @@ def final_losses(log: RankLog) -> dict[int, str]:
 __all__ = [
     "RankEvent",
     "RankLog",
+    "current_world_size",
     "final_losses",
     "last_completed_step",
     "read_job_logs",

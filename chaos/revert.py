@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,26 @@ class RevertOutcome:
     detail: str
 
 
+def platform_agent_restorer(ledger_file: Path) -> Callable[[str], str] | None:
+    """How a ``kill_agent`` revert starts a dead agent again, for the ledger ``ledger_file``
+    (``<run-dir>/chaos/ledger.sqlite3``): the lab of that run directory restarts the
+    agent's service (:meth:`stormwatch.chaos.lab.Lab.restart_agents`); None when the run
+    directory holds no lab (a DaemonSet or systemd unit restarts agents there).
+    """
+    from stormwatch.chaos.lab import Lab
+    from stormwatch.chaos.lab.paths import RunPaths
+
+    run_dir = Path(ledger_file).parent.parent
+    if not RunPaths.of(run_dir).state_file.exists():
+        return None
+
+    def restore(node: str) -> str:
+        restarted = Lab(run_dir).restart_agents([node])
+        return "restarted by the lab" if restarted else "already running"
+
+    return restore
+
+
 async def revert_entries(
     ledger: Ledger, entries: list[LedgerEntry], *, reason: str, session: aiohttp.ClientSession
 ) -> list[RevertOutcome]:
@@ -48,6 +69,7 @@ async def revert_entries(
     in the ledger's ``last_error``.
     """
     agents = AgentClient(session)
+    restore_agent = platform_agent_restorer(ledger.path)
     outcomes: list[RevertOutcome] = []
     for entry in entries:
         current = ledger.get(entry.id)
@@ -61,6 +83,8 @@ async def revert_entries(
                 target=current.target,
                 agents=agents,
                 expires_at=current.expires_at,
+                injected_at=current.injected_at,
+                restore_agent=restore_agent,
             )
             detail = await fault.revert()
         except ChaosError as exc:
@@ -137,6 +161,7 @@ def revert_overdue(run_dir: Path) -> list[RevertOutcome]:
 __all__ = [
     "OVERDUE_REASON",
     "RevertOutcome",
+    "platform_agent_restorer",
     "revert_entries",
     "revert_expired",
     "revert_open",

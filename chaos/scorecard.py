@@ -91,6 +91,7 @@ class ScorecardRow(BaseModel):
     alert: str | None = None
     time_to_detect_seconds: float | None = Field(default=None, ge=0)
     recovered: bool | None = None
+    recovered_by: Literal["restart", "fault removed"] | None = None
     time_to_recover_seconds: float | None = Field(default=None, ge=0)
     steps_lost: int | None = Field(default=None, ge=0)
     loss: bool | None = None
@@ -129,6 +130,11 @@ def _yes(value: bool | None) -> str:
     return "—" if value is None else ("yes" if value else "**no**")
 
 
+def _by(recovered_by: str | None) -> str:
+    """The recovery kind's one-letter mark after the time (``r`` restart, ``f`` fault removed)."""
+    return {"restart": " (r)", "fault removed": " (f)"}.get(recovered_by or "", "")
+
+
 def _secs(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
@@ -152,7 +158,7 @@ def render_markdown(card: Scorecard) -> str:
         lines.append(
             f"| {Path(r.file).name} | {r.fault or '—'} | {r.category or '—'} | {_yes(r.detected)} "
             f"| {r.alert or '—'} | {_secs(r.time_to_detect_seconds)} "
-            f"| {_secs(r.time_to_recover_seconds)} "
+            f"| {_secs(r.time_to_recover_seconds)}{_by(r.recovered_by)} "
             f"| {'—' if r.steps_lost is None else r.steps_lost} | {_yes(r.loss)} "
             f"| {_yes(r.checkpoint)} | {_yes(r.faults_cleared)} | **{r.verdict}** |"
         )
@@ -167,8 +173,10 @@ def render_markdown(card: Scorecard) -> str:
     lines += [
         "",
         "Definitions: time to detect = fault -> first firing sample of an alert about the job; "
-        "time to recover = fault -> first step of a restarted worker; steps lost = last step "
-        "before the fault - step resumed from (docs/chaos-suite.md).",
+        "time to recover = fault -> first step of a restarted worker (r: restart), or, when the "
+        "job did not restart, fault -> every rank stepped after the fault was removed "
+        "(f: fault removed); steps lost = last step before the fault - step resumed from "
+        "(docs/chaos-suite.md).",
         "",
     ]
     return "\n".join(lines)

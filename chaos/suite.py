@@ -194,6 +194,7 @@ def score(
         alert=alert if detected else None,
         time_to_detect_seconds=ttd if detected else None,
         recovered=pm.recovered,
+        recovered_by=pm.recovered_by,
         time_to_recover_seconds=pm.time_to_recover_seconds,
         steps_lost=pm.steps_lost,
         loss=verification.loss.ok,

@@ -20,6 +20,7 @@ from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment import JobSection
 from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.lab import JobSpec, Lab
+from stormwatch.chaos.lab import jobs as lab_jobs
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.errors import StormwatchError
 
@@ -164,6 +165,8 @@ class LabJobs:
             checkpoint_every=job.checkpoint_every,
             seed=job.seed,
             step_delay=job.step_delay,
+            min_nodes=job.min_nodes,
+            global_batch=job.global_batch,
         )
         try:
             info = self._lab.start_job(spec)
@@ -193,15 +196,20 @@ class LabJobs:
         )
 
     def exited(self, name: str) -> bool | None:
+        """Ended ok / failed; ``None`` while it runs. A job whose survivors wait for a lost
+        node forever has failed; an elastic one that shrank has not (:func:`jobs.stranded`)."""
         try:
-            codes = self._lab.job_result(name).exit_codes
+            record = self._lab.state.job(name)
         except StormwatchError:
             return None
-        if any(code not in (None, 0) for code in codes.values()):
-            return False
-        if codes and all(code == 0 for code in codes.values()):
-            return True
-        return None
+        result = lab_jobs.result(record)
+        if result.exit_codes and all(c is not None for c in result.exit_codes.values()):
+            return result.ok
+        if record.info.spec.min_nodes is None:
+            if any(code not in (None, 0) for code in result.exit_codes.values()):
+                return False
+            return None
+        return False if lab_jobs.stranded(record) is not None else None
 
     def ended(self, name: str) -> bool:
         try:

@@ -2,7 +2,7 @@
 
 Records, one JSON object per line, appended and flushed as they happen:
 
-* ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid"}``
+* ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size"}``
 * ``{"event": "step", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}``
 * ``{"event": "checkpoint", "time", "step", "attempt"}``
 * ``{"event": "done", "time", "step", "attempt"}``
@@ -14,7 +14,8 @@ Records, one JSON object per line, appended and flushed as they happen:
 ``loss`` is the global mean loss and ``loss_hex`` its ``float.hex`` for
 bitwise comparison; ``resumed_from_step`` is ``null`` on a fresh start;
 ``pid`` (an addition to the contract) lets a reader map a rank to the
-process whose metric files it wrote. Restarts append to the same file, so a
+process whose metric files it wrote; ``world_size`` (another) is the size of
+the rendezvous this start belongs to, which an elastic job changes. Restarts append to the same file, so a
 step can appear once per attempt. No torch import here.
 """
 
@@ -40,18 +41,26 @@ class EventLog:
         rank: global rank.
         attempt: torchrun restart count, copied into every record.
         clock: Unix time source (default :func:`time.time`).
+        world_size: ranks of this incarnation's rendezvous (written in ``start``; None: left out).
 
     Raises:
         OSError: the file cannot be opened (callers treat this as a telemetry failure).
     """
 
     def __init__(
-        self, log_dir: Path, *, rank: int, attempt: int, clock: Callable[[], float]
+        self,
+        log_dir: Path,
+        *,
+        rank: int,
+        attempt: int,
+        clock: Callable[[], float],
+        world_size: int | None = None,
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.path = log_path(log_dir, rank)
         self._rank = rank
         self._attempt = attempt
+        self._world_size = world_size
         self._clock = clock
         self._file: TextIO = self.path.open("a", encoding="utf-8")
 
@@ -70,6 +79,7 @@ class EventLog:
                 "attempt": self._attempt,
                 "resumed_from_step": resumed_from_step,
                 "pid": os.getpid(),
+                **({} if self._world_size is None else {"world_size": self._world_size}),
             }
         )
 

@@ -81,7 +81,13 @@ class RankTelemetry:
                 )
         if config.log_dir is not None:
             self._events = self._guard(
-                "events", EventLog, config.log_dir, rank=rank, attempt=attempt, clock=clock
+                "events",
+                EventLog,
+                config.log_dir,
+                rank=rank,
+                attempt=attempt,
+                clock=clock,
+                world_size=world_size,
             )
 
     def _guard(self, sink: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +31,7 @@ from stormwatch.chaos.faults.specs import (
     PartitionFault,
     target_rank,
 )
+from stormwatch.errors import StormwatchError
 
 #: Agent-side kinds whose request takes the job's name (the agent picks that job's ranks).
 JOB_KINDS = frozenset(
@@ -48,6 +49,12 @@ JOB_KINDS = frozenset(
 )
 #: How long revert keeps trying an agent it cannot reach (a flapping link comes back), seconds.
 UNREACHABLE_RETRY_S = 6.0
+#: How long reverting a ``kill_agent`` waits for the agent to answer again, seconds (a
+#: DaemonSet's first restart back-off is 10 s; the lab restarts it at once).
+AGENT_BACK_TIMEOUT_S = 90.0
+#: The agent kills itself this long after answering the inject (its ``delay_seconds``
+#: default, 0.5 s, plus a margin): a revert probes it only after that.
+KILL_AGENT_SETTLE_S = 1.5
 
 
 def _address(url: str) -> tuple[str, int | None]:
@@ -129,6 +136,11 @@ class AgentSideFault:
         agents: HTTP client.
         expires_at: the ledger's expiry (Unix s): a final kind (a kill) whose agent is
             unreachable after it counts as closed.
+        injected_at: when it was applied (Unix s; ``kill_agent`` waits for the kill to land
+            before checking the agent).
+        restore_agent: ``restore_agent(node)`` starts a dead agent again through the platform
+            and says what it did (the lab restarts its service); None: the platform's own
+            supervisor (DaemonSet, systemd) is waited for.
     """
 
     reverts_itself = True
@@ -141,6 +153,8 @@ class AgentSideFault:
         target: FaultTarget,
         agents: AgentClient,
         expires_at: float | None = None,
+        injected_at: float | None = None,
+        restore_agent: Callable[[str], str] | None = None,
     ) -> None:
         if not target.requests or target.token_file is None:
             raise FaultError(f"fault {fault_id}: {spec.kind} needs agent requests and a token file")
@@ -149,6 +163,8 @@ class AgentSideFault:
         self.target = target
         self._agents = agents
         self._expires_at = expires_at
+        self._injected_at = injected_at
+        self._restore_agent = restore_agent
 
     async def inject(self) -> InjectionResult:
         """Send every request (the same ids again have one effect).
@@ -194,6 +210,8 @@ class AgentSideFault:
                 reverts it at its TTL).
         """
         token = self._token()
+        if self.spec.kind == "kill_agent":
+            return await self._revive_agents(token)
         done = []
         for part in self.target.requests:
             agent_id = str(part.body["id"])
@@ -210,6 +228,50 @@ class AgentSideFault:
             else:
                 done.append(f"{part.node}: closed")
         return f"{self.spec.kind} reverted ({'; '.join(done)})"
+
+    async def _revive_agents(self, token: str) -> str:
+        """Revert of ``kill_agent``: the agent runs and answers again (restarted through the
+        platform when ``restore_agent`` is given), then its record of the kill is closed.
+
+        Raises:
+            FaultError: an agent still does not answer after ``AGENT_BACK_TIMEOUT_S``.
+        """
+        if self._injected_at is not None:
+            await asyncio.sleep(max(0.0, self._injected_at + KILL_AGENT_SETTLE_S - time.time()))
+        done = []
+        for part in self.target.requests:
+            agent_id = str(part.body["id"])
+            how = "answering"
+            try:
+                await self._agents.revert_fault(part.agent_url, token, agent_id)
+                done.append(f"{part.node}: agent {how}")
+                continue
+            except ServiceError:
+                pass
+            if self._restore_agent is not None:
+                try:
+                    how = await asyncio.to_thread(self._restore_agent, part.node)
+                except StormwatchError as exc:
+                    raise FaultError(
+                        f"fault {self.fault_id}: could not restart the agent of {part.node}: {exc}"
+                    ) from exc
+            deadline = time.monotonic() + AGENT_BACK_TIMEOUT_S
+            while True:
+                try:
+                    await self._agents.revert_fault(part.agent_url, token, agent_id)
+                    break
+                except ServiceError as exc:
+                    if time.monotonic() >= deadline:
+                        raise FaultError(
+                            f"fault {self.fault_id}: the agent of {part.node} still does not "
+                            f"answer {AGENT_BACK_TIMEOUT_S:.0f} s into the revert ({exc}); start "
+                            "it again (lab: `stormwatch lab up --run-dir RUN` restarts dead "
+                            "agents; Kubernetes: the DaemonSet pod; Slurm: the agent's unit), "
+                            "then `stormwatch chaos revert --all`"
+                        ) from exc
+                    await asyncio.sleep(0.5)
+            done.append(f"{part.node}: agent {how}")
+        return f"kill_agent reverted ({'; '.join(done)})"
 
     async def _revert_part(
         self, part: AgentRequest, token: str, agent_id: str

@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from stormwatch.chaos.lab import health, jobs, preflight, procs, registry, services, teardown
@@ -246,6 +247,46 @@ class Lab:
         """Restart only the dead services of a lab that is up; jobs are left alone."""
         dead = set(self._dead_services(state))
         report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
+        self._restart(state, dead, report)
+        report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
+        return state
+
+    def restart_agents(
+        self, nodes: Iterable[str], *, progress: Progress | None = None
+    ) -> list[str]:
+        """Start the agent of each of ``nodes`` again if it is dead (what a DaemonSet or
+        systemd's ``Restart=`` does on a real cluster); running agents and jobs are left alone.
+
+        Args:
+            nodes: lab node names (``node1``) or namespace names (``sw-node1``).
+
+        Returns:
+            The services restarted (``agent-node1``), in order; empty when all ran.
+
+        Raises:
+            LabNotUpError: no lab is up in this run directory.
+            LabError: a node is not one of the lab's (names the known ones).
+            ServiceFailedError: a restarted agent did not become healthy in time.
+        """
+        report = progress or quiet
+        with self._store.locked():
+            state = self._store.load()
+            if state is None or state.phase != "up":
+                raise LabNotUpError(f"no lab is up in {self.run_dir} (`stormwatch lab up`)")
+            names = {n.netns: n.name for n in state.nodes} | {n.name: n.name for n in state.nodes}
+            wanted = []
+            for node in nodes:
+                if node not in names:
+                    known = ", ".join(n.name for n in state.nodes)
+                    raise LabError(f"the lab has no node {node!r} (nodes: {known})")
+                wanted.append(f"agent-{names[node]}")
+            dead = [n for n in dict.fromkeys(wanted) if n in self._dead_services(state)]
+            if dead:
+                self._restart(state, set(dead), report)
+            return dead
+
+    def _restart(self, state: LabState, dead: set[str], report: Progress) -> None:
+        """Start the services named in ``dead`` again and wait until they are healthy and scraped."""
         config = state.config
         specs = services.service_specs(state, self.paths)
         env = jobs.base_environment(self.marker)
@@ -278,8 +319,6 @@ class Lab:
         health.wait_scraped(state, deadline)
         state.error = None
         self._store.save(state)
-        report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
-        return state
 
     def _all_running(self, state: LabState) -> bool:
         return bool(state.processes) and all(procs.is_running(p) for p in state.processes.values())

@@ -11,9 +11,10 @@ recovered:
   recovery from the fault to the first step of the restarted workers, so this
   includes the lab's own checkpoint load, which is small); ``replace_s`` 0.
 
-Rows without a category, not detected, or without a recovery time (faults that do
-not restart the job: a GPU XID on the simulated backend, a slowdown) are skipped
-and listed. Categories the scorecard does not cover keep the documented defaults
+Rows without a category, not detected, or not recovered by a restart (faults that
+do not restart the job: a GPU XID on the simulated backend, a slowdown; their
+recovery time is the fault's own duration, which says nothing of a restart) are
+skipped for ``restart_s`` and listed. Categories the scorecard does not cover keep the documented defaults
 of :mod:`stormwatch.chaos.plan.inputs`.
 """
 
@@ -59,7 +60,7 @@ def read_scorecard_times(path: Path, table: FailureTable) -> MeasuredTimes:
             )
         if not row.detected or ttd is None:
             out.skipped.append(f"{label}: not detected")
-        elif ttr is None:
+        elif ttr is None or row.recovered_by == "fault removed":
             out.skipped.append(f"{label}: no recovery time (the job did not restart)")
         else:
             samples.setdefault(row.category, []).append((ttd, max(0.0, ttr - ttd)))

@@ -386,3 +386,90 @@ def test_offline_postmortem_from_saved_evidence_writes_md_and_json(
     png = exp_dir / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "![loss per step, experiment vs baseline](loss.png)" in md.read_text()
+
+
+def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
+    """Four ranks stepping every STEP s from T0, none between ``stall`` (a partition that
+    heals), no restart."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(4):
+        lines: list[dict[str, object]] = [
+            {
+                "event": "start",
+                "time": T0 - 1,
+                "rank": rank,
+                "attempt": 0,
+                "resumed_from_step": None,
+            }
+        ]
+        t, step = T0, 0
+        while step < 50:
+            t += STEP
+            if stall[0] < t < stall[1]:
+                t = stall[1] + 0.05 * (rank + 1)  # each rank's first step after the heal
+            step += 1
+            loss = _loss(step)
+            lines.append(
+                {
+                    "event": "step",
+                    "time": t,
+                    "step": step,
+                    "loss": loss,
+                    "loss_hex": loss.hex(),
+                    "attempt": 0,
+                    "step_seconds": STEP,
+                }
+            )
+        (log_dir / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: Path) -> None:
+    """No restart: recovered when every rank has stepped after the ledger's revert."""
+    from stormwatch.chaos.faults.base import FaultTarget
+    from stormwatch.chaos.faults.specs import PartitionFault
+    from stormwatch.chaos.journal import load_journal
+    from stormwatch.chaos.ledger import LedgerEntry
+
+    healed = FAULT_AT + 20.0
+    log_dir = tmp_path / "logs"
+    _slowed_logs(log_dir, stall=(FAULT_AT, healed))
+    exp_dir = _journal(tmp_path / "run", log_dir)
+    journal = load_journal(exp_dir / "journal.json")
+    journal.method[0].output = {
+        "fault_id": "exp-1.cut",
+        "kind": "partition",
+        "node": "node1",
+        "applied_at": FAULT_AT,
+    }
+    journal.faults = [
+        LedgerEntry(
+            id="exp-1.cut",
+            experiment_id="exp-1",
+            kind="partition",
+            spec=PartitionFault(kind="partition", nodes=["node1"]),
+            target=FaultTarget(job="experiment", node="node1"),
+            state="reverted",
+            recorded_at=FAULT_AT - 1,
+            expires_at=FAULT_AT + 60,
+            injected_at=FAULT_AT,
+            reverted_at=healed,
+            controller_pid=1,
+            controller_started_at=T0,
+        )
+    ]
+    write_journal(journal, exp_dir / "journal.json")
+
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
+
+    assert pm.workers_restarted_at is None and pm.steps_lost is None
+    assert pm.recovered and pm.recovered_by == "fault removed"
+    assert pm.time_to_recover_seconds == pytest.approx(healed + 0.2 - FAULT_AT)  # rank 3 last
+    md = render_markdown(pm)
+    assert "time to recover (fault → every rank stepping after the fault's removal)" in md
+
+    journal.faults = [
+        journal.faults[0].model_copy(update={"state": "injected", "reverted_at": None})
+    ]
+    write_journal(journal, exp_dir / "journal.json")
+    still_open = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
+    assert not still_open.recovered and still_open.time_to_recover_seconds is None

@@ -67,3 +67,43 @@ def test_lagging_ranks_are_summarised_on_one_short_line(tmp_path: Path) -> None:
     assert not outcome.ok
     assert outcome.detail == "ranks 0-3 at step 25, last step 3.1 s ago"
     assert rank_spans([1]) == "rank 1" and rank_spans([0, 2, 3, 5]) == "ranks 0, 2-3, 5"
+
+
+def test_an_elastic_job_that_shrank_is_progressing_with_the_ranks_of_its_latest_rendezvous(
+    tmp_path: Path,
+) -> None:
+    """Node 1 (ranks 2-3) lost at step 25: ranks 0-1 restart at world size 2 and go on; the
+    stale logs of ranks 2-3 must not count, nor the job's original world size of 4."""
+    log_dir = tmp_path / "jobs" / "j" / "logs"
+    log_dir.mkdir(parents=True)
+    provider = JobProvider(type="job", expect="progressing", window_seconds=5)
+
+    def append(rank: int, events: list[dict[str, object]]) -> None:
+        with (log_dir / f"rank{rank}.jsonl").open("a") as fh:
+            fh.write("".join(json.dumps(e) + "\n" for e in events))
+
+    for rank in range(4):
+        append(rank, [{"event": "start", "time": T0, "rank": rank, "attempt": 0, "world_size": 4}])
+        append(
+            rank,
+            [
+                {"event": "step", "time": T0 + s, "step": s, "loss": 1.0, "attempt": 0}
+                for s in range(1, 26)
+            ],
+        )
+    stalled = asyncio.run(check(provider, _ctx(tmp_path, since=T0 + 25.5, now=T0 + 29)))
+    assert not stalled.ok and stalled.detail == "ranks 0-3 at step 25, last step 4.0 s ago"
+
+    for rank in (0, 1):
+        append(
+            rank,
+            [{"event": "start", "time": T0 + 30, "rank": rank, "attempt": 1, "world_size": 2}]
+            + [
+                {"event": "step", "time": T0 + 30 + s, "step": 20 + s, "loss": 1.0, "attempt": 1}
+                for s in range(1, 11)
+            ],
+        )
+    outcome = asyncio.run(check(provider, _ctx(tmp_path, since=T0 + 25.5, now=T0 + 41)))
+
+    assert outcome.ok, outcome.detail
+    assert outcome.detail == "all 2 ranks progressing"

@@ -200,6 +200,14 @@ def test_the_scorecard_is_markdown_and_json_and_the_latest_is_found(tmp_path: Pa
     rows = [
         ScorecardRow(file="a.yaml", title="a", verdict="pass", detected=True, alert="X"),
         ScorecardRow(file="b.yaml", title="b", verdict="fail", reasons=["not detected"]),
+        ScorecardRow(
+            file="d.yaml",
+            title="d",
+            verdict="pass",
+            recovered=True,
+            recovered_by="fault removed",
+            time_to_recover_seconds=61.0,
+        ),
         ScorecardRow(file="c.yaml", title="c"),
     ]
     for suite_id in ("20260101T000000-s-0001", "20260102T000000-s-0002"):
@@ -209,7 +217,8 @@ def test_the_scorecard_is_markdown_and_json_and_the_latest_is_found(tmp_path: Pa
     assert latest_scorecard(tmp_path) == js
     assert load_scorecard(js).rows == rows
     text = md.read_text()
-    assert "**1/3 passed**" in text
+    assert "**2/4 passed**" in text
+    assert "| 61.0 (f) |" in text  # recovered when the fault was removed, not by a restart
     assert "| b.yaml |" in text and "**fail**" in text and "**not run**" in text
     assert "* `b.yaml` (fail): not detected" in text
     assert latest_scorecard(tmp_path / "nowhere") is None

@@ -44,6 +44,10 @@ ROWS = [
     _row("01-rank-kill.yaml", "kill_rank", "software_bug", ttd=4.0, ttr=40.0),
     _row("02-rank-kill-again.yaml", "kill_rank", "software_bug", ttd=6.0, ttr=50.0),
     _row("08-gpu-xid-79.yaml", "gpu_xid", "faulty_gpu", ttd=10.0, ttr=None),
+    # recovered when its fault was removed (no restart): its time is the fault's duration
+    _row("03-partition.yaml", "partition", "network_switch_cable", ttd=30.0, ttr=75.0).model_copy(
+        update={"recovered": True, "recovered_by": "fault removed"}
+    ),
     _row("06-slow-rank.yaml", "trainer_fault", None, ttd=130.0, ttr=None),
 ]
 
@@ -68,6 +72,7 @@ def test_measured_times_are_the_mean_per_category_and_rows_without_recovery_are_
     assert times.restart_s == pytest.approx((36.0 + 44.0) / 2)  # recover - detect, averaged
     assert times.source == "scorecard 20260101T000000-suite-aaaa (2 experiments)"
     assert any("08-gpu-xid-79.yaml: no recovery time" in s for s in measured.skipped)
+    assert any("03-partition.yaml: no recovery time" in s for s in measured.skipped)
     assert any("06-slow-rank.yaml" in s and "no failure category" in s for s in measured.skipped)
 
 

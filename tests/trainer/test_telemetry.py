@@ -132,13 +132,22 @@ def test_event_log_and_done_marker_follow_the_contract(tmp_path):
     events = read_events(logs / "rank3.jsonl")
     assert [e["event"] for e in events] == ["start", "step", "step", "checkpoint"] * 2 + ["done"]
     start = events[0]
-    assert set(start) == {"event", "time", "rank", "attempt", "resumed_from_step", "pid"}
+    assert set(start) == {
+        "event",
+        "time",
+        "rank",
+        "attempt",
+        "resumed_from_step",
+        "pid",
+        "world_size",
+    }
     assert (start["rank"], start["attempt"], start["resumed_from_step"], start["pid"]) == (
         3,
         1,
         None,
         pid,
     )
+    assert start["world_size"] == 4  # the world_size the rank was started with
     step = events[2]
     assert set(step) == {"event", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}
     assert step["loss"] == 0.5 and float.fromhex(step["loss_hex"]) == 0.5
