@@ -201,6 +201,17 @@ def run(
           --metrics-dir /run/stormwatch/metrics --web-config-file /etc/stormwatch/web.yml \\
           --fault-api-listen 10.0.0.5:9401 --token-file /etc/stormwatch/agent.token
     """
+    if token_file is not None and not fault_api_listen:
+        source = click.get_current_context().get_parameter_source("token_file")
+        given = (
+            "$STORMWATCH_AGENT_TOKEN_FILE"
+            if source is click.core.ParameterSource.ENVIRONMENT
+            else "--token-file"
+        )
+        raise click.UsageError(
+            f"{given} is only used by the fault API, which is off without --fault-api-listen: "
+            "add --fault-api-listen HOST:PORT to serve it, or drop --token-file"
+        )
     host, port = parse_listen(listen, field="listen (--listen)")
     values: dict[str, object] = {
         "listen_host": host,

@@ -28,6 +28,7 @@ Exceptions::
     └── AlertsError
         ├── ToolError               promtool/amtool missing or failing to run
         ├── StoreError              the responder's SQLite database
+        │   └── NotAResponderDatabase   a --db file that is not one (a ConfigError too)
         ├── PrometheusError         Prometheus HTTP API unreachable or erroring
         ├── BackendError            a platform backend could not act (no such worker, ...)
         ├── UnknownIncident         no such incident (a ConfigError too)
@@ -65,6 +66,7 @@ from stormwatch.alerts.backend import BackendError, LabBackend, PlatformBackend
 from stormwatch.alerts.client import ResponderClient, fetch_actions, fetch_incidents
 from stormwatch.alerts.errors import (
     AlertsError,
+    NotAResponderDatabase,
     PrometheusError,
     ResponderClientError,
     StoreError,
@@ -111,6 +113,7 @@ __all__ = [
     "IncidentMember",
     "IncidentRecord",
     "LabBackend",
+    "NotAResponderDatabase",
     "NotificationRecord",
     "NotifyOnly",
     "PlatformBackend",

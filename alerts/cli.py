@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ from stormwatch.alerts.auth import read_token
 from stormwatch.alerts.backend import PlatformSettings, load_platform_settings
 from stormwatch.alerts.client import ResponderClient
 from stormwatch.alerts.durations import parse_duration
+from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.postmortem.cli import postmortem_cmd
 from stormwatch.alerts.records import ActionRecord, IncidentRecord
@@ -320,35 +320,56 @@ def _responder_client_options(command: Callable[..., Any]) -> Callable[..., Any]
     )(command)
 
 
-def _time(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
-
-
 @alerts.command("incidents")
 @_responder_client_options
 @click.option(
+    "--db",
+    "db_path",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Read the responder's SQLite database (its `alerts serve --db` file) instead of "
+    "asking the running responder; read-only, works while it is down. --url and "
+    "--token-file are then not used.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print JSON ({incidents, actions}) instead of a table."
 )
-def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
+def incidents_cmd(url: str, token_file: Path, db_path: Path | None, as_json: bool) -> None:
     """List the responder's incidents (one per alert group episode) with their actions.
 
     \b
     first rank  the `rank` label of the alert that fired first ("tied" when
                 another alert of the incident started at the same time)
     alerts      how many alerts (ranks) the incident gathered
+
+    One line per incident; on a terminal narrower than 120 columns the job and
+    closed columns are left out, the start time becomes an age, and long cells
+    end in "…" (--json has everything).
     """
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
-    client = ResponderClient(url, read_token(token_file, "--token-file"))
+    if db_path is not None:
+        ctx = click.get_current_context()
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("url", "token_file")
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise click.UsageError(
+                f"--db reads the database directly; {' and '.join(given)} would not be used: "
+                "give either --db or --url/--token-file"
+            )
+        incidents, actions = read_store(db_path)
+        source = str(db_path)
+    else:
+        client = ResponderClient(url, read_token(token_file, "--token-file"))
 
-    async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
-        return await asyncio.gather(client.incidents(), client.actions())
+        async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
+            return await asyncio.gather(client.incidents(), client.actions())
 
-    incidents, actions = asyncio.run(fetch())
+        incidents, actions = asyncio.run(fetch())
+        source = url
     if as_json:
         click.echo(
             json.dumps(
@@ -360,47 +381,11 @@ def incidents_cmd(url: str, token_file: Path, as_json: bool) -> None:
             )
         )
         return
-    by_incident: dict[int, list[ActionRecord]] = {}
-    for action in actions:
-        by_incident.setdefault(action.incident_id, []).append(action)
-    table = Table(title=f"Incidents at {url}")
-    columns = (
-        "id",
-        "status",
-        "alert",
-        "job",
-        "first rank",
-        "alerts",
-        "started",
-        "closed",
-        "actions",
-    )
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for incident in incidents:
-        first_rank = incident.first_alert.labels.get("rank", "-")
-        if incident.first_alert_tied:
-            first_rank += " (tied)"
-        acts = "\n".join(
-            escape(f"{a.kind}: {a.status}" + (f" ({a.detail})" if a.detail else ""))
-            for a in by_incident.get(incident.id, [])
-        )
-        table.add_row(
-            str(incident.id),
-            "[red]open[/red]" if incident.status == "open" else incident.status,
-            escape(incident.alertname),
-            escape(incident.labels.get("job", "-")),
-            escape(first_rank),
-            str(len(incident.members)),
-            _time(incident.starts_at),
-            _time(incident.closed_at),
-            acts or "-",
-        )
     console = Console()
     if incidents:
-        console.print(table)
+        console.print(incidents_table(incidents, actions, source, console.width))
     else:
-        console.print(f"No incidents at {url}.")
+        console.print(f"No incidents in {source}." if db_path else f"No incidents at {source}.")
 
 
 @alerts.command("approve")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stormwatch.errors import StormwatchError
+from stormwatch.errors import ConfigError, StormwatchError
 
 
 class AlertsError(StormwatchError):
@@ -25,6 +25,11 @@ class StoreError(AlertsError):
     """The responder's SQLite database cannot be opened or updated."""
 
 
+class NotAResponderDatabase(StoreError, ConfigError):
+    """A ``--db`` file is missing, a folder, not SQLite, or SQLite without the responder's
+    schema: a user mistake (exit status 2); the message names the file and what was expected."""
+
+
 class PrometheusError(AlertsError):
     """The Prometheus HTTP API answered with an error or could not be reached."""
 
@@ -41,4 +46,11 @@ class ResponderClientError(AlertsError):
         super().__init__(message)
 
 
-__all__ = ["AlertsError", "PrometheusError", "ResponderClientError", "StoreError", "ToolError"]
+__all__ = [
+    "AlertsError",
+    "NotAResponderDatabase",
+    "PrometheusError",
+    "ResponderClientError",
+    "StoreError",
+    "ToolError",
+]

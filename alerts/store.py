@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from stormwatch.alerts.errors import StoreError
+from stormwatch.alerts.errors import NotAResponderDatabase, StoreError
 from stormwatch.alerts.incidents import (
     INCIDENT_SCHEMA,
     Ingested,
@@ -91,9 +92,10 @@ class Store:
         path: database file; its folder must exist.
 
     Raises:
-        StoreError: the file cannot be opened as a responder database, or it
-            was written with another schema version (the message names the
-            file and the fix: a new ``--db`` file).
+        NotAResponderDatabase: the file is not SQLite, or another program's
+            SQLite (the message names the file and the fix: another ``--db`` file).
+        StoreError: the file cannot be opened, or it was written with another
+            schema version (the message names the file and the fix).
     """
 
     def __init__(self, path: Path) -> None:
@@ -117,10 +119,71 @@ class Store:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             self._db.close()
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+                raise NotAResponderDatabase(_not_sqlite(self.path)) from exc
             raise StoreError(f"{self.path}: cannot open the responder database: {exc}") from exc
         except StoreError:
             self._db.close()
             raise
+
+    @classmethod
+    def open_readonly(cls, path: Path) -> Store:
+        """Open an existing responder database for reading only (``alerts incidents --db``).
+
+        Nothing in the database is created or written (SQLite ``mode=ro``), so this
+        is safe on the database of a running responder and on a file that turns out
+        to be another program's.
+
+        Raises:
+            NotAResponderDatabase: ``path`` does not exist, is a folder, is not
+                SQLite, or has no responder schema (the message names the file and
+                what was expected).
+            StoreError: the schema is another version of the responder's, or the
+                file cannot be read.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise NotAResponderDatabase(f"{path}: does not exist; {_EXPECTED}")
+        if not path.is_file():
+            raise NotAResponderDatabase(f"{path}: is a folder, not a file; {_EXPECTED}")
+        store = cls.__new__(cls)
+        store.path = path
+        try:
+            store._db = sqlite3.connect(
+                f"file:{quote(str(path.resolve()))}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=10.0,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open the responder database: {exc}") from exc
+        try:
+            store._db.row_factory = sqlite3.Row
+            version = store._db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0 and not store._has_table("incidents"):
+                what = (
+                    "is an empty file"
+                    if path.stat().st_size == 0
+                    else "is a SQLite database without the responder's tables (no incidents)"
+                )
+                raise NotAResponderDatabase(f"{path}: {what}; {_EXPECTED}")
+            store._check_version(store._db)
+        except sqlite3.Error as exc:
+            store._db.close()
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+                raise NotAResponderDatabase(_not_sqlite(path)) from exc
+            raise StoreError(f"{path}: cannot read the responder database: {exc}") from exc
+        except StoreError:
+            store._db.close()
+            raise
+        return store
+
+    def _has_table(self, name: str) -> bool:
+        row = self._db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return bool(row[0])
 
     def _check_version(self, db: sqlite3.Connection) -> None:
         version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -139,7 +202,7 @@ class Store:
             ).fetchall()
             if not clash:
                 return  # a new, empty database
-            raise StoreError(
+            raise NotAResponderDatabase(
                 f"{self.path}: is not a stormwatch responder database (no schema version, "
                 f"but it has tables named like ours: {names}); pass another --db file"
             )
@@ -147,7 +210,7 @@ class Store:
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'incidents'"
         ).fetchone()[0]
         if not has_ours:
-            raise StoreError(
+            raise NotAResponderDatabase(
                 f"{self.path}: is not a stormwatch responder database (schema version "
                 f"{version}, no incidents table: another program's file?); leave it alone "
                 "and pass another --db file"
@@ -368,6 +431,17 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read {table}: {exc}") from exc
         return rows[::-1]
+
+
+#: What a ``--db`` file must be, in the errors of a file that is not one.
+_EXPECTED = (
+    "expected the SQLite file the responder keeps (`stormwatch alerts serve --db FILE`; "
+    "the lab's is run/responder/responder.sqlite)"
+)
+
+
+def _not_sqlite(path: Path) -> str:
+    return f"{path}: is not a SQLite database (so not a responder database); {_EXPECTED}"
 
 
 def _rowid(cur: sqlite3.Cursor) -> int:

@@ -16,7 +16,7 @@ from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.journal import Journal
-from stormwatch.chaos.ledger import Ledger, ledger_path
+from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
 from stormwatch.chaos.loader import load_experiment
 from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_overdue
 from stormwatch.chaos.runner import EXIT_ABORTED, EXIT_OK, Runner, RunnerConfig, run_experiment
@@ -409,7 +409,8 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     """List the faults in the ledger (what, where, when, state).
 
     Faults past their TTL are reverted first; one still open after its TTL (its
-    revert failed) is marked OVERDUE.
+    revert failed) is marked OVERDUE. One line per fault: narrower than 120
+    columns it shows fault, kind, rank/node, state and age (long ids end in "…").
     """
     path = ledger_path(run_dir)
     if not path.exists():
@@ -421,26 +422,54 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     reap_overdue(run_dir)
     ledger = Ledger(path, create=False)
     entries = ledger.open_faults() if only_open else ledger.entries()
-    now = time.time()
-    table = Table()
-    table.add_column("fault", overflow="fold", ratio=3)
-    for column in ("kind", "rank/node", "where", "expires"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("state", overflow="fold", ratio=2)
+    console = Console()
+    console.print(_ledger_table(entries, now=time.time(), width=console.width))
+
+
+#: From this terminal width on, ``chaos ledger`` also shows where, expires and the full state.
+_LEDGER_WIDE_COLUMNS = 120
+
+
+def _ledger_table(entries: list[LedgerEntry], *, now: float, width: int) -> Table:
+    """The ledger as a table with one line per fault at any ``width`` (columns).
+
+    Narrower than :data:`_LEDGER_WIDE_COLUMNS`: fault, kind, rank/node, state (one
+    word) and age (since injected, else recorded); wide: also where, expires and the
+    state's times, revert reason and last error. Long cells end in "…".
+    """
+    from stormwatch.tables import Col, one_line_table, short_age
+
+    wide = width >= _LEDGER_WIDE_COLUMNS
+    columns = [Col(header="fault", flex=True, min_width=24), Col(header="kind")]
+    columns.append(Col(header="rank/node", flex=True, min_width=9))
+    if wide:
+        columns += [Col(header="where"), Col(header="expires")]
+        columns.append(Col(header="state", flex=True, min_width=20))
+    else:
+        columns += [Col(header="state"), Col(header="age")]
+    rows = []
     for e in entries:
-        where = e.target.node or (f"pid {e.target.pid}" if e.target.pid else "?")
-        state = e.state
-        if e.injected_at:
-            state += f", injected {_t(e.injected_at)}"
-        if e.reverted_at:
-            state += f" {_t(e.reverted_at)} by {e.revert_reason}"
-        if e.open and e.expires_at <= now:
-            state = f"[red]OVERDUE[/] ({escape(state)}; TTL passed {_t(e.expires_at)}"
-            state += f"; {escape(e.last_error)})" if e.last_error else ")"
+        overdue = e.open and e.expires_at <= now
         rank = target_rank(e.spec)
         what = str(rank) if rank is not None else ",".join(target_nodes(e.spec)) or "-"
-        table.add_row(e.id, e.kind, what, where, _t(e.expires_at), state)
-    Console().print(table)
+        if wide:
+            where = e.target.node or (f"pid {e.target.pid}" if e.target.pid else "?")
+            state = e.state
+            if e.injected_at:
+                state += f", injected {_t(e.injected_at)}"
+            if e.reverted_at:
+                state += f" {_t(e.reverted_at)} by {e.revert_reason}"
+            state = escape(state)
+            if overdue:
+                state = f"[red]OVERDUE[/] ({state}; TTL passed {_t(e.expires_at)}"
+                state += f"; {escape(e.last_error)})" if e.last_error else ")"
+            cells = [escape(e.id), e.kind, escape(what), escape(where), _t(e.expires_at), state]
+        else:
+            state = "[red]OVERDUE[/]" if overdue else e.state
+            age = short_age(now - (e.injected_at or e.recorded_at))
+            cells = [escape(e.id), e.kind, escape(what), state, age]
+        rows.append(cells)
+    return one_line_table(columns, rows, width=width)
 
 
 @chaos.command("postmortem")

@@ -104,7 +104,8 @@ class DataConfig:
             be a multiple of ``micro_batch * dp``; the quotient is the number
             of gradient-accumulation steps (:meth:`accumulation_steps`). Kept
             constant across an elastic resize so the optimisation is unchanged
-            (:mod:`stormwatch.trainer.data`).
+            (:mod:`stormwatch.trainer.data`). At most :attr:`max_batch`: the
+            corpus's distinct sequences.
         corpus_max_bytes: cap on the corpus size (default 1 MiB, see
             :data:`DEFAULT_CORPUS_MAX_BYTES`).
     """
@@ -130,6 +131,29 @@ class DataConfig:
             "data.corpus_max_bytes",
             f"must be an integer > seq_len + 1 = {self.seq_len + 1} (got {self.corpus_max_bytes!r})",
         )
+        for name, flag, value in (
+            ("global_batch", "--global-batch", self.global_batch),
+            ("data.micro_batch", "--micro-batch", self.micro_batch),
+        ):
+            _check(
+                value is None or value <= self.max_batch,
+                name,
+                f"{value} sequences is more than the corpus has distinct ones "
+                f"(corpus_max_bytes - seq_len - 1 = {self.corpus_max_bytes} - {self.seq_len} - 1 "
+                f"= {self.max_batch}), so one step would train on repeats; pass {flag} <= "
+                f"{self.max_batch} (or a larger --corpus-max-bytes)",
+            )
+
+    @property
+    def max_batch(self) -> int:
+        """The largest ``global_batch`` (and ``micro_batch``): the corpus's distinct sequences.
+
+        A sequence is a window of ``seq_len + 1`` bytes starting at one of
+        ``len(corpus) - seq_len - 1`` offsets (:mod:`stormwatch.trainer.data`), and the
+        corpus holds at most ``corpus_max_bytes``; a larger batch could only repeat
+        windows within one step (and would spend hours building one step's batch).
+        """
+        return self.corpus_max_bytes - self.seq_len - 1
 
     def accumulation_steps(self, dp: int) -> int:
         """Gradient-accumulation steps ``global_batch / (micro_batch * dp)`` (1 by default).

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from stormwatch.alerts.errors import NotAResponderDatabase
+from stormwatch.alerts.store import Store
 from stormwatch.errors import ConfigError
 
 _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
@@ -61,6 +63,10 @@ def postmortem_cmd(
         raise ConfigError(
             f"--db: {db_path} {what}; pass the responder's database (stormwatch alerts serve --db)"
         )
+    try:  # read-only first: a wrong file is named, never given the responder's tables
+        Store.open_readonly(db_path).close()
+    except NotAResponderDatabase as exc:
+        raise NotAResponderDatabase(f"--db: {exc}") from exc
     if lab_run_dir is None and db_path.resolve().parent.parent.joinpath("lab.json").is_file():
         lab_run_dir = db_path.resolve().parent.parent
     if prometheus_url is None and lab_run_dir is not None:

@@ -13,17 +13,17 @@ from types import FrameType
 from typing import Any
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from stormwatch.chaos.lab import services
 from stormwatch.chaos.lab.config import JobSpec, LabConfig
 from stormwatch.chaos.lab.lab import Lab, ProgressEvent
 from stormwatch.chaos.lab.paths import RunPaths
 from stormwatch.chaos.lab.state import JobResult
-from stormwatch.chaos.lab.status import LabStatus, ServiceStatus
-from stormwatch.errors import StormwatchError
+from stormwatch.chaos.lab.status import render_status
+from stormwatch.errors import ConfigError, StormwatchError
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
 #: the same default as ``stormwatch chaos``, so ``lab up`` then ``chaos run`` just work.
@@ -222,73 +222,22 @@ def down(run_dir: Path, **values: Any) -> None:
     console.print("[bold]lab down[/]: " + ("nothing was left" if not removed else "all removed"))
 
 
-def _service_row(table: Table, label: str, service: ServiceStatus | None) -> None:
-    if service is None:
-        table.add_row(label, "-", "[red]not started[/]", "", "")
-        return
-    running = "[green]running[/]" if service.running else f"[red]exited {service.returncode}[/]"
-    healthy = "[green]healthy[/]" if service.healthy else f"[red]{service.detail}[/]"
-    table.add_row(label, str(service.pid), running, healthy, service.url)
-
-
-def _render(status: LabStatus, console: Console) -> None:
-    colour = "green" if status.healthy else "red"
-    verdict = "healthy" if status.healthy else "not healthy"
-    console.print(f"lab in {status.run_dir}: [bold]{status.phase}[/], [{colour}]{verdict}[/]")
-    if status.error:
-        console.print(f"[red]last error:[/] {status.error}")
-    nodes = Table(title="Nodes")
-    for column in ("node", "netns", "address", "namespace", "agent pid", "agent", "health"):
-        nodes.add_column(column)
-    for node in status.nodes:
-        agent = node.agent
-        nodes.add_row(
-            node.name,
-            node.netns,
-            str(node.address),
-            "[green]exists[/]" if node.netns_exists else "[red]missing[/]",
-            str(agent.pid) if agent else "-",
-            ("[green]running[/]" if agent.running else "[red]exited[/]") if agent else "-",
-            ("[green]healthy[/]" if agent.healthy else f"[red]{agent.detail}[/]") if agent else "-",
-        )
-    console.print(nodes)
-    services = Table(title="Services")
-    for column in ("service", "pid", "process", "health", "url"):
-        services.add_column(column)
-    for service in status.services:
-        _service_row(services, service.name, service)
-    console.print(services)
-    if status.jobs:
-        jobs = Table(title="Jobs")
-        for column in ("job", "state", "exit codes", "folder"):
-            jobs.add_column(column)
-        for job in status.jobs:
-            state = "running" if job.running else ("stopped" if job.stopped else "ended")
-            codes = ", ".join(
-                f"{n}={'running' if c is None and job.running else c}"
-                for n, c in job.exit_codes.items()
-            )
-            jobs.add_row(job.name, state, codes, str(job.job_dir))
-        console.print(jobs)
-        for job in status.jobs:
-            if job.problem:
-                console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
-
-
 @lab.command()
 @run_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(run_dir: Path, as_json: bool) -> int:
     """Show nodes, services, their health, and jobs (exit 0 only when healthy).
 
-    Chaos faults past their TTL are reverted first.
+    Chaos faults past their TTL are reverted first. One line per row: narrower than
+    120 columns, namespaces, addresses, URLs and job folders are left out (--json
+    has everything).
     """
     _reap_overdue(run_dir)
     result = Lab(run_dir).status()
     if as_json:
         click.echo(result.model_dump_json(indent=2))
     else:
-        _render(result, Console(highlight=False))
+        render_status(result, Console(highlight=False))
     return 0 if result.healthy else 1
 
 
@@ -346,7 +295,7 @@ def train(
     Returns at once (the job runs detached) unless --wait is given. With
     --min-nodes the job is elastic: `stormwatch lab rejoin` brings a lost node back.
     """
-    spec = JobSpec(
+    spec = _job_spec(
         name=name,
         steps=steps,
         checkpoint_every=checkpoint_every,
@@ -357,6 +306,12 @@ def train(
         global_batch=global_batch,
     )
     the_lab = Lab(run_dir)
+    nodes = the_lab.state.config.nodes
+    if min_nodes is not None and min_nodes > nodes:
+        raise ConfigError(
+            f"--min-nodes: {min_nodes} is more than the lab's {nodes} nodes; pass --min-nodes "
+            f"1..{nodes} (or start a larger lab: `stormwatch lab up --nodes {min_nodes}`)"
+        )
     info = the_lab.start_job(spec)
     console = _console()
     console.print(f"[bold]job {info.name}[/] started; logs in {info.log_dir}")
@@ -365,6 +320,41 @@ def train(
     if not wait:
         return 0
     return _report(_wait_with_progress(the_lab, name, timeout, console), console)
+
+
+#: ``lab train``'s flag for each JobSpec field it sets (errors name the flag, not the field).
+_JOB_FLAGS = {
+    "name": "--job",
+    "steps": "--steps",
+    "checkpoint_every": "--checkpoint-every",
+    "step_delay": "--step-delay",
+    "seed": "--seed",
+    "max_restarts": "--max-restarts",
+    "min_nodes": "--min-nodes",
+    "global_batch": "--global-batch",
+}
+
+
+def _job_spec(**values: Any) -> JobSpec:
+    """``JobSpec(**values)``, its validation errors naming ``lab train``'s flags.
+
+    Raises:
+        ConfigError: one ``--flag: problem (got value)`` per invalid value, ``; ``-joined.
+    """
+    try:
+        return JobSpec(**values)
+    except ConfigError as exc:
+        cause = exc.__cause__  # JobSpec wraps pydantic's error: its parts name the fields
+        if not isinstance(cause, ValidationError):
+            raise
+        problems = []
+        for err in cause.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            flag = _JOB_FLAGS.get(field, f"JobSpec.{field}")
+            message = str(err["msg"]).removeprefix("Value error, ")
+            message = message[:1].lower() + message[1:]  # "Input should be" -> "input should be"
+            problems.append(f"{flag}: {message} (got {err['input']!r})")
+        raise ConfigError("; ".join(problems)) from cause
 
 
 def _current_step(log_dir: Path) -> int | None:

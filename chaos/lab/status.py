@@ -1,15 +1,20 @@
-"""What ``lab status`` reports: nodes, services and jobs, with live health probes."""
+"""What ``lab status`` reports (nodes, services and jobs, with live health probes), and how
+it prints them."""
 
 from __future__ import annotations
 
 import ipaddress
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
 
 from stormwatch.chaos.lab import health, jobs, procs
 from stormwatch.chaos.lab.netns import NetworkLayer
 from stormwatch.chaos.lab.state import LabState, Phase
+from stormwatch.tables import Col, one_line_table, short_age
 
 
 class ServiceStatus(BaseModel):
@@ -145,4 +150,82 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
     )
 
 
-__all__ = ["JobStatus", "LabStatus", "NodeStatus", "ServiceStatus", "collect_status"]
+#: From this terminal width on, ``lab status`` also shows namespaces, addresses, URLs and
+#: job folders; narrower, each table keeps the columns that say what is wrong.
+STATUS_WIDE_COLUMNS = 120
+
+
+def _service_cells(service: ServiceStatus | None) -> list[str]:
+    """pid, process and health of a service (or of a node's agent)."""
+    if service is None:
+        return ["-", "[red]not started[/]", ""]
+    running = "[green]running[/]" if service.running else f"[red]exited {service.returncode}[/]"
+    healthy = "[green]healthy[/]" if service.healthy else f"[red]{escape(service.detail)}[/]"
+    return [str(service.pid), running, healthy]
+
+
+def render_status(status: LabStatus, console: Console) -> None:
+    """Print ``status`` as ``lab status`` does: a verdict line, then nodes, services and
+    jobs tables with one line per row at the console's width (narrower than
+    :data:`STATUS_WIDE_COLUMNS`: without namespaces, addresses, URLs and job folders)."""
+    width = console.width
+    wide = width >= STATUS_WIDE_COLUMNS
+    colour = "green" if status.healthy else "red"
+    verdict = "healthy" if status.healthy else "not healthy"
+    console.print(f"lab in {status.run_dir}: [bold]{status.phase}[/], [{colour}]{verdict}[/]")
+    if status.error:
+        console.print(f"[red]last error:[/] {escape(status.error)}")
+    columns = [Col(header="node")]
+    if wide:
+        columns += [Col(header="netns"), Col(header="address")]
+    columns += [Col(header="namespace"), Col(header="agent pid"), Col(header="agent")]
+    columns.append(Col(header="health", flex=True))
+    rows = []
+    for node in status.nodes:
+        cells = [escape(node.name)]
+        if wide:
+            cells += [escape(node.netns), str(node.address)]
+        cells.append("[green]exists[/]" if node.netns_exists else "[red]missing[/]")
+        agent = _service_cells(node.agent) if node.agent else ["-", "-", "-"]
+        if node.agent and not node.agent.running:
+            agent[1] = "[red]exited[/]"
+        rows.append(cells + agent)
+    console.print(one_line_table(columns, rows, width=width, title="Nodes"))
+    columns = [Col(header="service"), Col(header="pid"), Col(header="process")]
+    columns.append(Col(header="health", flex=True))
+    if wide:
+        columns.append(Col(header="url", flex=True))
+    rows = []
+    for service in status.services:
+        cells = [escape(service.name), *_service_cells(service)]
+        rows.append([*cells, escape(service.url)] if wide else cells)
+    console.print(one_line_table(columns, rows, width=width, title="Services"))
+    if status.jobs:
+        now = time.time()
+        columns = [Col(header="job", flex=True, min_width=12), Col(header="state")]
+        columns.append(Col(header="exit codes", flex=True, min_width=16))
+        columns.append(Col(header="folder", flex=True) if wide else Col(header="age"))
+        rows = []
+        for job in status.jobs:
+            state = "running" if job.running else ("stopped" if job.stopped else "ended")
+            codes = ", ".join(
+                f"{n}={'running' if c is None and job.running else c}"
+                for n, c in job.exit_codes.items()
+            )
+            last = escape(str(job.job_dir)) if wide else short_age(now - job.started_at)
+            rows.append([escape(job.name), state, escape(codes), last])
+        console.print(one_line_table(columns, rows, width=width, title="Jobs"))
+        for job in status.jobs:
+            if job.problem:
+                console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
+
+
+__all__ = [
+    "STATUS_WIDE_COLUMNS",
+    "JobStatus",
+    "LabStatus",
+    "NodeStatus",
+    "ServiceStatus",
+    "collect_status",
+    "render_status",
+]

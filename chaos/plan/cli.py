@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -26,18 +27,35 @@ def _default(field: str) -> object:
     return PlanSettings.model_fields[field].default
 
 
-def _pairs(flag: str, values: tuple[str, ...]) -> dict[str, float]:
+def _pairs(flag: str, values: tuple[str, ...], table: FailureTable) -> dict[str, float]:
+    """``CATEGORY=SECONDS`` values of ``flag`` (``--detect``, ``--recover``) as a dict.
+
+    Raises:
+        InvalidPlanInput: not ``CATEGORY=SECONDS``, a category not in ``table`` (the
+            message lists the valid ones), or seconds that are negative or not finite.
+    """
     out: dict[str, float] = {}
     for value in values:
         cat, sep, secs = value.partition("=")
+        cat = cat.strip()
         try:
-            out[cat.strip()] = float(secs)
+            seconds = float(secs)
         except ValueError:
             sep = ""
-        if not sep or not cat.strip():
+        if not sep or not cat:
             raise InvalidPlanInput(
                 f"{flag}: expected CATEGORY=SECONDS, e.g. software_bug=30 (got {value!r})"
             )
+        if cat not in table.ids:
+            raise InvalidPlanInput(
+                f"{flag}: unknown category {cat!r} (valid: {', '.join(table.ids)}); "
+                f"e.g. {flag} software_bug=30"
+            )
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise InvalidPlanInput(
+                f"{flag}: {cat}={secs.strip()}: seconds must be a finite number >= 0"
+            )
+        out[cat] = seconds
     return out
 
 
@@ -50,7 +68,8 @@ def _show(report: PlanReport, console: Console) -> None:
     )
     table = Table(title="ETTR (goodput) what-ifs", title_justify="left")
     table.add_column("scenario")
-    for col in ("δ s", "down s", "ETTR now", "Daly min", "ETTR @Daly", "MC @Daly ±95%"):
+    columns = ("δ s", "down s", "ETTR now", "Young min", "Daly min", "ETTR @Daly", "MC @Daly ±95%")
+    for col in columns:
         table.add_column(col, justify="right")
     for r in report.scenarios:
         table.add_row(
@@ -58,11 +77,17 @@ def _show(report: PlanReport, console: Console) -> None:
             f"{r.checkpoint_write_s:g}",
             f"{r.mean_downtime_s:.0f}",
             f"{100 * r.ettr_renewal:.2f}%",
+            f"{r.young_interval_s / 60:.1f}",
             f"{r.daly_interval_s / 60:.1f}",
             f"{100 * r.ettr_renewal_opt:.2f}%",
             f"{100 * r.mc_opt.mean:.2f}±{100 * (r.mc_opt.ci_high - r.mc_opt.ci_low) / 2:.2f}%",
         )
     console.print(table)
+    console.print(
+        "Checkpoint intervals (minutes of compute between checkpoints): Young = Young (1974) "
+        "sqrt(2 δ MTTF); Daly = Daly (2006) higher-order estimate, the one the @Daly columns use.",
+        soft_wrap=True,
+    )
     t = report.target
     console.print(
         f"To reach {t.target_ettr:.0%} ETTR on {t.gpus:,} GPUs (MTTF {t.mttf_hours:.2f} h):"
@@ -322,8 +347,8 @@ def plan(
     table = load_failure_table(rates)
     settings = make_settings(
         **values,
-        detect_overrides=_pairs("--detect", detect),
-        recover_overrides=_pairs("--recover", recover),
+        detect_overrides=_pairs("--detect", detect, table),
+        recover_overrides=_pairs("--recover", recover, table),
     )
     console = Console()
     measured = _measured(table, postmortems, scorecard, run_dir, no_scorecard, console)

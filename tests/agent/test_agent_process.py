@@ -55,7 +55,10 @@ def test_agent_process_serves_metrics_and_stops_cleanly_on_signal(
         (["--listen", "127.0.0.1:99999"], "port"),
         (["--sample-interval", "0"], "sample_interval"),
         (["--node", "bad name!"], "node"),
-        (["--token-file", "/nonexistent/agent.token"], "token_file"),
+        (
+            ["--token-file", "/nonexistent/agent.token", "--fault-api-listen", "127.0.0.1:0"],
+            "token_file",
+        ),
         (["--metrics-dir", "/nonexistent-stormwatch/metrics"], "--metrics-dir"),
     ],
 )
@@ -116,7 +119,7 @@ def test_taken_port_is_a_user_error(tmp_path: Path) -> None:
 def test_empty_token_file_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty.token"
     empty.write_text("\n")
-    out = _run(tmp_path, "--token-file", str(empty))
+    out = _run(tmp_path, "--token-file", str(empty), "--fault-api-listen", "127.0.0.1:0")
     assert out.returncode == 2 and "empty" in out.stderr, out.stderr
 
 
@@ -166,7 +169,7 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_binary_token_file_is_a_clear_user_error(tmp_path: Path) -> None:
     binary = tmp_path / "binary.token"
     binary.write_bytes(b"\xff\xfe")
-    out = _run(tmp_path, "--token-file", str(binary))
+    out = _run(tmp_path, "--token-file", str(binary), "--fault-api-listen", "127.0.0.1:0")
     assert out.returncode == 2, out.stderr
     assert "must hold an ASCII token" in out.stderr and "Traceback" not in out.stderr
 

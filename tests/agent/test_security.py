@@ -338,3 +338,26 @@ def test_fault_api_listen_must_be_host_and_port(tmp_path: Path) -> None:
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "fault_listen (--fault-api-listen): expected HOST:PORT" in done.stderr
+
+
+def test_token_file_without_the_fault_api_is_a_usage_error(tmp_path: Path) -> None:
+    token = tmp_path / "agent.token"
+    token.write_text("s3cret\n")
+    stormwatch = Path(sys.executable).with_name("stormwatch")
+    done = subprocess.run(
+        [
+            str(stormwatch),
+            "agent",
+            "run",
+            "--metrics-dir",
+            str(tmp_path),
+            "--token-file",
+            str(token),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--token-file is only used by the fault API" in done.stderr
+    assert "add --fault-api-listen HOST:PORT" in done.stderr and "drop --token-file" in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -12,8 +13,10 @@ from typing import Any
 from stormwatch.alerts import rules_dir
 
 
-def _run(kit: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
+def _run(
+    kit: Any, *args: str, check: bool = True, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run(
         [kit.stormwatch, *args], capture_output=True, text=True, timeout=120, check=check, env=env
     )
@@ -131,3 +134,95 @@ def test_postmortem_names_a_missing_or_folder_db_and_how_to_fix_it(
         assert out.returncode == 2, out.stderr
         assert f"--db: {db} {said}" in out.stderr and "alerts serve --db" in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def _responder_db(kit: Any, path: Path) -> Path:
+    """A responder database as `alerts serve` leaves it: two incidents, one action finished
+    with a long detail (real Store, real webhook payloads)."""
+    from stormwatch.alerts.payload import WebhookMessage
+    from stormwatch.alerts.store import Store
+
+    store = Store(path)
+    t = time.time() - 300
+    for job, ranks in (("train", ("3", "0")), ("pretrain-llama-70b-with-a-long-name", ("12",))):
+        alerts = [
+            kit.alert(starts_at=t, rank=r, job=job, fingerprint=kit.fingerprint()) for r in ranks
+        ]
+        message = WebhookMessage.model_validate(kit.payload(*alerts, group_key=f"{{}}:{job}"))
+        store.ingest(message, received_at=t, actions_for=lambda _name: ["confirm_restart"])
+    assert store.claim_action(1, now=t)
+    store.finish_action(
+        1,
+        status="failed",
+        detail="no restart seen within 300 s: the job's ranks still report the old "
+        "stormwatch_trainer_restarts_total value on every node of the job",
+        data={},
+        now=t + 300,
+    )
+    store.close()
+    return path
+
+
+def test_incidents_reads_the_responder_database_offline(kit: Any, tmp_path: Path) -> None:
+    db = _responder_db(kit, tmp_path / "responder.sqlite")
+    data = json.loads(_run(kit, "alerts", "incidents", "--db", str(db), "--json").stdout)
+    assert [i["labels"]["job"] for i in data["incidents"]] == [
+        "train",
+        "pretrain-llama-70b-with-a-long-name",
+    ]
+    assert [a["status"] for a in data["actions"]] == ["failed", "pending"]
+    wide = _run(kit, "alerts", "incidents", "--db", str(db), columns=400).stdout
+    assert f"Incidents in {db}" in wide
+    assert "pretrain-llama-70b-with-a-long-name" in wide and "every node of the job)" in wide
+    both = _run(kit, "alerts", "incidents", "--db", str(db), "--url", "http://x:1", check=False)
+    assert both.returncode == 2 and "give either --db or --url/--token-file" in both.stderr
+
+
+def _table_rows(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("│")]
+
+
+def test_incidents_table_keeps_one_line_per_incident_at_80_columns(
+    kit: Any, tmp_path: Path
+) -> None:
+    db = _responder_db(kit, tmp_path / "responder.sqlite")
+    out = _run(kit, "alerts", "incidents", "--db", str(db), columns=80).stdout
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    first, second = _table_rows(out)  # one line each, the long detail cut short
+    cells = [cell.strip() for cell in first.split("│")[1:-1]]
+    assert cells[:5] == ["1", "open", "RankStalled", "0 (tied)", "2"]  # id .. rank, alerts
+    assert cells[5] == "5m" and cells[6].startswith("confirm_restart: f") and "…" in cells[6]
+    assert [cell.strip() for cell in second.split("│")[1:5]] == ["2", "open", "RankStalled", "12"]
+    wide = _run(kit, "alerts", "incidents", "--db", str(db), columns=400).stdout
+    assert len(_table_rows(wide)) == 2 and "…" not in wide
+
+
+def test_incidents_db_that_is_not_a_responder_database_is_named_with_the_fix(
+    kit: Any, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.sqlite"
+    sqlite3.connect(other).execute("CREATE TABLE notes (text TEXT)").connection.close()
+    before = other.read_bytes()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    cases = (
+        (tmp_path / "none.sqlite", "does not exist"),
+        (tmp_path, "is a folder"),
+        (text, "is not a SQLite database"),
+        (other, "is a SQLite database without the responder's tables"),
+    )
+    for db, said in cases:
+        out = _run(kit, "alerts", "incidents", "--db", str(db), check=False)
+        assert out.returncode == 2, out.stderr
+        assert f"--db: {db}: {said}" in out.stderr and "alerts serve --db FILE" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert other.read_bytes() == before  # read-only: another program's file is left alone
+
+
+def test_postmortem_with_a_file_that_is_not_a_database_exits_2(kit: Any, tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    out = _run(kit, "alerts", "postmortem", "1", "--db", str(text), check=False)
+    assert out.returncode == 2, out.stderr
+    assert f"--db: {text}: is not a SQLite database" in out.stderr
+    assert "Traceback" not in out.stderr and text.read_text() == "not a database\n"

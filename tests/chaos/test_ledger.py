@@ -234,3 +234,55 @@ def test_overdue_frozen_rank_is_thawed_by_the_next_command(
     assert ledger.get("stuck").open
     if command == ("chaos", "ledger"):
         assert "OVERDUE" in out.stdout and "stuck" in out.stdout
+
+
+def _ledger_rows(out: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in out.splitlines()
+        if line.startswith("│")
+    ]
+
+
+def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ledger = Ledger(ledger_path(run_dir))
+    now = time.time()
+    long_id = "20261130T180000-kill-one-rank-during-a-long-pretraining-run-1a2b.kill"
+    ledger.record(
+        fault_id=long_id,
+        experiment_id="e",
+        spec=_kill_spec(),
+        target=_agent_target(),
+        expires_at=now + 600,
+    )
+    ledger.mark_injected(long_id, injected_at=now - 125, expires_at=now + 600, target_pid=42)
+    ledger.record(
+        fault_id="e.freeze",
+        experiment_id="e",
+        spec=FreezeRankFault(kind="freeze_rank", rank=3, ttl_seconds=30),
+        target=_agent_target(),
+        expires_at=now + 30,
+    )
+    ledger.mark_reverted("e.freeze", reason="experiment finished and the steady state held")
+
+    def ledger_at(columns: int) -> str:
+        out = subprocess.run(
+            [str(Path(sys.executable).with_name("stormwatch")), "chaos", "ledger",
+             "--run-dir", str(run_dir)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": str(columns)},
+        )  # fmt: skip
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        return out.stdout
+
+    narrow = ledger_at(80)
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    killed, frozen = _ledger_rows(narrow)  # one line each
+    assert killed[0].startswith("20261130T180000-kill-one-rank") and killed[0].endswith("…")
+    assert killed[1:] == ["kill_rank", "1", "injected", "2m"]  # kind, rank, state, age
+    assert frozen[:4] == ["e.freeze", "freeze_rank", "3", "reverted"]
+    wide = ledger_at(200)
+    killed, frozen = _ledger_rows(wide)
+    assert killed[0] == long_id and killed[3] == "node0"  # where
+    assert frozen[-1].endswith("by experiment finished and the steady state held")
+    assert "…" not in wide

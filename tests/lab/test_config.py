@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,14 +106,14 @@ def test_lab_train_refuses_a_negative_seed(tmp_path: Any) -> None:
         lab, ["train", "--run-dir", str(tmp_path), "--job", "j", "--steps", "3", "--seed", "-1"]
     )
     assert isinstance(result.exception, ConfigError)
-    assert "JobSpec.seed" in str(result.exception)
+    assert "--seed: input should be greater than or equal to 0 (got -1)" in str(result.exception)
 
 
 @pytest.mark.parametrize(
     ("extra", "error", "said"),
     [
-        (["--min-nodes", "0"], ConfigError, "JobSpec.min_nodes"),
-        (["--min-nodes", "99"], ConfigError, "JobSpec.min_nodes"),
+        (["--min-nodes", "0"], ConfigError, "--min-nodes: input should be greater"),
+        (["--min-nodes", "99"], ConfigError, "--min-nodes: input should be less"),
         (["--min-nodes", "1"], LabNotUpError, "no lab in"),
         ([], LabNotUpError, "start one with `stormwatch lab up`"),
     ],
@@ -128,3 +129,114 @@ def test_lab_train_without_a_lab_says_so_and_leaves_no_run_dir(
     assert isinstance(result.exception, error), result.output
     assert said in str(result.exception)
     assert not run_dir.exists(), "a failed `lab train` must not create the run directory"
+
+
+def test_lab_train_errors_name_the_flags_not_the_jobspec_fields(tmp_path: Any) -> None:
+    args = ["--job", "bad name", "--steps", "0", "--max-restarts", "101", "--global-batch", "0"]
+    result = CliRunner().invoke(lab, ["train", "--run-dir", str(tmp_path), *args])
+    assert isinstance(result.exception, ConfigError)  # `stormwatch` prints it, exit status 2
+    message = str(result.exception)
+    for flag in ("--job", "--steps", "--max-restarts", "--global-batch"):
+        assert f"{flag}: " in message
+    assert "JobSpec" not in message and "(got 'bad name')" in message
+
+
+def test_lab_train_min_nodes_above_the_labs_nodes_names_the_flag_and_the_fix(
+    tmp_path: Any,
+) -> None:
+    from stormwatch.chaos.lab.state import StateStore
+
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig(nodes=2))
+    state.phase = "up"
+    StateStore(paths).save(state)  # the lab.json `lab up` leaves; nothing is started
+    result = CliRunner().invoke(
+        lab, ["train", "--run-dir", str(tmp_path), "--job", "j", "--steps", "3", "--min-nodes", "3"]
+    )
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "--min-nodes: 3 is more than the lab's 2 nodes; pass --min-nodes 1..2" in str(
+        result.exception
+    )
+    assert not (tmp_path / "jobs").exists()
+
+
+def _exited(paths: RunPaths, name: str, code: int) -> Any:
+    """A real supervised process (as the lab starts them) that has exited with ``code``."""
+    import time
+
+    from stormwatch.chaos.lab import procs
+
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    record = procs.launch(
+        name,
+        ["sh", "-c", f"exit {code}"],
+        log_file=paths.run_dir / f"{name.replace('/', '-')}.log",
+        status_file=paths.run_dir / f"{name.replace('/', '-')}.status.json",
+        env={"PATH": "/usr/bin:/bin", procs.LAB_MARKER_ENV: str(paths.run_dir)},
+    )
+    deadline = time.monotonic() + 20
+    while not procs.is_finished(record):
+        assert time.monotonic() < deadline, f"{name} did not exit"
+        time.sleep(0.05)
+    return record
+
+
+def test_lab_status_keeps_one_line_per_row_at_80_columns(tmp_path: Any) -> None:
+    """A lab whose `lab up` failed after starting services and a job: every row of
+    every table stays on one line at 80 columns; 200 columns show everything."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from stormwatch.chaos.lab.state import JobInfo, JobRecord, StateStore
+
+    paths = RunPaths.of(tmp_path / "run")
+    state = plan_state(paths, LabConfig(nodes=2, prefix="swtcol"))
+    state.phase = "failed"
+    state.processes = {
+        "agent-node0": _exited(paths, "agent-node0", 0),
+        "prometheus": _exited(paths, "prometheus", 3),
+    }
+    name = "pretrain-llama-70b-elastic-with-a-long-job-name"
+    job_dir = paths.run_dir / "jobs" / name
+    state.jobs[name] = JobRecord(
+        info=JobInfo(
+            name=name,
+            spec=JobSpec(name=name, steps=10),
+            job_dir=job_dir,
+            log_dir=job_dir / "logs",
+            checkpoint_dir=job_dir / "checkpoints",
+            node_pids={},
+            node_logs={},
+            started_at=time.time() - 125,
+        ),
+        processes={n: _exited(paths, f"{name}/{n}", c) for n, c in (("node0", 0), ("node1", 1))},
+    )
+    StateStore(paths).save(state)
+
+    def status_at(columns: int) -> str:
+        out = subprocess.run(
+            [str(Path(sys.executable).with_name("stormwatch")), "lab", "status",
+             "--run-dir", str(paths.run_dir)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": str(columns)},
+        )  # fmt: skip
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # not healthy
+        return out.stdout
+
+    def rows(out: str) -> list[list[str]]:
+        lines = [line for line in out.splitlines() if line.startswith("│")]
+        return [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines]
+
+    narrow = status_at(80)
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    node0, node1, prometheus, job = rows(narrow)  # 2 nodes, 1 service, 1 job: a line each
+    assert node0[:4] == ["node0", "missing", str(state.processes["agent-node0"].pid), "exited"]
+    assert node1[:3] == ["node1", "missing", "-"]
+    assert prometheus[:3] == ["prometheus", str(state.processes["prometheus"].pid), "exited 3"]
+    assert job[0].startswith("pretrain-llama") and job[1:] == ["ended", "node0=0, node1=1", "2m"]
+    wide = status_at(200)
+    node0, _, prometheus, job = rows(wide)
+    assert node0[1:3] == ["swtcol-node0", str(LabConfig(nodes=2).node_address(0))]
+    assert prometheus[-1] == state.prometheus_url + "/-/ready"
+    assert job[0] == name and job[-1] == str(job_dir)

@@ -54,3 +54,31 @@ def test_public_api_is_what_all_lists() -> None:
     modules = {"cli", "errors", "fromscorecard", "inputs", "model", "montecarlo", "planner", "plots",
                "postmortems", "report", "whatif"}  # fmt: skip
     assert public - modules == set(plan.__all__)
+
+
+def test_plan_table_shows_young_and_daly_intervals_with_their_sources(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    proc = _stormwatch("plan", "--gpus", "16384", "--replicas", "20", "--no-scorecard",
+                       "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    baseline = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith("│ baseline")]
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    header = next(line for line in proc.stdout.splitlines() if "scenario" in line)
+    names = [cell.strip() for cell in header.split("┃")[1:-1]]
+    assert cells[names.index("Young min")] == f"{baseline['young_interval_s'] / 60:.1f}"
+    assert cells[names.index("Daly min")] == f"{baseline['daly_interval_s'] / 60:.1f}"
+    assert "Young = Young (1974) sqrt(2 δ MTTF)" in proc.stdout
+    assert "Daly = Daly (2006) higher-order estimate" in proc.stdout
+
+
+def test_plan_per_category_flags_name_the_flag_the_valid_categories_and_the_fix() -> None:
+    proc = _stormwatch("plan", "--gpus", "8", "--detect", "bogus=5")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--detect: unknown category 'bogus' (valid: faulty_gpu, " in proc.stderr
+    assert "e.g. --detect software_bug=30" in proc.stderr
+    proc = _stormwatch("plan", "--gpus", "8", "--recover", "software_bug=-1")
+    assert proc.returncode == 2
+    assert "--recover: software_bug=-1: seconds must be a finite number >= 0" in proc.stderr
