@@ -278,6 +278,15 @@ class JobSection(_Model):
     min_nodes: int | None = Field(default=None, ge=1, le=64)
     global_batch: int | None = Field(default=None, ge=1, le=1_048_576)
 
+    @model_validator(mode="after")
+    def _min_nodes_fit(self) -> JobSection:
+        if self.min_nodes is not None and self.nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(
+                f"min_nodes ({self.min_nodes}) is more than nodes ({self.nodes}): an elastic job "
+                "runs on MIN_NODES..NODES nodes; lower min_nodes or raise nodes"
+            )
+        return self
+
     @property
     def fixed_world_size(self) -> int | None:
         """``world_size``, else ``nodes`` * ``nproc_per_node``; ``None`` when not fixed."""

@@ -200,6 +200,12 @@ BAD = [
         "not valid PromQL: bad number or duration syntax: 5x",
     ),
     (
+        "elastic-min-nodes-above-nodes",
+        _mutate("job.min_nodes", 3),
+        "job",
+        "min_nodes (3) is more than nodes (2)",
+    ),
+    (
         "probe-not-promql",
         _mutate("steady_state_hypothesis.probes.0.provider.query", "sum by (rank up)"),
         "steady_state_hypothesis.probes[0].provider.query",
