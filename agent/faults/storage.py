@@ -12,25 +12,33 @@
   (unmounting the overlay, then the tmpfs) cannot lose or change data.
 
 The folder is ``path`` or, by default, the job's ``--checkpoint-dir`` seen on
-this node's ranks. The mount is the agent's mount namespace (on a node: the
-host's; the lab's nodes share one, like a shared filesystem). The ledger
-records the mount ids; revert unmounts only a mount it made that is still the
-top one at the folder, and checks it is gone.
+this node's ranks. The mounts are made in the mount namespace of the job's ranks
+on this node (``nsenter --mount``; one set per distinct namespace, usually the
+one they inherit from their torchrun), because that is where the trainer sees its
+files: a container's, or in the lab the private namespace ``ip netns exec`` gives
+each node's processes. Without a running rank (``path`` given, no job), they are
+made in the agent's own. The ledger records the namespaces and the mount ids;
+revert unmounts only a mount it made that is still the top one at the folder,
+and checks it is gone; a namespace whose processes have all exited took its
+mounts with it.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from pydantic import Field
 
 from stormwatch.agent.errors import FaultError, FaultTargetNotFound
-from stormwatch.agent.faults._system import rank_option, run, short_tag
+from stormwatch.agent.faults._system import job_ranks, rank_option, run, short_tag
 from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
 
 #: Size of the overlay's upper tmpfs; filled at once, so it only needs to hold the overlay's work dirs.
@@ -55,10 +63,72 @@ class CheckpointFullSpec(_StorageSpec):
     kind: Literal["checkpoint_full"]
 
 
-def _mounts_at(path: Path) -> list[int]:
-    """Mount ids stacked at ``path``, bottom first (``/proc/self/mountinfo``)."""
-    ids = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+@dataclass(frozen=True)
+class _MountNs:
+    """A mount namespace, named by a process in it (``pid``) and its inode (``ino``)."""
+
+    pid: int
+    ino: int
+
+    @property
+    def own(self) -> bool:
+        return self.ino == _ns_inode(os.getpid())
+
+    @property
+    def root(self) -> Path:
+        """The namespace's view of ``/``: ``/proc/<pid>/root`` (the agent's own ``/``)."""
+        return Path("/") if self.own else Path(f"/proc/{self.pid}/root")
+
+    def see(self, path: Path) -> Path:
+        """``path`` as a process in this namespace sees it, reachable from the agent."""
+        return self.root / path.relative_to("/")
+
+    def cmd(self, args: list[str]) -> list[str]:
+        """``args`` run inside this namespace (``nsenter --mount``)."""
+        return args if self.own else ["nsenter", f"--mount=/proc/{self.pid}/ns/mnt", "--", *args]
+
+    def record(self) -> dict[str, int]:
+        return {"ns_pid": self.pid, "ns_ino": self.ino}
+
+
+def _ns_inode(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+
+
+def _namespaces_of(pids: list[int]) -> list[_MountNs]:
+    """One :class:`_MountNs` per distinct mount namespace of ``pids`` (gone pids skipped)."""
+    found: dict[int, _MountNs] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            ino = _ns_inode(pid)
+            found.setdefault(ino, _MountNs(pid, ino))
+    return list(found.values())
+
+
+def _find_ns(record: dict[str, object]) -> _MountNs | None:
+    """The recorded namespace if a process still lives in it (else None: it is gone, and
+    its mounts with it). Records from before namespaces were kept mean the agent's own."""
+    if "ns_ino" not in record:
+        return _MountNs(os.getpid(), _ns_inode(os.getpid()))
+    pid, ino = int(str(record["ns_pid"])), int(str(record["ns_ino"]))
+    with contextlib.suppress(OSError):
+        if _ns_inode(pid) == ino:
+            return _MountNs(pid, ino)
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if _ns_inode(process.pid) == ino:
+                return _MountNs(process.pid, ino)
+    return None
+
+
+def _mounts_at(path: Path, ns: _MountNs) -> list[int]:
+    """Mount ids stacked at ``path`` in ``ns``, bottom first (``/proc/<pid>/mountinfo``)."""
+    ids: list[int] = []
+    try:
+        text = Path(f"/proc/{ns.pid}/mountinfo").read_text()
+    except OSError:
+        return ids
+    for line in text.splitlines():
         fields = line.split()
         point = fields[4].encode().decode("unicode_escape")
         if point == str(path):
@@ -66,29 +136,50 @@ def _mounts_at(path: Path) -> list[int]:
     return ids
 
 
-def _unmount_if_top(path: Path, mount_id: int) -> None:
-    """``umount path`` when ``mount_id`` is the top mount there; nothing when it is gone.
+def _unmount_if_top(path: Path, mount_id: int, ns: _MountNs) -> None:
+    """``umount path`` in ``ns`` when ``mount_id`` is the top mount there; nothing when gone.
 
     Raises:
         FaultError: it is still mounted but under another mount, or umount failed.
     """
-    ids = _mounts_at(path)
+    ids = _mounts_at(path, ns)
     if mount_id not in ids:
         return
     if ids[-1] != mount_id:
         raise FaultError(f"{path}: another mount was stacked on this fault's; unmount it first")
-    run(["umount", str(path)])
-    if mount_id in _mounts_at(path):
+    run(ns.cmd(["umount", str(path)]))
+    if mount_id in _mounts_at(path, ns):
         raise FaultError(f"{path}: still mounted (mount id {mount_id}) after umount")
+
+
+def _new_mount(path: Path, ns: _MountNs, args: list[str]) -> int:
+    """Run the mount command ``args`` in ``ns``; the id of the mount it added at ``path``.
+
+    Raises:
+        FaultError: it failed or no new mount appeared.
+    """
+    before = _mounts_at(path, ns)
+    run(ns.cmd(args))
+    added = [i for i in _mounts_at(path, ns) if i not in before]
+    if not added:
+        raise FaultError(f"{path}: the mount did not appear")
+    return added[-1]
 
 
 class _StorageFault(Fault):
     def __init__(self, spec: FaultSpec) -> None:
         super().__init__(spec)
         self._path: Path | None = None
+        self._namespaces: list[_MountNs] = []
 
     def prepare(self, ctx: FaultContext) -> None:
         assert isinstance(self.spec, _StorageSpec)
+        try:
+            ranks = job_ranks(ctx, self.spec.job)
+        except FaultTargetNotFound:
+            if self.spec.path is None or self.spec.job is not None:
+                raise
+            ranks = []
         if self.spec.path is not None:
             path = Path(self.spec.path)
         else:
@@ -98,10 +189,54 @@ class _StorageFault(Fault):
                     f"no --checkpoint-dir on the ranks of node {ctx.node}; give 'path'"
                 )
             path = found
-        path = path.resolve()
-        if not path.is_dir():
-            raise FaultTargetNotFound(f"path: {path} is not a folder on node {ctx.node}")
+        self._namespaces = _namespaces_of([r.pid for r in ranks]) or _namespaces_of([os.getpid()])
+        if not self._namespaces:
+            raise FaultTargetNotFound(f"the ranks on node {ctx.node} exited")
+        path = Path(os.path.normpath(path))
+        for ns in self._namespaces:
+            if not ns.see(path).is_dir():
+                raise FaultTargetNotFound(f"path: {path} is not a folder on node {ctx.node}")
         self._path = path
+
+    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """Undo every namespace's mounts (only mounts of this fault still on top).
+
+        Raises:
+            FaultError: something is still mounted.
+        """
+        if injection is None:
+            return  # crashed before the mount was recorded; an orphan is visible in mountinfo
+        details = dict(injection.details)
+        for record in details.get("mounts", [details]):
+            ns = _find_ns(record)
+            if ns is not None:
+                self._undo(Path(str(details["path"])), dict(record), ns)
+
+    @staticmethod
+    @abc.abstractmethod
+    def _undo(path: Path, record: dict[str, object], ns: _MountNs) -> None:
+        """Remove this fault's mounts described by ``record`` in ``ns``."""
+
+    def inject(self, ctx: FaultContext) -> Injection:
+        assert self._path is not None
+        mounts: list[dict[str, object]] = []
+        try:
+            for ns in self._namespaces:
+                record: dict[str, object] = dict(ns.record())
+                mounts.append(record)
+                self._apply(ctx, self._path, ns, record)
+        except (FaultError, OSError) as exc:
+            for record, ns in zip(mounts, self._namespaces, strict=False):
+                with contextlib.suppress(FaultError):
+                    self._undo(self._path, record, ns)
+            raise FaultError(f"{self.kind} on {self._path}: {exc}") from exc
+        return Injection(details={"path": str(self._path), "mounts": mounts})
+
+    @abc.abstractmethod
+    def _apply(
+        self, ctx: FaultContext, path: Path, ns: _MountNs, record: dict[str, object]
+    ) -> None:
+        """Make the mounts in ``ns``, noting their ids in ``record`` as they appear."""
 
 
 class CheckpointReadOnly(_StorageFault):
@@ -110,30 +245,16 @@ class CheckpointReadOnly(_StorageFault):
     kind = "checkpoint_readonly"
     spec_type = CheckpointReadOnlySpec
 
-    def inject(self, ctx: FaultContext) -> Injection:
-        assert self._path is not None
-        before = _mounts_at(self._path)
-        run(["mount", "--bind", str(self._path), str(self._path)])
-        added = [i for i in _mounts_at(self._path) if i not in before]
-        if not added:
-            raise FaultError(f"{self._path}: bind mount did not appear")
-        details = {"path": str(self._path), "mount_id": added[-1]}
-        try:
-            run(["mount", "-o", "remount,ro,bind", str(self._path)])
-        except FaultError:
-            _unmount_if_top(self._path, added[-1])
-            raise
-        return Injection(details=details)
+    def _apply(
+        self, ctx: FaultContext, path: Path, ns: _MountNs, record: dict[str, object]
+    ) -> None:
+        record["mount_id"] = _new_mount(path, ns, ["mount", "--bind", str(path), str(path)])
+        run(ns.cmd(["mount", "-o", "remount,ro,bind", str(path)]))
 
-    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """Unmount the read-only bind (only if it is this fault's and on top).
-
-        Raises:
-            FaultError: it could not be unmounted.
-        """
-        if injection is None:
-            return  # crashed before the mount was recorded; an orphan bind is visible in mountinfo
-        _unmount_if_top(Path(injection.details["path"]), int(injection.details["mount_id"]))
+    @staticmethod
+    def _undo(path: Path, record: dict[str, object], ns: _MountNs) -> None:
+        if "mount_id" in record:
+            _unmount_if_top(path, int(str(record["mount_id"])), ns)
 
 
 class CheckpointFull(_StorageFault):
@@ -142,52 +263,39 @@ class CheckpointFull(_StorageFault):
     kind = "checkpoint_full"
     spec_type = CheckpointFullSpec
 
-    def inject(self, ctx: FaultContext) -> Injection:
-        assert self._path is not None
-        base = (ctx.state_dir / "fault-mounts" if ctx.state_dir else _DEFAULT_SCRATCH) / short_tag(
-            self.spec.id
+    def _apply(
+        self, ctx: FaultContext, path: Path, ns: _MountNs, record: dict[str, object]
+    ) -> None:
+        base = (ctx.state_dir / "fault-mounts" if ctx.state_dir else _DEFAULT_SCRATCH) / (
+            f"{short_tag(self.spec.id)}-{ns.ino}"
         )
         scratch = base / "tmpfs"
-        scratch.mkdir(parents=True, exist_ok=True)
-        before_tmp = _mounts_at(scratch)
-        run(["mount", "-t", "tmpfs", "-o", UPPER_TMPFS, "stormwatch-fault", str(scratch)])
-        tmp_id = next(i for i in _mounts_at(scratch) if i not in before_tmp)
-        details = {"path": str(self._path), "scratch": str(scratch), "tmpfs_id": tmp_id}
-        try:
-            (scratch / "upper").mkdir()
-            (scratch / "work").mkdir()
-            before = _mounts_at(self._path)
-            run(
-                [
-                    "mount", "-t", "overlay", "stormwatch-fault", "-o",
-                    f"lowerdir={self._path},upperdir={scratch / 'upper'},workdir={scratch / 'work'}",
-                    str(self._path),
-                ]
-            )  # fmt: skip
-            details["mount_id"] = next(i for i in _mounts_at(self._path) if i not in before)
-            _fill(scratch)
-        except (FaultError, OSError, StopIteration) as exc:
-            self._undo(details)
-            raise FaultError(f"checkpoint_full on {self._path}: {exc}") from exc
-        return Injection(details=details)
-
-    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """Unmount the overlay, then the tmpfs; remove the scratch folder.
-
-        Raises:
-            FaultError: something is still mounted.
-        """
-        if injection is not None:
-            self._undo(dict(injection.details))
+        ns.see(scratch).mkdir(parents=True, exist_ok=True)
+        record["scratch"] = str(scratch)
+        record["tmpfs_id"] = _new_mount(
+            scratch,
+            ns,
+            ["mount", "-t", "tmpfs", "-o", UPPER_TMPFS, "stormwatch-fault", str(scratch)],
+        )
+        (ns.see(scratch) / "upper").mkdir()
+        (ns.see(scratch) / "work").mkdir()
+        options = f"lowerdir={path},upperdir={scratch / 'upper'},workdir={scratch / 'work'}"
+        record["mount_id"] = _new_mount(
+            path, ns, ["mount", "-t", "overlay", "stormwatch-fault", "-o", options, str(path)]
+        )
+        _fill(ns.see(scratch))
 
     @staticmethod
-    def _undo(details: dict[str, object]) -> None:
-        if "mount_id" in details:
-            _unmount_if_top(Path(str(details["path"])), int(str(details["mount_id"])))
-        scratch = Path(str(details["scratch"]))
-        _unmount_if_top(scratch, int(str(details["tmpfs_id"])))
-        if not _mounts_at(scratch):
-            shutil.rmtree(scratch.parent, ignore_errors=True)
+    def _undo(path: Path, record: dict[str, object], ns: _MountNs) -> None:
+        if "mount_id" in record:
+            _unmount_if_top(path, int(str(record["mount_id"])), ns)
+        if "scratch" not in record:
+            return
+        scratch = Path(str(record["scratch"]))
+        if "tmpfs_id" in record:
+            _unmount_if_top(scratch, int(str(record["tmpfs_id"])), ns)
+        if not _mounts_at(scratch, ns):
+            shutil.rmtree(ns.see(scratch.parent), ignore_errors=True)
 
 
 def _fill(scratch: Path) -> None:

@@ -443,3 +443,52 @@ def test_checkpoint_fault_defaults_to_the_jobs_checkpoint_dir(
     assert _write_fails(folder) == errno.EROFS
     _delete(tools, agent, "ro-default")
     assert _write_fails(folder) is None
+
+
+#: A rank in a mount namespace of its own, as in a container or under ``ip netns exec`` (which
+#: unshares one for every command it runs): host mounts propagate in, its own do not leak out.
+PRIVATE_MOUNT_NS_RANK = """
+import ctypes, subprocess, time
+assert ctypes.CDLL(None, use_errno=True).unshare(0x00020000) == 0  # CLONE_NEWNS
+subprocess.run(["mount", "--make-rslave", "/"], check=True)
+print("unshared", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    ("kind", "code"), [("checkpoint_readonly", errno.EROFS), ("checkpoint_full", errno.ENOSPC)]
+)
+def test_a_checkpoint_fault_lands_in_the_mount_namespace_the_ranks_write_from(
+    start_agent: Any, fake_torchrun: Any, tools: Any, tmp_path: Path, kind: str, code: int
+) -> None:
+    """The game-day bug: the agent mounted in its own namespace, so the trainer (another
+    one) saved its checkpoint as if nothing had happened."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    agent = start_agent()
+    launcher = fake_torchrun(
+        [0],
+        rank_args=["train", "--checkpoint-dir", str(folder)],
+        rank_code=PRIVATE_MOUNT_NS_RANK,
+        write_metrics=False,
+    )
+    pid = launcher.wait_pid(0)
+    seen_by_rank = Path(f"/proc/{pid}/root") / folder.relative_to("/")
+    deadline = time.monotonic() + 10
+    while os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+        assert time.monotonic() < deadline, "the rank did not unshare its mount namespace"
+        time.sleep(0.05)
+    body = {"id": f"ns-{kind}", "kind": kind, "job": launcher.job, "ttl_seconds": 30}
+
+    reply = _post_when_ranks_seen(tools, agent, body)
+
+    assert reply.status == 201, reply.text
+    [mounts] = reply.json()["details"]["mounts"]
+    assert mounts["ns_ino"] == os.stat(f"/proc/{pid}/ns/mnt").st_ino
+    assert _write_fails(seen_by_rank) == code  # what the trainer sees
+    assert _write_fails(folder) is None  # this namespace is untouched
+    _delete(tools, agent, f"ns-{kind}")
+    assert _write_fails(seen_by_rank) is None
+    assert str(folder) not in Path(f"/proc/{pid}/mountinfo").read_text()
