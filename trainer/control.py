@@ -20,7 +20,8 @@ Fault points (:data:`POINTS`):
 * ``collective_delay``: sleep ``seconds`` before issuing every matching
   collective (``op`` and ``mesh_dim`` filter; omitted = any).
 * ``collective_hang``: block before issuing the first matching collective
-  until the fault expires (forever without ``expires_at``): for the peers
+  until the fault expires (forever without ``expires_at``) or its entry is
+  removed (a chaos revert; the file is re-read while hanging): for the peers
   this rank never joins that collective (FC-10).
 * ``error_at_step``: raise :class:`InjectedFault` at the start of ``step``.
 * ``checkpoint_now``: save a checkpoint at the end of the current step on
@@ -239,10 +240,20 @@ class ControlChannel:
                 log.warning("fault point: collective_hang in %s over %s", op, mesh_dim)
                 while hang.expires_at is None or self._clock() < hang.expires_at:
                     self._sleep(HANG_POLL_SECONDS)
+                    if not self._still_armed(hang):
+                        break  # its entry was removed (a chaos revert): the hang ends now
         for delay in self.armed.delays:
             if _matches(delay, op, mesh_dim):
                 self._fired("collective_delay")
                 self._sleep(delay.seconds)
+
+    def _still_armed(self, hang: CollectiveHang) -> bool:
+        """Re-read the file (one ``stat`` when unchanged): is ``hang`` still armed?"""
+        try:
+            self.poll()
+        except ControlFileError:
+            return False  # a file that does not parse drops every fault (see poll)
+        return hang in self.armed.hangs
 
     def checkpoint_wanted(self, last_save_started_at: float | None) -> bool:
         """True when a ``checkpoint_now`` request is newer than the last save's start."""

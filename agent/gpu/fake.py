@@ -355,6 +355,9 @@ class FakeNvml(FakeNvmlExtras, SimControls):
         }
         if type not in clocks:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        locked = self.gpus[index].locked_clocks_mhz  # nvmlDeviceSetGpuLockedClocks caps them
+        if locked is not None and type in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return min(clocks[type], locked[1])
         return clocks[type]
 
     # --------------------------------------------------------- NVML: NVLink

@@ -121,6 +121,21 @@ def test_a_hang_blocks_until_it_expires(tmp_path):
     assert fake.now >= 1002.0 and fired == ["collective_hang"]
 
 
+def test_a_hang_ends_as_soon_as_its_entry_is_removed(tmp_path):
+    fake, fired = FakeTime(now=1000.0), []
+    path = _arm(tmp_path, 0, {"point": "collective_hang", "expires_at": 1100.0})
+
+    def sleep(seconds: float) -> None:
+        fake.sleep(seconds)
+        if fake.now >= 1001.0 and path.exists():
+            path.unlink()  # the entry removed, as the agent's revert does
+
+    channel = ControlChannel(path, clock=fake.clock, sleep=sleep, on_fire=fired.append)
+    channel.poll()
+    channel.before_collective("all_reduce", "dp")
+    assert 1001.0 <= fake.now < 1002.0 and fired == ["collective_hang"]
+
+
 def test_a_bad_file_raises_once_and_arms_nothing(tmp_path):
     fake, fired = FakeTime(), []
     control_path(tmp_path, 0).write_text('{"faults": [{"point": "slow_step", "seconds": -1}]}')
