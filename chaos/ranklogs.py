@@ -27,7 +27,7 @@ class RankEvent(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    event: Literal["start", "step", "checkpoint", "done"]
+    event: Literal["start", "step", "checkpoint", "checkpoint_failed", "done", "fault"]
     time: float
     rank: int | None = None
     attempt: int = 0

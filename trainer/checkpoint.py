@@ -72,6 +72,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.checkpoint_budget import DCP_ERRORS, describe_dcp_error
 from stormwatch.trainer.config import CheckpointConfig
 from stormwatch.trainer.data import BatchSampler, derive_seed
 from stormwatch.trainer.errors import CheckpointError
@@ -234,14 +235,18 @@ class Checkpointer:
                     storage_writer=writer,
                     process_group=self._group,
                 )
-            except Exception as exc:
-                raise CheckpointError(f"starting the save of step {step} failed: {exc}") from exc
+            except DCP_ERRORS as exc:
+                raise CheckpointError(
+                    f"starting the save of step {step} failed: {describe_dcp_error(exc)}"
+                ) from exc
             self._pending = _Pending(step, tmp_dir, future)  # type: ignore[arg-type]
             return False
         try:
             dcp.save(self._capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
-        except Exception as exc:
-            raise CheckpointError(f"saving step {step} into {tmp_dir} failed: {exc}") from exc
+        except DCP_ERRORS as exc:
+            raise CheckpointError(
+                f"saving step {step} into {tmp_dir} failed: {describe_dcp_error(exc)}"
+            ) from exc
         # Every rank has finished writing its shards (all_gather is a barrier).
         self._finalize(step, tmp_dir, self._gather_outcome(tmp_dir, None))
         return True
@@ -270,8 +275,8 @@ class Checkpointer:
         error = None
         try:
             pending.future.result()
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        except DCP_ERRORS as exc:
+            error = describe_dcp_error(exc)
         self._finalize(pending.step, pending.tmp_dir, self._gather_outcome(pending.tmp_dir, error))
         return pending.step
 
@@ -402,8 +407,8 @@ class Checkpointer:
                 optim_state_dict=template["optim"],
                 options=_STATE_DICT_OPTIONS,
             )
-        except Exception as exc:
-            raise CheckpointError(f"loading {path} failed: {exc}") from exc
+        except DCP_ERRORS as exc:
+            raise CheckpointError(f"loading {path} failed: {describe_dcp_error(exc)}") from exc
         if template["train"]["step"] != step:
             raise CheckpointError(
                 f"{path}: state says step {template['train']['step']}, marker says {step}"
@@ -489,4 +494,10 @@ class Checkpointer:
         return value
 
 
-__all__ = ["SAVE_PHASES", "Checkpointer", "FaultHook", "RankLayout", "TrainState"]
+__all__ = [
+    "SAVE_PHASES",
+    "Checkpointer",
+    "FaultHook",
+    "RankLayout",
+    "TrainState",
+]

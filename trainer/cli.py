@@ -115,6 +115,14 @@ QUIET_RANK_EXIT_DELAY = 3.0
 )
 @click.option("--keep", type=int, default=3, help="Complete checkpoints to keep.")
 @click.option(
+    "--checkpoint-failures-allowed",
+    type=click.IntRange(0, 1000),
+    default=3,
+    show_default=True,
+    help="Failed saves in a row (disk full, read-only, I/O error) the job trains through; "
+    "one more stops it. 0: stop at the first failed save.",
+)
+@click.option(
     "--checkpoint-mode",
     type=click.Choice(["sync", "async"]),
     default="sync",
@@ -251,6 +259,7 @@ def train(
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     keep: int,
+    checkpoint_failures_allowed: int,
     checkpoint_mode: str,
     log_dir: Path | None,
     metrics_dir: Path | None,
@@ -338,6 +347,7 @@ def _train(
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     keep: int,
+    checkpoint_failures_allowed: int,
     checkpoint_mode: str,
     log_dir: Path | None,
     metrics_dir: Path | None,
@@ -410,7 +420,11 @@ def _train(
         ),
         optim=OptimConfig(lr=lr),
         checkpoint=CheckpointConfig(
-            directory=checkpoint_dir, every=checkpoint_every, keep=keep, mode=checkpoint_mode
+            directory=checkpoint_dir,
+            every=checkpoint_every,
+            keep=keep,
+            mode=checkpoint_mode,
+            failures_allowed=checkpoint_failures_allowed,
         ),
         control=ControlConfig(
             directory=control_dir

@@ -215,12 +215,17 @@ class CheckpointConfig:
             ``"async"`` (``dcp.async_save``: training goes on while a
             background thread writes; committed once every rank's write
             has finished, see :mod:`stormwatch.trainer.checkpoint`).
+        failures_allowed: failed saves in a row the job trains through (each is
+            counted and logged, the partial folder is left for the next resume's
+            clean-up); one more stops the job with the last error. 0: the first
+            failed save stops it.
     """
 
     directory: Path | None = None
     every: int = 10
     keep: int = 3
     mode: str = "sync"
+    failures_allowed: int = 3
 
     def __post_init__(self) -> None:
         _check(
@@ -230,6 +235,11 @@ class CheckpointConfig:
         )
         _check_positive_int(self.every, "checkpoint_every")
         _check_positive_int(self.keep, "keep")
+        _check(
+            isinstance(self.failures_allowed, int) and self.failures_allowed >= 0,
+            "checkpoint_failures_allowed",
+            f"must be an integer >= 0 (got {self.failures_allowed!r})",
+        )
         if self.directory is not None and self.directory.exists():
             _check(
                 self.directory.is_dir(),

@@ -5,6 +5,8 @@ Records, one JSON object per line, appended and flushed as they happen:
 * ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size"}``
 * ``{"event": "step", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}``
 * ``{"event": "checkpoint", "time", "step", "attempt"}``
+* ``{"event": "checkpoint_failed", "time", "step", "attempt", "error"}``: the save
+  after ``step`` failed on some rank (every rank writes it); training went on
 * ``{"event": "done", "time", "step", "attempt"}``
 * ``{"event": "fault", "time", "point", "step", "attempt"}``: a chaos fault
   point (:mod:`stormwatch.trainer.control`) took effect in ``step`` (once
@@ -101,6 +103,18 @@ class EventLog:
         """A checkpoint of ``step`` is complete (renamed into place)."""
         self._write(
             {"event": "checkpoint", "time": self._clock(), "step": step, "attempt": self._attempt}
+        )
+
+    def checkpoint_failed(self, *, step: int, error: str) -> None:
+        """The save after ``step`` failed (``error``: why, from every rank that failed)."""
+        self._write(
+            {
+                "event": "checkpoint_failed",
+                "time": self._clock(),
+                "step": step,
+                "attempt": self._attempt,
+                "error": error,
+            }
         )
 
     def done(self, *, step: int) -> None:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
 from stormwatch.trainer.checkpoint import Checkpointer, RankLayout, TrainState
+from stormwatch.trainer.checkpoint_budget import FailureBudget
 from stormwatch.trainer.comms import CollectiveCounter
 from stormwatch.trainer.config import VOCAB_SIZE, TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError, control_path
@@ -194,8 +195,13 @@ def _close_tracing(tracing: RankTracing, telemetry: RankTelemetry) -> None:
         telemetry.on_error("tracing", RuntimeError(f"{dropped} spans not exported at exit"))
 
 
-def _committed(telemetry: RankTelemetry, step: int) -> None:
+def _committed(telemetry: RankTelemetry, budget: FailureBudget, step: int) -> None:
     telemetry.checkpoint(step=step)
+    budget.committed()
+
+
+def _save_failed(telemetry: RankTelemetry, step: int, error: str) -> None:
+    telemetry.checkpoint_failed(step=step, error=error)
 
 
 def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
@@ -251,10 +257,13 @@ def _run(
     # seed, step and micro-batch index, not of dp); this only covers what runs before.
     torch.manual_seed(derive_seed("dropout", seed, dp_rank))  # seeds CUDA too
 
+    budget = FailureBudget(
+        config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
+    )
     checkpointer = Checkpointer(
         config.checkpoint,
         state=TrainState(model=model, optimizer=optimizer, sampler=sampler, seed=seed),
-        on_commit=functools.partial(_committed, telemetry),
+        on_commit=functools.partial(_committed, telemetry, budget),
         fault_hook=None if fault is None else fault.checkpoint_phase,
         layout=RankLayout(
             rank=env.rank,
@@ -412,20 +421,22 @@ def _run(
             )
             last_step = step
             if writes_done == env.world_size:  # every rank's async write has finished
-                with tracing.span("checkpoint_commit", step=checkpointer.pending_step):
-                    checkpointer.finish()
+                pending = checkpointer.pending_step
+                with tracing.span("checkpoint_commit", step=pending):
+                    budget.run(pending or step, checkpointer.finish)
             requested = requests > 0  # agreed by every rank (same all-reduce result)
             if requested and control.armed.checkpoint_requested_at is not None:
                 telemetry.fault(point="checkpoint_now", step=step)
             if checkpointer.due(step) or step == config.steps or requested:
                 last_save_started = time.time()
                 with tracing.span("checkpoint_save", step=step):
-                    checkpointer.save(step)
+                    budget.run(step, functools.partial(checkpointer.save, step))
         if config.step_delay > 0:
             time.sleep(config.step_delay)
     if checkpointer.pending_step is not None:  # async: commit the last save before "done"
-        with tracing.span("checkpoint_commit", step=checkpointer.pending_step):
-            checkpointer.finish()
+        pending = checkpointer.pending_step
+        with tracing.span("checkpoint_commit", step=pending):
+            budget.run(pending, checkpointer.finish)
     # Leave together: with the store on rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
     # an early exit of rank 0 would break the others' teardown.
     dist.barrier()

@@ -170,6 +170,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Steps between checkpoints (--checkpoint-every); 0 when checkpointing is off.",
     ),
     MetricSpec(
+        "stormwatch_train_checkpoint_failures",
+        "counter",
+        "Checkpoint saves that failed on this rank's job (every rank counts each failed save; "
+        "training went on within --checkpoint-failures-allowed).",
+    ),
+    MetricSpec(
         "stormwatch_train_fault_injections",
         "counter",
         "Steps in which a chaos fault point took effect on this rank (by point).",
@@ -329,8 +335,14 @@ class RankMetrics:
         self._gauge("stormwatch_train_last_checkpoint_timestamp_seconds").set(timestamp)
 
     def checkpoint_interval(self, steps: int) -> None:
-        """Set the checkpoint interval in steps (0: off)."""
+        """Set the checkpoint interval in steps (0: off); also starts the failure counter at
+        0, so that ``increase()`` sees the first failed save."""
         self._gauge("stormwatch_train_checkpoint_interval_steps").set(steps)
+        self._counter("stormwatch_train_checkpoint_failures")
+
+    def checkpoint_failed(self) -> None:
+        """Count one failed checkpoint save."""
+        self._counter("stormwatch_train_checkpoint_failures").inc()
 
     def fault(self, point: str) -> None:
         """Count one step in which fault point ``point`` took effect."""

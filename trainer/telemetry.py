@@ -217,6 +217,13 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.checkpoint, step=step)
 
+    def checkpoint_failed(self, *, step: int, error: str) -> None:
+        """Record a failed checkpoint save after ``step`` (counter and event)."""
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.checkpoint_failed)
+        if self._events is not None:
+            self._guard("events", self._events.checkpoint_failed, step=step, error=error)
+
     def checkpoint_interval(self, steps: int) -> None:
         """Export the checkpoint interval in steps (0 when checkpointing is off)."""
         if self._metrics is not None:

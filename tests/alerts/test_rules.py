@@ -264,6 +264,7 @@ PROMTOOL_CASES = {
         "loss_nan_fires_and_resolves",
         "loss_spike_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
+        "checkpoint_failing_fires_on_a_failed_save_and_resolves",
         "collective_bus_bandwidth_drop_fires_and_resolves",
         "fc14_straggler_fires_and_resolves",
     ],
