@@ -40,21 +40,26 @@ class RevertOutcome:
     detail: str
 
 
-def platform_agent_restorer(ledger_file: Path) -> Callable[[str], str] | None:
+def platform_agent_restorer(ledger_file: Path) -> Callable[[str], str | None] | None:
     """How a ``kill_agent`` revert starts a dead agent again, for the ledger ``ledger_file``
     (``<run-dir>/chaos/ledger.sqlite3``): the lab of that run directory restarts the
     agent's service (:meth:`stormwatch.chaos.lab.Lab.restart_agents`); None when the run
-    directory holds no lab (a DaemonSet or systemd unit restarts agents there).
+    directory holds no lab (a DaemonSet or systemd unit restarts agents there). The
+    restorer returns what it did, or None when the lab is down (the agent went with it).
     """
     from stormwatch.chaos.lab import Lab
+    from stormwatch.chaos.lab.errors import LabNotUpError
     from stormwatch.chaos.lab.paths import RunPaths
 
     run_dir = Path(ledger_file).parent.parent
     if not RunPaths.of(run_dir).state_file.exists():
         return None
 
-    def restore(node: str) -> str:
-        restarted = Lab(run_dir).restart_agents([node])
+    def restore(node: str) -> str | None:
+        try:
+            restarted = Lab(run_dir).restart_agents([node])
+        except LabNotUpError:
+            return None
         return "restarted by the lab" if restarted else "already running"
 
     return restore

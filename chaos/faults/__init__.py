@@ -36,7 +36,7 @@ def bind_fault(
     agents: AgentClient,
     expires_at: float | None = None,
     injected_at: float | None = None,
-    restore_agent: Callable[[str], str] | None = None,
+    restore_agent: Callable[[str], str | None] | None = None,
 ) -> ActiveFault:
     """The fault object for ``spec`` at ``target``.
 

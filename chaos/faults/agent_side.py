@@ -139,7 +139,8 @@ class AgentSideFault:
         injected_at: when it was applied (Unix s; ``kill_agent`` waits for the kill to land
             before checking the agent).
         restore_agent: ``restore_agent(node)`` starts a dead agent again through the platform
-            and says what it did (the lab restarts its service); None: the platform's own
+            and says what it did (the lab restarts its service), or returns None when the
+            platform itself is gone (a lab brought down); None: the platform's own
             supervisor (DaemonSet, systemd) is waited for.
     """
 
@@ -154,7 +155,7 @@ class AgentSideFault:
         agents: AgentClient,
         expires_at: float | None = None,
         injected_at: float | None = None,
-        restore_agent: Callable[[str], str] | None = None,
+        restore_agent: Callable[[str], str | None] | None = None,
     ) -> None:
         if not target.requests or target.token_file is None:
             raise FaultError(f"fault {fault_id}: {spec.kind} needs agent requests and a token file")
@@ -250,11 +251,15 @@ class AgentSideFault:
                 pass
             if self._restore_agent is not None:
                 try:
-                    how = await asyncio.to_thread(self._restore_agent, part.node)
+                    restored = await asyncio.to_thread(self._restore_agent, part.node)
                 except StormwatchError as exc:
                     raise FaultError(
                         f"fault {self.fault_id}: could not restart the agent of {part.node}: {exc}"
                     ) from exc
+                if restored is None:  # the whole platform (the lab) is down: nothing to restore
+                    done.append(f"{part.node}: gone with the lab")
+                    continue
+                how = restored
             deadline = time.monotonic() + AGENT_BACK_TIMEOUT_S
             while True:
                 try:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from typing import Any, get_args
 
+import aiohttp
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from stormwatch.agent.faults import FAULT_TYPES, parse_fault_request
+from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError
-from stormwatch.chaos.faults import plan_requests
+from stormwatch.chaos.faults import FaultTarget, bind_fault, plan_requests
 from stormwatch.chaos.faults.specs import FINAL_KINDS, Fault, target_nodes, target_rank
+from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.target import AgentEndpoint
 
 FAULT: TypeAdapter[Any] = TypeAdapter(Fault)
@@ -130,3 +135,56 @@ def test_a_node_without_an_agent_is_refused_before_anything_is_sent() -> None:
     spec = FAULT.validate_python({"kind": "gpu_lost", "node": "n9"})
     with pytest.raises(FaultError, match="node 'n9' has no agent"):
         plan_requests(spec=spec, fault_id="e.g", job="j", agents=AGENTS)
+
+
+def _dead_agent_fault(tmp_path: Any, restore: Any) -> Any:
+    """A bound ``kill_agent`` whose agent (a closed port on loopback) no longer answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    spec = TypeAdapter(Fault).validate_python({"kind": "kill_agent", "node": "n1"})
+    [[request]] = plan_requests(
+        spec=spec,
+        fault_id="f1",
+        job="j",
+        agents=[AgentEndpoint(node="n1", url=f"http://127.0.0.1:{port}")],
+    )
+    token = tmp_path / "token"
+    token.write_text("secret")
+    target = FaultTarget(job="j", node="n1", token_file=str(token), requests=(request,))
+
+    async def revert() -> str:
+        async with aiohttp.ClientSession() as session:
+            fault = bind_fault(
+                fault_id="f1",
+                spec=spec,
+                target=target,
+                agents=AgentClient(session, timeout=1.0),
+                restore_agent=restore,
+            )
+            return await fault.revert()
+
+    return revert
+
+
+def test_reverting_a_kill_agent_asks_the_platform_and_a_lab_that_is_down_closes_it(
+    tmp_path: Any,
+) -> None:
+    asked: list[str] = []
+
+    def lab_down(node: str) -> None:
+        asked.append(node)
+        return None
+
+    detail = asyncio.run(_dead_agent_fault(tmp_path, lab_down)())
+
+    assert asked == ["n1"]
+    assert detail == "kill_agent reverted (n1: gone with the lab)"
+
+
+def test_a_platform_that_cannot_restart_the_agent_keeps_the_kill_agent_open(tmp_path: Any) -> None:
+    def broken(node: str) -> str:
+        raise LabError("the lab has no node 'n1' (nodes: node0)")
+
+    with pytest.raises(FaultError, match="could not restart the agent of n1: the lab has no node"):
+        asyncio.run(_dead_agent_fault(tmp_path, broken)())
