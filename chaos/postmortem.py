@@ -16,8 +16,9 @@ Definitions (times are Unix seconds; the fault time is the agent's ``applied_at`
   (a ``start`` event after the fault); ``recovered_by`` ``restart``. A fault that
   does not restart the job (a partition that heals, a slowdown, a GPU fault on the
   simulated backend, a killed node agent) recovers when it is removed: fault ->
-  the moment every rank of the job has completed a step after the fault's revert
-  (the ledger's ``reverted_at``); ``recovered_by`` ``fault removed``.
+  the moment every rank of the job has completed a step after the fault ended (the
+  ledger's ``reverted_at``, or its ``expires_at`` when the TTL came first: the agent
+  reverted it then); ``recovered_by`` ``fault removed``.
 * steps lost: last step completed before the fault minus the step the restarted
   workers resumed from (``resumed_from_step`` of their ``start`` event).
 * loss identical: every step after the resume step has the same ``loss_hex`` on
@@ -192,7 +193,9 @@ def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None
     """Recovery of a fault that did not restart the job: every rank steps after its revert."""
     if pm.fault_at is None or not logs:
         return
-    ends = [f.reverted_at for f in journal.faults if f.reverted_at is not None]
+    # A fault ends at its revert, or at its TTL when that came first (the agent, or the
+    # reaper, reverted it then; the ledger row is closed later, by the rollback).
+    ends = [min(f.reverted_at, f.expires_at) for f in journal.faults if f.reverted_at is not None]
     if not ends or any(f.open for f in journal.faults):
         return
     cleared = max(ends)

@@ -467,6 +467,13 @@ def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: P
     md = render_markdown(pm)
     assert "time to recover (fault → every rank stepping after the fault's removal)" in md
 
+    # The agent reverted it at its TTL; the rollback closed the ledger row after the job ended.
+    late = journal.faults[0].model_copy(update={"expires_at": healed, "reverted_at": T0 + 500})
+    journal.faults = [late]
+    write_journal(journal, exp_dir / "journal.json")
+    at_ttl = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
+    assert at_ttl.time_to_recover_seconds == pytest.approx(healed + 0.2 - FAULT_AT)
+
     journal.faults = [
         journal.faults[0].model_copy(update={"state": "injected", "reverted_at": None})
     ]
