@@ -393,13 +393,25 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
             return await revert_entries(ledger, entries, reason="chaos revert", session=session)
 
     outcomes = asyncio.run(go()) if entries else []
-    if not outcomes:
+    if not outcomes and not ledger.unreadable:
         console.print("no open faults: nothing to revert")
         return 0
     for outcome in outcomes:
         mark = "[green]reverted[/]" if outcome.ok else "[red]FAILED[/]"
         console.print(f"{mark} {outcome.fault_id}: {outcome.detail}", soft_wrap=True)
-    return 0 if all(o.ok for o in outcomes) else 1
+    _report_unreadable(console, ledger)
+    return 0 if all(o.ok for o in outcomes) and not ledger.unreadable else 1
+
+
+def _report_unreadable(console: Console, ledger: Ledger) -> None:
+    """Name the ledger rows that could not be read (their faults were not reverted)."""
+    for fault_id, why in ledger.unreadable.items():
+        console.print(
+            f"[red]UNREADABLE[/] {escape(fault_id)}: {escape(why)}; not reverted. Revert it by "
+            "hand if it is still applied, then delete the row: "
+            f"sqlite3 {escape(str(ledger.path))} \"DELETE FROM faults WHERE id='{escape(fault_id)}'\"",
+            soft_wrap=True,
+        )
 
 
 @chaos.command("ledger")
@@ -424,6 +436,9 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     entries = ledger.open_faults() if only_open else ledger.entries()
     console = Console()
     console.print(_ledger_table(entries, now=time.time(), width=console.width))
+    _report_unreadable(console, ledger)
+    if ledger.unreadable:
+        raise click.exceptions.Exit(1)
 
 
 #: From this terminal width on, ``chaos ledger`` also shows where, expires and the full state.

@@ -14,6 +14,7 @@ Default location: ``<run-dir>/chaos/ledger.sqlite3`` (:func:`ledger_path`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from stormwatch.chaos.errors import LedgerError
 from stormwatch.chaos.faults.base import FaultTarget
 from stormwatch.chaos.faults.specs import Fault
+
+logger = logging.getLogger(__name__)
 
 FaultState = Literal["pending", "injected", "reverted"]
 _FAULT_ADAPTER: TypeAdapter[Fault] = TypeAdapter(Fault)
@@ -105,6 +108,9 @@ class Ledger:
 
     def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = Path(path)
+        #: id -> why, for rows that could not be read (skipped by every query; a command
+        #: that reads the ledger reports them and fails, see ``stormwatch chaos revert``).
+        self.unreadable: dict[str, str] = {}
         if not create and not self.path.exists():
             raise LedgerError(f"no fault ledger at {self.path}")
         try:
@@ -241,7 +247,18 @@ class Ledger:
                 ).fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
-        return [_entry(row) for row in rows]
+        entries = []
+        for row in rows:
+            try:
+                entries.append(_entry(row))
+            except (ValueError, TypeError, KeyError) as exc:  # pydantic errors are ValueErrors
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if self.unreadable.get(str(row["id"])) is None:
+                    logger.warning(
+                        "fault ledger %s: row %s unreadable: %s", self.path, row["id"], why
+                    )
+                self.unreadable[str(row["id"])] = why
+        return entries
 
 
 def _entry(row: sqlite3.Row) -> LedgerEntry:

@@ -159,16 +159,16 @@ class LabJobs:
                 "would resume its checkpoints and append to its rank logs. Choose another "
                 "job.name, or attach to it with --job"
             )
-        spec = JobSpec(
-            name=job.name,
-            steps=job.steps,
-            checkpoint_every=job.checkpoint_every,
-            seed=job.seed,
-            step_delay=job.step_delay,
-            min_nodes=job.min_nodes,
-            global_batch=job.global_batch,
-        )
         try:
+            spec = JobSpec(
+                name=job.name,
+                steps=job.steps,
+                checkpoint_every=job.checkpoint_every,
+                seed=job.seed,
+                step_delay=job.step_delay,
+                min_nodes=job.min_nodes,
+                global_batch=job.global_batch,
+            )
             info = self._lab.start_job(spec)
         except StormwatchError as exc:
             raise ChaosError(f"could not start job {job.name!r} on the lab: {exc}") from exc

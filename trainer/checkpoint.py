@@ -53,6 +53,7 @@ another ``dp``); a different global batch is allowed with a warning.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -244,6 +245,7 @@ class Checkpointer:
         try:
             dcp.save(self._capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
         except DCP_ERRORS as exc:
+            self._discard(tmp_dir)  # every rank is past its writes: DCP gathered the failure
             raise CheckpointError(
                 f"saving step {step} into {tmp_dir} failed: {describe_dcp_error(exc)}"
             ) from exc
@@ -276,13 +278,14 @@ class Checkpointer:
         try:
             pending.future.result()
         except DCP_ERRORS as exc:
-            error = describe_dcp_error(exc)
+            error = describe_dcp_error(exc, ranks=False)  # _finalize names the rank
         self._finalize(pending.step, pending.tmp_dir, self._gather_outcome(pending.tmp_dir, error))
         return pending.step
 
     def _finalize(self, step: int, tmp_dir: Path, outcomes: list[tuple[str | None, dict]]) -> None:
         errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(outcomes) if e is not None]
         if errors:
+            self._discard(tmp_dir)  # every rank's write has ended (the outcomes were gathered)
             raise CheckpointError(f"saving step {step} into {tmp_dir} failed: {'; '.join(errors)}")
         checksums: dict[str, str] = {}
         for _, part in outcomes:
@@ -291,6 +294,13 @@ class Checkpointer:
         log.info("checkpoint of step %d complete: %s", step, final)
         if self._on_commit is not None:
             self._on_commit(step)
+
+    def _discard(self, tmp_dir: Path) -> None:
+        """Rank 0 deletes a failed save's own temporary folder, so that what it wrote does
+        not keep a full disk full (best effort: on a read-only disk it stays, and the next
+        scan skips and prunes it)."""
+        if self._layout.rank == 0:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
 
     def _plan_save(self, step: int) -> str | None:
         root = self._root()
@@ -484,7 +494,7 @@ class Checkpointer:
             try:
                 box[0] = ("ok", decide())
             except Exception as exc:
-                log.error("checkpoint decision failed on rank 0", exc_info=True)
+                log.debug("checkpoint decision failed on rank 0", exc_info=True)
                 box[0] = ("error", f"{type(exc).__name__}: {exc}")
         if self._layout.world_size > 1:
             dist.broadcast_object_list(box, src=0)

@@ -25,15 +25,17 @@ log = logging.getLogger(__name__)
 DCP_ERRORS = (Exception, CheckpointException)
 
 
-def describe_dcp_error(exc: BaseException) -> str:
+def describe_dcp_error(exc: BaseException, *, ranks: bool = True) -> str:
     """One line for a DCP failure: each failing rank's own exception (a
-    CheckpointException's text is every rank's whole traceback)."""
+    CheckpointException's text is every rank's whole traceback), prefixed with
+    ``rank R:`` unless ``ranks`` is False."""
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         parts = []
         for rank, wrapped in sorted(failures.items()):
             inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-            parts.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+            prefix = f"rank {rank}: " if ranks else ""
+            parts.append(f"{prefix}{type(inner).__name__}: {inner}")
         return "; ".join(parts)
     return f"{type(exc).__name__}: {exc}"
 

@@ -429,6 +429,10 @@ def _run(
                 telemetry.fault(point="checkpoint_now", step=step)
             if checkpointer.due(step) or step == config.steps or requested:
                 last_save_started = time.time()
+                pending = checkpointer.pending_step
+                if pending is not None:  # async: commit (or count the failure of) the last one
+                    with tracing.span("checkpoint_commit", step=pending):
+                        budget.run(pending, checkpointer.finish)
                 with tracing.span("checkpoint_save", step=step):
                     budget.run(step, functools.partial(checkpointer.save, step))
         if config.step_delay > 0:

@@ -239,9 +239,15 @@ class StateStore:
     def load(self) -> LabState | None:
         """The state, or ``None`` when there is no file; :class:`LabError` when it is corrupt."""
         try:
-            text = self.path.read_text()
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:  # a folder, a symlink loop, not UTF-8
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise LabError(
+                f"{self.path}: cannot read the lab state file: {reason}; if no lab runs in "
+                f"{self._paths.run_dir}, move it away and `stormwatch lab up` again"
+            ) from exc
         try:
             return LabState.model_validate_json(text)
         except ValidationError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -286,3 +287,43 @@ def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path) -> 
     assert killed[0] == long_id and killed[3] == "node0"  # where
     assert frozen[-1].endswith("by experiment finished and the steady state held")
     assert "…" not in wide
+
+
+def test_an_unreadable_row_is_named_and_the_other_faults_are_still_reverted(
+    tmp_path: Path,
+) -> None:
+    """One corrupt row must not keep ``chaos revert --all`` from reverting the rest."""
+    run_dir = tmp_path / "run"
+    ledger = Ledger(ledger_path(run_dir))
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    for fault_id in ("exp.gone", "exp.broken"):
+        ledger.record(
+            fault_id=fault_id,
+            experiment_id="exp",
+            spec=FreezeRankFault(kind="freeze_rank", rank=0),
+            target=FaultTarget(job="j", rank=0, pid=proc.pid, pid_create_time=1.0),
+            expires_at=time.time() + 3600,
+        )
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("UPDATE faults SET spec='{not json' WHERE id='exp.broken'")
+    stormwatch = str(Path(sys.executable).with_name("stormwatch"))
+
+    done = subprocess.run(
+        [stormwatch, "chaos", "revert", "--all", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    out = " ".join(done.stdout.split())
+    assert "reverted exp.gone" in out
+    assert "UNREADABLE exp.broken: " in out and "not reverted" in out
+    assert "DELETE FROM faults WHERE id='exp.broken'" in out
+    assert not Ledger(ledger.path, create=False).get("exp.gone").open
+    listing = subprocess.run(
+        [stormwatch, "chaos", "ledger", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert listing.returncode == 1 and "Traceback" not in listing.stderr
+    assert "UNREADABLE exp.broken" in " ".join(listing.stdout.split())

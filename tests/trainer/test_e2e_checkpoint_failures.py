@@ -32,7 +32,8 @@ def _train_on_a_full_disk(cwd: Path, *args: str) -> subprocess.CompletedProcess[
     env["OMP_NUM_THREADS"] = "1"
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    script = 'mount -t tmpfs -o size=64k stormwatch-test-full ck && exec "$@"'
+    # After the run, list what is left in the full folder (gone with the namespace after).
+    script = 'mount -t tmpfs -o size=64k stormwatch-test-full ck || exit 99; "$@"; rc=$?; ls -A ck > left-in-ck.txt; exit $rc'
     command = [stormwatch, "train", *SMALL, "--checkpoint-dir", "ck", "--log-dir", "logs"]
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
@@ -63,6 +64,20 @@ def test_failed_saves_are_counted_and_training_goes_on_within_the_budget(tmp_pat
         "stormwatch_train_checkpoint_failures_total", {"job": "train", "rank": "0"}
     )
     assert failures == 3  # what StormwatchCheckpointFailing alerts on
+    # A failed save deletes its own temporary folder: its shards must not keep the disk full.
+    assert (tmp_path / "left-in-ck.txt").read_text() == ""
+
+
+def test_async_saves_count_each_failure_at_its_own_step(tmp_path: Path) -> None:
+    done = _train_on_a_full_disk(
+        tmp_path, "--checkpoint-mode", "async", "--checkpoint-failures-allowed", "3"
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    failed = [e for e in _events(tmp_path) if e["event"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [2, 4, 6]
+    assert str(failed[0]["error"]).count("rank 0:") == 1, failed[0]["error"]
+    assert (tmp_path / "left-in-ck.txt").read_text() == ""
 
 
 def test_one_failed_save_more_than_allowed_stops_the_job_naming_the_flag(tmp_path: Path) -> None:
