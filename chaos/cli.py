@@ -315,7 +315,7 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
         recover = (
             f"recovered in {row.time_to_recover_seconds:.1f} s ({row.recovered_by})"
             if row.time_to_recover_seconds is not None
-            else "not recovered"
+            else "no recovery measured"
         )
         reporter.console.print(
             f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "
