@@ -6,7 +6,7 @@ next all-reduce: rank 1 never issues it, rank 0 waits inside it, no rank makes p
 StormwatchTrainingHung fires (stall threshold 30 s + ``for: 30s``), Alertmanager notifies
 the lab's responder, whose lab policy maps it to ``restart_workers``: SIGTERM to the
 workers, torchrun restarts them, they resume from the last checkpoint. The fault is
-disarmed (file removed) once it fired, so the restarted rank 1 does not hang again. When
+disarmed (file removed) once the responder acted, so the restarted rank 1 does not hang again. When
 the alert resolves (the workers are down), the responder writes the post-mortem, and again
 once the restarted workers completed a step; it must name rank 1 from the flight-recorder
 dumps the workers wrote on SIGTERM (no chaos journal exists: only the evidence names it).
@@ -109,7 +109,6 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
             return running and last > armed_at - 5 and time.time() - last > 5
 
         kit.wait_for(stalled, 60, "rank 1 to hang in an all-reduce (no progress for 5 s)")
-        path.unlink()  # the hung process stays stuck; its restarted successor will not hang
 
         [restart] = kit.wait_for(
             lambda: [
@@ -120,6 +119,10 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
             180,
             "the responder to restart the workers",
         )
+        # Disarm only now: removing the entry ends a hang (that is how a chaos revert ends
+        # it), and the hung process must stay stuck until the responder's SIGTERM. Its
+        # successor, still importing torch, reads the file after this.
+        path.unlink()
         assert restart["status"] == "succeeded", restart
         result = lab.wait_job(JOB, timeout=300)
         assert result.exit_codes and all(c == 0 for c in result.exit_codes.values()), result
