@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from stormwatch.alerts.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
 from stormwatch.alerts.audit import AuditEntry, AuditLog
@@ -50,7 +51,6 @@ from stormwatch.alerts.postmortem import (
     write_incident_postmortem,
 )
 from stormwatch.alerts.prometheus import PrometheusClient
-from stormwatch.alerts.runner import ActionRunner, StoreWorker
 from stormwatch.alerts.store import Store
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError

@@ -14,14 +14,20 @@ from rich.table import Table
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.execution.journal import Journal
+from stormwatch.chaos.execution.runner import (
+    EXIT_ABORTED,
+    EXIT_OK,
+    Runner,
+    RunnerConfig,
+    run_experiment,
+)
+from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
-from stormwatch.chaos.journal import Journal
-from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
-from stormwatch.chaos.loader import load_experiment
-from stormwatch.chaos.revert import RevertOutcome, revert_entries, revert_overdue
-from stormwatch.chaos.runner import EXIT_ABORTED, EXIT_OK, Runner, RunnerConfig, run_experiment
-from stormwatch.chaos.scorecard import ScorecardRow
-from stormwatch.chaos.verify import Verification, write_verification
+from stormwatch.chaos.gameday.scorecard import ScorecardRow
+from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_overdue
+from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.errors import ConfigError
 
 _RUN_DIR = click.option(
@@ -177,12 +183,12 @@ def run(
     succeeded; 1 otherwise; 130 when interrupted; 2 for an invalid experiment or
     a lab that is not up.
     """
-    from stormwatch.chaos.report import generate_postmortem
+    from stormwatch.chaos.reports.report import generate_postmortem
     from stormwatch.chaos.target import lab_target
 
     spec = load_experiment(experiment)
     if dry_run:
-        from stormwatch.chaos.dryrun import lab_shape, print_plan
+        from stormwatch.chaos.execution.dryrun import lab_shape, print_plan
 
         refused = print_plan(
             spec, experiment, Console(highlight=False, soft_wrap=True), lab_shape(run_dir)
@@ -236,7 +242,7 @@ def run(
 
 
 def _print_verification(result: Verification, console: Console) -> None:
-    """One line per check of :mod:`stormwatch.chaos.verify` (ok / FAILED / not checked)."""
+    """One line per check of :mod:`stormwatch.chaos.reports.verify` (ok / FAILED / not checked)."""
     for name, check in (
         ("loss", result.loss),
         ("checkpoint", result.checkpoint),
@@ -281,8 +287,8 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
     Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
     2 for an invalid experiment or a lab that is not up.
     """
-    from stormwatch.chaos.dryrun import lab_shape, print_plan
-    from stormwatch.chaos.suite import SuiteOptions, SuiteRunner, load_suite
+    from stormwatch.chaos.execution.dryrun import lab_shape, print_plan
+    from stormwatch.chaos.gameday.suite import SuiteOptions, SuiteRunner, load_suite
     from stormwatch.chaos.target import lab_target
 
     entries = load_suite(folder)
@@ -519,7 +525,7 @@ def postmortem_cmd(
     EXPERIMENT_DIR is a folder (RUN_DIR/experiments/<id>) or just the experiment id,
     looked up in --run-dir.
     """
-    from stormwatch.chaos.report import generate_postmortem
+    from stormwatch.chaos.reports.report import generate_postmortem
     from stormwatch.chaos.target import lab_target
 
     if not experiment_dir.is_dir():

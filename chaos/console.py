@@ -9,7 +9,7 @@ from rich.status import Status
 
 
 class ConsoleReporter:
-    """:class:`~stormwatch.chaos.runner.Reporter` printing to a rich console (stderr by default).
+    """:class:`~stormwatch.chaos.execution.runner.Reporter` printing to a rich console (stderr by default).
 
     ``status`` lines replace each other (a spinner on a terminal; on a pipe, at most
     one line every ``quiet_seconds``); ``event`` lines stay.

@@ -17,12 +17,12 @@ from typing import Protocol
 
 from stormwatch.alerts.backend.lab import LabBackend
 from stormwatch.chaos.errors import ChaosError, LabNotReady
-from stormwatch.chaos.experiment import JobSection
-from stormwatch.chaos.journal import JobRef
-from stormwatch.chaos.lab import JobSpec, Lab
-from stormwatch.chaos.lab import jobs as lab_jobs
+from stormwatch.chaos.execution.journal import JobRef
+from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.errors import StormwatchError
+from stormwatch.lab import JobSpec, Lab
+from stormwatch.lab import jobs as lab_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class AttachedJobs:
 
 
 class LabJobs:
-    """Jobs on a lab, through the lab's Python API (``stormwatch.chaos.lab.Lab``)."""
+    """Jobs on a lab, through the lab's Python API (``stormwatch.lab.Lab``)."""
 
     def __init__(self, lab: Lab, *, world_size: int) -> None:
         self._lab = lab

@@ -20,13 +20,13 @@ from stormwatch.errors import StormwatchError
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("stormwatch.trainer.cli", "train", "Run the reference trainer (under torchrun)."),
     "agent": ("stormwatch.agent.cli", "agent", "Run or inspect the per-node agent."),
-    "lab": ("stormwatch.chaos.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
+    "lab": ("stormwatch.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
     "chaos": ("stormwatch.chaos.cli", "chaos", "Run and revert chaos experiments."),
     "alerts": ("stormwatch.alerts.cli", "alerts", "Alert rules, Alertmanager config, responder."),
-    "plan": ("stormwatch.chaos.plan.cli", "plan", "Goodput (ETTR) planning at scale, what-ifs."),
+    "plan": ("stormwatch.plan.cli", "plan", "Goodput (ETTR) planning at scale, what-ifs."),
     "dashboards": ("stormwatch.dashboards.cli", "dashboards", "Build and push Grafana dashboards."),
     "demo": (
-        "stormwatch.chaos.demo",
+        "stormwatch.chaos.gameday.demo",
         "demo",
         "Run the main job: lab + kill-rank experiment + report.",
     ),

@@ -10,7 +10,7 @@
     │   ├── InvalidExperiment       (a ConfigError too)
     │   ├── FaultError
     │   └── RollbackFailed
-    ├── stormwatch.chaos.lab.LabError
+    ├── stormwatch.lab.LabError
     └── stormwatch.alerts.AlertsError
 
 The CLI prints a :class:`StormwatchError` as one clear message (no traceback)

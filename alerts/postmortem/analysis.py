@@ -25,8 +25,8 @@ from typing import Any
 from stormwatch.agent.proc_exits import signal_name
 from stormwatch.alerts.postmortem.model import Culprit, RankDump
 from stormwatch.alerts.postmortem.sources import Inputs
-from stormwatch.chaos.postmortem import format_clock
 from stormwatch.chaos.ranklogs import RankEvent
+from stormwatch.chaos.reports.postmortem import format_clock
 
 #: Straggler score from which a rank counts as a straggler (the agent's default factor).
 STRAGGLER_FACTOR = 1.2

@@ -27,8 +27,8 @@ from stormwatch.alerts.postmortem.analysis import (
 )
 from stormwatch.alerts.postmortem.model import Impact, IncidentPostMortem
 from stormwatch.alerts.postmortem.sources import Inputs, incident_job
-from stormwatch.chaos.postmortem import TimelineEvent
 from stormwatch.chaos.ranklogs import RankEvent
+from stormwatch.chaos.reports.postmortem import TimelineEvent
 
 
 def _onset(inputs: Inputs, pm: IncidentPostMortem) -> None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.postmortem import TimelineEvent
+from stormwatch.chaos.reports.postmortem import TimelineEvent
 
 
 class _Model(BaseModel):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from stormwatch.alerts.postmortem.model import IncidentPostMortem, PlotRef
 from stormwatch.alerts.postmortem.sources import Inputs
-from stormwatch.chaos.plots import Line, Marker, Panel, plot_time_series, png_data_uri
-from stormwatch.chaos.postmortem import format_clock
+from stormwatch.chaos.reports.plots import Line, Marker, Panel, plot_time_series, png_data_uri
+from stormwatch.chaos.reports.postmortem import format_clock
 
 #: Window of the rank-log throughput (completed steps per second over the last N s).
 RATE_WINDOW_S = 10.0

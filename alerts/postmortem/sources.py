@@ -23,7 +23,7 @@ from typing import Any
 
 from stormwatch.alerts.audit import AuditEntry
 from stormwatch.alerts.records import ActionRecord, IncidentRecord
-from stormwatch.chaos.journal import Journal, load_journal
+from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.ranklogs import RankLog, read_job_logs
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ INSTANT_QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _read_prometheus(inputs: Inputs, url: str, job: str | None) -> None:
-    from stormwatch.chaos.lab.promapi import PrometheusClient
+    from stormwatch.lab.promapi import PrometheusClient
 
     start, end = inputs.window
     if job is None:

@@ -1,6 +1,6 @@
 """HTTP clients (aiohttp) for the node agents and the responder.
 
-Prometheus is queried with the lab's :class:`stormwatch.chaos.lab.AsyncPrometheusClient`.
+Prometheus is queried with the lab's :class:`stormwatch.lab.AsyncPrometheusClient`.
 
 Each is a thin typed seam: JSON is converted to models at this boundary, and
 transport or HTTP errors become :class:`~stormwatch.chaos.errors.ServiceError`

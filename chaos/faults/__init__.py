@@ -5,7 +5,7 @@ The catalogue (models in :mod:`.specs`, documented in docs/faults.md):
 * ``kill_rank`` (:class:`KillRank`): agent-side; the agent signals the worker and
   drops its record at the TTL.
 * ``freeze_rank`` (:class:`FreezeRank`): controller-side SIGSTOP/SIGCONT; a
-  detached reaper (:mod:`stormwatch.chaos.reaper`) reverts it at the TTL.
+  detached reaper (:mod:`stormwatch.chaos.ledger.reaper`) reverts it at the TTL.
 * every other kind (:class:`AgentSideFault`): sent to the node agent(s) over the
   fault API, applied and reverted at the TTL by the agents themselves;
   ``kill_agent`` excepted: a dead agent reverts nothing, so a reaper does it at

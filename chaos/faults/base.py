@@ -1,6 +1,6 @@
 """What a fault is once it has a place: its target and the result of injecting it.
 
-A fault spec (:data:`stormwatch.chaos.experiment.Fault`) says *what*; a
+A fault spec (:data:`stormwatch.chaos.experiment.model.Fault`) says *what*; a
 :class:`FaultTarget` says *where* (node and agent, or process); together with
 the fault id they are recorded in the ledger **before** the fault is sent, so
 that a fresh process holding only the ledger entry can revert it.

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from stormwatch.chaos.lab import JobSpec, Lab, LabConfig
 from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.trainer.control import control_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]

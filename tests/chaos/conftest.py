@@ -105,7 +105,7 @@ def reapers(ledger: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "stormwatch.chaos.reaper" in cmd and str(ledger) in cmd:
+        if "stormwatch.chaos.ledger.reaper" in cmd and str(ledger) in cmd:
             found.append(proc)
     return found
 

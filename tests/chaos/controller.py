@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from stormwatch.chaos import AttachedJobs, Runner, RunnerConfig, Target, load_experiment
-from stormwatch.chaos.runner import run_experiment
+from stormwatch.chaos.execution.runner import run_experiment
 
 
 class _PrintReporter:

@@ -1,6 +1,6 @@
 """A two-node network for fault tests: namespaces A and B on a bridge, a real agent in A.
 
-Like the lab (``chaos/lab``): each node is a network namespace with ``eth0`` on
+Like the lab (``lab``): each node is a network namespace with ``eth0`` on
 a bridge in the root namespace, whose address the test (the "controller")
 uses to reach the agent's fault API; the agent runs *inside* A, so the
 iptables/tc state it changes is A's. B runs :mod:`netprobe` listeners.

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from stormwatch.chaos.faults.specs import Fault
-from stormwatch.chaos.lab import JobSpec, Lab
+from stormwatch.lab import JobSpec, Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

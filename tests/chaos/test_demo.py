@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stormwatch.chaos.demo import clean_run_dir
+from stormwatch.chaos.gameday.demo import clean_run_dir
 from stormwatch.errors import ConfigError
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
@@ -67,9 +67,9 @@ def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path)
     # `make demo` twice said "bringing down the lab left in run/demo" although it was down.
     import ipaddress
 
-    from stormwatch.chaos.lab import LabConfig
-    from stormwatch.chaos.lab.paths import RunPaths
-    from stormwatch.chaos.lab.state import StateStore, plan_state
+    from stormwatch.lab import LabConfig
+    from stormwatch.lab.paths import RunPaths
+    from stormwatch.lab.state import StateStore, plan_state
 
     run_dir = tmp_path / "demo"
     run_dir.mkdir()
@@ -86,7 +86,7 @@ def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path)
 
 
 def test_lab_down_summary_is_one_line() -> None:
-    from stormwatch.chaos.demo import lab_down_summary
+    from stormwatch.chaos.gameday.demo import lab_down_summary
 
     assert lab_down_summary([]) == "nothing was left to remove"
     assert lab_down_summary(["netns a", "netns b", "veth c", "bridge d"]) == (

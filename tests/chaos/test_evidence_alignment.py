@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stormwatch.chaos.clients.responder import Incident
-from stormwatch.chaos.evidence import AlertEvidence, align_with_incidents
+from stormwatch.chaos.reports.evidence import AlertEvidence, align_with_incidents
 
 LABELS = {"alertname": "StormwatchRankStalled", "job": "demo", "rank": "1", "severity": "critical"}
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from stormwatch.chaos import InvalidExperiment, load_experiment, parse_experiment
-from stormwatch.chaos.experiment import ActionActivity, TargetSelector
-from stormwatch.chaos.selection import (
+from stormwatch.chaos.experiment.model import ActionActivity, TargetSelector
+from stormwatch.chaos.experiment.selection import (
     SelectionError,
     Shape,
     allowed_ranks,

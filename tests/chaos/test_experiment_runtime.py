@@ -18,7 +18,7 @@ from stormwatch.chaos import (
     ledger_path,
     parse_experiment,
 )
-from stormwatch.chaos.runner import ExperimentRun
+from stormwatch.chaos.execution.runner import ExperimentRun
 
 
 def _run(tmp_path: Path, job: str, text: str, world_size: int = 1) -> ExperimentRun:
@@ -175,9 +175,9 @@ def test_the_http_probe_checks_status_and_body_of_a_real_server(tmp_path: Path) 
 
     import aiohttp
 
-    from stormwatch.chaos.experiment import HttpProvider
-    from stormwatch.chaos.journal import JobRef
-    from stormwatch.chaos.probes import ProbeContext, check
+    from stormwatch.chaos.execution.journal import JobRef
+    from stormwatch.chaos.execution.probes import ProbeContext, check
+    from stormwatch.chaos.experiment.model import HttpProvider
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from stormwatch.chaos import InvalidExperiment, load_experiment
-from stormwatch.chaos.demo import PACKAGED_EXPERIMENT, REPO_EXPERIMENT, demo_experiment
+from stormwatch.chaos.gameday.demo import PACKAGED_EXPERIMENT, REPO_EXPERIMENT, demo_experiment
 from stormwatch.errors import ConfigError
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")

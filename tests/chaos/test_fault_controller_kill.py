@@ -24,8 +24,8 @@ from types import ModuleType
 import psutil
 import pytest
 
-from stormwatch.chaos.ledger import Ledger, ledger_path
-from stormwatch.chaos.revert import revert_open
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
+from stormwatch.chaos.ledger.revert import revert_open
 
 pytestmark = pytest.mark.root
 

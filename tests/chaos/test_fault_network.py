@@ -209,8 +209,8 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
 
     from stormwatch.chaos.faults import AgentSideFault, FaultTarget, plan_requests
     from stormwatch.chaos.faults.specs import Fault
-    from stormwatch.chaos.ledger import Ledger
-    from stormwatch.chaos.revert import revert_open
+    from stormwatch.chaos.ledger.ledger import Ledger
+    from stormwatch.chaos.ledger.revert import revert_open
     from stormwatch.chaos.target import AgentEndpoint
 
     agents = (

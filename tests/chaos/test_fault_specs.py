@@ -15,8 +15,8 @@ from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError
 from stormwatch.chaos.faults import FaultTarget, bind_fault, plan_requests
 from stormwatch.chaos.faults.specs import FINAL_KINDS, Fault, target_nodes, target_rank
-from stormwatch.chaos.lab.errors import LabError
 from stormwatch.chaos.target import AgentEndpoint
+from stormwatch.lab.errors import LabError
 
 FAULT: TypeAdapter[Any] = TypeAdapter(Fault)
 AGENTS = (

@@ -31,7 +31,7 @@ from stormwatch.chaos import (
     parse_experiment,
 )
 from stormwatch.chaos.ranklogs import read_job_logs
-from stormwatch.chaos.report import generate_postmortem
+from stormwatch.chaos.reports.report import generate_postmortem
 
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
 BIN = Path(sys.executable).parent

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from stormwatch.chaos import Ledger, LedgerError, revert_open
-from stormwatch.chaos.experiment import FreezeRankFault, KillRankFault
+from stormwatch.chaos.experiment.model import FreezeRankFault, KillRankFault
 from stormwatch.chaos.faults import FaultTarget, find_rank_process
-from stormwatch.chaos.ledger import ledger_path
-from stormwatch.chaos.revert import OVERDUE_REASON
+from stormwatch.chaos.ledger.ledger import ledger_path
+from stormwatch.chaos.ledger.revert import OVERDUE_REASON
 
 
 def _kill_spec() -> KillRankFault:
@@ -37,7 +37,7 @@ def test_recorded_fault_survives_a_sigkilled_controller(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import os, signal, time
         from stormwatch.chaos import Ledger
-        from stormwatch.chaos.experiment import KillRankFault
+        from stormwatch.chaos.experiment.model import KillRankFault
         from stormwatch.chaos.faults import FaultTarget
         ledger = Ledger({str(db)!r})
         ledger.record(fault_id="exp.kill", experiment_id="exp",
@@ -190,7 +190,7 @@ def test_overdue_frozen_rank_is_thawed_by_the_next_command(
     wait_until: Any,
     command: tuple[str, str],
 ) -> None:
-    """Controller and reaper both dead: the next chaos/lab command reverts the fault."""
+    """Controller and reaper both dead: the next lab command reverts the fault."""
     job = unique_job("overdue")
     workload = start_workload(job)
     process = find_rank_process(job, 0)

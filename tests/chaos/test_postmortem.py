@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from stormwatch.chaos.clients.responder import Incident, Notification
-from stormwatch.chaos.evidence import AlertEvidence, Evidence, save_evidence
-from stormwatch.chaos.journal import ActivityRecord, JobRef, Journal, SteadyState, write_journal
-from stormwatch.chaos.postmortem import render_markdown
-from stormwatch.chaos.report import generate_postmortem, postmortem_from_files
+from stormwatch.chaos.execution.journal import (
+    ActivityRecord,
+    JobRef,
+    Journal,
+    SteadyState,
+    write_journal,
+)
+from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
+from stormwatch.chaos.reports.postmortem import render_markdown
+from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 T0 = 1_700_000_000.0
@@ -425,10 +431,10 @@ def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
 
 def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: Path) -> None:
     """No restart: recovered when every rank has stepped after the ledger's revert."""
+    from stormwatch.chaos.execution.journal import load_journal
     from stormwatch.chaos.faults.base import FaultTarget
     from stormwatch.chaos.faults.specs import PartitionFault
-    from stormwatch.chaos.journal import load_journal
-    from stormwatch.chaos.ledger import LedgerEntry
+    from stormwatch.chaos.ledger.ledger import LedgerEntry
 
     healed = FAULT_AT + 20.0
     log_dir = tmp_path / "logs"

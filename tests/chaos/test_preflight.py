@@ -10,8 +10,8 @@ import pytest
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import LabNotReady
-from stormwatch.chaos.loader import parse_experiment
-from stormwatch.chaos.preflight import preflight
+from stormwatch.chaos.execution.readiness import preflight
+from stormwatch.chaos.experiment.loader import parse_experiment
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 
 

@@ -128,8 +128,8 @@ def test_a_trigger_already_past_when_the_job_is_first_observed_is_not_injected(
 
 
 def test_job_name_for_gives_every_run_its_own_job() -> None:
-    from stormwatch.chaos.lab import JobSpec
-    from stormwatch.chaos.runner import job_name_for, new_experiment_id
+    from stormwatch.chaos.execution.runner import job_name_for, new_experiment_id
+    from stormwatch.lab import JobSpec
 
     first, second = new_experiment_id("kill rank"), new_experiment_id("kill rank")
     names = {job_name_for("experiment", first), job_name_for("experiment", second)}

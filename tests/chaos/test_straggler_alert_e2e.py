@@ -35,9 +35,9 @@ import yaml
 
 from stormwatch.alerts.rulefiles import rules_dir
 from stormwatch.chaos.faults.specs import target_rank
-from stormwatch.chaos.lab import Lab, LabConfig
-from stormwatch.chaos.lab.netns import IpRoute2
-from stormwatch.chaos.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.lab import Lab, LabConfig
+from stormwatch.lab.netns import IpRoute2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

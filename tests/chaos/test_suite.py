@@ -13,19 +13,19 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from stormwatch.chaos.evidence import AlertEvidence
-from stormwatch.chaos.journal import JobRef, Journal, SteadyState
-from stormwatch.chaos.postmortem import LossCheck, LossMismatch, PostMortem
-from stormwatch.chaos.ranklogs import RankEvent, RankLog
-from stormwatch.chaos.scorecard import (
+from stormwatch.chaos.execution.journal import JobRef, Journal, SteadyState
+from stormwatch.chaos.gameday.scorecard import (
     Scorecard,
     ScorecardRow,
     latest_scorecard,
     load_scorecard,
     write_scorecard,
 )
-from stormwatch.chaos.suite import SuiteEntry, load_suite, score
-from stormwatch.chaos.verify import Check, Verification, check_checkpoint, check_loss
+from stormwatch.chaos.gameday.suite import SuiteEntry, load_suite, score
+from stormwatch.chaos.ranklogs import RankEvent, RankLog
+from stormwatch.chaos.reports.evidence import AlertEvidence
+from stormwatch.chaos.reports.postmortem import LossCheck, LossMismatch, PostMortem
+from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
 from stormwatch.errors import ConfigError
 from stormwatch.trainer.checkpoint_store import (
     CompletionMarker,
@@ -320,8 +320,8 @@ def test_every_default_category_is_a_fault_kind_and_a_category_of_the_planner_ta
     from typing import get_args
 
     from stormwatch.chaos.faults.specs import Fault
-    from stormwatch.chaos.plan import load_failure_table
-    from stormwatch.chaos.scorecard import FAULT_KIND_CATEGORY
+    from stormwatch.chaos.gameday.scorecard import FAULT_KIND_CATEGORY
+    from stormwatch.plan import load_failure_table
 
     union = get_args(Fault)[0]
     kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(union)}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import Lab, LabConfig
-from stormwatch.chaos.scorecard import latest_scorecard, load_scorecard
+from stormwatch.chaos.gameday.scorecard import latest_scorecard, load_scorecard
+from stormwatch.lab import Lab, LabConfig
 
 pytestmark = pytest.mark.e2e
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

@@ -16,9 +16,9 @@ import aiohttp
 
 from stormwatch.alerts.backend.slurm import SlurmBackend
 from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.execution.injector import Injector
+from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.faults.specs import KillRankFault
-from stormwatch.chaos.injector import Injector
-from stormwatch.chaos.journal import JobRef
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 
 

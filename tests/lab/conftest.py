@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stormwatch.chaos.lab import Lab, LabConfig
-from stormwatch.chaos.lab.netns import NETNS_ETC, IpRoute2
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.preflight import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
-from stormwatch.chaos.lab.procs import LAB_MARKER_ENV
-from stormwatch.chaos.lab.state import StateStore
+from stormwatch.lab import Lab, LabConfig
+from stormwatch.lab.netns import NETNS_ETC, IpRoute2
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.preflight import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
+from stormwatch.lab.procs import LAB_MARKER_ENV
+from stormwatch.lab.state import StateStore
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 

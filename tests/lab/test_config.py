@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from stormwatch.chaos.lab import JobSpec, LabConfig
-from stormwatch.chaos.lab.cli import lab
-from stormwatch.chaos.lab.errors import LabNotUpError
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.state import LabState, plan_state
 from stormwatch.errors import ConfigError
+from stormwatch.lab import JobSpec, LabConfig
+from stormwatch.lab.cli import lab
+from stormwatch.lab.errors import LabNotUpError
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import LabState, plan_state
 
 
 def test_default_config_is_the_documented_lab() -> None:
@@ -144,7 +144,7 @@ def test_lab_train_errors_name_the_flags_not_the_jobspec_fields(tmp_path: Any) -
 def test_lab_train_min_nodes_above_the_labs_nodes_names_the_flag_and_the_fix(
     tmp_path: Any,
 ) -> None:
-    from stormwatch.chaos.lab.state import StateStore
+    from stormwatch.lab.state import StateStore
 
     paths = RunPaths.of(tmp_path)
     state = plan_state(paths, LabConfig(nodes=2))
@@ -164,7 +164,7 @@ def _exited(paths: RunPaths, name: str, code: int) -> Any:
     """A real supervised process (as the lab starts them) that has exited with ``code``."""
     import time
 
-    from stormwatch.chaos.lab import procs
+    from stormwatch.lab import procs
 
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     record = procs.launch(
@@ -189,7 +189,7 @@ def test_lab_status_keeps_one_line_per_row_at_80_columns(tmp_path: Any) -> None:
     import sys
     import time
 
-    from stormwatch.chaos.lab.state import JobInfo, JobRecord, StateStore
+    from stormwatch.lab.state import JobInfo, JobRecord, StateStore
 
     paths = RunPaths.of(tmp_path / "run")
     state = plan_state(paths, LabConfig(nodes=2, prefix="swtcol"))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import JobError, JobSpec, LabConfig, jobs
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.state import JobInfo, JobRecord, LabState, ProcessRecord, plan_state
+from stormwatch.lab import JobError, JobSpec, LabConfig, jobs
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import JobInfo, JobRecord, LabState, ProcessRecord, plan_state
 
 
 def _state(tmp_path: Path, nodes: int = 2) -> LabState:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import JobSpec, Lab
+from stormwatch.lab import JobSpec, Lab
 from stormwatch.trainer import checkpoint_store as store
 from stormwatch.trainer.events import read_events
 

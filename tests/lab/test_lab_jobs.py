@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stormwatch.chaos.lab import JobError, JobSpec, Lab
+from stormwatch.lab import JobError, JobSpec, Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import (
+from stormwatch.lab import (
     Lab,
     LabConfig,
     ProgressEvent,
     PrometheusClient,
     ServiceFailedError,
 )
-from stormwatch.chaos.lab.netns import IpRoute2
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.state import StateStore
+from stormwatch.lab.netns import IpRoute2
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import Lab, LabConfig, LabOwnedElsewhereError, procs, registry
-from stormwatch.chaos.lab.netns import IpRoute2
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.state import ProcessRecord, StateStore, plan_state
+from stormwatch.lab import Lab, LabConfig, LabOwnedElsewhereError, procs, registry
+from stormwatch.lab.netns import IpRoute2
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import ProcessRecord, StateStore, plan_state
 
 pytestmark = pytest.mark.root
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.lab import JobSpec, Lab, LabConfig, procs
-from stormwatch.chaos.lab.netns import IpRoute2
-from stormwatch.chaos.lab.state import ProcessRecord
+from stormwatch.lab import JobSpec, Lab, LabConfig, procs
+from stormwatch.lab.netns import IpRoute2
+from stormwatch.lab.state import ProcessRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

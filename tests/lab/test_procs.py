@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stormwatch.chaos.lab import procs
-from stormwatch.chaos.lab.errors import LabError
-from stormwatch.chaos.lab.state import ProcessRecord
+from stormwatch.lab import procs
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.state import ProcessRecord
 
 
 def _launch(tmp_path: Path, *cmd: str, name: str = "t") -> ProcessRecord:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from stormwatch.chaos.lab import (
+from stormwatch.lab import (
     AsyncPrometheusClient,
     PrometheusAPI,
     PrometheusAPIError,

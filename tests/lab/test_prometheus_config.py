@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stormwatch.chaos.lab import LabConfig
-from stormwatch.chaos.lab.paths import RunPaths
-from stormwatch.chaos.lab.services import (
+from stormwatch.dashboards import build_all
+from stormwatch.lab import LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.services import (
     AGENT_SCRAPE_JOB,
     agent_spec,
     check_prometheus_config,
@@ -24,8 +25,7 @@ from stormwatch.chaos.lab.services import (
     write_grafana_files,
     write_prometheus_config,
 )
-from stormwatch.chaos.lab.state import plan_state
-from stormwatch.dashboards import build_all
+from stormwatch.lab.state import plan_state
 
 
 @pytest.mark.skipif(

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import stormwatch.chaos.plan as plan
+import stormwatch.plan as plan
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

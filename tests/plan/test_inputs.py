@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stormwatch.chaos.plan import (
+from stormwatch.errors import ConfigError
+from stormwatch.plan import (
     FAULT_KIND_CATEGORY,
     InvalidPlanInput,
     load_failure_table,
@@ -16,7 +17,6 @@ from stormwatch.chaos.plan import (
     read_postmortems,
     resolve_times,
 )
-from stormwatch.errors import ConfigError
 
 
 def _table(tmp_path: Path, **changes: object) -> Path:

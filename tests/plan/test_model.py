@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stormwatch.chaos.plan import (
+from stormwatch.plan import (
     daly_interval,
     ettr_first_order,
     ettr_renewal,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from stormwatch.chaos.plan import ettr_first_order, ettr_renewal, simulate_ettr
+from stormwatch.plan import ettr_first_order, ettr_renewal, simulate_ettr
 
 DAY = 86_400.0
 

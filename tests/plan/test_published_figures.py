@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stormwatch.chaos.plan import (
+from stormwatch.plan import (
     build_plan,
     daly_interval,
     ettr_renewal,
@@ -14,7 +14,7 @@ from stormwatch.chaos.plan import (
     solve_target,
 )
 
-# Table 5 of the Llama 3 paper, transcribed into chaos/plan/llama3_table5.yaml.
+# Table 5 of the Llama 3 paper, transcribed into plan/llama3_table5.yaml.
 TABLE5 = {
     "faulty_gpu": 148, "gpu_hbm3_memory": 72, "software_bug": 54, "network_switch_cable": 35,
     "host_maintenance": 32, "gpu_sram_memory": 19, "gpu_system_processor": 17, "nic": 7,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.plan import load_failure_table
-from stormwatch.chaos.plan.errors import InvalidPlanInput
-from stormwatch.chaos.plan.fromscorecard import read_scorecard_times
-from stormwatch.chaos.plan.inputs import PlanSettings
-from stormwatch.chaos.scorecard import Scorecard, ScorecardRow, write_scorecard
+from stormwatch.chaos.gameday.scorecard import Scorecard, ScorecardRow, write_scorecard
+from stormwatch.plan import load_failure_table
+from stormwatch.plan.errors import InvalidPlanInput
+from stormwatch.plan.fromscorecard import read_scorecard_times
+from stormwatch.plan.inputs import PlanSettings
 
 
 def _row(file: str, kind: str | None, category: str | None, **times: float | None) -> ScorecardRow:

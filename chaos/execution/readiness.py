@@ -1,0 +1,106 @@
+"""Before anything is written or started: do the services an experiment needs answer?
+
+And, once its job is started: wait until every rank has completed a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.errors import FaultError, LabNotReady
+from stormwatch.chaos.execution.journal import JobRef
+from stormwatch.chaos.experiment.model import (
+    ActionActivity,
+    Experiment,
+    KillRankFault,
+    ProbeActivity,
+    PrometheusProvider,
+)
+from stormwatch.chaos.faults.specs import target_nodes, target_rank
+from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.chaos.target import JobControl, Target
+from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+
+
+async def preflight(
+    experiment: Experiment,
+    target: Target,
+    *,
+    prometheus: AsyncPrometheusClient | None,
+    agents: AgentClient,
+) -> None:
+    """Check Prometheus (if probes query it), the fault ranks, and the agents (for kill_rank).
+
+    Raises:
+        LabNotReady: naming what is missing or down.
+    """
+    probes = [p.provider for p in experiment.steady_state_hypothesis.probes]
+    probes += [a.provider for a in experiment.method if isinstance(a, ProbeActivity)]
+    probes += [a.provider for a in experiment.rollbacks if isinstance(a, ProbeActivity)]
+    if any(isinstance(p, PrometheusProvider) for p in probes):
+        if prometheus is None:
+            raise LabNotReady("the experiment queries Prometheus but the target has none")
+        try:
+            await prometheus.query("vector(1)")
+        except PrometheusAPIError as exc:
+            raise LabNotReady(f"Prometheus does not answer: {exc}") from exc
+    faults = [a.fault for a in experiment.method if isinstance(a, ActionActivity)]
+    fixed = experiment.job.fixed_world_size
+    if fixed is not None and fixed != target.world_size:
+        raise LabNotReady(
+            f"the experiment's job has {fixed} ranks (job section) but the lab runs "
+            f"{target.world_size}: bring up a lab of that size or fix the job section"
+        )
+    known_nodes = {agent.node for agent in target.agents}
+    for fault in faults:
+        rank = target_rank(fault)
+        if rank is not None and rank >= target.world_size:
+            raise LabNotReady(
+                f"{fault.kind}: rank {rank} does not exist (world size "
+                f"{target.world_size}: ranks 0-{target.world_size - 1})"
+            )
+        unknown = [node for node in target_nodes(fault) if node not in known_nodes]
+        if known_nodes and unknown:
+            raise LabNotReady(
+                f"{fault.kind}: node {', '.join(unknown)} is not in the lab "
+                f"(nodes: {', '.join(sorted(known_nodes))})"
+            )
+    if any(isinstance(f, KillRankFault) for f in faults):
+        if not target.agents or target.agent_token_file is None:
+            raise LabNotReady("kill_rank needs node agents and their token file")
+        down = [a.node for a in target.agents if not await agents.healthy(a.url)]
+        if down:
+            raise LabNotReady(f"agents not answering /healthz on: {', '.join(down)}")
+
+
+async def wait_until_stepping(
+    job: JobRef, jobs: JobControl, *, timeout: float, status: Callable[[str], None]
+) -> None:
+    """Wait until every rank of ``job`` has logged a completed step.
+
+    Raises:
+        FaultError: the job ended first, or ``timeout`` seconds passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = read_job_logs(job.log_dir)
+        stepped = [r for r in range(job.world_size) if r in logs and logs[r].steps]
+        if len(stepped) == job.world_size:
+            return
+        if jobs.exited(job.name) is not None:
+            raise FaultError(f"job {job.name} ended before every rank stepped")
+        if time.monotonic() > deadline:
+            raise FaultError(
+                f"job {job.name}: only {len(stepped)}/{job.world_size} ranks stepped within "
+                f"{timeout:g} s (job.startup_timeout_seconds)"
+            )
+        status(
+            f"waiting for job {job.name} to start: {len(stepped)}/{job.world_size} ranks stepping"
+        )
+        await asyncio.sleep(0.5)
+
+
+__all__ = ["preflight", "wait_until_stepping"]

@@ -1,0 +1,433 @@
+"""Game days: run a folder of experiments one after another and score them.
+
+``stormwatch chaos suite DIR`` (see docs/chaos-suite.md):
+
+1. every ``*.yaml``/``*.yml`` in DIR is validated first; one invalid file and
+   nothing starts (exit 2, every problem of every file listed);
+2. the lab in ``--run-dir`` must be up;
+3. one fault-free baseline job per seed (the most steps any experiment of that
+   seed trains, no step delay) is trained for the loss check;
+4. each experiment runs like ``stormwatch chaos run`` (journal, rollbacks,
+   post-mortem), then :func:`stormwatch.chaos.reports.verify.verify` checks that nothing was
+   lost; its row goes into the scorecard, rewritten after every experiment;
+5. SIGINT/SIGTERM: the running experiment rolls back (the runner's own handling),
+   the rest are ``not run``, the scorecard is written, exit 130.
+
+The scorecard (:mod:`stormwatch.chaos.gameday.scorecard`) is in
+``<run-dir>/suites/<suite-id>/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from stormwatch.chaos.console import ConsoleReporter
+from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.execution.journal import Journal
+from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experiment
+from stormwatch.chaos.experiment.loader import load_experiment
+from stormwatch.chaos.experiment.model import Experiment
+from stormwatch.chaos.gameday.scorecard import (
+    FAULT_KIND_CATEGORY,
+    Scorecard,
+    ScorecardRow,
+    write_scorecard,
+)
+from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.chaos.reports.evidence import AlertEvidence, load_evidence
+from stormwatch.chaos.reports.postmortem import MATCH_SLACK_SECONDS, PostMortem
+from stormwatch.chaos.reports.report import generate_postmortem
+from stormwatch.chaos.reports.verify import Verification, write_verification
+from stormwatch.chaos.target import Target
+from stormwatch.errors import ConfigError
+from stormwatch.lab import JobSpec, Lab
+
+#: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
+BASELINE_SECONDS_PER_STEP = 5.0
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """One validated experiment of a suite."""
+
+    path: Path
+    experiment: Experiment
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteOptions:
+    """How to run a suite.
+
+    Attributes:
+        baseline: train fault-free baselines for the loss check (off: loss not compared).
+        wait_detected_seconds: how long each post-mortem waits for an alert to fire.
+    """
+
+    baseline: bool = True
+    wait_detected_seconds: float = 60.0
+
+
+def suite_files(folder: Path) -> list[Path]:
+    """The experiment files of ``folder`` (``*.yaml``, ``*.yml``), sorted by name.
+
+    Raises:
+        ConfigError: not a folder, or no experiment file in it.
+    """
+    if not folder.is_dir():
+        raise ConfigError(f"suite {folder}: not a folder; give a folder of experiment YAML files")
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise ConfigError(f"suite {folder}: no *.yaml experiment files in it")
+    return files
+
+
+def load_suite(folder: Path) -> list[SuiteEntry]:
+    """Validate every experiment of ``folder``.
+
+    Raises:
+        ConfigError: see :func:`suite_files`; or one or more files are invalid (every
+            problem of every file is listed, each naming file, line and field).
+    """
+    entries: list[SuiteEntry] = []
+    problems: list[InvalidExperiment] = []
+    for path in suite_files(folder):
+        try:
+            entries.append(SuiteEntry(path, load_experiment(path)))
+        except InvalidExperiment as exc:
+            problems.append(exc)
+    if problems:
+        raise ConfigError(
+            f"suite {folder}: {len(problems)} of {len(problems) + len(entries)} experiment(s) "
+            "invalid; nothing was started\n" + "\n".join(str(p) for p in problems)
+        )
+    return entries
+
+
+def new_suite_id(folder: Path, now: float | None = None) -> str:
+    """``20250101T120000-suite-1a2b``: sortable by start time (``latest_scorecard`` relies on it)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    slug = re.sub(r"[^a-z0-9]+", "-", folder.resolve().name.lower()).strip("-")[:30] or "suite"
+    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+def category_of(experiment: Experiment, kind: str | None) -> str | None:
+    """``expect.category``, else the default of the fault kind (None: not a job interruption)."""
+    if experiment.expect.category is not None:
+        return experiment.expect.category
+    return FAULT_KIND_CATEGORY.get(kind or "")
+
+
+def _expected_alert(
+    experiment: Experiment, pm: PostMortem, alerts: list[AlertEvidence]
+) -> AlertEvidence | None:
+    """The first alert of ``expect.alerts`` firing after the fault (None when none did)."""
+    if pm.fault_at is None:
+        return None
+    after = [
+        a
+        for a in alerts
+        if a.alertname in experiment.expect.alerts
+        and a.firing_at >= pm.fault_at - MATCH_SLACK_SECONDS
+    ]
+    return min(after, key=lambda a: a.firing_at) if after else None
+
+
+def score(
+    entry: SuiteEntry,
+    journal: Journal,
+    pm: PostMortem,
+    verification: Verification,
+    alerts: list[AlertEvidence],
+    experiment_dir: Path,
+) -> ScorecardRow:
+    """The scorecard row of one finished experiment (verdict rules in :mod:`.scorecard`)."""
+    expect = entry.experiment.expect
+    detected, alert, ttd = pm.detected, pm.alertname, pm.time_to_detect_seconds
+    reasons: list[str] = []
+    if expect.alerts:
+        hit = _expected_alert(entry.experiment, pm, alerts)
+        hit_ttd = (
+            max(0.0, hit.firing_at - pm.fault_at)
+            if hit is not None and pm.fault_at is not None
+            else None
+        )
+        own = pm.detected and pm.alertname in expect.alerts and ttd is not None
+        if hit is not None and hit_ttd is not None and (not own or hit_ttd < (ttd or 0.0)):
+            detected, alert, ttd = True, hit.alertname, hit_ttd
+        elif own:
+            detected = True
+        elif expect.detect:
+            seen = f" (only {pm.alertname} fired)" if pm.alertname else ""
+            reasons.append(f"none of {', '.join(expect.alerts)} fired after the fault{seen}")
+            detected = False
+    if expect.detect and not detected and not expect.alerts:
+        reasons.append("not detected: no alert about the job fired after the fault")
+    if journal.status != "completed":
+        reasons.append(
+            f"experiment {journal.status}" + (f": {journal.error}" if journal.error else "")
+        )
+    elif not journal.hypothesis_held:
+        reasons.append("the steady-state hypothesis did not hold")
+    if journal.rollbacks_ok is not True:
+        reasons.append("a rollback or fault revert failed")
+    reasons += verification.failures()
+    where = f" rank {pm.fault_rank}" if pm.fault_rank is not None else ""
+    where += f" ({pm.fault_node})" if pm.fault_node else ""
+    return ScorecardRow(
+        file=str(entry.path),
+        title=entry.experiment.title,
+        experiment_id=journal.experiment_id,
+        fault=f"{pm.fault_kind}{where}" if pm.fault_kind else "",
+        fault_kind=pm.fault_kind,
+        category=category_of(entry.experiment, pm.fault_kind),
+        status=journal.status,
+        detected=detected if pm.fault_at is not None else None,
+        alert=alert if detected else None,
+        time_to_detect_seconds=ttd if detected else None,
+        recovered=pm.recovered,
+        recovered_by=pm.recovered_by,
+        time_to_recover_seconds=pm.time_to_recover_seconds,
+        steps_lost=pm.steps_lost,
+        loss=verification.loss.ok,
+        checkpoint=verification.checkpoint.ok,
+        faults_cleared=verification.faults_cleared.ok,
+        verdict="fail" if reasons else "pass",
+        reasons=reasons,
+        experiment_dir=str(experiment_dir),
+    )
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _arm_interrupts() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt (again after each experiment: the runner's
+    event loop resets them to the defaults when it removes its own handlers)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupt)
+
+
+@contextmanager
+def _interrupts_raise() -> Iterator[None]:
+    """:func:`_arm_interrupts` for the block; the previous handlers are restored after."""
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _arm_interrupts()
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+class SuiteRunner:
+    """Runs validated experiments against the lab's :class:`Target`, writing the scorecard.
+
+    Args:
+        entries: from :func:`load_suite`.
+        folder: the suite folder (named in the scorecard).
+        target: the lab (:func:`stormwatch.chaos.target.lab_target`).
+        options: see :class:`SuiteOptions`.
+        reporter: progress output.
+        on_row: called with each finished row (the CLI prints it).
+    """
+
+    def __init__(
+        self,
+        entries: list[SuiteEntry],
+        *,
+        folder: Path,
+        target: Target,
+        options: SuiteOptions | None = None,
+        reporter: ConsoleReporter | None = None,
+        on_row: Callable[[ScorecardRow, int, int], None] | None = None,
+    ) -> None:
+        self.entries = entries
+        self.target = target
+        self.options = options or SuiteOptions()
+        self.reporter = reporter or ConsoleReporter()
+        self.on_row = on_row
+        self.suite_id = new_suite_id(folder)
+        self.folder = Path(target.run_dir) / "suites" / self.suite_id
+        self.card = Scorecard(
+            suite_id=self.suite_id,
+            suite_dir=str(folder),
+            run_dir=str(target.run_dir),
+            started_at=time.time(),
+            rows=[ScorecardRow(file=str(e.path), title=e.experiment.title) for e in entries],
+        )
+
+    def save(self) -> tuple[Path, Path]:
+        """Write the scorecard as it stands; returns (md, json)."""
+        return write_scorecard(self.card, self.folder)
+
+    def run(self) -> Scorecard:
+        """Run every experiment; returns the scorecard (also written to :attr:`folder`)."""
+        self.save()
+        try:
+            with _interrupts_raise():
+                if self.options.baseline:
+                    self._baselines()
+                for index, entry in enumerate(self.entries):
+                    self.reporter.event(
+                        f"[{index + 1}/{len(self.entries)}] {entry.path.name}: "
+                        f"{entry.experiment.title}"
+                    )
+                    aborted = self._one(index, entry)
+                    if aborted:
+                        self.card.interrupted = True
+                        break
+        except KeyboardInterrupt:
+            self.card.interrupted = True
+            self.reporter.event("interrupted: the remaining experiments are not run")
+        self.card.ended_at = time.time()
+        self.save()
+        return self.card
+
+    def _one(self, index: int, entry: SuiteEntry) -> bool:
+        """Run one experiment and score it; True when it was aborted (stop the suite)."""
+        runner = Runner(
+            entry.experiment, source=entry.path, target=self.target, reporter=self.reporter
+        )
+        result = run_experiment(runner)
+        _arm_interrupts()
+        self.reporter.stop()
+        journal = result.journal
+        baseline_job = self.card.baselines.get(str(entry.experiment.job.seed))
+        baseline_dir = (
+            Path(self.target.run_dir) / "jobs" / baseline_job / "logs" if baseline_job else None
+        )
+        if journal.job is None:
+            row = ScorecardRow(
+                file=str(entry.path),
+                title=entry.experiment.title,
+                experiment_id=journal.experiment_id,
+                status=journal.status,
+                verdict="fail",
+                reasons=[f"the job did not start: {journal.error}"],
+                experiment_dir=str(runner.experiment_dir),
+            )
+        else:
+            row = self._score(entry, runner, journal, baseline_dir, result.exit_code)
+        self.card.rows[index] = row
+        self.save()
+        if self.on_row is not None:
+            self.on_row(row, index, len(self.entries))
+        return result.exit_code == EXIT_ABORTED
+
+    def _score(
+        self,
+        entry: SuiteEntry,
+        runner: Runner,
+        journal: Journal,
+        baseline_dir: Path | None,
+        exit_code: int,
+    ) -> ScorecardRow:
+        # No wait when interrupted, or when no alert is expected (one look at what fired).
+        expected = entry.experiment.expect.detect and exit_code != EXIT_ABORTED
+        wait = self.options.wait_detected_seconds if expected else 0.0
+        pm, _ = asyncio.run(
+            generate_postmortem(
+                runner.experiment_dir,
+                target=self.target,
+                baseline_log_dir=baseline_dir,
+                wait_resolved_seconds=wait,
+                reporter=self.reporter,
+                wait_until="detected",
+            )
+        )
+        self.reporter.stop()
+        expect = entry.experiment.expect
+        verification = write_verification(
+            runner.experiment_dir,
+            journal,
+            pm,
+            target=self.target,
+            baseline_log_dir=baseline_dir,
+            loss_mode=expect.loss,
+            loss_rel_tolerance=expect.loss_rel_tolerance,
+        )
+        evidence_path = runner.experiment_dir / "evidence.json"
+        alerts = load_evidence(evidence_path).alerts if evidence_path.exists() else []
+        return score(entry, journal, pm, verification, alerts, runner.experiment_dir)
+
+    # -- baselines ---------------------------------------------------------------------------
+
+    def _baselines(self) -> None:
+        """Train one fault-free baseline per seed (the most steps of that seed's experiments)."""
+        wanted: dict[int, Experiment] = {}
+        for entry in self.entries:
+            if entry.experiment.expect.loss == "skip":
+                continue
+            job = entry.experiment.job
+            best = wanted.get(job.seed)
+            if best is None or job.steps > best.job.steps:
+                wanted[job.seed] = entry.experiment
+        lab = Lab(Path(self.target.run_dir))
+        suffix = self.suite_id.rsplit("-", 1)[-1]
+        for seed, experiment in sorted(wanted.items()):
+            name = f"suite-baseline-{self.suite_id[:15].lower()}-{suffix}-s{seed}"
+            try:
+                self._train_baseline(lab, name, experiment)
+            except ChaosError as exc:
+                self.reporter.event(f"baseline for seed {seed} failed: {exc}; loss not compared")
+                continue
+            self.card.baselines[str(seed)] = name
+            self.save()
+
+    def _train_baseline(self, lab: Lab, name: str, experiment: Experiment) -> None:
+        job = experiment.job
+        self.reporter.event(f"baseline {name}: {job.steps} steps, seed {job.seed}, no faults")
+        info = lab.start_job(
+            JobSpec(
+                name=name,
+                steps=job.steps,
+                checkpoint_every=job.checkpoint_every,
+                seed=job.seed,
+                step_delay=0.0,
+            )
+        )
+        deadline = time.monotonic() + job.startup_timeout_seconds
+        deadline += BASELINE_SECONDS_PER_STEP * job.steps
+        try:
+            while True:
+                result = lab.job_result(name)
+                if result.exit_codes and all(c is not None for c in result.exit_codes.values()):
+                    break
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"did not finish in time; see {info.job_dir}")
+                last = read_job_logs(info.log_dir).get(0)
+                step = last.last_step if last is not None else None
+                self.reporter.status(
+                    f"baseline: step {step.step}/{job.steps}"
+                    if step is not None
+                    else "baseline: starting (torch import, rendezvous)"
+                )
+                time.sleep(0.5)
+        except BaseException:
+            lab.stop_job(name)
+            raise
+        self.reporter.stop()
+        if not result.ok:
+            raise ChaosError(f"exit codes {result.exit_codes}; see {info.job_dir}")
+
+
+__all__ = [
+    "SuiteEntry",
+    "SuiteOptions",
+    "SuiteRunner",
+    "category_of",
+    "load_suite",
+    "new_suite_id",
+    "score",
+    "suite_files",
+]

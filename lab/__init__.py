@@ -1,0 +1,95 @@
+"""The local lab: a small GPU-less training cluster in network namespaces on one machine.
+
+::
+
+    from stormwatch.lab import Lab, LabConfig, JobSpec
+    lab = Lab("run")
+    lab.up(LabConfig(nodes=2, nproc_per_node=2))
+    lab.start_job(JobSpec(name="baseline", steps=60))
+    lab.wait_job("baseline", timeout=600)
+    lab.down()
+
+Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
+
+    LabError                        the lab could not come up / be inspected / go down
+    ├── LabPermissionError          not root (also a ConfigError)
+    ├── PortInUseError              a root-namespace port is taken (also a ConfigError)
+    ├── LabNotUpError               no lab in the run directory
+    ├── LabOwnedElsewhereError      the prefix belongs to a lab in another run dir (ConfigError)
+    ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
+    ├── JobError                    a job could not be started, found or stopped
+    │   └── JobTimeoutError         wait_job gave up
+    └── PrometheusAPIError          the Prometheus HTTP API failed
+    ConfigError                     invalid LabConfig / JobSpec field (names the field)
+
+Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json),
+:mod:`.lab` (Lab), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
+(network seam), :mod:`.procs` + ``supervise.py``
+(detached processes), :mod:`.services` (commands and configs), :mod:`.health`,
+:mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.promapi`
+(Prometheus HTTP API client), :mod:`.cli` (``stormwatch lab``).
+"""
+
+from stormwatch.lab.config import JobSpec, LabConfig
+from stormwatch.lab.errors import (
+    JobError,
+    JobTimeoutError,
+    LabError,
+    LabNotUpError,
+    LabOwnedElsewhereError,
+    LabPermissionError,
+    PortInUseError,
+    PrometheusAPIError,
+    ServiceFailedError,
+)
+from stormwatch.lab.lab import Lab
+from stormwatch.lab.netns import IpRoute2, NetworkLayer
+from stormwatch.lab.progress import ProgressEvent
+from stormwatch.lab.promapi import (
+    Alert,
+    AsyncPrometheusClient,
+    PrometheusAPI,
+    PrometheusClient,
+    Sample,
+    Series,
+    Target,
+)
+from stormwatch.lab.state import (
+    JobInfo,
+    JobResult,
+    LabState,
+    NodeState,
+    ProcessRecord,
+)
+from stormwatch.lab.status import LabStatus
+
+__all__ = [
+    "Alert",
+    "AsyncPrometheusClient",
+    "IpRoute2",
+    "JobError",
+    "JobInfo",
+    "JobResult",
+    "JobSpec",
+    "JobTimeoutError",
+    "Lab",
+    "LabConfig",
+    "LabError",
+    "LabNotUpError",
+    "LabOwnedElsewhereError",
+    "LabPermissionError",
+    "LabState",
+    "LabStatus",
+    "NetworkLayer",
+    "NodeState",
+    "PortInUseError",
+    "ProcessRecord",
+    "ProgressEvent",
+    "PrometheusAPI",
+    "PrometheusAPIError",
+    "PrometheusClient",
+    "Sample",
+    "Series",
+    "ServiceFailedError",
+    "Target",
+]

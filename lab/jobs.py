@@ -1,0 +1,485 @@
+"""Training jobs in the lab: one torchrun per node namespace, joined over the lab bridge.
+
+What torchrun needs across network namespaces (found by experiment on the lab
+machine; all nodes share one hostname, so hostname-based defaults are wrong):
+
+* ``--rdzv-endpoint <node0 address>:<rdzv_port>``: the c10d store runs on node 0
+  and must be reachable from every namespace (the bridge address would not be:
+  nothing listens in the root namespace).
+* ``--rdzv-conf is_host=1`` on node 0, ``is_host=0`` elsewhere: torchrun would
+  otherwise decide by comparing hostnames, which match in every namespace.
+* ``--local-addr <node address>``: what a node advertises to the others (the
+  rank-0 node's becomes every worker's MASTER_ADDR); the default, the hostname,
+  resolves to 127.0.0.1.
+* ``GLOO_SOCKET_IFNAME=eth0``: gloo binds to the namespace's bridge interface.
+* resolvable peers (``/etc/netns/<ns>/hosts``, see :mod:`.netns`), or every
+  reverse lookup waits for an unreachable DNS server.
+
+Elastic jobs (``JobSpec.min_nodes``): torchrun gets ``--nnodes MIN:MAX`` and
+:data:`ELASTIC_RDZV_CONF`, the trainer ``--dp auto`` and a fixed
+``--global-batch``. What torch 2.13 does (measured on loopback and in the lab,
+see docs/ARCHITECTURE.md "Elastic resize"): when a non-host node's torchrun
+dies (SIGTERM or SIGKILL), the survivors' workers fail in their next
+collective, their torchrun drops the dead node from the rendezvous once its
+heartbeat is ``keep_alive_interval x keep_alive_max_attempt`` seconds stale,
+and restarts the worker group at the smaller world size (one restart counted
+against ``--max-restarts``); the trainer resumes from the last checkpoint,
+resharded. A node started again (:func:`rejoin`) is seen by the running
+agents as a waiting node: they restart the group at the larger size (not
+counted as a failure). If a torchrun nevertheless ends with
+``RendezvousClosedError`` (FC-09: a rendezvous marked closed by a departing
+agent, pytorch/pytorch#147064), :func:`rendezvous_closed` recognises it in the
+node's log and :func:`relaunch_closed` starts every node again under a fresh
+rendezvous id, resuming from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from stormwatch.lab import procs
+from stormwatch.lab.config import JobSpec
+from stormwatch.lab.elastic import (
+    CLOSED_MARKER,
+    ELASTIC_RDZV_CONF,
+    MAX_RELAUNCHES,
+    check_elastic,
+    global_batch_of,
+    log_tail,
+    rendezvous_closed,
+)
+from stormwatch.lab.errors import JobError, JobTimeoutError
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.services import stormwatch_command
+from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState, NodeState
+
+#: Seconds between two looks at a running job's status files.
+POLL_INTERVAL = 0.5
+#: torchrun's monitor interval, seconds: how fast it notices a dead worker (default 0.1 s
+#: in torch 2.x costs CPU on a two-core machine; 0.5 s still reacts within a step).
+MONITOR_INTERVAL = 0.5
+
+
+def torchrun_binary() -> str:
+    """torchrun of this installation (next to the interpreter)."""
+    script = Path(sys.executable).with_name("torchrun")
+    if not script.exists():
+        raise JobError(f"torchrun is not installed next to {sys.executable} (pip install torch)")
+    return str(script)
+
+
+def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunPaths) -> list[str]:
+    """What torchrun runs on ``node``: ``stormwatch train ...`` or ``spec.entrypoint``."""
+    if spec.entrypoint is not None:
+        return [*spec.entrypoint, *spec.extra_args]
+    config = state.config
+    elastic = spec.min_nodes is not None
+    cmd = [
+        *stormwatch_command(),
+        "train",
+        "--dp",
+        "auto" if elastic else str(config.nodes),
+        "--tp",
+        str(config.nproc_per_node),
+        "--job",
+        spec.name,
+        "--steps",
+        str(spec.steps),
+        "--step-delay",
+        repr(spec.step_delay),
+        "--seed",
+        str(spec.seed),
+        "--log-dir",
+        str(paths.job_logs(spec.name)),
+        "--metrics-dir",
+        str(node.metrics_dir),
+    ]
+    global_batch = global_batch_of(state, spec)
+    if global_batch is not None:
+        cmd += ["--global-batch", str(global_batch)]
+    if spec.checkpoint_every > 0:  # without --checkpoint-dir the trainer does not checkpoint
+        cmd += [
+            "--checkpoint-dir",
+            str(paths.job_checkpoints(spec.name)),
+            "--checkpoint-every",
+            str(spec.checkpoint_every),
+        ]
+    return [*cmd, *spec.extra_args]
+
+
+def torchrun_command(
+    state: LabState,
+    spec: JobSpec,
+    node_rank: int,
+    paths: RunPaths,
+    rdzv_port: int | None = None,
+    rdzv_id: str | None = None,
+) -> list[str]:
+    """The torchrun command line of node ``node_rank`` (node 0 hosts the rendezvous on
+    ``rdzv_port``, default ``LabConfig.rdzv_port``; ``rdzv_id`` defaults to the job name)."""
+    config = state.config
+    port = config.rdzv_port if rdzv_port is None else rdzv_port
+    node = state.nodes[node_rank]
+    host = state.nodes[0]
+    rdzv_conf = f"is_host={1 if node_rank == 0 else 0}"
+    nnodes = str(config.nodes)
+    if spec.min_nodes is not None:
+        nnodes = f"{spec.min_nodes}:{config.nodes}"
+        rdzv_conf += "".join(f",{key}={value}" for key, value in ELASTIC_RDZV_CONF.items())
+    return [
+        torchrun_binary(),
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(config.nproc_per_node),
+        "--node-rank",
+        str(node_rank),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{host.address}:{port}",
+        "--rdzv-id",
+        spec.name if rdzv_id is None else rdzv_id,
+        "--rdzv-conf",
+        rdzv_conf,
+        "--local-addr",
+        str(node.address),
+        "--max-restarts",
+        str(spec.max_restarts),
+        "--monitor-interval",
+        str(MONITOR_INTERVAL),
+        "--no-python",
+        *trainer_command(state, spec, node, paths),
+    ]
+
+
+def job_environment(spec: JobSpec, node: NodeState, base: dict[str, str]) -> dict[str, str]:
+    """Environment of one node's torchrun (inherited by its workers)."""
+    return {
+        **base,
+        "STORMWATCH_JOB": spec.name,
+        "STORMWATCH_METRICS_DIR": str(node.metrics_dir),
+        "GLOO_SOCKET_IFNAME": node.interface,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        # torchrun shares its rendezvous TCPStore with the workers by default; after
+        # a restart on a multi-node job the new workers then read the previous
+        # attempt's connection details and hang in init_process_group
+        # (pytorch/pytorch#135712). A fresh store per attempt avoids it.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **spec.env,
+    }
+
+
+#: How many ports above ``LabConfig.rdzv_port`` are tried for a job's rendezvous.
+RDZV_PORT_RANGE = 100
+
+
+def listening_ports(netns: str) -> set[int]:
+    """TCP ports with a listening socket in network namespace ``netns`` (``/proc/net/tcp*``
+    read from inside it); empty when it cannot be read."""
+    try:
+        out = subprocess.run(
+            ["ip", "netns", "exec", netns, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    ports: set[int] = set()
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # 0A: LISTEN
+            with contextlib.suppress(ValueError):
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def allocate_rdzv_port(state: LabState) -> int:
+    """A rendezvous port for a new job: ``LabConfig.rdzv_port`` or the next one that no
+    running job of the lab holds and nothing listens on in node 0's namespace.
+
+    Raises:
+        JobError: none free within :data:`RDZV_PORT_RANGE` ports.
+    """
+    base = state.config.rdzv_port
+    taken = {record.info.rdzv_port or base for record in state.jobs.values() if is_running(record)}
+    taken |= listening_ports(state.nodes[0].netns)
+    taken.add(state.config.agent_port)
+    for port in range(base, min(base + RDZV_PORT_RANGE, 65536)):
+        if port not in taken:
+            return port
+    raise JobError(
+        f"no free rendezvous port in {base}-{base + RDZV_PORT_RANGE - 1} on "
+        f"{state.nodes[0].name}: stop a job (`stormwatch lab stop --job NAME`)"
+    )
+
+
+def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, str]) -> JobRecord:
+    """Start one torchrun per node (node 0 first) and return the job's record.
+
+    The job gets its own rendezvous port (:func:`allocate_rdzv_port`, recorded in
+    ``JobInfo.rdzv_port``), so jobs can run side by side.
+
+    The processes are recorded in the returned record; if a later node cannot be
+    started, the earlier ones are stopped before :class:`JobError` is raised.
+    """
+    check_elastic(state, spec)
+    for folder in (paths.job_logs(spec.name), paths.job_checkpoints(spec.name)):
+        folder.mkdir(parents=True, exist_ok=True)
+    for node in state.nodes:
+        node.metrics_dir.mkdir(parents=True, exist_ok=True)
+    record = JobRecord(
+        info=JobInfo(
+            name=spec.name,
+            spec=spec,
+            job_dir=paths.job_dir(spec.name),
+            log_dir=paths.job_logs(spec.name),
+            checkpoint_dir=paths.job_checkpoints(spec.name),
+            node_pids={},
+            node_logs={},
+            started_at=time.time(),
+            rdzv_port=allocate_rdzv_port(state),
+        )
+    )
+    try:
+        for rank in range(len(state.nodes)):
+            _launch_node(state, record, rank, paths, base_env)
+    except BaseException as exc:  # Ctrl-C included: leave no half-started job behind
+        stop(record)
+        if isinstance(exc, Exception):
+            raise JobError(f"could not start job {spec.name!r}: {exc}") from exc
+        raise
+    return record
+
+
+def _launch_node(
+    state: LabState,
+    record: JobRecord,
+    rank: int,
+    paths: RunPaths,
+    base_env: dict[str, str],
+    rdzv_id: str | None = None,
+) -> None:
+    spec = record.info.spec
+    node = state.nodes[rank]
+    process = procs.launch(
+        f"{spec.name}/{node.name}",
+        torchrun_command(state, spec, rank, paths, record.info.rdzv_port, rdzv_id),
+        log_file=paths.job_node_log(spec.name, node.name),
+        status_file=paths.job_node_status(spec.name, node.name),
+        env=job_environment(spec, node, base_env),
+        netns=node.netns,
+        cwd=paths.job_dir(spec.name),
+    )
+    record.processes[node.name] = process
+    record.info.node_pids[node.name] = process.pid
+    record.info.node_logs[node.name] = process.log_file
+
+
+def rejoin(
+    state: LabState, record: JobRecord, node_name: str, paths: RunPaths, base_env: dict[str, str]
+) -> None:
+    """Start node ``node_name``'s torchrun again in a running elastic job (it joins the
+    rendezvous as a new node; the running agents restart the group at the larger size).
+
+    Raises:
+        JobError: the job is not elastic or no longer runs, the node is unknown, or its
+            torchrun still runs.
+    """
+    spec = record.info.spec
+    names = [node.name for node in state.nodes]
+    if spec.min_nodes is None:
+        raise JobError(
+            f"job {spec.name!r} has a fixed size; start it with --min-nodes to let nodes rejoin"
+        )
+    if node_name not in names:
+        raise JobError(f"no node {node_name!r} in the lab; nodes: {', '.join(names)}")
+    current = record.processes.get(node_name)
+    if current is not None and not procs.is_finished(current):
+        raise JobError(f"the torchrun of {node_name} in job {spec.name!r} is still running")
+    if not is_running(record):
+        raise JobError(f"job {spec.name!r} has ended; start it again instead")
+    _launch_node(state, record, names.index(node_name), paths, base_env)
+
+
+def relaunch_closed(
+    state: LabState, record: JobRecord, paths: RunPaths, base_env: dict[str, str]
+) -> bool:
+    """FC-09 remedy: when a node's torchrun ended with ``RendezvousClosedError``, stop the
+    rest and start every node again under a fresh rendezvous id (``<job>-r<N>``); the
+    trainer resumes from the last complete checkpoint.
+
+    Returns:
+        True if the job was relaunched; False when no rendezvous was closed, or after
+        :data:`MAX_RELAUNCHES` relaunches (the job then fails as it is).
+    """
+    if not rendezvous_closed(record) or record.info.relaunches >= MAX_RELAUNCHES:
+        return False
+    stop(record)
+    record.info.relaunches += 1
+    rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
+    for rank in range(len(state.nodes)):
+        _launch_node(state, record, rank, paths, base_env, rdzv_id)
+    return True
+
+
+def is_running(record: JobRecord) -> bool:
+    """Whether any node of the job still runs (its supervisor included)."""
+    return any(not procs.is_finished(p) for p in record.processes.values())
+
+
+def result(record: JobRecord) -> JobResult:
+    """Exit codes as recorded so far (``None`` for nodes still running or lost).
+
+    A fixed-size job is ``ok`` when every node's torchrun exited with 0. An
+    elastic job (``JobSpec.min_nodes``) is ``ok`` when none still runs and at
+    least ``min_nodes`` of them finished with 0: the survivors completed the
+    training without the lost nodes, which ``detail`` still names.
+    """
+    codes = {node: procs.exit_status(p).returncode for node, p in record.processes.items()}
+    min_nodes = record.info.spec.min_nodes
+    finished = sum(1 for code in codes.values() if code == 0)
+    if min_nodes is None:
+        ok = bool(codes) and finished == len(codes)
+    else:
+        running = any(not procs.is_finished(p) for p in record.processes.values())
+        ok = not running and finished >= max(min_nodes, 1)
+    detail = None
+    failed = [node for node, code in codes.items() if code not in (None, 0)]
+    if failed:
+        detail = "; ".join(
+            f"{node} (exit {codes[node]}): "
+            + (" | ".join(failure_lines(record.processes[node].log_file)) or "no output")
+            + f" [{record.processes[node].log_file}]"
+            for node in failed
+        )
+        if ok:
+            detail = f"elastic job finished on {finished} of {len(codes)} nodes; lost: {detail}"
+    return JobResult(name=record.info.name, ok=ok, exit_codes=codes, detail=detail)
+
+
+def stranded(record: JobRecord) -> str | None:
+    """Why a running job can never finish, or ``None``.
+
+    It cannot when a node's torchrun has exited (failed, or its supervisor is
+    gone) while another node's still runs: the survivors wait for a world that
+    will never be whole again.
+    """
+    gone = {node: p for node, p in record.processes.items() if procs.is_finished(p)}
+    waiting = sorted(set(record.processes) - set(gone))
+    codes = {node: procs.exit_status(p).returncode for node, p in gone.items()}
+    lost = sorted(node for node, code in codes.items() if code != 0)
+    if not waiting or not lost:
+        return None
+    min_nodes = record.info.spec.min_nodes
+    if min_nodes is not None and len(waiting) >= min_nodes and not rendezvous_closed(record):
+        return None  # elastic: the survivors go on at a smaller size
+    exits = ", ".join(f"{node} (exit {codes[node]})" for node in lost)
+    return (
+        f"cannot finish: the torchrun of {exits} is gone while {', '.join(waiting)} still "
+        f"wait(s); stop it with `stormwatch lab stop --job {record.info.name}`"
+    )
+
+
+#: Lines of a torchrun log that say why it failed: exception lines (``ValueError: boom``,
+#: ``torch.distributed.DistNetworkError: ... EADDRINUSE``), glog-style ERROR lines
+#: (``E1130 12:52:00.183 ... failed (exitcode: 3)``), socket errors.
+_MEANINGFUL = re.compile(
+    r"^[\w.]*(Error|Exception|Interrupt)\b:?\s*\S|^E\d{4} |EADDRINUSE|address already in use"
+)
+
+
+def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> list[str]:
+    """The last ``limit`` meaningful lines (errors, exceptions) of a torchrun log; its last
+    non-empty lines when none match; empty when the file cannot be read."""
+    text = log_tail(log_file, tail_bytes)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    meaningful = [line for line in lines if _MEANINGFUL.search(line)]
+    meaningful = [line for i, line in enumerate(meaningful) if line not in meaningful[:i]]
+    chosen = (meaningful or lines)[-limit:]
+    return [line[:300] for line in chosen]
+
+
+def wait(
+    record: JobRecord,
+    timeout: float,
+    relaunch: Callable[[], JobRecord | None] | None = None,
+) -> JobResult:
+    """Block until every node's torchrun (and its supervisor) has exited.
+
+    Args:
+        relaunch: called when a node's torchrun ended with ``RendezvousClosedError``
+            (FC-09); returns the relaunched job's record (waiting goes on with it) or
+            ``None`` (e.g. :func:`relaunch_closed`'s budget is spent).
+
+    Raises:
+        JobTimeoutError: after ``timeout`` seconds, naming the nodes still running.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if relaunch is not None and rendezvous_closed(record):
+            fresh = relaunch()
+            if fresh is not None:
+                record = fresh
+                continue
+        running = [n for n, p in record.processes.items() if not procs.is_finished(p)]
+        if not running:
+            return result(record)
+        if time.monotonic() >= deadline:
+            raise JobTimeoutError(
+                f"job {record.info.name!r} still running on {', '.join(running)} after "
+                f"{timeout:.0f} s; see {record.info.job_dir}/<node>.torchrun.log"
+            )
+        time.sleep(POLL_INTERVAL)
+
+
+def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
+    """SIGTERM every node's torchrun and workers, SIGKILL after ``grace`` seconds, then report."""
+    victims = [proc for p in record.processes.values() for proc in procs.tree(p)]
+    procs.terminate(victims, grace=grace)
+    # The supervisors write the exit status right after their command is gone.
+    deadline = time.monotonic() + 10.0
+    while is_running(record) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return result(record)
+
+
+def base_environment(marker: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus the lab marker (what every lab process inherits)."""
+    return {**os.environ, **marker}
+
+
+__all__ = [
+    "CLOSED_MARKER",
+    "ELASTIC_RDZV_CONF",
+    "MAX_RELAUNCHES",
+    "RDZV_PORT_RANGE",
+    "allocate_rdzv_port",
+    "base_environment",
+    "check_elastic",
+    "failure_lines",
+    "global_batch_of",
+    "is_running",
+    "job_environment",
+    "listening_ports",
+    "rejoin",
+    "relaunch_closed",
+    "rendezvous_closed",
+    "result",
+    "start",
+    "stop",
+    "stranded",
+    "torchrun_command",
+    "trainer_command",
+    "wait",
+]

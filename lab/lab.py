@@ -1,0 +1,537 @@
+"""The local lab: a small cluster of network namespaces on one machine (:class:`Lab`).
+
+``Lab.up`` creates, in order: the bridge, one namespace per node (veth pair,
+address, loopback, resolvable peers), one agent per node inside its namespace,
+then Prometheus, Alertmanager and the responder in the root namespace, and
+waits until all of them are healthy and Prometheus scrapes every agent.
+
+Every object is recorded in ``lab.json`` *before* it is created and its removal
+is registered on an :class:`contextlib.ExitStack` right after, so a failed or
+interrupted ``up`` unwinds what it did, and ``down`` in a fresh process (even
+after ``up`` was SIGKILLed) finds everything. ``down`` also sweeps by name
+(the configuration's prefix) and by the environment marker every lab process
+carries, and is idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from stormwatch.lab import health, jobs, preflight, procs, registry, services, teardown
+from stormwatch.lab.config import NODE_INTERFACE, JobSpec, LabConfig
+from stormwatch.lab.errors import (
+    JobError,
+    LabError,
+    LabNotUpError,
+    LabOwnedElsewhereError,
+)
+from stormwatch.lab.netns import IpRoute2, NetworkLayer
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.progress import Progress, ProgressEvent, quiet
+from stormwatch.lab.promapi import PrometheusClient
+from stormwatch.lab.state import (
+    JobInfo,
+    JobRecord,
+    JobResult,
+    LabState,
+    NetResource,
+    ProcessRecord,
+    StateStore,
+    plan_state,
+)
+from stormwatch.lab.status import LabStatus, collect_status
+
+log = logging.getLogger(__name__)
+
+
+def _write_secret(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(secrets.token_urlsafe(32) + "\n")
+
+
+def _never_raises(report: Progress) -> Progress:
+    """``report``, but a failure to report (e.g. a closed pipe) is logged, not raised."""
+
+    def safe(event: ProgressEvent) -> None:
+        try:
+            report(event)
+        except BaseException as exc:
+            log.debug("could not report %s: %r", event.message, exc)
+
+    return safe
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A meaningful one-line reason for ``lab.json``'s ``error`` (never a bare errno)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or SIGTERM)"
+    if isinstance(exc, SystemExit) and isinstance(exc.__context__, BrokenPipeError):
+        exc = exc.__context__
+    if isinstance(exc, BrokenPipeError):
+        return "lab up's output pipe was closed (its reader exited), so it stopped"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}" + (
+            f" ({exc.filename})" if exc.filename else ""
+        )
+    if isinstance(exc, SystemExit):
+        return f"lab up exited with status {exc.code} while starting"
+    text = str(exc)
+    if not text or text.isdigit():
+        return f"{type(exc).__name__}({text})" if text else type(exc).__name__
+    return text
+
+
+class Lab:
+    """A lab in one run directory (the stand-in for a cluster's shared filesystem).
+
+    Args:
+        run_dir: the run directory; ``<run_dir>/lab.json`` is loaded when present.
+        network: the network layer (default :class:`IpRoute2`); a seam for tests.
+    """
+
+    def __init__(self, run_dir: Path | str, *, network: NetworkLayer | None = None) -> None:
+        self.paths = RunPaths.of(run_dir)
+        self._store = StateStore(self.paths)
+        self._network = network
+
+    @property
+    def run_dir(self) -> Path:
+        return self.paths.run_dir
+
+    @property
+    def network(self) -> NetworkLayer:
+        if self._network is None:
+            self._network = IpRoute2()
+        return self._network
+
+    @property
+    def state(self) -> LabState:
+        """The current ``lab.json`` (read fresh on each access).
+
+        Raises:
+            LabNotUpError: there is no lab in the run directory.
+        """
+        return self._store.require()
+
+    @property
+    def marker(self) -> dict[str, str]:
+        """The environment marker every process of this lab carries."""
+        return {procs.LAB_MARKER_ENV: str(self.run_dir)}
+
+    def prometheus(self) -> PrometheusClient:
+        """A client for the lab's Prometheus."""
+        return PrometheusClient(self.state.prometheus_url)
+
+    # -- up ----------------------------------------------------------------------------
+    def up(
+        self,
+        config: LabConfig | None = None,
+        *,
+        progress: Progress | None = None,
+        force: bool = False,
+    ) -> LabState:
+        """Bring the lab up (see the module docstring) and return its state.
+
+        A lab already up in this run directory with all processes running is
+        returned as is when ``config`` is ``None`` or equal to its configuration
+        (another configuration is an error). A lab that is up but has dead
+        services (and all its namespaces and links) is repaired: only the dead
+        services are restarted; jobs keep running and stay recorded. A stale or
+        half-created lab is brought down first, but not while jobs of it run
+        unless ``force``. ``None`` means :class:`LabConfig`'s defaults otherwise.
+
+        Raises:
+            LabPermissionError: not root (nor CAP_NET_ADMIN + CAP_SYS_ADMIN).
+            LabOwnedElsewhereError: a lab in another run directory uses the prefix.
+            PortInUseError: a root-namespace port is taken.
+            ServiceFailedError: a service exited or did not become healthy within
+                ``config.startup_timeout`` seconds (names it and its log file).
+            LabError: anything else that kept the lab from coming up (among them:
+                jobs run in a lab that would have to be rebuilt). In every case,
+                what was created has been removed again (a repair keeps the lab).
+        """
+        report = progress or quiet
+        preflight.require_privileges("lab up")
+        with self._store.locked():
+            existing = self._store.load()
+            if existing is not None and existing.phase != "down":
+                same = config is None or existing.config == config
+                if existing.phase == "up" and self._all_running(existing):
+                    if same:
+                        report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
+                        return existing
+                    raise LabError(
+                        f"a lab with another configuration is up in {self.run_dir}; "
+                        "bring it down first (`stormwatch lab down`)"
+                    )
+                if existing.phase == "up" and same and self._network_intact(existing):
+                    return self._repair(existing, report)
+                self._refuse_if_jobs_run(existing, force)
+                report(ProgressEvent("info", "lab", "removing the remains of an earlier lab"))
+                teardown.teardown(self._store, self.network, existing.config, report)
+            config = config or LabConfig()
+            self._refuse_if_owned_elsewhere(config, "lab up")
+            preflight.require_binaries()
+            preflight.require_free_ports(config)
+            preflight.require_unused_names(config, self.network)
+            state = plan_state(self.paths, config)
+            self._store.save(state)
+            registry.claim(config.prefix, self.run_dir)
+            undo = contextlib.ExitStack()
+            try:
+                self._create(state, undo, report)
+            except BaseException as exc:
+                # Reporting may be what failed (a closed output pipe): never let it cut
+                # the clean-up short.
+                safe = _never_raises(report)
+                safe(ProgressEvent("info", "lab", "start failed; removing what was created"))
+                with teardown.signals_deferred():
+                    self._unwind(undo, config, safe)
+                    state.phase = "failed"
+                    state.error = _describe_failure(exc)
+                    state.resources.clear()
+                    state.processes.clear()
+                    self._store.save(state)
+                raise
+            state.phase = "up"
+            self._store.save(state)
+            report(ProgressEvent("info", "lab", f"lab is up; state in {self.paths.state_file}"))
+            return state
+
+    def _dead_services(self, state: LabState) -> list[str]:
+        names = [f"agent-{n.name}" for n in state.nodes] + list(services.ROOT_SERVICES)
+        return [
+            n for n in names if n not in state.processes or not procs.is_running(state.processes[n])
+        ]
+
+    def _network_intact(self, state: LabState) -> bool:
+        namespaces = set(self.network.namespaces())
+        links = set(self.network.links())
+        return state.bridge in links and all(n.netns in namespaces for n in state.nodes)
+
+    def _refuse_if_jobs_run(self, state: LabState, force: bool) -> None:
+        running = sorted(n for n, job in state.jobs.items() if jobs.is_running(job))
+        if not running or force:
+            return
+        dead = ", ".join(self._dead_services(state)) or "none"
+        raise LabError(
+            f"the lab in {self.run_dir} is {state.phase} and cannot be repaired in place "
+            f"(dead services: {dead}; namespaces or links missing, or another configuration), "
+            f"and job(s) {', '.join(running)} still run; rebuilding it would kill them. "
+            "Stop them (`stormwatch lab stop --job NAME`), or `stormwatch lab down` then "
+            "`stormwatch lab up`, or `stormwatch lab up --force` to rebuild anyway"
+        )
+
+    def _refuse_if_owned_elsewhere(self, config: LabConfig, action: str) -> None:
+        others = teardown.other_labs(self.network, config, self.run_dir)
+        if others:
+            where = others[0]
+            raise LabOwnedElsewhereError(
+                f"{action}: prefix {config.prefix!r} belongs to the lab in {where}, not to "
+                f"{self.run_dir}; is --run-dir mistyped? Bring that lab down with "
+                f"`stormwatch lab down --run-dir {where}`, or choose another --prefix"
+            )
+
+    def _repair(self, state: LabState, report: Progress) -> LabState:
+        """Restart only the dead services of a lab that is up; jobs are left alone."""
+        dead = set(self._dead_services(state))
+        report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
+        self._restart(state, dead, report)
+        report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
+        return state
+
+    def restart_agents(
+        self, nodes: Iterable[str], *, progress: Progress | None = None
+    ) -> list[str]:
+        """Start the agent of each of ``nodes`` again if it is dead (what a DaemonSet or
+        systemd's ``Restart=`` does on a real cluster); running agents and jobs are left alone.
+
+        Args:
+            nodes: lab node names (``node1``) or namespace names (``sw-node1``).
+
+        Returns:
+            The services restarted (``agent-node1``), in order; empty when all ran.
+
+        Raises:
+            LabNotUpError: no lab is up in this run directory.
+            LabError: a node is not one of the lab's (names the known ones).
+            ServiceFailedError: a restarted agent did not become healthy in time.
+        """
+        report = progress or quiet
+        with self._store.locked():
+            state = self._store.load()
+            if state is None or state.phase != "up":
+                raise LabNotUpError(f"no lab is up in {self.run_dir} (`stormwatch lab up`)")
+            names = {n.netns: n.name for n in state.nodes} | {n.name: n.name for n in state.nodes}
+            wanted = []
+            for node in nodes:
+                if node not in names:
+                    known = ", ".join(n.name for n in state.nodes)
+                    raise LabError(f"the lab has no node {node!r} (nodes: {known})")
+                wanted.append(f"agent-{names[node]}")
+            dead = [n for n in dict.fromkeys(wanted) if n in self._dead_services(state)]
+            if dead:
+                self._restart(state, set(dead), report)
+            return dead
+
+    def _restart(self, state: LabState, dead: set[str], report: Progress) -> None:
+        """Start the services named in ``dead`` again and wait until they are healthy and scraped."""
+        config = state.config
+        specs = services.service_specs(state, self.paths)
+        env = jobs.base_environment(self.marker)
+        checks = []
+        for spec in specs:
+            if spec.name not in dead:
+                continue
+            earlier = state.processes.get(spec.name)
+            if earlier is not None:
+                procs.terminate(procs.tree(earlier))
+            report(ProgressEvent("start", spec.name, f"restarting {spec.name}"))
+            record = procs.launch(
+                spec.name,
+                spec.cmd,
+                log_file=self.paths.service_log(spec.name),
+                status_file=self.paths.service_status(spec.name),
+                env=env,
+                netns=spec.netns,
+                cwd=self.run_dir,
+            )
+            state.processes[spec.name] = record
+            self._store.save(state)
+            checks.append(health.HealthCheck(record, spec.health_url))
+        deadline = time.monotonic() + config.startup_timeout
+
+        def ready(name: str) -> None:
+            report(ProgressEvent("ready", name, f"{name} is healthy"))
+
+        health.wait_healthy(checks, timeout=config.startup_timeout, on_ready=ready)
+        health.wait_scraped(state, deadline)
+        state.error = None
+        self._store.save(state)
+
+    def _all_running(self, state: LabState) -> bool:
+        return bool(state.processes) and all(procs.is_running(p) for p in state.processes.values())
+
+    def _create(self, state: LabState, undo: contextlib.ExitStack, report: Progress) -> None:
+        config = state.config
+        undo_report = _never_raises(report)
+        self._prepare_files(state)
+        rules = services.rules_dir()
+        services.write_prometheus_config(state, self.paths, rules)
+        services.check_prometheus_config(self.paths.prometheus_config)
+        services.write_alertmanager_config(state, self.paths)
+        services.write_grafana_files(state, self.paths)
+
+        self._remember(state, NetResource(kind="bridge", name=state.bridge))
+        undo.callback(self._remove, NetResource(kind="bridge", name=state.bridge), undo_report)
+        self.network.add_bridge(state.bridge, state.bridge_address)
+        report(
+            ProgressEvent("create", state.bridge, f"bridge {state.bridge} {state.bridge_address}")
+        )
+        hosts = {str(state.bridge_address.ip): f"{config.prefix}-host"}
+        hosts.update({str(n.address): n.netns for n in state.nodes})
+        for node in state.nodes:
+            self._remember(state, NetResource(kind="netns", name=node.netns))
+            undo.callback(self._remove, NetResource(kind="netns", name=node.netns), undo_report)
+            self.network.add_namespace(node.netns, hosts)
+            self._remember(state, NetResource(kind="veth", name=node.veth))
+            undo.callback(self._remove, NetResource(kind="veth", name=node.veth), undo_report)
+            self.network.add_node_link(
+                netns=node.netns,
+                veth=node.veth,
+                interface=NODE_INTERFACE,
+                bridge=state.bridge,
+                address=ipaddress.IPv4Interface(f"{node.address}/{config.subnet.prefixlen}"),
+                gateway=state.bridge_address.ip,
+            )
+            report(ProgressEvent("create", node.netns, f"namespace {node.netns} {node.address}"))
+
+        specs = services.service_specs(state, self.paths)
+        checks = []
+        env = jobs.base_environment(self.marker)
+        launched: list[ProcessRecord] = []
+        undo.callback(teardown.stop_processes, launched, undo_report)
+        for spec in specs:
+            report(ProgressEvent("start", spec.name, f"starting {spec.name}"))
+            record = procs.launch(
+                spec.name,
+                spec.cmd,
+                log_file=self.paths.service_log(spec.name),
+                status_file=self.paths.service_status(spec.name),
+                env=env,
+                netns=spec.netns,
+                cwd=self.run_dir,
+            )
+            state.processes[spec.name] = record
+            launched.append(record)
+            self._store.save(state)
+            checks.append(health.HealthCheck(record, spec.health_url))
+
+        deadline = time.monotonic() + config.startup_timeout
+
+        def ready(name: str) -> None:
+            report(ProgressEvent("ready", name, f"{name} is healthy"))
+
+        health.wait_healthy(checks, timeout=config.startup_timeout, on_ready=ready)
+        health.wait_scraped(state, deadline)
+        report(ProgressEvent("ready", "prometheus", "Prometheus scrapes every agent"))
+
+    def _prepare_files(self, state: LabState) -> None:
+        """Fresh service data (no alerts, notifications or series from an earlier lab)."""
+        paths = self.paths
+        for folder in (paths.prometheus_data, paths.alertmanager_data, paths.responder_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+        for node in state.nodes:
+            shutil.rmtree(paths.node_dir(node.name), ignore_errors=True)
+            node.metrics_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (paths.logs_dir, paths.prometheus_data, paths.alertmanager_data):
+            folder.mkdir(parents=True, exist_ok=True)
+        paths.responder_dir.mkdir(parents=True, exist_ok=True)
+        _write_secret(state.agent_token_file)
+        _write_secret(state.responder_token_file)
+
+    def _remember(self, state: LabState, resource: NetResource) -> None:
+        state.resources.append(resource)
+        self._store.save(state)
+
+    def _remove(self, resource: NetResource, report: Progress) -> None:
+        teardown.remove_resource(self.network, resource, report)
+
+    def _unwind(self, undo: contextlib.ExitStack, config: LabConfig, report: Progress) -> None:
+        """Run the registered removals (newest first), then sweep what they could miss."""
+        try:
+            undo.close()
+        except Exception:
+            log.exception("undoing a failed lab up failed; sweeping")
+        try:
+            teardown.teardown(self._store, self.network, config, report)
+        except LabError:
+            log.exception("sweeping after a failed lab up left things behind")
+
+    # -- down --------------------------------------------------------------------------
+    def down(
+        self, config: LabConfig | None = None, *, progress: Progress | None = None
+    ) -> list[str]:
+        """Stop every process of the lab and remove its namespaces, links and files.
+
+        Uses ``lab.json`` when present; ``config`` (default :class:`LabConfig`) names
+        what to sweep when it is not. Safe to call twice, or after a crashed ``up``.
+
+        Returns:
+            What was removed, one line each.
+
+        Raises:
+            LabPermissionError: not root.
+            LabOwnedElsewhereError: there is no ``lab.json`` here and a lab in another
+                run directory uses the prefix (nothing is touched).
+            LabError: something could not be removed (after trying everything else).
+        """
+        preflight.require_privileges("lab down")
+        with self._store.locked(), teardown.signals_deferred():
+            state = self._store.load()
+            fallback = config or LabConfig()
+            if state is None:
+                self._refuse_if_owned_elsewhere(fallback, "lab down")
+            return teardown.teardown(
+                self._store, self.network, state.config if state else fallback, progress or quiet
+            )
+
+    # -- status ------------------------------------------------------------------------
+    def status(self) -> LabStatus:
+        """Nodes, services (running, healthy), and jobs; probes every health URL once.
+
+        Raises:
+            LabNotUpError: there is no lab in the run directory.
+        """
+        return collect_status(self.state, self.network)
+
+    # -- jobs --------------------------------------------------------------------------
+    def start_job(self, spec: JobSpec) -> JobInfo:
+        """Start ``spec`` on every node (detached) and return where its files and pids are.
+
+        A job name may be reused once the earlier job has ended (the trainer then
+        resumes from the checkpoints in its folder).
+
+        Raises:
+            LabNotUpError: the lab is not up.
+            JobError: a job of that name is running, or torchrun could not be started.
+        """
+        with self._store.transaction() as state:
+            if state.phase != "up":
+                raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
+            earlier = state.jobs.get(spec.name)
+            if earlier is not None and jobs.is_running(earlier):
+                raise JobError(
+                    f"job {spec.name!r} is still running; stop it or choose another name"
+                )
+            record = jobs.start(state, spec, self.paths, jobs.base_environment(self.marker))
+            state.jobs[spec.name] = record
+            return record.info
+
+    def job(self, name: str) -> JobInfo:
+        """The job called ``name`` (:class:`JobError` when unknown)."""
+        return self.state.job(name).info
+
+    def job_result(self, name: str) -> JobResult:
+        """Exit codes so far, without waiting (``None`` for nodes still running)."""
+        return jobs.result(self.state.job(name))
+
+    def wait_job(self, name: str, timeout: float = 600.0) -> JobResult:
+        """Wait until every node's torchrun of job ``name`` has exited.
+
+        Args:
+            timeout: seconds to wait.
+
+        Returns:
+            The exit codes; when a node failed, ``detail`` names it with the last
+            error lines of its torchrun log (e.g. the rendezvous port in use).
+
+        Raises:
+            JobTimeoutError: still running after ``timeout`` seconds.
+        """
+        return jobs.wait(self.state.job(name), timeout, relaunch=lambda: self._relaunch(name))
+
+    def rejoin_job_node(self, name: str, node: str) -> JobInfo:
+        """Start ``node``'s torchrun again in the running elastic job ``name``: the node
+        joins the rendezvous and the job grows back to include it.
+
+        Raises:
+            LabNotUpError: the lab is not up.
+            JobError: the job is not elastic (``JobSpec.min_nodes``) or has ended, the
+                node is unknown, or its torchrun still runs.
+        """
+        with self._store.transaction() as state:
+            if state.phase != "up":
+                raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
+            record = state.job(name)
+            jobs.rejoin(state, record, node, self.paths, jobs.base_environment(self.marker))
+            return record.info
+
+    def _relaunch(self, name: str) -> JobRecord | None:
+        """FC-09 (:func:`jobs.relaunch_closed`): the relaunched job's record, or ``None``."""
+        with self._store.transaction() as state:
+            record = state.job(name)
+            if jobs.relaunch_closed(state, record, self.paths, jobs.base_environment(self.marker)):
+                return record
+        return None
+
+    def stop_job(self, name: str, grace: float = 10.0) -> JobResult:
+        """SIGTERM the job's torchruns and workers (SIGKILL after ``grace`` seconds)."""
+        result = jobs.stop(self.state.job(name), grace=grace)
+        with self._store.transaction() as state:
+            state.job(name).stopped = True
+        return result
+
+
+__all__ = ["Lab"]

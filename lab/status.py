@@ -1,0 +1,231 @@
+"""What ``lab status`` reports (nodes, services and jobs, with live health probes), and how
+it prints them."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+
+from stormwatch.lab import health, jobs, procs
+from stormwatch.lab.netns import NetworkLayer
+from stormwatch.lab.state import LabState, Phase
+from stormwatch.tables import Col, one_line_table, short_age
+
+
+class ServiceStatus(BaseModel):
+    """One service process.
+
+    Attributes:
+        running: its process is alive (pid and start time match).
+        healthy: its health URL answered 2xx just now.
+        detail: the probe's outcome (``HTTP 200``, or the error).
+        returncode: its exit status when it has exited and it was recorded.
+    """
+
+    name: str
+    pid: int
+    running: bool
+    healthy: bool
+    detail: str
+    url: str
+    log_file: Path
+    returncode: int | None = None
+
+
+class NodeStatus(BaseModel):
+    """One node: its namespace exists, and its agent."""
+
+    name: str
+    netns: str
+    address: ipaddress.IPv4Address
+    netns_exists: bool
+    agent: ServiceStatus | None
+
+
+class JobStatus(BaseModel):
+    """One job: ``exit_codes`` per node (``None`` while running or unknown).
+
+    Attributes:
+        problem: why a running job can never finish (a node's torchrun is gone
+            while the others wait), with what to do; ``None`` otherwise.
+    """
+
+    name: str
+    running: bool
+    stopped: bool
+    started_at: float
+    exit_codes: dict[str, int | None]
+    job_dir: Path
+    problem: str | None = None
+
+
+class LabStatus(BaseModel):
+    """The whole lab; ``healthy`` is true when it is up and every check passed."""
+
+    run_dir: Path
+    phase: Phase
+    healthy: bool
+    prometheus_url: str
+    alertmanager_url: str
+    responder_url: str
+    nodes: list[NodeStatus]
+    services: list[ServiceStatus]
+    jobs: list[JobStatus]
+    error: str | None = None
+
+
+def _health_urls(state: LabState) -> dict[str, str]:
+    urls = {f"agent-{n.name}": f"{n.agent_url}/healthz" for n in state.nodes}
+    urls["prometheus"] = f"{state.prometheus_url}/-/ready"
+    urls["alertmanager"] = f"{state.alertmanager_url}/-/ready"
+    urls["responder"] = f"{state.responder_url}/healthz"
+    return urls
+
+
+def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
+    """Probe the lab described by ``state`` once."""
+    urls = {name: url for name, url in _health_urls(state).items() if name in state.processes}
+    probes = health.check_urls(urls) if state.phase == "up" else {}
+    services = {}
+    for name, record in state.processes.items():
+        probe = probes.get(name, health.Health(False, "not probed"))
+        services[name] = ServiceStatus(
+            name=name,
+            pid=record.pid,
+            running=procs.is_running(record),
+            healthy=probe.ok,
+            detail=probe.detail,
+            url=urls.get(name, ""),
+            log_file=record.log_file,
+            returncode=procs.exit_status(record).returncode,
+        )
+    existing = set(network.namespaces())
+    nodes = [
+        NodeStatus(
+            name=node.name,
+            netns=node.netns,
+            address=node.address,
+            netns_exists=node.netns in existing,
+            agent=services.get(f"agent-{node.name}"),
+        )
+        for node in state.nodes
+    ]
+    job_list = []
+    for name, record in state.jobs.items():
+        result = jobs.result(record)
+        running = jobs.is_running(record)
+        job_list.append(
+            JobStatus(
+                name=name,
+                running=running,
+                problem=jobs.stranded(record) if running else None,
+                stopped=record.stopped,
+                started_at=record.info.started_at,
+                exit_codes=result.exit_codes,
+                job_dir=record.info.job_dir,
+            )
+        )
+    healthy = (
+        state.phase == "up"
+        and all(n.netns_exists for n in nodes)
+        and bool(services)
+        and all(s.running and s.healthy for s in services.values())
+    )
+    return LabStatus(
+        run_dir=state.run_dir,
+        phase=state.phase,
+        healthy=healthy,
+        prometheus_url=state.prometheus_url,
+        alertmanager_url=state.alertmanager_url,
+        responder_url=state.responder_url,
+        nodes=nodes,
+        services=[s for s in services.values() if not s.name.startswith("agent-")],
+        jobs=job_list,
+        error=state.error,
+    )
+
+
+#: From this terminal width on, ``lab status`` also shows namespaces, addresses, URLs and
+#: job folders; narrower, each table keeps the columns that say what is wrong.
+STATUS_WIDE_COLUMNS = 120
+
+
+def _service_cells(service: ServiceStatus | None) -> list[str]:
+    """pid, process and health of a service (or of a node's agent)."""
+    if service is None:
+        return ["-", "[red]not started[/]", ""]
+    running = "[green]running[/]" if service.running else f"[red]exited {service.returncode}[/]"
+    healthy = "[green]healthy[/]" if service.healthy else f"[red]{escape(service.detail)}[/]"
+    return [str(service.pid), running, healthy]
+
+
+def render_status(status: LabStatus, console: Console) -> None:
+    """Print ``status`` as ``lab status`` does: a verdict line, then nodes, services and
+    jobs tables with one line per row at the console's width (narrower than
+    :data:`STATUS_WIDE_COLUMNS`: without namespaces, addresses, URLs and job folders)."""
+    width = console.width
+    wide = width >= STATUS_WIDE_COLUMNS
+    colour = "green" if status.healthy else "red"
+    verdict = "healthy" if status.healthy else "not healthy"
+    console.print(f"lab in {status.run_dir}: [bold]{status.phase}[/], [{colour}]{verdict}[/]")
+    if status.error:
+        console.print(f"[red]last error:[/] {escape(status.error)}")
+    columns = [Col(header="node")]
+    if wide:
+        columns += [Col(header="netns"), Col(header="address")]
+    columns += [Col(header="namespace"), Col(header="agent pid"), Col(header="agent")]
+    columns.append(Col(header="health", flex=True))
+    rows = []
+    for node in status.nodes:
+        cells = [escape(node.name)]
+        if wide:
+            cells += [escape(node.netns), str(node.address)]
+        cells.append("[green]exists[/]" if node.netns_exists else "[red]missing[/]")
+        agent = _service_cells(node.agent) if node.agent else ["-", "-", "-"]
+        if node.agent and not node.agent.running:
+            agent[1] = "[red]exited[/]"
+        rows.append(cells + agent)
+    console.print(one_line_table(columns, rows, width=width, title="Nodes"))
+    columns = [Col(header="service"), Col(header="pid"), Col(header="process")]
+    columns.append(Col(header="health", flex=True))
+    if wide:
+        columns.append(Col(header="url", flex=True))
+    rows = []
+    for service in status.services:
+        cells = [escape(service.name), *_service_cells(service)]
+        rows.append([*cells, escape(service.url)] if wide else cells)
+    console.print(one_line_table(columns, rows, width=width, title="Services"))
+    if status.jobs:
+        now = time.time()
+        columns = [Col(header="job", flex=True, min_width=12), Col(header="state")]
+        columns.append(Col(header="exit codes", flex=True, min_width=16))
+        columns.append(Col(header="folder", flex=True) if wide else Col(header="age"))
+        rows = []
+        for job in status.jobs:
+            state = "running" if job.running else ("stopped" if job.stopped else "ended")
+            codes = ", ".join(
+                f"{n}={'running' if c is None and job.running else c}"
+                for n, c in job.exit_codes.items()
+            )
+            last = escape(str(job.job_dir)) if wide else short_age(now - job.started_at)
+            rows.append([escape(job.name), state, escape(codes), last])
+        console.print(one_line_table(columns, rows, width=width, title="Jobs"))
+        for job in status.jobs:
+            if job.problem:
+                console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
+
+
+__all__ = [
+    "STATUS_WIDE_COLUMNS",
+    "JobStatus",
+    "LabStatus",
+    "NodeStatus",
+    "ServiceStatus",
+    "collect_status",
+    "render_status",
+]

@@ -1,0 +1,209 @@
+"""Taking a lab apart: stop its processes, delete its namespaces, veths and bridge.
+
+Used by ``lab down``, by a failed or interrupted ``lab up`` (after its own
+undo stack ran) and before ``lab up`` reuses a run directory. Everything here
+is idempotent: a missing process or object is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from stormwatch.lab import jobs, procs, registry
+from stormwatch.lab.config import LabConfig
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.netns import NetworkLayer
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.progress import Progress, ProgressEvent
+from stormwatch.lab.state import NetResource, ProcessRecord, StateStore
+
+log = logging.getLogger(__name__)
+
+
+def live_owner(prefix: str, run_dir: Path) -> Path | None:
+    """The run directory of *another* lab that is not down and claims ``prefix``, if any.
+
+    A registry entry whose run directory has no ``lab.json``, or whose lab is down
+    or uses another prefix now, is stale and ignored.
+    """
+    claim = registry.owner(prefix)
+    if claim is None or claim.run_dir == run_dir:
+        return None
+    try:
+        other = StateStore(RunPaths.of(claim.run_dir)).load()
+    except LabError:
+        other = None
+    if other is None or other.phase == "down" or other.config.prefix != prefix:
+        return None
+    return claim.run_dir
+
+
+def other_labs(network: NetworkLayer, config: LabConfig, run_dir: Path) -> list[str]:
+    """Run directories of other labs that use ``config``'s prefix: the registry's live
+    owner, and the markers of lab processes inside namespaces with the prefix's names."""
+    found: set[str] = set()
+    owner = live_owner(config.prefix, run_dir)
+    if owner is not None:
+        found.add(str(owner))
+    for name in network.namespaces():
+        if config.owns_netns(name):
+            found |= _foreign_markers(network, name, run_dir)
+    return sorted(found)
+
+
+def _foreign_markers(network: NetworkLayer, namespace: str, run_dir: Path) -> set[str]:
+    """Run directories, other than ``run_dir``, of lab processes inside ``namespace``."""
+    found = set()
+    for proc in procs.namespace_processes(network.namespace_pids(namespace)):
+        marker = procs.marker_of(proc)
+        if marker is not None and marker != str(run_dir):
+            found.add(marker)
+    return found
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while cleaning up, so a second Ctrl-C cannot cut it short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def remove_resource(network: NetworkLayer, resource: NetResource, report: Progress) -> bool:
+    """Delete one kernel object if it exists; whether it did."""
+    if resource.kind == "netns":
+        existed = resource.name in network.namespaces()
+        network.delete_namespace(resource.name)
+    else:
+        existed = resource.name in network.links()
+        network.delete_link(resource.name)
+    if existed:
+        report(ProgressEvent("remove", resource.name, f"removed {resource.kind} {resource.name}"))
+    return existed
+
+
+def stop_processes(records: list[ProcessRecord], report: Progress) -> None:
+    """Stop ``records`` together (one grace period for all, not one each)."""
+    victims = [proc for record in records for proc in procs.tree(record)]
+    if victims:
+        report(ProgressEvent("remove", "processes", f"stopping {len(records)} services"))
+        procs.terminate(victims)
+
+
+def teardown(
+    store: StateStore, network: NetworkLayer, config: LabConfig, report: Progress
+) -> list[str]:
+    """Stop every process of the lab and remove its kernel objects (the caller holds the lock).
+
+    Finds processes from ``lab.json`` (pid + start time), inside the lab's
+    namespaces, and by the environment marker; kernel objects from ``lab.json``
+    and by ``config``'s names. Stops all processes together (one grace period),
+    then deletes namespaces, veths, and the bridge last.
+
+    Returns:
+        What was removed, one line each.
+
+    Raises:
+        LabError: something survived (after everything else was tried).
+    """
+    state = store.load()
+    if state is not None:
+        state.phase = "stopping"
+        store.save(state)
+    removed: list[str] = []
+    problems: list[str] = []
+
+    # 1. Processes: recorded ones (jobs first, they talk to the agents), then sweeps.
+    records: list[ProcessRecord] = []
+    interrupted_jobs: list[str] = []
+    if state is not None:
+        interrupted_jobs = [n for n, job in state.jobs.items() if jobs.is_running(job)]
+        records += [p for job in state.jobs.values() for p in job.processes.values()]
+        records += list(state.processes.values())
+    alive = {record.name: procs.tree(record) for record in records}
+    victims = {proc.pid: proc for tree in alive.values() for proc in tree}
+    recorded = {r.name for r in state.resources if r.kind == "netns"} if state else set()
+    # The name sweep must never reach another lab's objects: skip it when another
+    # run directory claims the prefix, and skip namespaces its processes use.
+    other = live_owner(config.prefix, store.run_dir)
+    foreign: set[str] = set()
+    namespaces = set(recorded)
+    if other is None:
+        for name in network.namespaces():
+            if not config.owns_netns(name) or name in recorded:
+                continue
+            markers = _foreign_markers(network, name, store.run_dir)
+            if markers:
+                foreign |= markers
+                log.warning("not touching namespace %s: used by the lab in %s", name, markers)
+            else:
+                namespaces.add(name)
+    else:
+        foreign.add(str(other))
+    for name in namespaces:
+        for proc in procs.namespace_processes(network.namespace_pids(name)):
+            marker = procs.marker_of(proc)
+            if marker is None or marker == str(store.run_dir):
+                victims.setdefault(proc.pid, proc)
+    for proc in procs.processes_marked(store.run_dir):
+        victims.setdefault(proc.pid, proc)
+    if victims:
+        report(ProgressEvent("remove", "processes", f"stopping {len(victims)} processes"))
+        survivors = procs.terminate(victims.values())
+        problems += [f"{s} survived SIGKILL" for s in survivors]
+        removed += [f"process {name}" for name, tree in alive.items() if tree]
+        unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
+        if unrecorded > 0:
+            removed.append(f"{unrecorded} unrecorded processes")
+
+    # 2. Kernel objects: recorded ones in reverse, then anything with our names.
+    planned: list[NetResource] = list(reversed(state.resources)) if state else []
+    planned += [NetResource(kind="netns", name=n) for n in sorted(namespaces)]
+    if not foreign:
+        planned += [
+            NetResource(kind="veth" if n != config.bridge else "bridge", name=n)
+            for n in network.links()
+            if config.owns_link(n)
+        ]
+    # Namespaces first: their veth ends disappear with them; the bridge last.
+    order = {"netns": 0, "veth": 1, "bridge": 2}
+    unique = {(r.kind, r.name): r for r in planned}
+    for resource in sorted(unique.values(), key=lambda r: order[r.kind]):
+        try:
+            if remove_resource(network, resource, report):
+                removed.append(f"{resource.kind} {resource.name}")
+        except LabError as exc:
+            problems.append(str(exc))
+
+    if state is not None:
+        state.phase = "down"
+        state.resources.clear()
+        state.processes.clear()
+        for name in interrupted_jobs:
+            state.jobs[name].stopped = True
+        store.save(state)
+    if problems:
+        raise LabError("lab down left things behind: " + "; ".join(problems))
+    registry.release(config.prefix, store.run_dir)
+    return removed
+
+
+__all__ = [
+    "live_owner",
+    "other_labs",
+    "remove_resource",
+    "signals_deferred",
+    "stop_processes",
+    "teardown",
+]
