@@ -47,14 +47,14 @@ from stormwatch.agent.errors import (
     NvmlUnavailable,
     WebConfigError,
 )
-from stormwatch.agent.events import EventLog
 from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRankSpec
 from stormwatch.agent.gpu import FakeNvml, GpuSampler
-from stormwatch.agent.health import HangSettings, StragglerSettings
-from stormwatch.agent.rank_health import RankHealth
-from stormwatch.agent.ranks import RankExit, RankInfo, RankWatcher
 from stormwatch.agent.runtime import Agent
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
+from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
+from stormwatch.agent.watch.events import EventLog
+from stormwatch.agent.watch.monitor import RankHealth
+from stormwatch.agent.watch.ranks import RankExit, RankInfo, RankWatcher
 
 __all__ = [
     "COLLECTOR_NAMES",

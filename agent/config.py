@@ -120,7 +120,7 @@ class AgentConfig(BaseModel):
             then only ranks naming this agent's ``metrics_dir`` are claimed.
         hang_floor_seconds, hang_factor: a running rank is hung when its last
             heartbeat is older than ``max(hang_floor_seconds, hang_factor x the job's
-            recent median step time)`` (30 s, 10; :mod:`stormwatch.agent.health`).
+            recent median step time)`` (30 s, 10; :mod:`stormwatch.agent.watch.detectors`).
         straggler_factor, straggler_samples: a rank is a compute straggler after
             ``straggler_samples`` consecutive steps with compute >= ``straggler_factor``
             x its peers' median while they wait longer in collectives (1.2, 3).

@@ -53,7 +53,7 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.gpu.sampler import GpuSampler
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.watch.ranks import RankWatcher
 
 log = logging.getLogger(__name__)
 

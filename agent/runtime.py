@@ -37,19 +37,19 @@ from stormwatch.agent.collectors import (
 )
 from stormwatch.agent.config import AgentConfig
 from stormwatch.agent.errors import AgentConfigError, FaultError
-from stormwatch.agent.events import EventLog
 from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
 from stormwatch.agent.faults import FAULT_TYPES, FaultContext, FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
-from stormwatch.agent.health import HangSettings, StragglerSettings
-from stormwatch.agent.proc_exits import open_exit_source
-from stormwatch.agent.rank_health import RankHealth
-from stormwatch.agent.ranks import RankExit, RankWatcher
 from stormwatch.agent.server import ApiDeps, build_app, build_fault_app
 from stormwatch.agent.statelock import StateDirLock
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
+from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
+from stormwatch.agent.watch.events import EventLog
+from stormwatch.agent.watch.monitor import RankHealth
+from stormwatch.agent.watch.proc_exits import open_exit_source
+from stormwatch.agent.watch.ranks import RankExit, RankWatcher
 from stormwatch.agent.webconfig import BasicAuth, load_web_config, server_ssl_context
 
 log = logging.getLogger(__name__)

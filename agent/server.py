@@ -45,10 +45,10 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.errors import FaultError, InvalidFaultRequest
-from stormwatch.agent.events import EventLog
 from stormwatch.agent.exposition import ExpositionCache
 from stormwatch.agent.faults import FaultManager, parse_fault_request
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.watch.events import EventLog
+from stormwatch.agent.watch.ranks import RankWatcher
 from stormwatch.agent.webconfig import BasicAuth
 
 log = logging.getLogger(__name__)

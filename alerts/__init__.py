@@ -61,7 +61,6 @@ from stormwatch.alerts.alertmanager import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.audit import AuditEntry, AuditLog
 from stormwatch.alerts.backend import BackendError, LabBackend, PlatformBackend
 from stormwatch.alerts.client import ResponderClient, fetch_actions, fetch_incidents
 from stormwatch.alerts.errors import (
@@ -72,17 +71,18 @@ from stormwatch.alerts.errors import (
     StoreError,
     ToolError,
 )
-from stormwatch.alerts.guards import Guardrails
-from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
 from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_policy, parse_policy
 from stormwatch.alerts.prometheus import PrometheusAPI, PrometheusClient, Sample
-from stormwatch.alerts.records import (
+from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
+from stormwatch.alerts.responder.guards import Guardrails
+from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
+from stormwatch.alerts.responder.records import (
     ActionRecord,
     IncidentMember,
     IncidentRecord,
     NotificationRecord,
 )
-from stormwatch.alerts.responder import Responder, ResponderSettings, serve
+from stormwatch.alerts.responder.service import Responder, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import (
     ToolRun,
     check_rules,

@@ -19,15 +19,15 @@ from stormwatch.alerts.alertmanager import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.auth import read_token
 from stormwatch.alerts.backend import PlatformSettings, load_platform_settings
 from stormwatch.alerts.client import ResponderClient
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.postmortem.cli import postmortem_cmd
-from stormwatch.alerts.records import ActionRecord, IncidentRecord
-from stormwatch.alerts.responder import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
+from stormwatch.alerts.responder.auth import read_token
+from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
+from stormwatch.alerts.responder.service import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
 from stormwatch.errors import ConfigError
 

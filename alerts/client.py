@@ -15,7 +15,7 @@ import aiohttp
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from stormwatch.alerts.errors import ResponderClientError
-from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord, NotificationRecord
 from stormwatch.errors import ConfigError
 
 R = TypeVar("R", bound=BaseModel)

@@ -11,8 +11,8 @@ machine load. Variants:
   collective counting (``TelemetryConfig.count_collectives=False``),
   tracing and the control channel switched off;
 * ``counting``: ``bare`` plus collective counting alone (the kernels on the
-  ``c10d`` ops, ``trainer/collective_ops.py``, and the counter of
-  ``trainer/comms.py``; its sinks write nowhere);
+  ``c10d`` ops, ``trainer/telemetry/collective_ops.py``, and the counter of
+  ``trainer/telemetry/comms.py``; its sinks write nowhere);
 * ``instrumented``: as ``stormwatch train`` runs in the lab: prometheus
   multiprocess metrics, JSON-lines event log, span files, collective counting
   and the control channel (folder present, no file);
@@ -233,11 +233,14 @@ def _write_expired_faults(path: Path) -> None:
 
 def worker(work: Path) -> int:
     """One torchrun rank: every trial of the plan, results to ``<work>/rank<R>.json``."""
-    from stormwatch.trainer.collective_ops import KERNELS
     from stormwatch.trainer.control import control_path
-    from stormwatch.trainer.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
     from stormwatch.trainer.progress import ConsoleProgress
     from stormwatch.trainer.runtime import RankEnv
+    from stormwatch.trainer.telemetry.collective_ops import KERNELS
+    from stormwatch.trainer.telemetry.dump import (
+        DEFAULT_FLIGHT_RECORDER_ENTRIES,
+        flight_recorder_environ,
+    )
 
     env = RankEnv.from_environ(os.environ)
     plan = Plan(**json.loads((work / "plan.json").read_text()))
@@ -347,8 +350,8 @@ def _counter_cost(step_cpu_seconds: float, per_step: float) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from stormwatch.trainer.collective_ops import KERNELS
-    from stormwatch.trainer.comms import CollectiveCounter
+    from stormwatch.trainer.telemetry.collective_ops import KERNELS
+    from stormwatch.trainer.telemetry.comms import CollectiveCounter
 
     class NullSink:
         def on_issue(self, op: str, nbytes: int) -> None: ...

@@ -24,7 +24,7 @@ from stormwatch.alerts.alertmanager import (
 )
 from stormwatch.alerts.backend import PlatformSettings
 from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX
-from stormwatch.alerts.responder import ResponderSettings
+from stormwatch.alerts.responder.service import ResponderSettings
 from stormwatch.alerts.rulefiles import rule_files
 from stormwatch.dashboards.render import build_all, dumps
 

@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from stormwatch.errors import ConfigError, StormwatchError
-from stormwatch.lab import services
 from stormwatch.lab.config import JobSpec, LabConfig
 from stormwatch.lab.lab import Lab, ProgressEvent
 from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.services import definitions as services
 from stormwatch.lab.state import JobResult
 from stormwatch.lab.status import render_status
 

@@ -12,9 +12,9 @@ import math
 import os
 from pathlib import Path
 
-from stormwatch.lab import procs
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.errors import JobError
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import JobRecord, LabState
 from stormwatch.trainer.config import DataConfig
 

@@ -44,7 +44,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stormwatch.lab import procs
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.elastic import (
     CLOSED_MARKER,
@@ -57,7 +56,8 @@ from stormwatch.lab.elastic import (
 )
 from stormwatch.lab.errors import JobError, JobTimeoutError
 from stormwatch.lab.paths import RunPaths
-from stormwatch.lab.services import stormwatch_command
+from stormwatch.lab.services import procs
+from stormwatch.lab.services.definitions import stormwatch_command
 from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState, NodeState
 
 #: Seconds between two looks at a running job's status files.

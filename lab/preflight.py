@@ -10,7 +10,7 @@ from pathlib import Path
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError, LabPermissionError, PortInUseError
 from stormwatch.lab.netns import NetworkLayer
-from stormwatch.lab.services import (
+from stormwatch.lab.services.definitions import (
     ALERTMANAGER_BINARY,
     PROMETHEUS_BINARY,
     find_binary,

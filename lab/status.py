@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.lab import health, jobs, procs
+from stormwatch.lab import jobs
 from stormwatch.lab.netns import NetworkLayer
+from stormwatch.lab.services import health, procs
 from stormwatch.lab.state import LabState, Phase
 from stormwatch.tables import Col, one_line_table, short_age
 

@@ -14,12 +14,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from stormwatch.lab import jobs, procs, registry
+from stormwatch.lab import jobs, registry
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import NetResource, ProcessRecord, StateStore
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """stormwatch.trainer: the reference 3-D parallel trainer (PP x FSDP2 x TP), the system under test.
 
 A byte-level decoder-only transformer trained on the Python standard
-library's source (:mod:`~stormwatch.trainer.corpus`), split into pipeline
+library's source (:mod:`~stormwatch.trainer.data.corpus`), split into pipeline
 stages and sharded with tensor parallelism and FSDP2 (or HSDP) over a
 ``(pp, dp_replicate, dp_shard, tp)`` device mesh, checkpointed with
 DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
@@ -55,29 +55,29 @@ from stormwatch.trainer.config import (
     TrainConfig,
 )
 from stormwatch.trainer.control import ControlFileError, InjectedFault
-from stormwatch.trainer.corpus import Corpus, load_stdlib_corpus
-from stormwatch.trainer.dims import ParallelDims
+from stormwatch.trainer.data.corpus import Corpus, load_stdlib_corpus
 from stormwatch.trainer.errors import CheckpointError, CorpusError, Terminated, TrainerError
+from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import UnwritableDirError
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry import RankTelemetry
+from stormwatch.trainer.telemetry.rank import RankTelemetry
 
 if TYPE_CHECKING:
-    from stormwatch.trainer.checkpoint import Checkpointer
-    from stormwatch.trainer.comms import CollectiveCounter
-    from stormwatch.trainer.data import BatchSampler
+    from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
+    from stormwatch.trainer.data.batches import BatchSampler
     from stormwatch.trainer.loop import TrainResult, train
     from stormwatch.trainer.model import ByteLM
-    from stormwatch.trainer.parallel import parallelize
+    from stormwatch.trainer.parallel.apply import parallelize
+    from stormwatch.trainer.telemetry.comms import CollectiveCounter
 
 _LAZY = {
-    "BatchSampler": "stormwatch.trainer.data",
+    "BatchSampler": "stormwatch.trainer.data.batches",
     "ByteLM": "stormwatch.trainer.model",
-    "Checkpointer": "stormwatch.trainer.checkpoint",
-    "CollectiveCounter": "stormwatch.trainer.comms",
+    "Checkpointer": "stormwatch.trainer.checkpoint.checkpointer",
+    "CollectiveCounter": "stormwatch.trainer.telemetry.comms",
     "TrainResult": "stormwatch.trainer.loop",
-    "parallelize": "stormwatch.trainer.parallel",
+    "parallelize": "stormwatch.trainer.parallel.apply",
     "train": "stormwatch.trainer.loop",
 }
 

@@ -29,12 +29,15 @@ from stormwatch.trainer.config import (
     TracingConfig,
     TrainConfig,
 )
-from stormwatch.trainer.dims import ParallelDims
-from stormwatch.trainer.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
 from stormwatch.trainer.faults import FaultPoint
+from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, UnwritableDirError, check_writable_dirs
 from stormwatch.trainer.progress import DEFAULT_LOG_EVERY, ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
+from stormwatch.trainer.telemetry.dump import (
+    DEFAULT_FLIGHT_RECORDER_ENTRIES,
+    flight_recorder_environ,
+)
 
 log = logging.getLogger(__name__)
 
@@ -446,7 +449,7 @@ def _train(
         ),
     )
     if config.tracing.otlp_endpoint is not None:
-        from stormwatch.trainer.tracing import check_otlp_available
+        from stormwatch.trainer.telemetry.tracing import check_otlp_available
 
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(every=log_every, quiet=quiet)  # validates --log-every

@@ -96,7 +96,7 @@ class DataConfig:
 
     Attributes:
         seed: base seed; the global batch of step ``s`` is a pure function of
-            ``(seed, s, global_batch, micro_batch)`` (:mod:`stormwatch.trainer.data`).
+            ``(seed, s, global_batch, micro_batch)`` (:mod:`stormwatch.trainer.data.batches`).
         seq_len: tokens (bytes) per sequence.
         micro_batch: sequences per data-parallel rank per forward/backward pass.
         global_batch: sequences per optimizer step across all data-parallel
@@ -104,7 +104,7 @@ class DataConfig:
             be a multiple of ``micro_batch * dp``; the quotient is the number
             of gradient-accumulation steps (:meth:`accumulation_steps`). Kept
             constant across an elastic resize so the optimisation is unchanged
-            (:mod:`stormwatch.trainer.data`). At most :attr:`max_batch`: the
+            (:mod:`stormwatch.trainer.data.batches`). At most :attr:`max_batch`: the
             corpus's distinct sequences.
         corpus_max_bytes: cap on the corpus size (default 1 MiB, see
             :data:`DEFAULT_CORPUS_MAX_BYTES`).
@@ -149,7 +149,7 @@ class DataConfig:
         """The largest ``global_batch`` (and ``micro_batch``): the corpus's distinct sequences.
 
         A sequence is a window of ``seq_len + 1`` bytes starting at one of
-        ``len(corpus) - seq_len - 1`` offsets (:mod:`stormwatch.trainer.data`), and the
+        ``len(corpus) - seq_len - 1`` offsets (:mod:`stormwatch.trainer.data.batches`), and the
         corpus holds at most ``corpus_max_bytes``; a larger batch could only repeat
         windows within one step (and would spend hours building one step's batch).
         """
@@ -214,7 +214,7 @@ class CheckpointConfig:
         mode: ``"sync"`` (default: training waits for the save) or
             ``"async"`` (``dcp.async_save``: training goes on while a
             background thread writes; committed once every rank's write
-            has finished, see :mod:`stormwatch.trainer.checkpoint`).
+            has finished, see :mod:`stormwatch.trainer.checkpoint.checkpointer`).
         failures_allowed: failed saves in a row the job trains through (each is
             counted and logged, the partial folder is left for the next resume's
             clean-up); one more stops the job with the last error. 0: the first
@@ -257,10 +257,10 @@ class TelemetryConfig:
         log_dir: folder for ``rank<R>.jsonl``; ``None`` disables the event log.
         metrics_dir: prometheus-client multiprocess folder; ``None`` disables metrics.
         peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
-            up in :data:`stormwatch.trainer.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
-            the nominal :data:`~stormwatch.trainer.perf.CPU_NOMINAL_PEAK_FLOPS`).
+            up in :data:`stormwatch.trainer.telemetry.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
+            the nominal :data:`~stormwatch.trainer.telemetry.perf.CPU_NOMINAL_PEAK_FLOPS`).
         count_collectives: count and time every collective (the
-            :class:`~stormwatch.trainer.comms.CollectiveCounter`: collective
+            :class:`~stormwatch.trainer.telemetry.comms.CollectiveCounter`: collective
             metrics, the compute/wait split, the dump's recent collectives).
             ``False`` only for the "bare" trainer of ``benchmarks/trainer_bench.py``
             (the instrumentation-overhead baseline); no CLI option.
@@ -314,7 +314,7 @@ class ControlConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DebugConfig:
-    """Bounded failure on hangs and post-mortem dumps (FC-10, :mod:`stormwatch.trainer.dump`).
+    """Bounded failure on hangs and post-mortem dumps (FC-10, :mod:`stormwatch.trainer.telemetry.dump`).
 
     Attributes:
         dump_dir: where each rank writes ``rank<R>.json`` when training ends
@@ -351,7 +351,7 @@ class DebugConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TracingConfig:
-    """Where OpenTelemetry spans go (:mod:`stormwatch.trainer.tracing`).
+    """Where OpenTelemetry spans go (:mod:`stormwatch.trainer.telemetry.tracing`).
 
     Attributes:
         otlp_endpoint: OTLP/HTTP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``);
@@ -394,13 +394,13 @@ class TrainConfig:
         steps: last step to run (steps are numbered from 1). A resumed run
             continues after the checkpoint's step up to ``steps``.
         dp: FSDP2 shard degree (``dp_shard`` of
-            :class:`~stormwatch.trainer.dims.ParallelDims`; the CLI's ``--dp``).
+            :class:`~stormwatch.trainer.parallel.dims.ParallelDims`; the CLI's ``--dp``).
         tp: tensor-parallel degree; must divide ``model.n_heads`` and ``model.ffn_dim``.
         pp: pipeline-parallel degree (stages); at most ``model.n_layers``.
         dp_replicate: HSDP replica degree (1: plain FSDP2). The data-parallel
             degree the data sees is ``dp_replicate * dp`` (:attr:`dp_total`).
         pp_schedule: ``"1F1B"`` (default) or ``"GPipe"``
-            (:data:`stormwatch.trainer.pipeline.SCHEDULES`).
+            (:data:`stormwatch.trainer.parallel.pipeline.SCHEDULES`).
         pp_microbatches: micro-batches the pipeline cuts each rank's batch
             into; 0 (default) means ``pp``. Divides ``data.micro_batch``;
             ``>= pp`` for 1F1B.

@@ -21,7 +21,7 @@ Order of operations (each rank, collectively):
    split, MFU and memory); checkpoint when due and after the last step;
    optional sleep (``step_delay``); OpenTelemetry spans around the step,
    forward, backward, optimizer and checkpoint save/load
-   (:mod:`stormwatch.trainer.tracing`);
+   (:mod:`stormwatch.trainer.telemetry.tracing`);
 7. a final barrier, then the ``done`` record and done marker.
 """
 
@@ -42,30 +42,30 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
-from stormwatch.trainer.checkpoint import Checkpointer, RankLayout, TrainState
-from stormwatch.trainer.checkpoint_budget import FailureBudget
-from stormwatch.trainer.comms import CollectiveCounter
+from stormwatch.trainer.checkpoint.budget import FailureBudget
+from stormwatch.trainer.checkpoint.checkpointer import Checkpointer, RankLayout, TrainState
 from stormwatch.trainer.config import VOCAB_SIZE, TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError, control_path
-from stormwatch.trainer.corpus import load_stdlib_corpus
-from stormwatch.trainer.data import BatchSampler, derive_seed
-from stormwatch.trainer.dims import ParallelDims
-from stormwatch.trainer.dump import RankDumper
+from stormwatch.trainer.data.batches import BatchSampler, derive_seed
+from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
 from stormwatch.trainer.faults import FaultPoint
-from stormwatch.trainer.instrument import (
+from stormwatch.trainer.model import ByteLM
+from stormwatch.trainer.parallel.apply import parallelize
+from stormwatch.trainer.parallel.dims import ParallelDims
+from stormwatch.trainer.progress import ConsoleProgress
+from stormwatch.trainer.runtime import RankEnv, distributed
+from stormwatch.trainer.telemetry.comms import CollectiveCounter
+from stormwatch.trainer.telemetry.dump import RankDumper
+from stormwatch.trainer.telemetry.instrument import (
     device_name,
     global_grad_norm,
     memory_bytes,
     model_flops_per_token,
 )
-from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.parallel import parallelize
-from stormwatch.trainer.perf import mfu, peak_flops
-from stormwatch.trainer.progress import ConsoleProgress
-from stormwatch.trainer.runtime import RankEnv, distributed
-from stormwatch.trainer.telemetry import RankTelemetry
-from stormwatch.trainer.tracing import RankTracing
+from stormwatch.trainer.telemetry.perf import mfu, peak_flops
+from stormwatch.trainer.telemetry.rank import RankTelemetry
+from stormwatch.trainer.telemetry.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def train(
         RuntimeError: a collective failed or timed out (from torch.distributed).
 
     On any of these the rank first writes its post-mortem dump
-    (:mod:`stormwatch.trainer.dump`).
+    (:mod:`stormwatch.trainer.telemetry.dump`).
     """
     dims = ParallelDims(
         pp=config.pp,
@@ -342,7 +342,7 @@ def _run(
         with tracing.span("step", step=sampler.next_step):
             started = time.perf_counter()
             with counter:
-                # Gradient accumulation (constant global batch, trainer/data.py): FSDP2
+                # Gradient accumulation (constant global batch, trainer/data/batches.py): FSDP2
                 # reduce-scatters only after the last micro-batch; each loss is scaled by
                 # 1/A so the gradient is that of the mean over the global batch.
                 step, micro_batches = sampler.next_micro_batches()

@@ -4,11 +4,11 @@ Shapes: tokens ``[batch, seq]`` (int64 byte values) -> logits ``[batch, seq, 256
 
 Tensor-parallel friendly: the attention and MLP projections are separate
 ``nn.Linear`` modules (``wq``/``wk``/``wv``/``wo``, ``w1``/``w2``) so that
-:func:`stormwatch.trainer.parallel.parallelize` can shard them column- and
+:func:`stormwatch.trainer.parallel.apply.parallelize` can shard them column- and
 row-wise; the attention reads its local head count from the projected shape,
 so the same code runs unsharded and with ``n_heads / tp`` heads per rank.
 
-Pipeline parallelism (:mod:`stormwatch.trainer.pipeline`) keeps one
+Pipeline parallelism (:mod:`stormwatch.trainer.parallel.pipeline`) keeps one
 :class:`ByteLM` per stage with the modules of other stages set to ``None``:
 the first stage keeps the embeddings, the last the final norm and head, and
 each stage its slice of ``layers`` under the *original* keys, so parameter

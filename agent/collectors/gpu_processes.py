@@ -20,7 +20,7 @@ from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.model import ProcessEntry
 from stormwatch.agent.gpu.sampler import GpuSampler
-from stormwatch.agent.ranks import RankKey
+from stormwatch.agent.watch.ranks import RankKey
 
 RejectReason = Literal["memory_exceeds_total", "no_such_pid", "not_a_rank"]
 REJECT_REASONS: tuple[RejectReason, ...] = ("memory_exceeds_total", "no_such_pid", "not_a_rank")
@@ -60,7 +60,7 @@ class GpuProcessesCollector:
     Args:
         sampler: the running sampler (sampling processes).
         rank_of_pid: maps a pid to the running rank it belongs to
-            (:meth:`stormwatch.agent.ranks.RankWatcher.rank_of_pid`).
+            (:meth:`stormwatch.agent.watch.ranks.RankWatcher.rank_of_pid`).
     """
 
     name = "gpu_processes"

@@ -1,5 +1,5 @@
 """``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress)
-and, with a :class:`~stormwatch.agent.rank_health.RankHealth`, hangs, collective lag
+and, with a :class:`~stormwatch.agent.watch.monitor.RankHealth`, hangs, collective lag
 and stragglers."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.errors import CollectorError
-from stormwatch.agent.rank_health import RankHealth
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.watch.monitor import RankHealth
+from stormwatch.agent.watch.ranks import RankWatcher
 
 
 class RanksCollector:

@@ -18,8 +18,8 @@ import psutil
 
 from stormwatch.agent.errors import FaultError, FaultTargetNotFound
 from stormwatch.agent.faults.base import FaultContext
-from stormwatch.agent.procs import is_torchrun_agent
-from stormwatch.agent.ranks import RankInfo
+from stormwatch.agent.watch.procs import is_torchrun_agent
+from stormwatch.agent.watch.ranks import RankInfo
 
 #: Seconds any one system command may take (iptables waits for its lock with ``-w``).
 COMMAND_TIMEOUT_S = 20.0

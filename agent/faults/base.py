@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.agent.ranks import RankInfo
+from stormwatch.agent.watch.ranks import RankInfo
 
 #: Longest accepted time-to-live (one day): a forgotten fault must still end.
 MAX_TTL_SECONDS = 86_400.0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.errors import PrometheusError
 from stormwatch.alerts.prometheus import PrometheusAPI, promql_string
-from stormwatch.alerts.records import IncidentRecord
+from stormwatch.alerts.responder.records import IncidentRecord
 from stormwatch.errors import ConfigError
 
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.backend import PlatformBackend
-from stormwatch.alerts.records import IncidentRecord
+from stormwatch.alerts.responder.records import IncidentRecord
 
 
 def incident_job(incident: IncidentRecord) -> str | None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from stormwatch.agent.ranks import rank_env
+from stormwatch.agent.watch.ranks import rank_env
 from stormwatch.alerts.backend.base import BackendError, arm_checkpoint, write_diagnostics
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from stormwatch.agent.proc_exits import signal_name
+from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.postmortem.model import Culprit, RankDump
 from stormwatch.alerts.postmortem.sources import Inputs
 from stormwatch.chaos.ranklogs import RankEvent
@@ -56,7 +56,7 @@ def _int(value: object) -> int | None:
 
 
 def reduce_dump(data: dict[str, Any]) -> RankDump:
-    """The parts of one trainer dump (trainer/dump.py) that compare across ranks."""
+    """The parts of one trainer dump (trainer/telemetry/dump.py) that compare across ranks."""
     dump = RankDump(
         rank=int(data["rank"]),
         attempt=_int(data.get("attempt")),

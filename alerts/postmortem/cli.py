@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from stormwatch.alerts.errors import NotAResponderDatabase
-from stormwatch.alerts.store import Store
+from stormwatch.alerts.responder.store import Store
 from stormwatch.errors import ConfigError
 
 _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))

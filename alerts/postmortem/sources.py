@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stormwatch.alerts.audit import AuditEntry
-from stormwatch.alerts.records import ActionRecord, IncidentRecord
+from stormwatch.alerts.responder.audit import AuditEntry
+from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.ranklogs import RankLog, read_job_logs
 

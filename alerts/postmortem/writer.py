@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stormwatch.alerts.audit import AuditLog
 from stormwatch.alerts.postmortem import PostMortemFiles, UnknownIncident, incident_folder
 from stormwatch.alerts.postmortem.build import build
 from stormwatch.alerts.postmortem.render import render_html, render_markdown, write_plots
 from stormwatch.alerts.postmortem.sources import gather
-from stormwatch.alerts.store import Store
+from stormwatch.alerts.responder.audit import AuditLog
+from stormwatch.alerts.responder.store import Store
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -39,7 +39,7 @@ from stormwatch.chaos.target import lab_target
 from stormwatch.errors import ConfigError
 from stormwatch.lab import JobSpec, Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
-from stormwatch.lab.services import grafana_hint
+from stormwatch.lab.services.definitions import grafana_hint
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
 #: (tests/chaos check that both are the same file).

@@ -9,7 +9,7 @@
    post-mortem's :class:`~stormwatch.chaos.reports.postmortem.LossCheck` (``identical``)
    or recomputed from the rank-0 logs (``bounded``).
 2. **Checkpoint**: the job's latest complete checkpoint (``.metadata`` and the
-   ``stormwatch-complete.json`` marker, :func:`stormwatch.trainer.checkpoint_store.scan`)
+   ``stormwatch-complete.json`` marker, :func:`stormwatch.trainer.checkpoint.store.scan`)
    has files matching the marker's CRC-32 checksums and loads: DCP reads every
    tensor back without a process group (``_load_state_dict_from_keys``).
 3. **No fault left applied**: the controller's ledger has no open fault of the
@@ -37,7 +37,7 @@ from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ranklogs import RankLog, final_losses, read_job_logs, read_rank_log
 from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.target import Target
-from stormwatch.trainer.checkpoint_store import checksum_mismatch, scan
+from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
 
 #: Relative loss difference allowed after an elastic resize (world size changed on
 #: restart: the data order and the reduction order change, so bitwise equality is

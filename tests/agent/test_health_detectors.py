@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from stormwatch.agent import AgentConfigError
-from stormwatch.agent.events import EventLog
-from stormwatch.agent.health import (
+from stormwatch.agent.watch.detectors import (
     HANG,
     HANG_CLEARED,
     STRAGGLER,
@@ -22,6 +21,7 @@ from stormwatch.agent.health import (
     StragglerSettings,
     collective_lag,
 )
+from stormwatch.agent.watch.events import EventLog
 
 JOB = "job-a"
 

@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.agent.proc_exits import UnavailableExits, open_exit_source
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.watch.proc_exits import UnavailableExits, open_exit_source
+from stormwatch.agent.watch.ranks import RankWatcher
 
 GRANDCHILDREN = textwrap.dedent(
     """
@@ -72,7 +72,7 @@ def test_without_the_proc_connector_the_reason_is_logged_and_exits_are_unknown()
         pytest.skip("unshare (util-linux) is not installed")
     code = (
         "import logging; logging.basicConfig(level=logging.WARNING);"
-        "from stormwatch.agent.proc_exits import open_exit_source;"
+        "from stormwatch.agent.watch.proc_exits import open_exit_source;"
         "s = open_exit_source(); print(s.available, s.lookup(1, since=0, wait=0.1))"
     )
     done = subprocess.run(
@@ -165,7 +165,7 @@ def test_an_agent_without_the_proc_connector_says_so_in_metrics_and_healthz(
 REPARENTED_OPEN = textwrap.dedent(
     """
     import os, sys
-    from stormwatch.agent.proc_exits import open_exit_source
+    from stormwatch.agent.watch.proc_exits import open_exit_source
     source = open_exit_source()
     with open(sys.argv[1], "w") as out:
         out.write(f"{os.getppid()} {source.available} {source.reason}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stormwatch.agent.procs import exit_status
+from stormwatch.agent.watch.procs import exit_status
 
 #: A rank that steps every 50 ms, writing the trainer's per-step gauges and
 #: collective counter. SLOW_RANK computes 3x longer while the others wait for it;

@@ -17,8 +17,8 @@ import pytest
 
 from stormwatch.agent.errors import FaultTargetNotFound
 from stormwatch.agent.faults import FaultContext, KillRank, KillRankSpec
-from stormwatch.agent.procs import metrics_dir_argument, rank_metrics_dir
-from stormwatch.agent.ranks import RankWatcher
+from stormwatch.agent.watch.procs import metrics_dir_argument, rank_metrics_dir
+from stormwatch.agent.watch.ranks import RankWatcher
 
 
 def _ranks(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stormwatch.agent import FakeNvml
-from stormwatch.agent.ranks import is_torchrun_agent, rank_env
+from stormwatch.agent.watch.ranks import is_torchrun_agent, rank_env
 
 
 def _ranks(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:

@@ -24,7 +24,7 @@ from stormwatch.alerts.backend import (
     load_platform_settings,
 )
 from stormwatch.alerts.backend.slurm import SlurmBackend
-from stormwatch.alerts.responder import ResponderSettings
+from stormwatch.alerts.responder.service import ResponderSettings
 from stormwatch.errors import ConfigError
 
 

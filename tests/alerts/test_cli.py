@@ -139,8 +139,8 @@ def test_postmortem_names_a_missing_or_folder_db_and_how_to_fix_it(
 def _responder_db(kit: Any, path: Path) -> Path:
     """A responder database as `alerts serve` leaves it: two incidents, one action finished
     with a long detail (real Store, real webhook payloads)."""
-    from stormwatch.alerts.payload import WebhookMessage
-    from stormwatch.alerts.store import Store
+    from stormwatch.alerts.responder.payload import WebhookMessage
+    from stormwatch.alerts.responder.store import Store
 
     store = Store(path)
     t = time.time() - 300

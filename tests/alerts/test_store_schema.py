@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stormwatch.alerts import StoreError
-from stormwatch.alerts.store import SCHEMA_VERSION, Store
+from stormwatch.alerts.responder.store import SCHEMA_VERSION, Store
 
 # Schema 1 (one incident per alert occurrence), as the first responder wrote it.
 _V1 = """

@@ -27,7 +27,7 @@ from stormwatch.chaos.reports.evidence import AlertEvidence
 from stormwatch.chaos.reports.postmortem import LossCheck, LossMismatch, PostMortem
 from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
 from stormwatch.errors import ConfigError
-from stormwatch.trainer.checkpoint_store import (
+from stormwatch.trainer.checkpoint.store import (
     CompletionMarker,
     file_checksum,
     step_dir_name,

@@ -23,7 +23,7 @@ from stormwatch.lab import Lab, LabConfig
 from stormwatch.lab.netns import NETNS_ETC, IpRoute2
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.preflight import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
-from stormwatch.lab.procs import LAB_MARKER_ENV
+from stormwatch.lab.services.procs import LAB_MARKER_ENV
 from stormwatch.lab.state import StateStore
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

@@ -164,7 +164,7 @@ def _exited(paths: RunPaths, name: str, code: int) -> Any:
     """A real supervised process (as the lab starts them) that has exited with ``code``."""
     import time
 
-    from stormwatch.lab import procs
+    from stormwatch.lab.services import procs
 
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     record = procs.launch(

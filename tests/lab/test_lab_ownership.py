@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.lab import Lab, LabConfig, LabOwnedElsewhereError, procs, registry
+from stormwatch.lab import Lab, LabConfig, LabOwnedElsewhereError, registry
 from stormwatch.lab.netns import IpRoute2
 from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import ProcessRecord, StateStore, plan_state
 
 pytestmark = pytest.mark.root

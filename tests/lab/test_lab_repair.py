@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.lab import JobSpec, Lab, LabConfig, procs
+from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.netns import IpRoute2
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import ProcessRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]

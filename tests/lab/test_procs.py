@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stormwatch.lab import procs
 from stormwatch.lab.errors import LabError
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import ProcessRecord
 
 

@@ -12,7 +12,7 @@ import yaml
 from stormwatch.dashboards import build_all
 from stormwatch.lab import LabConfig
 from stormwatch.lab.paths import RunPaths
-from stormwatch.lab.services import (
+from stormwatch.lab.services.definitions import (
     AGENT_SCRAPE_JOB,
     agent_spec,
     check_prometheus_config,

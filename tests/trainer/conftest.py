@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from stormwatch.trainer.events import read_events
+from stormwatch.trainer.telemetry.events import read_events
 
 #: Metric samples keyed by (name, sorted label pairs).
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

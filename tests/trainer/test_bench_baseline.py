@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from stormwatch.trainer.comms import CollectiveCounter
+from stormwatch.trainer.telemetry.comms import CollectiveCounter
 
 
 class Sink:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.checkpoint import store
 
 
 def _fake_save(

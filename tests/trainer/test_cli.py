@@ -145,7 +145,7 @@ def test_checkpoint_kill_variable_names_the_phases(value, monkeypatch, capsys, p
 
 def test_missing_otlp_exporter_is_named_before_training_starts(plain_process_env, capsys):
     pytest.importorskip("opentelemetry.sdk")
-    from stormwatch.trainer.tracing import OTLP_PACKAGE, check_otlp_available
+    from stormwatch.trainer.telemetry.tracing import OTLP_PACKAGE, check_otlp_available
 
     try:
         check_otlp_available()

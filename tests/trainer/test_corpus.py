@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stormwatch.trainer import CorpusError, load_stdlib_corpus
-from stormwatch.trainer.corpus import SEPARATOR, stdlib_dir
+from stormwatch.trainer.data.corpus import SEPARATOR, stdlib_dir
 
 
 def test_stdlib_corpus_is_deterministic_and_capped():

@@ -8,7 +8,7 @@ import torch
 from stormwatch.errors import ConfigError
 from stormwatch.trainer import CheckpointError, load_stdlib_corpus
 from stormwatch.trainer.config import DataConfig
-from stormwatch.trainer.data import BatchSampler, derive_seed
+from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import json
 import torch
 import torch.distributed as dist
 
-from stormwatch.trainer.comms import CollectiveCounter
-from stormwatch.trainer.dump import RankDumper, dump_path, flight_recorder_environ
+from stormwatch.trainer.telemetry.comms import CollectiveCounter
+from stormwatch.trainer.telemetry.dump import RankDumper, dump_path, flight_recorder_environ
 
 
 class NullSink:

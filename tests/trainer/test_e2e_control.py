@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.control import control_path
-from stormwatch.trainer.events import read_events
+from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stormwatch.trainer.control import control_path
-from stormwatch.trainer.dump import dump_path
+from stormwatch.trainer.telemetry.dump import dump_path
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from stormwatch.trainer import checkpoint_store as store
+from stormwatch.trainer.checkpoint import store
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from stormwatch.trainer import checkpoint_store as store
-from stormwatch.trainer.events import read_events
+from stormwatch.trainer.checkpoint import store
+from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
 
@@ -173,7 +173,7 @@ def test_collectives_of_each_step_are_counted_by_op(uninterrupted):
     samples = _collect(uninterrupted.metrics)
     per_step = {
         # FSDP2: root unshard + each block in forward and again in backward (on CPU every
-        # block is resharded after forward, trainer/parallel.py)
+        # block is resharded after forward, trainer/parallel/apply.py)
         "all_gather": 2 * N_LAYERS + 1,
         # FSDP2: one reduce-scatter per block and one for the root
         "reduce_scatter": N_LAYERS + 1,

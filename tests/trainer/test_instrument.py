@@ -11,8 +11,12 @@ import torch.nn.functional as F
 
 from stormwatch.trainer import ParallelDims, parallelize
 from stormwatch.trainer.config import VOCAB_SIZE, ModelConfig
-from stormwatch.trainer.instrument import global_grad_norm, memory_bytes, model_flops_per_token
 from stormwatch.trainer.model import ByteLM
+from stormwatch.trainer.telemetry.instrument import (
+    global_grad_norm,
+    memory_bytes,
+    model_flops_per_token,
+)
 
 
 @pytest.fixture

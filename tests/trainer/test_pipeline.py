@@ -9,7 +9,7 @@ import torch
 
 from stormwatch.trainer.config import ModelConfig
 from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.pipeline import split_stage, stage_layers
+from stormwatch.trainer.parallel.pipeline import split_stage, stage_layers
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from stormwatch.trainer.config import (
     TelemetryConfig,
     TrainConfig,
 )
-from stormwatch.trainer.events import read_events
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
+from stormwatch.trainer.telemetry.events import read_events
 
 
 def _lines(stream: io.StringIO) -> list[str]:

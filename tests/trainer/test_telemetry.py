@@ -13,8 +13,8 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from stormwatch.trainer import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.events import read_events
-from stormwatch.trainer.metrics import CATALOGUE
+from stormwatch.trainer.telemetry.events import read_events
+from stormwatch.trainer.telemetry.metrics import CATALOGUE
 
 _RANK_PROCESS = """
 import os, sys

@@ -19,7 +19,7 @@ import pytest
 
 from stormwatch.errors import ConfigError
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.tracing import OTLP_PACKAGE, RankTracing, check_otlp_available
+from stormwatch.trainer.telemetry.tracing import OTLP_PACKAGE, RankTracing, check_otlp_available
 
 
 def _has_otlp() -> bool:
@@ -77,7 +77,7 @@ def test_fc07_spans_from_a_forked_child_are_exported(tmp_path):
 def test_importing_the_module_builds_no_provider():
     code = (
         "from opentelemetry import trace\n"
-        "import stormwatch.trainer.tracing, stormwatch.trainer.loop\n"
+        "import stormwatch.trainer.telemetry.tracing, stormwatch.trainer.loop\n"
         "assert type(trace.get_tracer_provider()).__name__ == 'ProxyTracerProvider'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -93,7 +93,7 @@ def test_missing_otlp_exporter_is_a_config_error_naming_the_package():
 _STUCK_EXIT = """
 import sys, time, urllib.request
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.tracing import RankTracing
+from stormwatch.trainer.telemetry.tracing import RankTracing
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 endpoint, use_otlp = sys.argv[1], sys.argv[2] == "1"

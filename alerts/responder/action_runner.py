@@ -19,8 +19,8 @@ from pydantic import JsonValue
 
 from stormwatch.alerts.actions.base import ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
-from stormwatch.alerts.guards import Guardrails
-from stormwatch.alerts.store import Store
+from stormwatch.alerts.responder.guards import Guardrails
+from stormwatch.alerts.responder.store import Store
 from stormwatch.dashboards.annotations import Annotator
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from stormwatch.trainer.config import DataConfig
-from stormwatch.trainer.corpus import Corpus
+from stormwatch.trainer.data.corpus import Corpus
 from stormwatch.trainer.errors import CheckpointError, CorpusError
 
 

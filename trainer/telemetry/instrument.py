@@ -1,6 +1,6 @@
 """Per-step measurements that need torch: gradient norm, memory, model FLOPs per token.
 
-The arithmetic (bandwidths, MFU, peak table) is in :mod:`stormwatch.trainer.perf`;
+The arithmetic (bandwidths, MFU, peak table) is in :mod:`stormwatch.trainer.telemetry.perf`;
 this module reads the numbers out of the model and the process.
 """
 
@@ -15,14 +15,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.perf import flops_per_token
+from stormwatch.trainer.telemetry.perf import flops_per_token
 
 
 def model_flops_per_token(model: ByteLM, *, seq_len: int) -> int:
     """Training FLOPs per token of the *unsharded* ``model`` (``6 N + 12 L d T``).
 
     ``N`` excludes the token and position embeddings (lookups, no matmul).
-    Call it before :func:`~stormwatch.trainer.parallel.parallelize` (or after:
+    Call it before :func:`~stormwatch.trainer.parallel.apply.parallelize` (or after:
     DTensor ``numel`` is the global size).
     """
     if model.tok_emb is None or model.pos_emb is None:

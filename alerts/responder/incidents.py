@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from stormwatch.alerts.errors import StoreError
-from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.records import IncidentMember, IncidentRecord
+from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
+from stormwatch.alerts.responder.records import IncidentMember, IncidentRecord
 
 #: Tables and indexes of incidents and their members (part of the store's schema).
 INCIDENT_SCHEMA = """

@@ -9,7 +9,7 @@ Bearer <token>``, compared in constant time):
   failed (nothing stored; Alertmanager's retry is then safe). Actions run in
   the background.
 * ``GET /v1/notifications``, ``/v1/incidents``, ``/v1/actions``: JSON
-  ``{"notifications": [...]}`` etc. (see :mod:`stormwatch.alerts.records`),
+  ``{"notifications": [...]}`` etc. (see :mod:`stormwatch.alerts.responder.records`),
   oldest first; ``?limit=N`` (default 1000) keeps the latest N. Times are Unix seconds.
 * ``GET /healthz``: ``{"status": "ok"}``, no authentication.
 """
@@ -29,11 +29,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from stormwatch.alerts.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
-from stormwatch.alerts.audit import AuditEntry, AuditLog
-from stormwatch.alerts.auth import bearer_matches, read_token
 from stormwatch.alerts.backend import (
     LabBackend,
     PlatformBackend,
@@ -41,8 +38,6 @@ from stormwatch.alerts.backend import (
     make_backend,
 )
 from stormwatch.alerts.errors import StoreError
-from stormwatch.alerts.guards import Guardrails
-from stormwatch.alerts.payload import WebhookMessage
 from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.alerts.postmortem import (
     PostMortemFiles,
@@ -51,7 +46,12 @@ from stormwatch.alerts.postmortem import (
     write_incident_postmortem,
 )
 from stormwatch.alerts.prometheus import PrometheusClient
-from stormwatch.alerts.store import Store
+from stormwatch.alerts.responder.action_runner import ActionRunner, StoreWorker
+from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
+from stormwatch.alerts.responder.auth import bearer_matches, read_token
+from stormwatch.alerts.responder.guards import Guardrails
+from stormwatch.alerts.responder.payload import WebhookMessage
+from stormwatch.alerts.responder.store import Store
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError
 

@@ -3,7 +3,7 @@
 Every decision about a remedial or diagnostic action is one :class:`AuditEntry`,
 written to the SQLite table ``audit`` in the responder's database (triggers
 refuse UPDATE and DELETE) and appended as one JSON line to a JSONL file (for
-log shippers). The guards (:mod:`stormwatch.alerts.guards`) read their
+log shippers). The guards (:mod:`stormwatch.alerts.responder.guards`) read their
 durable state (budgets, rate limit, circuit breaker, approvals) back from it,
 so they survive responder restarts.
 """

@@ -5,7 +5,7 @@ Deduplication (FC-12) lives here, inside one transaction per notification:
 * every alert delivery is keyed on (groupKey, fingerprint, startsAt, status);
   a key seen before changes nothing (Alertmanager retries, repeats, HA twins);
 * the new deliveries update the incidents, one per Alertmanager alert group
-  (:mod:`stormwatch.alerts.incidents`): an alert occurrence (fingerprint +
+  (:mod:`stormwatch.alerts.responder.incidents`): an alert occurrence (fingerprint +
   startsAt) joins one incident only, ever;
 * an incident's actions are created with it (or when a member with another
   alert name joins), unique per (incident, kind), and are claimed
@@ -31,15 +31,15 @@ from typing import Any
 from urllib.parse import quote
 
 from stormwatch.alerts.errors import NotAResponderDatabase, StoreError
-from stormwatch.alerts.incidents import (
+from stormwatch.alerts.responder.incidents import (
     INCIDENT_SCHEMA,
     Ingested,
     apply_deliveries,
     incident_records,
     read_incidents,
 )
-from stormwatch.alerts.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.records import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
+from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord, NotificationRecord
 
 #: Version of the database layout (``PRAGMA user_version``). 1: one incident per
 #: alert occurrence; 2: one incident per alert group, with member alerts.

@@ -27,7 +27,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from stormwatch.agent.procs import RankKey, train_option
+from stormwatch.agent.watch.procs import RankKey, train_option
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ One JSON object per line, appended as events happen::
 
 Kinds: ``rank_exit`` (``pid``, ``clean``, ``replaced``, ``exit_code``: as in
 ``subprocess``, the exit code or minus the killing signal's number, from the
-Linux proc connector (:mod:`stormwatch.agent.proc_exits`; ranks are torchrun's
+Linux proc connector (:mod:`stormwatch.agent.watch.proc_exits`; ranks are torchrun's
 children, not the agent's) or from a zombie's ``/proc/<pid>/stat``, ``null`` when
 unknown; ``exit_signal``: ``"SIGKILL"``... or ``null``; ``reason``: ``finished``,
 ``exit_code``, ``signal`` or ``unknown``, the label of
 ``stormwatch_rank_exits_total``), ``rank_hang`` / ``rank_hang_cleared``
 and ``rank_straggler`` / ``rank_straggler_cleared`` (details from
-:mod:`stormwatch.agent.health`). The newest :data:`KEEP` events (including
+:mod:`stormwatch.agent.watch.detectors`). The newest :data:`KEEP` events (including
 those already in the file at start) are also kept in memory for the API.
 Writing never raises: a failed append is logged and the event stays in memory.
 """

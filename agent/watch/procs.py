@@ -1,6 +1,6 @@
 """Process inspection for the rank watcher: who is a torchrun agent, who is a rank.
 
-Split from :mod:`stormwatch.agent.ranks` (which tracks rank lives) to keep
+Split from :mod:`stormwatch.agent.watch.ranks` (which tracks rank lives) to keep
 each module to one job: here are the pure helpers that read ``/proc``, the
 environment and command lines.
 """

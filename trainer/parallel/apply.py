@@ -32,9 +32,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from stormwatch.trainer.dims import ParallelDims
 from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.pipeline import Pipeline, build_pipeline, split_stage
+from stormwatch.trainer.parallel.dims import ParallelDims
+from stormwatch.trainer.parallel.pipeline import Pipeline, build_pipeline, split_stage
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def parallelize(
         device: where activations live (pipeline buffers).
         batch_shape: ``(sequences, seq_len)`` of one data-parallel rank's
             batch per step; with PP it is cut into ``pp_microbatches``.
-        pp_schedule: a key of :data:`stormwatch.trainer.pipeline.SCHEDULES`.
+        pp_schedule: a key of :data:`stormwatch.trainer.parallel.pipeline.SCHEDULES`.
         pp_microbatches: micro-batches per step with PP (divides the
             sequences; ``>= pp`` for 1F1B).
 
     Raises:
         ValueError: PP cannot be built with these degrees (see
-            :func:`stormwatch.trainer.pipeline.build_pipeline`).
+            :func:`stormwatch.trainer.parallel.pipeline.build_pipeline`).
     """
     # 1. Pipeline split over "pp": each rank keeps its stage's blocks (and
     #    the embeddings on the first stage, norm + head on the last). First,

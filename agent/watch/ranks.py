@@ -43,8 +43,8 @@ import psutil
 from opentelemetry import trace
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from stormwatch.agent.proc_exits import ExitSource, UnavailableExits, signal_name
-from stormwatch.agent.procs import (
+from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
+from stormwatch.agent.watch.procs import (
     ProcEntry,
     RankEnv,
     RankKey,
@@ -363,7 +363,7 @@ class RankWatcher:
         return heartbeats, steps
 
     def _process_table(self) -> dict[int, ProcEntry]:
-        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~stormwatch.agent.procs.proc_stat`).
+        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~stormwatch.agent.watch.procs.proc_stat`).
 
         Name and command line (psutil) are read once per process: they do not change.
         """

@@ -3,7 +3,7 @@
 The catalogue (names, types, help) is :data:`CATALOGUE`; it follows
 docs/ARCHITECTURE.md "Trainer -> agent telemetry". Every metric carries the
 labels ``job`` and ``rank``; the collective counters also carry ``op`` (see
-:data:`stormwatch.trainer.comms.OP_LABELS`).
+:data:`stormwatch.trainer.telemetry.comms.OP_LABELS`).
 
 Multiprocess mode is switched on here, explicitly, before any metric is
 created: :class:`RankMetrics` points ``PROMETHEUS_MULTIPROC_DIR`` at the

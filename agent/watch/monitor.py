@@ -31,9 +31,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from stormwatch.agent import diagnostics
-from stormwatch.agent.events import EventLog
-from stormwatch.agent.health import (
+from stormwatch.agent.watch import diagnostics
+from stormwatch.agent.watch.detectors import (
     HANG,
     HangDetector,
     HangSettings,
@@ -43,8 +42,9 @@ from stormwatch.agent.health import (
     StragglerSettings,
     collective_lag,
 )
-from stormwatch.agent.procs import RankKey, process_cwd
-from stormwatch.agent.ranks import STEP_METRIC, RankInfo, RankWatcher
+from stormwatch.agent.watch.events import EventLog
+from stormwatch.agent.watch.procs import RankKey, process_cwd
+from stormwatch.agent.watch.ranks import STEP_METRIC, RankInfo, RankWatcher
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from stormwatch.lab import procs
 from stormwatch.lab.errors import PrometheusAPIError, ServiceFailedError
 from stormwatch.lab.promapi import PrometheusClient
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import LabState, ProcessRecord
 
 #: Seconds between two probes of a service that is not ready yet.

@@ -24,7 +24,7 @@ CRC-32 checksums in its marker (each rank checksums the shard files it wrote,
 rank 0 gathers them into the marker; a corrupt one is skipped with a warning
 naming the file) and broadcasts the choice;
 then every rank loads it. No rank ever acts on a filesystem check of its own.
-Layout helpers: :mod:`stormwatch.trainer.checkpoint_store`.
+Layout helpers: :mod:`stormwatch.trainer.checkpoint.store`.
 
 Async mode (``mode="async"``): ``dcp.async_save`` copies the state to CPU
 memory (the writer's blocking stager), then writes it in a background thread
@@ -45,7 +45,7 @@ When the world size or degrees differ from the checkpoint's, model and
 optimizer are re-sharded but the per-rank RNG/sampler state cannot be
 mapped; it is re-derived from ``(seed, step, dp_rank)`` with a warning.
 The sampler's state does not depend on the layout (samples are indexed
-globally, :mod:`stormwatch.trainer.data`), so it is also saved under
+globally, :mod:`stormwatch.trainer.data.batches`), so it is also saved under
 ``train.sampler`` and restored from there after a resize (elastic restart at
 another ``dp``); a different global batch is allowed with a warning.
 """
@@ -72,10 +72,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from stormwatch.trainer import checkpoint_store as store
-from stormwatch.trainer.checkpoint_budget import DCP_ERRORS, describe_dcp_error
+from stormwatch.trainer.checkpoint import store
+from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
 from stormwatch.trainer.config import CheckpointConfig
-from stormwatch.trainer.data import BatchSampler, derive_seed
+from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ class Checkpointer:
                 "world_size": layout.world_size,
                 "dp": layout.dp,
                 "tp": layout.tp,
-                # The same on every rank and at every dp (trainer/data.py): restored on resize too.
+                # The same on every rank and at every dp (trainer/data/batches.py): restored on resize too.
                 "sampler": self._state.sampler.state_dict(),
             },
             "ranks": {

@@ -18,7 +18,7 @@ looks like a checkpoint is *partial*: skipped (with a warning) on resume,
 deleted by :func:`prune` once a newer checkpoint is complete.
 
 Only rank 0 calls the functions that change the folder; the caller
-broadcasts rank 0's decisions (:mod:`stormwatch.trainer.checkpoint`). No
+broadcasts rank 0's decisions (:mod:`stormwatch.trainer.checkpoint.checkpointer`). No
 torch import here.
 """
 

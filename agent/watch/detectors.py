@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 from stormwatch.agent.errors import AgentConfigError
-from stormwatch.agent.procs import RankKey
+from stormwatch.agent.watch.procs import RankKey
 
 HANG = "rank_hang"
 HANG_CLEARED = "rank_hang_cleared"

@@ -5,7 +5,7 @@ guarded: a failing sink (full disk, unwritable folder, bad value) is logged
 at WARNING (first failure per sink, then every 100th), counted in
 :attr:`RankTelemetry.errors` and in ``stormwatch_train_telemetry_errors_total``
 when metrics still work, and never raised into training. It also is the
-:class:`~stormwatch.trainer.comms.CollectiveSink` of the collective counter.
+:class:`~stormwatch.trainer.telemetry.comms.CollectiveSink` of the collective counter.
 No torch import here.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.events import EventLog
-from stormwatch.trainer.metrics import RankMetrics
-from stormwatch.trainer.perf import bus_factor, collective_size
+from stormwatch.trainer.telemetry.events import EventLog
+from stormwatch.trainer.telemetry.metrics import RankMetrics
+from stormwatch.trainer.telemetry.perf import bus_factor, collective_size
 
 if TYPE_CHECKING:
-    from stormwatch.trainer.comms import CollectiveRecord
+    from stormwatch.trainer.telemetry.comms import CollectiveRecord
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class RankTelemetry:
             memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
 
         Also sets the algbw/busbw gauges from the collectives seen since the
-        previous call (see :mod:`stormwatch.trainer.perf`).
+        previous call (see :mod:`stormwatch.trainer.telemetry.perf`).
         """
         with self._lock:
             collectives, self._step_collectives = self._step_collectives, {}

@@ -1,0 +1,10 @@
+"""Watching the ranks on this node: who they are, how they ended, whether they hang.
+
+* :mod:`.ranks`: the rank watcher (torchrun agents and their workers, from ``/proc``).
+* :mod:`.procs`: process inspection (what makes a process a launcher or a rank).
+* :mod:`.proc_exits`: exit codes and killing signals from the Linux proc connector.
+* :mod:`.detectors`: pure hang / straggler / collective-lag detectors.
+* :mod:`.monitor`: drives the detectors from live data.
+* :mod:`.diagnostics`: what is recorded about a job's ranks when one hangs.
+* :mod:`.events`: the agent's rank event log (``<state-dir>/events.jsonl``, ``/v1/events``).
+"""

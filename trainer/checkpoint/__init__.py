@@ -1,0 +1,3 @@
+"""Distributed checkpoints that survive a crash mid-save: the checkpointer (:mod:`.checkpointer`),
+the on-disk layout and completeness rules (:mod:`.store`), and how many failed saves in a row
+a job trains through (:mod:`.budget`)."""

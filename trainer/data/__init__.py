@@ -1,0 +1,2 @@
+"""Training data: the corpus (:mod:`.corpus`) and deterministic, data-parallel batches
+(:mod:`.batches`)."""

@@ -1,0 +1,4 @@
+"""One rank's telemetry: metrics (:mod:`.metrics`), the event log (:mod:`.events`), spans
+(:mod:`.tracing`), collective counting (:mod:`.comms`, :mod:`.collective_ops`), performance
+arithmetic (:mod:`.perf`, :mod:`.instrument`), hang dumps (:mod:`.dump`), and the guard that
+keeps a telemetry failure out of training (:mod:`.rank`)."""
