@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import heatmap as heatmap_model
@@ -274,6 +275,25 @@ def uid_for(title: str) -> str:
     """
     slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     return slug[:40].rstrip("-")
+
+
+#: What a panel helper returns and :meth:`Dashboard.with_panel` takes.
+PanelBuilder = cogbuilder.Builder[model.Panel]
+
+
+def with_sections(
+    dashboard: dash.Dashboard, sections: Sequence[tuple[str, Sequence[PanelBuilder]]]
+) -> dash.Dashboard:
+    """``dashboard`` with one row per ``(title, panels)`` section, in order.
+
+    Each dashboard module lists its rows in ``build()`` and keeps each row's panels in a
+    function of its own, so a dashboard reads as its table of contents.
+    """
+    for title, panels in sections:
+        dashboard = dashboard.with_row(row(title))
+        for panel in panels:
+            dashboard = dashboard.with_panel(panel)
+    return dashboard
 
 
 def new_dashboard(title: str, description: str, tags: Sequence[str]) -> dash.Dashboard:
