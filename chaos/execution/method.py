@@ -1,23 +1,33 @@
-"""The method of an experiment: actions (targets, background), ``until`` waits, pauses, and the
-safeguards watching them. Part of :class:`stormwatch.chaos.execution.runner.Runner` (a mixin)."""
+"""The method of an experiment: actions (targets, background), probes, ``until`` waits, pauses.
+
+:class:`MethodExecutor` runs the method's activities in order against one job:
+actions are placed on the job's ranks/nodes (:func:`job_shape`), wait for their
+``when.step``, and are sent by a :class:`FaultSender` (the
+:class:`~stormwatch.chaos.execution.injector.Injector`: ledger first, then the
+fault); each injected fault is noted in the run's
+:class:`~stormwatch.chaos.execution.tracker.FaultTracker`, from which the
+rollback executor reverts it whatever happens next.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Protocol
 
 from stormwatch.chaos.errors import ActivityFailed, ChaosError
-from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import ExperimentStatus, Phase
-from stormwatch.chaos.execution.safeguards import watch
+from stormwatch.chaos.execution.checks import ProbeChecker
+from stormwatch.chaos.execution.context import RunContext, pause
+from stormwatch.chaos.execution.injector import Injected
+from stormwatch.chaos.execution.journal import JobRef
+from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
     Fault,
-    PauseActivity,
     ProbeActivity,
     PrometheusProvider,
     UntilActivity,
+    When,
 )
 from stormwatch.chaos.experiment.selection import (
     SelectionError,
@@ -25,58 +35,86 @@ from stormwatch.chaos.experiment.selection import (
     blast_radius_problem,
     expand,
 )
-from stormwatch.chaos.faults import reverts_itself
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
-
-if TYPE_CHECKING:
-    from stormwatch.chaos.execution.runner import Runner
+from stormwatch.chaos.target import Target
 
 
-class MethodMixin:
-    """The method half of the runner (see :class:`~stormwatch.chaos.execution.runner.Runner`)."""
+class FaultSender(Protocol):
+    """What the method needs of :class:`~stormwatch.chaos.execution.injector.Injector`."""
 
-    async def _guarded(
-        self: Runner, body: Coroutine[Any, Any, ExperimentStatus]
-    ) -> ExperimentStatus:
-        """Run ``body`` while the safeguards hold; the first that fails cancels it (failed)."""
-        main = asyncio.create_task(body)
-        if not self.experiment.safeguards:
-            return await main
-        guard = asyncio.create_task(watch(self.experiment.safeguards, self._probe_context))
+    async def wait_for_step(self, when: When, rank: int) -> tuple[int, int]:
+        """Wait until ``rank`` completed ``when.step``; the (step, attempt) seen then."""
+        ...
+
+    async def inject(self, name: str, fault: Fault, *, recorded: Callable[[], None]) -> Injected:
+        """Record ``fault`` in the ledger (then call ``recorded()``), send it, confirm it."""
+        ...
+
+
+def job_shape(target: Target, job: JobRef) -> Shape:
+    """The job's layout on the target: its nodes in order, ranks spread evenly (one node
+    ``node0`` holding every rank when the target has no agents or they do not divide it)."""
+    nodes = tuple(a.node for a in target.agents)
+    world = job.world_size
+    if not nodes or world % len(nodes):
+        return Shape(("node0",), world)
+    return Shape(nodes, world // len(nodes))
+
+
+class MethodExecutor:
+    """Runs the method of one run.
+
+    Args:
+        ctx: the run (its experiment's method; each activity is journaled in ``method``).
+        shape: where the job's ranks are (target selectors and blast radius).
+        sender: waits for a fault's step and injects it (ledger first).
+        probes: runs the method's probes and ``until`` waits.
+        faults: notes each injected fault (latest fault time, self-reverting faults).
+    """
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        shape: Shape,
+        sender: FaultSender,
+        probes: ProbeChecker,
+        faults: FaultTracker,
+    ) -> None:
+        self._ctx = ctx
+        self._shape = shape
+        self._sender = sender
+        self._probes = probes
+        self._faults = faults
+
+    def check_blast_radius(self) -> None:
+        """Refuse (before anything is injected) an experiment touching too many ranks.
+
+        Raises:
+            ChaosError: a selector does not fit the job, or the faults exceed
+                ``blast_radius.max_fraction_of_ranks``.
+        """
         try:
-            await asyncio.wait({main, guard}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            for task in (main, guard):
-                task.cancel()
-            await asyncio.gather(main, guard, return_exceptions=True)
-            raise
-        if main.done():
-            guard.cancel()
-            await asyncio.gather(guard, return_exceptions=True)
-            return main.result()
-        tripped = guard.result()
-        main.cancel()
-        await asyncio.gather(main, return_exceptions=True)
-        assert tripped is not None
-        name = tripped.safeguard.name
-        async with self._writer.activity(
-            name, "safeguard", "method", raise_on_failure=False
-        ) as record:
-            record.status, record.error = "failed", tripped.outcome.detail
-            record.output = {"detail": tripped.outcome.detail, "observed": tripped.outcome.output}
-        self.journal.error = (
-            f"safeguard {name} tripped: {tripped.outcome.detail}; injection stopped, rolled back"
-        )
-        self.reporter.event(f"safeguard {name} tripped: {tripped.outcome.detail}: aborting")
-        return "failed"
+            problem = blast_radius_problem(self._ctx.experiment, self._shape)
+        except SelectionError as exc:
+            raise ChaosError(f"cannot place the faults on this job: {exc}") from exc
+        if problem is not None:
+            raise ChaosError(f"blast radius: {problem}; nothing was injected")
 
-    # -- method ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run every activity in order; background actions are awaited at the end.
 
-    async def _method(self: Runner) -> None:
-        self.reporter.event("method")
+        An activity that fails (or an interrupt) journals the later ones as skipped,
+        cancels the background actions and propagates.
+
+        Raises:
+            ActivityFailed: an activity failed (a probe or ``until`` did not hold, a fault
+                could not be placed or injected).
+        """
+        self._ctx.reporter.event("method")
         background: list[asyncio.Task[None]] = []
         try:
-            await self._method_steps(background)
+            await self._steps(background)
             for task in background:  # the method ends when its background actions have
                 await task
         finally:
@@ -86,8 +124,9 @@ class MethodMixin:
             if background:
                 await asyncio.gather(*background, return_exceptions=True)
 
-    async def _method_steps(self: Runner, background: list[asyncio.Task[None]]) -> None:
-        for index, activity in enumerate(self.experiment.method):
+    async def _steps(self, background: list[asyncio.Task[None]]) -> None:
+        method = self._ctx.experiment.method
+        for index, activity in enumerate(method):
             try:
                 if isinstance(activity, ActionActivity) and activity.background:
                     background.append(asyncio.create_task(self._action(activity)))
@@ -96,20 +135,14 @@ class MethodMixin:
                 elif isinstance(activity, UntilActivity):
                     await self._until(activity)
                 elif isinstance(activity, ProbeActivity):
-                    outcome = await self._probe(
-                        activity.name,
-                        activity.provider,
-                        "method",
-                        activity.timeout_seconds,
-                        activity.poll_seconds,
-                    )
+                    outcome = await self._probes.activity(activity, "method")
                     if not outcome.ok:
                         raise ActivityFailed(f"method probe {activity.name}: {outcome.detail}")
                 else:
-                    await self._pause(activity, "method")
+                    await pause(self._ctx, activity, "method")
             except BaseException:
-                for later in self.experiment.method[index + 1 :]:
-                    self._writer.skipped(
+                for later in method[index + 1 :]:
+                    self._ctx.writer.skipped(
                         later.name,
                         later.type,
                         "method",
@@ -117,27 +150,10 @@ class MethodMixin:
                     )
                 raise
 
-    def _shape(self: Runner) -> Shape:
-        """The job's layout on the target: its nodes in order, ranks spread evenly."""
-        nodes = tuple(a.node for a in self.target.agents)
-        world = self._job.world_size if self._job is not None else self.target.world_size
-        if not nodes or world % len(nodes):
-            return Shape(("node0",), world)
-        return Shape(nodes, world // len(nodes))
-
-    def _check_blast_radius(self: Runner) -> None:
-        """Refuse (before anything is injected) an experiment touching too many ranks."""
-        try:
-            problem = blast_radius_problem(self.experiment, self._shape())
-        except SelectionError as exc:
-            raise ChaosError(f"cannot place the faults on this job: {exc}") from exc
-        if problem is not None:
-            raise ChaosError(f"blast radius: {problem}; nothing was injected")
-
-    async def _action(self: Runner, activity: ActionActivity) -> None:
+    async def _action(self, activity: ActionActivity) -> None:
         """Inject the action's fault(s): one per selected rank/node with ``target``."""
         try:
-            faults = expand(activity, self._shape())
+            faults = expand(activity, self._shape)
         except SelectionError as exc:
             raise ActivityFailed(f"{activity.name}: {exc}") from exc
         for index, fault in enumerate(faults):
@@ -147,38 +163,24 @@ class MethodMixin:
         if activity.pause_after_seconds:
             await asyncio.sleep(activity.pause_after_seconds)
 
-    async def _inject(
-        self: Runner, activity: ActionActivity, fault: Fault, name: str, wait: bool
-    ) -> None:
-        assert self._job is not None and self._ledger is not None and self._agents is not None
-        injector = Injector(
-            ledger=self._ledger,
-            agents=self._agents,
-            target=self.target,
-            job=self._job,
-            experiment_id=self.experiment_id,
-            status=self.reporter.status,
-            step_poll_seconds=self.config.step_poll_seconds,
-            first_seen_steps=self._first_seen_steps,
-        )
+    async def _inject(self, activity: ActionActivity, fault: Fault, name: str, wait: bool) -> None:
+        ctx = self._ctx
         rank = target_rank(fault)
-        async with self._writer.activity(name, "action", "method") as record:
+        async with ctx.writer.activity(name, "action", "method") as record:
             step = attempt = None
             if activity.when is not None and wait:
-                step, attempt = await injector.wait_for_step(activity.when, rank or 0)
-            injected = await injector.inject(name, fault, recorded=self._writer.save)
+                step, attempt = await self._sender.wait_for_step(activity.when, rank or 0)
+            injected = await self._sender.inject(name, fault, recorded=ctx.writer.save)
             result = injected.result
-            self._last_fault_at = result.applied_at
-            self._annotate(
+            self._faults.injected(name, fault, injected)
+            where = f"rank {rank}" if rank is not None else ",".join(target_nodes(fault))
+            ctx.annotations.annotate(
                 f"fault {injected.entry.id} injected: {fault.kind} on "
-                f"{'rank ' + str(rank) if rank is not None else ','.join(target_nodes(fault))} "
-                f"({injected.entry.target.node}): {result.detail}",
+                f"{where} ({injected.entry.target.node}): {result.detail}",
                 "fault-injected",
                 fault.kind,
                 start=result.applied_at,
             )
-            if reverts_itself(fault):
-                self._self_reverting_faults.append(name)
             record.output = {
                 "fault_id": injected.entry.id,
                 "kind": fault.kind,
@@ -192,15 +194,15 @@ class MethodMixin:
                 "detail": result.detail,
                 "background": activity.background,
             }
-            self.reporter.event(
+            ctx.reporter.event(
                 f"  {name}: {result.detail}" + (f" after step {step}" if step is not None else "")
             )
 
-    async def _until(self: Runner, activity: UntilActivity) -> None:
+    async def _until(self, activity: UntilActivity) -> None:
         provider = PrometheusProvider(
             type="prometheus", query=activity.query, tolerance=activity.tolerance
         )
-        outcome = await self._probe(
+        outcome = await self._probes.probe(
             activity.name,
             provider,
             "method",
@@ -211,11 +213,5 @@ class MethodMixin:
         if not outcome.ok:
             raise ActivityFailed(f"until {activity.name}: {outcome.detail}")
 
-    async def _pause(self: Runner, activity: PauseActivity, phase: Phase) -> None:
-        async with self._writer.activity(activity.name, "pause", phase) as record:
-            self.reporter.status(f"{activity.name}: pausing {activity.seconds:g} s")
-            await asyncio.sleep(activity.seconds)
-            record.output = {"seconds": activity.seconds}
 
-
-__all__ = ["MethodMixin"]
+__all__ = ["FaultSender", "MethodExecutor", "job_shape"]

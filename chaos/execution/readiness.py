@@ -78,8 +78,11 @@ async def preflight(
 
 async def wait_until_stepping(
     job: JobRef, jobs: JobControl, *, timeout: float, status: Callable[[str], None]
-) -> None:
+) -> dict[int, int]:
     """Wait until every rank of ``job`` has logged a completed step.
+
+    Returns:
+        rank -> the last step it had completed then (each rank with a log and a step).
 
     Raises:
         FaultError: the job ended first, or ``timeout`` seconds passed.
@@ -89,7 +92,8 @@ async def wait_until_stepping(
         logs = read_job_logs(job.log_dir)
         stepped = [r for r in range(job.world_size) if r in logs and logs[r].steps]
         if len(stepped) == job.world_size:
-            return
+            lasts = {rank: log.last_step for rank, log in logs.items()}
+            return {r: e.step for r, e in lasts.items() if e is not None and e.step is not None}
         if jobs.exited(job.name) is not None:
             raise FaultError(f"job {job.name} ended before every rank stepped")
         if time.monotonic() > deadline:

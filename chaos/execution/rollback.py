@@ -1,136 +1,218 @@
-"""Rollbacks and the final revert of an experiment's faults (FC-13). Part of
-:class:`stormwatch.chaos.execution.runner.Runner` (a mixin)."""
+"""Reverts of one run: faults left by dead controllers, the rollbacks, and the final revert (FC-13).
+
+:class:`RollbackExecutor` reverts what the run's
+:class:`~stormwatch.chaos.execution.tracker.FaultTracker` says is open, through a
+:class:`Reverter` (:class:`LedgerReverter`: the fault kinds' idempotent reverts,
+closing each ledger row). Its steps never skip one another: a rollback that fails
+(or a second interrupt) is journaled and the next still runs.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import aiohttp
+
+from stormwatch.chaos.errors import ChaosError, FaultError
+from stormwatch.chaos.execution.checks import ProbeChecker
+from stormwatch.chaos.execution.context import RunContext, pause, uncancel
 from stormwatch.chaos.execution.journal import ExperimentStatus, Phase
-from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity
-from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
-
-if TYPE_CHECKING:
-    from stormwatch.chaos.execution.runner import Runner
+from stormwatch.chaos.execution.tracker import FaultTracker
+from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
+from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
+from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open
 
 logger = logging.getLogger(__name__)
 
 
-class RollbackMixin:
-    """The rollback half of the runner (see :class:`~stormwatch.chaos.execution.runner.Runner`)."""
+class Reverter(Protocol):
+    """Reverts ledger entries and closes them (each fault on its own; never raises for one)."""
 
-    # -- rollbacks and cleanup -------------------------------------------------------------
+    async def revert_open(self, *, reason: str, experiment_id: str | None) -> list[RevertOutcome]:
+        """Revert every open fault of ``experiment_id`` (every open fault when None)."""
+        ...
 
-    async def _rollbacks(self: Runner, status: ExperimentStatus) -> bool:
-        strategy = self.experiment.rollback_strategy
-        # chaostoolkit's runtime strategies (chaostoolkit-lib PR #179): ``default`` skips them
-        # when the hypothesis failed before the method or the run was interrupted.
-        run = (
-            strategy == "always"
-            or (strategy == "deviated" and status == "deviated")
-            or (
-                strategy == "default"
-                and status != "aborted"
-                and self.journal.steady_state_before.met is not False
-            )
+    async def revert_entries(
+        self, entries: list[LedgerEntry], *, reason: str
+    ) -> list[RevertOutcome]:
+        """Revert each open entry of ``entries``."""
+        ...
+
+
+class LedgerReverter:
+    """:class:`Reverter` of a ledger (:mod:`stormwatch.chaos.ledger.revert`).
+
+    Args:
+        ledger: the fault ledger.
+        session: HTTP session for the agents' fault API.
+    """
+
+    def __init__(self, ledger: Ledger, session: aiohttp.ClientSession) -> None:
+        self._ledger = ledger
+        self._session = session
+
+    async def revert_open(self, *, reason: str, experiment_id: str | None) -> list[RevertOutcome]:
+        return await revert_open(
+            self._ledger, reason=reason, experiment_id=experiment_id, session=self._session
         )
-        if not self.experiment.rollbacks:
+
+    async def revert_entries(
+        self, entries: list[LedgerEntry], *, reason: str
+    ) -> list[RevertOutcome]:
+        return await revert_entries(self._ledger, entries, reason=reason, session=self._session)
+
+
+def rollbacks_run(
+    strategy: RollbackStrategy, status: ExperimentStatus, *, met_before: bool | None
+) -> bool:
+    """Whether the rollbacks run, per chaostoolkit's runtime strategies (chaostoolkit-lib
+    PR #179): ``always``; ``deviated`` only after a deviation; ``never``; ``default``
+    unless the hypothesis failed before the method (``met_before`` False) or the run was
+    interrupted."""
+    return (
+        strategy == "always"
+        or (strategy == "deviated" and status == "deviated")
+        or (strategy == "default" and status != "aborted" and met_before is not False)
+    )
+
+
+class RollbackExecutor:
+    """Reverts the faults of one run, and runs its rollbacks.
+
+    Args:
+        ctx: the run (its experiment's rollbacks and strategy; each step is journaled).
+        faults: what the run injected (this run's open faults; the ledger's orphans).
+        reverter: reverts ledger entries.
+    """
+
+    def __init__(self, ctx: RunContext, *, faults: FaultTracker, reverter: Reverter) -> None:
+        self._ctx = ctx
+        self._faults = faults
+        self._reverter = reverter
+
+    async def recover_orphans(self) -> None:
+        """Revert the open faults of dead controllers (journaled in ``recovery``).
+
+        Raises:
+            ActivityFailed: one of them could not be reverted (nothing is injected then).
+        """
+        ctx = self._ctx
+        orphans = self._faults.ledger.orphans()
+        if not orphans:
+            return
+        async with ctx.writer.activity("revert-orphaned-faults", "revert", "recovery") as record:
+            ctx.reporter.event(f"reverting {len(orphans)} fault(s) left by a dead controller")
+            outcomes = await self._reverter.revert_entries(orphans, reason="controller start")
+            record.output = [
+                {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
+            ]
+            failed = [o for o in outcomes if not o.ok]
+            ctx.annotations.reverts(outcomes, "left by a dead controller")
+            if failed:
+                raise FaultError(
+                    f"could not revert {len(failed)} orphaned fault(s): "
+                    + "; ".join(o.detail for o in failed)
+                )
+
+    async def rollbacks(self, status: ExperimentStatus, probes: ProbeChecker | None) -> bool:
+        """Run the experiment's rollbacks if its strategy says so (skipped ones are journaled).
+
+        Args:
+            status: how the run ended so far.
+            probes: runs ``probe`` rollbacks (None: the job was never opened; they fail).
+
+        Returns:
+            True when every rollback that ran succeeded. Never raises: a failure (or a
+            second interrupt) is journaled and logged, and the other rollbacks still run.
+        """
+        experiment = self._ctx.experiment
+        strategy = experiment.rollback_strategy
+        if not experiment.rollbacks:
             return True
-        if not run:
-            for activity in self.experiment.rollbacks:
-                self._writer.skipped(
+        met_before = self._ctx.journal.steady_state_before.met
+        if not rollbacks_run(strategy, status, met_before=met_before):
+            for activity in experiment.rollbacks:
+                self._ctx.writer.skipped(
                     activity.name,
                     activity.type,
                     "rollbacks",
                     f"rollback_strategy {strategy!r} and status {status!r}",
                 )
             return True
-        self.reporter.event("rollbacks")
+        self._ctx.reporter.event("rollbacks")
         ok = True
-        for activity in self.experiment.rollbacks:
+        for activity in experiment.rollbacks:
             # FC-13: one rollback's failure (or a second interrupt) never skips the others.
             try:
                 if isinstance(activity, RevertActivity):
                     ok = await self._revert(activity) and ok
                 elif isinstance(activity, ProbeActivity):
-                    outcome = await self._probe(
-                        activity.name,
-                        activity.provider,
-                        "rollbacks",
-                        activity.timeout_seconds,
-                        activity.poll_seconds,
-                    )
+                    if probes is None:
+                        raise ChaosError("no job to probe: the job was never opened")
+                    outcome = await probes.activity(activity, "rollbacks")
                     ok = ok and outcome.ok
                 else:
-                    await self._pause(activity, "rollbacks")
+                    await pause(self._ctx, activity, "rollbacks")
             except asyncio.CancelledError:
-                _uncancel()
+                uncancel()
                 ok = False
             except Exception:  # FC-13: a failing rollback is reported, the rest still run
                 logger.exception("rollback %s failed", activity.name)
                 ok = False
         return ok
 
-    async def _revert(self: Runner, activity: RevertActivity) -> bool:
-        scope = None if activity.scope == "all" else self.experiment_id
+    async def cleanup(self, status: ExperimentStatus) -> bool:
+        """Revert whatever of this run is still open (the safety net; always runs, never raises).
+
+        Returns:
+            True when nothing of this run is left open.
+        """
+        if not self._faults.open_faults():
+            return True
+        reason = "abort" if status == "aborted" else "end of experiment"
+        experiment_id = self._faults.experiment_id
+        try:
+            return await self._revert_open("revert-open-faults", "cleanup", reason, experiment_id)
+        except asyncio.CancelledError:  # only without run_experiment's signal handling
+            uncancel()
+            return False
+        except Exception:
+            logger.exception("reverting the faults of %s failed", experiment_id)
+            return False
+
+    async def _revert(self, activity: RevertActivity) -> bool:
+        scope = None if activity.scope == "all" else self._faults.experiment_id
         return await self._revert_open(
             activity.name, "rollbacks", f"rollback {activity.name}", scope
         )
 
-    async def _cleanup(self: Runner, status: ExperimentStatus) -> bool:
-        """Revert whatever of this experiment is still open (the safety net; always runs)."""
-        assert self._ledger is not None
-        if not self._ledger.open_faults(experiment_id=self.experiment_id):
-            return True
-        reason = "abort" if status == "aborted" else "end of experiment"
-        try:
-            return await self._revert_open(
-                "revert-open-faults", "cleanup", reason, self.experiment_id
-            )
-        except asyncio.CancelledError:  # only without run_experiment's signal handling
-            _uncancel()
-            return False
-        except Exception:
-            logger.exception("reverting the faults of %s failed", self.experiment_id)
-            return False
-
     async def _revert_open(
-        self: Runner, name: str, phase: Phase, reason: str, experiment_id: str | None
+        self, name: str, phase: Phase, reason: str, experiment_id: str | None
     ) -> bool:
         """Journal one revert of the open faults (of ``experiment_id``; all when None)."""
-        assert self._ledger is not None
+        ctx = self._ctx
         failed: list[RevertOutcome] = []
-        async with self._writer.activity(name, "revert", phase, raise_on_failure=False) as record:
-            outcomes = await revert_open(
-                self._ledger, reason=reason, experiment_id=experiment_id, session=self._session
-            )
+        async with ctx.writer.activity(name, "revert", phase, raise_on_failure=False) as record:
+            outcomes = await self._reverter.revert_open(reason=reason, experiment_id=experiment_id)
             record.output = [
                 {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
             ]
             failed = [o for o in outcomes if not o.ok]
-            self._annotate_reverts(outcomes, reason)
-            self.reporter.event(
+            ctx.annotations.reverts(outcomes, reason)
+            ctx.reporter.event(
                 f"  {name}: reverted {len(outcomes) - len(failed)}/{len(outcomes)} "
                 + ("fault" if len(outcomes) == 1 else "faults")
             )
             if failed:
                 record.status = "failed"
                 record.error = "; ".join(f"{o.fault_id}: {o.detail}" for o in failed)
-                self.reporter.event(
+                ctx.reporter.event(
                     f"could NOT revert: {record.error} (still open in the "
                     "ledger; `stormwatch chaos revert --all`)"
                 )
         return not failed and record.status != "failed"
 
 
-def _uncancel() -> None:
-    """Clear the pending-cancel count so cleanup can await normally (Python >= 3.11)."""
-    task = asyncio.current_task()
-    if task is not None and sys.version_info >= (3, 11):
-        while task.cancelling():
-            task.uncancel()
-
-
-__all__ = ["RollbackMixin"]
+__all__ = ["LedgerReverter", "Reverter", "RollbackExecutor", "rollbacks_run"]

@@ -1,19 +1,23 @@
 """Run an experiment: pre-flight, steady state before, method, steady state after, rollbacks.
 
-Order (chaostoolkit's, plus the ledger's guarantees, FC-13):
+Order (chaostoolkit's, plus the ledger's guarantees, FC-13), and who does each step:
 
-1. pre-flight: the services the experiment needs answer (nothing written yet);
-2. recovery: open faults of dead controllers in the ledger are reverted;
+1. pre-flight: the services the experiment needs answer (nothing written yet;
+   :func:`~.readiness.preflight`);
+2. recovery: open faults of dead controllers in the ledger are reverted
+   (:class:`~.rollback.RollbackExecutor`);
 3. the job is started on the lab (or attached with ``--job``) and warmed up
-   (every rank completed a step);
-4. steady-state hypothesis *before*; the method runs only if it held;
+   (every rank completed a step; :class:`~.lifecycle.JobLifecycle`);
+4. steady-state hypothesis *before*; the method runs only if it held
+   (:class:`~.checks.HypothesisChecker`);
 5. method: actions wait for ``when.step`` (rank logs), locate the rank, write
-   the fault to the ledger, *then* send it; probes wait for their condition;
+   the fault to the ledger, *then* send it; probes wait for their condition
+   (:class:`~.method.MethodExecutor`, under a :class:`~.safeguards.SafeguardWatcher`);
 6. steady-state hypothesis *after*;
 7. rollbacks, per ``rollback_strategy`` (default ``always``: also after a
-   deviation, a failure and an abort);
+   deviation, a failure and an abort; :class:`~.rollback.RollbackExecutor`);
 8. cleanup: every fault of this experiment still open in the ledger is
-   reverted, whatever happened.
+   reverted, whatever happened (the same).
 
 SIGINT/SIGTERM (via :func:`run_experiment`) cancel the run: injection stops,
 steps 7-8 still run, the journal is written, the status is ``aborted``.
@@ -28,35 +32,36 @@ import logging
 import shutil
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.errors import ChaosError, FaultError
+from stormwatch.chaos.errors import ChaosError
+from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, job_variables
+from stormwatch.chaos.execution.context import RunAnnotations, RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
+from stormwatch.chaos.execution.injector import Injector
 from stormwatch.chaos.execution.journal import (
     ExperimentStatus,
     JobRef,
     Journal,
     JournalWriter,
-    Phase,
 )
-from stormwatch.chaos.execution.method import MethodMixin
-from stormwatch.chaos.execution.probes import ProbeContext, ProbeOutcome, wait_for
-from stormwatch.chaos.execution.readiness import preflight, wait_until_stepping
+from stormwatch.chaos.execution.lifecycle import JobLifecycle
+from stormwatch.chaos.execution.method import MethodExecutor, job_shape
+from stormwatch.chaos.execution.probes import ProbeContext
+from stormwatch.chaos.execution.readiness import preflight
 from stormwatch.chaos.execution.reporter import NullReporter, Reporter
-from stormwatch.chaos.execution.rollback import RollbackMixin, _uncancel
+from stormwatch.chaos.execution.rollback import LedgerReverter, RollbackExecutor
+from stormwatch.chaos.execution.safeguards import SafeguardWatcher
 from stormwatch.chaos.execution.tracing import ExperimentTrace
-from stormwatch.chaos.experiment.model import (
-    Experiment,
-    JobProvider,
-    Provider,
-)
+from stormwatch.chaos.execution.tracker import FaultTracker
+from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.lab import AsyncPrometheusClient
@@ -99,8 +104,33 @@ class ExperimentRun:
     exit_code: int
 
 
-class Runner(MethodMixin, RollbackMixin):
-    """Runs one validated experiment against a target.
+@dataclass(frozen=True)
+class _Services:
+    """What one run talks to, open while :meth:`Runner.run` runs."""
+
+    session: aiohttp.ClientSession
+    agents: AgentClient
+    prometheus: AsyncPrometheusClient | None
+    ledger: Ledger
+
+
+class Runner:
+    """Runs one validated experiment against a target: one object per run.
+
+    The runner orders the phases and decides the verdict; the work is done by
+    collaborators it builds for the run, each owning its state and sharing only the
+    :class:`~stormwatch.chaos.execution.context.RunContext` (experiment, id, journal
+    writer, reporter, annotations):
+
+    - :class:`~.lifecycle.JobLifecycle`: starts or attaches the job, sees it end;
+    - :class:`~.tracker.FaultTracker`: the run's faults (open ones in the ledger, the
+      latest fault time, the faults that revert themselves);
+    - :class:`~.checks.ProbeChecker` / :class:`~.checks.HypothesisChecker`: journaled
+      probes and the steady-state hypothesis;
+    - :class:`~.method.MethodExecutor`: the method (faults sent by the
+      :class:`~.injector.Injector`, ledger first) under a
+      :class:`~.safeguards.SafeguardWatcher`;
+    - :class:`~.rollback.RollbackExecutor`: orphan recovery, rollbacks, final revert.
 
     Args:
         experiment: the validated experiment.
@@ -132,14 +162,6 @@ class Runner(MethodMixin, RollbackMixin):
         self.experiment_id = self.config.experiment_id or new_experiment_id(experiment.title)
         self.experiment_dir = Path(target.run_dir) / "experiments" / self.experiment_id
         self.journal_path = self.experiment_dir / "journal.json"
-        self._last_fault_at: float | None = None
-        self._first_seen_steps: dict[int, int] = {}
-        self._self_reverting_faults: list[str] = []
-        self._job: JobRef | None = None
-        self._prometheus: AsyncPrometheusClient | None = None
-        self._agents: AgentClient | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._ledger: Ledger | None = None
         journal = Journal(
             experiment_id=self.experiment_id,
             title=experiment.title,
@@ -149,6 +171,13 @@ class Runner(MethodMixin, RollbackMixin):
         )
         self._trace = ExperimentTrace(self.experiment_id, experiment.title)
         self._writer = JournalWriter(journal, self.journal_path, self._trace)
+        self._ctx = RunContext(
+            experiment=experiment,
+            experiment_id=self.experiment_id,
+            writer=self._writer,
+            reporter=self.reporter,
+            annotations=RunAnnotations(self.annotator, self.experiment_id),
+        )
 
     @property
     def journal(self) -> Journal:
@@ -163,284 +192,154 @@ class Runner(MethodMixin, RollbackMixin):
         Raises:
             LabNotReady: pre-flight failed (nothing was started or written).
         """
+        annotations = self._ctx.annotations
         async with aiohttp.ClientSession() as session:
-            self._session = session
-            self._agents = AgentClient(session)
-            if self.target.prometheus_url:
-                self._prometheus = AsyncPrometheusClient(
-                    self.target.prometheus_url, session=session
-                )
-            assert self._agents is not None
-            await preflight(
-                self.experiment, self.target, prometheus=self._prometheus, agents=self._agents
+            services = await self._open(session)
+            faults = FaultTracker(services.ledger, self.experiment_id)
+            reverts = RollbackExecutor(
+                self._ctx, faults=faults, reverter=LedgerReverter(services.ledger, session)
             )
-            self._ledger = Ledger(ledger_path(self.target.run_dir))
-            self.experiment_dir.mkdir(parents=True, exist_ok=True)
-            self._trace.export_to(self.experiment_dir)
-            with contextlib.suppress(OSError):
-                shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
-            self._writer.save()
-            self._annotate(f"experiment {self.experiment_id} started", "experiment-started")
-            status: ExperimentStatus = "failed"
-            try:
-                status = await self._body()
-            except asyncio.CancelledError:
-                _uncancel()
-                status = "aborted"
-                self.journal.error = "interrupted: injection stopped; faults reverted"
-                self.reporter.event("interrupted: stopping injection, reverting faults")
-            except ChaosError as exc:
-                status = "failed"
-                self.journal.error = str(exc)
-                self.reporter.event(f"failed: {exc}")
-            except Exception as exc:  # a foreign error or a bug: still roll back (FC-13)
-                logger.exception("experiment %s failed unexpectedly", self.experiment_id)
-                status = "failed"
-                self.journal.error = f"unexpected {type(exc).__name__}: {exc}"
-                self.reporter.event(f"failed: {self.journal.error}")
+            lifecycle = JobLifecycle(
+                self._ctx,
+                jobs=self.target.jobs,
+                attach_job=self.config.attach_job,
+                job_end_timeout_seconds=self.config.job_end_timeout_seconds,
+            )
+            status = await self._outcome(self._body(services, faults, reverts, lifecycle))
             self.journal.status = status
             self._writer.save()
-            rollbacks_ok = await self._rollbacks(status)
-            cleanup_ok = await self._cleanup(status)
+            job = lifecycle.job
+            probes = None if job is None else self._probe_checker(services, faults, job)
+            rollbacks_ok = await reverts.rollbacks(status, probes)
+            cleanup_ok = await reverts.cleanup(status)
             self.journal.rollbacks_ok = rollbacks_ok and cleanup_ok
-            self.journal.faults = self._ledger.entries(experiment_id=self.experiment_id)
-            await self._wait_for_job_end(status)
+            self.journal.faults = faults.entries()
+            await lifecycle.wait_for_end(status)
             self.journal.ended_at = time.time()
             self._writer.save()
             self._trace.end(status)
-            self._annotate(
+            annotations.annotate(
                 f"experiment {self.experiment_id} ended: {status}",
                 "experiment-ended",
                 start=self.journal.started_at,
                 end=self.journal.ended_at,
             )
-            await asyncio.to_thread(self.annotator.close)
+            await annotations.close()
         if status == "aborted":
             code = EXIT_ABORTED
         else:
             code = EXIT_OK if self.journal.succeeded else EXIT_FAILED
         return ExperimentRun(self.journal, self.journal_path, code)
 
-    def _annotate(
-        self, text: str, *tags: str, start: float | None = None, end: float | None = None
-    ) -> None:
-        """One Grafana annotation (queued; never blocks or raises)."""
-        self.annotator.annotate(
-            text,
-            ("stormwatch", "chaos", f"experiment:{self.experiment_id}", *tags),
-            start=start,
-            end=end,
+    async def _open(self, session: aiohttp.ClientSession) -> _Services:
+        """Pre-flight, then the ledger and the experiment folder (journal, copy of the file).
+
+        Raises:
+            LabNotReady: pre-flight failed (nothing was started or written).
+        """
+        agents = AgentClient(session)
+        prometheus = None
+        if self.target.prometheus_url:
+            prometheus = AsyncPrometheusClient(self.target.prometheus_url, session=session)
+        await preflight(self.experiment, self.target, prometheus=prometheus, agents=agents)
+        ledger = Ledger(ledger_path(self.target.run_dir))
+        self.experiment_dir.mkdir(parents=True, exist_ok=True)
+        self._trace.export_to(self.experiment_dir)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
+        self._writer.save()
+        self._ctx.annotations.annotate(
+            f"experiment {self.experiment_id} started", "experiment-started"
         )
+        return _Services(session=session, agents=agents, prometheus=prometheus, ledger=ledger)
 
-    def _annotate_reverts(self, outcomes: list[RevertOutcome], reason: str) -> None:
-        for outcome in outcomes:
-            verb = "reverted" if outcome.ok else "NOT reverted"
-            self._annotate(
-                f"fault {outcome.fault_id} {verb} ({reason}): {outcome.detail}",
-                "fault-reverted" if outcome.ok else "fault-revert-failed",
-            )
+    async def _outcome(self, body: Coroutine[Any, Any, ExperimentStatus]) -> ExperimentStatus:
+        """``body``'s status; an interrupt is ``aborted``, an error ``failed`` (with the
+        journal's ``error`` set): whatever happened, the rollbacks run next (FC-13)."""
+        journal, reporter = self.journal, self.reporter
+        try:
+            return await body
+        except asyncio.CancelledError:
+            uncancel()
+            journal.error = "interrupted: injection stopped; faults reverted"
+            reporter.event("interrupted: stopping injection, reverting faults")
+            return "aborted"
+        except ChaosError as exc:
+            journal.error = str(exc)
+            reporter.event(f"failed: {exc}")
+            return "failed"
+        except Exception as exc:  # a foreign error or a bug: still roll back (FC-13)
+            logger.exception("experiment %s failed unexpectedly", self.experiment_id)
+            journal.error = f"unexpected {type(exc).__name__}: {exc}"
+            reporter.event(f"failed: {journal.error}")
+            return "failed"
 
-    async def _body(self) -> ExperimentStatus:
-        await self._recover_orphans()
-        self._job = await self._open_job()
-        self._check_blast_radius()
-        if not await self._steady_state("before"):
+    async def _body(
+        self,
+        services: _Services,
+        faults: FaultTracker,
+        reverts: RollbackExecutor,
+        lifecycle: JobLifecycle,
+    ) -> ExperimentStatus:
+        """Recovery, the job, steady state before, then the method and steady state after
+        under the safeguards."""
+        await reverts.recover_orphans()
+        job = await lifecycle.open()
+        probes = self._probe_checker(services, faults, job)
+        sender = Injector(
+            ledger=services.ledger,
+            agents=services.agents,
+            target=self.target,
+            job=job,
+            experiment_id=self.experiment_id,
+            status=self.reporter.status,
+            step_poll_seconds=self.config.step_poll_seconds,
+            first_seen_steps=lifecycle.first_seen_steps,
+        )
+        method = MethodExecutor(
+            self._ctx,
+            shape=job_shape(self.target, job),
+            sender=sender,
+            probes=probes,
+            faults=faults,
+        )
+        method.check_blast_radius()
+        hypothesis = HypothesisChecker(
+            self._ctx,
+            probes=probes,
+            faults=faults,
+            recovery_timeout_seconds=self.config.recovery_timeout_seconds,
+        )
+        if not await hypothesis.check("before"):
             self.journal.error = "the steady-state hypothesis did not hold before the method"
             self.reporter.event(self.journal.error)
             return "failed"
-        return await self._guarded(self._method_and_after())
+        watcher = SafeguardWatcher(self._ctx, context=probes.context)
+        return await watcher.guard(self._method_and_after(method, hypothesis))
 
-    async def _method_and_after(self) -> ExperimentStatus:
-        await self._method()
-        if not await self._steady_state("after"):
+    async def _method_and_after(
+        self, method: MethodExecutor, hypothesis: HypothesisChecker
+    ) -> ExperimentStatus:
+        await method.run()
+        if not await hypothesis.check("after"):
             self.reporter.event(
                 "the steady-state hypothesis did not hold after the method: deviated"
             )
             return "deviated"
         return "completed"
 
-    # -- pre-flight and recovery -----------------------------------------------------------
-
-    async def _recover_orphans(self) -> None:
-        assert self._ledger is not None and self._session is not None
-        orphans = self._ledger.orphans()
-        if not orphans:
-            return
-        async with self._writer.activity("revert-orphaned-faults", "revert", "recovery") as record:
-            self.reporter.event(f"reverting {len(orphans)} fault(s) left by a dead controller")
-            outcomes = await revert_entries(
-                self._ledger, orphans, reason="controller start", session=self._session
-            )
-            record.output = [
-                {"fault_id": o.fault_id, "ok": o.ok, "detail": o.detail} for o in outcomes
-            ]
-            failed = [o for o in outcomes if not o.ok]
-            self._annotate_reverts(outcomes, "left by a dead controller")
-            if failed:
-                raise FaultError(
-                    f"could not revert {len(failed)} orphaned fault(s): "
-                    + "; ".join(o.detail for o in failed)
-                )
-
-    # -- the job ---------------------------------------------------------------------------
-
-    async def _open_job(self) -> JobRef:
-        spec = self.experiment.job
-        async with self._writer.activity("job", "wait", "warmup") as record:
-            if self.config.attach_job is not None:
-                job = self.target.jobs.attach(self.config.attach_job)
-                self.reporter.event(f"attached to job {job.name}")
-            else:
-                spec = spec.model_copy(update={"name": job_name_for(spec.name, self.experiment_id)})
-                job = self.target.jobs.start(spec)
-                self.reporter.event(
-                    f"started job {job.name} ({spec.steps} steps, checkpoint "
-                    f"every {spec.checkpoint_every}, step delay {spec.step_delay:g} s)"
-                )
-            self.journal.job = job
-            self._job = job  # from here on, a job this run started is waited for or stopped
-            record.output = {
-                "job": job.name,
-                "log_dir": str(job.log_dir),
-                "started_by_runner": job.started_by_runner,
-            }
-            await wait_until_stepping(
-                job,
-                self.target.jobs,
-                timeout=spec.startup_timeout_seconds,
-                status=self.reporter.status,
-            )
-            # Where each rank was when the job was first observed: a ``when.step`` trigger
-            # already behind this is never injected (it would land on a finished job).
-            logs = read_job_logs(job.log_dir)
-            for rank, log in logs.items():
-                last = log.last_step
-                if last is not None and last.step is not None:
-                    self._first_seen_steps[rank] = last.step
-            record.output["first_seen_steps"] = {
-                str(r): s for r, s in self._first_seen_steps.items()
-            }
-        return job
-
-    async def _wait_for_job_end(self, status: ExperimentStatus) -> None:
-        """Wait (bounded) for a job this run started to end; stop it when it does not.
-
-        A run that did not complete stops its job at once: nothing is watching it any more.
-        """
-        job = self._job
-        if job is None or not job.started_by_runner:
-            return
-        jobs = self.target.jobs
-        deadline = time.monotonic() + self.config.job_end_timeout_seconds
-        if status != "completed":
-            deadline = time.monotonic()
-        try:
-            while not await asyncio.to_thread(jobs.ended, job.name):
-                if time.monotonic() >= deadline:
-                    self.reporter.event(f"stopping job {job.name}")
-                    await asyncio.to_thread(jobs.stop, job.name)
-                    return
-                self.reporter.status(f"waiting for job {job.name} to end (torchrun shutdown)")
-                await asyncio.sleep(0.5)
-        except asyncio.CancelledError:
-            _uncancel()
-            await asyncio.to_thread(jobs.stop, job.name)
-        except ChaosError as exc:
-            self.reporter.event(f"could not stop job {job.name}: {exc}")
-
-    async def _recovery_check(self) -> bool:
-        """After a fault that is over once sent (kill_rank), every rank must complete a step (or
-        finish) *after* it: a job that had already finished, or never came back, did not recover.
-
-        Journaled as the after-phase probe ``job-recovered``; True when there is nothing to check.
-        """
-        if not self._self_reverting_faults:
-            return True
-        provider = JobProvider(type="job", expect="progressing", window_seconds=3600.0)
-        outcome = await self._probe(
-            "job-recovered",
-            provider,
-            "after",
-            self.config.recovery_timeout_seconds,
-            1.0,
-        )
-        return outcome.ok
-
-    # -- steady state ----------------------------------------------------------------------
-
-    async def _steady_state(self, phase: Phase) -> bool:
-        section = (
-            self.journal.steady_state_before
-            if phase == "before"
-            else self.journal.steady_state_after
-        )
-        title = self.experiment.steady_state_hypothesis.title
-        self.reporter.event(f"steady state ({phase}): {title}")
-        met = True
-        for probe in self.experiment.steady_state_hypothesis.probes:
-            if phase not in probe.phases:
-                continue
-            outcome = await self._probe(
-                probe.name,
-                probe.provider,
-                phase,
-                probe.timeout_seconds,
-                probe.poll_seconds,
-            )
-            met = met and outcome.ok
-        if phase == "after":
-            met = await self._recovery_check() and met
-        section.met = met
-        self._writer.save()
-        return met
-
-    async def _probe(
-        self,
-        name: str,
-        provider: Provider,
-        phase: Phase,
-        timeout: float,
-        poll: float,
-        *,
-        type_: str = "probe",
-    ) -> ProbeOutcome:
-        outcome = ProbeOutcome(False, "probe did not run")
-        ctx = self._probe_context()
-        async with self._writer.activity(name, type_, phase, raise_on_failure=False) as record:
-
-            def on_poll(outcome: ProbeOutcome, elapsed: float) -> None:
-                self.reporter.status(f"{name}: {outcome.detail} ({elapsed:.0f}/{timeout:g} s)")
-
-            outcome = await wait_for(provider, ctx, timeout=timeout, poll=poll, on_poll=on_poll)
-            record.output = {"ok": outcome.ok, "detail": outcome.detail, "observed": outcome.output}
-            if not outcome.ok:
-                record.status = "failed"
-                record.error = outcome.detail
-        mark = "held" if outcome.ok else "did NOT hold"
-        self.reporter.event(f"  {name}: {mark}: {outcome.detail}")
-        return outcome
-
-    def _probe_context(self) -> ProbeContext:
-        assert self._job is not None
-        return ProbeContext(
-            job=self._job,
+    def _probe_checker(
+        self, services: _Services, faults: FaultTracker, job: JobRef
+    ) -> ProbeChecker:
+        base = ProbeContext(
+            job=job,
             jobs=self.target.jobs,
-            prometheus=self._prometheus,
-            variables=self._variables(),
-            since=self._last_fault_at,
+            prometheus=services.prometheus,
+            variables=job_variables(self.experiment.job, job),
             agents=self.target.agents,
-            session=self._session,
+            session=services.session,
         )
-
-    def _variables(self) -> dict[str, str]:
-        assert self._job is not None
-        spec = self.experiment.job
-        return {
-            "job": self._job.name,
-            "steps": str(spec.steps),
-            "checkpoint_every": str(spec.checkpoint_every),
-            "world_size": str(self._job.world_size),
-        }
+        return ProbeChecker(self._ctx, base=base, faults=faults)
 
 
 def run_experiment(runner: Runner) -> ExperimentRun:

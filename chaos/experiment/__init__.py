@@ -1,1 +1,3 @@
-"""chaos/experiment."""
+"""The experiment language: :mod:`.model` (the typed experiment), :mod:`.providers` (probe
+providers and tolerances), :mod:`.loader` (YAML to model, every problem with its field path and
+line), :mod:`.semantics` (checks that span fields), :mod:`.selection` (targets, blast radius)."""

@@ -1,7 +1,8 @@
 """Load an experiment file: YAML -> :class:`~stormwatch.chaos.experiment.model.Experiment`, or every problem.
 
-Every problem is reported at once, each with the file, the field path in the
-file (``method[0].fault.rank``) and what is allowed, as an
+Every problem is reported at once (pydantic's, translated to the file's field paths
+here, then the checks that span fields, :mod:`.semantics`), each with the file, the
+field path in the file (``method[0].fault.rank``) and what is allowed, as an
 :class:`~stormwatch.chaos.errors.InvalidExperiment` (a ``ConfigError``: the CLI
 exits 2). Nothing else happens before an experiment is valid.
 """
@@ -13,32 +14,13 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import promql_parser
 import pydantic
 import yaml
 from pydantic import BaseModel
 
 from stormwatch.chaos.errors import InvalidExperiment, Issue
-from stormwatch.chaos.experiment.model import (
-    PLACEHOLDERS,
-    ActionActivity,
-    Experiment,
-    HttpProvider,
-    ProbeActivity,
-    PrometheusProvider,
-    Provider,
-    UntilActivity,
-    placeholders_in,
-)
-from stormwatch.chaos.experiment.model import expand as fill_placeholders
-from stormwatch.chaos.experiment.selection import (
-    SelectionError,
-    Shape,
-    blast_radius_problem,
-    expand,
-    static_shape,
-)
-from stormwatch.chaos.faults.specs import target_rank
+from stormwatch.chaos.experiment.model import Experiment
+from stormwatch.chaos.experiment.semantics import semantic_issues
 
 #: Largest experiment file accepted (bytes); real ones are a few KiB.
 MAX_EXPERIMENT_BYTES = 1024 * 1024
@@ -177,136 +159,6 @@ def _index_lines(node: yaml.Node | None, path: str, out: dict[str, int]) -> None
             child = _join(path, index)
             out.setdefault(child, item.start_mark.line + 1)
             _index_lines(item, child, out)
-
-
-def semantic_issues(experiment: Experiment) -> list[Issue]:
-    """Problems that span fields (names unique, faults while the job runs, placeholders known)."""
-    issues: list[Issue] = []
-    seen: dict[str, str] = {}
-    activities = [("method", a) for a in experiment.method]
-    activities += [("rollbacks", a) for a in experiment.rollbacks]
-    counters = {"method": 0, "rollbacks": 0}
-    for section, activity in activities:
-        path = f"{section}[{counters[section]}]"
-        counters[section] += 1
-        if activity.name in seen:
-            issues.append(
-                Issue(
-                    f"{path}.name",
-                    f"duplicate activity name {activity.name!r} "
-                    f"(already used by {seen[activity.name]}); names must be unique",
-                )
-            )
-        seen.setdefault(activity.name, path)
-        when = activity.when if isinstance(activity, ActionActivity) else None
-        if when is not None and when.step >= experiment.job.steps:
-            issues.append(
-                Issue(
-                    f"{path}.when.step",
-                    f"must be < job.steps ({experiment.job.steps}) so the fault lands while "
-                    f"the job runs (got {when.step})",
-                )
-            )
-        world = experiment.job.fixed_world_size
-        rank = target_rank(activity.fault) if isinstance(activity, ActionActivity) else None
-        if (
-            isinstance(activity, ActionActivity)
-            and activity.target is None
-            and world is not None
-            and rank is not None
-            and rank >= world
-        ):
-            issues.append(
-                Issue(
-                    f"{path}.fault.rank",
-                    f"rank {rank} is out of range: the job has "
-                    f"{world} ranks ({_world_source(experiment)}), so use 0-{world - 1}",
-                )
-            )
-        if isinstance(activity, ActionActivity):
-            issues.extend(_selection_issues(path, activity, experiment))
-        if isinstance(activity, ProbeActivity):
-            issues.extend(_provider_issues(f"{path}.provider", activity.provider))
-        if isinstance(activity, UntilActivity):
-            issues.extend(_query_issues(f"{path}.query", activity.query))
-    job = experiment.job
-    if (
-        job.world_size is not None
-        and job.nodes is not None
-        and job.nproc_per_node is not None
-        and job.world_size != job.nodes * job.nproc_per_node
-    ):
-        issues.append(
-            Issue(
-                "job.world_size",
-                f"{job.world_size} != job.nodes * job.nproc_per_node "
-                f"({job.nodes} * {job.nproc_per_node}); give one or make them agree",
-            )
-        )
-    for i, guard in enumerate(experiment.safeguards):
-        issues.extend(_provider_issues(f"safeguards[{i}].provider", guard.provider))
-    shape = static_shape(experiment)
-    if shape is not None:
-        try:
-            problem = blast_radius_problem(experiment, shape)
-        except SelectionError:
-            problem = None  # reported per action above
-        if problem is not None:
-            issues.append(Issue("blast_radius.max_fraction_of_ranks", problem))
-    probe_names: set[str] = set()
-    for i, probe in enumerate(experiment.steady_state_hypothesis.probes):
-        path = f"steady_state_hypothesis.probes[{i}]"
-        if probe.name in probe_names:
-            issues.append(Issue(f"{path}.name", f"duplicate probe name {probe.name!r}"))
-        probe_names.add(probe.name)
-        if len(set(probe.phases)) != len(probe.phases):
-            issues.append(Issue(f"{path}.phases", "list each phase once (before, after)"))
-        issues.extend(_provider_issues(f"{path}.provider", probe.provider))
-    return issues
-
-
-def _world_source(experiment: Experiment) -> str:
-    job = experiment.job
-    if job.world_size is not None:
-        return "job.world_size"
-    return f"job.nodes * job.nproc_per_node = {job.nodes} * {job.nproc_per_node}"
-
-
-def _selection_issues(path: str, action: ActionActivity, experiment: Experiment) -> list[Issue]:
-    """A target selector must fit the fault kind, and the job's shape when the file fixes it."""
-    shape = static_shape(experiment)
-    if action.target is None and shape is None:
-        return []
-    try:
-        expand(action, shape or Shape.generic(1, 1))
-    except SelectionError as exc:
-        if shape is None and "takes no 'target'" not in str(exc):
-            return []  # the shape is known only at run time; checked then
-        return [Issue(f"{path}.target" if action.target else f"{path}.fault", str(exc))]
-    return []
-
-
-def _query_issues(path: str, query: str, *, promql: bool = True) -> list[Issue]:
-    """Unknown ``${placeholders}``; with ``promql``, a query Prometheus would reject (parsed
-    by promql-parser, the placeholders standing in as ``1``), so a typo fails before any fault."""
-    unknown = sorted({n for n in placeholders_in(query) if n not in PLACEHOLDERS})
-    if unknown:
-        allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
-        return [Issue(path, f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
-    if promql:
-        try:
-            promql_parser.parse(fill_placeholders(query, dict.fromkeys(PLACEHOLDERS, "1")))
-        except ValueError as exc:
-            return [Issue(path, f"not valid PromQL: {exc}; fix the query (got {query!r})")]
-    return []
-
-
-def _provider_issues(path: str, provider: Provider) -> list[Issue]:
-    if isinstance(provider, PrometheusProvider):
-        return _query_issues(f"{path}.query", provider.query)
-    if isinstance(provider, HttpProvider):
-        return _query_issues(f"{path}.url", provider.url, promql=False)
-    return []
 
 
 # --- pydantic error -> Issue -------------------------------------------------------------------
@@ -450,4 +302,4 @@ def _yaml_message(exc: yaml.YAMLError) -> str:
     return str(exc).replace("\n", " ")
 
 
-__all__ = ["MAX_EXPERIMENT_BYTES", "load_experiment", "parse_experiment", "semantic_issues"]
+__all__ = ["MAX_EXPERIMENT_BYTES", "load_experiment", "parse_experiment"]

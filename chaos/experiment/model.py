@@ -243,6 +243,8 @@ MethodActivity = Annotated[
 RollbackActivity = Annotated[
     RevertActivity | ProbeActivity | PauseActivity, Field(discriminator="type")
 ]
+#: When rollbacks run (chaostoolkit's runtime strategies; see the module docstring).
+RollbackStrategy = Literal["always", "default", "deviated", "never"]
 
 
 class JobSection(_Model):
@@ -354,7 +356,7 @@ class Experiment(_Model):
     steady_state_hypothesis: SteadyStateHypothesis
     method: list[MethodActivity] = Field(min_length=1)
     rollbacks: list[RollbackActivity] = Field(default_factory=list)
-    rollback_strategy: Literal["always", "default", "deviated", "never"] = "always"
+    rollback_strategy: RollbackStrategy = "always"
     expect: Expectations = Field(default_factory=Expectations)
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
     safeguards: list[Safeguard] = Field(default_factory=list)
@@ -399,6 +401,7 @@ __all__ = [
     "RanksProvider",
     "RevertActivity",
     "RollbackActivity",
+    "RollbackStrategy",
     "Safeguard",
     "SteadyStateHypothesis",
     "SteadyStateProbe",

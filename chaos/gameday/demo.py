@@ -30,8 +30,9 @@ from rich.table import Table
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, ExperimentRun, Runner, run_experiment
-from stormwatch.chaos.experiment.loader import load_experiment, semantic_issues
+from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
+from stormwatch.chaos.experiment.semantics import semantic_issues
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
