@@ -7,7 +7,8 @@ stages and sharded with tensor parallelism and FSDP2 (or HSDP) over a
 DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
 instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
 
-Modules, one responsibility each: ``config`` (frozen configs), ``dims``
+Modules, one responsibility each: ``config`` (frozen configs; every option of
+``stormwatch train`` is declared on the field it sets), ``dims``
 (:class:`ParallelDims`, the mesh), ``parallel`` (:func:`parallelize`),
 ``pipeline`` (stage split and schedule),
 ``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
