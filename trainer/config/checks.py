@@ -7,6 +7,8 @@ user typed where it differs from the field (``checkpoint_every`` for
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stormwatch.errors import ConfigError
 
 
@@ -33,4 +35,14 @@ def check_positive_int(value: int, name: str) -> None:
     )
 
 
-__all__ = ["check", "check_positive_int"]
+def check_folder(path: Path | None, name: str) -> None:
+    """``path``, when given and present, is a folder (a missing one is created at start-up).
+
+    Raises:
+        ConfigError: it exists and is not a folder.
+    """
+    if path is not None and path.exists():
+        check(path.is_dir(), name, f"{path} exists and is not a directory")
+
+
+__all__ = ["check", "check_folder", "check_positive_int"]

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stormwatch.trainer.config.checks import check
+from stormwatch.trainer.config.checks import check, check_folder
 from stormwatch.trainer.config.options import option
 
 #: Default of ``--log-every``: a line every 10 steps (and at the last step).
@@ -67,10 +67,8 @@ class TelemetryConfig:
                 "peak_flops",
                 f"must be a finite number of FLOP/s > 0, e.g. 989e12 (got {self.peak_flops!r})",
             )
-        for name in ("log_dir", "metrics_dir"):
-            path = getattr(self, name)
-            if path is not None and path.exists():
-                check(path.is_dir(), name, f"{path} exists and is not a directory")
+        check_folder(self.log_dir, "log_dir")
+        check_folder(self.metrics_dir, "metrics_dir")
 
 
 @dataclass(frozen=True, kw_only=True)

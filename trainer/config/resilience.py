@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stormwatch.trainer.config.checks import check, check_positive_int
+from stormwatch.trainer.config.checks import check, check_folder, check_positive_int
 from stormwatch.trainer.config.options import option
 from stormwatch.trainer.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
 
@@ -72,12 +72,7 @@ class CheckpointConfig:
             "checkpoint_failures_allowed",
             f"must be an integer >= 0 (got {self.failures_allowed!r})",
         )
-        if self.directory is not None and self.directory.exists():
-            check(
-                self.directory.is_dir(),
-                "checkpoint_dir",
-                f"{self.directory} exists and is not a directory",
-            )
+        check_folder(self.directory, "checkpoint_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,12 +93,7 @@ class ControlConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.directory is not None and self.directory.exists():
-            check(
-                self.directory.is_dir(),
-                "control_dir",
-                f"{self.directory} exists and is not a directory",
-            )
+        check_folder(self.directory, "control_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
