@@ -10,18 +10,7 @@ import click
 import pytest
 
 from stormwatch.trainer import cli
-from stormwatch.trainer.config import (
-    CheckpointConfig,
-    ControlConfig,
-    DataConfig,
-    DebugConfig,
-    ModelConfig,
-    OptimConfig,
-    ProgressConfig,
-    TelemetryConfig,
-    TracingConfig,
-    TrainConfig,
-)
+from stormwatch.trainer.config import ProgressConfig, TrainConfig
 from stormwatch.trainer.config.options import (
     FIELD_DEFAULT,
     click_options,
@@ -30,18 +19,19 @@ from stormwatch.trainer.config.options import (
     option,
 )
 
-CONFIGS = (
-    TrainConfig,
-    ModelConfig,
-    DataConfig,
-    OptimConfig,
-    CheckpointConfig,
-    TelemetryConfig,
-    ControlConfig,
-    DebugConfig,
-    TracingConfig,
-    ProgressConfig,
-)
+
+def _with_nested(config: type) -> list[type]:
+    """``config`` and the config classes of its fields, recursively (``TrainConfig.model`` ...)."""
+    hints = typing.get_type_hints(config)
+    nested = [hints[f.name] for f in dataclasses.fields(config)]
+    return [
+        config,
+        *(c for kind in nested if dataclasses.is_dataclass(kind) for c in _with_nested(kind)),
+    ]
+
+
+#: What ``stormwatch train`` derives its options from.
+CONFIGS = (*_with_nested(TrainConfig), ProgressConfig)
 #: Fields no flag sets, each for a stated reason (see the configs' docstrings).
 WITHOUT_OPTION = {
     "ModelConfig.d_ff",  # 0: 4 x d_model
