@@ -287,26 +287,17 @@ def worker(work: Path) -> int:
         started = time.monotonic()
         train(config, dataclasses.replace(env, attempt=ATTEMPT_BASE + index), progress=recorder)
         KERNELS.uninstall()  # the next trial may be bare: no kernel on the c10d ops
-        result: dict[str, Any] = {
-            "rep": rep,
-            "variant": variant,
-            "wall": recorder.wall,
-            "cpu": recorder.cpu,
-        }
-        if metrics_dir is not None and recorder.at_warm is not None:
-            compute, wait, calls = _counters(metrics_dir, env.rank)
-            result["compute_seconds"] = compute - recorder.at_warm[0]
-            result["wait_seconds"] = wait - recorder.at_warm[1]
-            # counted while each step runs, before progress.step: the steps timed in ``wall``
-            result["collectives_per_step"] = (calls - recorder.at_warm[2]) / max(
-                len(recorder.wall), 1
-            )
-        if variant.startswith("ckpt-"):
-            spans = trial_dir / "spans" / f"rank{env.rank}.jsonl"
-            result["spans"] = _span_seconds(spans, plan.ckpt_steps, plan.ckpt_every)
-            result["checkpoints"] = (plan.ckpt_steps // plan.ckpt_every) - 2
-            if env.rank == 0:
-                result["checkpoint_bytes"] = _checkpoint_bytes(trial_dir / "ckpt")
+        result = _trial_result(
+            plan,
+            rep,
+            variant,
+            rank=env.rank,
+            wall=recorder.wall,
+            cpu=recorder.cpu,
+            at_warm=recorder.at_warm,
+            metrics_dir=metrics_dir,
+            trial_dir=trial_dir,
+        )
         results.append(result)
         if env.rank == 0:
             median = statistics.median(recorder.wall) * 1000 if recorder.wall else 0.0
@@ -318,6 +309,35 @@ def worker(work: Path) -> int:
             )
     (work / f"rank{env.rank}.json").write_text(json.dumps(results))
     return 0
+
+
+def _trial_result(
+    plan: Plan,
+    rep: int,
+    variant: str,
+    *,
+    rank: int,
+    wall: list[float],
+    cpu: list[float],
+    at_warm: tuple[float, float, float] | None,
+    metrics_dir: Path | None,
+    trial_dir: Path,
+) -> dict[str, Any]:
+    """One trial's figures on this rank: step times, counters after warm-up, checkpoint spans."""
+    result: dict[str, Any] = {"rep": rep, "variant": variant, "wall": wall, "cpu": cpu}
+    if metrics_dir is not None and at_warm is not None:
+        compute, wait, calls = _counters(metrics_dir, rank)
+        result["compute_seconds"] = compute - at_warm[0]
+        result["wait_seconds"] = wait - at_warm[1]
+        # counted while each step runs, before progress.step: the steps timed in ``wall``
+        result["collectives_per_step"] = (calls - at_warm[2]) / max(len(wall), 1)
+    if variant.startswith("ckpt-"):
+        spans = trial_dir / "spans" / f"rank{rank}.jsonl"
+        result["spans"] = _span_seconds(spans, plan.ckpt_steps, plan.ckpt_every)
+        result["checkpoints"] = (plan.ckpt_steps // plan.ckpt_every) - 2
+        if rank == 0:
+            result["checkpoint_bytes"] = _checkpoint_bytes(trial_dir / "ckpt")
+    return result
 
 
 # --------------------------------------------------------------------------- parent side
@@ -478,9 +498,20 @@ def machine() -> dict[str, str]:
     }
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
 def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
     """Print the table (rich) and the notes under it."""
     from rich.console import Console
+
+    Console(width=170).print(_table(plan, figures))
+    _print_notes(plan, figures, host)
+
+
+def _table(plan: Plan, figures: dict[str, Any]) -> Any:
+    """The figures as a rich table: step-time ratios, checkpoint blocking, exposed communication."""
     from rich.table import Table
 
     def spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -488,9 +519,6 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
 
     def verdict(value: float, limit: float) -> str:
         return f"<= {limit}" + (" OK" if value <= limit else " MISSED")
-
-    def ms(seconds: float) -> str:
-        return f"{seconds * 1000:.1f} ms"
 
     wall, cpu = figures["wall_seconds"], figures["cpu_seconds"]
     table = Table(
@@ -511,8 +539,8 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
             )
         table.add_row(
             label,
-            ms(source["bare"]),
-            ms(source[variant]),
+            _ms(source["bare"]),
+            _ms(source[variant]),
             f"{ratio:.3f}",
             spread(values),
             verdict(ratio, 1.02) if target == "1.02" else target,
@@ -537,8 +565,8 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
     table.add_row(
         f"checkpoint: loop blocked per save, async / sync "
         f"({figures['checkpoint_bytes'] / 2**20:.1f} MiB each)",
-        ms(_median(figures["ckpt_sync_seconds"])),
-        ms(_median(figures["ckpt_async_seconds"])),
+        _ms(_median(figures["ckpt_sync_seconds"])),
+        _ms(_median(figures["ckpt_async_seconds"])),
         f"{ratio:.3f}",
         spread(figures["ckpt_ratio"]),
         verdict(ratio, 0.1),
@@ -552,7 +580,13 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
         spread([f * 100 for f in by_rank], "{:.1f}") + " % by rank",
         "(reported)",
     )
-    Console(width=170).print(table)
+    return table
+
+
+def _print_notes(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
+    """The notes under the table: direct timings, checkpoint spans, the machine."""
+    wall = figures["wall_seconds"]
+
     cost = figures["channel_cost"]
     counting = figures["counter_cost"]
     print(
@@ -571,8 +605,8 @@ def report(plan: Plan, figures: dict[str, Any], host: dict[str, str]) -> None:
         f"{parts['ckpt-sync/checkpoint_save'] * 1000:.1f}; async save (staging, agreeing) "
         f"{parts['ckpt-async/checkpoint_save'] * 1000:.1f} + commit (marker, checksums, rename) "
         f"{parts['ckpt-async/checkpoint_commit'] * 1000:.1f}. Step wall time while "
-        f"checkpointing every {plan.ckpt_every}: sync {ms(wall['ckpt-sync'])}, "
-        f"async {ms(wall['ckpt-async'])} (writes overlap training)"
+        f"checkpointing every {plan.ckpt_every}: sync {_ms(wall['ckpt-sync'])}, "
+        f"async {_ms(wall['ckpt-async'])} (writes overlap training)"
     )
     print(
         f"machine: {host['cpu']}; torch {host['torch']}, Python {host['python']}; "

@@ -21,7 +21,8 @@ norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
 ``dump`` (post-mortem dumps with the flight recorder), ``runtime`` (rank
 environment, process group, collective timeout), ``faults`` (test-only
 fault points), ``paths`` (start-up check that output folders are writable),
-``progress`` (rank 0's progress lines on stderr), ``loop`` (the loop),
+``progress`` (rank 0's progress lines on stderr), ``loop`` (a rank's set-up and
+life), ``steps`` (its optimizer steps), ``passes`` (a step's forward and backward),
 ``cli`` (``stormwatch train``).
 
 Exceptions::
