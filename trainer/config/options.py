@@ -106,35 +106,15 @@ class Option:
         return f"{self.help} [{'; '.join(notes)}]" if notes else self.help
 
 
-def option(
-    *flags: str,
-    help: str,
-    default: Any = dataclasses.MISSING,
-    envvar: str | None = None,
-    default_text: str | None = None,
-    metavar: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    bounds: tuple[float, float] | None = None,
-    cli_default: Any = FIELD_DEFAULT,
-    auto: bool = False,
-    default_under: tuple[str, str] | None = None,
-) -> Any:
-    """A dataclass field set by the flags ``flags`` (see :class:`Option` for the rest).
+def option(*flags: str, default: Any = dataclasses.MISSING, **declaration: Any) -> Any:
+    """A dataclass field set by the flags ``flags``; ``declaration``: the rest of its :class:`Option`.
 
     Use as ``lr: float = option("--lr", default=3e-3, help="AdamW learning rate.")``.
+
+    Raises:
+        TypeError: a keyword that :class:`Option` does not have (a declaration mistake).
     """
-    declared = Option(
-        flags=flags,
-        help=help,
-        envvar=envvar,
-        default_text=default_text,
-        metavar=metavar,
-        choices=choices,
-        bounds=bounds,
-        cli_default=cli_default,
-        auto=auto,
-        default_under=default_under,
-    )
+    declared = Option(flags=flags, **declaration)
     return dataclasses.field(default=default, metadata={OPTION_KEY: declared})
 
 
