@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stormwatch.errors import ConfigError
+from stormwatch.trainer.config import SEED_LIMIT
 
 #: Host offset of node 0 inside the subnet (10.213.0.10); node i gets offset + i.
 NODE_HOST_OFFSET = 10
@@ -183,7 +184,8 @@ class JobSpec(_Frozen):
         name: job name; also the torchrun rendezvous id and the folder under ``jobs/``.
         steps: optimizer steps to train.
         checkpoint_every: steps between checkpoints (0: never).
-        seed: random seed passed to the trainer, in [0, 2**63) (the trainer's range).
+        seed: random seed passed to the trainer, in [0, 2**63) (the trainer's range,
+            :data:`~stormwatch.trainer.config.SEED_LIMIT`).
         step_delay: extra seconds each step sleeps (slows a job down for chaos tests).
         max_restarts: torchrun ``--max-restarts`` (worker-group restarts before failing).
         env: extra environment for the workers (added after the lab's own variables).
@@ -203,7 +205,7 @@ class JobSpec(_Frozen):
     name: str
     steps: int = Field(default=60, ge=1)
     checkpoint_every: int = Field(default=10, ge=0)
-    seed: int = Field(default=0, ge=0, lt=2**63)
+    seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
     step_delay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     max_restarts: int = Field(default=3, ge=0, le=100)
     env: dict[str, str] = Field(default_factory=dict)

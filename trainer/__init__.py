@@ -7,21 +7,24 @@ stages and sharded with tensor parallelism and FSDP2 (or HSDP) over a
 DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
 instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
 
-Modules, one responsibility each: ``config`` (frozen configs), ``dims``
-(:class:`ParallelDims`, the mesh), ``parallel`` (:func:`parallelize`),
-``pipeline`` (stage split and schedule),
-``model``, ``corpus``, ``data`` (deterministic batches), ``checkpoint`` and
-``checkpoint_store`` (DCP sync/async + crash-safe layout with checksums),
-``comms`` (collective counter, mesh-dimension labels, wait accounting),
-``collective_ops`` (Python kernels on the ``c10d`` collective ops only),
-``perf`` (nccl-tests bandwidths, MFU, peak FLOP/s), ``instrument`` (grad
-norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
-(OpenTelemetry spans), ``control`` (chaos fault points armed per rank),
-``dump`` (post-mortem dumps with the flight recorder), ``runtime`` (rank
-environment, process group, collective timeout), ``faults`` (test-only
-fault points), ``paths`` (start-up check that output folders are writable),
-``progress`` (rank 0's progress lines on stderr), ``loop`` (the loop),
-``cli`` (``stormwatch train``).
+Modules, one responsibility each: ``config/`` (frozen configs; every option of
+``stormwatch train`` is declared on the field it sets), ``parallel/`` (``dims``:
+:class:`ParallelDims`, the mesh; ``apply``: :func:`parallelize`; ``pipeline``:
+stage split and schedule), ``model``, ``data/`` (``corpus``; ``batches``:
+deterministic batches), ``checkpoint/`` (``checkpointer``: DCP sync/async save
+and resume; ``state``: what a checkpoint holds; ``store``: crash-safe layout with
+checksums; ``budget``: failed saves a job trains through; ``cadence``: when the
+loop saves), ``telemetry/`` (``comms``: collective counter, mesh-dimension
+labels, wait accounting; ``collective_ops``: Python kernels on the ``c10d``
+collective ops only; ``perf``: nccl-tests bandwidths, MFU, peak FLOP/s;
+``instrument``: grad norm, memory, FLOPs; ``metrics``, ``events``, ``rank``;
+``tracing``: OpenTelemetry spans; ``dump``: post-mortem dumps with the flight
+recorder), ``control`` (chaos fault points armed per rank), ``runtime`` (rank
+environment, process group, collective timeout), ``faults`` (test-only fault
+points), ``paths`` (start-up check that output folders are writable),
+``progress`` (rank 0's progress lines on stderr), ``loop`` (a rank's set-up and
+life), ``steps`` (its optimizer steps), ``passes`` (a step's forward and
+backward), ``cli`` (``stormwatch train``).
 
 Exceptions::
 

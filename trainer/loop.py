@@ -11,8 +11,8 @@ Order of operations (each rank, collectively):
 4. the CPU RNG re-seeded per data-parallel rank (dropout); ranks of one TP
    group share the stream, so their dropout masks agree;
 5. resume from the latest complete checkpoint (restores step, sampler, RNG);
-6. steps: forward, backward (with PP: the pipeline schedule, micro-batches
-   sent between stages), the global gradient norm over every stage (one
+6. steps (:mod:`stormwatch.trainer.steps`): forward, backward (with PP: the
+   pipeline schedule, micro-batches sent between stages), the global gradient norm over every stage (one
    world all-reduce, not counted with the step's collectives), optimizer
    step, all-reduce of the loss over the data-parallel dimensions, and over
    ``pp`` from the last stage (the logged loss is the global mean, identical
@@ -32,38 +32,35 @@ import functools
 import logging
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.fsdp import FSDPModule
 
 from stormwatch.trainer.checkpoint.budget import FailureBudget
-from stormwatch.trainer.checkpoint.checkpointer import Checkpointer, RankLayout, TrainState
-from stormwatch.trainer.config import VOCAB_SIZE, TrainConfig
-from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError, control_path
+from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
+from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
+from stormwatch.trainer.checkpoint.state import RankLayout, TrainState
+from stormwatch.trainer.config import TrainConfig
+from stormwatch.trainer.control import ControlChannel, control_path
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
 from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.parallel.apply import parallelize
+from stormwatch.trainer.parallel.apply import Parallelized, parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
+from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv, distributed
+from stormwatch.trainer.steps import StepLoop, StepReport, before_backward
 from stormwatch.trainer.telemetry.comms import CollectiveCounter
 from stormwatch.trainer.telemetry.dump import RankDumper
 from stormwatch.trainer.telemetry.instrument import (
-    device_name,
-    global_grad_norm,
-    memory_bytes,
     model_flops_per_token,
 )
-from stormwatch.trainer.telemetry.perf import mfu, peak_flops
 from stormwatch.trainer.telemetry.rank import RankTelemetry
 from stormwatch.trainer.telemetry.tracing import RankTracing
 
@@ -168,27 +165,6 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
-    """FSDP2: reduce-scatter gradients in this backward (``sync``) or keep accumulating
-    them unsharded (``FSDPModule.set_requires_gradient_sync``); no-op for other modules."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)
-
-
-def _global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
-    """The step's loss averaged over the data-parallel ranks, the same on every rank; collective.
-
-    Summed over ``dp_shard`` (then ``dp_replicate``) and divided by ``dp``;
-    with PP only the last stage holds a loss (the others a zero), so a sum
-    over ``pp`` hands it to every stage.
-    """
-    total = local_loss.detach().clone()
-    for name in ("dp_shard", "dp_replicate", "pp"):
-        if name == "dp_shard" or dict(dims.degrees)[name] > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dims[name].get_group())
-    return float((total / dims.dp).item())
-
-
 def _close_tracing(tracing: RankTracing, telemetry: RankTelemetry) -> None:
     dropped = tracing.close()
     if dropped:
@@ -204,18 +180,6 @@ def _save_failed(telemetry: RankTelemetry, step: int, error: str) -> None:
     telemetry.checkpoint_failed(step=step, error=error)
 
 
-def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
-    try:
-        return control.poll()
-    except ControlFileError as exc:  # a bad file arms nothing; training goes on
-        telemetry.on_error("control", exc)
-        return control.armed
-
-
-def _fired(telemetry: RankTelemetry, step: int, point: str) -> None:
-    telemetry.fault(point=point, step=step)
-
-
 def _run(
     config: TrainConfig,
     env: RankEnv,
@@ -227,16 +191,149 @@ def _run(
     tracing: RankTracing,
     progress: ConsoleProgress | None,
 ) -> TrainResult:
+    """Steps 1-7 of the module docstring, once the process group exists."""
     dims.build_mesh(device_type)
     dp_rank = dims.dp_rank(env.rank)  # over dp_replicate x dp_shard
     device = (
         torch.device(device_type, env.local_rank) if device_type == "cuda" else torch.device("cpu")
     )
-    seed = config.data.seed
-
     corpus = load_stdlib_corpus(config.data.corpus_max_bytes)
     sampler = BatchSampler(corpus, config=config.data, dp=dims.dp, dp_rank=dp_rank)
+    built = _build_model(config, dims, device, sampler, dp_rank=dp_rank)
+    budget = FailureBudget(
+        config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
+    )
+    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, telemetry, fault)
+    with tracing.span("checkpoint_load"):
+        resumed = checkpointer.load_latest()
+    _announce_start(config, env, dims, telemetry, progress, resumed, checkpointer, sampler)
+    counter = CollectiveCounter(
+        telemetry,
+        groups=dims.group_names(),
+        observer=telemetry,
+        enabled=config.telemetry.count_collectives,  # False: benchmarks/trainer_bench.py's baseline
+    )
+    dumper.recent = counter.recent
+    control = ControlChannel(
+        None
+        if config.control.directory is None
+        else control_path(config.control.directory, env.rank),
+    )
+    steps = StepLoop(
+        config,
+        env,
+        dims,
+        device=device,
+        sampler=sampler,
+        model=built.parallel.model,
+        optimizer=built.optimizer,
+        passes=ForwardBackward(
+            built.parallel.model,
+            built.parallel.pipeline,
+            device=device,
+            accumulation=sampler.accumulation_steps,
+            tracing=tracing,
+            before_backward=functools.partial(before_backward, fault, control),
+        ),
+        counter=counter,
+        control=control,
+        checkpointer=checkpointer,
+        cadence=CheckpointCadence(checkpointer, budget, tracing),
+        report=StepReport(
+            config,
+            dims,
+            device_type=device_type,
+            flops_per_token=built.flops_per_token,
+            accumulation=sampler.accumulation_steps,
+            telemetry=telemetry,
+            progress=progress,
+        ),
+        telemetry=telemetry,
+        tracing=tracing,
+        fault=fault,
+    )
+    last_step, final_loss = steps.run(resumed or 0, dumper)
+    _finish(config, telemetry, progress, last_step)
+    return TrainResult(last_step=last_step, resumed_from_step=resumed, final_loss=final_loss)
 
+
+def _finish(
+    config: TrainConfig,
+    telemetry: RankTelemetry,
+    progress: ConsoleProgress | None,
+    last_step: int,
+) -> None:
+    """Leave together, then the ``done`` record (and marker) and the final progress line."""
+    # Leave together: with the store on rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    # an early exit of rank 0 would break the others' teardown.
+    dist.barrier()
+    telemetry.done(step=last_step)
+    if progress is not None:
+        progress.done(
+            last_step=last_step,
+            checkpoint_dir=config.checkpoint.directory,
+            log_dir=config.telemetry.log_dir,
+            metrics_dir=config.telemetry.metrics_dir,
+        )
+
+
+def _checkpointer(
+    config: TrainConfig,
+    env: RankEnv,
+    dims: ParallelDims,
+    built: _Built,
+    sampler: BatchSampler,
+    budget: FailureBudget,
+    telemetry: RankTelemetry,
+    fault: FaultPoint | None,
+) -> Checkpointer:
+    """The checkpointer of this rank's training state; a commit is recorded and resets ``budget``."""
+    return Checkpointer(
+        config.checkpoint,
+        state=TrainState(
+            model=built.parallel.model,
+            optimizer=built.optimizer,
+            sampler=sampler,
+            seed=config.data.seed,
+        ),
+        on_commit=functools.partial(_committed, telemetry, budget),
+        fault_hook=None if fault is None else fault.checkpoint_phase,
+        layout=RankLayout(
+            rank=env.rank,
+            world_size=env.world_size,
+            dp=dims.dp,
+            tp=dims.tp,
+            dp_rank=dims.dp_rank(env.rank),
+            attempt=env.attempt,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _Built:
+    """The model side of a run, as :func:`_build_model` sets it up.
+
+    Attributes:
+        parallel: this rank's parallelized model (its pipeline stage with PP).
+        optimizer: AdamW over this rank's parameters.
+        flops_per_token: of the whole, unsharded model (for MFU).
+    """
+
+    parallel: Parallelized
+    optimizer: torch.optim.Optimizer
+    flops_per_token: float
+
+
+def _build_model(
+    config: TrainConfig,
+    dims: ParallelDims,
+    device: torch.device,
+    sampler: BatchSampler,
+    *,
+    dp_rank: int,
+) -> _Built:
+    """The model under a fixed seed (the same weights on every rank), parallelized, its AdamW."""
+    seed = config.data.seed
     torch.manual_seed(derive_seed("init", seed))  # same weights on every rank
     unsharded = ByteLM(config.model).to(device)
     flops_per_token = model_flops_per_token(unsharded, seq_len=config.data.seq_len)
@@ -249,33 +346,27 @@ def _run(
         pp_microbatches=config.microbatches,
         accumulation_steps=sampler.accumulation_steps,
     )
-    model = parallel.model
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
+        parallel.model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
     )
     # Dropout is re-seeded before each micro-batch (MicroBatch.dropout_seed: a function of
     # seed, step and micro-batch index, not of dp); this only covers what runs before.
     torch.manual_seed(derive_seed("dropout", seed, dp_rank))  # seeds CUDA too
+    return _Built(parallel=parallel, optimizer=optimizer, flops_per_token=flops_per_token)
 
-    budget = FailureBudget(
-        config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
-    )
-    checkpointer = Checkpointer(
-        config.checkpoint,
-        state=TrainState(model=model, optimizer=optimizer, sampler=sampler, seed=seed),
-        on_commit=functools.partial(_committed, telemetry, budget),
-        fault_hook=None if fault is None else fault.checkpoint_phase,
-        layout=RankLayout(
-            rank=env.rank,
-            world_size=env.world_size,
-            dp=dims.dp,
-            tp=dims.tp,
-            dp_rank=dp_rank,
-            attempt=env.attempt,
-        ),
-    )
-    with tracing.span("checkpoint_load"):
-        resumed = checkpointer.load_latest()
+
+def _announce_start(
+    config: TrainConfig,
+    env: RankEnv,
+    dims: ParallelDims,
+    telemetry: RankTelemetry,
+    progress: ConsoleProgress | None,
+    resumed: int | None,
+    checkpointer: Checkpointer,
+    sampler: BatchSampler,
+) -> None:
+    """The start record and line, and the warning when the checkpoint resumed from is
+    already at or past ``config.steps`` (nothing is trained then)."""
     telemetry.start(resumed_from_step=resumed)
     telemetry.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
     log.info("rank %d: training steps %d..%d", env.rank, sampler.next_step, config.steps)
@@ -300,159 +391,6 @@ def _run(
                 steps=config.steps,
                 checkpoint_dir=config.checkpoint.directory,
             )
-
-    counter = CollectiveCounter(
-        telemetry,
-        groups=dims.group_names(),
-        observer=telemetry,
-        enabled=config.telemetry.count_collectives,  # False: benchmarks/trainer_bench.py's baseline
-    )
-    dumper.recent = counter.recent
-    pipeline = parallel.pipeline
-    accumulation = sampler.accumulation_steps  # micro-batches per rank per optimizer step
-    tokens_per_step = config.data.micro_batch * config.data.seq_len * accumulation
-    peak = peak_flops(
-        device_name(device_type),
-        on_gpu=device_type == "cuda",
-        override=config.telemetry.peak_flops,
-    )
-    if peak is None:
-        log.warning(
-            "no peak FLOP/s known for %s: MFU not exported (pass --peak-flops)",
-            device_name(device_type),
-        )
-    control = ControlChannel(
-        None
-        if config.control.directory is None
-        else control_path(config.control.directory, env.rank),
-    )
-    last_save_started: float | None = None
-    last_step = resumed or 0
-    final_loss: float | None = None
-    model.train()
-    while sampler.next_step <= config.steps:
-        dumper.step = sampler.next_step
-        if fault is not None:
-            fault.check(sampler.next_step)
-        armed = _poll(control, telemetry)
-        counter.interceptor = control.before_collective if armed.touches_collectives else None
-        if armed.points:
-            control.on_fire = functools.partial(_fired, telemetry, sampler.next_step)
-        control.check_step(sampler.next_step)
-        with tracing.span("step", step=sampler.next_step):
-            started = time.perf_counter()
-            with counter:
-                # Gradient accumulation (constant global batch, trainer/data/batches.py): FSDP2
-                # reduce-scatters only after the last micro-batch; each loss is scaled by
-                # 1/A so the gradient is that of the mean over the global batch.
-                step, micro_batches = sampler.next_micro_batches()
-                local_loss: torch.Tensor | None = None
-                for j, micro in enumerate(micro_batches):
-                    if accumulation > 1 and pipeline is None:  # PP: the schedule syncs
-                        _set_gradient_sync(model, j == accumulation - 1)
-                    torch.manual_seed(micro.dropout_seed)
-                    if pipeline is not None:  # PP: the schedule runs forward and backward
-                        if j == 0:
-                            if fault is not None:
-                                fault.before_backward()
-                            control.slow_step()
-                        with tracing.span("pipeline", micro_batch=micro.index):
-                            detached = pipeline.forward_backward(
-                                micro.inputs.to(device), micro.targets.to(device)
-                            )
-                        local_loss = detached if local_loss is None else local_loss + detached
-                        continue
-                    with tracing.span("forward", micro_batch=micro.index):
-                        logits = model(micro.inputs.to(device))
-                        loss = F.cross_entropy(
-                            logits.reshape(-1, VOCAB_SIZE), micro.targets.to(device).reshape(-1)
-                        )
-                        if accumulation > 1:  # A == 1: exactly the unscaled loss (bitwise)
-                            loss = loss / accumulation
-                    with tracing.span("backward", micro_batch=micro.index):
-                        if j == 0:
-                            if fault is not None:
-                                fault.before_backward()
-                            control.slow_step()
-                        loss.backward()
-                    detached = loss.detach()
-                    local_loss = detached.clone() if local_loss is None else local_loss + detached
-                assert local_loss is not None
-            norm_started = time.perf_counter()
-            grad_norm, (requests, writes_done) = global_grad_norm(
-                model.parameters(),
-                # Ranks holding a copy of a stage's parameters (each stage's
-                # squared sum is counted once; the all-reduce covers every stage).
-                world_size=env.world_size // dims.pp,
-                device=device,
-                votes=(control.checkpoint_wanted(last_save_started), checkpointer.write_finished()),
-            )
-            norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
-            with counter, tracing.span("optimizer"):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                final_loss = _global_mean_loss(local_loss, dims)
-            seconds = time.perf_counter() - started
-            wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
-            telemetry.step(step=step, loss=final_loss, seconds=seconds, tokens=tokens_per_step)
-            if progress is not None:
-                progress.step(
-                    step=step,
-                    last_step=config.steps,
-                    loss=final_loss,
-                    seconds=seconds,
-                    tokens=tokens_per_step * dims.dp,
-                )
-            telemetry.step_details(
-                compute_seconds=seconds - wait,
-                wait_seconds=wait,
-                grad_norm=grad_norm,
-                mfu=None
-                if peak is None
-                else mfu(
-                    flops_per_token=flops_per_token,
-                    tokens=tokens_per_step,
-                    seconds=seconds,
-                    devices=dims.tp * dims.pp,  # the devices one data-parallel batch runs on
-                    peak=peak,
-                ),
-                peak_flops=peak,
-                memory=memory_bytes(device_type),
-            )
-            last_step = step
-            if writes_done == env.world_size:  # every rank's async write has finished
-                pending = checkpointer.pending_step
-                with tracing.span("checkpoint_commit", step=pending):
-                    budget.run(pending or step, checkpointer.finish)
-            requested = requests > 0  # agreed by every rank (same all-reduce result)
-            if requested and control.armed.checkpoint_requested_at is not None:
-                telemetry.fault(point="checkpoint_now", step=step)
-            if checkpointer.due(step) or step == config.steps or requested:
-                last_save_started = time.time()
-                pending = checkpointer.pending_step
-                if pending is not None:  # async: commit (or count the failure of) the last one
-                    with tracing.span("checkpoint_commit", step=pending):
-                        budget.run(pending, checkpointer.finish)
-                with tracing.span("checkpoint_save", step=step):
-                    budget.run(step, functools.partial(checkpointer.save, step))
-        if config.step_delay > 0:
-            time.sleep(config.step_delay)
-    if checkpointer.pending_step is not None:  # async: commit the last save before "done"
-        pending = checkpointer.pending_step
-        with tracing.span("checkpoint_commit", step=pending):
-            budget.run(pending, checkpointer.finish)
-    # Leave together: with the store on rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
-    # an early exit of rank 0 would break the others' teardown.
-    dist.barrier()
-    telemetry.done(step=last_step)
-    if progress is not None:
-        progress.done(
-            last_step=last_step,
-            checkpoint_dir=config.checkpoint.directory,
-            log_dir=config.telemetry.log_dir,
-            metrics_dir=config.telemetry.metrics_dir,
-        )
-    return TrainResult(last_step=last_step, resumed_from_step=resumed, final_loss=final_loss)
 
 
 __all__ = ["TrainResult", "train"]

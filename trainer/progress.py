@@ -17,10 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from stormwatch.errors import ConfigError
-
-#: Default of ``--log-every``: a line every 10 steps (and at the last step).
-DEFAULT_LOG_EVERY = 10
+from stormwatch.trainer.config import DEFAULT_LOG_EVERY, ProgressConfig
 
 
 class ConsoleProgress:
@@ -38,10 +35,9 @@ class ConsoleProgress:
     def __init__(
         self, *, every: int = DEFAULT_LOG_EVERY, quiet: bool = False, stream: TextIO | None = None
     ) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ConfigError(f"log_every: must be an integer >= 1 (got {every!r})")
-        self.every = every
-        self.quiet = quiet
+        config = ProgressConfig(every=every, quiet=quiet)  # checks every
+        self.every = config.every
+        self.quiet = config.quiet
         self._stream = stream
         self._started = time.monotonic()
         self._first_step: int | None = None
@@ -134,4 +130,4 @@ class ConsoleProgress:
         )
 
 
-__all__ = ["DEFAULT_LOG_EVERY", "ConsoleProgress"]
+__all__ = ["ConsoleProgress"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import types
 
 import pynvml
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from stormwatch.agent import FakeNvml, NvmlUnavailable
 from stormwatch.agent.gpu.backend import NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import NVML_FUNCTIONS
+from stormwatch.agent.gpu.sim.devices import FakeHandle
 
 
 def _driver_present() -> bool:
@@ -102,3 +104,44 @@ def test_auto_backend_uses_the_driver_when_it_answers_else_simulates() -> None:
 def test_nvml_backend_without_driver_is_a_clear_error() -> None:
     with pytest.raises(NvmlUnavailable, match="--gpu-backend sim"), open_backend("nvml"):
         pass
+
+
+#: Parameters that name the device a call is about (the GPU an injected error is for).
+_DEVICE_PARAMETERS = {"handle", "device", "device1", "index"}
+
+
+def _call_on(fake: FakeNvml, name: str, gpu: int) -> None:
+    """Call ``name`` about GPU ``gpu`` (node-wide calls: without one); other arguments are
+    placeholders, since an injected error fires before they are read."""
+    arguments = []
+    for parameter in inspect.signature(getattr(pynvml, name)).parameters:
+        if parameter == "index":
+            arguments.append(gpu)
+        elif parameter in _DEVICE_PARAMETERS or parameter == "device2":
+            arguments.append(FakeHandle(gpu))
+        elif parameter == "metricsGet":
+            arguments.append(types.SimpleNamespace(sample1=None, sample2=None))
+        elif parameter == "fieldIds":
+            arguments.append([])
+        else:
+            arguments.append(0)
+    getattr(fake, name)(*arguments)
+
+
+@pytest.mark.parametrize("name", NVML_FUNCTIONS)
+def test_every_nvml_function_fails_with_an_injected_code_for_the_chosen_device_only(name: str):
+    code = pynvml.NVML_ERROR_CORRUPTED_INFOROM  # no placeholder argument causes this one
+    per_device = bool(_DEVICE_PARAMETERS & set(inspect.signature(getattr(pynvml, name)).parameters))
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    fake.inject_error(name, code, gpu=1 if per_device else None, times=1)
+    calls = fake.calls[name]
+    with pytest.raises(pynvml.NVMLError) as caught:
+        _call_on(fake, name, 1)
+    assert caught.value.value == code
+    assert fake.calls[name] == calls + 1
+    for gpu in (0, 1) if per_device else (1,):  # the other device, then the same one again
+        try:
+            _call_on(fake, name, gpu)
+        except pynvml.NVMLError as exc:  # a placeholder argument may be refused
+            assert exc.value != code, (name, gpu)

@@ -1,16 +1,7 @@
 """Distributed checkpoints (``torch.distributed.checkpoint``) that survive a crash mid-save.
 
-What is saved (one DCP state dict; nested keys are flattened by DCP):
-
-* ``model``, ``optim``: from :func:`~torch.distributed.checkpoint.state_dict.get_state_dict`
-  with ``flatten_optimizer_state_dict=True`` (optimizer state *and* param-group
-  settings keyed by parameter FQN, as torchtitan does, so that pipeline
-  stages, each holding other parameters, never write the same key)
-  (sharded DTensors; DCP re-shards on load, so other degrees can resume);
-* ``train``: ``step``, ``world_size``, ``dp``, ``tp`` (same on every rank);
-* ``ranks.<R>``: this rank's ``rng_cpu`` (torch CPU generator state),
-  ``rng_cuda`` (when CUDA is in use) and ``sampler`` (data-sampler state).
-  Each rank writes and reads only its own key.
+What is saved and how it is restored (bitwise, or re-derived after a resize):
+:mod:`stormwatch.trainer.checkpoint.state`.
 
 Save protocol (FC-11): rank 0 picks a fresh per-attempt temporary folder and
 broadcasts it; every rank writes its shards with ``dcp.save`` (which returns
@@ -37,17 +28,6 @@ so the newest complete checkpoint ("latest") moves only after every rank's
 future resolved (FC-11). A new save, and the end of training, first wait for
 and commit the pending one. A crash at any point before the marker leaves a
 partial folder that resume skips.
-
-Bitwise resume: model, optimizer, step, sampler and RNG states are restored
-exactly, and the batch of a step depends only on ``(seed, step, dp_rank)``,
-so a resumed CPU run reproduces the uninterrupted run's losses bit for bit.
-When the world size or degrees differ from the checkpoint's, model and
-optimizer are re-sharded but the per-rank RNG/sampler state cannot be
-mapped; it is re-derived from ``(seed, step, dp_rank)`` with a warning.
-The sampler's state does not depend on the layout (samples are indexed
-globally, :mod:`stormwatch.trainer.data.batches`), so it is also saved under
-``train.sampler`` and restored from there after a resize (elastic restart at
-another ``dp``); a different global batch is allowed with a warning.
 """
 
 from __future__ import annotations
@@ -61,69 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
+from stormwatch.trainer.checkpoint.state import RankLayout, SavedState, TrainState
 from stormwatch.trainer.config import CheckpointConfig
-from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-#: Optimizer state keyed by parameter FQN ("optim.state.layers.1.mlp.w1.weight.exp_avg",
-#: "optim.param_groups.layers.1.mlp.w1.weight.lr"), not by list index: with pipeline
-#: parallelism each stage's optimizer holds other parameters, and index-keyed param
-#: groups ("optim.param_groups.0.params") would collide across stages.
-_STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankLayout:
-    """Where this rank sits in the job (what a checkpoint's per-rank state depends on).
-
-    ``dp`` is the data-parallel degree the data sees (``dp_replicate x
-    dp_shard``) and ``dp_rank`` this rank's index in it. ``pp`` is implied:
-    ``world_size / (dp x tp)``, so equal ``(world_size, dp, tp)`` mean the
-    same rank -> batch mapping (HSDP and FSDP2 of the same ``dp`` differ only
-    in how parameters are sharded, which DCP re-shards).
-    """
-
-    rank: int
-    world_size: int
-    dp: int
-    tp: int
-    dp_rank: int
-    attempt: int
-
-
-@dataclass
-class TrainState:
-    """Everything a checkpoint restores, by reference (the loop keeps using the same objects).
-
-    Attributes:
-        model: the parallelized model.
-        optimizer: its optimizer.
-        sampler: the batch sampler.
-        seed: run seed (to re-derive RNG state when per-rank state cannot be restored).
-    """
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    sampler: BatchSampler
-    seed: int
 
 
 #: Phases of a save at which a test fault hook may fire (see :mod:`stormwatch.trainer.faults`).
@@ -159,13 +89,6 @@ class _Pending:
     future: Future[Any]
 
 
-def _rng_state() -> dict[str, torch.Tensor]:
-    state = {"rng_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["rng_cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
 class Checkpointer:
     """Saves every ``config.every`` steps and resumes from the latest complete checkpoint.
 
@@ -187,7 +110,7 @@ class Checkpointer:
         fault_hook: FaultHook | None = None,
     ) -> None:
         self._config = config
-        self._state = state
+        self._state = SavedState(state, layout)
         self._layout = layout
         self._on_commit = on_commit
         self._hook = fault_hook
@@ -231,7 +154,7 @@ class Checkpointer:
         if self._config.mode == "async":
             try:
                 future = dcp.async_save(
-                    self._capture(step),
+                    self._state.capture(step),
                     checkpoint_id=tmp_dir,
                     storage_writer=writer,
                     process_group=self._group,
@@ -243,7 +166,7 @@ class Checkpointer:
             self._pending = _Pending(step, tmp_dir, future)  # type: ignore[arg-type]
             return False
         try:
-            dcp.save(self._capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
+            dcp.save(self._state.capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
         except DCP_ERRORS as exc:
             self._discard(tmp_dir)  # every rank is past its writes: DCP gathered the failure
             raise CheckpointError(
@@ -364,27 +287,6 @@ class Checkpointer:
             log.info("removed old or partial checkpoint %s", removed)
         return str(final)
 
-    def _capture(self, step: int) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(
-            self._state.model, self._state.optimizer, options=_STATE_DICT_OPTIONS
-        )
-        layout = self._layout
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "train": {
-                "step": step,
-                "world_size": layout.world_size,
-                "dp": layout.dp,
-                "tp": layout.tp,
-                # The same on every rank and at every dp (trainer/data/batches.py): restored on resize too.
-                "sampler": self._state.sampler.state_dict(),
-            },
-            "ranks": {
-                str(layout.rank): {**_rng_state(), "sampler": self._state.sampler.state_dict()}
-            },
-        }
-
     # --------------------------------------------------------------- resume
     def load_latest(self) -> int | None:
         """Restore the latest complete checkpoint; collective.
@@ -405,44 +307,17 @@ class Checkpointer:
             return None
         step, path_name, same_layout = choice
         path = Path(path_name)
-        template = self._capture(step)
-        if not same_layout:
-            del template["ranks"]
+        loaded = self._state.template(step, same_layout=same_layout)
         try:
-            dcp.load(template, checkpoint_id=path)
-            set_state_dict(
-                self._state.model,
-                self._state.optimizer,
-                model_state_dict=template["model"],
-                optim_state_dict=template["optim"],
-                options=_STATE_DICT_OPTIONS,
-            )
+            dcp.load(loaded, checkpoint_id=path)
+            self._state.restore_model(loaded)
         except DCP_ERRORS as exc:
             raise CheckpointError(f"loading {path} failed: {describe_dcp_error(exc)}") from exc
-        if template["train"]["step"] != step:
+        if loaded["train"]["step"] != step:
             raise CheckpointError(
-                f"{path}: state says step {template['train']['step']}, marker says {step}"
+                f"{path}: state says step {loaded['train']['step']}, marker says {step}"
             )
-        if same_layout:
-            mine = template["ranks"][str(self._layout.rank)]
-            self._state.sampler.load_state_dict(mine["sampler"])
-            # Restore RNG last: nothing after this point may draw random numbers.
-            torch.set_rng_state(mine["rng_cpu"])
-            if "rng_cuda" in mine:
-                torch.cuda.set_rng_state(mine["rng_cuda"])
-        else:
-            saved = template["train"]["sampler"]
-            self._state.sampler.load_state_dict(saved)
-            if saved.get("global_batch") != self._state.sampler.global_batch:
-                log.warning(
-                    "checkpoint %s was trained with a global batch of %s sequences, this run "
-                    "uses %d: the optimisation changes (pass --global-batch %s to keep it)",
-                    path,
-                    saved.get("global_batch"),
-                    self._state.sampler.global_batch,
-                    saved.get("global_batch"),
-                )
-            torch.manual_seed(derive_seed("dropout", self._state.seed, self._layout.dp_rank, step))
+        self._state.restore_rank(loaded, step=step, origin=path)
         log.info("resumed from %s (step %d)", path, step)
         return step
 
@@ -504,10 +379,4 @@ class Checkpointer:
         return value
 
 
-__all__ = [
-    "SAVE_PHASES",
-    "Checkpointer",
-    "FaultHook",
-    "RankLayout",
-    "TrainState",
-]
+__all__ = ["SAVE_PHASES", "Checkpointer", "FaultHook"]

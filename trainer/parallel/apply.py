@@ -84,66 +84,97 @@ def parallelize(
         ValueError: PP cannot be built with these degrees (see
             :func:`stormwatch.trainer.parallel.pipeline.build_pipeline`).
     """
-    # 1. Pipeline split over "pp": each rank keeps its stage's blocks (and
-    #    the embeddings on the first stage, norm + head on the last). First,
-    #    so that TP and FSDP below only touch the parameters this rank keeps.
-    stage = 0
-    if dims.pp_enabled:
-        stage = dims.coordinate(torch.distributed.get_rank())["pp"]
-        split_stage(model, stage, dims.pp)
-
-    # 2. Tensor parallelism over "tp" (Megatron style): q/k/v and w1 are split
-    #    by output features (columns, i.e. heads and MLP hidden units), wo and
-    #    w2 by input features (rows), so each block needs one all-reduce in
-    #    forward per sub-layer (after wo and after w2) and one in backward for
-    #    the replicated input. Embeddings, norms and the head stay replicated
-    #    across "tp" (they are small at this size). Outputs are plain
-    #    (replicated) tensors, so what PP sends between stages is too.
+    # 1. Pipeline split over "pp", first, so that TP and FSDP below only touch
+    #    the parameters this rank keeps.
+    stage = _split_stage(model, dims) if dims.pp_enabled else 0
+    # 2. Tensor parallelism over "tp" (Megatron style).
     if dims.tp_enabled:
-        tp_mesh = dims["tp"]
-        for block in model.layers.values():
-            parallelize_module(
-                block,
-                tp_mesh,
-                {
-                    "attn.wq": ColwiseParallel(),
-                    "attn.wk": ColwiseParallel(),
-                    "attn.wv": ColwiseParallel(),
-                    "attn.wo": RowwiseParallel(),
-                    "mlp.w1": ColwiseParallel(),
-                    "mlp.w2": RowwiseParallel(),
-                },
-            )
-
+        _apply_tensor_parallel(model, dims)
     # 3. Activation checkpointing would wrap each block here (not used).
     # 4. torch.compile would wrap each block here (not used).
+    # 5. FSDP2 over "dp_shard", or HSDP over ("dp_replicate", "dp_shard"), even
+    #    when dp == 1, so that checkpoints have one layout whatever the degrees.
+    _apply_fsdp(model, dims, device=device)
+    # 6. The pipeline stage and schedule wrap the sharded stage (the schedule
+    #    drives FSDP's gradient sync across micro-batches).
+    pipeline = None
+    if dims.pp_enabled:
+        pipeline = _build_schedule(
+            model,
+            dims,
+            stage=stage,
+            device=device,
+            batch_shape=batch_shape,
+            pp_schedule=pp_schedule,
+            pp_microbatches=pp_microbatches,
+            accumulation_steps=accumulation_steps,
+        )
+    return Parallelized(model=model, pipeline=pipeline)
 
-    # 5. FSDP2 over "dp_shard", or HSDP over ("dp_replicate", "dp_shard")
-    #    (shard inside a replica, all-reduce gradients across replicas): one
-    #    unit per block (its parameters are all-gathered just before the block
-    #    runs), then the root for the rest (embeddings, final norm, head).
-    #    Applied even when dp == 1 so that every parameter is a DTensor and
-    #    checkpoints have one layout whatever the degrees.
-    #    reshard_after_forward, per block:
-    #    - without PP: True (free the gathered parameters after forward, gather
-    #      again in backward: memory for one all-gather), except for the last
-    #      block on GPU, whose backward runs right after its forward; resharding
-    #      it would only all-gather the same parameters again (torchtitan does
-    #      the same). On CPU/gloo the last block is resharded too: its backward
-    #      all-gather is where a rank waits for a straggler, and gloo's
-    #      reduce-scatter (the only collective left in backward otherwise)
-    #      never reports completion, so that wait would be counted as compute
-    #      and FC-14's compute/wait split would blame the waiting ranks;
-    #    - with PP: False for every block. A stage runs forward and backward
-    #      for several micro-batches interleaved (1F1B), so resharding would
-    #      cost an all-gather per micro-batch instead of one per step.
-    #    The root is never resharded after forward by FSDP2 (its backward is
-    #    next). Prefetching: FSDP2 issues each block's all-gather when the
-    #    block is about to run, asynchronously, which overlaps with compute
-    #    only when the CPU runs ahead (GPU). Explicit prefetch of the next
-    #    block in forward and the previous one in backward issues it one block
-    #    earlier, so the gather of block i+1 overlaps block i's compute on CPU
-    #    too. The default of one unit of backward prefetch is kept as it is.
+
+def _split_stage(model: ByteLM, dims: ParallelDims) -> int:
+    """Keep this rank's pipeline stage of ``model`` (its blocks; the embeddings on the first
+    stage, norm + head on the last); returns the stage index."""
+    stage = dims.coordinate(torch.distributed.get_rank())["pp"]
+    split_stage(model, stage, dims.pp)
+    return stage
+
+
+def _apply_tensor_parallel(model: ByteLM, dims: ParallelDims) -> None:
+    """Megatron-style TP over ``"tp"``.
+
+    q/k/v and w1 are split by output features (columns, i.e. heads and MLP hidden
+    units), wo and w2 by input features (rows), so each block needs one all-reduce
+    in forward per sub-layer (after wo and after w2) and one in backward for the
+    replicated input. Embeddings, norms and the head stay replicated across
+    ``"tp"`` (they are small at this size). Outputs are plain (replicated)
+    tensors, so what PP sends between stages is too.
+    """
+    tp_mesh = dims["tp"]
+    for block in model.layers.values():
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attn.wq": ColwiseParallel(),
+                "attn.wk": ColwiseParallel(),
+                "attn.wv": ColwiseParallel(),
+                "attn.wo": RowwiseParallel(),
+                "mlp.w1": ColwiseParallel(),
+                "mlp.w2": RowwiseParallel(),
+            },
+        )
+
+
+def _apply_fsdp(model: ByteLM, dims: ParallelDims, *, device: torch.device) -> None:
+    """FSDP2 (HSDP with ``dp_replicate > 1``): one unit per block, then the root.
+
+    A block's parameters are all-gathered just before it runs; the root holds the
+    rest (embeddings, final norm, head). HSDP shards inside a replica and
+    all-reduces gradients across replicas.
+
+    ``reshard_after_forward``, per block:
+
+    - without PP: True (free the gathered parameters after forward, gather again
+      in backward: memory for one all-gather), except for the last block on GPU,
+      whose backward runs right after its forward; resharding it would only
+      all-gather the same parameters again (torchtitan does the same). On
+      CPU/gloo the last block is resharded too: its backward all-gather is where
+      a rank waits for a straggler, and gloo's reduce-scatter (the only collective
+      left in backward otherwise) never reports completion, so that wait would be
+      counted as compute and FC-14's compute/wait split would blame the waiting ranks;
+    - with PP: False for every block. A stage runs forward and backward for
+      several micro-batches interleaved (1F1B), so resharding would cost an
+      all-gather per micro-batch instead of one per step.
+
+    The root is never resharded after forward by FSDP2 (its backward is next).
+    Prefetching: FSDP2 issues each block's all-gather when the block is about to
+    run, asynchronously, which overlaps with compute only when the CPU runs ahead
+    (GPU). Explicit prefetch of the next block in forward and the previous one in
+    backward issues it one block earlier, so the gather of block i+1 overlaps
+    block i's compute on CPU too. The default of one unit of backward prefetch is
+    kept as it is.
+    """
     fsdp_mesh = dims.fsdp_mesh()
     blocks = list(model.layers.values())
     keep_last = device.type == "cuda"
@@ -155,24 +186,32 @@ def parallelize(
     for current, following in itertools.pairwise(units):
         current.set_modules_to_forward_prefetch([following])
 
-    # 6. The pipeline stage and schedule wrap the sharded stage (the
-    #    schedule drives FSDP's gradient sync across micro-batches).
-    pipeline = None
-    if dims.pp_enabled:
-        sequences, seq_len = batch_shape
-        pipeline = build_pipeline(
-            model,
-            stage=stage,
-            stages=dims.pp,
-            group=dims["pp"].get_group(),
-            device=device,
-            schedule=pp_schedule,
-            microbatches=pp_microbatches,
-            microbatch_shape=(sequences // pp_microbatches, seq_len),
-            d_model=model.config.d_model,
-            accumulation_steps=accumulation_steps,
-        )
-    return Parallelized(model=model, pipeline=pipeline)
+
+def _build_schedule(
+    model: ByteLM,
+    dims: ParallelDims,
+    *,
+    stage: int,
+    device: torch.device,
+    batch_shape: tuple[int, int],
+    pp_schedule: str,
+    pp_microbatches: int,
+    accumulation_steps: int,
+) -> Pipeline:
+    """The pipeline stage around this rank's (sharded) stage and its schedule over ``"pp"``."""
+    sequences, seq_len = batch_shape
+    return build_pipeline(
+        model,
+        stage=stage,
+        stages=dims.pp,
+        group=dims["pp"].get_group(),
+        device=device,
+        schedule=pp_schedule,
+        microbatches=pp_microbatches,
+        microbatch_shape=(sequences // pp_microbatches, seq_len),
+        d_model=model.config.d_model,
+        accumulation_steps=accumulation_steps,
+    )
 
 
 __all__ = ["Parallelized", "parallelize"]

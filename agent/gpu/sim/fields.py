@@ -1,18 +1,23 @@
-"""Field values served by :class:`~stormwatch.agent.gpu.fake.FakeNvml` (``nvmlDeviceGetFieldValues``).
+"""Field values of the simulated GPUs (``nvmlDeviceGetFieldValues``).
 
 Each supported ``NVML_FI_DEV_*`` id maps to a function of the simulated GPU
-(and, for per-link fields, the link); every other id answers NOT_SUPPORTED in
-its entry, as a real driver does for a field the GPU lacks.
+(and, for per-link fields, the link): NVLink link count, throughput (scope =
+link) and error counters (per-link, scoped and totals), ECC, retired pages,
+remapped rows, PCIe replays, memory temperature, violation timers. Every other
+id, and the ids in ``SimGpu.unsupported_fields``, answers NOT_SUPPORTED in its
+entry, as a real driver does for a field the GPU lacks.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
 
-from stormwatch.agent.gpu.simulated import SimGpu, SimLink
+from stormwatch.agent.gpu.sim.devices import SimGpu, SimLink
 
 #: ctypes' own attribute setter: pynvml's structures wrap it in Python (str
 #: encoding), which costs most of a simulated sample.
@@ -20,6 +25,14 @@ set_field = ctypes.Structure.__setattr__
 
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+
+#: NVLink throughput fields (KiB since "boot"): field id -> raw/data overhead factor.
+_THROUGHPUT_FIELDS: dict[int, float] = {
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 1.0,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 1.0,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX: 1.08,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX: 1.08,
+}
 
 #: Device counters (``SimGpu.counters`` keys) by field id.
 _COUNTER_FIELDS: dict[int, str] = {
@@ -78,14 +91,52 @@ def _link_errors(link: SimLink, counter: str) -> int:
     return link.errors.get(counter, 0)
 
 
-def fill_field(
+def field_values(gpu: SimGpu, field_ids: Sequence[Any], *, elapsed: float, temperature: int) -> Any:
+    """``nvmlDeviceGetFieldValues``: a real ``c_nvmlFieldValue_t`` array, one entry per id.
+
+    Args:
+        gpu: the device.
+        field_ids: field ids, or ``(field id, scope)`` pairs (scope = NVLink link).
+        elapsed: seconds the simulation has run (throughput and timers grow with it).
+        temperature: the GPU's temperature, degrees C (memory runs 6 degrees hotter).
+
+    Each entry carries its own ``nvmlReturn`` (set last) and a microsecond timestamp.
+    """
+    values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+    now_us = int(time.time() * 1e6)
+    for i, field in enumerate(field_ids):
+        field_id, scope = field if isinstance(field, tuple) else (field, 0)
+        entry = values[i]
+        set_field(entry, "fieldId", field_id)
+        set_field(entry, "scopeId", scope)
+        set_field(entry, "timestamp", now_us)
+        if field_id in _THROUGHPUT_FIELDS:
+            _fill_throughput(entry, gpu, field_id, scope, elapsed)
+        else:
+            _fill_field(entry, gpu, field_id, scope, elapsed, temperature)
+    return values
+
+
+def _fill_throughput(entry: Any, gpu: SimGpu, field_id: int, scope: int, elapsed: float) -> None:
+    """One NVLink throughput entry: KiB moved by link ``scope`` since the simulation started."""
+    set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= scope < len(gpu.links):
+        set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return
+    link = gpu.links[scope]
+    if not link.throughput_supported or field_id in gpu.unsupported_fields:
+        return
+    overhead = _THROUGHPUT_FIELDS[field_id]
+    kib = link.kib_per_second * elapsed * overhead if link.active else 0.0
+    set_field(entry, "valueType", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+    entry.value.ullVal = int(kib)
+    set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
+
+
+def _fill_field(
     entry: Any, gpu: SimGpu, field_id: int, scope: int, elapsed: float, temperature: int
 ) -> None:
-    """Fill one ``c_nvmlFieldValue_t`` for ``gpu`` (``nvmlReturn`` set last).
-
-    Throughput fields are served by the caller; this covers device counters,
-    temperatures, violation timers and NVLink error counters.
-    """
+    """One entry of a device counter, temperature, violation timer or NVLink error counter."""
     set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
     if field_id in gpu.unsupported_fields:
         return
@@ -128,4 +179,4 @@ def fill_field(
     set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
 
 
-__all__ = ["fill_field", "set_field"]
+__all__ = ["field_values"]

@@ -1,9 +1,15 @@
-"""Simulated hardware shapes and opaque handles used by :class:`~stormwatch.agent.gpu.fake.FakeNvml`."""
+"""The simulated GPUs' state (:class:`SimGpu`, :class:`SimLink`) and NVML's opaque handles.
+
+The per-device model that :class:`~stormwatch.agent.gpu.fake.FakeNvml` serves:
+identity, memory size, NVLink links, the scripted process list, counters, what
+is unsupported, and the settings NVML can change (power limit, clock lock).
+Tests and the chaos fault kinds reshape it while the agent runs.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import uuid
 
 import pynvml
 
@@ -95,6 +101,89 @@ class SimGpu:
     power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
     locked_clocks_mhz: tuple[int, int] | None = None
 
+    @property
+    def serial(self) -> str:
+        """The board serial number (``nvmlDeviceGetSerial``), stable per index."""
+        return f"16524230{self.index:05d}"
+
+    def set_power_limit(self, limit_mw: int) -> None:
+        """``nvmlDeviceSetPowerManagementLimit``: within :attr:`power_limit_range_mw`.
+
+        Raises:
+            pynvml.NVMLError: ``NVML_ERROR_INVALID_ARGUMENT`` out of range (as NVML).
+        """
+        low, high = self.power_limit_range_mw
+        if not low <= limit_mw <= high:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.power_limit_mw = int(limit_mw)
+
+    def lock_clocks(self, low_mhz: int, high_mhz: int) -> None:
+        """``nvmlDeviceSetGpuLockedClocks``: the graphics and SM clocks stay in ``[low, high]``.
+
+        Raises:
+            pynvml.NVMLError: ``NVML_ERROR_INVALID_ARGUMENT`` unless ``0 < low <= high``.
+        """
+        if not 0 < low_mhz <= high_mhz:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.locked_clocks_mhz = (low_mhz, high_mhz)
+
+    def pci_info(self) -> pynvml.nvmlPciInfo_t:
+        """``nvmlDeviceGetPciInfo``'s structure (an H100's PCI device id)."""
+        bus_id = self.pci_bus_id
+        return pynvml.nvmlPciInfo_t(
+            busIdLegacy=bus_id.encode(),
+            busId=bus_id.encode(),
+            domain=0,
+            bus=int(bus_id.split(":")[1], 16),
+            device=0,
+            pciDeviceId=0x233010DE,
+        )
+
+    def licensable_features(self) -> pynvml.c_nvmlGridLicensableFeatures_v4_t:
+        """``nvmlDeviceGetGridLicensableFeatures_v4``: one vGPU feature, or none without vGPU."""
+        licensed = self.vgpu_licensed
+        features = pynvml.c_nvmlGridLicensableFeatures_v4_t()
+        features.isGridLicenseSupported = 0 if licensed is None else 1
+        if licensed is not None:
+            features.licensableFeaturesCount = 1
+            feature = features.gridLicensableFeatures[0]
+            feature.featureCode = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+            feature.featureState = 1 if licensed else 0
+            feature.featureEnabled = 1
+        return features
+
+    def compute_processes(self) -> list[pynvml.nvmlFriendlyObject]:
+        """``nvmlDeviceGetComputeRunningProcesses``: :attr:`processes` verbatim, as pynvml's objects."""
+        return [
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": used,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
+            )
+            for pid, used in self.processes
+        ]
+
+
+def make_gpus(count: int, *, links_per_gpu: int, model: str) -> list[SimGpu]:
+    """``count`` GPUs of ``model``, each with ``links_per_gpu`` NVLink links.
+
+    UUIDs are derived from the index (stable across runs); PCI bus ids start at
+    ``0x18`` and step by ``0x10`` (``00000000:18:00.0``, ``00000000:28:00.0``, ...).
+    """
+    return [
+        SimGpu(
+            index=i,
+            name=model,
+            uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, f'stormwatch-sim-gpu-{i}')}",
+            pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+            links=[SimLink() for _ in range(links_per_gpu)],
+        )
+        for i in range(count)
+    ]
+
 
 @dataclasses.dataclass(frozen=True)
 class FakeHandle:
@@ -121,59 +210,4 @@ class FakeEventData:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-class SimControls:
-    """NVML setters and getters of power limits and clock locks on :class:`SimGpu` state.
-
-    Mixed into :class:`~stormwatch.agent.gpu.fake.FakeNvml`; names and units as in
-    pynvml (milliwatts, MHz). Setting needs root on a real GPU; the simulation
-    always allows it, and rejects values out of range like NVML
-    (``NVML_ERROR_INVALID_ARGUMENT``).
-    """
-
-    gpus: list[SimGpu]
-    _queues: dict[int, Any]
-
-    def pending_events(self) -> int:
-        """Events delivered to event sets and not read yet (``nvmlEventSetWait``)."""
-        return sum(len(queue) for queue in self._queues.values())
-
-    def _enter(self, call: str, gpu: int | None = None, *, needs_init: bool = True) -> None:
-        raise NotImplementedError  # provided by FakeNvml
-
-    def _gpu(self, handle: Any) -> int:
-        raise NotImplementedError  # provided by FakeNvml
-
-    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
-        index = self._gpu(handle)
-        self._enter("nvmlDeviceGetPowerManagementLimit", index)
-        return self.gpus[index].power_limit_mw
-
-    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
-        index = self._gpu(handle)
-        self._enter("nvmlDeviceGetPowerManagementLimitConstraints", index)
-        return list(self.gpus[index].power_limit_range_mw)
-
-    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
-        index = self._gpu(handle)
-        self._enter("nvmlDeviceSetPowerManagementLimit", index)
-        low, high = self.gpus[index].power_limit_range_mw
-        if not low <= limit <= high:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.gpus[index].power_limit_mw = int(limit)
-
-    def nvmlDeviceSetGpuLockedClocks(
-        self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int
-    ) -> None:
-        index = self._gpu(handle)
-        self._enter("nvmlDeviceSetGpuLockedClocks", index)
-        if not 0 < minGpuClockMHz <= maxGpuClockMHz:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.gpus[index].locked_clocks_mhz = (minGpuClockMHz, maxGpuClockMHz)
-
-    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
-        index = self._gpu(handle)
-        self._enter("nvmlDeviceResetGpuLockedClocks", index)
-        self.gpus[index].locked_clocks_mhz = None
-
-
-__all__ = ["FakeEventData", "FakeEventSet", "FakeHandle", "SimControls", "SimGpu", "SimLink"]
+__all__ = ["FakeEventData", "FakeEventSet", "FakeHandle", "SimGpu", "SimLink", "make_gpus"]

@@ -1,0 +1,138 @@
+"""The printed report of ``benchmarks/trainer_bench.py``: the table of figures and the notes under it.
+
+Nothing is judged here beyond the targets written in the table (``OK`` / ``MISSED``);
+README.md "Benchmarks" records runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def median(values: list[float]) -> float:
+    """The median, or NaN for no values (a variant with no timed step)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def report(title: str, figures: dict[str, Any], host: dict[str, str], *, ckpt_every: int) -> None:
+    """Print the table (rich) and the notes under it.
+
+    Args:
+        title: the table's title (ranks, degrees, repetitions).
+        figures: ``trainer_bench.aggregate``'s figures.
+        host: ``trainer_bench.machine()``.
+        ckpt_every: steps between checkpoints in the checkpoint trials.
+    """
+    from rich.console import Console
+
+    Console(width=170).print(_table(title, figures))
+    _print_notes(figures, host, ckpt_every)
+
+
+def _table(title: str, figures: dict[str, Any]) -> Any:
+    """The figures as a rich table: step-time ratios, checkpoint blocking, exposed communication."""
+    from rich.table import Table
+
+    def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+        return f"{fmt.format(min(values))}..{fmt.format(max(values))}"
+
+    def verdict(value: float, limit: float) -> str:
+        return f"<= {limit}" + (" OK" if value <= limit else " MISSED")
+
+    wall, cpu = figures["wall_seconds"], figures["cpu_seconds"]
+    table = Table(title=title)
+    for column in ("measure", "baseline", "measured", "ratio (median)", "min..max", "target"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+
+    def step_row(label: str, variant: str, kind: str, target: str) -> None:
+        values = figures[f"{kind}_ratio"][variant]
+        source = wall if kind == "wall" else cpu
+        ratio = median(values)
+        if target == "A/A":
+            noise = max(abs(r - 1) for r in figures[f"{kind}_ratio"]["bare-again"])
+            target = f"|r-1| <= {noise:.3f} (A/A) " + (
+                "OK" if abs(ratio - 1) <= noise else "MISSED"
+            )
+        table.add_row(
+            label,
+            _ms(source["bare"]),
+            _ms(source[variant]),
+            f"{ratio:.3f}",
+            spread(values),
+            verdict(ratio, 1.02) if target == "1.02" else target,
+        )
+
+    step_row(
+        "instrumentation overhead: step wall time, instrumented / bare",
+        "instrumented",
+        "wall",
+        "1.02",
+    )
+    step_row("  same, process CPU time per step", "instrumented", "cpu", "(robust)")
+    step_row("  of which collective counting alone (wall)", "counting", "wall", "")
+    step_row("  of which collective counting alone (CPU)", "counting", "cpu", "")
+    step_row(
+        "disarmed fault points: channel on, nothing armed / off (wall)", "disarmed", "wall", "A/A"
+    )
+    step_row("  same, process CPU time per step", "disarmed", "cpu", "A/A")
+    step_row("noise floor (A/A): bare again / bare (wall)", "bare-again", "wall", "")
+    step_row("  same, process CPU time per step", "bare-again", "cpu", "")
+    ratio = median(figures["ckpt_ratio"])
+    table.add_row(
+        f"checkpoint: loop blocked per save, async / sync "
+        f"({figures['checkpoint_bytes'] / 2**20:.1f} MiB each)",
+        _ms(median(figures["ckpt_sync_seconds"])),
+        _ms(median(figures["ckpt_async_seconds"])),
+        f"{ratio:.3f}",
+        spread(figures["ckpt_ratio"]),
+        verdict(ratio, 0.1),
+    )
+    by_rank = figures["exposed_fraction_by_rank"]
+    table.add_row(
+        "exposed communication: collective wait / step time (instrumented)",
+        "-",
+        f"{statistics.fmean(by_rank) * 100:.1f} %",
+        "-",
+        spread([f * 100 for f in by_rank], "{:.1f}") + " % by rank",
+        "(reported)",
+    )
+    return table
+
+
+def _print_notes(figures: dict[str, Any], host: dict[str, str], ckpt_every: int) -> None:
+    """The notes under the table: direct timings, checkpoint spans, the machine."""
+    wall = figures["wall_seconds"]
+
+    cost = figures["channel_cost"]
+    counting = figures["counter_cost"]
+    print(
+        f"collective counting, timed directly: {counting['seconds_per_collective'] * 1e6:.1f} us "
+        f"per collective (a bare all_reduce: {counting['bare_call_seconds'] * 1e6:.1f} us) x "
+        f"{counting['collectives_per_step']:.1f} collectives per step = "
+        f"{counting['share'] * 100:.2f} % of a bare step's CPU time"
+    )
+    parts = figures["ckpt_parts_seconds"]
+    print(
+        f"control channel work per step (poll + checks; file of expired faults), timed directly: "
+        f"{cost['seconds'] * 1e6:.1f} us = {cost['share'] * 100:.3f} % of a bare step"
+    )
+    print(
+        f"checkpoint blocking by span (median ms per save): sync save "
+        f"{parts['ckpt-sync/checkpoint_save'] * 1000:.1f}; async save (staging, agreeing) "
+        f"{parts['ckpt-async/checkpoint_save'] * 1000:.1f} + commit (marker, checksums, rename) "
+        f"{parts['ckpt-async/checkpoint_commit'] * 1000:.1f}. Step wall time while "
+        f"checkpointing every {ckpt_every}: sync {_ms(wall['ckpt-sync'])}, "
+        f"async {_ms(wall['ckpt-async'])} (writes overlap training)"
+    )
+    print(
+        f"machine: {host['cpu']}; torch {host['torch']}, Python {host['python']}; "
+        f"{host['date']}; load average after the run: {host['loadavg']}"
+    )
+
+
+__all__ = ["median", "report"]

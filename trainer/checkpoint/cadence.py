@@ -1,0 +1,70 @@
+"""When the training loop saves and commits checkpoints.
+
+A save follows every ``every``-th step, the last step, and a step at which any
+rank asked for one (a chaos ``checkpoint_now`` request, agreed through the
+gradient-norm all-reduce). In async mode a save is committed once every rank's
+write has finished (also agreed through that all-reduce), or before the next
+save, or at the end of training. Every save and commit runs through the
+:class:`~stormwatch.trainer.checkpoint.budget.FailureBudget` (a failed one is
+counted, too many in a row stop the job) inside a ``checkpoint_save`` /
+``checkpoint_commit`` span.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from stormwatch.trainer.checkpoint.budget import FailureBudget
+from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
+from stormwatch.trainer.telemetry.tracing import RankTracing
+
+
+class CheckpointCadence:
+    """Decides after each step whether to commit and whether to save; collective.
+
+    Args:
+        checkpointer: does the saving and committing.
+        budget: failed saves in a row the job trains through.
+        tracing: the spans around saves and commits.
+
+    Attributes:
+        last_save_started: wall time (s) the last save started, ``None`` before
+            the first (a chaos checkpoint request compares its time with it).
+    """
+
+    def __init__(
+        self, checkpointer: Checkpointer, budget: FailureBudget, tracing: RankTracing
+    ) -> None:
+        self._checkpointer = checkpointer
+        self._budget = budget
+        self._tracing = tracing
+        self.last_save_started: float | None = None
+
+    def commit_written(self, step: int, *, every_rank_written: bool) -> None:
+        """Commit the async save in flight once every rank's write has finished."""
+        if not every_rank_written:
+            return
+        pending = self._checkpointer.pending_step
+        with self._tracing.span("checkpoint_commit", step=pending):
+            self._budget.run(pending or step, self._checkpointer.finish)
+
+    def save_if_due(self, step: int, *, last_step: int, requested: bool) -> None:
+        """Save after ``step`` when it is due, the last one, or ``requested`` by any rank."""
+        if not (self._checkpointer.due(step) or step == last_step or requested):
+            return
+        self.last_save_started = time.time()
+        self.commit_pending()  # async: commit (or count the failure of) the last one
+        with self._tracing.span("checkpoint_save", step=step):
+            self._budget.run(step, functools.partial(self._checkpointer.save, step))
+
+    def commit_pending(self) -> None:
+        """Wait for and commit the async save in flight, if any (before a save, at the end)."""
+        pending = self._checkpointer.pending_step
+        if pending is None:
+            return
+        with self._tracing.span("checkpoint_commit", step=pending):
+            self._budget.run(pending, self._checkpointer.finish)
+
+
+__all__ = ["CheckpointCadence"]

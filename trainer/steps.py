@@ -1,0 +1,285 @@
+"""One run's optimizer steps: fault points armed, forward and backward, gradient norm,
+optimizer, global mean loss, the step's report, then checkpoint commits and saves.
+
+Each step's order (collective on every rank): the chaos fault points armed for
+the step (the test-only :class:`~stormwatch.trainer.faults.FaultPoint`, then the
+control file's), forward and backward of every micro-batch
+(:class:`~stormwatch.trainer.passes.ForwardBackward`; the fault points that act
+before the first backward), the global gradient norm over every stage (one world
+all-reduce, not counted with the step's collectives, that also carries two votes:
+a requested checkpoint and a finished async write), the optimizer step, the loss
+all-reduced over the data-parallel dimensions and ``pp`` (the logged loss is the
+global mean, identical on every rank), the step's telemetry and progress line
+(:class:`StepReport`: compute vs collective-wait split, MFU, memory), then commits
+and saves (:class:`~stormwatch.trainer.checkpoint.cadence.CheckpointCadence`), and
+the optional sleep (``step_delay``); spans around the step and its parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
+from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
+from stormwatch.trainer.config import TrainConfig
+from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError
+from stormwatch.trainer.data.batches import BatchSampler
+from stormwatch.trainer.faults import FaultPoint
+from stormwatch.trainer.parallel.dims import ParallelDims
+from stormwatch.trainer.passes import ForwardBackward
+from stormwatch.trainer.progress import ConsoleProgress
+from stormwatch.trainer.runtime import RankEnv
+from stormwatch.trainer.telemetry.comms import CollectiveCounter
+from stormwatch.trainer.telemetry.dump import RankDumper
+from stormwatch.trainer.telemetry.instrument import device_name, global_grad_norm, memory_bytes
+from stormwatch.trainer.telemetry.perf import mfu, peak_flops
+from stormwatch.trainer.telemetry.rank import RankTelemetry
+from stormwatch.trainer.telemetry.tracing import RankTracing
+
+log = logging.getLogger(__name__)
+
+
+def _global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
+    """The step's loss averaged over the data-parallel ranks, the same on every rank; collective.
+
+    Summed over ``dp_shard`` (then ``dp_replicate``) and divided by ``dp``;
+    with PP only the last stage holds a loss (the others a zero), so a sum
+    over ``pp`` hands it to every stage.
+    """
+    total = local_loss.detach().clone()
+    for name in ("dp_shard", "dp_replicate", "pp"):
+        if name == "dp_shard" or dict(dims.degrees)[name] > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dims[name].get_group())
+    return float((total / dims.dp).item())
+
+
+def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
+    try:
+        return control.poll()
+    except ControlFileError as exc:  # a bad file arms nothing; training goes on
+        telemetry.on_error("control", exc)
+        return control.armed
+
+
+def _fired(telemetry: RankTelemetry, step: int, point: str) -> None:
+    telemetry.fault(point=point, step=step)
+
+
+def before_backward(fault: FaultPoint | None, control: ControlChannel) -> None:
+    """The fault points that act before a step's first backward (a crash, a slow rank)."""
+    if fault is not None:
+        fault.before_backward()
+    control.slow_step()
+
+
+class StepReport:
+    """Each step's telemetry and progress line: loss, time, tokens, compute/wait split,
+    MFU and memory. The device's peak FLOP/s is looked up once (unknown: a warning, no MFU).
+
+    Args:
+        config: the run's config (steps, batch shape, ``--peak-flops``).
+        dims: the degrees (tokens over data-parallel ranks, devices per batch).
+        device_type: ``cuda`` or ``cpu``.
+        flops_per_token: of the whole model (:func:`~stormwatch.trainer.telemetry.instrument.model_flops_per_token`).
+        accumulation: micro-batches per rank per optimizer step.
+        telemetry: this rank's metrics and event log.
+        progress: rank 0's progress lines, else ``None``.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        dims: ParallelDims,
+        *,
+        device_type: str,
+        flops_per_token: float,
+        accumulation: int,
+        telemetry: RankTelemetry,
+        progress: ConsoleProgress | None,
+    ) -> None:
+        self._dims = dims
+        self._device_type = device_type
+        self._flops_per_token = flops_per_token
+        self._telemetry = telemetry
+        self._progress = progress
+        self._last_step = config.steps
+        # Tokens this rank trains on per optimizer step (all its micro-batches).
+        self._tokens = config.data.micro_batch * config.data.seq_len * accumulation
+        self._peak = peak_flops(
+            device_name(device_type),
+            on_gpu=device_type == "cuda",
+            override=config.telemetry.peak_flops,
+        )
+        if self._peak is None:
+            log.warning(
+                "no peak FLOP/s known for %s: MFU not exported (pass --peak-flops)",
+                device_name(device_type),
+            )
+
+    def __call__(
+        self, *, step: int, loss: float, seconds: float, wait: float, grad_norm: float
+    ) -> None:
+        """Step ``step`` took ``seconds``, ``wait`` of them in collectives."""
+        dims, peak = self._dims, self._peak
+        self._telemetry.step(step=step, loss=loss, seconds=seconds, tokens=self._tokens)
+        if self._progress is not None:
+            self._progress.step(
+                step=step,
+                last_step=self._last_step,
+                loss=loss,
+                seconds=seconds,
+                tokens=self._tokens * dims.dp,
+            )
+        self._telemetry.step_details(
+            compute_seconds=seconds - wait,
+            wait_seconds=wait,
+            grad_norm=grad_norm,
+            mfu=None
+            if peak is None
+            else mfu(
+                flops_per_token=self._flops_per_token,
+                tokens=self._tokens,
+                seconds=seconds,
+                devices=dims.tp * dims.pp,  # the devices one data-parallel batch runs on
+                peak=peak,
+            ),
+            peak_flops=peak,
+            memory=memory_bytes(self._device_type),
+        )
+
+
+class StepLoop:
+    """The optimizer steps of one run, from the step after the resumed one to ``config.steps``.
+
+    Each step: the chaos fault points armed for it, forward and backward
+    (:class:`~stormwatch.trainer.passes.ForwardBackward`), the global gradient norm
+    (one world all-reduce carrying the checkpoint votes), the optimizer, the
+    global mean loss, the step's report, then commits and saves
+    (:class:`~stormwatch.trainer.checkpoint.cadence.CheckpointCadence`);
+    collectives counted by the :class:`CollectiveCounter`.
+
+    Args:
+        config: the run's config (last step, step delay).
+        env, dims: this rank and the degrees.
+        device: where the gradient-norm all-reduce runs.
+        sampler: the batches (and the step to run next).
+        model, optimizer: this rank's parallelized model and its optimizer.
+        passes: forward and backward of a step.
+        counter: counts and times the step's collectives.
+        control: the chaos control channel (fault points, checkpoint requests).
+        checkpointer, cadence: the async-write vote, and when to save and commit.
+        report: the step's telemetry and progress line.
+        telemetry, tracing: fault events and control-file errors; the spans.
+        fault: the test-only fault point, if any.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: RankEnv,
+        dims: ParallelDims,
+        *,
+        device: torch.device,
+        sampler: BatchSampler,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        passes: ForwardBackward,
+        counter: CollectiveCounter,
+        control: ControlChannel,
+        checkpointer: Checkpointer,
+        cadence: CheckpointCadence,
+        report: StepReport,
+        telemetry: RankTelemetry,
+        tracing: RankTracing,
+        fault: FaultPoint | None,
+    ) -> None:
+        self._config = config
+        self._env = env
+        self._dims = dims
+        self._device = device
+        self._sampler = sampler
+        self._model = model
+        self._optimizer = optimizer
+        self._passes = passes
+        self._counter = counter
+        self._control = control
+        self._checkpointer = checkpointer
+        self._cadence = cadence
+        self._report = report
+        self._telemetry = telemetry
+        self._tracing = tracing
+        self._fault = fault
+
+    def run(self, last_step: int, dumper: RankDumper) -> tuple[int, float | None]:
+        """Train to ``config.steps``; returns the last step and its global mean loss.
+
+        Args:
+            last_step: the step resumed from (0 for a fresh start).
+            dumper: told the step in progress (for a post-mortem dump).
+        """
+        final_loss: float | None = None
+        sampler = self._sampler
+        self._model.train()
+        while sampler.next_step <= self._config.steps:
+            dumper.step = sampler.next_step
+            self._arm(sampler.next_step)
+            with self._tracing.span("step", step=sampler.next_step):
+                last_step, final_loss = self._step()
+            if self._config.step_delay > 0:
+                time.sleep(self._config.step_delay)
+        self._cadence.commit_pending()  # async: commit the last save before "done"
+        return last_step, final_loss
+
+    def _arm(self, step: int) -> None:
+        """The fault points for ``step``: the test-only one, then the control file's."""
+        if self._fault is not None:
+            self._fault.check(step)
+        control = self._control
+        armed = _poll(control, self._telemetry)
+        self._counter.interceptor = control.before_collective if armed.touches_collectives else None
+        if armed.points:
+            control.on_fire = functools.partial(_fired, self._telemetry, step)
+        control.check_step(step)
+
+    def _step(self) -> tuple[int, float]:
+        """One optimizer step; returns it and its global mean loss."""
+        env, dims, counter = self._env, self._dims, self._counter
+        started = time.perf_counter()
+        with counter:
+            step, micro_batches = self._sampler.next_micro_batches()
+            local_loss = self._passes.run(micro_batches)
+        norm_started = time.perf_counter()
+        grad_norm, (requests, writes_done) = global_grad_norm(
+            self._model.parameters(),
+            # Ranks holding a copy of a stage's parameters (each stage's
+            # squared sum is counted once; the all-reduce covers every stage).
+            world_size=env.world_size // dims.pp,
+            device=self._device,
+            votes=(
+                self._control.checkpoint_wanted(self._cadence.last_save_started),
+                self._checkpointer.write_finished(),
+            ),
+        )
+        norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
+        with counter, self._tracing.span("optimizer"):
+            self._optimizer.step()
+            self._optimizer.zero_grad(set_to_none=True)
+            loss = _global_mean_loss(local_loss, dims)
+        seconds = time.perf_counter() - started
+        wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
+        self._report(step=step, loss=loss, seconds=seconds, wait=wait, grad_norm=grad_norm)
+        # every rank's async write has finished
+        self._cadence.commit_written(step, every_rank_written=writes_done == env.world_size)
+        requested = requests > 0  # agreed by every rank (same all-reduce result)
+        if requested and self._control.armed.checkpoint_requested_at is not None:
+            self._telemetry.fault(point="checkpoint_now", step=step)
+        self._cadence.save_if_due(step, last_step=self._config.steps, requested=requested)
+        return step, loss
+
+
+__all__ = ["StepLoop", "StepReport", "before_backward"]
