@@ -13,7 +13,6 @@ from stormwatch.chaos.execution.journal import ExperimentStatus, Phase
 from stormwatch.chaos.execution.safeguards import watch
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
-    Fault,
     PauseActivity,
     ProbeActivity,
     PrometheusProvider,
@@ -25,8 +24,7 @@ from stormwatch.chaos.experiment.selection import (
     blast_radius_problem,
     expand,
 )
-from stormwatch.chaos.faults import reverts_itself
-from stormwatch.chaos.faults.specs import target_nodes, target_rank
+from stormwatch.faults import ExperimentFault
 
 if TYPE_CHECKING:
     from stormwatch.chaos.execution.runner import Runner
@@ -141,14 +139,14 @@ class MethodMixin:
         except SelectionError as exc:
             raise ActivityFailed(f"{activity.name}: {exc}") from exc
         for index, fault in enumerate(faults):
-            where = target_nodes(fault) or [f"rank{target_rank(fault)}"]
+            where = fault.target_nodes() or [f"rank{fault.target_rank()}"]
             name = activity.name if len(faults) == 1 else f"{activity.name}@{','.join(where)}"
             await self._inject(activity, fault, name, wait=index == 0)
         if activity.pause_after_seconds:
             await asyncio.sleep(activity.pause_after_seconds)
 
     async def _inject(
-        self: Runner, activity: ActionActivity, fault: Fault, name: str, wait: bool
+        self: Runner, activity: ActionActivity, fault: ExperimentFault, name: str, wait: bool
     ) -> None:
         assert self._job is not None and self._ledger is not None and self._agents is not None
         injector = Injector(
@@ -161,7 +159,7 @@ class MethodMixin:
             step_poll_seconds=self.config.step_poll_seconds,
             first_seen_steps=self._first_seen_steps,
         )
-        rank = target_rank(fault)
+        rank = fault.target_rank()
         async with self._writer.activity(name, "action", "method") as record:
             step = attempt = None
             if activity.when is not None and wait:
@@ -171,13 +169,13 @@ class MethodMixin:
             self._last_fault_at = result.applied_at
             self._annotate(
                 f"fault {injected.entry.id} injected: {fault.kind} on "
-                f"{'rank ' + str(rank) if rank is not None else ','.join(target_nodes(fault))} "
+                f"{'rank ' + str(rank) if rank is not None else ','.join(fault.target_nodes())} "
                 f"({injected.entry.target.node}): {result.detail}",
                 "fault-injected",
                 fault.kind,
                 start=result.applied_at,
             )
-            if reverts_itself(fault):
+            if fault.traits.reverts_itself:
                 self._self_reverting_faults.append(name)
             record.output = {
                 "fault_id": injected.entry.id,

@@ -38,7 +38,6 @@ from stormwatch.chaos.experiment.selection import (
     expand,
     static_shape,
 )
-from stormwatch.chaos.faults.specs import target_rank
 
 #: Largest experiment file accepted (bytes); real ones are a few KiB.
 MAX_EXPERIMENT_BYTES = 1024 * 1024
@@ -208,7 +207,7 @@ def semantic_issues(experiment: Experiment) -> list[Issue]:
                 )
             )
         world = experiment.job.fixed_world_size
-        rank = target_rank(activity.fault) if isinstance(activity, ActionActivity) else None
+        rank = activity.fault.target_rank() if isinstance(activity, ActionActivity) else None
         if (
             isinstance(activity, ActionActivity)
             and activity.target is None
