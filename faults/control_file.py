@@ -48,9 +48,9 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,21 @@ class CheckpointKill(_Entry):
     point: Literal["checkpoint_kill"]
     phase: Literal["before_shards", "before_metadata", "before_marker"]
     step: int = Field(ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _phase_and_step(cls, data: Any) -> Any:
+        """One message naming every phase for any malformed phase or step."""
+        if not isinstance(data, dict):
+            return data
+        phase, step = data.get("phase"), data.get("step")
+        good_step = isinstance(step, int) and not isinstance(step, bool) and step >= 1
+        if phase not in CHECKPOINT_PHASES or not good_step:
+            raise ValueError(
+                f"checkpoint_kill needs 'phase', one of {', '.join(CHECKPOINT_PHASES)}, and "
+                f"'step' >= 1 (got phase={phase!r}, step={step!r})"
+            )
+        return data
 
 
 ControlEntry = Annotated[

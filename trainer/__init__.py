@@ -16,10 +16,10 @@ Modules, one responsibility each: ``config`` (frozen configs), ``dims``
 ``collective_ops`` (Python kernels on the ``c10d`` collective ops only),
 ``perf`` (nccl-tests bandwidths, MFU, peak FLOP/s), ``instrument`` (grad
 norm, memory, FLOPs), ``metrics``, ``events``, ``telemetry``, ``tracing``
-(OpenTelemetry spans), ``control`` (chaos fault points armed per rank),
-``dump`` (post-mortem dumps with the flight recorder), ``runtime`` (rank
-environment, process group, collective timeout), ``faults`` (test-only
-fault points), ``paths`` (start-up check that output folders are writable),
+(OpenTelemetry spans), ``control`` (fault points armed per rank through the
+control file of :mod:`stormwatch.faults.control_file`), ``dump`` (post-mortem
+dumps with the flight recorder), ``runtime`` (rank environment, process group,
+collective timeout), ``paths`` (start-up check that output folders are writable),
 ``progress`` (rank 0's progress lines on stderr), ``loop`` (the loop),
 ``cli`` (``stormwatch train``).
 
@@ -32,7 +32,7 @@ Exceptions::
         ├── CorpusError      corpus unreadable or too small
         ├── CheckpointError  save/resume failed (raised on every rank together)
         ├── Terminated       SIGTERM received (torchrun teardown); exit status 143
-        ├── InjectedFault    the ``error_at_step`` chaos fault point fired
+        ├── InjectedFault    the ``error_at_step`` fault point fired
         └── ControlFileError a control file does not parse (logged, never raised
                              out of training)
 

@@ -29,7 +29,6 @@ from stormwatch.trainer.config import (
     TracingConfig,
     TrainConfig,
 )
-from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, UnwritableDirError, check_writable_dirs
 from stormwatch.trainer.progress import DEFAULT_LOG_EVERY, ConsoleProgress
@@ -456,7 +455,6 @@ def _train(
     check_writable_dirs(
         _dir_options(config, control_dir=control_dir, dump_dir=dump_dir, spans_dir=spans_dir)
     )
-    fault = FaultPoint.from_environ(os.environ, rank=env.rank, attempt=env.attempt)
     # The flight recorder reads these when the process group is created.
     os.environ.update(
         flight_recorder_environ(config.debug.dump_dir, config.debug.flight_recorder_entries)
@@ -464,7 +462,7 @@ def _train(
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 
-    run_training(config, env, fault=fault, progress=progress if env.rank == 0 else None)
+    run_training(config, env, progress=progress if env.rank == 0 else None)
     return 0
 
 

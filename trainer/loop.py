@@ -42,14 +42,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
+from stormwatch.faults.control_file import control_path
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer, RankLayout, TrainState
 from stormwatch.trainer.config import VOCAB_SIZE, TrainConfig
-from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError, control_path
+from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
-from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel.apply import parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
@@ -89,7 +89,6 @@ def train(
     config: TrainConfig,
     env: RankEnv,
     *,
-    fault: FaultPoint | None = None,
     progress: ConsoleProgress | None = None,
 ) -> TrainResult:
     """Run one rank of a training job; collective across the job's ranks.
@@ -97,7 +96,6 @@ def train(
     Args:
         config: the validated run configuration.
         env: this process's rank, world size and attempt.
-        fault: test-only fault point (see :mod:`stormwatch.trainer.faults`).
         progress: human progress lines (the CLI passes one to rank 0 only);
             it also warns when the checkpoint resumed from is already at or
             past ``config.steps`` (nothing is trained then).
@@ -106,7 +104,7 @@ def train(
         ConfigError: the degrees do not fit the world size.
         CorpusError: the corpus cannot be read.
         CheckpointError: saving or resuming failed (on every rank).
-        InjectedFault: the ``error_at_step`` chaos fault point fired.
+        InjectedFault: the ``error_at_step`` fault point of the control file fired.
         Terminated: SIGTERM arrived (torchrun stopping the worker group).
         RuntimeError: a collective failed or timed out (from torch.distributed).
 
@@ -138,7 +136,7 @@ def train(
             distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
         )
         try:
-            return _run(config, env, dims, device_type, telemetry, fault, dumper, tracing, progress)
+            return _run(config, env, dims, device_type, telemetry, dumper, tracing, progress)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             dumper.dump(f"{type(exc).__name__}: {exc}")
@@ -222,7 +220,6 @@ def _run(
     dims: ParallelDims,
     device_type: str,
     telemetry: RankTelemetry,
-    fault: FaultPoint | None,
     dumper: RankDumper,
     tracing: RankTracing,
     progress: ConsoleProgress | None,
@@ -257,6 +254,14 @@ def _run(
     # seed, step and micro-batch index, not of dp); this only covers what runs before.
     torch.manual_seed(derive_seed("dropout", seed, dp_rank))  # seeds CUDA too
 
+    # Fault points of the control file (stormwatch.faults.control_file): polled at the start
+    # of every step, before anything of it runs; its checkpoint_kill is the checkpointer's hook.
+    control = ControlChannel(
+        None
+        if config.control.directory is None
+        else control_path(config.control.directory, env.rank),
+        attempt=env.attempt,
+    )
     budget = FailureBudget(
         config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
     )
@@ -264,7 +269,7 @@ def _run(
         config.checkpoint,
         state=TrainState(model=model, optimizer=optimizer, sampler=sampler, seed=seed),
         on_commit=functools.partial(_committed, telemetry, budget),
-        fault_hook=None if fault is None else fault.checkpoint_phase,
+        fault_hook=control.checkpoint_phase,
         layout=RankLayout(
             rank=env.rank,
             world_size=env.world_size,
@@ -321,19 +326,12 @@ def _run(
             "no peak FLOP/s known for %s: MFU not exported (pass --peak-flops)",
             device_name(device_type),
         )
-    control = ControlChannel(
-        None
-        if config.control.directory is None
-        else control_path(config.control.directory, env.rank),
-    )
     last_save_started: float | None = None
     last_step = resumed or 0
     final_loss: float | None = None
     model.train()
     while sampler.next_step <= config.steps:
         dumper.step = sampler.next_step
-        if fault is not None:
-            fault.check(sampler.next_step)
         armed = _poll(control, telemetry)
         counter.interceptor = control.before_collective if armed.touches_collectives else None
         if armed.points:
@@ -353,8 +351,6 @@ def _run(
                     torch.manual_seed(micro.dropout_seed)
                     if pipeline is not None:  # PP: the schedule runs forward and backward
                         if j == 0:
-                            if fault is not None:
-                                fault.before_backward()
                             control.slow_step()
                         with tracing.span("pipeline", micro_batch=micro.index):
                             detached = pipeline.forward_backward(
@@ -371,8 +367,6 @@ def _run(
                             loss = loss / accumulation
                     with tracing.span("backward", micro_batch=micro.index):
                         if j == 0:
-                            if fault is not None:
-                                fault.before_backward()
                             control.slow_step()
                         loss.backward()
                     detached = loss.detach()

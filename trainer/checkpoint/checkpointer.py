@@ -126,10 +126,9 @@ class TrainState:
     seed: int
 
 
-#: Phases of a save at which a test fault hook may fire (see :mod:`stormwatch.trainer.faults`).
-SAVE_PHASES = ("before_shards", "before_metadata", "before_marker")
-
-#: ``hook(phase, step)``: called at each phase of a save (on the writing thread).
+#: ``hook(phase, step)``: called at each phase of a save (on the writing thread), phases as in
+#: :data:`stormwatch.faults.control_file.CHECKPOINT_PHASES` (the ``checkpoint_kill`` fault
+#: point of :class:`stormwatch.trainer.control.ControlChannel` is the hook).
 FaultHook = Callable[[str, int], None]
 
 
@@ -505,7 +504,6 @@ class Checkpointer:
 
 
 __all__ = [
-    "SAVE_PHASES",
     "Checkpointer",
     "FaultHook",
     "RankLayout",
