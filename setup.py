@@ -6,7 +6,7 @@ setuptools cannot compute ``package-dir`` for nested sub-packages declaratively.
 
 from setuptools import find_packages, setup
 
-COMPONENTS = ("agent", "trainer", "chaos", "alerts", "dashboards", "lab", "plan")
+COMPONENTS = ("faults", "agent", "trainer", "chaos", "alerts", "dashboards", "lab", "plan")
 
 packages = ["stormwatch", *(f"stormwatch.{p}" for p in find_packages("stormwatch"))]
 package_dir = {"stormwatch": "stormwatch"}

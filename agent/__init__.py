@@ -8,7 +8,7 @@ with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
 (rank watcher), :mod:`.health` (hang / straggler detectors), :mod:`.rank_health`
 (drives them, events, hang diagnostics via :mod:`.diagnostics`), :mod:`.events`
 (``events.jsonl``, ``/v1/events``), :mod:`.collectors` (one module per collector), :mod:`.faults`
-(one module per fault kind, ledger, manager), :mod:`.server` (HTTP),
+(the fault API's manager and ledger; the kinds are :mod:`stormwatch.faults`), :mod:`.server` (HTTP),
 :mod:`.tracing` (the agent's own spans, FC-07/FC-08), :mod:`.procs` (process
 inspection, which rank names which metrics dir), :mod:`.statelock` (one agent per
 state dir), :mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
@@ -23,12 +23,11 @@ Exceptions::
         ├── NvmlUnavailable         --gpu-backend nvml without a working driver
         ├── CollectorError          a collector cannot collect (collector_up 0)
         ├── LedgerError             the fault ledger cannot be opened or written
-        └── FaultError              (http_status 500)
-            ├── InvalidFaultRequest (a ConfigError too; 400) .problems names the fields
-            ├── FaultNotFound       unknown fault id (404)
-            ├── FaultTargetNotFound target not a claimed rank of this node (404)
-            ├── FaultTargetAmbiguous (409)
-            └── FaultConflict       fault id reused with another request (409)
+        ├── FaultNotFound           unknown fault id (404; a stormwatch.faults.FaultError too)
+        └── FaultConflict           fault id reused with another request (409; likewise)
+
+The fault kinds raise :mod:`stormwatch.faults.errors` (``FaultError`` -> 500,
+``InvalidFaultRequest`` 400, ``FaultTargetNotFound`` 404, ``FaultTargetAmbiguous`` 409).
 """
 
 from stormwatch.agent.catalogue import Catalogue, MetricSpec, load_catalogue
@@ -38,16 +37,12 @@ from stormwatch.agent.errors import (
     AgentError,
     CollectorError,
     FaultConflict,
-    FaultError,
     FaultNotFound,
-    FaultTargetAmbiguous,
-    FaultTargetNotFound,
-    InvalidFaultRequest,
     LedgerError,
     NvmlUnavailable,
     WebConfigError,
 )
-from stormwatch.agent.faults import FAULT_TYPES, FaultRecord, FaultSpec, KillRankSpec
+from stormwatch.agent.faults import FaultManager, FaultRecord
 from stormwatch.agent.gpu import FakeNvml, GpuSampler
 from stormwatch.agent.runtime import Agent
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
@@ -58,7 +53,6 @@ from stormwatch.agent.watch.ranks import RankExit, RankInfo, RankWatcher
 
 __all__ = [
     "COLLECTOR_NAMES",
-    "FAULT_TYPES",
     "Agent",
     "AgentConfig",
     "AgentConfigError",
@@ -69,16 +63,11 @@ __all__ = [
     "EventLog",
     "FakeNvml",
     "FaultConflict",
-    "FaultError",
+    "FaultManager",
     "FaultNotFound",
     "FaultRecord",
-    "FaultSpec",
-    "FaultTargetAmbiguous",
-    "FaultTargetNotFound",
     "GpuSampler",
     "HangSettings",
-    "InvalidFaultRequest",
-    "KillRankSpec",
     "LedgerError",
     "MetricSpec",
     "NvmlUnavailable",

@@ -1,8 +1,14 @@
-"""The agent's exception tree (drawn in :mod:`stormwatch.agent`)."""
+"""The agent's exception tree (drawn in :mod:`stormwatch.agent`).
+
+The errors of the fault kinds themselves (``FaultError`` and its 400/404/409
+subclasses) are :mod:`stormwatch.faults.errors`; the manager's own two derive from
+both trees.
+"""
 
 from __future__ import annotations
 
 from stormwatch.errors import ConfigError, StormwatchError
+from stormwatch.faults.errors import FaultError
 
 
 class AgentError(StormwatchError):
@@ -25,45 +31,13 @@ class CollectorError(AgentError):
     """A collector cannot produce its metrics this scrape (reported as ``collector_up 0``)."""
 
 
-class FaultError(AgentError):
-    """A fault could not be injected or reverted."""
-
-    http_status: int = 500
-
-
-class InvalidFaultRequest(FaultError, ConfigError):
-    """A fault request body is invalid (HTTP 400).
-
-    Attributes:
-        problems: ``(field, message)`` pairs, the field dotted (``rank``, ``signal``).
-    """
-
-    http_status = 400
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("; ".join(f"{field}: {message}" for field, message in problems))
-
-
-class FaultNotFound(FaultError):
+class FaultNotFound(AgentError, FaultError):
     """No fault with this id in the ledger (HTTP 404)."""
 
     http_status = 404
 
 
-class FaultTargetNotFound(FaultError):
-    """The fault's target (e.g. a rank) is not on this node (HTTP 404)."""
-
-    http_status = 404
-
-
-class FaultTargetAmbiguous(FaultError):
-    """The target matches more than one process (e.g. rank 0 of two jobs; HTTP 409)."""
-
-    http_status = 409
-
-
-class FaultConflict(FaultError):
+class FaultConflict(AgentError, FaultError):
     """A fault id is reused with a different request body (HTTP 409)."""
 
     http_status = 409
@@ -78,11 +52,7 @@ __all__ = [
     "AgentError",
     "CollectorError",
     "FaultConflict",
-    "FaultError",
     "FaultNotFound",
-    "FaultTargetAmbiguous",
-    "FaultTargetNotFound",
-    "InvalidFaultRequest",
     "LedgerError",
     "NvmlUnavailable",
     "WebConfigError",

@@ -36,9 +36,9 @@ from stormwatch.agent.collectors import (
     new_family,
 )
 from stormwatch.agent.config import AgentConfig
-from stormwatch.agent.errors import AgentConfigError, FaultError
+from stormwatch.agent.errors import AgentConfigError
 from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
-from stormwatch.agent.faults import FAULT_TYPES, FaultContext, FaultLedger, FaultManager
+from stormwatch.agent.faults import FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
@@ -49,8 +49,10 @@ from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
 from stormwatch.agent.watch.events import EventLog
 from stormwatch.agent.watch.monitor import RankHealth
 from stormwatch.agent.watch.proc_exits import open_exit_source
+from stormwatch.agent.watch.procs import is_torchrun_agent
 from stormwatch.agent.watch.ranks import RankExit, RankWatcher
 from stormwatch.agent.webconfig import BasicAuth, load_web_config, server_ssl_context
+from stormwatch.faults import FaultContext, FaultError, SimulatedGpus
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +212,12 @@ class Agent:
             FaultContext(
                 node=cfg.node,
                 ranks=self.watcher,
+                is_launcher=is_torchrun_agent,
                 metrics_dir=Path(cfg.metrics_dir),
                 state_dir=Path(cfg.resolved_state_dir),
                 gpu=lambda: self.gpu_api,
+                simulated_gpus=self._simulated_gpus,
             ),
-            types=FAULT_TYPES,
             clock=self._clock,
             tracer=tracer,
         )
@@ -413,6 +416,10 @@ class Agent:
 
     def _revert_shutdown(self, fault_id: str) -> None:
         self.faults.revert(fault_id, reason="shutdown")
+
+    def _simulated_gpus(self) -> SimulatedGpus | None:
+        """The simulated GPUs the GPU fault kinds act on: the open backend when it is one."""
+        return self.gpu_api if isinstance(self.gpu_api, FakeNvml) else None
 
 
 def _ensure_metrics_dir(path: Path) -> None:

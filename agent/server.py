@@ -44,12 +44,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 
 from stormwatch.agent.collectors.base import CollectorSet
-from stormwatch.agent.errors import FaultError, InvalidFaultRequest
 from stormwatch.agent.exposition import ExpositionCache
-from stormwatch.agent.faults import FaultManager, parse_fault_request
+from stormwatch.agent.faults import FaultManager
 from stormwatch.agent.watch.events import EventLog
 from stormwatch.agent.watch.ranks import RankWatcher
 from stormwatch.agent.webconfig import BasicAuth
+from stormwatch.faults import FaultError, InvalidFaultRequest, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class _Api:
                 fields=[{"field": "body", "message": "invalid JSON"}],
             )
         try:
-            spec = parse_fault_request(body)
+            spec = parse_request(body)
             record, created = await self._blocking(self._deps.faults.apply, spec)
             self._changed()
         except InvalidFaultRequest as exc:

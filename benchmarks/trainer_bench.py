@@ -103,7 +103,8 @@ from trainer_trials import (
 # --------------------------------------------------------------------------- parent side
 def _channel_cost(step_seconds: float) -> dict[str, float]:
     """The control channel's per-step work, timed directly (no torch): seconds per step."""
-    from stormwatch.trainer.control import ControlChannel, control_path
+    from stormwatch.faults.control_file import control_path
+    from stormwatch.trainer.control import ControlChannel
 
     with tempfile.TemporaryDirectory(prefix="stormwatch-bench-control-") as tmp:
         path = control_path(Path(tmp), 0)

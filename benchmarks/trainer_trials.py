@@ -154,21 +154,20 @@ def _checkpoint_bytes(root: Path) -> int:
 
 def write_expired_faults(path: Path) -> None:
     """A control file whose fault points all expired an hour ago (nothing armed)."""
+    from stormwatch.faults.control_file import ENTRY, write_entries
+
     past = time.time() - 3600
-    path.parent.mkdir(parents=True, exist_ok=True)
     faults = [
         {"point": "slow_step", "seconds": 0.5, "expires_at": past},
         {"point": "collective_delay", "seconds": 0.2, "op": "all_reduce", "expires_at": past},
         {"point": "collective_hang", "op": "all_gather", "expires_at": past},
     ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"faults": faults}))
-    tmp.rename(path)
+    write_entries(path, [ENTRY.validate_python(f) for f in faults])
 
 
 def worker(work: Path) -> int:
     """One torchrun rank: every trial of the plan, results to ``<work>/rank<R>.json``."""
-    from stormwatch.trainer.control import control_path
+    from stormwatch.faults.control_file import control_path
     from stormwatch.trainer.progress import ConsoleProgress
     from stormwatch.trainer.runtime import RankEnv
     from stormwatch.trainer.telemetry.collective_ops import KERNELS

@@ -1,11 +1,11 @@
 """stormwatch.chaos: chaos experiments against a training job, with a durable fault ledger.
 
-An experiment (YAML, :mod:`.experiment`, loaded by :mod:`.loader`) has a
-steady-state hypothesis checked before and after a method that injects typed
-faults (:mod:`.faults`: ``kill_rank`` through the node agent, ``freeze_rank``
-controller-side). :mod:`.runner` runs it against a :mod:`.target` (the lab in
-:mod:`.lab`), writes every fault to the :mod:`.ledger` *before* sending it, and
-reverts whatever is open however the run ends (FC-13). Every activity is
+An experiment (YAML, :mod:`.experiment`) has a steady-state hypothesis checked
+before and after a method that injects typed faults (the kinds of
+:mod:`stormwatch.faults`, applied by the node agents or, ``freeze_rank``, by the
+controller). :mod:`.execution` runs it against a :mod:`.target`, writes every
+fault to the :mod:`.ledger` *before* sending it (:mod:`.execution.injection`), and
+reverts whatever is open however the run ends (FC-13, :mod:`.ledger.undo`). Every activity is
 journaled (:mod:`.journal`); :mod:`.postmortem` turns the journal, the rank
 logs, a baseline run and the alert/responder :mod:`.evidence` into a report.
 ``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo`` is :mod:`.demo`.

@@ -23,7 +23,6 @@ from stormwatch.chaos.execution.runner import (
     run_experiment,
 )
 from stormwatch.chaos.experiment.loader import load_experiment
-from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.gameday.scorecard import ScorecardRow
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_overdue
@@ -471,8 +470,8 @@ def _ledger_table(entries: list[LedgerEntry], *, now: float, width: int) -> Tabl
     rows = []
     for e in entries:
         overdue = e.open and e.expires_at <= now
-        rank = target_rank(e.spec)
-        what = str(rank) if rank is not None else ",".join(target_nodes(e.spec)) or "-"
+        rank = e.spec.target_rank()
+        what = str(rank) if rank is not None else ",".join(e.spec.target_nodes()) or "-"
         if wide:
             where = e.target.node or (f"pid {e.target.pid}" if e.target.pid else "?")
             state = e.state

@@ -35,12 +35,11 @@ from stormwatch.plan.model import (
 )
 from stormwatch.plan.montecarlo import MonteCarloResult, simulate_ettr
 from stormwatch.plan.planner import PlanReport, build_plan, solve_target
-from stormwatch.plan.postmortems import FAULT_KIND_CATEGORY, read_postmortems
+from stormwatch.plan.postmortems import read_postmortems
 from stormwatch.plan.report import render_markdown, write_report
 from stormwatch.plan.whatif import Scenario, ScenarioResult, build_scenarios
 
 __all__ = [
-    "FAULT_KIND_CATEGORY",
     "CategoryTimes",
     "FailureCategory",
     "FailureTable",

@@ -3,9 +3,9 @@
 Reads every ``experiments/*/postmortem.json`` under a run directory (or the
 directory itself if it holds ``postmortem.json`` files one level down), keeps
 those with both ``time_to_detect_seconds`` and ``time_to_recover_seconds``, and
-maps each ``fault_kind`` to a failure category with :data:`FAULT_KIND_CATEGORY`, the
-same mapping the game-day scorecard uses (:mod:`stormwatch.chaos.gameday.scorecard`, whose
-docstring says why each kind models its category).
+maps each ``fault_kind`` to a failure category with
+:data:`stormwatch.faults.FAULT_CATEGORIES` (each kind's traits), the same mapping the
+game-day scorecard uses (docs/faults.md says why each kind models its category).
 
 Per category the mean over experiments is used: ``detect_s`` = mean time to
 detect; ``restart_s`` = mean of ``time_to_recover - time_to_detect`` (the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stormwatch.chaos.gameday.scorecard import FAULT_KIND_CATEGORY
+from stormwatch.faults import FAULT_CATEGORIES, category_of
 from stormwatch.plan.errors import InvalidPlanInput, from_validation_error
 from stormwatch.plan.inputs import CategoryTimes
 
@@ -79,7 +79,7 @@ def read_postmortems(run_dir: Path) -> MeasuredTimes:
         except ValidationError as exc:
             raise from_validation_error(str(path), exc) from exc
         ttd, ttr = pm.time_to_detect_seconds, pm.time_to_recover_seconds
-        category = FAULT_KIND_CATEGORY.get(pm.fault_kind or "")
+        category = category_of(pm.fault_kind)
         if category is None:
             out.skipped.append(f"{path.parent.name}: fault kind {pm.fault_kind!r} has no category")
         elif ttd is None or ttr is None or ttd < 0 or ttr < 0:
@@ -92,7 +92,7 @@ def read_postmortems(run_dir: Path) -> MeasuredTimes:
     if not samples:
         raise InvalidPlanInput(
             f"--from-postmortems: none of the {len(paths)} post-mortem(s) under {run_dir} has a "
-            f"known fault kind ({', '.join(sorted(FAULT_KIND_CATEGORY))}) with both times"
+            f"known fault kind ({', '.join(sorted(FAULT_CATEGORIES))}) with both times"
         )
     for category, pairs in samples.items():
         out.times[category] = CategoryTimes(
@@ -103,4 +103,4 @@ def read_postmortems(run_dir: Path) -> MeasuredTimes:
     return out
 
 
-__all__ = ["FAULT_KIND_CATEGORY", "MeasuredTimes", "find_postmortems", "read_postmortems"]
+__all__ = ["MeasuredTimes", "find_postmortems", "read_postmortems"]

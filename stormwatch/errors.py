@@ -4,7 +4,14 @@
 
     StormwatchError                 anything stormwatch raises on purpose
     ├── ConfigError                 bad user input: names the field and the fix
+    ├── stormwatch.faults.FaultError    a fault could not be placed, applied or undone (HTTP 500)
+    │   ├── InvalidFaultRequest     (a ConfigError too; 400)
+    │   ├── FaultTargetNotFound     (404)
+    │   ├── FaultTargetAmbiguous    (409)
+    │   └── UnplaceableFault        the controller cannot place it on the agents
     ├── stormwatch.agent.AgentError
+    │   ├── FaultNotFound           (a stormwatch.faults.FaultError too; 404)
+    │   └── FaultConflict           (likewise; 409)
     ├── stormwatch.trainer.TrainerError
     ├── stormwatch.chaos.ChaosError
     │   ├── InvalidExperiment       (a ConfigError too)

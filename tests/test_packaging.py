@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("agent", "trainer", "chaos", "alerts", "dashboards")
+COMPONENTS = ("faults", "agent", "trainer", "chaos", "alerts", "dashboards")
 
 
 @pytest.mark.parametrize("component", ("stormwatch", *(f"stormwatch.{c}" for c in COMPONENTS)))

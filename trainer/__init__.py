@@ -19,9 +19,9 @@ labels, wait accounting; ``collective_ops``: Python kernels on the ``c10d``
 collective ops only; ``perf``: nccl-tests bandwidths, MFU, peak FLOP/s;
 ``instrument``: grad norm, memory, FLOPs; ``metrics``, ``events``, ``rank``;
 ``tracing``: OpenTelemetry spans; ``dump``: post-mortem dumps with the flight
-recorder), ``control`` (chaos fault points armed per rank), ``runtime`` (rank
-environment, process group, collective timeout), ``faults`` (test-only fault
-points), ``paths`` (start-up check that output folders are writable),
+recorder), ``control`` (fault points armed per rank through the control file of
+:mod:`stormwatch.faults.control_file`), ``runtime`` (rank environment, process
+group, collective timeout), ``paths`` (start-up check that output folders are writable),
 ``progress`` (rank 0's progress lines on stderr), ``loop`` (a rank's set-up and
 life), ``steps`` (its optimizer steps), ``passes`` (a step's forward and
 backward), ``cli`` (``stormwatch train``).
@@ -35,7 +35,7 @@ Exceptions::
         ├── CorpusError      corpus unreadable or too small
         ├── CheckpointError  save/resume failed (raised on every rank together)
         ├── Terminated       SIGTERM received (torchrun teardown); exit status 143
-        ├── InjectedFault    the ``error_at_step`` chaos fault point fired
+        ├── InjectedFault    the ``error_at_step`` fault point fired
         └── ControlFileError a control file does not parse (logged, never raised
                              out of training)
 

@@ -38,7 +38,6 @@ from stormwatch.trainer.config.options import (
     folder_defaults,
     option_values,
 )
-from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, UnwritableDirError, check_writable_dirs
 from stormwatch.trainer.progress import ConsoleProgress
@@ -122,7 +121,6 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(**option_values(ProgressConfig, values))  # validates --log-every
     check_writable_dirs(_dir_options(config, given, values))
-    fault = FaultPoint.from_environ(os.environ, rank=env.rank, attempt=env.attempt)
     # The flight recorder reads these when the process group is created.
     os.environ.update(
         flight_recorder_environ(config.debug.dump_dir, config.debug.flight_recorder_entries)
@@ -130,7 +128,7 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 
-    run_training(config, env, fault=fault, progress=progress if env.rank == 0 else None)
+    run_training(config, env, progress=progress if env.rank == 0 else None)
     return 0
 
 

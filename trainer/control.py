@@ -1,55 +1,50 @@
-"""Chaos control channel: fault points armed per rank through a JSON file, polled once per step.
+"""The trainer's end of the chaos control channel: fault points armed per rank, polled per step.
 
-The chaos controller (or a person) writes ``<control-dir>/rank<R>.json``
-(``--control-dir``; default ``<metrics-dir>/control``) atomically (write a
-temporary file, then rename) to arm fault points on rank ``R``::
+The file ``<control-dir>/rank<R>.json`` (``--control-dir``; default
+``<metrics-dir>/control``) and its entries are :mod:`stormwatch.faults.control_file`
+(the one model its writers use too: the agent's ``trainer_fault``, the platforms'
+``checkpoint_now``, tests). :class:`ControlChannel` reads it with that model and
+applies the points:
 
-    {"faults": [
-      {"point": "slow_step", "seconds": 0.5, "expires_at": 1767225600.0},
-      {"point": "collective_delay", "seconds": 0.2, "op": "all_reduce", "mesh_dim": "tp",
-       "expires_at": 1767225600.0},
-      {"point": "collective_hang", "op": "all_gather", "expires_at": 1767225600.0},
-      {"point": "error_at_step", "step": 12},
-      {"point": "checkpoint_now", "requested_at": 1767225000.0}
-    ]}
+* ``slow_step``, ``collective_delay``, ``collective_hang``, ``error_at_step``,
+  ``checkpoint_now``: as documented there (the ranks agree on ``checkpoint_now``
+  through the gradient-norm all-reduce, so a request written to any one rank's file
+  is enough and costs no extra collective);
+* ``kill_at_step``: SIGKILL at the start of the step (:meth:`ControlChannel.check_step`);
+* ``checkpoint_kill``: SIGKILL at a phase of a save (:meth:`ControlChannel.checkpoint_phase`,
+  the checkpointer's fault hook).
 
-Fault points (:data:`POINTS`):
-
-* ``slow_step``: sleep ``seconds`` of extra compute in every step, before
-  the backward pass (a compute straggler, FC-14).
-* ``collective_delay``: sleep ``seconds`` before issuing every matching
-  collective (``op`` and ``mesh_dim`` filter; omitted = any).
-* ``collective_hang``: block before issuing the first matching collective
-  until the fault expires (forever without ``expires_at``) or its entry is
-  removed (a chaos revert; the file is re-read while hanging): for the peers
-  this rank never joins that collective (FC-10).
-* ``error_at_step``: raise :class:`InjectedFault` at the start of ``step``.
-* ``checkpoint_now``: save a checkpoint at the end of the current step on
-  every rank, unless one was started after ``requested_at`` (Unix time). The
-  ranks agree through the gradient-norm all-reduce, so a request written to
-  any one rank's file is enough and costs no extra collective.
-
-Every fault may carry ``expires_at`` (Unix time): from then on it is
-disarmed; deleting the file, or removing the entry, disarms at once (at the
-next poll). :meth:`ControlChannel.poll` runs once per step; it costs one
-``stat`` when the file is missing or unchanged, and a disarmed collective
-fault point costs nothing: the collective counter has no hook installed. A
-file that does not parse is ignored (logged, counted by the caller) until
-it changes. No torch import here.
+An entry with ``attempt`` arms only in that torchrun attempt; one with ``expires_at``
+is disarmed from then on; deleting the file, or removing the entry, disarms at once
+(at the next poll). :meth:`ControlChannel.poll` runs once per step, before anything
+else of the step; it costs one ``stat`` when the file is missing or unchanged, and a
+disarmed collective fault point costs nothing: the collective counter has no hook
+installed. A file that does not parse is ignored (logged, counted by the caller)
+until it changes. No torch import here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from stormwatch.faults.control_file import (
+    CheckpointKill,
+    CheckpointNow,
+    CollectiveDelay,
+    CollectiveHang,
+    ControlFile,
+    ErrorAtStep,
+    KillAtStep,
+    SlowStep,
+)
 from stormwatch.trainer.errors import TrainerError
 
 log = logging.getLogger(__name__)
@@ -66,67 +61,17 @@ class ControlFileError(TrainerError):
     """The control file exists but is not valid JSON of the documented shape."""
 
 
-class _Fault(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    expires_at: float | None = Field(default=None, description="Unix time; disarmed from then on")
-
-
-class SlowStep(_Fault):
-    point: Literal["slow_step"]
-    seconds: float = Field(gt=0, le=3600)
-
-
-class CollectiveDelay(_Fault):
-    point: Literal["collective_delay"]
-    seconds: float = Field(gt=0, le=3600)
-    op: str | None = None
-    mesh_dim: str | None = None
-
-
-class CollectiveHang(_Fault):
-    point: Literal["collective_hang"]
-    op: str | None = None
-    mesh_dim: str | None = None
-
-
-class ErrorAtStep(_Fault):
-    point: Literal["error_at_step"]
-    step: int = Field(ge=1)
-
-
-class CheckpointNow(_Fault):
-    point: Literal["checkpoint_now"]
-    requested_at: float
-
-
-Fault = Annotated[
-    SlowStep | CollectiveDelay | CollectiveHang | ErrorAtStep | CheckpointNow,
-    Field(discriminator="point"),
-]
-
-
-class ControlFile(BaseModel):
-    """The content of ``rank<R>.json``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    faults: tuple[Fault, ...] = ()
-
-
-#: Names of the fault points.
-POINTS = ("slow_step", "collective_delay", "collective_hang", "error_at_step", "checkpoint_now")
-
 _ADAPTER = TypeAdapter(ControlFile)
-
-
-def control_path(control_dir: Path, rank: int) -> Path:
-    """``<control_dir>/rank<rank>.json``."""
-    return control_dir / f"rank{rank}.json"
 
 
 def _matches(fault: CollectiveDelay | CollectiveHang, op: str, mesh_dim: str) -> bool:
     return (fault.op is None or fault.op == op) and (
         fault.mesh_dim is None or fault.mesh_dim == mesh_dim
     )
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -138,6 +83,8 @@ class Armed:
     hangs: tuple[CollectiveHang, ...] = ()
     error_steps: frozenset[int] = frozenset()
     checkpoint_requested_at: float | None = None
+    kill_steps: frozenset[int] = frozenset()
+    checkpoint_kills: frozenset[tuple[str, int]] = frozenset()
     points: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -154,8 +101,11 @@ class ControlChannel:
 
     Args:
         path: the rank's control file; ``None`` disables the channel.
+        attempt: this process's torchrun attempt (``TORCHELASTIC_RESTART_COUNT``); entries
+            for another attempt are not armed.
         clock: Unix time source (default :func:`time.time`).
         sleep: sleep function (default :func:`time.sleep`).
+        kill: ends this process at once (default: SIGKILL to itself).
         on_fire: called with a point's name each time it takes effect
             (settable attribute: the loop binds the current step).
     """
@@ -164,13 +114,17 @@ class ControlChannel:
         self,
         path: Path | None,
         *,
+        attempt: int = 0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        kill: Callable[[], None] = _kill_self,
         on_fire: Callable[[str], None] | None = None,
     ) -> None:
         self._path = path
+        self._attempt = attempt
         self._clock = clock
         self._sleep = sleep
+        self._kill = kill
         self.on_fire = on_fire
         self._stamp: tuple[int, int] | None = None
         self._parsed = ControlFile()
@@ -203,28 +157,53 @@ class ControlChannel:
         if not self._parsed.faults:
             self.armed = NOTHING_ARMED
             return self.armed
+        self.armed = self._snapshot()
+        return self.armed
+
+    def _snapshot(self) -> Armed:
         now = self._clock()
-        live = [f for f in self._parsed.faults if f.expires_at is None or f.expires_at > now]
+        live = [
+            f
+            for f in self._parsed.faults
+            if (f.expires_at is None or f.expires_at > now)
+            and (f.attempt is None or f.attempt == self._attempt)
+        ]
         requested = [f.requested_at for f in live if isinstance(f, CheckpointNow)]
-        self.armed = Armed(
+        return Armed(
             slow_seconds=sum(f.seconds for f in live if isinstance(f, SlowStep)),
             delays=tuple(f for f in live if isinstance(f, CollectiveDelay)),
             hangs=tuple(f for f in live if isinstance(f, CollectiveHang)),
             error_steps=frozenset(f.step for f in live if isinstance(f, ErrorAtStep)),
             checkpoint_requested_at=max(requested) if requested else None,
+            kill_steps=frozenset(f.step for f in live if isinstance(f, KillAtStep)),
+            checkpoint_kills=frozenset(
+                (f.phase, f.step) for f in live if isinstance(f, CheckpointKill)
+            ),
             points=frozenset(f.point for f in live),
         )
-        return self.armed
 
     def _fired(self, point: str) -> None:
         if self.on_fire is not None:
             self.on_fire(point)
 
     def check_step(self, step: int) -> None:
-        """At the start of ``step``: raise :class:`InjectedFault` if armed for it."""
+        """At the start of ``step``: SIGKILL this process (``kill_at_step``), or raise
+        :class:`InjectedFault` (``error_at_step``), if armed for it."""
+        if step in self.armed.kill_steps:
+            self._fired("kill_at_step")
+            log.warning("fault point: SIGKILL at the start of step %d (pid %d)", step, os.getpid())
+            self._kill()
         if step in self.armed.error_steps:
             self._fired("error_at_step")
             raise InjectedFault(f"fault point error_at_step fired at step {step}")
+
+    def checkpoint_phase(self, phase: str, step: int) -> None:
+        """The checkpointer's fault hook: SIGKILL this process if ``(phase, step)`` is armed
+        (``checkpoint_kill``). Not passed to ``on_fire``: it may run on the writer thread of
+        an async save, and the process ends at once."""
+        if (phase, step) in self.armed.checkpoint_kills:
+            log.warning("fault point: SIGKILL at %s of the save of step %d", phase, step)
+            self._kill()
 
     def slow_step(self) -> None:
         """Sleep the armed extra compute time (before the backward pass)."""
@@ -266,16 +245,8 @@ class ControlChannel:
 __all__ = [
     "HANG_POLL_SECONDS",
     "NOTHING_ARMED",
-    "POINTS",
     "Armed",
-    "CheckpointNow",
-    "CollectiveDelay",
-    "CollectiveHang",
     "ControlChannel",
-    "ControlFile",
     "ControlFileError",
-    "ErrorAtStep",
     "InjectedFault",
-    "SlowStep",
-    "control_path",
 ]

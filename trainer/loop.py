@@ -39,23 +39,23 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from stormwatch.faults.control_file import control_path
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.checkpoint.state import RankLayout, TrainState
 from stormwatch.trainer.config import TrainConfig
-from stormwatch.trainer.control import ControlChannel, control_path
+from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
-from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel.apply import Parallelized, parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv, distributed
-from stormwatch.trainer.steps import StepLoop, StepReport, before_backward
+from stormwatch.trainer.steps import StepLoop, StepReport
 from stormwatch.trainer.telemetry.comms import CollectiveCounter
 from stormwatch.trainer.telemetry.dump import RankDumper
 from stormwatch.trainer.telemetry.instrument import (
@@ -86,7 +86,6 @@ def train(
     config: TrainConfig,
     env: RankEnv,
     *,
-    fault: FaultPoint | None = None,
     progress: ConsoleProgress | None = None,
 ) -> TrainResult:
     """Run one rank of a training job; collective across the job's ranks.
@@ -94,7 +93,6 @@ def train(
     Args:
         config: the validated run configuration.
         env: this process's rank, world size and attempt.
-        fault: test-only fault point (see :mod:`stormwatch.trainer.faults`).
         progress: human progress lines (the CLI passes one to rank 0 only);
             it also warns when the checkpoint resumed from is already at or
             past ``config.steps`` (nothing is trained then).
@@ -103,7 +101,7 @@ def train(
         ConfigError: the degrees do not fit the world size.
         CorpusError: the corpus cannot be read.
         CheckpointError: saving or resuming failed (on every rank).
-        InjectedFault: the ``error_at_step`` chaos fault point fired.
+        InjectedFault: the ``error_at_step`` fault point of the control file fired.
         Terminated: SIGTERM arrived (torchrun stopping the worker group).
         RuntimeError: a collective failed or timed out (from torch.distributed).
 
@@ -135,7 +133,7 @@ def train(
             distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
         )
         try:
-            return _run(config, env, dims, device_type, telemetry, fault, dumper, tracing, progress)
+            return _run(config, env, dims, device_type, telemetry, dumper, tracing, progress)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             dumper.dump(f"{type(exc).__name__}: {exc}")
@@ -186,7 +184,6 @@ def _run(
     dims: ParallelDims,
     device_type: str,
     telemetry: RankTelemetry,
-    fault: FaultPoint | None,
     dumper: RankDumper,
     tracing: RankTracing,
     progress: ConsoleProgress | None,
@@ -203,7 +200,15 @@ def _run(
     budget = FailureBudget(
         config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
     )
-    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, telemetry, fault)
+    # Fault points of the control file (stormwatch.faults.control_file): polled at the start
+    # of every step, before anything of it runs; its checkpoint_kill is the checkpointer's hook.
+    control = ControlChannel(
+        None
+        if config.control.directory is None
+        else control_path(config.control.directory, env.rank),
+        attempt=env.attempt,
+    )
+    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, telemetry, control)
     with tracing.span("checkpoint_load"):
         resumed = checkpointer.load_latest()
     _announce_start(config, env, dims, telemetry, progress, resumed, checkpointer, sampler)
@@ -214,11 +219,6 @@ def _run(
         enabled=config.telemetry.count_collectives,  # False: benchmarks/trainer_bench.py's baseline
     )
     dumper.recent = counter.recent
-    control = ControlChannel(
-        None
-        if config.control.directory is None
-        else control_path(config.control.directory, env.rank),
-    )
     steps = StepLoop(
         config,
         env,
@@ -233,7 +233,7 @@ def _run(
             device=device,
             accumulation=sampler.accumulation_steps,
             tracing=tracing,
-            before_backward=functools.partial(before_backward, fault, control),
+            before_backward=control.slow_step,
         ),
         counter=counter,
         control=control,
@@ -250,7 +250,6 @@ def _run(
         ),
         telemetry=telemetry,
         tracing=tracing,
-        fault=fault,
     )
     last_step, final_loss = steps.run(resumed or 0, dumper)
     _finish(config, telemetry, progress, last_step)
@@ -285,7 +284,7 @@ def _checkpointer(
     sampler: BatchSampler,
     budget: FailureBudget,
     telemetry: RankTelemetry,
-    fault: FaultPoint | None,
+    control: ControlChannel,
 ) -> Checkpointer:
     """The checkpointer of this rank's training state; a commit is recorded and resets ``budget``."""
     return Checkpointer(
@@ -297,7 +296,7 @@ def _checkpointer(
             seed=config.data.seed,
         ),
         on_commit=functools.partial(_committed, telemetry, budget),
-        fault_hook=None if fault is None else fault.checkpoint_phase,
+        fault_hook=control.checkpoint_phase,
         layout=RankLayout(
             rank=env.rank,
             world_size=env.world_size,

@@ -1,9 +1,8 @@
 """One run's optimizer steps: fault points armed, forward and backward, gradient norm,
 optimizer, global mean loss, the step's report, then checkpoint commits and saves.
 
-Each step's order (collective on every rank): the chaos fault points armed for
-the step (the test-only :class:`~stormwatch.trainer.faults.FaultPoint`, then the
-control file's), forward and backward of every micro-batch
+Each step's order (collective on every rank): the fault points of the control
+file armed for the step, forward and backward of every micro-batch
 (:class:`~stormwatch.trainer.passes.ForwardBackward`; the fault points that act
 before the first backward), the global gradient norm over every stage (one world
 all-reduce, not counted with the step's collectives, that also carries two votes:
@@ -29,7 +28,6 @@ from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError
 from stormwatch.trainer.data.batches import BatchSampler
-from stormwatch.trainer.faults import FaultPoint
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
@@ -68,13 +66,6 @@ def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
 
 def _fired(telemetry: RankTelemetry, step: int, point: str) -> None:
     telemetry.fault(point=point, step=step)
-
-
-def before_backward(fault: FaultPoint | None, control: ControlChannel) -> None:
-    """The fault points that act before a step's first backward (a crash, a slow rank)."""
-    if fault is not None:
-        fault.before_backward()
-    control.slow_step()
 
 
 class StepReport:
@@ -175,7 +166,6 @@ class StepLoop:
         checkpointer, cadence: the async-write vote, and when to save and commit.
         report: the step's telemetry and progress line.
         telemetry, tracing: fault events and control-file errors; the spans.
-        fault: the test-only fault point, if any.
     """
 
     def __init__(
@@ -196,7 +186,6 @@ class StepLoop:
         report: StepReport,
         telemetry: RankTelemetry,
         tracing: RankTracing,
-        fault: FaultPoint | None,
     ) -> None:
         self._config = config
         self._env = env
@@ -213,7 +202,6 @@ class StepLoop:
         self._report = report
         self._telemetry = telemetry
         self._tracing = tracing
-        self._fault = fault
 
     def run(self, last_step: int, dumper: RankDumper) -> tuple[int, float | None]:
         """Train to ``config.steps``; returns the last step and its global mean loss.
@@ -236,9 +224,7 @@ class StepLoop:
         return last_step, final_loss
 
     def _arm(self, step: int) -> None:
-        """The fault points for ``step``: the test-only one, then the control file's."""
-        if self._fault is not None:
-            self._fault.check(step)
+        """The control file's fault points for ``step``."""
         control = self._control
         armed = _poll(control, self._telemetry)
         self._counter.interceptor = control.before_collective if armed.touches_collectives else None
@@ -282,4 +268,4 @@ class StepLoop:
         return step, loss
 
 
-__all__ = ["StepLoop", "StepReport", "before_backward"]
+__all__ = ["StepLoop", "StepReport"]

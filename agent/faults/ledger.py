@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stormwatch.agent.errors import LedgerError
-from stormwatch.agent.faults.base import Injection
+from stormwatch.faults import Injection
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -54,7 +54,8 @@ class FaultState(str, Enum):
 
 
 class FaultRecord(BaseModel):
-    """One ledger row (also the JSON of the fault API). Times are Unix seconds.
+    """One ledger row (also the JSON of the fault API, which the controller reads with this
+    model too). Times are Unix seconds.
 
     Attributes:
         id, kind, node: identity.
@@ -63,7 +64,7 @@ class FaultRecord(BaseModel):
         created_at: when the agent recorded it; applied_at: when it took effect.
         expires_at: when the agent reverts it on its own.
         reverted_at, revert_reason: when and why (``ttl``, ``request``, ``startup``).
-        target_pid, details: what :meth:`Fault.inject` reported.
+        target_pid, details: what :meth:`stormwatch.faults.Fault.inject` reported.
         error: last inject/revert error, if any.
     """
 

@@ -9,14 +9,17 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
-from stormwatch.agent.errors import (
-    FaultConflict,
+from stormwatch.agent.errors import FaultConflict, FaultNotFound
+from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord
+from stormwatch.faults import (
+    AGENT_KINDS,
+    Fault,
+    FaultContext,
     FaultError,
-    FaultNotFound,
+    FaultKind,
+    FaultRequest,
     FaultTargetNotFound,
 )
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec
-from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,8 @@ class FaultManager:
     Args:
         ledger: durable store.
         ctx: what faults act on.
-        types: kind -> :class:`Fault` subclass (default: every built-in kind).
+        kinds: kind name -> its declaration (default: every kind an agent applies,
+            :data:`stormwatch.faults.AGENT_KINDS`).
         clock: Unix time.
         tracer: records a ``fault.inject`` / ``fault.revert`` span per action
             (default: no-op).
@@ -38,13 +42,13 @@ class FaultManager:
         ledger: FaultLedger,
         ctx: FaultContext,
         *,
-        types: Mapping[str, type[Fault]],
+        kinds: Mapping[str, FaultKind] = AGENT_KINDS,
         clock: Callable[[], float] = time.time,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self._ledger = ledger
         self._ctx = ctx
-        self._types = dict(types)
+        self._kinds = dict(kinds)
         self._clock = clock
         self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.RLock()
@@ -53,7 +57,7 @@ class FaultManager:
     def ledger(self) -> FaultLedger:
         return self._ledger
 
-    def apply(self, spec: FaultSpec) -> tuple[FaultRecord, bool]:
+    def apply(self, spec: FaultRequest) -> tuple[FaultRecord, bool]:
         """Apply ``spec`` once.
 
         Returns:
@@ -63,7 +67,8 @@ class FaultManager:
         Raises:
             FaultConflict: the id exists with a different request.
             FaultTargetNotFound / FaultTargetAmbiguous: nothing was applied.
-            FaultError: applying failed (recorded as ``failed``).
+            FaultError: the request breaks one of its kind's cross-field rules (nothing was
+                applied), or applying failed (recorded as ``failed``).
         """
         attributes = {
             f"stormwatch.fault.{key}": value
@@ -79,7 +84,7 @@ class FaultManager:
                 span.set_attribute("stormwatch.fault.target_pid", record.target_pid)
             return record, created
 
-    def _apply(self, spec: FaultSpec) -> tuple[FaultRecord, bool]:
+    def _apply(self, spec: FaultRequest) -> tuple[FaultRecord, bool]:
         body = spec.model_dump(mode="json")
         with self._lock:
             existing = self._ledger.get(spec.id)
@@ -89,7 +94,7 @@ class FaultManager:
                         f"fault {spec.id!r} exists with another request; use a new id"
                     )
                 return existing, False
-            fault = self._types[spec.kind](spec)
+            fault = self._bind(spec)
             fault.prepare(self._ctx)
             now = self._clock()
             self._ledger.record_injecting(
@@ -119,6 +124,18 @@ class FaultManager:
             )
             log.warning("fault %s (%s) applied: pid %s", spec.id, spec.kind, record.target_pid)
             return record, True
+
+    def _bind(self, spec: FaultRequest) -> Fault[FaultRequest]:
+        """The agent-side fault of ``spec``, after its kind's cross-field checks.
+
+        Raises:
+            FaultError: the first check that fails (nothing was applied).
+        """
+        definition = self._kinds[spec.kind]
+        assert definition.fault is not None  # AGENT_KINDS only
+        for problem in definition.problems(spec):
+            raise FaultError(problem)
+        return definition.fault(spec)
 
     def get(self, fault_id: str) -> FaultRecord:
         """The record of ``fault_id``; raises :class:`FaultNotFound`."""
@@ -156,12 +173,12 @@ class FaultManager:
             record = self.get(fault_id)
             if not record.active:
                 return record
-            fault_type = self._types.get(record.kind)
-            if fault_type is None:
+            definition = self._kinds.get(record.kind)
+            if definition is None or definition.request is None:
                 raise FaultError(
                     f"fault {fault_id!r} has kind {record.kind!r}, unknown to this agent"
                 )
-            fault = fault_type(fault_type.spec_type.model_validate(record.spec))
+            fault = self._bind(definition.request.model_validate(record.spec))
             try:
                 fault.revert(self._ctx, record.injection)
             except Exception as exc:

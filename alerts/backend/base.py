@@ -10,15 +10,12 @@ returns the job's placement (global rank -> node name).
 from __future__ import annotations
 
 import json
-import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from stormwatch.alerts.errors import AlertsError
-
-log = logging.getLogger(__name__)
+from stormwatch.faults.control_file import CheckpointNow, arm
 
 
 class BackendError(AlertsError):
@@ -66,29 +63,18 @@ BACKEND_METHODS = (
 
 def arm_checkpoint(control_file: Path, now: float) -> None:
     """Add ``{"point": "checkpoint_now", "requested_at": now}`` to the trainer's control
-    file (``<control-dir>/rank<R>.json``, docs/ARCHITECTURE.md), keeping the other armed
-    entries (chaos faults) and replacing an older ``checkpoint_now``; written atomically.
+    file (``<control-dir>/rank<R>.json``, its model :mod:`stormwatch.faults.control_file`),
+    keeping the other armed entries (chaos faults) and replacing an older
+    ``checkpoint_now``; written atomically (an unreadable file is logged and replaced).
 
     Raises:
         OSError: the control directory cannot be created or written.
     """
-    faults: list[Any] = []
-    try:
-        current = json.loads(control_file.read_text())
-        faults = [
-            f
-            for f in current.get("faults", [])
-            if isinstance(f, dict) and f.get("point") != "checkpoint_now"
-        ]
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, AttributeError) as exc:
-        log.warning("control file %s unreadable (%s); replacing it", control_file, exc)
-    faults.append({"point": "checkpoint_now", "requested_at": now})
-    control_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = control_file.with_name(f".{control_file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"faults": faults}))
-    tmp.replace(control_file)
+    arm(
+        control_file,
+        CheckpointNow(point="checkpoint_now", requested_at=now),
+        replacing="checkpoint_now",
+    )
 
 
 def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, Any]) -> Path:

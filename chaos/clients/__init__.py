@@ -7,13 +7,12 @@ transport or HTTP errors become :class:`~stormwatch.chaos.errors.ServiceError`
 (or :class:`~stormwatch.chaos.errors.FaultError` for a refused fault).
 """
 
-from stormwatch.chaos.clients.agent import AgentClient, AgentFault, AgentRank
+from stormwatch.chaos.clients.agent import AgentClient, AgentRank
 from stormwatch.chaos.clients.responder import Action, Incident, Notification, ResponderClient
 
 __all__ = [
     "Action",
     "AgentClient",
-    "AgentFault",
     "AgentRank",
     "Incident",
     "Notification",

@@ -6,11 +6,14 @@ of its read-only listener (``AgentEndpoint.url``, ``--listen``), the fault calls
 (``AgentEndpoint.fault_api``, ``--fault-api-listen``). A fault call sent to the
 read-only listener gets a plain 404 and raises :class:`ServiceError` ("did not return JSON").
 
-Contract (docs/ARCHITECTURE.md, "Agent"): ``POST /v1/faults`` with
-``{"id", "kind", "rank", "signal", "ttl_seconds"}`` and a Bearer token ->
-201 ``{"id", "kind", "applied_at", "expires_at", "target_pid"}``; 404 when the
-rank is not on that node; 401 without a valid token; the same id twice has one
-effect, so a retried POST is safe. ``DELETE /v1/faults/{id}`` forgets a fault.
+Contract (docs/ARCHITECTURE.md, "Agent"): ``POST /v1/faults`` with a kind's request
+body (:mod:`stormwatch.faults`, e.g. ``{"id", "kind", "rank", "signal", "ttl_seconds"}``)
+and a Bearer token -> 201 and the agent's record of the fault
+(:class:`~stormwatch.agent.faults.ledger.FaultRecord`, the model the agent's ledger
+writes: ``id``, ``kind``, ``state``, ``applied_at``, ``expires_at``, ``target_pid`` ...);
+404 when the rank is not on that node; 401 without a valid token; the same id twice
+has one effect, so a retried POST is safe. ``DELETE /v1/faults/{id}`` reverts (or
+forgets) a fault and answers its record.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from stormwatch.agent.faults.ledger import FaultRecord
 from stormwatch.chaos.clients._http import DEFAULT_TIMEOUT_S, request_json
 from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
 
@@ -35,18 +39,6 @@ class AgentRank(BaseModel):
     pid: int | None = None
     alive: bool = True
     last_step: float | None = None
-
-
-class AgentFault(BaseModel):
-    """The agent's answer to a fault request. Times are Unix seconds."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    id: str
-    kind: str
-    applied_at: float | None = None
-    expires_at: float
-    target_pid: int | None = None
 
 
 class AgentClient:
@@ -87,8 +79,8 @@ class AgentClient:
         except (ValidationError, TypeError) as exc:
             raise ServiceError(f"agent {base_url}: unexpected /v1/ranks answer: {exc}") from exc
 
-    async def inject(self, base_url: str, token: str, body: dict[str, Any]) -> AgentFault:
-        """``POST /v1/faults``.
+    async def inject(self, base_url: str, token: str, body: dict[str, Any]) -> FaultRecord:
+        """``POST /v1/faults``; the agent's record of the fault.
 
         Raises:
             RankNotFound: 404, the rank is not on this node (nothing happened).
@@ -109,10 +101,7 @@ class AgentClient:
             raise RankNotFound(f"agent {base_url}: rank {body.get('rank')} is not on this node")
         if status in (401, 403):
             raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
-        try:
-            return AgentFault.model_validate(answer)
-        except ValidationError as exc:
-            raise ServiceError(f"agent {base_url}: unexpected fault answer: {exc}") from exc
+        return _record(base_url, answer)
 
     async def forget(self, base_url: str, token: str, fault_id: str) -> bool:
         """``DELETE /v1/faults/{id}``; ``False`` when the agent no longer knows it (404).
@@ -134,14 +123,14 @@ class AgentClient:
             raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
         return status != 404
 
-    async def revert_fault(self, base_url: str, token: str, fault_id: str) -> dict[str, Any] | None:
+    async def revert_fault(self, base_url: str, token: str, fault_id: str) -> FaultRecord | None:
         """``DELETE /v1/faults/{id}``: revert now; the agent's fault record, None when the agent
         does not know the id (404: never applied there, or its ledger is gone).
 
         Raises:
             FaultError: the token was refused, or the agent tried and failed to revert
                 (HTTP 500; the message is the agent's, e.g. rules still present).
-            ServiceError: the agent is unreachable.
+            ServiceError: the agent is unreachable or answered something else than a record.
         """
         status, answer = await request_json(
             self._session,
@@ -159,11 +148,41 @@ class AgentClient:
             raise FaultError(f"agent {base_url} could not revert fault {fault_id}: {error}")
         if status == 404:
             return None
-        return answer if isinstance(answer, dict) else {}
+        return _record(base_url, answer)
+
+    async def faults(self, base_url: str, token: str) -> list[FaultRecord]:
+        """``GET /v1/faults``: every fault in the agent's ledger.
+
+        Raises:
+            FaultError: the token was refused.
+            ServiceError: the agent is unreachable or answered nonsense.
+        """
+        status, answer = await request_json(
+            self._session,
+            "GET",
+            f"{base_url}/v1/faults",
+            what="agent",
+            timeout=self._timeout,
+            ok=(200, 401, 403),
+            headers=_auth(token),
+        )
+        if status in (401, 403):
+            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        items = answer.get("faults") if isinstance(answer, dict) else None
+        if not isinstance(items, list):
+            raise ServiceError(f"agent {base_url}: unexpected /v1/faults answer: {answer!r:.200}")
+        return [_record(base_url, item) for item in items]
+
+
+def _record(base_url: str, answer: Any) -> FaultRecord:
+    try:
+        return FaultRecord.model_validate(answer)
+    except ValidationError as exc:
+        raise ServiceError(f"agent {base_url}: unexpected fault answer: {exc}") from exc
 
 
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-__all__ = ["AgentClient", "AgentFault", "AgentRank"]
+__all__ = ["AgentClient", "AgentRank"]

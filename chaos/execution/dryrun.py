@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
@@ -30,6 +29,7 @@ from stormwatch.chaos.experiment.selection import (
     static_shape,
     touched_ranks,
 )
+from stormwatch.faults import ExperimentFault, Target
 
 #: Nodes of the default lab (``stormwatch lab up``), for files that do not fix their shape.
 DEFAULT_LAB_NODES = 2
@@ -181,17 +181,18 @@ def _activity(
     return f"{activity.name}: revert open faults ({activity.scope})"
 
 
-def _where(fault: BaseModel) -> str:
-    node = getattr(fault, "node", None)
-    if isinstance(node, str):
-        return f"node {node}"
-    nodes = getattr(fault, "nodes", None)
-    if isinstance(nodes, list):
+def _where(fault: ExperimentFault) -> str:
+    nodes = fault.target_nodes()
+    if fault.traits.target is Target.NODE_SETS:
         return f"nodes {', '.join(nodes)}"
-    rank = getattr(fault, "rank", None)
+    if nodes:
+        return f"node {nodes[0]}"
+    rank = fault.target_rank()
     if rank is None:
         return "its own target"
-    return f"the node of rank {rank}" if "node" in type(fault).model_fields else f"rank {rank}"
+    return (
+        f"the node of rank {rank}" if fault.traits.target is Target.NODE_OR_RANK else f"rank {rank}"
+    )
 
 
 __all__ = ["DEFAULT_LAB_NODES", "describe_provider", "lab_shape", "plan_shape", "print_plan"]

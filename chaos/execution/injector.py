@@ -2,7 +2,10 @@
 
 The order is the point (FC-13): the ledger row is committed before the fault
 leaves the controller, so whatever happens next (crash, Ctrl-C, a timeout on
-the request) the fault can be found and reverted.
+the request) the fault can be found and reverted. Where a fault goes and how it is
+applied there follow its kind's placement (:mod:`.injection`); a kind that does not
+revert itself at its TTL (:attr:`stormwatch.faults.Traits.reverts_itself`) gets a
+detached TTL reaper.
 """
 
 from __future__ import annotations
@@ -15,22 +18,21 @@ from dataclasses import dataclass
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError, FaultError, RankNotFound
+from stormwatch.chaos.execution.injection import (
+    InjectionResult,
+    agent_targets,
+    apply_fault,
+    local_target,
+)
 from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import When
-from stormwatch.chaos.faults import bind_fault, find_rank_process, plan_requests, reverts_itself
-from stormwatch.chaos.faults.base import FaultTarget, InjectionResult
-from stormwatch.chaos.faults.specs import (
-    Fault,
-    FreezeRankFault,
-    KillRankFault,
-    target_nodes,
-    target_rank,
-)
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
 from stormwatch.chaos.ledger.reaper import spawn_reaper
+from stormwatch.chaos.ledger.rows import FaultTarget
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
 from stormwatch.errors import StormwatchError
+from stormwatch.faults import ExperimentFault, Placement
 
 
 @dataclass(frozen=True)
@@ -111,52 +113,35 @@ class Injector:
             self._status(f"waiting for step {when.step}: rank {rank} at step {at}")
             await asyncio.sleep(self._poll)
 
-    async def locate(self, fault: Fault, fault_id: str = "") -> list[FaultTarget]:
+    async def locate(self, fault: ExperimentFault, fault_id: str = "") -> list[FaultTarget]:
         """Where ``fault`` can go, most likely first (agents that list the rank alive lead).
 
-        Agent-side catalogue kinds get one candidate per request set
-        (:func:`~stormwatch.chaos.faults.plan_requests`), their agent ids derived from
-        ``fault_id``.
+        Agent-side kinds get one candidate per request set
+        (:func:`~stormwatch.chaos.execution.injection.plan_requests`), their agent ids
+        derived from ``fault_id``.
 
         Raises:
             FaultError: the rank's process cannot be found, a node is unknown, or there
                 are no agents.
         """
         job = self._job.name
-        if isinstance(fault, FreezeRankFault):
-            process = find_rank_process(job, fault.rank)
-            return [
-                FaultTarget(
-                    job=job, rank=fault.rank, pid=process.pid, pid_create_time=process.create_time()
-                )
-            ]
+        if fault.traits.placement is Placement.CONTROLLER:
+            return [local_target(fault, job)]
         if not self._target.agents:
             raise FaultError("the target has no node agents")
         token = str(self._target.agent_token_file) if self._target.agent_token_file else None
-        rank = target_rank(fault)
+        rank = fault.target_rank()
         holders = (
-            await self._holders(rank) if rank is not None and not target_nodes(fault) else set()
+            await self._holders(rank) if rank is not None and not fault.target_nodes() else set()
         )
-        if not isinstance(fault, KillRankFault):
-            sets = plan_requests(
-                spec=fault, fault_id=fault_id, job=job, agents=self._target.agents, holders=holders
-            )
-            return [
-                FaultTarget(
-                    job=job,
-                    rank=rank,
-                    node=requests[0].node if len(requests) == 1 else None,
-                    agent_url=requests[0].agent_url if len(requests) == 1 else None,
-                    token_file=token,
-                    requests=tuple(requests),
-                )
-                for requests in sets
-            ]
-        ordered = sorted(self._target.agents, key=lambda a: a.node not in holders)
-        return [
-            FaultTarget(job=job, rank=rank, node=a.node, agent_url=a.fault_api, token_file=token)
-            for a in ordered
-        ]
+        return agent_targets(
+            spec=fault,
+            fault_id=fault_id,
+            job=job,
+            agents=self._target.agents,
+            token_file=token,
+            holders=sorted(holders),
+        )
 
     async def _holders(self, rank: int) -> set[str]:
         """Nodes that run ``rank`` of the job (the platform backend, else every agent's /v1/ranks)."""
@@ -175,7 +160,9 @@ class Injector:
                         holders.add(agent.node)
         return holders
 
-    async def inject(self, name: str, fault: Fault, *, recorded: Callable[[], None]) -> Injected:
+    async def inject(
+        self, name: str, fault: ExperimentFault, *, recorded: Callable[[], None]
+    ) -> Injected:
         """Locate, record (``pending``), send, confirm (``injected``); ``recorded()`` runs after
         the ledger write. Faults nothing else reverts get a TTL reaper.
 
@@ -196,9 +183,10 @@ class Injector:
         for i, target in enumerate(candidates):
             if i:  # the previous agent answered 404: nothing happened there
                 self._ledger.retarget(fault_id, target)
-            bound = bind_fault(fault_id=fault_id, spec=fault, target=target, agents=self._agents)
             try:
-                result = await bound.inject()
+                result = await apply_fault(
+                    fault_id=fault_id, spec=fault, target=target, agents=self._agents
+                )
                 break
             except RankNotFound as exc:
                 if i == len(candidates) - 1:
@@ -212,7 +200,7 @@ class Injector:
             expires_at=result.expires_at,
             target_pid=result.target_pid,
         )
-        if not reverts_itself(fault):
+        if not fault.traits.reverts_itself:
             spawn_reaper(self._ledger.path, fault_id)
         return Injected(entry, result)
 

@@ -23,7 +23,6 @@ from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
-    Fault,
     ProbeActivity,
     PrometheusProvider,
     UntilActivity,
@@ -35,8 +34,8 @@ from stormwatch.chaos.experiment.selection import (
     blast_radius_problem,
     expand,
 )
-from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.target import Target
+from stormwatch.faults import ExperimentFault
 
 
 class FaultSender(Protocol):
@@ -46,7 +45,9 @@ class FaultSender(Protocol):
         """Wait until ``rank`` completed ``when.step``; the (step, attempt) seen then."""
         ...
 
-    async def inject(self, name: str, fault: Fault, *, recorded: Callable[[], None]) -> Injected:
+    async def inject(
+        self, name: str, fault: ExperimentFault, *, recorded: Callable[[], None]
+    ) -> Injected:
         """Record ``fault`` in the ledger (then call ``recorded()``), send it, confirm it."""
         ...
 
@@ -157,15 +158,17 @@ class MethodExecutor:
         except SelectionError as exc:
             raise ActivityFailed(f"{activity.name}: {exc}") from exc
         for index, fault in enumerate(faults):
-            where = target_nodes(fault) or [f"rank{target_rank(fault)}"]
+            where = fault.target_nodes() or [f"rank{fault.target_rank()}"]
             name = activity.name if len(faults) == 1 else f"{activity.name}@{','.join(where)}"
             await self._inject(activity, fault, name, wait=index == 0)
         if activity.pause_after_seconds:
             await asyncio.sleep(activity.pause_after_seconds)
 
-    async def _inject(self, activity: ActionActivity, fault: Fault, name: str, wait: bool) -> None:
+    async def _inject(
+        self, activity: ActionActivity, fault: ExperimentFault, name: str, wait: bool
+    ) -> None:
         ctx = self._ctx
-        rank = target_rank(fault)
+        rank = fault.target_rank()
         async with ctx.writer.activity(name, "action", "method") as record:
             step = attempt = None
             if activity.when is not None and wait:
@@ -173,7 +176,7 @@ class MethodExecutor:
             injected = await self._sender.inject(name, fault, recorded=ctx.writer.save)
             result = injected.result
             self._faults.injected(name, fault, injected)
-            where = f"rank {rank}" if rank is not None else ",".join(target_nodes(fault))
+            where = f"rank {rank}" if rank is not None else ",".join(fault.target_nodes())
             ctx.annotations.annotate(
                 f"fault {injected.entry.id} injected: {fault.kind} on "
                 f"{where} ({injected.entry.target.node}): {result.detail}",

@@ -15,13 +15,12 @@ from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
     Experiment,
-    KillRankFault,
     ProbeActivity,
     PrometheusProvider,
 )
-from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import JobControl, Target
+from stormwatch.faults import Placement
 from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
 
 
@@ -32,7 +31,8 @@ async def preflight(
     prometheus: AsyncPrometheusClient | None,
     agents: AgentClient,
 ) -> None:
-    """Check Prometheus (if probes query it), the fault ranks, and the agents (for kill_rank).
+    """Check Prometheus (if probes query it), the fault ranks, and the agents (for the kinds
+    that ask the rank's agent directly: ``kill_rank``).
 
     Raises:
         LabNotReady: naming what is missing or down.
@@ -56,21 +56,22 @@ async def preflight(
         )
     known_nodes = {agent.node for agent in target.agents}
     for fault in faults:
-        rank = target_rank(fault)
+        rank = fault.target_rank()
         if rank is not None and rank >= target.world_size:
             raise LabNotReady(
                 f"{fault.kind}: rank {rank} does not exist (world size "
                 f"{target.world_size}: ranks 0-{target.world_size - 1})"
             )
-        unknown = [node for node in target_nodes(fault) if node not in known_nodes]
+        unknown = [node for node in fault.target_nodes() if node not in known_nodes]
         if known_nodes and unknown:
             raise LabNotReady(
                 f"{fault.kind}: node {', '.join(unknown)} is not in the lab "
                 f"(nodes: {', '.join(sorted(known_nodes))})"
             )
-    if any(isinstance(f, KillRankFault) for f in faults):
+    direct = [f.kind for f in faults if f.traits.placement is Placement.RANK_AGENT]
+    if direct:
         if not target.agents or target.agent_token_file is None:
-            raise LabNotReady("kill_rank needs node agents and their token file")
+            raise LabNotReady(f"{direct[0]} needs node agents and their token file")
         down = [a.node for a in target.agents if not await agents.healthy(a.url)]
         if down:
             raise LabNotReady(f"agents not answering /healthz on: {', '.join(down)}")

@@ -10,9 +10,8 @@ sent (they get a recovery check instead of a revert).
 from __future__ import annotations
 
 from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.faults import reverts_itself
-from stormwatch.chaos.faults.specs import Fault
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
+from stormwatch.faults import ExperimentFault
 
 
 class FaultTracker:
@@ -39,10 +38,10 @@ class FaultTracker:
         """Names of the injected faults that are over once sent (``kill_rank``), in order."""
         return tuple(self._self_reverting)
 
-    def injected(self, name: str, fault: Fault, injected: Injected) -> None:
+    def injected(self, name: str, fault: ExperimentFault, injected: Injected) -> None:
         """Note that the action ``name`` injected ``fault`` (already ``injected`` in the ledger)."""
         self._last_fault_at = injected.result.applied_at
-        if reverts_itself(fault):
+        if fault.traits.reverts_itself:
             self._self_reverting.append(name)
 
     def open_faults(self) -> list[LedgerEntry]:

@@ -49,14 +49,13 @@ from stormwatch.chaos.experiment.providers import (
     RanksProvider,
     Tolerance,
 )
-from stormwatch.chaos.faults.specs import Fault, FreezeRankFault, KillRankFault
+from stormwatch.faults import REGISTRY, AnyExperimentFault
+from stormwatch.faults.limits import NodeName, Rank
 
 #: Placeholders a probe query may use (filled in by the runner at run time).
 PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size")
 _PLACEHOLDER_RE = re.compile(r"\$\{([^}]*)\}")
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-#: Longest fault time-to-live: one day. A fault that must outlive a day is a mistake.
-MAX_TTL_SECONDS = 86_400.0
 
 
 class _Model(BaseModel):
@@ -97,7 +96,7 @@ class SteadyStateHypothesis(_Model):
     probes: list[SteadyStateProbe] = Field(min_length=1)
 
 
-# The fault catalogue (one model per kind) lives with the faults: stormwatch.chaos.faults.specs.
+# The fault catalogue (one model per kind) is stormwatch.faults (AnyExperimentFault).
 
 
 class When(_Model):
@@ -138,8 +137,8 @@ class TargetSelector(_Model):
     holding a selected rank. The fault itself then names no ``rank``/``node``.
     """
 
-    node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    ranks: list[Annotated[int, Field(ge=0, le=65_535)]] | None = Field(default=None, min_length=1)
+    node: NodeName | None = None
+    ranks: list[Rank] | None = Field(default=None, min_length=1)
     role: Literal["leader", "rdzv_host", "worker", "any"] | None = None
     random: RandomPick | None = None
 
@@ -153,10 +152,10 @@ class TargetSelector(_Model):
         return self
 
 
-#: Fault kinds whose place is fixed by the fault itself, so an action may not give a ``target``.
+#: Fault kinds whose place is fixed by the fault itself, so an action may not give a ``target``
+#: (their :attr:`~stormwatch.faults.Traits.fixed_place` says why).
 _NO_TARGET = {
-    "partition": "it names its nodes in 'nodes'",
-    "kill_rdzv_host": "it always hits the node hosting the rendezvous store",
+    name: d.traits.fixed_place for name, d in REGISTRY.items() if d.traits.fixed_place is not None
 }
 
 
@@ -170,7 +169,7 @@ class ActionActivity(_Model):
 
     type: Literal["action"]
     name: _Name
-    fault: Fault
+    fault: AnyExperimentFault
     target: TargetSelector | None = None
     background: bool = False
 
@@ -309,7 +308,7 @@ class Expectations(_Model):
         category: the failure category in the planner's table (``plan/llama3_table5.yaml``
             ids, e.g. ``faulty_gpu``) whose detect/recover times this experiment measures
             for ``stormwatch plan``; default from the fault kind
-            (:data:`stormwatch.chaos.gameday.scorecard.FAULT_KIND_CATEGORY`).
+            (:attr:`stormwatch.faults.Traits.category`).
         loss: after recovery the loss must be ``identical`` (bitwise) to a fault-free
             baseline, ``bounded`` (relative difference <= ``loss_rel_tolerance``: elastic
             resizes), or is not compared (``skip``).
@@ -377,19 +376,15 @@ def expand(text: str, variables: dict[str, str]) -> str:
 
 
 __all__ = [
-    "MAX_TTL_SECONDS",
     "PLACEHOLDERS",
     "ROLES",
     "ActionActivity",
     "BlastRadius",
     "Expectations",
     "Experiment",
-    "Fault",
-    "FreezeRankFault",
     "HttpProvider",
     "JobProvider",
     "JobSection",
-    "KillRankFault",
     "LossProvider",
     "MethodActivity",
     "PauseActivity",

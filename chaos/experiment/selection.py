@@ -21,14 +21,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from stormwatch.chaos.experiment.model import ActionActivity, Experiment, Fault, TargetSelector
-from stormwatch.chaos.faults.specs import (
-    KillAgentFault,
-    KillRdzvHostFault,
-    PartitionFault,
-    target_nodes,
-    target_rank,
-)
+from stormwatch.chaos.experiment.model import ActionActivity, Experiment, TargetSelector
+from stormwatch.faults import Blast, ExperimentFault, Target
 
 _NODE_INDEX = re.compile(r"(\d+)$")
 
@@ -116,11 +110,7 @@ def select_ranks(selector: TargetSelector, shape: Shape) -> list[int]:
     return sorted(random.Random(pick.seed).sample(pool, count))
 
 
-def _is_node_fault(fault: Fault) -> bool:
-    return "node" in type(fault).model_fields
-
-
-def expand(action: ActionActivity, shape: Shape) -> list[Fault]:
+def expand(action: ActionActivity, shape: Shape) -> list[ExperimentFault]:
     """The concrete faults of ``action``: its fault, or one per selected rank/node.
 
     Raises:
@@ -130,31 +120,31 @@ def expand(action: ActionActivity, shape: Shape) -> list[Fault]:
     fault = action.fault
     if action.target is None:
         return [fault]
-    if isinstance(fault, (PartitionFault, KillRdzvHostFault)):
+    if fault.traits.fixed_place is not None:
         raise SelectionError(f"fault kind {fault.kind!r} takes no 'target' (it names its nodes)")
     ranks = select_ranks(action.target, shape)
-    if _is_node_fault(fault):
+    if fault.traits.target is Target.NODE_OR_RANK:
         nodes = sorted({shape.node_of(r) for r in ranks}, key=shape.node_index)
         return [fault.model_copy(update={"rank": None, "node": n}) for n in nodes]
     return [fault.model_copy(update={"rank": r}) for r in ranks]
 
 
-def fault_ranks(fault: Fault, shape: Shape) -> set[int]:
-    """The ranks one concrete fault touches (module docstring)."""
-    if isinstance(fault, KillAgentFault):
+def fault_ranks(fault: ExperimentFault, shape: Shape) -> set[int]:
+    """The ranks one concrete fault touches (module docstring; the kind's
+    :attr:`~stormwatch.faults.Traits.blast`)."""
+    blast = fault.traits.blast
+    if blast is Blast.NOTHING:
         return set()
-    if isinstance(fault, KillRdzvHostFault):
+    if blast is Blast.FIRST_NODE:
         return set(shape.ranks_of(shape.nodes[0]))
-    if isinstance(fault, PartitionFault):
-        return {r for n in fault.nodes for r in shape.ranks_of(n)}
-    nodes = target_nodes(fault)
+    nodes = fault.target_nodes()
     if nodes:
         return {r for n in nodes for r in shape.ranks_of(n)}
-    rank = target_rank(fault)
+    rank = fault.target_rank()
     if rank is None:
         return set()
     shape.check_rank(rank)
-    if _is_node_fault(fault):
+    if fault.traits.target is Target.NODE_OR_RANK:
         return set(shape.ranks_of(shape.node_of(rank)))
     return {rank}
 

@@ -30,7 +30,6 @@ from stormwatch.chaos.experiment.selection import (
     expand,
     static_shape,
 )
-from stormwatch.chaos.faults.specs import target_rank
 
 
 def semantic_issues(experiment: Experiment) -> list[Issue]:
@@ -85,7 +84,7 @@ def _action_issues(path: str, action: ActionActivity, experiment: Experiment) ->
             )
         )
     world = job.fixed_world_size
-    rank = target_rank(action.fault)
+    rank = action.fault.target_rank()
     if action.target is None and world is not None and rank is not None and rank >= world:
         issues.append(
             Issue(

@@ -16,32 +16,14 @@ three checks of :mod:`stormwatch.chaos.reports.verify`, and the verdict:
 * ``not run``: the suite was interrupted before it.
 
 Fault kind -> failure category (Llama 3 Table 5 ids, ``plan/llama3_table5.yaml``),
-used when an experiment does not set ``expect.category``:
-
-=======================  ==========================  =====================================
-fault kind               category                    why
-=======================  ==========================  =====================================
-kill_rank                software_bug                a crashed training process
-kill_torchrun            software_bug                the node's launcher crashed
-kill_rdzv_host           dependency                  the rendezvous store's host died
-freeze_rank, freeze_     nccl_watchdog_timeouts      a hung rank: its peers block in a
-ranks                                                collective until the watchdog fires
-kill_node_processes      host_maintenance            a node gone from the job
-partition, isolate_      network_switch_cable        a lost link between nodes (or to the
-store, link_flap                                     rendezvous store)
-gpu_xid                  faulty_gpu                  XID 79 (fell off the bus); XID 48/94/95
-                                                     files set ``expect.category:
-                                                     gpu_hbm3_memory``
-nvlink_down, gpu_lost    faulty_gpu                  a GPU or its links failed
-checkpoint_full,         ssd                         the checkpoint storage failed
-checkpoint_readonly
-=======================  ==========================  =====================================
-
-Kinds that do not interrupt a job (``kill_agent``: monitoring only; ``trainer_fault``
-slowdowns, ``cpu_throttle``, ``bandwidth_limit``, ``packet_drop``, GPU throttling and
-NVLink error bursts) have no default category: their rows are not used by the
-planner unless the file sets ``expect.category`` (a ``trainer_fault`` with
-``point: collective_hang`` should say ``nccl_watchdog_timeouts``).
+used when an experiment does not set ``expect.category``: each kind's
+:attr:`stormwatch.faults.Traits.category` (:data:`stormwatch.faults.FAULT_CATEGORIES`;
+docs/faults.md says why each kind models its category). Kinds that do not interrupt a
+job (``kill_agent``: monitoring only; ``trainer_fault`` slowdowns, ``cpu_throttle``,
+``bandwidth_limit``, ``packet_drop``, GPU throttling and NVLink error bursts) have no
+default category: their rows are not used by the planner unless the file sets
+``expect.category`` (a ``trainer_fault`` with ``point: collective_hang`` should say
+``nccl_watchdog_timeouts``).
 """
 
 from __future__ import annotations
@@ -53,24 +35,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stormwatch.chaos.errors import ChaosError
-
-#: Fault kind -> failure-table category (see the module docstring).
-FAULT_KIND_CATEGORY: dict[str, str] = {
-    "kill_rank": "software_bug",
-    "kill_torchrun": "software_bug",
-    "kill_rdzv_host": "dependency",
-    "freeze_rank": "nccl_watchdog_timeouts",
-    "freeze_ranks": "nccl_watchdog_timeouts",
-    "kill_node_processes": "host_maintenance",
-    "partition": "network_switch_cable",
-    "isolate_store": "network_switch_cable",
-    "link_flap": "network_switch_cable",
-    "gpu_xid": "faulty_gpu",
-    "nvlink_down": "faulty_gpu",
-    "gpu_lost": "faulty_gpu",
-    "checkpoint_full": "ssd",
-    "checkpoint_readonly": "ssd",
-}
 
 Verdict = Literal["pass", "fail", "not run"]
 
@@ -227,7 +191,6 @@ def latest_scorecard(run_dir: Path) -> Path | None:
 
 
 __all__ = [
-    "FAULT_KIND_CATEGORY",
     "Scorecard",
     "ScorecardRow",
     "Verdict",

@@ -37,7 +37,6 @@ from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experime
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.gameday.scorecard import (
-    FAULT_KIND_CATEGORY,
     Scorecard,
     ScorecardRow,
     write_scorecard,
@@ -49,6 +48,7 @@ from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.chaos.target import Target
 from stormwatch.errors import ConfigError
+from stormwatch.faults import category_of as default_category
 from stormwatch.lab import JobSpec, Lab
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
@@ -123,7 +123,7 @@ def category_of(experiment: Experiment, kind: str | None) -> str | None:
     """``expect.category``, else the default of the fault kind (None: not a job interruption)."""
     if experiment.expect.category is not None:
         return experiment.expect.category
-    return FAULT_KIND_CATEGORY.get(kind or "")
+    return default_category(kind)
 
 
 def _expected_alert(

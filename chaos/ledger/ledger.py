@@ -25,13 +25,13 @@ import psutil
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from stormwatch.chaos.errors import LedgerError
-from stormwatch.chaos.faults.base import FaultTarget
-from stormwatch.chaos.faults.specs import Fault
+from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.faults import AnyExperimentFault
 
 logger = logging.getLogger(__name__)
 
 FaultState = Literal["pending", "injected", "reverted"]
-_FAULT_ADAPTER: TypeAdapter[Fault] = TypeAdapter(Fault)
+_FAULT_ADAPTER: TypeAdapter[AnyExperimentFault] = TypeAdapter(AnyExperimentFault)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS faults (
@@ -57,14 +57,16 @@ CREATE INDEX IF NOT EXISTS faults_experiment ON faults (experiment_id);
 
 
 class LedgerEntry(BaseModel):
-    """One fault in the ledger. Times are Unix seconds."""
+    """One fault in the ledger (a row of ``faults``; every reader uses this model: ``chaos
+    ledger``, revert, the reaper, verification, journals and post-mortems). Times are Unix
+    seconds; ``spec`` is the experiment's fault, ``target`` where it landed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
     experiment_id: str
     kind: str
-    spec: Fault
+    spec: AnyExperimentFault
     target: FaultTarget
     state: FaultState
     recorded_at: float
@@ -145,7 +147,7 @@ class Ledger:
         *,
         fault_id: str,
         experiment_id: str,
-        spec: Fault,
+        spec: AnyExperimentFault,
         target: FaultTarget,
         expires_at: float,
         now: float | None = None,

@@ -1,7 +1,8 @@
 """TTL reaper for controller-side faults: ``python -m stormwatch.chaos.ledger.reaper LEDGER FAULT_ID``.
 
-Started detached (own session) when a fault that nothing else reverts
-(``freeze_rank``) is injected. It polls the ledger and exits as soon as the
+Started detached (own session) when a fault that nothing else reverts is injected
+(a kind whose :attr:`~stormwatch.faults.Traits.reverts_itself` is false: ``freeze_rank``,
+controller-side; ``kill_agent``, whose dead agent reverts nothing). It polls the ledger and exits as soon as the
 fault is reverted; at ``expires_at`` it reverts the fault itself (reason
 ``ttl``). So the fault ends at its TTL even if the controller was SIGKILLed.
 """

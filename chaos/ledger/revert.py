@@ -1,8 +1,8 @@
 """Revert open faults from the ledger: used by rollbacks, abort, ``chaos revert`` and start-up recovery.
 
-Every revert is idempotent (the fault kinds guarantee it) and each fault is
-handled on its own: one that cannot be reverted is reported and stays open in
-the ledger, the others are still reverted.
+Every revert is idempotent (:func:`stormwatch.chaos.ledger.undo.undo_fault` needs only
+the ledger entry) and each fault is handled on its own: one that cannot be reverted
+is reported and stays open in the ledger, the others are still reverted.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.faults import bind_fault
-from stormwatch.chaos.faults.specs import target_rank
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.undo import undo_fault
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ async def revert_entries(
             outcomes.append(RevertOutcome(entry.id, True, "already reverted"))
             continue
         try:
-            fault = bind_fault(
+            detail = await undo_fault(
                 fault_id=current.id,
                 spec=current.spec,
                 target=current.target,
@@ -91,7 +90,6 @@ async def revert_entries(
                 injected_at=current.injected_at,
                 restore_agent=restore_agent,
             )
-            detail = await fault.revert()
         except ChaosError as exc:
             logger.warning("could not revert fault %s: %s", entry.id, exc)
             ledger.note_error(entry.id, str(exc))
@@ -140,7 +138,7 @@ async def revert_expired(
             "fault %s (%s, rank %s) is %.0f s past its TTL and still open: reverting it",
             entry.id,
             entry.kind,
-            target_rank(entry.spec),
+            entry.spec.target_rank(),
             moment - entry.expires_at,
         )
     if session is not None:

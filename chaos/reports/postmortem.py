@@ -33,10 +33,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.chaos.execution.journal import Journal
-from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.ranklogs import RankLog, final_losses
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
 from stormwatch.chaos.reports.postmortem_markdown import alert_name, format_clock, render_markdown
+from stormwatch.faults import ExperimentFault
 
 #: Clock slack (s) when matching an alert or notification to a fault: the agent,
 #: Prometheus and the responder stamp times on the same host but at different moments.
@@ -445,12 +445,12 @@ def write_postmortem(pm: PostMortem, experiment_dir: Path) -> tuple[Path, Path]:
     return md, js
 
 
-def _where(spec: object) -> str:
+def _where(spec: ExperimentFault) -> str:
     """``rank R`` or ``node N`` (or both nodes of a partition) for a fault's one-line description."""
-    rank = target_rank(spec)
+    rank = spec.target_rank()
     if rank is not None:
         return f"rank {rank}"
-    nodes = target_nodes(spec)
+    nodes = spec.target_nodes()
     return f"node {', '.join(nodes)}" if nodes else "job-wide"
 
 

@@ -30,8 +30,8 @@ from typing import Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.clients._http import request_json
-from stormwatch.chaos.errors import ServiceError
+from stormwatch.chaos.clients.agent import AgentClient
+from stormwatch.chaos.errors import FaultError, ServiceError
 from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ranklogs import RankLog, final_losses, read_job_logs, read_rank_log
@@ -44,9 +44,6 @@ from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
 #: lost). 5 %: after a resize the loss curve of a small model stays within a few
 #: percent of the fixed-size run over tens of steps (measured on the lab's 4-rank job).
 ELASTIC_LOSS_REL_BOUND = 0.05
-
-#: Agent fault states that mean "still applied".
-ACTIVE_AGENT_STATES = frozenset({"injecting", "applied"})
 
 LossMode = Literal["identical", "bounded", "skip"]
 
@@ -221,25 +218,18 @@ async def check_faults_cleared(
     if target.agents and token is None:
         return Check(ok=None, detail="no agent token file: cannot list the agents' faults")
     unanswered: list[str] = []
+    agents = AgentClient(session)
     for agent in target.agents:
         try:
-            _, body = await request_json(
-                session,
-                "GET",
-                f"{agent.fault_api}/v1/faults",
-                what="agent",
-                headers={"Authorization": f"Bearer {token}"},
-            )
-        except ServiceError as exc:
+            records = await agents.faults(agent.fault_api, token or "")
+        except (ServiceError, FaultError) as exc:
             unanswered.append(f"{agent.node}: {exc}")
             continue
-        faults = body.get("faults", []) if isinstance(body, dict) else []
-        for fault in faults if isinstance(faults, list) else []:
-            if isinstance(fault, dict) and fault.get("state") in ACTIVE_AGENT_STATES:
-                problems.append(
-                    f"{agent.node}: fault {fault.get('id')} ({fault.get('kind')}) "
-                    f"still {fault.get('state')}"
-                )
+        problems += [
+            f"{agent.node}: fault {r.id} ({r.kind}) still {r.state.value}"
+            for r in records
+            if r.active
+        ]
     if problems:
         return Check(ok=False, detail="; ".join(problems))
     if unanswered:
@@ -337,7 +327,6 @@ def write_verification(
 
 
 __all__ = [
-    "ACTIVE_AGENT_STATES",
     "ELASTIC_LOSS_REL_BOUND",
     "Check",
     "Verification",

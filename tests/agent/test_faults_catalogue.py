@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from stormwatch.agent import FakeNvml
-from stormwatch.trainer.control import ControlFile
+from stormwatch.faults.control_file import ControlFile
 
 BUSY_RANK = "import os, signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\nwhile True:\n    pass\n"
 

@@ -15,10 +15,10 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.agent.errors import FaultTargetNotFound
-from stormwatch.agent.faults import FaultContext, KillRank, KillRankSpec
-from stormwatch.agent.watch.procs import metrics_dir_argument, rank_metrics_dir
+from stormwatch.agent.watch.procs import is_torchrun_agent, metrics_dir_argument, rank_metrics_dir
 from stormwatch.agent.watch.ranks import RankWatcher
+from stormwatch.faults import FaultContext, FaultTargetNotFound
+from stormwatch.faults.kinds.kill_rank import KillRank, KillRankRequest
 
 
 def _ranks(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:
@@ -121,10 +121,10 @@ def test_ownership_is_checked_again_right_before_the_signal(
     other_dir.mkdir()
     theirs = RankWatcher(other_dir, claim_unlabelled=False)
     tools.wait_for(lambda: mine.scan() or mine.alive(0, launcher.job))
-    fault = KillRank(KillRankSpec(id="x", kind="kill_rank", rank=0, job=launcher.job))
-    fault.prepare(FaultContext(node="n", ranks=mine))
+    fault = KillRank(KillRankRequest(id="x", kind="kill_rank", rank=0, job=launcher.job))
+    fault.prepare(FaultContext(node="n", ranks=mine, is_launcher=is_torchrun_agent))
     with pytest.raises(FaultTargetNotFound, match="not this node's"):
-        fault.inject(FaultContext(node="n", ranks=theirs))
+        fault.inject(FaultContext(node="n", ranks=theirs, is_launcher=is_torchrun_agent))
     assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     info = mine.alive(0, launcher.job)[0][0]
     key = (launcher.job, 0)

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from stormwatch.chaos.ranklogs import read_job_logs
+from stormwatch.faults.control_file import control_path
 from stormwatch.lab import JobSpec, Lab, LabConfig
-from stormwatch.trainer.control import control_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

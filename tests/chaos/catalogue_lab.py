@@ -1,7 +1,7 @@
 """Drive the chaos controller against one lab and observe what its faults do there.
 
 Used by ``test_catalogue_on_lab.py``. :class:`LabChaos` injects a fault the way
-the runner does (a ``Fault`` model from a dict, :class:`~stormwatch.chaos.execution.injector.Injector`
+the runner does (an experiment fault model from a dict, :class:`~stormwatch.chaos.execution.injector.Injector`
 with the lab's ledger, ``lab_target`` and an :class:`AgentClient`) and reverts
 every open fault the way ``stormwatch chaos revert --all`` does (the CLI itself,
 or :func:`~stormwatch.chaos.ledger.revert.revert_open`). The observers look at the lab,
@@ -32,17 +32,17 @@ from pydantic import TypeAdapter
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injected, Injector
 from stormwatch.chaos.execution.journal import JobRef
-from stormwatch.chaos.faults.specs import Fault
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import revert_open
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target, lab_target
+from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import Lab
 from stormwatch.lab.state import NodeState
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 NETPROBE = str(Path(__file__).with_name("netprobe.py"))
-FAULT = TypeAdapter(Fault)
+FAULT = TypeAdapter(AnyExperimentFault)
 EXPERIMENT = "catalogue"
 #: Agent-side states of a fault that is still in force.
 IN_FORCE = ("injecting", "applied")

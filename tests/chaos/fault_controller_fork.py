@@ -31,11 +31,11 @@ from pydantic import TypeAdapter
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injector
 from stormwatch.chaos.execution.journal import JobRef
-from stormwatch.chaos.faults.specs import Fault
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.faults import AnyExperimentFault
 
-_FAULT: TypeAdapter[Any] = TypeAdapter(Fault)
+_FAULT: TypeAdapter[Any] = TypeAdapter(AnyExperimentFault)
 
 
 def _fault(rng: random.Random, ttl: float, peer_port: int, ckpt: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.chaos.faults.specs import Fault
+from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import JobSpec, Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -103,7 +103,7 @@ FAULTS: dict[str, dict[str, Any]] = {
 
 
 def _catalogue_kinds() -> set[str]:
-    [union, _] = typing.get_args(Fault)
+    [union, _] = typing.get_args(AnyExperimentFault)
     return {typing.get_args(m.model_fields["kind"].annotation)[0] for m in typing.get_args(union)}
 
 

@@ -207,17 +207,18 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
     """Through the controller's own classes: ledger first, agent API, revert, FC-13."""
     from pydantic import TypeAdapter
 
-    from stormwatch.chaos.faults import AgentSideFault, FaultTarget, plan_requests
-    from stormwatch.chaos.faults.specs import Fault
+    from stormwatch.chaos.execution.injection import apply_fault, plan_requests
     from stormwatch.chaos.ledger.ledger import Ledger
     from stormwatch.chaos.ledger.revert import revert_open
+    from stormwatch.chaos.ledger.rows import FaultTarget
     from stormwatch.chaos.target import AgentEndpoint
+    from stormwatch.faults import AnyExperimentFault
 
     agents = (
         AgentEndpoint(node="fa", url=net.agent_url, fault_url=net.fault_url),
         AgentEndpoint(node="fb", url=f"http://{net.addr_b}:7999"),  # its "agent" is down
     )
-    spec = TypeAdapter(Fault).validate_python(
+    spec = TypeAdapter(AnyExperimentFault).validate_python(
         {"kind": "partition", "nodes": ["fa"], "verify_timeout_seconds": 0.5, "ttl_seconds": 60}
     )
     [requests] = plan_requests(spec=spec, fault_id="exp.part", job="j", agents=agents)
@@ -233,10 +234,9 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
 
     async def inject() -> None:
         async with aiohttp.ClientSession() as session:
-            fault = AgentSideFault(
+            result = await apply_fault(
                 fault_id="exp.part", spec=spec, target=target, agents=AgentClient(session)
             )
-            result = await fault.inject()
             ledger.mark_injected(
                 "exp.part",
                 injected_at=result.applied_at,

@@ -10,15 +10,18 @@ import aiohttp
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from stormwatch.agent.faults import FAULT_TYPES, parse_fault_request
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError
-from stormwatch.chaos.faults import FaultTarget, bind_fault, plan_requests
-from stormwatch.chaos.faults.specs import FINAL_KINDS, Fault, target_nodes, target_rank
+from stormwatch.chaos.execution.injection import plan_requests
+from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.chaos.ledger.undo import undo_fault
 from stormwatch.chaos.target import AgentEndpoint
+from stormwatch.faults import AGENT_KINDS, REGISTRY, AnyExperimentFault, Placement, parse_request
 from stormwatch.lab.errors import LabError
 
-FAULT: TypeAdapter[Any] = TypeAdapter(Fault)
+FAULT: TypeAdapter[Any] = TypeAdapter(AnyExperimentFault)
+#: Kinds whose effect is final (a kill): nothing to undo, revert only closes the record.
+FINAL_KINDS = {name for name, d in REGISTRY.items() if d.traits.final}
 AGENTS = (
     AgentEndpoint(node="n0", url="http://10.0.0.10:9400", fault_url="http://10.0.0.10:9401"),
     AgentEndpoint(node="n1", url="http://10.0.0.11:9400", fault_url="http://10.0.0.11:9401"),
@@ -54,15 +57,21 @@ EXAMPLES: list[dict[str, Any]] = [
 ]
 
 
-#: Kinds with their own controller classes (chaos/faults/kill_rank.py, freeze_rank.py).
-OWN_CLASSES = ("kill_rank", "freeze_rank")
+#: Kinds the controller does not plan into request sets: it applies ``freeze_rank`` itself,
+#: and asks the agent of ``kill_rank``'s rank directly (their placement traits).
+OWN_CLASSES = tuple(
+    name
+    for name, d in REGISTRY.items()
+    if d.traits.placement in (Placement.CONTROLLER, Placement.RANK_AGENT)
+)
 
 
 def test_the_examples_cover_the_catalogue_and_every_agent_kind_has_a_controller_model() -> None:
     kinds = {FAULT.validate_python(body).kind for body in EXAMPLES}
-    models = get_args(get_args(Fault)[0])
+    models = get_args(get_args(AnyExperimentFault)[0])
     assert kinds == {get_args(m.model_fields["kind"].annotation)[0] for m in models}
-    assert set(FAULT_TYPES) == kinds - {"freeze_rank"}
+    assert set(AGENT_KINDS) == kinds - {"freeze_rank"}
+    assert set(OWN_CLASSES) == {"kill_rank", "freeze_rank"}
 
 
 @pytest.mark.parametrize(
@@ -75,7 +84,7 @@ def test_every_kind_plans_requests_the_agent_accepts(body: dict[str, Any]) -> No
     )
     for requests in candidates:
         for request in requests:
-            agent_spec = parse_fault_request(request.body)  # the agent's own validation
+            agent_spec = parse_request(request.body)  # the agent's own validation
             assert agent_spec.kind == spec.kind
             assert agent_spec.ttl_seconds == spec.ttl_seconds
             assert request.agent_url.endswith(":9401")  # the fault API listener
@@ -107,7 +116,7 @@ def test_a_partition_is_one_request_per_node_of_side_a_naming_side_b() -> None:
     [requests] = plan_requests(spec=spec, fault_id="e.p", job="j", agents=AGENTS)
     assert [(r.node, r.body["id"]) for r in requests] == [("n0", "e.p:n0"), ("n1", "e.p:n1")]
     assert requests[0].body["peers"] == [{"address": "10.0.0.12", "verify_port": 9400}]
-    assert target_nodes(spec) == ["n0", "n1"] and target_rank(spec) is None
+    assert spec.target_nodes() == ["n0", "n1"] and spec.target_rank() is None
 
 
 def test_a_rank_fault_tries_the_node_holding_the_rank_first() -> None:
@@ -142,7 +151,7 @@ def _dead_agent_fault(tmp_path: Any, restore: Any) -> Any:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: connections are refused
-    spec = TypeAdapter(Fault).validate_python({"kind": "kill_agent", "node": "n1"})
+    spec = FAULT.validate_python({"kind": "kill_agent", "node": "n1"})
     [[request]] = plan_requests(
         spec=spec,
         fault_id="f1",
@@ -155,14 +164,13 @@ def _dead_agent_fault(tmp_path: Any, restore: Any) -> Any:
 
     async def revert() -> str:
         async with aiohttp.ClientSession() as session:
-            fault = bind_fault(
+            return await undo_fault(
                 fault_id="f1",
                 spec=spec,
                 target=target,
                 agents=AgentClient(session, timeout=1.0),
                 restore_agent=restore,
             )
-            return await fault.revert()
 
     return revert
 

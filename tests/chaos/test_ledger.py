@@ -16,13 +16,17 @@ from typing import Any
 import pytest
 
 from stormwatch.chaos import Ledger, LedgerError, revert_open
-from stormwatch.chaos.experiment.model import FreezeRankFault, KillRankFault
-from stormwatch.chaos.faults import FaultTarget, find_rank_process
+from stormwatch.chaos.execution.injection import find_rank_process
 from stormwatch.chaos.ledger.ledger import ledger_path
 from stormwatch.chaos.ledger.revert import OVERDUE_REASON
+from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.faults import REGISTRY
+
+KillRankFault = REGISTRY["kill_rank"].experiment
+FreezeRankFault = REGISTRY["freeze_rank"].experiment
 
 
-def _kill_spec() -> KillRankFault:
+def _kill_spec() -> Any:
     return KillRankFault(kind="kill_rank", rank=1, signal="SIGKILL", ttl_seconds=60)
 
 
@@ -37,11 +41,11 @@ def test_recorded_fault_survives_a_sigkilled_controller(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import os, signal, time
         from stormwatch.chaos import Ledger
-        from stormwatch.chaos.experiment.model import KillRankFault
-        from stormwatch.chaos.faults import FaultTarget
+        from stormwatch.chaos.ledger.rows import FaultTarget
+        from stormwatch.faults import REGISTRY
         ledger = Ledger({str(db)!r})
         ledger.record(fault_id="exp.kill", experiment_id="exp",
-                      spec=KillRankFault(kind="kill_rank", rank=1),
+                      spec=REGISTRY["kill_rank"].experiment(kind="kill_rank", rank=1),
                       target=FaultTarget(job="j", rank=1, node="node0",
                                          agent_url="http://10.0.0.1:9400", token_file="/t"),
                       expires_at=time.time() + 60)

@@ -432,9 +432,9 @@ def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
 def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: Path) -> None:
     """No restart: recovered when every rank has stepped after the ledger's revert."""
     from stormwatch.chaos.execution.journal import load_journal
-    from stormwatch.chaos.faults.base import FaultTarget
-    from stormwatch.chaos.faults.specs import PartitionFault
     from stormwatch.chaos.ledger.ledger import LedgerEntry
+    from stormwatch.chaos.ledger.rows import FaultTarget
+    from stormwatch.faults import REGISTRY
 
     healed = FAULT_AT + 20.0
     log_dir = tmp_path / "logs"
@@ -452,7 +452,7 @@ def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: P
             id="exp-1.cut",
             experiment_id="exp-1",
             kind="partition",
-            spec=PartitionFault(kind="partition", nodes=["node1"]),
+            spec=REGISTRY["partition"].experiment(kind="partition", nodes=["node1"]),
             target=FaultTarget(job="experiment", node="node1"),
             state="reverted",
             recorded_at=FAULT_AT - 1,

@@ -16,6 +16,7 @@ from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, job_variables
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext
 from stormwatch.chaos.execution.ids import job_name_for
+from stormwatch.chaos.execution.injection import InjectionResult
 from stormwatch.chaos.execution.injector import Injected
 from stormwatch.chaos.execution.journal import (
     ExperimentStatus,
@@ -32,19 +33,19 @@ from stormwatch.chaos.execution.safeguards import SafeguardWatcher
 from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     Experiment,
-    Fault,
-    FreezeRankFault,
     JobSection,
     RollbackStrategy,
     When,
 )
 from stormwatch.chaos.experiment.selection import Shape
-from stormwatch.chaos.faults.base import FaultTarget, InjectionResult
 from stormwatch.chaos.ledger.ledger import LedgerEntry
 from stormwatch.chaos.ledger.revert import RevertOutcome
+from stormwatch.chaos.ledger.rows import FaultTarget
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.dashboards.annotations import Annotator
+from stormwatch.faults import REGISTRY, ExperimentFault
 
+FreezeRankFault = REGISTRY["freeze_rank"].experiment
 ID = "20250101T000000-unit-0000"
 #: An HTTP probe without a session fails at once and for good: a failing check without a wait.
 FAILS = '{type: http, url: "http://127.0.0.1:9/"}'
@@ -186,7 +187,9 @@ class StandInSender:
         self.waited.append((when.step, rank))
         return when.step, 0
 
-    async def inject(self, name: str, fault: Fault, *, recorded: Callable[[], None]) -> Injected:
+    async def inject(
+        self, name: str, fault: ExperimentFault, *, recorded: Callable[[], None]
+    ) -> Injected:
         fault_id = f"{ID}.{name}"
         now = time.time()
         self.ledger.record(

@@ -34,7 +34,6 @@ import pytest
 import yaml
 
 from stormwatch.alerts.rulefiles import rules_dir
-from stormwatch.chaos.faults.specs import target_rank
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
 from stormwatch.lab import Lab, LabConfig
 from stormwatch.lab.netns import IpRoute2
@@ -179,4 +178,4 @@ def test_a_slowed_rank_is_named_by_the_straggler_alert_and_the_waiting_ranks_are
     assert min(waits[r] for r in ("0", "2", "3")) > waits["1"], waits
     assert code == 130, "chaos run ends as interrupted"
     [entry] = Ledger(ledger_path(run_dir), create=False).entries()
-    assert (entry.kind, target_rank(entry.spec), entry.state) == ("trainer_fault", 1, "reverted")
+    assert (entry.kind, entry.spec.target_rank(), entry.state) == ("trainer_fault", 1, "reverted")

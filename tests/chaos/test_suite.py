@@ -319,14 +319,13 @@ def test_the_loss_check_is_bitwise_by_default_and_bounded_for_elastic_resizes() 
 def test_every_default_category_is_a_fault_kind_and_a_category_of_the_planner_table() -> None:
     from typing import get_args
 
-    from stormwatch.chaos.faults.specs import Fault
-    from stormwatch.chaos.gameday.scorecard import FAULT_KIND_CATEGORY
+    from stormwatch.faults import FAULT_CATEGORIES, AnyExperimentFault
     from stormwatch.plan import load_failure_table
 
-    union = get_args(Fault)[0]
+    union = get_args(AnyExperimentFault)[0]
     kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(union)}
-    assert set(FAULT_KIND_CATEGORY) <= kinds, set(FAULT_KIND_CATEGORY) - kinds
-    assert set(FAULT_KIND_CATEGORY.values()) <= set(load_failure_table().ids)
+    assert set(FAULT_CATEGORIES) <= kinds, set(FAULT_CATEGORIES) - kinds
+    assert set(FAULT_CATEGORIES.values()) <= set(load_failure_table().ids)
     for entry in load_suite(DEFAULT_SUITE):
         category = entry.experiment.expect.category
         assert category is None or category in load_failure_table().ids, entry.path

@@ -18,8 +18,8 @@ from stormwatch.alerts.backend.slurm import SlurmBackend
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injector
 from stormwatch.chaos.execution.journal import JobRef
-from stormwatch.chaos.faults.specs import KillRankFault
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.faults import REGISTRY
 
 
 def _closed_port() -> int:
@@ -61,7 +61,7 @@ def _located_nodes(tmp_path: Path, backend: SlurmBackend, rank: int) -> list[str
                 status=lambda _: None,
                 step_poll_seconds=0.1,
             )
-            fault = KillRankFault(kind="kill_rank", rank=rank)
+            fault = REGISTRY["kill_rank"].experiment(kind="kill_rank", rank=rank)
             return [t.node for t in await injector.locate(fault)]
 
     return asyncio.run(locate())

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from stormwatch.errors import ConfigError
+from stormwatch.faults import FAULT_CATEGORIES
 from stormwatch.plan import (
-    FAULT_KIND_CATEGORY,
     InvalidPlanInput,
     load_failure_table,
     make_settings,
@@ -130,7 +130,7 @@ def test_postmortems_map_fault_kinds_to_categories(tmp_path: Path) -> None:
         time_to_recover_seconds=2.0,
     )
     measured = read_postmortems(tmp_path)
-    assert FAULT_KIND_CATEGORY["kill_rank"] == "software_bug"
+    assert FAULT_CATEGORIES["kill_rank"] == "software_bug"
     bug = measured.times["software_bug"]
     assert (bug.detect_s, bug.recover_s) == (3.0, 14.0)  # means: detect, recover - detect
     assert set(measured.times) == {"software_bug"}

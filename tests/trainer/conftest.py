@@ -1,18 +1,22 @@
-"""Shared helpers for the trainer's torchrun end-to-end tests (real torchrun, gloo, CPU).
+"""Shared helpers for the trainer's tests (torchrun end-to-end runs: real torchrun, gloo, CPU).
 
 ``torchrun_train(root, args, ...)`` runs ``stormwatch train *args`` under
 torchrun with ``--checkpoint-dir/--log-dir/--metrics-dir`` inside ``root`` and
-returns a :class:`TorchrunRun` (events per rank, losses per step, metrics).
+returns a :class:`TorchrunRun` (events per rank, losses per step, metrics); its
+``control`` arms fault points before the job starts. ``arm_control(dir, rank,
+*entries)`` writes a rank's control file (``stormwatch.faults.control_file``): the
+one channel through which fault points reach the trainer.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from stormwatch.faults.control_file import control_path
 from stormwatch.trainer.telemetry.events import read_events
 
 #: Metric samples keyed by (name, sorted label pairs).
@@ -74,6 +79,31 @@ def stormwatch_binary() -> str:
     return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
 
 
+def arm_control(control_dir: Path, rank: int, *entries: Mapping[str, object]) -> Path:
+    """Write ``entries`` as rank ``rank``'s control file ``<control_dir>/rank<rank>.json``,
+    atomically, as the agent and the platforms do (entries as given: a test may write one
+    the trainer must refuse). A rewrite within one mtime tick still counts: the mtime is
+    moved on by a millisecond.
+
+    Returns:
+        The file's path.
+    """
+    path = control_path(control_dir, rank)
+    control_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"faults": [dict(e) for e in entries]}))
+    os.replace(tmp, path)
+    stamp = path.stat().st_mtime_ns + 1_000_000
+    os.utime(path, ns=(stamp, stamp))
+    return path
+
+
+@pytest.fixture(scope="session")
+def arm_control_file() -> Callable[..., Path]:
+    """:func:`arm_control`, for tests that arm fault points themselves."""
+    return arm_control
+
+
 def run_torchrun(
     root: Path,
     train_args: Sequence[str],
@@ -81,9 +111,16 @@ def run_torchrun(
     nproc: int,
     extra_env: dict[str, str] | None = None,
     max_restarts: int = 0,
+    control: Mapping[int, Sequence[Mapping[str, object]]] | None = None,
 ) -> TorchrunRun:
-    """Run ``stormwatch train *train_args`` on ``nproc`` local CPU ranks under torchrun."""
+    """Run ``stormwatch train *train_args`` on ``nproc`` local CPU ranks under torchrun.
+
+    ``control`` (rank -> entries) is written to ``<root>/metrics/control`` (the trainer's
+    default control folder) before torchrun starts, so it holds from step 1.
+    """
     root.mkdir(parents=True, exist_ok=True)
+    for rank, entries in (control or {}).items():
+        arm_control(root / "metrics" / "control", rank, *entries)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
     env.update({"OMP_NUM_THREADS": "1", **(extra_env or {})})
     command = [

@@ -9,7 +9,6 @@ import pytest
 
 import stormwatch.trainer as trainer
 from stormwatch.cli import main
-from stormwatch.trainer.faults import FaultPoint
 
 
 def test_train_help_does_not_import_torch():
@@ -92,55 +91,12 @@ def test_degrees_not_matching_torchrun_world_size_name_both(monkeypatch, capsys,
     assert message in capsys.readouterr().err
 
 
-def test_fault_variables_must_be_integers(monkeypatch, capsys, plain_process_env):
-    monkeypatch.setenv("STORMWATCH_FAULT_EXIT_AT_STEP", "soon")
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--steps", "1"])
-    assert info.value.code == 2
-    assert "STORMWATCH_FAULT_EXIT_AT_STEP" in capsys.readouterr().err
-
-
 def test_public_api_exports_exactly_its_all():
     for name in trainer.__all__:
         assert getattr(trainer, name) is not None, name
     assert len(set(trainer.__all__)) == len(trainer.__all__)
     with pytest.raises(AttributeError):
         _ = trainer.not_a_name
-
-
-@pytest.mark.parametrize(
-    ("env", "rank", "attempt", "expected"),
-    [
-        ({}, 0, 0, None),
-        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6"}, 2, 0, FaultPoint(exit_at_step=6)),
-        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6"}, 2, 1, None),  # first attempt only
-        ({"STORMWATCH_FAULT_EXIT_AT_STEP": "6", "STORMWATCH_FAULT_RANK": "1"}, 2, 0, None),
-        (
-            {"STORMWATCH_FAULT_SLOW_SECONDS": "0.5", "STORMWATCH_FAULT_RANK": "1"},
-            1,
-            3,
-            FaultPoint(slow_seconds=0.5),  # every attempt
-        ),
-        (
-            {"STORMWATCH_FAULT_CHECKPOINT_KILL": "before_marker@4"},
-            0,
-            0,
-            FaultPoint(checkpoint_kill=("before_marker", 4)),
-        ),
-        ({"STORMWATCH_FAULT_CHECKPOINT_KILL": "before_marker@4"}, 0, 1, None),
-    ],
-)
-def test_fault_points_apply_to_the_chosen_rank_and_attempt(env, rank, attempt, expected):
-    assert FaultPoint.from_environ(env, rank=rank, attempt=attempt) == expected
-
-
-@pytest.mark.parametrize("value", ["before_lunch@4", "before_marker", "before_marker@0"])
-def test_checkpoint_kill_variable_names_the_phases(value, monkeypatch, capsys, plain_process_env):
-    monkeypatch.setenv("STORMWATCH_FAULT_CHECKPOINT_KILL", value)
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--steps", "1"])
-    assert info.value.code == 2
-    assert "before_shards, before_metadata, before_marker" in capsys.readouterr().err
 
 
 def test_missing_otlp_exporter_is_named_before_training_starts(plain_process_env, capsys):

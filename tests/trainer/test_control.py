@@ -1,19 +1,17 @@
-"""The chaos control channel: fault points fire on the armed rank and disarm at expiry."""
+"""The control channel: fault points fire on the armed rank (and attempt) and disarm at expiry.
+
+The files are written with the tests' shared helper (``arm_control_file``,
+tests/trainer/conftest.py), as the agent and the platforms write them.
+"""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
-from stormwatch.trainer.control import (
-    ControlChannel,
-    ControlFileError,
-    InjectedFault,
-    control_path,
-)
+from stormwatch.faults.control_file import control_path
+from stormwatch.trainer.control import ControlChannel, ControlFileError, InjectedFault
 
 
 class FakeTime:
@@ -27,17 +25,6 @@ class FakeTime:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
-
-
-def _arm(directory: Path, rank: int, *faults: dict) -> Path:
-    path = control_path(directory, rank)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"faults": list(faults)}))
-    os.replace(tmp, path)
-    stamp = path.stat().st_mtime_ns + 1_000_000  # a rewrite within one mtime tick still counts
-    os.utime(path, ns=(stamp, stamp))
-    return path
 
 
 def _channel(tmp_path: Path, rank: int, fake: FakeTime, fired: list[str]) -> ControlChannel:
@@ -58,9 +45,9 @@ def test_without_a_file_nothing_is_armed_and_nothing_fires(tmp_path):
     assert not ControlChannel(None).poll().points  # channel off
 
 
-def test_each_point_fires_only_on_the_armed_rank(tmp_path):
+def test_each_point_fires_only_on_the_armed_rank(tmp_path, arm_control_file):
     fake = FakeTime()
-    _arm(
+    arm_control_file(
         tmp_path,
         1,
         {"point": "slow_step", "seconds": 0.5},
@@ -87,9 +74,9 @@ def test_each_point_fires_only_on_the_armed_rank(tmp_path):
     assert fired1[-1] == "error_at_step"
 
 
-def test_points_disarm_at_expiry_and_when_the_file_goes(tmp_path):
+def test_points_disarm_at_expiry_and_when_the_file_goes(tmp_path, arm_control_file):
     fake, fired = FakeTime(now=1000.0), []
-    path = _arm(
+    path = arm_control_file(
         tmp_path,
         0,
         {"point": "slow_step", "seconds": 1.0, "expires_at": 1010.0},
@@ -104,15 +91,17 @@ def test_points_disarm_at_expiry_and_when_the_file_goes(tmp_path):
     assert not channel.poll().points
     channel.slow_step()
     assert fired == []
-    _arm(tmp_path, 0, {"point": "slow_step", "seconds": 1.0})
+    arm_control_file(tmp_path, 0, {"point": "slow_step", "seconds": 1.0})
     assert channel.poll().points == {"slow_step"}
     path.unlink()
     assert not channel.poll().points
 
 
-def test_a_hang_blocks_until_it_expires(tmp_path):
+def test_a_hang_blocks_until_it_expires(tmp_path, arm_control_file):
     fake, fired = FakeTime(now=1000.0), []
-    _arm(tmp_path, 0, {"point": "collective_hang", "op": "all_gather", "expires_at": 1002.0})
+    arm_control_file(
+        tmp_path, 0, {"point": "collective_hang", "op": "all_gather", "expires_at": 1002.0}
+    )
     channel = _channel(tmp_path, 0, fake, fired)
     assert channel.poll().touches_collectives
     channel.before_collective("all_reduce", "dp")  # not the hung op
@@ -121,9 +110,9 @@ def test_a_hang_blocks_until_it_expires(tmp_path):
     assert fake.now >= 1002.0 and fired == ["collective_hang"]
 
 
-def test_a_hang_ends_as_soon_as_its_entry_is_removed(tmp_path):
+def test_a_hang_ends_as_soon_as_its_entry_is_removed(tmp_path, arm_control_file):
     fake, fired = FakeTime(now=1000.0), []
-    path = _arm(tmp_path, 0, {"point": "collective_hang", "expires_at": 1100.0})
+    path = arm_control_file(tmp_path, 0, {"point": "collective_hang", "expires_at": 1100.0})
 
     def sleep(seconds: float) -> None:
         fake.sleep(seconds)
@@ -136,13 +125,104 @@ def test_a_hang_ends_as_soon_as_its_entry_is_removed(tmp_path):
     assert 1001.0 <= fake.now < 1002.0 and fired == ["collective_hang"]
 
 
-def test_a_bad_file_raises_once_and_arms_nothing(tmp_path):
+def test_a_bad_file_raises_once_and_arms_nothing(tmp_path, arm_control_file):
     fake, fired = FakeTime(), []
     control_path(tmp_path, 0).write_text('{"faults": [{"point": "slow_step", "seconds": -1}]}')
     channel = _channel(tmp_path, 0, fake, fired)
     with pytest.raises(ControlFileError, match=r"rank0\.json"):
         channel.poll()
     assert not channel.poll().points  # same content: ignored quietly
-    _arm(tmp_path, 0, {"point": "no_such_point"})
+    arm_control_file(tmp_path, 0, {"point": "no_such_point"})
     with pytest.raises(ControlFileError):
         channel.poll()
+
+
+# --------------------------------------------- the points that crash a rank (tests, chaos)
+class Killed(Exception):
+    """Stands in for the SIGKILL the channel sends its own process."""
+
+
+def _kill() -> None:
+    raise Killed
+
+
+def _armed_points(channel: ControlChannel) -> tuple:
+    armed = channel.poll()
+    return (armed.kill_steps, armed.slow_seconds, armed.checkpoint_kills)
+
+
+_NOTHING = (frozenset(), 0.0, frozenset())
+_KILL_6 = {"point": "kill_at_step", "step": 6, "attempt": 0}
+_SLOW = {"point": "slow_step", "seconds": 0.5}
+_SAVE_KILL = {"point": "checkpoint_kill", "phase": "before_marker", "step": 4, "attempt": 0}
+
+
+@pytest.mark.parametrize(
+    ("files", "rank", "attempt", "expected"),
+    [
+        ({}, 0, 0, _NOTHING),
+        ({r: [_KILL_6] for r in range(4)}, 2, 0, (frozenset({6}), 0.0, frozenset())),
+        ({r: [_KILL_6] for r in range(4)}, 2, 1, _NOTHING),  # first attempt only
+        ({1: [_KILL_6]}, 2, 0, _NOTHING),  # only rank 1's file arms it
+        ({1: [_SLOW]}, 1, 3, (frozenset(), 0.5, frozenset())),  # every attempt
+        (
+            {r: [_SAVE_KILL] for r in range(4)},
+            0,
+            0,
+            (frozenset(), 0.0, frozenset({("before_marker", 4)})),
+        ),
+        ({r: [_SAVE_KILL] for r in range(4)}, 0, 1, _NOTHING),
+    ],
+)
+def test_fault_points_apply_to_the_chosen_rank_and_attempt(
+    tmp_path, arm_control_file, files, rank, attempt, expected
+):
+    for armed_rank, entries in files.items():
+        arm_control_file(tmp_path, armed_rank, *entries)
+    channel = ControlChannel(control_path(tmp_path, rank), attempt=attempt)
+    assert _armed_points(channel) == expected
+
+
+def test_kill_at_step_fires_at_the_start_of_its_step_from_a_file_written_before_the_job(
+    tmp_path, arm_control_file
+):
+    arm_control_file(tmp_path, 0, {"point": "kill_at_step", "step": 1, "attempt": 0})
+    fired = []
+    channel = ControlChannel(control_path(tmp_path, 0), kill=_kill, on_fire=fired.append)
+    channel.poll()  # the loop polls before anything of step 1 runs
+    with pytest.raises(Killed):
+        channel.check_step(1)
+    assert fired == ["kill_at_step"]
+    channel.check_step(2)  # another step: nothing
+
+
+def test_checkpoint_kill_fires_at_its_phase_of_its_step_only(tmp_path, arm_control_file):
+    arm_control_file(tmp_path, 0, _SAVE_KILL)
+    channel = ControlChannel(control_path(tmp_path, 0), kill=_kill)
+    channel.poll()
+    channel.checkpoint_phase("before_shards", 4)
+    channel.checkpoint_phase("before_marker", 2)
+    with pytest.raises(Killed):
+        channel.checkpoint_phase("before_marker", 4)
+
+
+def test_a_kill_step_must_be_an_integer(tmp_path, arm_control_file):
+    arm_control_file(tmp_path, 0, {"point": "kill_at_step", "step": "soon"})
+    with pytest.raises(ControlFileError) as caught:
+        ControlChannel(control_path(tmp_path, 0)).poll()
+    assert "kill_at_step" in str(caught.value) and "step" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"point": "checkpoint_kill", "phase": "before_lunch", "step": 4},
+        {"point": "checkpoint_kill", "phase": "before_marker"},
+        {"point": "checkpoint_kill", "phase": "before_marker", "step": 0},
+    ],
+)
+def test_checkpoint_kill_names_the_phases(tmp_path, arm_control_file, entry):
+    arm_control_file(tmp_path, 0, entry)
+    with pytest.raises(ControlFileError) as caught:
+        ControlChannel(control_path(tmp_path, 0)).poll()
+    assert "before_shards, before_metadata, before_marker" in str(caught.value)

@@ -8,7 +8,6 @@ Rank 0 has no file.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from stormwatch.trainer.checkpoint import store
-from stormwatch.trainer.control import control_path
 from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
@@ -37,25 +35,18 @@ def _stormwatch() -> str:
 
 
 @pytest.fixture(scope="module")
-def armed_run(tmp_path_factory):
+def armed_run(tmp_path_factory, arm_control_file):
     root = tmp_path_factory.mktemp("control")
     now = time.time()
-    control = root / "metrics" / "control"  # the default: <metrics-dir>/control
-    control.mkdir(parents=True)
-    control_path(control, 1).write_text(
-        json.dumps(
-            {
-                "faults": [
-                    {"point": "slow_step", "seconds": SLOW_SECONDS, "expires_at": now + 3600},
-                    {"point": "collective_delay", "seconds": 0.05, "op": "all_reduce",
-                     "mesh_dim": "dp_shard"},
-                    {"point": "checkpoint_now", "requested_at": now},
-                    {"point": "error_at_step", "step": ERROR_STEP},
-                    {"point": "collective_hang", "expires_at": now - 1},
-                ]
-            }
-        )
-    )  # fmt: skip
+    arm_control_file(
+        root / "metrics" / "control",  # the default: <metrics-dir>/control
+        1,
+        {"point": "slow_step", "seconds": SLOW_SECONDS, "expires_at": now + 3600},
+        {"point": "collective_delay", "seconds": 0.05, "op": "all_reduce", "mesh_dim": "dp_shard"},
+        {"point": "checkpoint_now", "requested_at": now},
+        {"point": "error_at_step", "step": ERROR_STEP},
+        {"point": "collective_hang", "expires_at": now - 1},
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
     env["OMP_NUM_THREADS"] = "1"
     command = [

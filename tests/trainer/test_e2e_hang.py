@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.trainer.control import control_path
 from stormwatch.trainer.telemetry.dump import dump_path
 
 pytestmark = pytest.mark.e2e
@@ -35,11 +34,11 @@ def _stormwatch() -> str:
     return str(path) if path.exists() else shutil.which("stormwatch") or "stormwatch"
 
 
-def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(tmp_path):
-    control = tmp_path / "metrics" / "control"
-    control.mkdir(parents=True)
+def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(
+    tmp_path, arm_control_file
+):
     hang = {"point": "collective_hang", "op": "all_reduce", "mesh_dim": "dp_shard"}
-    control_path(control, 1).write_text(json.dumps({"faults": [hang]}))
+    arm_control_file(tmp_path / "metrics" / "control", 1, hang)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
     env["OMP_NUM_THREADS"] = "1"
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):

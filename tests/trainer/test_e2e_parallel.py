@@ -2,7 +2,8 @@
 
 Module-scoped runs keep the tier short: one uninterrupted pp=2 x dp=2 run
 (1F1B, 2 micro-batches of 2 sequences), the same run with rank 1 SIGKILLed at
-step 5 and resumed by torchrun from the checkpoint of step 4, and a short
+step 5 (a ``kill_at_step`` fault point of its control file, attempt 0) and resumed
+by torchrun from the checkpoint of step 4, and a short
 HSDP run (dp_replicate=2 x dp_shard=2).
 """
 
@@ -41,10 +42,7 @@ def pipelined_crashed(tmp_path_factory, torchrun_train):
         tmp_path_factory.mktemp("pp-crashed"),
         PP_ARGS,
         nproc=NPROC,
-        extra_env={
-            "STORMWATCH_FAULT_EXIT_AT_STEP": str(FAULT_STEP),
-            "STORMWATCH_FAULT_RANK": str(FAULT_RANK),
-        },
+        control={FAULT_RANK: [{"point": "kill_at_step", "step": FAULT_STEP, "attempt": 0}]},
         max_restarts=1,
     )
     assert run.returncode == 0, run.output[-5000:]

@@ -4,6 +4,8 @@ Runs share module-scoped fixtures to keep the tier short: one uninterrupted
 run (rank 3 slowed before each backward pass, a straggler for FC-14; sleeping
 changes no number), one run whose rank 1 is SIGKILLed at step 6 and resumed
 by torchrun (--max-restarts 1), and one resume over a damaged checkpoint folder.
+The faults are fault points of the ranks' control files, written before the start
+(``slow_step``; ``kill_at_step`` and ``checkpoint_kill`` in attempt 0 only).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _torchrun(
     torchrun_train,
     root: Path,
     *,
-    extra_env: dict[str, str] | None = None,
+    control: dict[int, list[dict[str, Any]]] | None = None,
     max_restarts: int = 0,
     extra_args: tuple[str, ...] = (),
 ) -> Any:
@@ -53,7 +55,7 @@ def _torchrun(
         root,
         [*TRAIN_ARGS, *extra_args],
         nproc=NPROC,
-        extra_env=extra_env,
+        control=control,
         max_restarts=max_restarts,
     )
 
@@ -63,10 +65,7 @@ def uninterrupted(tmp_path_factory, torchrun_train) -> Any:
     run = _torchrun(
         torchrun_train,
         tmp_path_factory.mktemp("uninterrupted"),
-        extra_env={
-            "STORMWATCH_FAULT_SLOW_SECONDS": str(SLOW_SECONDS),
-            "STORMWATCH_FAULT_RANK": str(SLOW_RANK),
-        },
+        control={SLOW_RANK: [{"point": "slow_step", "seconds": SLOW_SECONDS}]},
     )
     assert run.returncode == 0, run.output[-5000:]
     print(f"\nuninterrupted torchrun: {run.seconds:.1f}s")
@@ -78,10 +77,7 @@ def crashed_and_resumed(tmp_path_factory, torchrun_train) -> Any:
     run = _torchrun(
         torchrun_train,
         tmp_path_factory.mktemp("crashed"),
-        extra_env={
-            "STORMWATCH_FAULT_EXIT_AT_STEP": str(FAULT_STEP),
-            "STORMWATCH_FAULT_RANK": str(FAULT_RANK),
-        },
+        control={FAULT_RANK: [{"point": "kill_at_step", "step": FAULT_STEP, "attempt": 0}]},
         max_restarts=1,
     )
     assert run.returncode == 0, run.output[-5000:]
@@ -370,10 +366,7 @@ def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
     run = _torchrun(
         torchrun_train,
         tmp_path / phase,
-        extra_env={
-            "STORMWATCH_FAULT_CHECKPOINT_KILL": f"{phase}@4",
-            "STORMWATCH_FAULT_RANK": str(rank),
-        },
+        control={rank: [{"point": "checkpoint_kill", "phase": phase, "step": 4, "attempt": 0}]},
         max_restarts=1,
         extra_args=("--checkpoint-mode", "async"),
     )

@@ -56,10 +56,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-#: Phases of a save at which a test fault hook may fire (see :mod:`stormwatch.trainer.faults`).
-SAVE_PHASES = ("before_shards", "before_metadata", "before_marker")
-
-#: ``hook(phase, step)``: called at each phase of a save (on the writing thread).
+#: ``hook(phase, step)``: called at each phase of a save (on the writing thread), phases as in
+#: :data:`stormwatch.faults.control_file.CHECKPOINT_PHASES` (the ``checkpoint_kill`` fault
+#: point of :class:`stormwatch.trainer.control.ControlChannel` is the hook).
 FaultHook = Callable[[str, int], None]
 
 
@@ -379,4 +378,4 @@ class Checkpointer:
         return value
 
 
-__all__ = ["SAVE_PHASES", "Checkpointer", "FaultHook"]
+__all__ = ["Checkpointer", "FaultHook"]

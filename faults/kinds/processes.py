@@ -32,13 +32,17 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import psutil
 from pydantic import Field
 
-from stormwatch.agent.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
-from stormwatch.agent.faults._system import (
+from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
+from stormwatch.faults.kind import Blast, FaultKind, Placement, Target, Traits
+from stormwatch.faults.limits import JobName, Rank, Signal
+from stormwatch.faults.node import FaultContext
+from stormwatch.faults.system import (
     job_ranks,
     option_value,
     process_ref,
@@ -46,52 +50,61 @@ from stormwatch.agent.faults._system import (
     torchruns,
     wait_until,
 )
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+from stormwatch.faults.targeting import AgentDirectory, NodeOrRank, NoTarget
 
-Signal = Literal["SIGKILL", "SIGTERM"]
 #: How long revert waits for SIGCONT to show (process state leaves ``T``), seconds.
 CONTINUE_TIMEOUT_S = 2.0
 
 
-class _JobSpec(FaultSpec):
-    job: str | None = Field(default=None, min_length=1)
+class _JobKillRequest(FaultRequest):
+    job: JobName | None = None
+    signal: Signal = "SIGKILL"
 
 
-class KillTorchrunSpec(_JobSpec):
+class KillTorchrunRequest(_JobKillRequest):
     """``kill_torchrun``: ``job`` (optional), ``signal`` (SIGKILL)."""
 
     kind: Literal["kill_torchrun"]
-    signal: Signal = "SIGKILL"
 
 
-class KillNodeProcessesSpec(_JobSpec):
+class KillNodeProcessesRequest(_JobKillRequest):
     """``kill_node_processes``: ``job`` (optional: every job), ``signal`` (SIGKILL)."""
 
     kind: Literal["kill_node_processes"]
-    signal: Signal = "SIGKILL"
 
 
-class KillRdzvHostSpec(_JobSpec):
+class KillRdzvHostRequest(_JobKillRequest):
     """``kill_rdzv_host``: ``job`` (optional), ``signal`` (SIGKILL)."""
 
     kind: Literal["kill_rdzv_host"]
-    signal: Signal = "SIGKILL"
 
 
-class KillAgentSpec(FaultSpec):
-    """``kill_agent``: ``signal`` (SIGKILL), ``delay_seconds`` (0.5: time to answer first)."""
+class KillAgentRequest(FaultRequest):
+    """``kill_agent``: ``signal`` (SIGKILL), ``delay_seconds`` (0.5: time to answer first;
+    not in experiment files)."""
 
     kind: Literal["kill_agent"]
     signal: Signal = "SIGKILL"
     delay_seconds: float = Field(default=0.5, ge=0.1, le=60)
 
 
-class FreezeRanksSpec(_JobSpec):
-    """``freeze_ranks``: ``ranks`` (None: every rank of the node), ``include_torchrun``."""
+class FreezeRanksRequest(FaultRequest):
+    """``freeze_ranks``: ``job``, ``ranks`` (None: every rank of the node), ``include_torchrun``."""
 
     kind: Literal["freeze_ranks"]
-    ranks: list[int] | None = Field(default=None, min_length=1)
+    job: JobName | None = None
+    ranks: list[Rank] | None = Field(default=None, min_length=1)
     include_torchrun: bool = False
+
+
+class NodeOrRanks(NodeOrRank):
+    """``node`` or ``rank``; the agent of that node gets ``ranks: [rank]`` (freeze that rank)
+    or no ``ranks`` (freeze every rank of the node)."""
+
+    supplies: ClassVar[frozenset[str]] = frozenset({"ranks"})
+
+    def targeting_fields(self, agents: AgentDirectory) -> dict[str, Any]:
+        return {} if self.rank is None else {"ranks": [self.rank]}
 
 
 def _single_job(ctx: FaultContext, job: str | None) -> list[psutil.Process]:
@@ -101,7 +114,7 @@ def _single_job(ctx: FaultContext, job: str | None) -> list[psutil.Process]:
         raise FaultTargetAmbiguous(
             f"several jobs run on node {ctx.node} ({', '.join(jobs)}); give 'job'"
         )
-    agents = torchruns(ranks)
+    agents = torchruns(ctx, ranks)
     if not agents:
         raise FaultTargetNotFound(f"no torchrun agent found above the ranks on node {ctx.node}")
     return agents
@@ -123,15 +136,18 @@ def _signal_all(processes: list[psutil.Process], name: str) -> list[list[float]]
     return sent
 
 
-class _KillFault(Fault):
+_KillT = TypeVar("_KillT", bound=_JobKillRequest)
+
+
+class _KillFault(Fault[_KillT]):
     """Shared shape: resolve processes in prepare, signal them in inject, nothing to revert."""
 
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, request: _KillT) -> None:
+        super().__init__(request)
         self._targets: list[psutil.Process] = []
 
     def inject(self, ctx: FaultContext) -> Injection:
-        name = getattr(self.spec, "signal", "SIGKILL")
+        name = self.request.signal
         sent = _signal_all(self._targets, name)
         return Injection(target_pid=int(sent[0][0]), details={"signal": name, "processes": sent})
 
@@ -140,27 +156,19 @@ class _KillFault(Fault):
         return None
 
 
-class KillTorchrun(_KillFault):
+class KillTorchrun(_KillFault[KillTorchrunRequest]):
     """Kill the node's torchrun agent of one job."""
 
-    kind = "kill_torchrun"
-    spec_type = KillTorchrunSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        assert isinstance(self.spec, KillTorchrunSpec)
-        self._targets = _single_job(ctx, self.spec.job)
+        self._targets = _single_job(ctx, self.request.job)
 
 
-class KillNodeProcesses(_KillFault):
+class KillNodeProcesses(_KillFault[KillNodeProcessesRequest]):
     """Kill every torchrun agent of the node, then all their descendants."""
 
-    kind = "kill_node_processes"
-    spec_type = KillNodeProcessesSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        assert isinstance(self.spec, KillNodeProcessesSpec)
-        ranks = job_ranks(ctx, self.spec.job)
-        agents = torchruns(ranks)
+        ranks = job_ranks(ctx, self.request.job)
+        agents = torchruns(ctx, ranks)
         everything: dict[int, psutil.Process] = {}
         for agent in agents:
             with contextlib.suppress(psutil.Error):
@@ -173,15 +181,11 @@ class KillNodeProcesses(_KillFault):
         self._targets = agents + [everything[pid] for pid in sorted(everything)]
 
 
-class KillRdzvHost(_KillFault):
+class KillRdzvHost(_KillFault[KillRdzvHostRequest]):
     """Kill the torchrun that listens on the job's rendezvous port, when it is on this node."""
 
-    kind = "kill_rdzv_host"
-    spec_type = KillRdzvHostSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        assert isinstance(self.spec, KillRdzvHostSpec)
-        for agent in _single_job(ctx, self.spec.job):
+        for agent in _single_job(ctx, self.request.job):
             try:
                 cmdline = agent.cmdline()
                 endpoint = option_value(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
@@ -199,41 +203,33 @@ class KillRdzvHost(_KillFault):
         raise FaultTargetNotFound(f"node {ctx.node} does not host the job's rendezvous store")
 
 
-class KillAgent(Fault):
+class KillAgent(Fault[KillAgentRequest]):
     """The agent signals itself after answering (a timer thread)."""
-
-    kind = "kill_agent"
-    spec_type = KillAgentSpec
 
     def prepare(self, ctx: FaultContext) -> None:
         return None
 
     def inject(self, ctx: FaultContext) -> Injection:
-        assert isinstance(self.spec, KillAgentSpec)
-        pid, number = os.getpid(), getattr(signal, self.spec.signal)
-        timer = threading.Timer(self.spec.delay_seconds, os.kill, args=(pid, number))
+        pid, number = os.getpid(), getattr(signal, self.request.signal)
+        timer = threading.Timer(self.request.delay_seconds, os.kill, args=(pid, number))
         timer.daemon = True
         timer.start()
-        return Injection(target_pid=pid, details={"signal": self.spec.signal})
+        return Injection(target_pid=pid, details={"signal": self.request.signal})
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
         """Nothing to undo: the agent is (or was) dead; a supervisor restarts it."""
         return None
 
 
-class FreezeRanks(Fault):
+class FreezeRanks(Fault[FreezeRanksRequest]):
     """SIGSTOP ranks (and their descendants; optionally torchrun); SIGCONT on revert."""
 
-    kind = "freeze_ranks"
-    spec_type = FreezeRanksSpec
-
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, request: FreezeRanksRequest) -> None:
+        super().__init__(request)
         self._targets: list[psutil.Process] = []
 
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self.spec
-        assert isinstance(spec, FreezeRanksSpec)
+        spec = self.request
         ranks = job_ranks(ctx, spec.job)
         if spec.ranks is not None:
             missing = sorted(set(spec.ranks) - {r.rank for r in ranks})
@@ -250,7 +246,7 @@ class FreezeRanks(Fault):
                 targets.update((c.pid, c) for c in process.children(recursive=True))
             except psutil.Error:
                 continue
-        agents = torchruns(ranks) if spec.include_torchrun else []
+        agents = torchruns(ctx, ranks) if spec.include_torchrun else []
         self._targets = agents + [targets[pid] for pid in sorted(targets)]
 
     def inject(self, ctx: FaultContext) -> Injection:
@@ -267,30 +263,43 @@ class FreezeRanks(Fault):
         return Injection(target_pid=int(sent[-1][0]), details={"processes": sent})
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """SIGCONT every recorded process still alive; then check none is left stopped.
+        """SIGCONT every recorded process still alive; then :meth:`verify`.
 
         Without an injection (crash between ledger and signal) nothing was recorded as
         stopped, so there is nothing to continue.
 
         Raises:
-            FaultError: a process is still stopped after SIGCONT.
+            FaultError: a process cannot be continued, or is still stopped.
         """
-        if injection is None:
-            return
-        alive = [p for ref in injection.details.get("processes", []) if (p := same_process(ref))]
-        for process in alive:
+        for process in _recorded(injection):
             try:
                 process.send_signal(signal.SIGCONT)
             except psutil.NoSuchProcess:
                 continue
             except psutil.Error as exc:
                 raise FaultError(f"cannot SIGCONT pid {process.pid}: {exc}") from exc
+        self.verify(ctx, injection)
+
+    def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """No recorded process is still stopped (waiting up to ``CONTINUE_TIMEOUT_S``).
+
+        Raises:
+            FaultError: naming the pids still stopped.
+        """
+        alive = _recorded(injection)
 
         def stopped() -> list[int]:
             return [p.pid for p in alive if _stopped(p)]
 
         if not wait_until(lambda: not stopped(), CONTINUE_TIMEOUT_S):
             raise FaultError(f"processes still stopped after SIGCONT: {stopped()}")
+
+
+def _recorded(injection: Injection | None) -> list[psutil.Process]:
+    """The processes an injection recorded that still run (none without an injection)."""
+    if injection is None:
+        return []
+    return [p for ref in injection.details.get("processes", []) if (p := same_process(ref))]
 
 
 def _stopped(process: psutil.Process) -> bool:
@@ -300,15 +309,102 @@ def _stopped(process: psutil.Process) -> bool:
         return True  # gone: nothing left to wait for
 
 
+KILL_TORCHRUN = FaultKind(
+    kind="kill_torchrun",
+    summary="Kill the node's torchrun agent (the launcher dies; its workers lose their parent).",
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        category="software_bug",  # the node's launcher crashed
+        final=True,
+        job_scoped=True,
+    ),
+    targeting=NodeOrRank,
+    request=KillTorchrunRequest,
+    fault=KillTorchrun,
+)
+KILL_NODE_PROCESSES = FaultKind(
+    kind="kill_node_processes",
+    summary="Kill every training process on a node (torchrun and all its workers): a node lost.",
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        category="host_maintenance",  # a node gone from the job
+        final=True,
+        job_scoped=True,
+    ),
+    targeting=NodeOrRank,
+    request=KillNodeProcessesRequest,
+    fault=KillNodeProcesses,
+)
+KILL_RDZV_HOST = FaultKind(
+    kind="kill_rdzv_host",
+    summary=(
+        "Kill the torchrun that hosts the job's rendezvous (c10d) store; the controller asks "
+        "every agent, only the host's answers."
+    ),
+    traits=Traits(
+        target=Target.NONE,
+        placement=Placement.EVERY_AGENT,
+        blast=Blast.FIRST_NODE,
+        category="dependency",  # the rendezvous store's host died
+        final=True,
+        job_scoped=True,
+        fixed_place="it always hits the node hosting the rendezvous store",
+    ),
+    targeting=NoTarget,
+    request=KillRdzvHostRequest,
+    fault=KillRdzvHost,
+)
+KILL_AGENT = FaultKind(
+    kind="kill_agent",
+    summary="Kill the node's stormwatch agent itself (monitoring blind spot: StormwatchAgentDown).",
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        blast=Blast.NOTHING,  # monitoring only: training is not touched
+        final=True,
+        reverts_itself=False,  # a dead agent reverts nothing: the reaper restarts it
+        kills_agent=True,
+    ),
+    targeting=NodeOrRank,
+    request=KillAgentRequest,
+    fault=KillAgent,
+    agent_only=frozenset({"delay_seconds"}),
+)
+FREEZE_RANKS = FaultKind(
+    kind="freeze_ranks",
+    summary=(
+        "Agent-side SIGSTOP of one rank (``rank``) or of every rank on a node (``node``): a "
+        "hung process or host; SIGCONT at the TTL, by the agent, even if the controller died. "
+        "``include_torchrun`` also stops the node's torchrun agent (a whole hung host)."
+    ),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        category="nccl_watchdog_timeouts",  # peers block in a collective until the watchdog
+        job_scoped=True,
+    ),
+    targeting=NodeOrRanks,
+    request=FreezeRanksRequest,
+    fault=FreezeRanks,
+)
+
 __all__ = [
+    "FREEZE_RANKS",
+    "KILL_AGENT",
+    "KILL_NODE_PROCESSES",
+    "KILL_RDZV_HOST",
+    "KILL_TORCHRUN",
     "FreezeRanks",
-    "FreezeRanksSpec",
+    "FreezeRanksRequest",
     "KillAgent",
-    "KillAgentSpec",
+    "KillAgentRequest",
     "KillNodeProcesses",
-    "KillNodeProcessesSpec",
+    "KillNodeProcessesRequest",
     "KillRdzvHost",
-    "KillRdzvHostSpec",
+    "KillRdzvHostRequest",
     "KillTorchrun",
-    "KillTorchrunSpec",
+    "KillTorchrunRequest",
+    "NodeOrRanks",
 ]

@@ -32,32 +32,36 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import psutil
 from pydantic import Field
 
-from stormwatch.agent.errors import FaultError, FaultTargetNotFound
-from stormwatch.agent.faults._system import job_ranks, rank_option, run, short_tag
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.errors import FaultError, FaultTargetNotFound
+from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.limits import JobName
+from stormwatch.faults.node import FaultContext
+from stormwatch.faults.system import job_ranks, rank_option, run, short_tag
+from stormwatch.faults.targeting import NodeOrRank
 
 #: Size of the overlay's upper tmpfs; filled at once, so it only needs to hold the overlay's work dirs.
 UPPER_TMPFS = "size=256k,nr_inodes=64"
 _DEFAULT_SCRATCH = Path("/run/stormwatch-faults")
 
 
-class _StorageSpec(FaultSpec):
+class _StorageRequest(FaultRequest):
     path: str | None = Field(default=None, pattern=r"^/")
-    job: str | None = Field(default=None, min_length=1)
+    job: JobName | None = None
 
 
-class CheckpointReadOnlySpec(_StorageSpec):
+class CheckpointReadOnlyRequest(_StorageRequest):
     """``checkpoint_readonly``: ``path`` (default: the job's ``--checkpoint-dir``), ``job``."""
 
     kind: Literal["checkpoint_readonly"]
 
 
-class CheckpointFullSpec(_StorageSpec):
+class CheckpointFullRequest(_StorageRequest):
     """``checkpoint_full``: ``path`` (default: the job's ``--checkpoint-dir``), ``job``."""
 
     kind: Literal["checkpoint_full"]
@@ -166,24 +170,27 @@ def _new_mount(path: Path, ns: _MountNs, args: list[str]) -> int:
     return added[-1]
 
 
-class _StorageFault(Fault):
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec)
+_StorageT = TypeVar("_StorageT", bound=_StorageRequest)
+
+
+class _StorageFault(Fault[_StorageT]):
+    def __init__(self, request: _StorageT) -> None:
+        super().__init__(request)
         self._path: Path | None = None
         self._namespaces: list[_MountNs] = []
 
     def prepare(self, ctx: FaultContext) -> None:
-        assert isinstance(self.spec, _StorageSpec)
+        spec = self.request
         try:
-            ranks = job_ranks(ctx, self.spec.job)
+            ranks = job_ranks(ctx, spec.job)
         except FaultTargetNotFound:
-            if self.spec.path is None or self.spec.job is not None:
+            if spec.path is None or spec.job is not None:
                 raise
             ranks = []
-        if self.spec.path is not None:
-            path = Path(self.spec.path)
+        if spec.path is not None:
+            path = Path(spec.path)
         else:
-            found = rank_option(ctx, self.spec.job, "--checkpoint-dir")
+            found = rank_option(ctx, spec.job, "--checkpoint-dir")
             if found is None:
                 raise FaultTargetNotFound(
                     f"no --checkpoint-dir on the ranks of node {ctx.node}; give 'path'"
@@ -211,6 +218,23 @@ class _StorageFault(Fault):
             ns = _find_ns(record)
             if ns is not None:
                 self._undo(Path(str(details["path"])), dict(record), ns)
+        self.verify(ctx, injection)
+
+    def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """No mount this fault made is still at the folder, in any namespace still alive.
+
+        Raises:
+            FaultError: naming the mount left.
+        """
+        if injection is None:
+            return
+        details = dict(injection.details)
+        path = Path(str(details["path"]))
+        for record in details.get("mounts", [details]):
+            ns = _find_ns(record)
+            mount_id = record.get("mount_id")
+            if ns is not None and mount_id is not None and int(mount_id) in _mounts_at(path, ns):
+                raise FaultError(f"{path}: still mounted (mount id {mount_id}) after revert")
 
     @staticmethod
     @abc.abstractmethod
@@ -229,7 +253,7 @@ class _StorageFault(Fault):
             for record, ns in zip(mounts, self._namespaces, strict=False):
                 with contextlib.suppress(FaultError):
                     self._undo(self._path, record, ns)
-            raise FaultError(f"{self.kind} on {self._path}: {exc}") from exc
+            raise FaultError(f"{self.request.kind} on {self._path}: {exc}") from exc
         return Injection(details={"path": str(self._path), "mounts": mounts})
 
     @abc.abstractmethod
@@ -239,11 +263,8 @@ class _StorageFault(Fault):
         """Make the mounts in ``ns``, noting their ids in ``record`` as they appear."""
 
 
-class CheckpointReadOnly(_StorageFault):
+class CheckpointReadOnly(_StorageFault[CheckpointReadOnlyRequest]):
     """A read-only bind mount of the folder onto itself."""
-
-    kind = "checkpoint_readonly"
-    spec_type = CheckpointReadOnlySpec
 
     def _apply(
         self, ctx: FaultContext, path: Path, ns: _MountNs, record: dict[str, object]
@@ -257,17 +278,14 @@ class CheckpointReadOnly(_StorageFault):
             _unmount_if_top(path, int(str(record["mount_id"])), ns)
 
 
-class CheckpointFull(_StorageFault):
+class CheckpointFull(_StorageFault[CheckpointFullRequest]):
     """Overlay (lower: the folder, upper: a full tmpfs) on the folder."""
-
-    kind = "checkpoint_full"
-    spec_type = CheckpointFullSpec
 
     def _apply(
         self, ctx: FaultContext, path: Path, ns: _MountNs, record: dict[str, object]
     ) -> None:
         base = (ctx.state_dir / "fault-mounts" if ctx.state_dir else _DEFAULT_SCRATCH) / (
-            f"{short_tag(self.spec.id)}-{ns.ino}"
+            f"{short_tag(self.request.id)}-{ns.ino}"
         )
         scratch = base / "tmpfs"
         ns.see(scratch).mkdir(parents=True, exist_ok=True)
@@ -315,9 +333,44 @@ def _fill(scratch: Path) -> None:
     raise FaultError(f"{scratch}: could not fill the tmpfs")
 
 
+def _storage(kind: str, summary: str, request: type[_StorageRequest], fault: type[Fault[Any]]
+             ) -> FaultKind:  # fmt: skip
+    return FaultKind(
+        kind=kind,
+        summary=summary,
+        traits=Traits(
+            target=Target.NODE_OR_RANK,
+            placement=Placement.ONE_NODE,
+            category="ssd",  # the checkpoint storage failed
+            job_scoped=True,
+            needs_root=True,
+        ),
+        targeting=NodeOrRank,
+        request=request,
+        fault=fault,
+    )
+
+
+CHECKPOINT_READONLY = _storage(
+    "checkpoint_readonly",
+    "The checkpoint folder becomes read-only (EROFS) on the node: a remounted volume. ``path`` "
+    "default: the job's ``--checkpoint-dir`` seen on the node's ranks.",
+    CheckpointReadOnlyRequest,
+    CheckpointReadOnly,
+)
+CHECKPOINT_FULL = _storage(
+    "checkpoint_full",
+    "The checkpoint folder is full (ENOSPC) on the node; existing files stay readable and "
+    "nothing is ever deleted. ``path`` as for ``checkpoint_readonly``.",
+    CheckpointFullRequest,
+    CheckpointFull,
+)
+
 __all__ = [
+    "CHECKPOINT_FULL",
+    "CHECKPOINT_READONLY",
     "CheckpointFull",
-    "CheckpointFullSpec",
+    "CheckpointFullRequest",
     "CheckpointReadOnly",
-    "CheckpointReadOnlySpec",
+    "CheckpointReadOnlyRequest",
 ]

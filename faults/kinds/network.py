@@ -28,12 +28,16 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from stormwatch.agent.errors import FaultError, FaultTargetNotFound
-from stormwatch.agent.faults._system import (
+from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.errors import FaultError, FaultTargetNotFound
+from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.limits import JobName, NodeName
+from stormwatch.faults.node import FaultContext
+from stormwatch.faults.system import (
     job_ranks,
     option_value,
     run,
@@ -41,7 +45,7 @@ from stormwatch.agent.faults._system import (
     torchruns,
     wait_until,
 )
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+from stormwatch.faults.targeting import AgentDirectory, NodeOrRank, NodeSets
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class Peer(BaseModel):
         return value
 
 
-class PartitionSpec(FaultSpec):
+class PartitionRequest(FaultRequest):
     """``partition``: ``peers`` (the other side), ``direction`` (``both``),
     ``verify_timeout_seconds`` (how long revert tries each peer's ``verify_port``)."""
 
@@ -82,15 +86,15 @@ class PartitionSpec(FaultSpec):
     verify_timeout_seconds: float = Field(default=VERIFY_TIMEOUT_S, gt=0, le=300)
 
 
-class IsolateStoreSpec(FaultSpec):
+class IsolateStoreRequest(FaultRequest):
     """``isolate_store``: ``store`` ``host:port`` (default: the job's ``--rdzv-endpoint``)."""
 
     kind: Literal["isolate_store"]
     store: str | None = Field(default=None, pattern=r"^[^:\s]+:[0-9]{1,5}$")
-    job: str | None = Field(default=None, min_length=1)
+    job: JobName | None = None
 
 
-class PacketDropSpec(FaultSpec):
+class PacketDropRequest(FaultRequest):
     """``packet_drop``: ``probability`` (0, 1], ``peers`` (addresses/CIDRs; default: all)."""
 
     kind: Literal["packet_drop"]
@@ -103,6 +107,23 @@ class PacketDropSpec(FaultSpec):
         for peer in value or []:
             _network(peer)
         return value
+
+
+class NodeOrRankPeers(NodeOrRank):
+    """``node`` or ``rank``, and ``peers``: node names whose traffic alone is affected
+    (default: all; listed where the request's ``peers`` is); the agent gets their agents'
+    addresses."""
+
+    supplies: ClassVar[frozenset[str]] = frozenset({"peers"})
+    in_place: ClassVar[dict[str, tuple[Any, Any]]] = {"peers": (list[NodeName] | None, None)}
+
+    if TYPE_CHECKING:
+        peers: list[str] | None
+
+    def targeting_fields(self, agents: AgentDirectory) -> dict[str, Any]:
+        if self.peers is None:
+            return {}
+        return {"peers": [agents.address(name)[0] for name in self.peers]}
 
 
 class Chains:
@@ -146,18 +167,25 @@ class Chains:
                 run([*_IPT, "-F", chain])
                 run([*_IPT, "-X", chain])
                 found = True
+        self.check_gone()
+        return found
+
+    def check_gone(self) -> None:
+        """Raise :class:`FaultError` naming every rule of this fault still in ``iptables -S``."""
         left = [line for line in run([*_IPT, "-S"]).stdout.splitlines() if self.tag in line]
         if left:
             raise FaultError(f"iptables rules of this fault are still present: {left}")
-        return found
 
 
-class _IptablesFault(Fault):
+_RulesT = TypeVar("_RulesT", bound=FaultRequest)
+
+
+class _IptablesFault(Fault[_RulesT]):
     """Shared shape: rules computed in prepare, installed in inject, removed in revert."""
 
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec)
-        self._chains = Chains(spec.id)
+    def __init__(self, request: _RulesT) -> None:
+        super().__init__(request)
+        self._chains = Chains(request.id)
         self._input: list[list[str]] = []
         self._output: list[list[str]] = []
 
@@ -176,18 +204,23 @@ class _IptablesFault(Fault):
         )
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """Remove the chains and the jumps to them; they are checked gone (:meth:`verify`)."""
         self._chains.remove()
 
+    def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """No ``iptables -S`` line names this fault's chains.
 
-class Partition(_IptablesFault):
+        Raises:
+            FaultError: naming the rules left.
+        """
+        self._chains.check_gone()
+
+
+class Partition(_IptablesFault[PartitionRequest]):
     """DROP to and/or from the peers; revert verifies TCP connectivity to the peers again."""
 
-    kind = "partition"
-    spec_type = PartitionSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self.spec
-        assert isinstance(spec, PartitionSpec)
+        spec = self.request
         for peer in spec.peers:
             net = _network(peer.address)
             if spec.direction in ("both", "inbound"):
@@ -207,20 +240,18 @@ class Partition(_IptablesFault):
                 ``verify_timeout_seconds`` (the message names it).
         """
         removed = self._chains.remove()
-        assert isinstance(self.spec, PartitionSpec)
+        spec = self.request
         if injection is None:
             return
         if _other_fault_rules():
             # another network fault is still applied here: connectivity is its to restore
-            log.info(
-                "partition %s: other fault rules present; connectivity not checked", self.spec.id
-            )
+            log.info("partition %s: other fault rules present; connectivity not checked", spec.id)
             return
-        for peer in self.spec.peers:
+        for peer in spec.peers:
             if peer.verify_port is None or "/" in peer.address:
                 continue
             where = (peer.address, peer.verify_port)
-            timeout = self.spec.verify_timeout_seconds if removed else 0.0
+            timeout = spec.verify_timeout_seconds if removed else 0.0
             if not wait_until(lambda w=where: _connects(w), timeout, interval=0.2):
                 raise FaultError(
                     f"partition reverted but {where[0]}:{where[1]} is still unreachable "
@@ -242,18 +273,14 @@ def _connects(address: tuple[str, int]) -> bool:
         return False
 
 
-class IsolateStore(_IptablesFault):
+class IsolateStore(_IptablesFault[IsolateStoreRequest]):
     """DROP this node's TCP packets to the store's host and port (and the replies)."""
 
-    kind = "isolate_store"
-    spec_type = IsolateStoreSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self.spec
-        assert isinstance(spec, IsolateStoreSpec)
+        spec = self.request
         store = spec.store
         if store is None:
-            for agent in torchruns(job_ranks(ctx, spec.job)):
+            for agent in torchruns(ctx, job_ranks(ctx, spec.job)):
                 store = option_value(agent.cmdline(), "--rdzv-endpoint", "--rdzv_endpoint")
                 if store:
                     break
@@ -275,15 +302,11 @@ class IsolateStore(_IptablesFault):
         return Injection(details={**injection.details, "store": f"{rule[3]}:{rule[5]}"})
 
 
-class PacketDrop(_IptablesFault):
+class PacketDrop(_IptablesFault[PacketDropRequest]):
     """``statistic --mode random`` DROP in both directions (never on loopback)."""
 
-    kind = "packet_drop"
-    spec_type = PacketDropSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self.spec
-        assert isinstance(spec, PacketDropSpec)
+        spec = self.request
         stat = ["-m", "statistic", "--mode", "random", "--probability", f"{spec.probability:.6f}"]
         self._input = [["-i", "lo", "-j", "RETURN"]]
         self._output = [["-o", "lo", "-j", "RETURN"]]
@@ -295,13 +318,66 @@ class PacketDrop(_IptablesFault):
             self._output.append(["-d", _network(peer), *stat, "-j", "DROP"])
 
 
+_NETWORK = "network_switch_cable"  # a lost link between nodes (or to the rendezvous store)
+PARTITION = FaultKind(
+    kind="partition",
+    summary=(
+        "Network partition between node sets (iptables DROP on side A's nodes). ``direction``: "
+        "``both`` (nothing passes), ``outbound`` (A -> B dropped, B -> A passes at IP level) or "
+        "``inbound`` (B -> A dropped). Revert checks that A can connect to each B agent's port "
+        "again within ``verify_timeout_seconds``, and fails loudly otherwise (FC-13)."
+    ),
+    traits=Traits(
+        target=Target.NODE_SETS,
+        placement=Placement.EACH_NODE,
+        category=_NETWORK,
+        needs_root=True,
+        fixed_place="it names its nodes in 'nodes'",
+    ),
+    targeting=NodeSets,
+    request=PartitionRequest,
+    fault=Partition,
+)
+ISOLATE_STORE = FaultKind(
+    kind="isolate_store",
+    summary=(
+        "Drop a node's traffic to the rendezvous store only (``store`` ``host:port``; default: "
+        "the ``--rdzv-endpoint`` of the job's torchrun on that node)."
+    ),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        category=_NETWORK,
+        job_scoped=True,
+        needs_root=True,
+    ),
+    targeting=NodeOrRank,
+    request=IsolateStoreRequest,
+    fault=IsolateStore,
+)
+PACKET_DROP = FaultKind(
+    kind="packet_drop",
+    summary=(
+        "Random packet loss on the node (iptables ``statistic --mode random``), in and out, "
+        "optionally only to/from ``peers`` (node names): a flaky cable or switch port."
+    ),
+    traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, needs_root=True),
+    targeting=NodeOrRankPeers,
+    request=PacketDropRequest,
+    fault=PacketDrop,
+)
+
 __all__ = [
+    "ISOLATE_STORE",
+    "PACKET_DROP",
+    "PARTITION",
     "Chains",
     "IsolateStore",
-    "IsolateStoreSpec",
+    "IsolateStoreRequest",
+    "NodeOrRankPeers",
     "PacketDrop",
-    "PacketDropSpec",
+    "PacketDropRequest",
     "Partition",
-    "PartitionSpec",
+    "PartitionRequest",
     "Peer",
 ]

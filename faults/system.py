@@ -1,8 +1,8 @@
-"""Shared helpers of the agent's fault kinds: commands, process identity, names from ids.
+"""Shared helpers of the fault kinds on a node: commands, process identity, names from ids.
 
-Every helper raises :class:`~stormwatch.agent.errors.FaultError` (never a bare
-``CalledProcessError``) with the command and its stderr, so the API answers
-with a message an operator can act on.
+Every helper raises :class:`~stormwatch.faults.errors.FaultError` (never a bare
+``CalledProcessError``) with the command and its stderr, so the agent's fault API
+answers with a message an operator can act on.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from stormwatch.agent.errors import FaultError, FaultTargetNotFound
-from stormwatch.agent.faults.base import FaultContext
-from stormwatch.agent.watch.procs import is_torchrun_agent
-from stormwatch.agent.watch.ranks import RankInfo
+from stormwatch.faults.errors import FaultError, FaultTargetNotFound
+from stormwatch.faults.node import FaultContext, RankSeen
 
 #: Seconds any one system command may take (iptables waits for its lock with ``-w``).
 COMMAND_TIMEOUT_S = 20.0
@@ -67,7 +65,7 @@ def same_process(ref: Sequence[float]) -> psutil.Process | None:
         return None
 
 
-def job_ranks(ctx: FaultContext, job: str | None) -> list[RankInfo]:
+def job_ranks(ctx: FaultContext, job: str | None) -> list[RankSeen]:
     """This node's running ranks (of ``job``), after a fresh scan.
 
     Raises:
@@ -81,12 +79,30 @@ def job_ranks(ctx: FaultContext, job: str | None) -> list[RankInfo]:
     return found
 
 
-def torchrun_of(pid: int) -> psutil.Process | None:
+def rank_process(ctx: FaultContext, rank: int, job: str | None) -> psutil.Process:
+    """The process of ``rank`` (of ``job``) on this node, after a fresh scan.
+
+    Raises:
+        FaultTargetNotFound: the rank is not running here.
+        FaultError: it runs in several jobs (give ``job``), or it exited meanwhile.
+    """
+    ranks = [r for r in job_ranks(ctx, job) if r.rank == rank]
+    if not ranks:
+        raise FaultTargetNotFound(f"rank {rank} is not running on node {ctx.node}")
+    if len(ranks) > 1:
+        raise FaultError(f"rank {rank} runs in several jobs on node {ctx.node}; give 'job'")
+    try:
+        return psutil.Process(ranks[0].pid)
+    except psutil.Error as exc:
+        raise FaultError(f"rank {rank} (pid {ranks[0].pid}): {exc}") from exc
+
+
+def torchrun_of(ctx: FaultContext, pid: int) -> psutil.Process | None:
     """The torchrun agent ``pid`` descends from (nearest ancestor), or None."""
     try:
         for parent in psutil.Process(pid).parents():
             try:
-                if is_torchrun_agent(parent.name(), parent.cmdline()):
+                if ctx.is_launcher(parent.name(), parent.cmdline()):
                     return parent
             except psutil.Error:
                 continue
@@ -95,11 +111,11 @@ def torchrun_of(pid: int) -> psutil.Process | None:
     return None
 
 
-def torchruns(ranks: Iterable[RankInfo]) -> list[psutil.Process]:
+def torchruns(ctx: FaultContext, ranks: Iterable[RankSeen]) -> list[psutil.Process]:
     """The distinct torchrun agents of ``ranks``."""
     found: dict[int, psutil.Process] = {}
     for info in ranks:
-        agent = torchrun_of(info.pid)
+        agent = torchrun_of(ctx, info.pid)
         if agent is not None:
             found[agent.pid] = agent
     return [found[pid] for pid in sorted(found)]
@@ -149,6 +165,7 @@ __all__ = [
     "option_value",
     "process_ref",
     "rank_option",
+    "rank_process",
     "run",
     "same_process",
     "short_tag",

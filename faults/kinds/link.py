@@ -11,6 +11,9 @@
   the agent does it and stops at the TTL by itself; revert stops it, sets the
   link up and restores the routes through it (IPv4 drops them when the link
   goes down; they are recorded at inject, so revert works from the ledger).
+
+``device`` is for callers of the agent's API only: an experiment file acts on
+the default interface.
 """
 
 from __future__ import annotations
@@ -19,20 +22,23 @@ import json
 import logging
 import threading
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from stormwatch.agent.errors import FaultError
-from stormwatch.agent.faults._system import run, short_tag
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.errors import FaultError
+from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.node import FaultContext
+from stormwatch.faults.system import run, short_tag
+from stormwatch.faults.targeting import NodeOrRank
 
 log = logging.getLogger(__name__)
 
 _DEVICE = Field(default="eth0", pattern=r"^[A-Za-z0-9_.@-]{1,15}$")
 
 
-class BandwidthLimitSpec(FaultSpec):
+class BandwidthLimitRequest(FaultRequest):
     """``bandwidth_limit``: ``rate_kbit``, ``burst_bytes`` (32 KiB), ``latency_ms`` (50), ``device``."""
 
     kind: Literal["bandwidth_limit"]
@@ -42,13 +48,19 @@ class BandwidthLimitSpec(FaultSpec):
     device: str = _DEVICE
 
 
-class LinkFlapSpec(FaultSpec):
+class LinkFlapRequest(FaultRequest):
     """``link_flap``: ``period_seconds`` (4), ``down_seconds`` (1), ``device``."""
 
     kind: Literal["link_flap"]
     period_seconds: float = Field(default=4.0, gt=0, le=3600)
     down_seconds: float = Field(default=1.0, gt=0, le=3600)
     device: str = _DEVICE
+
+
+def _down_within_period(fault: Any) -> str | None:
+    if fault.down_seconds >= fault.period_seconds:
+        return "down_seconds must be shorter than period_seconds"
+    return None
 
 
 def _handle(fault_id: str) -> str:
@@ -64,19 +76,14 @@ def _root_qdisc(device: str) -> dict[str, object] | None:
     return None
 
 
-class BandwidthLimit(Fault):
+class BandwidthLimit(Fault[BandwidthLimitRequest]):
     """``tc qdisc replace dev D root handle H: tbf rate R burst B latency L``."""
 
-    kind = "bandwidth_limit"
-    spec_type = BandwidthLimitSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        assert isinstance(self.spec, BandwidthLimitSpec)
-        run(["ip", "link", "show", "dev", self.spec.device])  # a typo fails here, not half-applied
+        run(["ip", "link", "show", "dev", self.request.device])  # a typo fails here, not later
 
     def inject(self, ctx: FaultContext) -> Injection:
-        spec = self.spec
-        assert isinstance(spec, BandwidthLimitSpec)
+        spec = self.request
         handle = _handle(spec.id)
         run(
             [
@@ -88,20 +95,28 @@ class BandwidthLimit(Fault):
         return Injection(details={"device": spec.device, "handle": handle})
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """Delete the root qdisc if it is this fault's; then check it is gone.
+        """Delete the root qdisc if it is this fault's; then :meth:`verify`.
 
         Raises:
             FaultError: the qdisc is still there.
         """
-        spec = self.spec
-        assert isinstance(spec, BandwidthLimitSpec)
+        spec = self.request
+        root = _root_qdisc(spec.device)
+        if root is not None and root.get("handle") == _handle(spec.id):
+            run(["tc", "qdisc", "del", "dev", spec.device, "root"])
+            self.verify(ctx, injection)
+
+    def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """The device's root qdisc is not this fault's.
+
+        Raises:
+            FaultError: it still is.
+        """
+        spec = self.request
         handle = _handle(spec.id)
         root = _root_qdisc(spec.device)
         if root is not None and root.get("handle") == handle:
-            run(["tc", "qdisc", "del", "dev", spec.device, "root"])
-            root = _root_qdisc(spec.device)
-            if root is not None and root.get("handle") == handle:
-                raise FaultError(f"tbf qdisc {handle} is still on {spec.device}")
+            raise FaultError(f"tbf qdisc {handle} is still on {spec.device}")
 
 
 #: Running flap threads by fault id: revert stops the one of its fault. A restarted
@@ -124,22 +139,14 @@ def _up(device: str, routes: list[str]) -> None:
         run(["ip", "route", "replace", *route.split(), "dev", device], check=False)
 
 
-class LinkFlap(Fault):
+class LinkFlap(Fault[LinkFlapRequest]):
     """A daemon thread toggles the link until the TTL or revert."""
 
-    kind = "link_flap"
-    spec_type = LinkFlapSpec
-
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self.spec
-        assert isinstance(spec, LinkFlapSpec)
-        if spec.down_seconds >= spec.period_seconds:
-            raise FaultError("down_seconds must be shorter than period_seconds")
-        run(["ip", "link", "show", "dev", spec.device])
+        run(["ip", "link", "show", "dev", self.request.device])
 
     def inject(self, ctx: FaultContext) -> Injection:
-        spec = self.spec
-        assert isinstance(spec, LinkFlapSpec)
+        spec = self.request
         routes = _routes(spec.device)
         stop = threading.Event()
         thread = threading.Thread(
@@ -156,8 +163,7 @@ class LinkFlap(Fault):
         return Injection(details={"device": spec.device, "routes": routes})
 
     def _flap(self, routes: list[str], stop: threading.Event, deadline: float) -> None:
-        spec = self.spec
-        assert isinstance(spec, LinkFlapSpec)
+        spec = self.request
         try:
             while not stop.is_set() and time.monotonic() < deadline:
                 run(["ip", "link", "set", "dev", spec.device, "down"])
@@ -173,27 +179,76 @@ class LinkFlap(Fault):
                 log.error("link_flap %s: cannot set %s up: %s", spec.id, spec.device, exc)
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """Stop the flapping, set the link up, restore its routes; verify it is up.
+        """Stop the flapping, set the link up, restore its routes; then :meth:`verify`.
 
         Raises:
-            FaultError: the link is not up afterwards.
+            FaultError: the link is not up afterwards, or a route is missing.
         """
-        spec = self.spec
-        assert isinstance(spec, LinkFlapSpec)
+        spec = self.request
         with _FLAPPERS_LOCK:
             running = _FLAPPERS.pop(spec.id, None)
         if running is not None:
             running[1].set()
             running[0].join(timeout=10)
-        routes = list(injection.details.get("routes", [])) if injection else []
-        _up(spec.device, routes)
+        _up(spec.device, _recorded_routes(injection))
+        self.verify(ctx, injection)
+
+    def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
+        """The link is up and every route recorded at inject goes through it again.
+
+        Raises:
+            FaultError: naming what is not back.
+        """
+        spec = self.request
         shown = json.loads(run(["ip", "-j", "link", "show", "dev", spec.device]).stdout or "[]")
         if not shown or "UP" not in shown[0].get("flags", []):
             raise FaultError(f"{spec.device} is not up after reverting link_flap")
         present = {r.split()[0] for r in _routes(spec.device)}
-        missing = [r for r in routes if r.split()[0] not in present]
+        missing = [r for r in _recorded_routes(injection) if r.split()[0] not in present]
         if missing:
             raise FaultError(f"routes through {spec.device} not restored: {missing}")
 
 
-__all__ = ["BandwidthLimit", "BandwidthLimitSpec", "LinkFlap", "LinkFlapSpec"]
+def _recorded_routes(injection: Injection | None) -> list[str]:
+    return list(injection.details.get("routes", [])) if injection else []
+
+
+BANDWIDTH_LIMIT = FaultKind(
+    kind="bandwidth_limit",
+    summary=(
+        "Token-bucket rate limit (``tc tbf``) on the node's link: a degraded NIC or a congested "
+        "uplink. ``rate_kbit``: kilobits per second."
+    ),
+    traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, needs_root=True),
+    targeting=NodeOrRank,
+    request=BandwidthLimitRequest,
+    fault=BandwidthLimit,
+    agent_only=frozenset({"device"}),
+)
+LINK_FLAP = FaultKind(
+    kind="link_flap",
+    summary=(
+        "The node's link goes down for ``down_seconds`` every ``period_seconds`` (a flapping "
+        "port); it is up again at the end."
+    ),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        category="network_switch_cable",  # a lost link between nodes
+        needs_root=True,
+    ),
+    targeting=NodeOrRank,
+    request=LinkFlapRequest,
+    fault=LinkFlap,
+    agent_only=frozenset({"device"}),
+    checks=(_down_within_period,),
+)
+
+__all__ = [
+    "BANDWIDTH_LIMIT",
+    "LINK_FLAP",
+    "BandwidthLimit",
+    "BandwidthLimitRequest",
+    "LinkFlap",
+    "LinkFlapRequest",
+]

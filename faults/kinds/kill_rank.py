@@ -1,13 +1,15 @@
 """``kill_rank``: send SIGKILL or SIGTERM to a training rank on this node.
 
-The target is the rank's process as found by the rank watcher (a descendant of
-a torchrun agent with the rank's environment, claimed by this node). Right
-before the signal, ownership is checked again from fresh reads (same start
-time, same rank environment, still this node's: ``RankWatcher.check_owned``);
-a process that is no longer a claimed rank of this node is refused (404 with the
-reason), and psutil's ``send_signal`` refuses a pid reused since. A kill cannot be undone:
-``revert`` does nothing, and the ledger records the fault as completed when
-its TTL ends (torchrun, not the agent, restarts the rank).
+Models a crashed process (segfault, OOM kill, ``kill -9``). The target is the
+rank's process as found by the rank watcher (a descendant of a torchrun agent
+with the rank's environment, claimed by this node). Right before the signal,
+ownership is checked again from fresh reads (same start time, same rank
+environment, still this node's: ``RankDirectory.check_owned``); a process that is
+no longer a claimed rank of this node is refused (404 with the reason), and
+psutil's ``send_signal`` refuses a pid reused since. A kill cannot be undone:
+``revert`` does nothing, and the ledger records the fault as completed when its
+TTL ends (torchrun, not the agent, restarts the rank). The controller asks the
+agent of the node holding the rank directly (``Placement.RANK_AGENT``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import signal
 from typing import Literal
 
 import psutil
-from pydantic import Field
 
-from stormwatch.agent.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
-from stormwatch.agent.faults.base import Fault, FaultContext, FaultSpec, Injection
+from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
+from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.limits import JobName, Rank, Signal
+from stormwatch.faults.node import FaultContext
+from stormwatch.faults.targeting import RankTarget
 
 
-class KillRankSpec(FaultSpec):
+class KillRankRequest(FaultRequest):
     """Request body of a ``kill_rank`` fault.
 
     Attributes:
@@ -33,30 +38,22 @@ class KillRankSpec(FaultSpec):
     """
 
     kind: Literal["kill_rank"]
-    rank: int = Field(ge=0)
-    job: str | None = Field(default=None, min_length=1)
-    signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
+    rank: Rank
+    job: JobName | None = None
+    signal: Signal = "SIGKILL"
 
 
-class KillRank(Fault):
+class KillRank(Fault[KillRankRequest]):
     """Kill one rank's process."""
 
-    kind = "kill_rank"
-    spec_type = KillRankSpec
-
-    def __init__(self, spec: FaultSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, request: KillRankRequest) -> None:
+        super().__init__(request)
         self._process: psutil.Process | None = None
         self._job: str | None = None
         self._started_at = 0.0
 
-    @property
-    def _spec(self) -> KillRankSpec:
-        assert isinstance(self.spec, KillRankSpec)
-        return self.spec
-
     def prepare(self, ctx: FaultContext) -> None:
-        spec = self._spec
+        spec = self.request
         matches = ctx.ranks.alive(spec.rank, spec.job)
         if not matches:
             ctx.ranks.scan()  # the rank may have started since the last scan
@@ -73,7 +70,7 @@ class KillRank(Fault):
     def inject(self, ctx: FaultContext) -> Injection:
         if self._process is None:
             raise FaultError("kill_rank: inject() before prepare()")
-        spec = self._spec
+        spec = self.request
         assert self._job is not None
         why = ctx.ranks.check_owned(self._process.pid, self._started_at, (self._job, spec.rank))
         if why is not None:
@@ -98,4 +95,24 @@ class KillRank(Fault):
         return None
 
 
-__all__ = ["KillRank", "KillRankSpec"]
+KILL_RANK = FaultKind(
+    kind="kill_rank",
+    summary=(
+        "Kill one rank's worker (a crashed process: segfault, OOM kill, ``kill -9``). The kill "
+        "itself cannot be undone; torchrun is expected to restart the workers. ``ttl_seconds`` "
+        "bounds the agent-side fault record."
+    ),
+    traits=Traits(
+        target=Target.RANK,
+        placement=Placement.RANK_AGENT,
+        category="software_bug",  # a crashed training process
+        final=True,
+        job_scoped=True,
+    ),
+    targeting=RankTarget,
+    request=KillRankRequest,
+    fault=KillRank,
+    ttl_default=300.0,
+)
+
+__all__ = ["KILL_RANK", "KillRank", "KillRankRequest"]

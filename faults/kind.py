@@ -1,0 +1,188 @@
+"""One fault kind, declared once: its request model, targeting, traits and agent-side code.
+
+A kind module builds one :class:`FaultKind` per kind and the registry
+(:mod:`stormwatch.faults.registry`) lists it. From that one declaration come
+
+* the agent's request model (:attr:`FaultKind.request`, the ``POST /v1/faults`` body),
+* the experiment model (:attr:`FaultKind.experiment`, an experiment's ``fault:``
+  mapping): generated from the request's fields minus what only the agent gets
+  (``id``; ``job``; :attr:`FaultKind.agent_only`; what the targeting supplies) on top
+  of the targeting base (:mod:`stormwatch.faults.targeting`), with the experiment's
+  TTL default. Bounds, defaults and cross-field checks are therefore the same on both
+  sides; :meth:`FaultKind.agent_body` turns an experiment fault back into a request;
+* the traits (:class:`Traits`) the controller, the planner and the scorecard read.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import Field, create_model
+
+from stormwatch.faults.base import Fault, FaultRequest
+from stormwatch.faults.limits import EXPERIMENT_TTL_SECONDS, TtlSeconds
+from stormwatch.faults.targeting import AgentDirectory, ExperimentFault
+
+#: A cross-field rule of a kind: the problem (one sentence) or None. It reads the fields by
+#: name, so it runs on the request and on the experiment model alike.
+Check = Callable[[Any], "str | None"]
+#: Request fields an experiment never sets (the agent-side id; the controller adds ``job``).
+_ALWAYS_AGENT_ONLY = frozenset({"id", "kind", "ttl_seconds", "job"})
+
+
+class Target(str, Enum):
+    """What an experiment names to place the fault (its targeting fields)."""
+
+    RANK = "rank"  #: ``rank``: one rank
+    NODE_OR_RANK = "node_or_rank"  #: ``node``, or ``rank`` (the node holding it)
+    NODE_SETS = "node_sets"  #: ``nodes`` (side A) and ``peers`` (side B)
+    NONE = "none"  #: nothing: the fault finds its own place
+
+
+class Placement(str, Enum):
+    """How the controller places the fault onto node agents."""
+
+    #: No agent: the controller signals the rank's process itself (one PID namespace).
+    CONTROLLER = "controller"
+    #: One agent, asked directly: the node holding the rank first, then the others.
+    RANK_AGENT = "rank_agent"
+    #: One request: to the named node's agent, else the node holding the rank first.
+    ONE_NODE = "one_node"
+    #: One request per node of side A (``<id>:<node>``), each naming side B.
+    EACH_NODE = "each_node"
+    #: Every agent in turn; only the one holding the target (the rendezvous host) accepts.
+    EVERY_AGENT = "every_agent"
+
+
+class Blast(str, Enum):
+    """Which ranks count toward an experiment's blast radius."""
+
+    TARGET = "target"  #: the rank, or every rank of the node(s) the fault names
+    FIRST_NODE = "first_node"  #: every rank of the first node (it hosts the rendezvous store)
+    NOTHING = "nothing"  #: no training process is touched (monitoring only)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+    """What the controller, the planner and the scorecard need to know about a kind.
+
+    Attributes:
+        target: what an experiment names to place it.
+        placement: how the controller places it onto agents.
+        blast: which ranks count toward the blast radius.
+        category: the failure category it models (Llama 3 Table 5 ids,
+            ``plan/llama3_table5.yaml``) when it interrupts a job; None: it does not, and
+            the planner uses it only where an experiment sets ``expect.category``.
+        final: a kill: nothing to undo; a revert only closes the record.
+        job_scoped: the agent request carries the job's name (the agent picks its ranks).
+        reverts_itself: the agent reverts it at its TTL on its own; False: the controller
+            starts a reaper (the controller-side ``freeze_rank``; ``kill_agent``: a dead
+            agent reverts nothing).
+        kills_agent: it takes the node's agent down; a revert waits for the agent to
+            answer again (restarted through the platform) before closing the record.
+        needs_root: the agent needs root to apply it (iptables, tc, mounts, cgroups, NVML).
+        fixed_place: why an experiment action may not give a ``target`` selector (the
+            fault places itself); None: it may.
+    """
+
+    target: Target
+    placement: Placement
+    blast: Blast = Blast.TARGET
+    category: str | None = None
+    final: bool = False
+    job_scoped: bool = False
+    reverts_itself: bool = True
+    kills_agent: bool = False
+    needs_root: bool = False
+    fixed_place: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class FaultKind:
+    """One fault kind.
+
+    Attributes:
+        kind: its name (``kill_rank``), the ``kind`` of its requests and experiment faults.
+        summary: what it models in production, one or two sentences (the experiment
+            model's docstring).
+        traits: see :class:`Traits`.
+        targeting: the experiment model's base (controller-only targeting fields).
+        request: the agent's request model; None for a controller-side kind.
+        fault: the agent-side implementation; None for a controller-side kind.
+        agent_only: request fields an experiment cannot set (agent defaults apply).
+        checks: cross-field rules (see :data:`Check`).
+        ttl_default: ``ttl_seconds`` default in an experiment file, seconds.
+    """
+
+    kind: str
+    summary: str
+    traits: Traits
+    targeting: type[ExperimentFault]
+    request: type[FaultRequest] | None = None
+    fault: type[Fault[Any]] | None = None
+    agent_only: frozenset[str] = frozenset()
+    checks: tuple[Check, ...] = ()
+    ttl_default: float = EXPERIMENT_TTL_SECONDS
+
+    @functools.cached_property
+    def params(self) -> tuple[str, ...]:
+        """Request fields an experiment sets too (in the request's order)."""
+        if self.request is None:
+            return ()
+        skip = _ALWAYS_AGENT_ONLY | self.agent_only | self.targeting.supplies
+        return tuple(name for name in self.request.model_fields if name not in skip)
+
+    @functools.cached_property
+    def experiment(self) -> type[ExperimentFault]:
+        """The experiment model: targeting fields, ``kind``, the params, ``ttl_seconds``."""
+        fields: dict[str, Any] = {"kind": (Literal[self.kind], ...)}
+        if self.request is not None:
+            for name, info in self.request.model_fields.items():
+                if name in self.params:
+                    fields[name] = (info.annotation, copy.deepcopy(info))
+                elif name in self.targeting.in_place:
+                    fields[name] = self.targeting.in_place[name]
+        fields["ttl_seconds"] = (TtlSeconds, Field(default=self.ttl_default))
+        name = "".join(part.title() for part in self.kind.split("_")) + "Fault"
+        model: type[ExperimentFault] = create_model(
+            name,
+            __base__=self.targeting,
+            __module__=self.targeting.__module__,
+            __doc__=self.summary,
+            **fields,
+        )
+        model.definition = self
+        return model
+
+    def problems(self, fault: object) -> list[str]:
+        """What the cross-field checks find wrong with ``fault`` (a request or an experiment
+        fault of this kind); empty when nothing."""
+        found = [check(fault) for check in self.checks]
+        return [problem for problem in found if problem is not None]
+
+    def agent_body(
+        self, fault: ExperimentFault, *, job: str, agents: AgentDirectory
+    ) -> dict[str, Any]:
+        """The request body (without ``id``) for an experiment fault of this kind.
+
+        Raises:
+            UnplaceableFault: the targeting cannot be resolved on these agents.
+            ValueError: a controller-side kind (no request).
+        """
+        if self.request is None:
+            raise ValueError(f"{self.kind} is applied by the controller: it has no agent request")
+        body: dict[str, Any] = {"kind": self.kind}
+        body.update(fault.model_dump(mode="json", include=set(self.params), exclude_none=True))
+        body["ttl_seconds"] = fault.ttl_seconds
+        body.update(fault.targeting_fields(agents))
+        if self.traits.job_scoped:
+            body["job"] = job
+        return body
+
+
+__all__ = ["Blast", "Check", "FaultKind", "Placement", "Target", "Traits"]

@@ -1,0 +1,144 @@
+"""What a fault kind needs from the node it runs on, as seams the agent fills in.
+
+The agent passes its real objects (its rank watcher, its NVML backend, its folders,
+``is_torchrun_agent``); tests pass their own. Nothing here imports the agent.
+
+* :class:`RankDirectory`: the ranks of this node (the agent's ``RankWatcher``);
+* :class:`SimulatedGpus`: the simulated GPU backend the GPU kinds act on (the agent's
+  ``FakeNvml``), with the :class:`SimulatedGpu` and :class:`SimulatedLink` it holds;
+* :class:`FaultContext`: all of it, handed to every ``prepare``/``inject``/``revert``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+
+class RankSeen(Protocol):
+    """One rank as the node's rank directory sees it (the agent's ``RankInfo``)."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def started_at(self) -> float:
+        """The process's start time (Unix seconds, ``psutil.Process.create_time``)."""
+        ...
+
+
+class RankDirectory(Protocol):
+    """What faults need from the rank watcher."""
+
+    def alive(
+        self, rank: int, job: str | None = None
+    ) -> Sequence[tuple[RankSeen, psutil.Process]]: ...
+
+    def scan(self) -> None: ...
+
+    def check_owned(self, pid: int, create_time: float, key: tuple[str, int]) -> str | None:
+        """None when ``pid`` is still this node's rank ``key`` (``(job, rank)``), else why not."""
+        ...
+
+    def ranks(self) -> Sequence[RankSeen]: ...
+
+
+class SimulatedLink(Protocol):
+    """One simulated NVLink link: ``active`` (link state), ``errors`` (cumulative counters by
+    name: ``crc_flit``, ``crc_data``, ``replay``, ``recovery``)."""
+
+    active: bool
+
+    @property
+    def errors(self) -> dict[str, int]: ...
+
+
+class SimulatedGpu(Protocol):
+    """One simulated GPU: ``lost`` (off the bus), ``counters`` (ECC and other error counters by
+    name), ``forced_clock_events`` (``nvmlClocksEventReason*`` bits OR-ed in), ``links``."""
+
+    lost: bool
+    forced_clock_events: int
+
+    @property
+    def counters(self) -> dict[str, int]: ...
+
+    @property
+    def links(self) -> Sequence[SimulatedLink]: ...
+
+
+class SimulatedGpus(Protocol):
+    """The simulated GPU backend (the agent's ``FakeNvml``)."""
+
+    @property
+    def gpus(self) -> Sequence[SimulatedGpu]: ...
+
+    def emit_xid(self, index: int, code: int) -> None:
+        """Queue an XID event of GPU ``index`` for the next NVML event read."""
+        ...
+
+    def lose_gpu(self, index: int, lost: bool = True) -> None:
+        """GPU ``index`` falls off the bus (every NVML call for it fails), or comes back."""
+        ...
+
+    def pending_events(self) -> int:
+        """Events queued and not read by the agent yet."""
+        ...
+
+
+def _no_gpu() -> Any:
+    return None
+
+
+def _no_simulation() -> SimulatedGpus | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultContext:
+    """The node-side resources a fault may act on.
+
+    Attributes:
+        node: this agent's node name.
+        ranks: the rank directory.
+        is_launcher: ``is_launcher(name, cmdline)``: whether a process is a torchrun
+            (elastic agent) launcher (the agent's ``is_torchrun_agent``).
+        metrics_dir: the node's metrics folder (``--metrics-dir``; trainer control files
+            live in ``<metrics-dir>/control``), None when unknown.
+        state_dir: the agent's state folder (scratch space of faults: overlay upper dirs).
+        gpu: returns the agent's NVML backend (``pynvml`` or a simulation), None before
+            it is open or without GPU collectors.
+        simulated_gpus: returns the simulated GPU backend when the NVML backend is one,
+            else None.
+    """
+
+    node: str
+    ranks: RankDirectory
+    is_launcher: Callable[[str, Sequence[str]], bool]
+    metrics_dir: Path | None = None
+    state_dir: Path | None = None
+    gpu: Callable[[], Any] = _no_gpu
+    simulated_gpus: Callable[[], SimulatedGpus | None] = _no_simulation
+
+
+__all__ = [
+    "FaultContext",
+    "RankDirectory",
+    "RankSeen",
+    "SimulatedGpu",
+    "SimulatedGpus",
+    "SimulatedLink",
+]
