@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from stormwatch.alerts.errors import StoreError
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.records import IncidentMember, IncidentRecord
+from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 
 #: Tables and indexes of incidents and their members (part of the store's schema).
 INCIDENT_SCHEMA = """

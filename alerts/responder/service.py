@@ -9,7 +9,7 @@ Bearer <token>``, compared in constant time):
   failed (nothing stored; Alertmanager's retry is then safe). Actions run in
   the background.
 * ``GET /v1/notifications``, ``/v1/incidents``, ``/v1/actions``: JSON
-  ``{"notifications": [...]}`` etc. (see :mod:`stormwatch.alerts.responder.records`),
+  ``{"notifications": [...]}`` etc. (see :mod:`stormwatch.contracts.responder`),
   oldest first; ``?limit=N`` (default 1000) keeps the latest N. Times are Unix seconds.
 * ``GET /healthz``: ``{"status": "ok"}``, no authentication.
 """
@@ -31,12 +31,6 @@ from pydantic import BaseModel, ValidationError
 
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
-from stormwatch.alerts.backend import (
-    LabBackend,
-    PlatformBackend,
-    PlatformSettings,
-    make_backend,
-)
 from stormwatch.alerts.errors import StoreError
 from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.alerts.postmortem import (
@@ -45,18 +39,27 @@ from stormwatch.alerts.postmortem import (
     recovery_visible,
     write_incident_postmortem,
 )
-from stormwatch.alerts.prometheus import PrometheusClient
 from stormwatch.alerts.responder.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.auth import bearer_matches, read_token
 from stormwatch.alerts.responder.guards import Guardrails
 from stormwatch.alerts.responder.payload import WebhookMessage
 from stormwatch.alerts.responder.store import Store
+from stormwatch.clients import AsyncPrometheusClient
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError
+from stormwatch.platforms import (
+    LabBackend,
+    PlatformBackend,
+    PlatformSettings,
+    make_backend,
+)
 
 log = logging.getLogger(__name__)
 
+#: Seconds per Prometheus query (a local Prometheus answers ``confirm_restart``'s small
+#: queries in milliseconds; 5 s keeps a hung one from stalling the action's polls).
+PROMETHEUS_TIMEOUT_S = 5.0
 #: Default request body limit: 1 MiB. Alertmanager's payload is ~1 KiB per alert,
 #: so this allows groups of several hundred alerts.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -88,7 +91,7 @@ class ResponderSettings:
             read the job's rank logs, dumps, spans, agent events and chaos
             journals from it.
         platform: which backend remedial actions use: ``lab`` (needs
-            :attr:`lab_run_dir`), ``kubernetes`` or ``slurm`` (alerts/backend/).
+            :attr:`lab_run_dir`), ``kubernetes`` or ``slurm`` (stormwatch/platforms/).
         platform_settings: the ``kubernetes``/``slurm`` settings (``--platform-config``);
             their diagnostics go to ``<db folder>/diagnostics``.
         postmortem_dir: where a post-mortem is written when an incident closes
@@ -255,8 +258,9 @@ class Responder:
         if playbook is None:
             prometheus = None
             if settings.prometheus_url:
-                prometheus = PrometheusClient(settings.prometheus_url)
-                self._stack.push_async_callback(prometheus.aclose)
+                prometheus = await self._stack.enter_async_context(
+                    AsyncPrometheusClient(settings.prometheus_url, timeout=PROMETHEUS_TIMEOUT_S)
+                )
             playbook = playbook_from_policy(
                 settings.policy,
                 prometheus=prometheus,

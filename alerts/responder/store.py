@@ -39,7 +39,7 @@ from stormwatch.alerts.responder.incidents import (
     read_incidents,
 )
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.contracts.responder import ActionRecord, IncidentRecord, NotificationRecord
 
 #: Version of the database layout (``PRAGMA user_version``). 1: one incident per
 #: alert occurrence; 2: one incident per alert group, with member alerts.

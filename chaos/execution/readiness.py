@@ -22,7 +22,7 @@ from stormwatch.chaos.experiment.model import (
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import JobControl, Target
-from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 
 
 async def preflight(

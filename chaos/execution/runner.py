@@ -58,8 +58,8 @@ from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
+from stormwatch.clients import AsyncPrometheusClient
 from stormwatch.dashboards.annotations import Annotator
-from stormwatch.lab import AsyncPrometheusClient
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,21 @@ from pathlib import Path
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.clients.responder import Incident, Notification, ResponderClient
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.clients import (
+    AsyncPrometheusClient,
+    PrometheusAPIError,
+    ResponderClient,
+    ResponderClientError,
+)
+from stormwatch.contracts.responder import IncidentRecord, NotificationRecord
+from stormwatch.errors import ConfigError
 
 #: Resolution of the ALERTS range query (s): the lab evaluates rules every second.
 ALERT_STEP_SECONDS = 1.0
+#: Seconds per request to Prometheus and the responder: both are on this host, and a dead
+#: service must not hold the post-mortem up.
+SERVICE_TIMEOUT_SECONDS = 5.0
 
 
 class AlertEvidence(BaseModel):
@@ -59,8 +68,8 @@ class Evidence(BaseModel):
     window_end: float
     alerts: list[AlertEvidence] = Field(default_factory=list)
     prometheus_error: str | None = None
-    incidents: list[Incident] = Field(default_factory=list)
-    notifications: list[Notification] = Field(default_factory=list)
+    incidents: list[IncidentRecord] = Field(default_factory=list)
+    notifications: list[NotificationRecord] = Field(default_factory=list)
     responder_error: str | None = None
 
 
@@ -87,26 +96,33 @@ async def collect_evidence(
     if prometheus_url is None:
         evidence.prometheus_error = "no Prometheus URL"
     else:
-        client = AsyncPrometheusClient(prometheus_url, session=session)
         try:
+            client = AsyncPrometheusClient(
+                prometheus_url, timeout=SERVICE_TIMEOUT_SECONDS, session=session
+            )
             evidence.alerts = await _alerts(client, window_start, end)
-        except PrometheusAPIError as exc:
+        except (PrometheusAPIError, ConfigError) as exc:
             evidence.prometheus_error = str(exc)
     if responder_url is None:
         evidence.responder_error = "no responder URL"
     else:
-        responder = ResponderClient(session, responder_url, token_file=responder_token_file)
         try:
+            responder = ResponderClient(
+                responder_url,
+                token_file=responder_token_file,
+                timeout=SERVICE_TIMEOUT_SECONDS,
+                session=session,
+            )
             evidence.incidents = await responder.incidents()
             evidence.notifications = await responder.notifications()
-        except ChaosError as exc:
+        except (ResponderClientError, ConfigError) as exc:
             evidence.responder_error = str(exc)
     evidence.alerts = align_with_incidents(evidence.alerts, evidence.incidents)
     return evidence
 
 
 def align_with_incidents(
-    alerts: list[AlertEvidence], incidents: list[Incident]
+    alerts: list[AlertEvidence], incidents: list[IncidentRecord]
 ) -> list[AlertEvidence]:
     """Take each alert's firing and resolve times from the responder's record of the same
     alert (an incident member with the same labels: ``startsAt``/``endsAt`` as Prometheus
@@ -120,16 +136,11 @@ def align_with_incidents(
     def key(alertname: str, labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
         return tuple(sorted({**labels, "alertname": alertname}.items()))
 
-    members = {
-        key(m.alertname, m.labels): m
-        for incident in incidents
-        for m in incident.members
-        if m.starts_at is not None
-    }
+    members = {key(m.alertname, m.labels): m for incident in incidents for m in incident.members}
     aligned = []
     for alert in alerts:
         member = members.get(key(alert.alertname, alert.labels))
-        if member is None or member.starts_at is None:
+        if member is None:
             aligned.append(alert)
             continue
         resolved = member.ends_at if member.ends_at is not None else alert.resolved_at

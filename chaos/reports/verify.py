@@ -30,7 +30,7 @@ from typing import Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.clients._http import request_json
+from stormwatch.chaos.clients.agent import request_json
 from stormwatch.chaos.errors import ServiceError
 from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path

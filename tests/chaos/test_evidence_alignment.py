@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from stormwatch.chaos.clients.responder import Incident
 from stormwatch.chaos.reports.evidence import AlertEvidence, align_with_incidents
+from stormwatch.contracts.responder import IncidentRecord
 
 LABELS = {"alertname": "StormwatchRankStalled", "job": "demo", "rank": "1", "severity": "critical"}
 
 
-def _incident(**member: object) -> Incident:
-    fields = {"alertname": "StormwatchRankStalled", "labels": LABELS, **member}
-    return Incident.model_validate(
-        {"id": 1, "alertname": "StormwatchRankStalled", "status": "closed", "opened_at": 100.0,
-         "members": [fields]}
+def _incident(**member: object) -> IncidentRecord:
+    """A closed incident of one member alert (the responder's record, as it serves it)."""
+    fields = {
+        "fingerprint": "f1", "alertname": "StormwatchRankStalled", "status": "resolved",
+        "labels": LABELS, "annotations": {}, "group_key": "g", "ends_at": None,
+        "joined_at": 100.0, "resolved_at": 120.0, **member,
+    }  # fmt: skip
+    return IncidentRecord.model_validate(
+        {"id": 1, "group_key": "g", "group_labels": {}, "alertname": "StormwatchRankStalled",
+         "status": "closed", "labels": LABELS, "annotations": {}, "starts_at": fields["starts_at"],
+         "ends_at": fields["ends_at"], "opened_at": 100.0, "closed_at": 120.0,
+         "first_alert": fields, "first_alert_tied": False, "members": [fields]}
     )  # fmt: skip
 
 

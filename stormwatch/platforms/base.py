@@ -16,13 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from stormwatch.alerts.errors import AlertsError
-
 log = logging.getLogger(__name__)
-
-
-class BackendError(AlertsError):
-    """A platform backend could not carry out an action (e.g. no worker of the job found)."""
 
 
 @runtime_checkable
@@ -101,7 +95,6 @@ def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, An
 
 __all__ = [
     "BACKEND_METHODS",
-    "BackendError",
     "PlatformBackend",
     "arm_checkpoint",
     "write_diagnostics",
