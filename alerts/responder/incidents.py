@@ -29,37 +29,6 @@ from stormwatch.alerts.errors import StoreError
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
 from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 
-#: Tables and indexes of incidents and their members (part of the store's schema).
-INCIDENT_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    id           INTEGER PRIMARY KEY,
-    group_key    TEXT    NOT NULL,
-    group_labels TEXT    NOT NULL,
-    status       TEXT    NOT NULL CHECK (status IN ('open', 'closed')),
-    alertname    TEXT    NOT NULL,
-    opened_at    REAL    NOT NULL,
-    closed_at    REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS incidents_one_open_per_group
-    ON incidents (group_key) WHERE status = 'open';
-CREATE TABLE IF NOT EXISTS incident_members (
-    fingerprint   TEXT    NOT NULL,
-    starts_at_key TEXT    NOT NULL,
-    incident_id   INTEGER NOT NULL REFERENCES incidents (id),
-    alertname     TEXT    NOT NULL,
-    status        TEXT    NOT NULL CHECK (status IN ('firing', 'resolved')),
-    labels        TEXT    NOT NULL,
-    annotations   TEXT    NOT NULL,
-    group_key     TEXT    NOT NULL,
-    starts_at     REAL    NOT NULL,
-    ends_at       REAL,
-    joined_at     REAL    NOT NULL,
-    resolved_at   REAL,
-    PRIMARY KEY (fingerprint, starts_at_key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS incident_members_by_incident ON incident_members (incident_id);
-"""
-
 
 @dataclass
 class Ingested:
@@ -326,7 +295,6 @@ def _record(row: sqlite3.Row, members: list[IncidentMember]) -> IncidentRecord:
 
 
 __all__ = [
-    "INCIDENT_SCHEMA",
     "Ingested",
     "apply_deliveries",
     "incident_records",
