@@ -72,7 +72,8 @@ from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.guards import Guardrails
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.service import Responder, ResponderSettings, serve
+from stormwatch.alerts.responder.service import Responder, serve
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.rulefiles import (
     ToolRun,
     check_rules,

@@ -24,7 +24,8 @@ from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.postmortem.cli import postmortem_cmd
 from stormwatch.alerts.responder.auth import read_token
-from stormwatch.alerts.responder.service import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
+from stormwatch.alerts.responder.service import serve
+from stormwatch.alerts.responder.settings import DEFAULT_MAX_BODY_BYTES, ResponderSettings
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
 from stormwatch.clients import ResponderClient
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord

@@ -22,7 +22,7 @@ from stormwatch.alerts.alertmanager import (
     Route,
     build_alertmanager_config,
 )
-from stormwatch.alerts.responder.service import ResponderSettings
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.rulefiles import rule_files
 from stormwatch.dashboards.render import build_all, dumps
 from stormwatch.platforms import PlatformSettings

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from stormwatch.alerts.responder.service import ResponderSettings
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.errors import ConfigError
 from stormwatch.platforms import (
     BackendError,
