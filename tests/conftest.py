@@ -1,11 +1,14 @@
 """Shared pytest set-up: tests restore the environment they change; a stand-in Grafana;
 stand-ins for a torchrun job's processes (``fake_job``: the platform backends and the
-responder's guards find and signal them)."""
+responder's guards find and signal them); a self-signed test certificate (``tls_pair``:
+the agent's TLS and the clients' TLS tests)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
 import json
 import os
 import signal
@@ -293,3 +296,44 @@ def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
     yield start
     for fake in jobs:
         fake.kill()
+
+
+@pytest.fixture(scope="session")
+def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate (a CA too) for 127.0.0.1 / localhost and its key (PEM)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder = tmp_path_factory.mktemp("tls")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stormwatch-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "server.crt", folder / "server.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
