@@ -12,9 +12,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.clients import (
@@ -59,7 +60,13 @@ class AlertEvidence(BaseModel):
 
 
 class Evidence(BaseModel):
-    """What the services said about one experiment run."""
+    """What the services said about one experiment run.
+
+    ``incidents`` and ``notifications`` are the responder's own records
+    (:mod:`stormwatch.contracts.responder`). Evidence saved before the controller used them
+    held a subset of their fields; it still loads (:func:`_complete_legacy_records` fills
+    what it lacked from what it has), so an old run's post-mortem can be rebuilt.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,6 +78,63 @@ class Evidence(BaseModel):
     incidents: list[IncidentRecord] = Field(default_factory=list)
     notifications: list[NotificationRecord] = Field(default_factory=list)
     responder_error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _complete_legacy_records(data) if isinstance(data, dict) else data
+
+
+def _complete_legacy_records(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill the record fields an older ``evidence.json`` did not save (no receiver,
+    fingerprints, annotations, group labels or first alert): empty values, and times from
+    the incident's own."""
+    data = dict(data)
+    data["notifications"] = [
+        {"receiver": "", **n} if isinstance(n, dict) else n for n in data.get("notifications", [])
+    ]
+    data["incidents"] = [
+        _legacy_incident(i) if isinstance(i, dict) and "first_alert" not in i else i
+        for i in data.get("incidents", [])
+    ]
+    return data
+
+
+def _legacy_incident(item: dict[str, Any]) -> dict[str, Any]:
+    starts = item.get("starts_at", item.get("opened_at"))
+    closed = item.get("closed_at")
+    member_defaults = {
+        "fingerprint": "",
+        "alertname": item.get("alertname", ""),
+        "status": "resolved" if closed is not None else "firing",
+        "labels": item.get("labels", {}),
+        "annotations": {},
+        "group_key": item.get("group_key", ""),
+        "ends_at": item.get("ends_at"),
+        "joined_at": item.get("opened_at"),
+        "resolved_at": closed,
+    }
+    members = [
+        {**member_defaults, **m, "starts_at": m.get("starts_at") or starts}
+        for m in item.get("members", [])
+        if isinstance(m, dict)
+    ] or [{**member_defaults, "starts_at": starts}]
+    incident_defaults: dict[str, Any] = {
+        "group_key": "",
+        "group_labels": {},
+        "labels": {},
+        "annotations": {},
+        "ends_at": None,
+        "closed_at": None,
+        "first_alert_tied": False,
+    }
+    return {
+        **incident_defaults,
+        **item,
+        "starts_at": starts,
+        "first_alert": members[0],
+        "members": members,
+    }
 
 
 async def collect_evidence(
