@@ -115,7 +115,8 @@ def agent() -> None:
     "--trace-file",
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="STORMWATCH_AGENT_TRACE_FILE",
-    help="Append the agent's spans as JSON lines here when no --otlp-endpoint is given. "
+    help="Append the agent's spans as JSON lines here when no OTLP endpoint is configured "
+    "(--otlp-endpoint, else OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT). "
     "[default: <state-dir>/traces.jsonl]",
 )
 @click.option(

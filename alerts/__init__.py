@@ -5,18 +5,19 @@
 * :func:`render_alertmanager_config` / :func:`write_alertmanager_config`:
   ``alertmanager.yml`` routing to the responder (typed models, PyYAML).
 * :class:`Responder`: Alertmanager webhook receiver with durable, deduplicated
-  incidents, one per Alertmanager alert group (:class:`IncidentRecord` with its
-  :class:`IncidentMember` alerts; SQLite), and background actions
+  incidents, one per Alertmanager alert group (``IncidentRecord`` with its
+  ``IncidentMember`` alerts; SQLite), and background actions
   (:class:`Playbook`, :class:`Action`), each run once per incident.
-* :class:`ResponderClient`: reads ``/v1/incidents``, ``/v1/actions``, ``/v1/notifications``;
-  ``approve()`` approves an action waiting for approval.
+* The responder's HTTP records are :mod:`stormwatch.contracts.responder`; its client is
+  :class:`stormwatch.clients.ResponderClient`, and Prometheus is queried with
+  :class:`stormwatch.clients.AsyncPrometheusClient`.
 * :class:`Policy` (:func:`load_policy`, :func:`default_policy`): the runbook policy
   file, alert -> action kinds and the guards; :func:`playbook_from_policy`.
 * :class:`Guardrails` + :class:`AuditLog`: restart budget, rate limit, circuit
   breaker, concurrency, dry-run and approvals around every action, with an
   append-only audit log (SQLite table + JSONL).
-* :class:`PlatformBackend` (Protocol) and :class:`LabBackend`: restart workers,
-  exclude a node, checkpoint now, collect diagnostics.
+* Remedial actions act through a :class:`stormwatch.platforms.PlatformBackend` (lab,
+  Kubernetes, Slurm): restart workers, exclude a node, checkpoint now, collect diagnostics.
 * :mod:`stormwatch.alerts.postmortem`: the post-mortem the responder writes when an
   incident closes (Markdown, one self-contained HTML page, JSON, plots);
   ``stormwatch alerts postmortem INCIDENT`` writes it again.
@@ -29,10 +30,10 @@ Exceptions::
         ├── ToolError               promtool/amtool missing or failing to run
         ├── StoreError              the responder's SQLite database
         │   └── NotAResponderDatabase   a --db file that is not one (a ConfigError too)
-        ├── PrometheusError         Prometheus HTTP API unreachable or erroring
-        ├── BackendError            a platform backend could not act (no such worker, ...)
-        ├── UnknownIncident         no such incident (a ConfigError too)
-        └── ResponderClientError    the responder's HTTP API (attribute ``status``)
+        └── UnknownIncident         no such incident (a ConfigError too)
+
+Raised from the shared home (see :mod:`stormwatch.errors`): the clients'
+``PrometheusAPIError`` / ``ResponderClientError`` and the platforms' ``BackendError``.
 """
 
 from stormwatch.alerts.actions import (
@@ -61,28 +62,18 @@ from stormwatch.alerts.alertmanager import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.backend import BackendError, LabBackend, PlatformBackend
-from stormwatch.alerts.client import ResponderClient, fetch_actions, fetch_incidents
 from stormwatch.alerts.errors import (
     AlertsError,
     NotAResponderDatabase,
-    PrometheusError,
-    ResponderClientError,
     StoreError,
     ToolError,
 )
 from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_policy, parse_policy
-from stormwatch.alerts.prometheus import PrometheusAPI, PrometheusClient, Sample
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.guards import Guardrails
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.records import (
-    ActionRecord,
-    IncidentMember,
-    IncidentRecord,
-    NotificationRecord,
-)
-from stormwatch.alerts.responder.service import Responder, ResponderSettings, serve
+from stormwatch.alerts.responder.service import Responder, serve
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.rulefiles import (
     ToolRun,
     check_rules,
@@ -96,13 +87,11 @@ __all__ = [
     "RANK_STALLED",
     "Action",
     "ActionOutcome",
-    "ActionRecord",
     "AlertmanagerConfig",
     "AlertmanagerSettings",
     "AlertsError",
     "AuditEntry",
     "AuditLog",
-    "BackendError",
     "CheckpointNow",
     "CollectDiagnostics",
     "ConfirmRestart",
@@ -110,25 +99,14 @@ __all__ = [
     "ExcludeNodeRestart",
     "Guardrails",
     "Guards",
-    "IncidentMember",
-    "IncidentRecord",
-    "LabBackend",
     "NotAResponderDatabase",
-    "NotificationRecord",
     "NotifyOnly",
-    "PlatformBackend",
     "Playbook",
     "Policy",
-    "PrometheusAPI",
-    "PrometheusClient",
-    "PrometheusError",
     "Responder",
-    "ResponderClient",
-    "ResponderClientError",
     "ResponderSettings",
     "RestartWorkers",
     "Rule",
-    "Sample",
     "StoreError",
     "ToolError",
     "ToolRun",
@@ -140,8 +118,6 @@ __all__ = [
     "check_rules",
     "default_playbook",
     "default_policy",
-    "fetch_actions",
-    "fetch_incidents",
     "load_policy",
     "parse_policy",
     "playbook_from_policy",

@@ -19,17 +19,18 @@ from stormwatch.alerts.alertmanager import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.backend import PlatformSettings, load_platform_settings
-from stormwatch.alerts.client import ResponderClient
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.postmortem.cli import postmortem_cmd
 from stormwatch.alerts.responder.auth import read_token
-from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
-from stormwatch.alerts.responder.service import DEFAULT_MAX_BODY_BYTES, ResponderSettings, serve
+from stormwatch.alerts.responder.service import serve
+from stormwatch.alerts.responder.settings import DEFAULT_MAX_BODY_BYTES, ResponderSettings
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
+from stormwatch.clients import ResponderClient
+from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.errors import ConfigError
+from stormwatch.platforms import PlatformSettings, load_platform_settings
 
 
 def _host_port(value: str, option: str) -> tuple[str, int]:
@@ -363,7 +364,7 @@ def incidents_cmd(url: str, token_file: Path, db_path: Path | None, as_json: boo
         incidents, actions = read_store(db_path)
         source = str(db_path)
     else:
-        client = ResponderClient(url, read_token(token_file, "--token-file"))
+        client = ResponderClient(url, token=read_token(token_file, "--token-file"))
 
         async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
             return await asyncio.gather(client.incidents(), client.actions())
@@ -401,7 +402,7 @@ def approve_cmd(action_id: int, url: str, token_file: Path, actor: str | None) -
     guards.approval_required); the audit log records who approved it."""
     import getpass
 
-    client = ResponderClient(url, read_token(token_file, "--token-file"))
+    client = ResponderClient(url, token=read_token(token_file, "--token-file"))
     who = actor or getpass.getuser()
     asyncio.run(client.approve(action_id, actor=who))
     click.echo(f"approved action {action_id} as {who}")

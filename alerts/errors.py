@@ -30,27 +30,9 @@ class NotAResponderDatabase(StoreError, ConfigError):
     schema: a user mistake (exit status 2); the message names the file and what was expected."""
 
 
-class PrometheusError(AlertsError):
-    """The Prometheus HTTP API answered with an error or could not be reached."""
-
-
-class ResponderClientError(AlertsError):
-    """The responder's HTTP API answered with an error or could not be reached.
-
-    Attributes:
-        status: the HTTP status, or ``None`` when no answer came back.
-    """
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        self.status = status
-        super().__init__(message)
-
-
 __all__ = [
     "AlertsError",
     "NotAResponderDatabase",
-    "PrometheusError",
-    "ResponderClientError",
     "StoreError",
     "ToolError",
 ]

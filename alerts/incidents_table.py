@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from stormwatch.alerts.errors import NotAResponderDatabase
-from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.alerts.responder.store import Store
+from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.tables import Col, one_line_table, short_age
 
 #: Rows ``alerts incidents --db`` reads (the latest ones), like the responder's list API.

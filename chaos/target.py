@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from stormwatch.alerts.backend.lab import LabBackend
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import JobSection
@@ -23,6 +22,7 @@ from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab import jobs as lab_jobs
+from stormwatch.platforms.lab import LabBackend
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class JobControl(Protocol):
 
 
 class RankPlacement(Protocol):
-    """Where a job's ranks run; every platform backend (``stormwatch.alerts.backend``) is one."""
+    """Where a job's ranks run; every platform backend (``stormwatch.platforms``) is one."""
 
     def ranks(self, job: str) -> Mapping[int, str]:
         """Global rank -> node name; raises a StormwatchError when the job has no worker."""

@@ -3,7 +3,7 @@
 Every value the code already knows comes from the code: the agent's and the
 responder's ports and flags, the rule groups of alerts/rules/, the Alertmanager
 routes of ``stormwatch.alerts.alertmanager``, the dashboards of
-``stormwatch.dashboards``, the platform settings of ``stormwatch.alerts.backend``.
+``stormwatch.dashboards``, the platform settings of ``stormwatch.platforms``.
 deploy/render.py writes them out; overlays (hand-written) adapt them.
 """
 
@@ -22,11 +22,11 @@ from stormwatch.alerts.alertmanager import (
     Route,
     build_alertmanager_config,
 )
-from stormwatch.alerts.backend import PlatformSettings
-from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX
-from stormwatch.alerts.responder.service import ResponderSettings
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.rulefiles import rule_files
 from stormwatch.dashboards.render import build_all, dumps
+from stormwatch.platforms import PlatformSettings
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX
 
 Obj = dict[str, Any]
 

@@ -68,7 +68,10 @@ BASE: dict[str, tuple[Callable[[], list[dict[str, Any]]], str]] = {
         lambda: [kube.alertmanager_config()],
         "stormwatch.alerts.alertmanager",
     ),
-    "responder.yaml": (kube.responder_objects, "stormwatch.alerts.responder.service and .backend"),
+    "responder.yaml": (
+        kube.responder_objects,
+        "stormwatch.alerts.responder.settings and stormwatch.platforms",
+    ),
     "dashboards.yaml": (kube.dashboard_configmaps, "stormwatch.dashboards"),
 }
 EXAMPLE = {"training-job.yaml": (kube.training_job, "deploy/kube.py training_job")}

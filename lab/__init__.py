@@ -19,15 +19,15 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
     ├── JobError                    a job could not be started, found or stopped
     │   └── JobTimeoutError         wait_job gave up
-    └── PrometheusAPIError          the Prometheus HTTP API failed
     ConfigError                     invalid LabConfig / JobSpec field (names the field)
 
 Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json),
 :mod:`.lab` (Lab), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
 (network seam), :mod:`.procs` + ``supervise.py``
 (detached processes), :mod:`.services` (commands and configs), :mod:`.health`,
-:mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.promapi`
-(Prometheus HTTP API client), :mod:`.cli` (``stormwatch lab``).
+:mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.cli` (``stormwatch lab``).
+The lab's Prometheus is queried with :class:`stormwatch.clients.PrometheusClient`
+(:meth:`Lab.prometheus`); its errors are :class:`stormwatch.clients.PrometheusAPIError`.
 """
 
 from stormwatch.lab.config import JobSpec, LabConfig
@@ -39,21 +39,11 @@ from stormwatch.lab.errors import (
     LabOwnedElsewhereError,
     LabPermissionError,
     PortInUseError,
-    PrometheusAPIError,
     ServiceFailedError,
 )
 from stormwatch.lab.lab import Lab
 from stormwatch.lab.netns import IpRoute2, NetworkLayer
 from stormwatch.lab.progress import ProgressEvent
-from stormwatch.lab.promapi import (
-    Alert,
-    AsyncPrometheusClient,
-    PrometheusAPI,
-    PrometheusClient,
-    Sample,
-    Series,
-    Target,
-)
 from stormwatch.lab.state import (
     JobInfo,
     JobResult,
@@ -64,8 +54,6 @@ from stormwatch.lab.state import (
 from stormwatch.lab.status import LabStatus
 
 __all__ = [
-    "Alert",
-    "AsyncPrometheusClient",
     "IpRoute2",
     "JobError",
     "JobInfo",
@@ -85,11 +73,5 @@ __all__ = [
     "PortInUseError",
     "ProcessRecord",
     "ProgressEvent",
-    "PrometheusAPI",
-    "PrometheusAPIError",
-    "PrometheusClient",
-    "Sample",
-    "Series",
     "ServiceFailedError",
-    "Target",
 ]

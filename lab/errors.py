@@ -49,10 +49,6 @@ class JobTimeoutError(JobError):
     """:meth:`Lab.wait_job` gave up before every node of the job finished."""
 
 
-class PrometheusAPIError(LabError):
-    """The Prometheus HTTP API was unreachable or answered with an error."""
-
-
 __all__ = [
     "JobError",
     "JobTimeoutError",
@@ -61,6 +57,5 @@ __all__ = [
     "LabOwnedElsewhereError",
     "LabPermissionError",
     "PortInUseError",
-    "PrometheusAPIError",
     "ServiceFailedError",
 ]

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from stormwatch.clients import PrometheusClient
 from stormwatch.lab import jobs, preflight, registry, teardown
 from stormwatch.lab.config import NODE_INTERFACE, JobSpec, LabConfig
 from stormwatch.lab.errors import (
@@ -36,7 +37,6 @@ from stormwatch.lab.errors import (
 from stormwatch.lab.netns import IpRoute2, NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent, quiet
-from stormwatch.lab.promapi import PrometheusClient
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.services import health, procs
 from stormwatch.lab.state import (

@@ -4,6 +4,13 @@
 
     StormwatchError                 anything stormwatch raises on purpose
     ├── ConfigError                 bad user input: names the field and the fix
+    ├── DatabaseError               stormwatch.sqlite: a database cannot be opened or migrated
+    │   └── SchemaTooNewError       written by a newer stormwatch (names the file and the fix)
+    ├── stormwatch.clients.ClientError   a service's HTTP API failed (attribute ``status``)
+    │   ├── PrometheusAPIError      the Prometheus HTTP API
+    │   └── ResponderClientError    the responder's HTTP API
+    ├── stormwatch.platforms.PlatformError
+    │   └── BackendError            a platform backend could not act (no such worker, ...)
     ├── stormwatch.faults.FaultError    a fault could not be placed, applied or undone (HTTP 500)
     │   ├── InvalidFaultRequest     (a ConfigError too; 400)
     │   ├── FaultTargetNotFound     (404)
@@ -20,12 +27,17 @@
     ├── stormwatch.lab.LabError
     └── stormwatch.alerts.AlertsError
 
-The CLI prints a :class:`StormwatchError` as one clear message (no traceback)
-and exits with :attr:`StormwatchError.exit_code`. Foreign exceptions are
-wrapped once, at the boundary, with ``raise ... from exc``.
+The shared clients (:mod:`stormwatch.clients`), platform backends
+(:mod:`stormwatch.platforms`) and the SQLite helper (:mod:`stormwatch.sqlite`) raise the
+classes above; each component catches them where it acts on them. The CLI prints a
+:class:`StormwatchError` as one clear message (no traceback) and exits with
+:attr:`StormwatchError.exit_code`. Foreign exceptions are wrapped once, at the boundary,
+with ``raise ... from exc``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class StormwatchError(Exception):
@@ -49,4 +61,31 @@ class ConfigError(StormwatchError, ValueError):
     exit_code = 2
 
 
-__all__ = ["ConfigError", "StormwatchError"]
+class DatabaseError(StormwatchError):
+    """A SQLite database (:mod:`stormwatch.sqlite`) cannot be opened, read or migrated.
+
+    Attributes:
+        path: the database file.
+    """
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = Path(path)
+
+
+class SchemaTooNewError(DatabaseError):
+    """The database was written by a newer stormwatch (its ``PRAGMA user_version`` is above
+    the newest migration this code knows); nothing was changed.
+
+    Attributes:
+        found: the database's schema version.
+        known: the newest version this code knows.
+    """
+
+    def __init__(self, message: str, *, path: Path, found: int, known: int) -> None:
+        super().__init__(message, path=path)
+        self.found = found
+        self.known = known
+
+
+__all__ = ["ConfigError", "DatabaseError", "SchemaTooNewError", "StormwatchError"]

@@ -1,12 +1,25 @@
-"""Shared pytest set-up: tests restore the environment they change; a stand-in Grafana."""
+"""Shared pytest set-up: tests restore the environment they change; a stand-in Grafana;
+stand-ins for a torchrun job's processes (``fake_job``: the platform backends and the
+responder's guards find and signal them); a self-signed test certificate (``tls_pair``:
+the agent's TLS and the clients' TLS tests)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +202,138 @@ def silent_grafana() -> Iterator[str]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(64)
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def _wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+_FAKE_AGENT = r"""
+import json, os, signal, subprocess, sys, time
+log, count = sys.argv[1], int(sys.argv[2])
+env_base = json.loads(sys.argv[3])
+first = env_base.pop("_FIRST_RANK")
+def note(what):
+    with open(log, "a") as out:
+        out.write(f"{what} {os.getpid()}\n")
+signal.signal(signal.SIGTERM, lambda *_: note("agent-TERM"))
+worker = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'a').write(f'worker-TERM {os.getpid()}\\n'))\n"
+    "open(sys.argv[1], 'a').write(f'worker-ready {os.getpid()}\\n')\n"
+    "while True: time.sleep(1)\n"
+)
+children = []
+for rank in range(count):
+    env = dict(os.environ, **env_base, RANK=str(first + rank), LOCAL_RANK=str(rank))
+    children.append(subprocess.Popen([sys.executable, "-c", worker, log], env=env))
+print(" ".join(str(c.pid) for c in children), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@dataclass
+class FakeJob:
+    """Stand-ins for one node's torchrun agent and its workers (real processes
+    with a rank's environment; they note every SIGTERM in ``log`` and ignore it)."""
+
+    agent: subprocess.Popen[bytes]
+    worker_pids: list[int]
+    log: Path
+
+    def terms(self, who: str) -> int:
+        if not self.log.exists():
+            return 0
+        return sum(line.startswith(f"{who}-TERM") for line in self.log.read_text().splitlines())
+
+    def terms_ready(self) -> int:
+        """Workers that installed their SIGTERM handler."""
+        if not self.log.exists():
+            return 0
+        return sum(line.startswith("worker-ready") for line in self.log.read_text().splitlines())
+
+    def kill(self) -> None:
+        for pid in self.worker_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.agent.kill()
+        self.agent.wait(10)
+        if self.agent.stdout is not None:
+            self.agent.stdout.close()
+
+
+@pytest.fixture
+def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
+    """``fake_job(job, node_metrics_dir, workers=2, first_rank=0)`` -> :class:`FakeJob`."""
+    jobs: list[FakeJob] = []
+
+    def start(job: str, metrics_dir: Path, workers: int = 2, first_rank: int = 0) -> FakeJob:
+        log = tmp_path / f"{job}-{metrics_dir.name}-{len(jobs)}.signals"
+        env = {
+            "_FIRST_RANK": first_rank,
+            "WORLD_SIZE": "4",
+            "TORCHELASTIC_RUN_ID": f"run-{job}",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "STORMWATCH_JOB": job,
+            "STORMWATCH_METRICS_DIR": str(metrics_dir),
+        }
+        agent = subprocess.Popen(
+            [sys.executable, "-c", _FAKE_AGENT, str(log), str(workers), json.dumps(env)],
+            stdout=subprocess.PIPE,
+        )
+        assert agent.stdout is not None
+        pids = [int(p) for p in agent.stdout.readline().split()]
+        fake = FakeJob(agent, pids, log)
+        jobs.append(fake)
+        _wait_until(lambda: fake.terms_ready() == workers, 30, "fake workers ready")
+        return fake
+
+    yield start
+    for fake in jobs:
+        fake.kill()
+
+
+@pytest.fixture(scope="session")
+def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate (a CA too) for 127.0.0.1 / localhost and its key (PEM)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder = tmp_path_factory.mktemp("tls")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stormwatch-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "server.crt", folder / "server.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file

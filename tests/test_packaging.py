@@ -15,9 +15,13 @@ from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 COMPONENTS = ("faults", "agent", "trainer", "chaos", "alerts", "dashboards")
+#: The shared home's public modules (stormwatch/), each with its own __all__.
+SHARED = ("clients", "platforms", "otel", "sqlite")
 
 
-@pytest.mark.parametrize("component", ("stormwatch", *(f"stormwatch.{c}" for c in COMPONENTS)))
+@pytest.mark.parametrize(
+    "component", ("stormwatch", *(f"stormwatch.{c}" for c in (*SHARED, *COMPONENTS)))
+)
 def test_public_all_lists_what_the_package_exports(component: str) -> None:
     module = importlib.import_module(component)
     exported = getattr(module, "__all__", None)

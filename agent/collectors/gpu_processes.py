@@ -20,7 +20,7 @@ from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.model import ProcessEntry
 from stormwatch.agent.gpu.sampler import GpuSampler
-from stormwatch.agent.watch.ranks import RankKey
+from stormwatch.contracts.rank_env import RankKey
 
 RejectReason = Literal["memory_exceeds_total", "no_such_pid", "not_a_rank"]
 REJECT_REASONS: tuple[RejectReason, ...] = ("memory_exceeds_total", "no_such_pid", "not_a_rank")

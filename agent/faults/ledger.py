@@ -21,10 +21,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stormwatch.agent.errors import LedgerError
+from stormwatch.errors import SchemaTooNewError
 from stormwatch.faults import Injection
+from stormwatch.sqlite import Migration, Schema, open_database, transaction
 
-_SCHEMA_VERSION = 1
-_SCHEMA = """
+_FAULTS_TABLE = """
 CREATE TABLE IF NOT EXISTS faults (
     id            TEXT PRIMARY KEY,
     kind          TEXT NOT NULL,
@@ -42,6 +43,12 @@ CREATE TABLE IF NOT EXISTS faults (
 );
 CREATE INDEX IF NOT EXISTS faults_state_expires ON faults (state, expires_at);
 """
+#: The ledger's layout, one step per change (``PRAGMA user_version`` = steps applied).
+SCHEMA = Schema(
+    "fault ledger",
+    (Migration(1, "faults table", _FAULTS_TABLE),),
+    fix="or give this agent another --state-dir",
+)
 
 
 class FaultState(str, Enum):
@@ -104,7 +111,8 @@ class FaultLedger:
         path: database file (its directory is created, mode 0700).
 
     Raises:
-        LedgerError: the file cannot be opened or has a newer schema.
+        LedgerError: the file cannot be opened or migrated, or was written by a newer
+            stormwatch (the message names the file and the fix).
     """
 
     def __init__(self, path: Path) -> None:
@@ -112,24 +120,14 @@ class FaultLedger:
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise LedgerError(f"state_dir: cannot open fault ledger {self.path}: {exc}") from exc
-        self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > _SCHEMA_VERSION:
-                raise LedgerError(
-                    f"fault ledger {self.path} has schema {version}; this agent knows {_SCHEMA_VERSION}"
-                )
-            with self._conn:
-                self._conn.executescript(_SCHEMA)
-                self._conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            self._conn = open_database(self.path, SCHEMA)
+        except SchemaTooNewError as exc:
+            raise LedgerError(str(exc)) from exc
         except sqlite3.Error as exc:
-            self._conn.close()
-            raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
+            raise LedgerError(f"state_dir: cannot open fault ledger {self.path}: {exc}") from exc
 
     def close(self) -> None:
         """Close the database."""
@@ -140,8 +138,8 @@ class FaultLedger:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             try:
-                with self._conn:
-                    yield self._conn
+                with transaction(self._conn) as conn:
+                    yield conn
             except sqlite3.Error as exc:
                 raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
 

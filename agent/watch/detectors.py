@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 from stormwatch.agent.errors import AgentConfigError
-from stormwatch.agent.watch.procs import RankKey
+from stormwatch.contracts.rank_env import RankKey
 
 HANG = "rank_hang"
 HANG_CLEARED = "rank_hang_cleared"

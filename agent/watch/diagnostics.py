@@ -27,7 +27,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from stormwatch.agent.watch.procs import RankKey, train_option
+from stormwatch.agent.watch.procs import train_option
+from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,9 @@ from stormwatch.agent.watch.detectors import (
     collective_lag,
 )
 from stormwatch.agent.watch.events import EventLog
-from stormwatch.agent.watch.procs import RankKey, process_cwd
+from stormwatch.agent.watch.procs import process_cwd
 from stormwatch.agent.watch.ranks import STEP_METRIC, RankInfo, RankWatcher
+from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import psutil
 
-RankKey = tuple[str, int]
-"""(job, rank)."""
+from stormwatch.contracts.rank_env import RankKey, rank_env
 
-_RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 
@@ -36,46 +34,6 @@ def is_torchrun_agent(name: str, cmdline: Sequence[str]) -> bool:
         if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in _TORCHRUN_MODULES:
             return True
     return False
-
-
-@dataclasses.dataclass(frozen=True)
-class RankEnv:
-    """What a rank's environment says about it."""
-
-    job: str
-    rank: int
-    local_rank: int
-    world_size: int
-    run_id: str
-    restart_count: int | None
-    metrics_dir: str | None = None
-
-    @property
-    def key(self) -> RankKey:
-        return (self.job, self.rank)
-
-
-def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
-    """Parse a rank's identity from its environment; None when it is not a rank.
-
-    ``metrics_dir`` is ``STORMWATCH_METRICS_DIR`` only; :func:`rank_metrics_dir`
-    also reads the command line.
-    """
-    if any(name not in environ for name in _RANK_ENV):
-        return None
-    try:
-        restart = environ.get("TORCHELASTIC_RESTART_COUNT")
-        return RankEnv(
-            job=environ.get("STORMWATCH_JOB") or environ["TORCHELASTIC_RUN_ID"],
-            rank=int(environ["RANK"]),
-            local_rank=int(environ["LOCAL_RANK"]),
-            world_size=int(environ["WORLD_SIZE"]),
-            run_id=environ["TORCHELASTIC_RUN_ID"],
-            restart_count=int(restart) if restart is not None else None,
-            metrics_dir=environ.get("STORMWATCH_METRICS_DIR") or None,
-        )
-    except ValueError:
-        return None
 
 
 def metrics_dir_argument(cmdline: Sequence[str]) -> str | None:
@@ -240,15 +198,12 @@ def read_rank_process(
 
 __all__ = [
     "ProcEntry",
-    "RankEnv",
-    "RankKey",
     "exit_status",
     "is_torchrun_agent",
     "metrics_dir_argument",
     "pid_dead",
     "proc_stat",
     "process_cwd",
-    "rank_env",
     "rank_metrics_dir",
     "read_rank_process",
     "same_time",

@@ -46,18 +46,16 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
 from stormwatch.agent.watch.procs import (
     ProcEntry,
-    RankEnv,
-    RankKey,
     exit_status,
     is_torchrun_agent,
     pid_dead,
     proc_stat,
     process_cwd,
-    rank_env,
     rank_metrics_dir,
     read_rank_process,
     same_time,
 )
+from stormwatch.contracts.rank_env import RankEnv, RankKey, rank_env
 
 log = logging.getLogger(__name__)
 
@@ -589,11 +587,9 @@ class RankWatcher:
 
 __all__ = [
     "HEARTBEAT_METRIC",
-    "RankEnv",
     "RankExit",
     "RankInfo",
     "RankKey",
     "RankWatcher",
     "is_torchrun_agent",
-    "rank_env",
 ]

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import JsonValue
 
-from stormwatch.alerts.responder.records import IncidentRecord
+from stormwatch.contracts.responder import IncidentRecord
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,9 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
-from stormwatch.alerts.errors import PrometheusError
-from stormwatch.alerts.prometheus import PrometheusAPI, promql_string
-from stormwatch.alerts.responder.records import IncidentRecord
+from stormwatch.clients import AsyncPrometheusAPI, PrometheusAPIError, promql_string
+from stormwatch.contracts.responder import IncidentRecord
 from stormwatch.errors import ConfigError
 
 
@@ -111,7 +110,7 @@ class ConfirmRestart(Action):
 
     def __init__(
         self,
-        prometheus: PrometheusAPI | None,
+        prometheus: AsyncPrometheusAPI | None,
         settings: ConfirmRestartSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
@@ -189,7 +188,7 @@ class ConfirmRestart(Action):
                     f"max by (rank) (stormwatch_rank_last_progress_timestamp_seconds{selector})"
                 ),
             )
-        except PrometheusError as exc:
+        except PrometheusAPIError as exc:
             seen.error = str(exc)
             return seen
         seen.restart_now = restart[0].value if restart else None

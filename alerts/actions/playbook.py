@@ -14,10 +14,10 @@ from stormwatch.alerts.actions.remedial import (
     NotifyOnly,
     RestartWorkers,
 )
-from stormwatch.alerts.backend import PlatformBackend
 from stormwatch.alerts.policy import Policy
-from stormwatch.alerts.prometheus import PrometheusAPI
+from stormwatch.clients import AsyncPrometheusAPI
 from stormwatch.errors import ConfigError
+from stormwatch.platforms import PlatformBackend
 
 #: Alert names of the shipped rules (alerts/rules/*.yml) that have actions.
 RANK_STALLED = "StormwatchRankStalled"
@@ -67,7 +67,7 @@ class Playbook:
 
 
 def default_playbook(
-    prometheus: PrometheusAPI | None, confirm: ConfirmRestartSettings | None = None
+    prometheus: AsyncPrometheusAPI | None, confirm: ConfirmRestartSettings | None = None
 ) -> Playbook:
     """The shipped playbook: ``StormwatchRankStalled`` -> ``confirm_restart``.
 
@@ -81,7 +81,7 @@ def default_playbook(
 def playbook_from_policy(
     policy: Policy,
     *,
-    prometheus: PrometheusAPI | None,
+    prometheus: AsyncPrometheusAPI | None,
     backend: PlatformBackend | None,
     confirm: ConfirmRestartSettings | None = None,
 ) -> Playbook:

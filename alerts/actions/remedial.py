@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
-from stormwatch.alerts.backend import PlatformBackend
-from stormwatch.alerts.responder.records import IncidentRecord
+from stormwatch.contracts.responder import IncidentRecord
+from stormwatch.platforms import PlatformBackend
 
 
 def incident_job(incident: IncidentRecord) -> str | None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from stormwatch.alerts.responder.audit import AuditEntry
-from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.ranklogs import RankLog, read_job_logs
+from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ INSTANT_QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _read_prometheus(inputs: Inputs, url: str, job: str | None) -> None:
-    from stormwatch.lab.promapi import PrometheusClient
+    from stormwatch.clients import PrometheusClient
 
     start, end = inputs.window
     if job is None:

@@ -19,32 +19,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from stormwatch.alerts.errors import StoreError
+from stormwatch.alerts.responder.schema import open_responder_db
 
 #: What happened: an action was admitted and started, refused (skipped), is
 #: waiting for approval, was approved, ran in dry-run mode, or finished.
 AuditEvent = Literal[
     "started", "skipped", "awaiting_approval", "approved", "dry_run", "succeeded", "failed"
 ]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS audit (
-    id          INTEGER PRIMARY KEY,
-    time        REAL    NOT NULL,
-    actor       TEXT    NOT NULL,
-    event       TEXT    NOT NULL,
-    action_id   INTEGER,
-    incident_id INTEGER,
-    kind        TEXT    NOT NULL,
-    job         TEXT,
-    node        TEXT,
-    reason      TEXT    NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS audit_kind_time ON audit (kind, time);
-CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
-BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
-BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
-"""
 
 
 class AuditEntry(BaseModel):
@@ -80,24 +61,20 @@ class AuditLog:
     """The audit table plus its JSONL mirror; thread-safe (one lock).
 
     Args:
-        db_path: the responder's SQLite database (the table is created if missing).
+        db_path: the responder's SQLite database (opened, and migrated when older, as
+            :class:`~stormwatch.alerts.responder.store.Store` does: the ``audit`` table is
+            step 3 of :mod:`stormwatch.alerts.responder.schema`).
         jsonl_path: file to append JSON lines to, or None for the table only.
 
     Raises:
-        StoreError: the database cannot be opened.
+        StoreError: the database cannot be opened or migrated.
+        NotAResponderDatabase: the file is another program's.
     """
 
     def __init__(self, db_path: Path, jsonl_path: Path | None = None) -> None:
         self.jsonl_path = jsonl_path
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(
-                db_path, isolation_level=None, check_same_thread=False, timeout=10.0
-            )
-            self._db.row_factory = sqlite3.Row
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{db_path}: cannot open the audit log: {exc}") from exc
+        self._db = open_responder_db(db_path)
 
     def close(self) -> None:
         """Close the database connection."""

@@ -33,7 +33,7 @@ from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.actions.remedial import incident_job, incident_node
 from stormwatch.alerts.policy import REMEDIAL_KINDS, RESTART_KINDS, Policy
 from stormwatch.alerts.responder.audit import AuditEntry, AuditEvent, AuditLog
-from stormwatch.alerts.responder.records import IncidentRecord
+from stormwatch.contracts.responder import IncidentRecord
 
 log = logging.getLogger(__name__)
 

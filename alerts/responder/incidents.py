@@ -27,38 +27,7 @@ from dataclasses import dataclass, field
 
 from stormwatch.alerts.errors import StoreError
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.records import IncidentMember, IncidentRecord
-
-#: Tables and indexes of incidents and their members (part of the store's schema).
-INCIDENT_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    id           INTEGER PRIMARY KEY,
-    group_key    TEXT    NOT NULL,
-    group_labels TEXT    NOT NULL,
-    status       TEXT    NOT NULL CHECK (status IN ('open', 'closed')),
-    alertname    TEXT    NOT NULL,
-    opened_at    REAL    NOT NULL,
-    closed_at    REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS incidents_one_open_per_group
-    ON incidents (group_key) WHERE status = 'open';
-CREATE TABLE IF NOT EXISTS incident_members (
-    fingerprint   TEXT    NOT NULL,
-    starts_at_key TEXT    NOT NULL,
-    incident_id   INTEGER NOT NULL REFERENCES incidents (id),
-    alertname     TEXT    NOT NULL,
-    status        TEXT    NOT NULL CHECK (status IN ('firing', 'resolved')),
-    labels        TEXT    NOT NULL,
-    annotations   TEXT    NOT NULL,
-    group_key     TEXT    NOT NULL,
-    starts_at     REAL    NOT NULL,
-    ends_at       REAL,
-    joined_at     REAL    NOT NULL,
-    resolved_at   REAL,
-    PRIMARY KEY (fingerprint, starts_at_key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS incident_members_by_incident ON incident_members (incident_id);
-"""
+from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 
 
 @dataclass
@@ -125,12 +94,29 @@ def apply_deliveries(
         now: Unix seconds.
         actions_for: action kinds for an alert name.
     """
-    group_key = message.group_key
+    firing = sorted((a for a in alerts if a.status == "firing"), key=_alert_order)
+    resolved = sorted((a for a in alerts if a.status == "resolved"), key=_alert_order)
+    touched = _join_firing(db, message, firing, result, now=now, actions_for=actions_for)
+    touched |= _resolve(db, message, resolved, now=now)
+    _close_finished(db, message, touched, result, now=now)
+
+
+def _join_firing(
+    db: sqlite3.Connection,
+    message: WebhookMessage,
+    firing: Sequence[WebhookAlert],
+    result: Ingested,
+    *,
+    now: float,
+    actions_for: Callable[[str], Sequence[str]],
+) -> set[int]:
+    """New firing alerts join the group's open incident (or open one) with their actions;
+    returns the incidents touched."""
     touched: set[int] = set()
-    for alert in sorted((a for a in alerts if a.status == "firing"), key=_alert_order):
+    for alert in firing:
         if _member_incident(db, alert) is not None:
             continue  # this occurrence was handled already (possibly in another group)
-        incident_id = _open_incident(db, group_key)
+        incident_id = _open_incident(db, message.group_key)
         if incident_id is None:
             incident_id = _insert_incident(db, message, alert.alertname, now=now, closed=False)
             result.opened.append(incident_id)
@@ -146,9 +132,17 @@ def apply_deliveries(
             )
             if cur.rowcount == 1:
                 result.new_actions.append(_rowid(cur))
+    return touched
 
+
+def _resolve(
+    db: sqlite3.Connection, message: WebhookMessage, resolved: Sequence[WebhookAlert], *, now: float
+) -> set[int]:
+    """Mark resolved members; a resolve whose firing was never seen joins the open incident
+    (or one closed incident recorded for them, which runs nothing). Returns incidents touched."""
+    touched: set[int] = set()
     missed: int | None = None  # a closed incident for resolves whose firing we never saw
-    for alert in sorted((a for a in alerts if a.status == "resolved"), key=_alert_order):
+    for alert in resolved:
         member_of = _member_incident(db, alert)
         if member_of is not None:
             cur = db.execute(
@@ -165,7 +159,7 @@ def apply_deliveries(
                     (alert.ends_at_unix, alert.fingerprint, alert.starts_at_key),
                 )
             continue
-        incident_id = _open_incident(db, group_key)
+        incident_id = _open_incident(db, message.group_key)
         if incident_id is None:
             # The responder missed the firing (it was down, or the alert fired and
             # resolved within one group_interval): record it, run nothing.
@@ -174,8 +168,20 @@ def apply_deliveries(
             incident_id = missed
         _insert_member(db, incident_id, message, alert, now=now)
         touched.add(incident_id)
+    return touched
 
-    open_id = _open_incident(db, group_key)
+
+def _close_finished(
+    db: sqlite3.Connection,
+    message: WebhookMessage,
+    touched: set[int],
+    result: Ingested,
+    *,
+    now: float,
+) -> None:
+    """Close each touched incident whose members all resolved (all of them, when
+    Alertmanager says the whole group resolved)."""
+    open_id = _open_incident(db, message.group_key)
     if message.status == "resolved" and open_id is not None and open_id in touched:
         # Alertmanager says the whole group resolved (members it did not list, e.g.
         # truncated ones, included).
@@ -326,7 +332,6 @@ def _record(row: sqlite3.Row, members: list[IncidentMember]) -> IncidentRecord:
 
 
 __all__ = [
-    "INCIDENT_SCHEMA",
     "Ingested",
     "apply_deliveries",
     "incident_records",

@@ -12,9 +12,9 @@ Deduplication (FC-12) lives here, inside one transaction per notification:
   (pending -> running) atomically, so no action runs twice, also across
   responder restarts (the database is the only state).
 
-The schema carries a version (``PRAGMA user_version``, :data:`SCHEMA_VERSION`);
-a database of another version is refused with a message naming the file and
-the fix (the project has not shipped, so there are no migrations).
+The layout is versioned (:mod:`stormwatch.alerts.responder.schema`): an older
+database is migrated in place when it is opened, a newer one is refused with a
+message naming the file and the fix, another program's file is left untouched.
 
 :class:`Store` is synchronous; the responder calls it from one worker thread
 so that fsyncs never block the event loop.
@@ -24,65 +24,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from stormwatch.alerts.errors import NotAResponderDatabase, StoreError
 from stormwatch.alerts.responder.incidents import (
-    INCIDENT_SCHEMA,
     Ingested,
     apply_deliveries,
     incident_records,
     read_incidents,
 )
 from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
-from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord, NotificationRecord
-
-#: Version of the database layout (``PRAGMA user_version``). 1: one incident per
-#: alert occurrence; 2: one incident per alert group, with member alerts.
-SCHEMA_VERSION = 2
-_TABLES = ("notifications", "deliveries", "incidents", "incident_members", "actions")
-_SCHEMA = (
-    """
-CREATE TABLE IF NOT EXISTS notifications (
-    id          INTEGER PRIMARY KEY,
-    received_at REAL    NOT NULL,
-    group_key   TEXT    NOT NULL,
-    status      TEXT    NOT NULL,
-    receiver    TEXT    NOT NULL,
-    alerts      INTEGER NOT NULL,
-    new_alerts  INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS deliveries (
-    group_key       TEXT    NOT NULL,
-    fingerprint     TEXT    NOT NULL,
-    starts_at_key   TEXT    NOT NULL,
-    status          TEXT    NOT NULL,
-    notification_id INTEGER NOT NULL REFERENCES notifications (id),
-    PRIMARY KEY (group_key, fingerprint, starts_at_key, status)
-) WITHOUT ROWID;
-"""
-    + INCIDENT_SCHEMA
-    + """
-CREATE TABLE IF NOT EXISTS actions (
-    id          INTEGER PRIMARY KEY,
-    incident_id INTEGER NOT NULL REFERENCES incidents (id),
-    kind        TEXT    NOT NULL,
-    status      TEXT    NOT NULL
-                CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'skipped')),
-    created_at  REAL    NOT NULL,
-    started_at  REAL,
-    finished_at REAL,
-    attempts    INTEGER NOT NULL DEFAULT 0,
-    detail      TEXT    NOT NULL DEFAULT '',
-    data        TEXT    NOT NULL DEFAULT '{}',
-    UNIQUE (incident_id, kind)
-);
-"""
-)
+from stormwatch.alerts.responder.schema import EXPECTED, open_responder_db
+from stormwatch.contracts.responder import ActionRecord, IncidentRecord, NotificationRecord
+from stormwatch.sqlite import transaction
 
 
 class Store:
@@ -94,37 +51,13 @@ class Store:
     Raises:
         NotAResponderDatabase: the file is not SQLite, or another program's
             SQLite (the message names the file and the fix: another ``--db`` file).
-        StoreError: the file cannot be opened, or it was written with another
-            schema version (the message names the file and the fix).
+        StoreError: the file cannot be opened or migrated, or it was written by a
+            newer stormwatch (the message names the file and the fix).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        try:
-            self._db = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the responder database: {exc}") from exc
-        try:
-            self._db.row_factory = sqlite3.Row
-            self._check_version(self._db)  # before WAL mode, which rewrites the file header
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            with self._transaction() as db:
-                self._check_version(db)  # again: another process may have created it meanwhile
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except sqlite3.Error as exc:
-            self._db.close()
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
-                raise NotAResponderDatabase(_not_sqlite(self.path)) from exc
-            raise StoreError(f"{self.path}: cannot open the responder database: {exc}") from exc
-        except StoreError:
-            self._db.close()
-            raise
+        self._db = open_responder_db(self.path)
 
     @classmethod
     def open_readonly(cls, path: Path) -> Store:
@@ -138,107 +71,25 @@ class Store:
             NotAResponderDatabase: ``path`` does not exist, is a folder, is not
                 SQLite, or has no responder schema (the message names the file and
                 what was expected).
-            StoreError: the schema is another version of the responder's, or the
-                file cannot be read.
+            StoreError: the schema is too old to read before the responder migrates it,
+                newer than this code, or the file cannot be read.
         """
         path = Path(path)
         if not path.exists():
-            raise NotAResponderDatabase(f"{path}: does not exist; {_EXPECTED}")
+            raise NotAResponderDatabase(f"{path}: does not exist; {EXPECTED}")
         if not path.is_file():
-            raise NotAResponderDatabase(f"{path}: is a folder, not a file; {_EXPECTED}")
+            raise NotAResponderDatabase(f"{path}: is a folder, not a file; {EXPECTED}")
         store = cls.__new__(cls)
         store.path = path
-        try:
-            store._db = sqlite3.connect(
-                f"file:{quote(str(path.resolve()))}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=10.0,
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: cannot open the responder database: {exc}") from exc
-        try:
-            store._db.row_factory = sqlite3.Row
-            version = store._db.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0 and not store._has_table("incidents"):
-                what = (
-                    "is an empty file"
-                    if path.stat().st_size == 0
-                    else "is a SQLite database without the responder's tables (no incidents)"
-                )
-                raise NotAResponderDatabase(f"{path}: {what}; {_EXPECTED}")
-            store._check_version(store._db)
-        except sqlite3.Error as exc:
-            store._db.close()
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
-                raise NotAResponderDatabase(_not_sqlite(path)) from exc
-            raise StoreError(f"{path}: cannot read the responder database: {exc}") from exc
-        except StoreError:
-            store._db.close()
-            raise
+        store._db = open_responder_db(path, readonly=True)
         return store
-
-    def _has_table(self, name: str) -> bool:
-        row = self._db.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-        ).fetchone()
-        return bool(row[0])
-
-    def _check_version(self, db: sqlite3.Connection) -> None:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version == SCHEMA_VERSION:
-            return
-        fix = (
-            "it holds only the responder's history: move it away (or delete it), "
-            "or start the responder with another --db file"
-        )
-        if version == 0:
-            names = ", ".join(_TABLES)
-            clash = db.execute(
-                f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN "
-                f"({', '.join('?' * len(_TABLES))})",
-                _TABLES,
-            ).fetchall()
-            if not clash:
-                return  # a new, empty database
-            raise NotAResponderDatabase(
-                f"{self.path}: is not a stormwatch responder database (no schema version, "
-                f"but it has tables named like ours: {names}); pass another --db file"
-            )
-        has_ours = db.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'incidents'"
-        ).fetchone()[0]
-        if not has_ours:
-            raise NotAResponderDatabase(
-                f"{self.path}: is not a stormwatch responder database (schema version "
-                f"{version}, no incidents table: another program's file?); leave it alone "
-                "and pass another --db file"
-            )
-        if version < SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: responder database schema {version} is older than this "
-                f"responder's schema {SCHEMA_VERSION} (incidents are now per Alertmanager "
-                f"alert group) and is not migrated; {fix}"
-            )
-        raise StoreError(
-            f"{self.path}: responder database schema {version} was written by a newer "
-            f"stormwatch (this one reads schema {SCHEMA_VERSION}); upgrade stormwatch, {fix}"
-        )
 
     def close(self) -> None:
         """Close the database connection."""
         self._db.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
 
     # -- writes ---------------------------------------------------------------
 
@@ -404,14 +255,9 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read incident {incident_id}: {exc}") from exc
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         """A read transaction: an incident and its members come from one snapshot."""
-        self._db.execute("BEGIN")
-        try:
-            yield self._db
-        finally:
-            self._db.execute("COMMIT")
+        return transaction(self._db, mode="DEFERRED")
 
     def actions(self, *, limit: int) -> list[ActionRecord]:
         """The latest ``limit`` actions, oldest first."""
@@ -433,17 +279,6 @@ class Store:
         return rows[::-1]
 
 
-#: What a ``--db`` file must be, in the errors of a file that is not one.
-_EXPECTED = (
-    "expected the SQLite file the responder keeps (`stormwatch alerts serve --db FILE`; "
-    "the lab's is run/responder/responder.sqlite)"
-)
-
-
-def _not_sqlite(path: Path) -> str:
-    return f"{path}: is not a SQLite database (so not a responder database); {_EXPECTED}"
-
-
 def _rowid(cur: sqlite3.Cursor) -> int:
     rowid = cur.lastrowid
     if rowid is None:  # pragma: no cover - sqlite always sets it after an INSERT
@@ -457,4 +292,4 @@ def _action(row: sqlite3.Row) -> ActionRecord:
     return ActionRecord(**data)
 
 
-__all__ = ["SCHEMA_VERSION", "Ingested", "Store"]
+__all__ = ["Ingested", "Store"]

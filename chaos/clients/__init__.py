@@ -1,20 +1,13 @@
-"""HTTP clients (aiohttp) for the node agents and the responder.
+"""The node agents' HTTP client (aiohttp): ``/healthz``, ``/v1/ranks`` and the fault API.
 
-Prometheus is queried with the lab's :class:`stormwatch.lab.AsyncPrometheusClient`.
-
-Each is a thin typed seam: JSON is converted to models at this boundary, and
-transport or HTTP errors become :class:`~stormwatch.chaos.errors.ServiceError`
-(or :class:`~stormwatch.chaos.errors.FaultError` for a refused fault).
+Only the controller talks to the agents' fault API, so this client lives here; it sends
+its requests through the shared plumbing of :mod:`stormwatch.clients.http` (one request
+helper, one error mapping), as the Prometheus and responder clients
+(:mod:`stormwatch.clients`) do. JSON is converted to models at this boundary, and transport
+or HTTP errors become :class:`~stormwatch.chaos.errors.ServiceError` (or
+:class:`~stormwatch.chaos.errors.FaultError` for a refused fault).
 """
 
 from stormwatch.chaos.clients.agent import AgentClient, AgentRank
-from stormwatch.chaos.clients.responder import Action, Incident, Notification, ResponderClient
 
-__all__ = [
-    "Action",
-    "AgentClient",
-    "AgentRank",
-    "Incident",
-    "Notification",
-    "ResponderClient",
-]
+__all__ = ["AgentClient", "AgentRank"]

@@ -24,8 +24,38 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stormwatch.agent.faults.ledger import FaultRecord
-from stormwatch.chaos.clients._http import DEFAULT_TIMEOUT_S, request_json
 from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
+from stormwatch.clients.http import request_json as _request_json
+
+#: Default per-request timeout (seconds). Every agent is on this host or one bridge hop
+#: away; 5 s is generous and keeps a dead agent from stalling a probe.
+DEFAULT_TIMEOUT_S = 5.0
+
+
+def _service_error(message: str, status: int | None) -> ServiceError:
+    return ServiceError(message)
+
+
+async def request_json(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    what: str = "agent",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    ok: tuple[int, ...] = (200,),
+    **kwargs: Any,
+) -> tuple[int, Any]:
+    """One request to an agent through the shared HTTP plumbing
+    (:func:`stormwatch.clients.http.request_json`); returns ``(status, parsed JSON or None)``.
+
+    Raises:
+        ServiceError: unreachable, timed out, a status outside ``ok``, or a body that is not
+            JSON.
+    """
+    return await _request_json(
+        session, method, url, what=what, error=_service_error, timeout=timeout, ok=ok, **kwargs
+    )
 
 
 class AgentRank(BaseModel):
@@ -185,4 +215,4 @@ def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-__all__ = ["AgentClient", "AgentRank"]
+__all__ = ["DEFAULT_TIMEOUT_S", "AgentClient", "AgentRank", "request_json"]

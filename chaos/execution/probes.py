@@ -32,7 +32,7 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.ranklogs import RankLog, current_world_size, read_job_logs
 from stormwatch.chaos.target import AgentEndpoint, JobControl
-from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 
 
 @dataclass(frozen=True)

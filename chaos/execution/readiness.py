@@ -20,8 +20,8 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import JobControl, Target
+from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.faults import Placement
-from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
 
 
 async def preflight(

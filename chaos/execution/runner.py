@@ -63,8 +63,8 @@ from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import Target
+from stormwatch.clients import AsyncPrometheusClient
 from stormwatch.dashboards.annotations import Annotator
-from stormwatch.lab import AsyncPrometheusClient
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,9 @@ not have taken effect), marked ``injected`` when the target confirms, and
 ``reverted`` once undone. Anything not ``reverted`` is *open*: ``stormwatch
 chaos revert --all`` and the next controller start revert it, and the agent or
 reaper reverts it at ``expires_at``. Each call is its own short transaction on
-its own connection, so several processes (controller, reaper, ``revert``)
-can share the file; ``synchronous=FULL`` makes a committed row survive a crash.
+its own connection (:func:`stormwatch.sqlite.connect`: WAL, ``synchronous=FULL``), so
+several processes (controller, reaper, ``revert``) can share the file, and a committed row
+survives a crash. The layout is versioned (:data:`SCHEMA`, ``PRAGMA user_version``).
 
 Default location: ``<run-dir>/chaos/ledger.sqlite3`` (:func:`ledger_path`).
 """
@@ -26,14 +27,19 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from stormwatch.chaos.errors import LedgerError
 from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.errors import SchemaTooNewError
 from stormwatch.faults import AnyExperimentFault
+from stormwatch.sqlite import Migration, Schema, connect, open_database, transaction
 
 logger = logging.getLogger(__name__)
 
 FaultState = Literal["pending", "injected", "reverted"]
+#: Seconds a call waits for another process's lock (controller, reaper and ``chaos revert``
+#: share the file; each holds it for one short statement).
+BUSY_TIMEOUT_S = 30.0
 _FAULT_ADAPTER: TypeAdapter[AnyExperimentFault] = TypeAdapter(AnyExperimentFault)
 
-_SCHEMA = """
+_FAULTS_TABLE = """
 CREATE TABLE IF NOT EXISTS faults (
     id              TEXT PRIMARY KEY,
     experiment_id   TEXT NOT NULL,
@@ -54,6 +60,13 @@ CREATE TABLE IF NOT EXISTS faults (
 );
 CREATE INDEX IF NOT EXISTS faults_experiment ON faults (experiment_id);
 """
+#: The ledger's layout, one step per change (``PRAGMA user_version`` = steps applied). A
+#: ledger written before versioning (user_version 0, same table) takes step 1 as a no-op.
+SCHEMA = Schema(
+    "fault ledger",
+    (Migration(1, "faults table", _FAULTS_TABLE),),
+    fix="or use another --run-dir",
+)
 
 
 class LedgerEntry(BaseModel):
@@ -105,7 +118,8 @@ class Ledger:
         create: create the file when missing (``False``: raise :class:`LedgerError`).
 
     Raises:
-        LedgerError: the file cannot be opened or has another schema.
+        LedgerError: the file cannot be opened or migrated, or was written by a newer
+            stormwatch (the message names the file and the fix).
     """
 
     def __init__(self, path: Path, *, create: bool = True) -> None:
@@ -117,28 +131,24 @@ class Ledger:
             raise LedgerError(f"no fault ledger at {self.path}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._connect() as conn:
-                conn.executescript(_SCHEMA)
+            open_database(self.path, SCHEMA, busy_timeout=BUSY_TIMEOUT_S).close()
+        except SchemaTooNewError as exc:
+            raise LedgerError(str(exc)) from exc
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"cannot open the fault ledger {self.path}: {exc}") from exc
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        conn = connect(self.path, busy_timeout=BUSY_TIMEOUT_S)
         try:
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.row_factory = sqlite3.Row
             yield conn
         finally:
             conn.close()
 
     def _write(self, sql: str, params: tuple[object, ...]) -> int:
         try:
-            with self._connect() as conn:
-                conn.execute("BEGIN IMMEDIATE")
-                cursor = conn.execute(sql, params)
-                conn.execute("COMMIT")
-                return cursor.rowcount
+            with self._connect() as conn, transaction(conn):
+                return conn.execute(sql, params).rowcount
         except sqlite3.Error as exc:
             raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
 

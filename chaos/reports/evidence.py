@@ -12,16 +12,26 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stormwatch.chaos.clients.responder import Incident, Notification, ResponderClient
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.clients import (
+    AsyncPrometheusClient,
+    PrometheusAPIError,
+    ResponderClient,
+    ResponderClientError,
+)
+from stormwatch.contracts.responder import IncidentRecord, NotificationRecord
+from stormwatch.errors import ConfigError
 
 #: Resolution of the ALERTS range query (s): the lab evaluates rules every second.
 ALERT_STEP_SECONDS = 1.0
+#: Seconds per request to Prometheus and the responder: both are on this host, and a dead
+#: service must not hold the post-mortem up.
+SERVICE_TIMEOUT_SECONDS = 5.0
 
 
 class AlertEvidence(BaseModel):
@@ -50,7 +60,13 @@ class AlertEvidence(BaseModel):
 
 
 class Evidence(BaseModel):
-    """What the services said about one experiment run."""
+    """What the services said about one experiment run.
+
+    ``incidents`` and ``notifications`` are the responder's own records
+    (:mod:`stormwatch.contracts.responder`). Evidence saved before the controller used them
+    held a subset of their fields; it still loads (:func:`_complete_legacy_records` fills
+    what it lacked from what it has), so an old run's post-mortem can be rebuilt.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,9 +75,66 @@ class Evidence(BaseModel):
     window_end: float
     alerts: list[AlertEvidence] = Field(default_factory=list)
     prometheus_error: str | None = None
-    incidents: list[Incident] = Field(default_factory=list)
-    notifications: list[Notification] = Field(default_factory=list)
+    incidents: list[IncidentRecord] = Field(default_factory=list)
+    notifications: list[NotificationRecord] = Field(default_factory=list)
     responder_error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _complete_legacy_records(data) if isinstance(data, dict) else data
+
+
+def _complete_legacy_records(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill the record fields an older ``evidence.json`` did not save (no receiver,
+    fingerprints, annotations, group labels or first alert): empty values, and times from
+    the incident's own."""
+    data = dict(data)
+    data["notifications"] = [
+        {"receiver": "", **n} if isinstance(n, dict) else n for n in data.get("notifications", [])
+    ]
+    data["incidents"] = [
+        _legacy_incident(i) if isinstance(i, dict) and "first_alert" not in i else i
+        for i in data.get("incidents", [])
+    ]
+    return data
+
+
+def _legacy_incident(item: dict[str, Any]) -> dict[str, Any]:
+    starts = item.get("starts_at", item.get("opened_at"))
+    closed = item.get("closed_at")
+    member_defaults = {
+        "fingerprint": "",
+        "alertname": item.get("alertname", ""),
+        "status": "resolved" if closed is not None else "firing",
+        "labels": item.get("labels", {}),
+        "annotations": {},
+        "group_key": item.get("group_key", ""),
+        "ends_at": item.get("ends_at"),
+        "joined_at": item.get("opened_at"),
+        "resolved_at": closed,
+    }
+    members = [
+        {**member_defaults, **m, "starts_at": m.get("starts_at") or starts}
+        for m in item.get("members", [])
+        if isinstance(m, dict)
+    ] or [{**member_defaults, "starts_at": starts}]
+    incident_defaults: dict[str, Any] = {
+        "group_key": "",
+        "group_labels": {},
+        "labels": {},
+        "annotations": {},
+        "ends_at": None,
+        "closed_at": None,
+        "first_alert_tied": False,
+    }
+    return {
+        **incident_defaults,
+        **item,
+        "starts_at": starts,
+        "first_alert": members[0],
+        "members": members,
+    }
 
 
 async def collect_evidence(
@@ -87,26 +160,33 @@ async def collect_evidence(
     if prometheus_url is None:
         evidence.prometheus_error = "no Prometheus URL"
     else:
-        client = AsyncPrometheusClient(prometheus_url, session=session)
         try:
+            client = AsyncPrometheusClient(
+                prometheus_url, timeout=SERVICE_TIMEOUT_SECONDS, session=session
+            )
             evidence.alerts = await _alerts(client, window_start, end)
-        except PrometheusAPIError as exc:
+        except (PrometheusAPIError, ConfigError) as exc:
             evidence.prometheus_error = str(exc)
     if responder_url is None:
         evidence.responder_error = "no responder URL"
     else:
-        responder = ResponderClient(session, responder_url, token_file=responder_token_file)
         try:
+            responder = ResponderClient(
+                responder_url,
+                token_file=responder_token_file,
+                timeout=SERVICE_TIMEOUT_SECONDS,
+                session=session,
+            )
             evidence.incidents = await responder.incidents()
             evidence.notifications = await responder.notifications()
-        except ChaosError as exc:
+        except (ResponderClientError, ConfigError) as exc:
             evidence.responder_error = str(exc)
     evidence.alerts = align_with_incidents(evidence.alerts, evidence.incidents)
     return evidence
 
 
 def align_with_incidents(
-    alerts: list[AlertEvidence], incidents: list[Incident]
+    alerts: list[AlertEvidence], incidents: list[IncidentRecord]
 ) -> list[AlertEvidence]:
     """Take each alert's firing and resolve times from the responder's record of the same
     alert (an incident member with the same labels: ``startsAt``/``endsAt`` as Prometheus
@@ -120,16 +200,11 @@ def align_with_incidents(
     def key(alertname: str, labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
         return tuple(sorted({**labels, "alertname": alertname}.items()))
 
-    members = {
-        key(m.alertname, m.labels): m
-        for incident in incidents
-        for m in incident.members
-        if m.starts_at is not None
-    }
+    members = {key(m.alertname, m.labels): m for incident in incidents for m in incident.members}
     aligned = []
     for alert in alerts:
         member = members.get(key(alert.alertname, alert.labels))
-        if member is None or member.starts_at is None:
+        if member is None:
             aligned.append(alert)
             continue
         resolved = member.ends_at if member.ends_at is not None else alert.resolved_at

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from stormwatch.lab.errors import PrometheusAPIError, ServiceFailedError
-from stormwatch.lab.promapi import PrometheusClient
+from stormwatch.clients import PrometheusAPIError, PrometheusClient
+from stormwatch.lab.errors import ServiceFailedError
 from stormwatch.lab.services import procs
 from stormwatch.lab.state import LabState, ProcessRecord
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from stormwatch.agent import FakeNvml
-from stormwatch.agent.watch.ranks import is_torchrun_agent, rank_env
+from stormwatch.agent.watch.ranks import is_torchrun_agent
+from stormwatch.contracts.rank_env import rank_env
 
 
 def _ranks(tools: Any, agent: Any, job: str) -> dict[int, dict[str, Any]]:

@@ -7,8 +7,6 @@ agent, and the scraper a real Prometheus binary speaking TLS with basic auth.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import shutil
 import socket
@@ -29,47 +27,16 @@ from stormwatch.agent.errors import WebConfigError
 from stormwatch.agent.webconfig import load_web_config
 
 x509 = pytest.importorskip("cryptography.x509")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
 
 USER, PASSWORD = "prometheus", "s3cret-scrape"
 
 
 @pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def cert(tls_pair: tuple[Path, Path]) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 / localhost and its key (PEM files)."""
-    folder = tmp_path_factory.mktemp("tls")
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stormwatch-agent-test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = folder / "agent.crt", folder / "agent.key"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
+    return tls_pair
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +47,8 @@ def password_hash() -> str:
 @pytest.fixture
 def web_config(tmp_path: Path, cert: tuple[Path, Path], password_hash: str) -> Path:
     """TLS with the test certificate (relative paths, as upstream allows) and one user."""
-    for source in cert:
-        shutil.copy(source, tmp_path / source.name)
+    for source, name in zip(cert, ("agent.crt", "agent.key"), strict=True):
+        shutil.copy(source, tmp_path / name)
     path = tmp_path / "web.yml"
     path.write_text(
         "tls_server_config:\n"

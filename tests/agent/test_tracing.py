@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from stormwatch.agent import AgentConfig, AgentConfigError
-from stormwatch.agent.tracing import OTLP_PACKAGE, AgentTracing, TracingSettings
+from stormwatch.agent.tracing import AgentTracing, TracingSettings
+from stormwatch.otel import OTLP_PACKAGE
 
 
 def _spans(path: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ stopped at the end of the test.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -414,89 +413,3 @@ class Kit:
 def kit() -> type[Kit]:
     """The helper namespace :class:`Kit`."""
     return Kit
-
-
-_FAKE_AGENT = r"""
-import json, os, signal, subprocess, sys, time
-log, count = sys.argv[1], int(sys.argv[2])
-env_base = json.loads(sys.argv[3])
-first = env_base.pop("_FIRST_RANK")
-def note(what):
-    with open(log, "a") as out:
-        out.write(f"{what} {os.getpid()}\n")
-signal.signal(signal.SIGTERM, lambda *_: note("agent-TERM"))
-worker = (
-    "import os, signal, sys, time\n"
-    "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'a').write(f'worker-TERM {os.getpid()}\\n'))\n"
-    "open(sys.argv[1], 'a').write(f'worker-ready {os.getpid()}\\n')\n"
-    "while True: time.sleep(1)\n"
-)
-children = []
-for rank in range(count):
-    env = dict(os.environ, **env_base, RANK=str(first + rank), LOCAL_RANK=str(rank))
-    children.append(subprocess.Popen([sys.executable, "-c", worker, log], env=env))
-print(" ".join(str(c.pid) for c in children), flush=True)
-while True:
-    time.sleep(1)
-"""
-
-
-@dataclass
-class FakeJob:
-    """Stand-ins for one node's torchrun agent and its workers (real processes
-    with a rank's environment; they note every SIGTERM in ``log`` and ignore it)."""
-
-    agent: subprocess.Popen[bytes]
-    worker_pids: list[int]
-    log: Path
-
-    def terms(self, who: str) -> int:
-        if not self.log.exists():
-            return 0
-        return sum(line.startswith(f"{who}-TERM") for line in self.log.read_text().splitlines())
-
-    def terms_ready(self) -> int:
-        """Workers that installed their SIGTERM handler."""
-        if not self.log.exists():
-            return 0
-        return sum(line.startswith("worker-ready") for line in self.log.read_text().splitlines())
-
-    def kill(self) -> None:
-        for pid in self.worker_pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.agent.kill()
-        self.agent.wait(10)
-        if self.agent.stdout is not None:
-            self.agent.stdout.close()
-
-
-@pytest.fixture
-def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
-    """``fake_job(job, node_metrics_dir, workers=2, first_rank=0)`` -> :class:`FakeJob`."""
-    jobs: list[FakeJob] = []
-
-    def start(job: str, metrics_dir: Path, workers: int = 2, first_rank: int = 0) -> FakeJob:
-        log = tmp_path / f"{job}-{metrics_dir.name}-{len(jobs)}.signals"
-        env = {
-            "_FIRST_RANK": first_rank,
-            "WORLD_SIZE": "4",
-            "TORCHELASTIC_RUN_ID": f"run-{job}",
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "STORMWATCH_JOB": job,
-            "STORMWATCH_METRICS_DIR": str(metrics_dir),
-        }
-        agent = subprocess.Popen(
-            [sys.executable, "-c", _FAKE_AGENT, str(log), str(workers), json.dumps(env)],
-            stdout=subprocess.PIPE,
-        )
-        assert agent.stdout is not None
-        pids = [int(p) for p in agent.stdout.readline().split()]
-        fake = FakeJob(agent, pids, log)
-        jobs.append(fake)
-        wait_for(lambda: fake.terms_ready() == workers, 30, "fake workers ready")
-        return fake
-
-    yield start
-    for fake in jobs:
-        fake.kill()

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from stormwatch.alerts.backend import (
+from stormwatch.alerts.responder.settings import ResponderSettings
+from stormwatch.errors import ConfigError
+from stormwatch.platforms import (
     BackendError,
     KubernetesSettings,
     LabBackend,
@@ -23,9 +25,7 @@ from stormwatch.alerts.backend import (
     SlurmSettings,
     load_platform_settings,
 )
-from stormwatch.alerts.backend.slurm import SlurmBackend
-from stormwatch.alerts.responder.service import ResponderSettings
-from stormwatch.errors import ConfigError
+from stormwatch.platforms.slurm import SlurmBackend
 
 
 def _settings(tmp_path: Path, **extra: Any) -> ResponderSettings:

@@ -16,8 +16,9 @@ import pytest
 from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
 from stormwatch.alerts.policy import parse_policy
-from stormwatch.alerts.responder.records import IncidentRecord
-from stormwatch.alerts.responder.service import Responder, ResponderSettings
+from stormwatch.alerts.responder.service import Responder
+from stormwatch.alerts.responder.settings import ResponderSettings
+from stormwatch.contracts.responder import IncidentRecord
 
 FINAL = {"succeeded", "failed", "skipped"}
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.clients.responder import Incident, Notification
 from stormwatch.chaos.execution.journal import (
     ActivityRecord,
     JobRef,
@@ -21,6 +20,7 @@ from stormwatch.chaos.execution.journal import (
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
 from stormwatch.chaos.reports.postmortem import render_markdown
 from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
+from stormwatch.contracts.responder import IncidentMember, IncidentRecord, NotificationRecord
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 T0 = 1_700_000_000.0
@@ -191,33 +191,53 @@ def _evidence(*, alert: bool = True, responder: bool = True) -> Evidence:
             ),
         ]
     if responder:
+        group_key = '{}:{alertname="StormwatchRankStalled"}'
+        member = IncidentMember(
+            fingerprint="f1",
+            alertname="StormwatchRankStalled",
+            status="resolved",
+            labels=labels,
+            annotations={},
+            group_key=group_key,
+            starts_at=FAULT_AT + 2.0,
+            ends_at=FAULT_AT + 40.0,
+            joined_at=FAULT_AT + 3.5,
+            resolved_at=FAULT_AT + 41.0,
+        )
         evidence.incidents = [
-            Incident(
+            IncidentRecord(
                 id=1,
                 alertname="StormwatchRankStalled",
                 status="closed",
                 labels=labels,
-                group_key='{}:{alertname="StormwatchRankStalled"}',
+                annotations={},
+                group_key=group_key,
+                group_labels={"alertname": "StormwatchRankStalled"},
                 starts_at=FAULT_AT + 2.0,
                 opened_at=FAULT_AT + 3.5,
                 closed_at=FAULT_AT + 41.0,
                 ends_at=FAULT_AT + 40.0,
+                first_alert=member,
+                first_alert_tied=False,
+                members=[member],
             )
         ]
         evidence.notifications = [
-            Notification(
+            NotificationRecord(
                 id=1,
                 received_at=FAULT_AT + 3.5,
                 group_key=evidence.incidents[0].group_key,
                 status="firing",
+                receiver="stormwatch-responder",
                 alerts=1,
                 new_alerts=1,
             ),
-            Notification(
+            NotificationRecord(
                 id=2,
                 received_at=FAULT_AT + 41.0,
                 group_key=evidence.incidents[0].group_key,
                 status="resolved",
+                receiver="stormwatch-responder",
                 alerts=1,
                 new_alerts=1,
             ),

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import aiohttp
 
-from stormwatch.alerts.backend.slurm import SlurmBackend
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injector
 from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.faults import REGISTRY
+from stormwatch.platforms.slurm import SlurmBackend
 
 
 def _closed_port() -> int:

@@ -20,7 +20,7 @@ import pytest
 from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 from cloudcoil.models.prometheus_operator import v1alpha1 as monitoring_v1alpha1
 
-from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX
 
 K8S_VERSION = kubernetes_validate.latest_version()
 CRD_MODELS: dict[tuple[str, str], Any] = {

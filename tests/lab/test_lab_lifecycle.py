@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from stormwatch.clients import PrometheusClient
 from stormwatch.lab import (
     Lab,
     LabConfig,
     ProgressEvent,
-    PrometheusClient,
     ServiceFailedError,
 )
 from stormwatch.lab.netns import IpRoute2

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from stormwatch.errors import ConfigError
+from stormwatch.otel import OTLP_PACKAGE
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.telemetry.tracing import OTLP_PACKAGE, RankTracing, check_otlp_available
+from stormwatch.trainer.telemetry.tracing import RankTracing, check_otlp_available
 
 
 def _has_otlp() -> bool:

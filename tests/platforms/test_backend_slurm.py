@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.alerts.backend import BackendError
-from stormwatch.alerts.backend.slurm import SlurmBackend, run_command
+from stormwatch.platforms import BackendError
+from stormwatch.platforms.slurm import SlurmBackend, run_command
 
 SQUEUE = ["squeue", "--noheader", "--name=llm", "--states=RUNNING", "--format=%i|%N"]
 

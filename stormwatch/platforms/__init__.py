@@ -1,5 +1,10 @@
 """Platform backends: how remedial actions and chaos target discovery reach the platform.
 
+Shared by the responder's remedial actions (:mod:`stormwatch.alerts`) and the chaos
+controller's target (:mod:`stormwatch.chaos.target`), so it lives in the shared home; it
+may use :mod:`stormwatch.lab` (the lab's processes) and the trainer control-file model of
+:mod:`stormwatch.faults`, and no other component.
+
 One interface (:class:`PlatformBackend`, in :mod:`.base`), three platforms,
 chosen by configuration (``stormwatch alerts serve --platform``):
 
@@ -20,15 +25,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stormwatch.alerts.backend.base import (
+from stormwatch.errors import ConfigError
+from stormwatch.platforms.base import (
     BACKEND_METHODS,
-    BackendError,
     PlatformBackend,
     arm_checkpoint,
     write_diagnostics,
 )
-from stormwatch.alerts.backend.lab import LabBackend, Worker
-from stormwatch.errors import ConfigError
+from stormwatch.platforms.errors import BackendError, PlatformError
+from stormwatch.platforms.lab import LabBackend, Worker
 
 #: The platforms ``--platform`` accepts.
 PLATFORMS = ("lab", "kubernetes", "slurm")
@@ -114,7 +119,7 @@ def make_backend(
         BackendError: the Kubernetes client finds no cluster configuration.
     """
     if platform == "kubernetes":
-        from stormwatch.alerts.backend.kubernetes import KubernetesBackend
+        from stormwatch.platforms.kubernetes import KubernetesBackend
 
         kube = settings.kubernetes
         return KubernetesBackend.connect(
@@ -127,7 +132,7 @@ def make_backend(
             log_tail_lines=kube.log_tail_lines,
         )
     if platform == "slurm":
-        from stormwatch.alerts.backend.slurm import SlurmBackend
+        from stormwatch.platforms.slurm import SlurmBackend
 
         return SlurmBackend(
             diagnostics_dir=diagnostics_dir,
@@ -145,6 +150,7 @@ __all__ = [
     "LabBackend",
     "Platform",
     "PlatformBackend",
+    "PlatformError",
     "PlatformSettings",
     "SlurmSettings",
     "Worker",

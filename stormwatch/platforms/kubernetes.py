@@ -37,7 +37,8 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from stormwatch.alerts.backend.base import BackendError, arm_checkpoint, write_diagnostics
+from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.errors import BackendError
 
 #: Label and annotation where the Job controller puts an indexed Job pod's index.
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stormwatch.alerts.backend import BackendError, LabBackend
+from stormwatch.platforms import BackendError, LabBackend
 
 
 @pytest.fixture

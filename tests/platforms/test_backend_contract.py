@@ -20,14 +20,14 @@ from unittest import mock
 import pytest
 from kubernetes import client as k8s
 
-from stormwatch.alerts.backend import (
+from stormwatch.platforms import (
     BACKEND_METHODS,
     BackendError,
     LabBackend,
     PlatformBackend,
 )
-from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX, KubernetesBackend
-from stormwatch.alerts.backend.slurm import SlurmBackend
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX, KubernetesBackend
+from stormwatch.platforms.slurm import SlurmBackend
 
 PLACEMENT = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 BACKENDS = (LabBackend, KubernetesBackend, SlurmBackend)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from stormwatch.lab import (
+from stormwatch.clients import (
     AsyncPrometheusClient,
     PrometheusAPI,
     PrometheusAPIError,
@@ -167,3 +167,13 @@ def test_targets_are_listed_with_health(prometheus_url: str) -> None:
         time.sleep(0.5)
     assert targets[0].labels["job"] == "prometheus"
     assert targets[0].scrape_url.endswith("/metrics")
+
+
+def test_label_values_of_matching_series(prometheus_url: str) -> None:
+    client = PrometheusClient(prometheus_url)
+    deadline = time.monotonic() + 30
+    while "prometheus" not in client.label_values("job"):
+        assert time.monotonic() < deadline, "Prometheus did not scrape itself"
+        time.sleep(0.5)
+    assert client.label_values("job", match=['up{job="prometheus"}']) == ["prometheus"]
+    assert client.label_values("job", match=['up{job="nobody"}']) == []

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stormwatch.alerts.backend.base import BackendError, arm_checkpoint, write_diagnostics
+from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.errors import BackendError
 
 #: Runs one command line and returns its standard output; raises BackendError on failure.
 CommandRunner = Callable[[Sequence[str]], str]

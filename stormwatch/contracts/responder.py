@@ -2,7 +2,10 @@
 
 All times are Unix seconds (float), as everywhere in stormwatch's HTTP APIs.
 These models are the JSON of ``GET /v1/notifications``, ``/v1/incidents`` and
-``/v1/actions``.
+``/v1/actions``: the responder (:mod:`stormwatch.alerts.responder`) writes them, and
+:class:`stormwatch.clients.ResponderClient` reads them back (the CLI, the chaos
+controller's evidence). They are declared here once, in the shared home, so that both
+sides use the same models.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from stormwatch.alerts.backend import BackendError
-from stormwatch.alerts.backend.kubernetes import COMPLETION_INDEX, KubernetesBackend, pod_ranks
+from stormwatch.platforms import BackendError
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX, KubernetesBackend, pod_ranks
 
 NS = "training"
 

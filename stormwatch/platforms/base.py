@@ -14,12 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from stormwatch.alerts.errors import AlertsError
 from stormwatch.faults.control_file import CheckpointNow, arm
-
-
-class BackendError(AlertsError):
-    """A platform backend could not carry out an action (e.g. no worker of the job found)."""
 
 
 @runtime_checkable
@@ -87,7 +82,6 @@ def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, An
 
 __all__ = [
     "BACKEND_METHODS",
-    "BackendError",
     "PlatformBackend",
     "arm_checkpoint",
     "write_diagnostics",

@@ -34,8 +34,9 @@ from typing import Any
 
 import psutil
 
-from stormwatch.agent.watch.ranks import rank_env
-from stormwatch.alerts.backend.base import BackendError, arm_checkpoint, write_diagnostics
+from stormwatch.contracts.rank_env import rank_env
+from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.errors import BackendError
 
 log = logging.getLogger(__name__)
 
