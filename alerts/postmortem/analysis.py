@@ -25,8 +25,8 @@ from typing import Any
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.postmortem.model import Culprit, RankDump
 from stormwatch.alerts.postmortem.sources import Inputs
-from stormwatch.chaos.ranklogs import RankEvent
 from stormwatch.chaos.reports.postmortem import format_clock
+from stormwatch.trainer.telemetry.events import StepEvent
 
 #: Straggler score from which a rank counts as a straggler (the agent's default factor).
 STRAGGLER_FACTOR = 1.2
@@ -208,8 +208,8 @@ def _straggler(scores: dict[str, float]) -> Culprit | None:
     )
 
 
-def _last_steps(inputs: Inputs, before: float) -> dict[int, RankEvent]:
-    last: dict[int, RankEvent] = {}
+def _last_steps(inputs: Inputs, before: float) -> dict[int, StepEvent]:
+    last: dict[int, StepEvent] = {}
     for rank, log in inputs.rank_logs.items():
         steps = [e for e in log.steps if e.time <= before]
         if steps:

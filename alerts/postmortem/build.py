@@ -27,8 +27,8 @@ from stormwatch.alerts.postmortem.analysis import (
 )
 from stormwatch.alerts.postmortem.model import Impact, IncidentPostMortem
 from stormwatch.alerts.postmortem.sources import Inputs, incident_job
-from stormwatch.chaos.ranklogs import RankEvent
 from stormwatch.chaos.reports.postmortem import TimelineEvent
+from stormwatch.trainer.telemetry.events import RankEvent, StartEvent, StepEvent
 
 
 def _onset(inputs: Inputs, pm: IncidentPostMortem) -> None:
@@ -57,8 +57,8 @@ def _restart(inputs: Inputs, pm: IncidentPostMortem) -> list[RankEvent]:
         return []
     after = [e for log in inputs.rank_logs.values() for e in log.since_restart(onset)]
     after.sort(key=lambda e: e.time)
-    starts = [e for e in after if e.event == "start"]
-    steps = [e for e in after if e.event == "step"]
+    starts = [e for e in after if isinstance(e, StartEvent)]
+    steps = [e for e in after if isinstance(e, StepEvent)]
     if starts:
         pm.restarted_at = starts[0].time
         pm.impact.resumed_from_step = starts[0].resumed_from_step or 0
@@ -86,7 +86,7 @@ def _impact(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) -> N
     regained = [
         e.time
         for e in after
-        if e.event == "step"
+        if isinstance(e, StepEvent)
         and impact.last_step_before is not None
         and (e.step or 0) >= impact.last_step_before
     ]
@@ -101,7 +101,7 @@ def _impact(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) -> N
     end = pm.resolved_at
     if end is not None and end > onset and impact.median_step_seconds is not None:
         top = impact.last_step_before or 0
-        new = {e.step for e in after if e.event == "step" and (e.step or 0) > top}
+        new = {e.step for e in after if isinstance(e, StepEvent) and (e.step or 0) > top}
         impact.goodput = min(1.0, len(new) * impact.median_step_seconds / (end - onset))
 
 

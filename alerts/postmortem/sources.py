@@ -24,7 +24,7 @@ from typing import Any
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.chaos.execution.journal import Journal, load_journal
-from stormwatch.chaos.ranklogs import RankLog, read_job_logs
+from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from stormwatch.chaos.faults.specs import (
 )
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
 from stormwatch.chaos.ledger.reaper import spawn_reaper
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
 from stormwatch.errors import StormwatchError
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from stormwatch.chaos.experiment.model import (
     PrometheusProvider,
 )
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import JobControl, Target
 from stormwatch.lab import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 
 async def preflight(

@@ -56,10 +56,10 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.lab import AsyncPrometheusClient
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, ExperimentRun, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment, semantic_issues
 from stormwatch.chaos.experiment.model import Experiment
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.target import lab_target
@@ -40,6 +39,7 @@ from stormwatch.errors import ConfigError
 from stormwatch.lab import JobSpec, Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import grafana_hint
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
 #: (tests/chaos check that both are the same file).

@@ -34,9 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.faults.specs import target_nodes, target_rank
-from stormwatch.chaos.ranklogs import RankLog, final_losses
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
 from stormwatch.chaos.reports.postmortem_markdown import alert_name, format_clock, render_markdown
+from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
+from stormwatch.trainer.telemetry.ranklogs import RankLog, final_losses
 
 #: Clock slack (s) when matching an alert or notification to a fault: the agent,
 #: Prometheus and the responder stamp times on the same host but at different moments.
@@ -171,12 +172,16 @@ def _restart(pm: PostMortem, logs: dict[int, RankLog]) -> int | None:
     ]
     pm.last_step_before_fault = max(before) if before else None
     restarted = {rank: log.since_restart(t0) for rank, log in logs.items()}
-    starts = sorted((events[0] for events in restarted.values() if events), key=lambda e: e.time)
+    # Each non-empty list begins with the start event of the incarnation after the fault.
+    starts = sorted(
+        (e for events in restarted.values() for e in events[:1] if isinstance(e, StartEvent)),
+        key=lambda e: e.time,
+    )
     if starts:
         pm.workers_restarted_at = starts[0].time
         pm.resumed_from_step = starts[0].resumed_from_step or 0
     steps = sorted(
-        (e for events in restarted.values() for e in events if e.event == "step"),
+        (e for events in restarted.values() for e in events if isinstance(e, StepEvent)),
         key=lambda e: e.time,
     )
     if steps:
@@ -202,7 +207,7 @@ def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None
     firsts = []
     for log in logs.values():
         after = [e.time for e in log.steps if e.time > cleared]
-        if not after and log.finished and _done_at(log) <= cleared:
+        if not after and log.finished and log.done_at <= cleared:
             continue  # this rank had finished before the fault was removed
         if not after:
             return
@@ -211,10 +216,6 @@ def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None
         pm.recovered, pm.recovered_by = True, "fault removed"
         pm.recovered_at = max(firsts)
         pm.time_to_recover_seconds = max(0.0, pm.recovered_at - pm.fault_at)
-
-
-def _done_at(log: RankLog) -> float:
-    return max((e.time for e in log.events if e.event == "done"), default=0.0)
 
 
 def _alert(pm: PostMortem, evidence: Evidence | None) -> None:
@@ -291,7 +292,7 @@ def _loss(
             check.note = "the workers did not restart: no steps after recovery to compare"
             return check
         check.from_step = pm.resumed_from_step + 1
-        events = [e for e in rank0.since_restart(pm.fault_at) if e.event == "step"]
+        events = [e for e in rank0.since_restart(pm.fault_at) if isinstance(e, StepEvent)]
     else:
         check.from_step = 1
         events = rank0.steps
