@@ -14,8 +14,8 @@ Definitions (Unix seconds; see :class:`~.model.IncidentPostMortem`):
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
+from stormwatch.agent.watch.events import AgentEvent
 from stormwatch.alerts.policy import RESTART_KINDS
 from stormwatch.alerts.postmortem.analysis import (
     JOURNAL_MATCH_S,
@@ -220,9 +220,9 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
     rows += _capped(audit, "audit", pm.notes)
     agent = [
         TimelineEvent(
-            at=float(e.get("time") or 0.0),
-            event=f"agent: {e.get('kind')}",
-            source=f"agent {e.get('node', '?')}",
+            at=e.time,
+            event=f"agent: {e.kind}",
+            source=f"agent {e.node}",
             detail=_agent_detail(e),
         )
         for e in inputs.agent_events
@@ -257,9 +257,8 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
     pm.timeline = sorted(kept, key=lambda r: r.at or 0.0)
 
 
-def _agent_detail(event: dict[str, Any]) -> str:
-    skip = {"time", "kind", "node"}
-    return ", ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)[:160]
+def _agent_detail(event: AgentEvent) -> str:
+    return ", ".join(f"{k}={_short(v)}" for k, v in event.details().items())[:160]
 
 
 def _short(value: object) -> str:

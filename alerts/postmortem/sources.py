@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stormwatch.agent.watch.events import AgentEvent, read_agent_events
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.chaos.execution.journal import Journal, load_journal
@@ -57,7 +58,7 @@ class Inputs:
     rank_logs: dict[int, RankLog] = field(default_factory=dict)
     dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
-    agent_events: list[dict[str, Any]] = field(default_factory=list)
+    agent_events: list[AgentEvent] = field(default_factory=list)
     journals: list[Journal] = field(default_factory=list)
     rank_nodes: dict[int, str] = field(default_factory=dict)
     #: name -> {series label text -> [(t, value)]} from Prometheus range queries.
@@ -168,11 +169,11 @@ def _read_lab(inputs: Inputs, run_dir: Path, job: str | None, since: float) -> N
     for events_file in sorted(run_dir.glob("nodes/*/agent/events.jsonl")):
         found = [
             e
-            for e in _read_jsonl(events_file)
-            if start <= float(e.get("time") or 0.0) <= end and (job is None or e.get("job") == job)
+            for e in read_agent_events(events_file)
+            if start <= e.time <= end and (job is None or e.job == job)
         ]
         inputs.agent_events += found
-    inputs.agent_events.sort(key=lambda e: float(e.get("time") or 0.0))
+    inputs.agent_events.sort(key=lambda e: e.time)
     inputs.inputs["agent events"] = (
         f"{run_dir}/nodes/*/agent/events.jsonl ({len(inputs.agent_events)} in the window)"
     )
