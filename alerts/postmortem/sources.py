@@ -25,6 +25,8 @@ from stormwatch.agent.watch.events import AgentEvent, read_agent_events
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.alerts.responder.records import ActionRecord, IncidentRecord
 from stormwatch.chaos.execution.journal import Journal, load_journal
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.state import load_lab_state
 from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs
 
 log = logging.getLogger(__name__)
@@ -140,13 +142,16 @@ def read_dumps(dump_dir: Path, since: float) -> dict[int, dict[str, Any]]:
 
 
 def _lab_rank_nodes(run_dir: Path) -> dict[int, str]:
-    """rank -> node from ``lab.json`` (torchrun places ranks node by node)."""
+    """rank -> node from ``lab.json`` (torchrun places ranks node by node); empty without one."""
     try:
-        data = json.loads((run_dir / "lab.json").read_text(encoding="utf-8"))
-        per_node = int(data["config"]["nproc_per_node"])
-        names = [str(n["name"]) for n in data["nodes"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        state = load_lab_state(run_dir)
+    except LabError as exc:
+        log.warning("%s", exc)
         return {}
+    if state is None:
+        return {}
+    per_node = state.config.nproc_per_node
+    names = [node.name for node in state.nodes]
     return {i * per_node + local: name for i, name in enumerate(names) for local in range(per_node)}
 
 

@@ -54,6 +54,8 @@ from stormwatch.alerts.responder.payload import WebhookMessage
 from stormwatch.alerts.responder.store import Store
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.state import load_lab_state
 
 log = logging.getLogger(__name__)
 
@@ -141,19 +143,16 @@ class ResponderSettings:
         """The lab backend for :attr:`lab_run_dir` (None without one).
 
         Raises:
-            ConfigError: ``lab.json`` exists but is not readable JSON.
+            ConfigError: ``lab.json`` exists but is not a readable lab state file.
         """
         if self.lab_run_dir is None:
             return None
         run_dir = Path(self.lab_run_dir)
-        nodes: dict[str, Path] = {}
-        state = run_dir / "lab.json"
-        if state.is_file():
-            try:
-                data = json.loads(state.read_text())
-                nodes = {n["name"]: Path(n["metrics_dir"]) for n in data.get("nodes", [])}
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"lab_run_dir: cannot read {state}: {exc}") from exc
+        try:
+            state = load_lab_state(run_dir)
+        except LabError as exc:
+            raise ConfigError(f"lab_run_dir: {exc}") from exc
+        nodes = {} if state is None else {n.name: n.metrics_dir for n in state.nodes}
         return LabBackend(
             diagnostics_dir=run_dir / "responder" / "diagnostics", node_metrics_dirs=nodes
         )

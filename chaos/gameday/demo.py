@@ -112,7 +112,7 @@ def clean_run_dir(run_dir: Path, console: Console) -> None:
             f"--run-dir {run_dir}: refusing to delete it, it holds files that are not a "
             f"stormwatch run directory's ({', '.join(foreign[:5])}); choose another --run-dir"
         )
-    if (run_dir / "lab.json").exists():
+    if RunPaths.of(run_dir).state_file.exists():
         removed = Lab(run_dir).down()  # a no-op for a lab that is already down
         if removed:
             console.print(
