@@ -293,10 +293,8 @@ def find_culprit(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> 
             f"flight recorder not compared: rank(s) {', '.join(map(str, missing))} wrote no dump"
         )
     for journal in inputs.journals:
-        for record in journal.method:
-            out = record.output
-            if isinstance(out, dict) and out.get("applied_at") is not None:
-                found.chaos_fault_rank = _int(out.get("rank"))
+        for fault in journal.injected_faults():
+            found.chaos_fault_rank = fault.rank
     return found
 
 

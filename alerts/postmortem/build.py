@@ -36,13 +36,10 @@ def _onset(inputs: Inputs, pm: IncidentPostMortem) -> None:
     for journal in inputs.journals:
         if pm.job is not None and journal.job is not None and journal.job.name != pm.job:
             continue
-        for record in journal.method:
-            out = record.output
-            if isinstance(out, dict) and isinstance(out.get("applied_at"), (int, float)):
-                at = float(out["applied_at"])
-                if first - JOURNAL_MATCH_S <= at <= first:
-                    pm.onset_at, pm.onset_source = at, "chaos journal"
-                    return
+        for fault in journal.injected_faults():
+            if first - JOURNAL_MATCH_S <= fault.applied_at <= first:
+                pm.onset_at, pm.onset_source = fault.applied_at, "chaos journal"
+                return
     steps = [e.time for log in inputs.rank_logs.values() for e in log.steps if e.time <= first]
     if steps:
         pm.onset_at, pm.onset_source = max(steps), "last progress"
@@ -127,14 +124,14 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
             )
         )
         for record in journal.method + journal.rollbacks:
-            out = record.output
-            if isinstance(out, dict) and out.get("applied_at") is not None:
+            fault = record.fault_injected()
+            if fault is not None:
                 rows.append(
                     TimelineEvent(
-                        at=float(out["applied_at"]),
+                        at=fault.applied_at,
                         event="fault injected",
                         source="chaos journal",
-                        detail=f"{out.get('kind')} rank {out.get('rank')}",
+                        detail=f"{fault.kind} rank {fault.rank}",
                     )
                 )
             elif record.type == "revert" and record.end is not None:

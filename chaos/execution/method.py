@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import ExperimentStatus, Phase
+from stormwatch.chaos.execution.journal import ExperimentStatus, FaultInjected, Phase
 from stormwatch.chaos.execution.safeguards import watch
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
@@ -179,19 +179,19 @@ class MethodMixin:
             )
             if reverts_itself(fault):
                 self._self_reverting_faults.append(name)
-            record.output = {
-                "fault_id": injected.entry.id,
-                "kind": fault.kind,
-                "rank": rank,
-                "node": injected.entry.target.node,
-                "target_pid": result.target_pid,
-                "applied_at": result.applied_at,
-                "expires_at": result.expires_at,
-                "step": step,
-                "attempt": attempt,
-                "detail": result.detail,
-                "background": activity.background,
-            }
+            record.output = FaultInjected(
+                fault_id=injected.entry.id,
+                kind=fault.kind,
+                rank=rank,
+                node=injected.entry.target.node,
+                target_pid=result.target_pid,
+                applied_at=result.applied_at,
+                expires_at=result.expires_at,
+                step=step,
+                attempt=attempt,
+                detail=result.detail,
+                background=activity.background,
+            ).model_dump()
             self.reporter.event(
                 f"  {name}: {result.detail}" + (f" after step {step}" if step is not None else "")
             )

@@ -36,13 +36,8 @@ import aiohttp
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError, FaultError
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
-from stormwatch.chaos.execution.journal import (
-    ExperimentStatus,
-    JobRef,
-    Journal,
-    JournalWriter,
-    Phase,
-)
+from stormwatch.chaos.execution.journal import ExperimentStatus, JobRef, Journal, Phase
+from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.method import MethodMixin
 from stormwatch.chaos.execution.probes import ProbeContext, ProbeOutcome, wait_for
 from stormwatch.chaos.execution.readiness import preflight, wait_until_stepping

@@ -151,13 +151,11 @@ def analyze(
 
 def _fault(pm: PostMortem, journal: Journal) -> None:
     for record in journal.method:
-        out = record.output
-        if record.type == "action" and isinstance(out, dict) and out.get("applied_at") is not None:
-            pm.fault_id = str(out.get("fault_id"))
-            pm.fault_kind = str(out.get("kind"))
-            pm.fault_rank = _int(out.get("rank"))
-            pm.fault_node = str(out["node"]) if out.get("node") is not None else None
-            pm.fault_at = float(out["applied_at"])
+        fault = record.fault_injected() if record.type == "action" else None
+        if fault is not None:
+            pm.fault_id, pm.fault_kind = fault.fault_id, fault.kind
+            pm.fault_rank, pm.fault_node = fault.rank, fault.node
+            pm.fault_at = fault.applied_at
             return
 
 
@@ -334,12 +332,9 @@ def _timeline(pm: PostMortem, journal: Journal) -> list[TimelineEvent]:
             )
         )
     fault_detail = ""
-    for record in journal.method:
-        if isinstance(record.output, dict) and record.output.get("applied_at") is not None:
-            fault_detail = str(record.output.get("detail", ""))
-            step = record.output.get("step")
-            fault_detail += f" (after step {step})" if step is not None else ""
-            break
+    for fault in journal.injected_faults()[:1]:
+        fault_detail = fault.detail
+        fault_detail += f" (after step {fault.step})" if fault.step is not None else ""
     events += [
         TimelineEvent(
             at=pm.fault_at, event="fault injected", source="journal", detail=fault_detail
@@ -432,10 +427,6 @@ def _notes(pm: PostMortem, evidence: Evidence | None, journal: Journal) -> None:
         notes.append(pm.loss.note)
     if pm.faults_left_open:
         notes.append("faults still open in the ledger: " + "; ".join(pm.faults_left_open))
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_postmortem(pm: PostMortem, experiment_dir: Path) -> tuple[Path, Path]:
