@@ -62,15 +62,21 @@ class _Event(BaseModel):
         return record
 
 
-class RankExitEvent(_Event):
-    """A rank's process ended (see the module docstring for each key)."""
+class _RankEvent(_Event):
+    """The keys every event starts with: when (Unix s), where, what, which rank and process."""
 
     time: float
     node: str
-    kind: Literal["rank_exit"] = "rank_exit"
+    kind: str
     job: str
     rank: int
     pid: int | None = None
+
+
+class RankExitEvent(_RankEvent):
+    """A rank's process ended (see the module docstring for each key)."""
+
+    kind: Literal["rank_exit"] = "rank_exit"
     clean: bool | None = None
     replaced: bool | None = None
     exit_code: int | None = None
@@ -78,15 +84,10 @@ class RankExitEvent(_Event):
     reason: Literal["finished", "exit_code", "signal", "unknown"] | None = None
 
 
-class RankHangEvent(_Event):
+class RankHangEvent(_RankEvent):
     """A running rank's heartbeat is older than its threshold (seconds; FC-10)."""
 
-    time: float
-    node: str
     kind: Literal["rank_hang"] = "rank_hang"
-    job: str
-    rank: int
-    pid: int | None = None
     heartbeat: float | None = None
     age_seconds: float | None = None
     threshold_seconds: float | None = None
@@ -98,52 +99,37 @@ class RankHangEvent(_Event):
     diagnostics: str | None = None
 
 
-class RankHangClearedEvent(_Event):
+class RankHangClearedEvent(_RankEvent):
     """A hang ended: the rank stepped again (``progress``), ``exited`` or was ``forgotten``."""
 
-    time: float
-    node: str
     kind: Literal["rank_hang_cleared"] = "rank_hang_cleared"
-    job: str
-    rank: int
-    pid: int | None = None
     reason: Literal["progress", "exited", "forgotten"] | None = None
     step: float | None = None
 
 
-class RankStragglerEvent(_Event):
-    """A rank's compute was slow for several steps in a row (FC-14; times in seconds)."""
+class _StragglerScores(_RankEvent):
+    """A straggler detector's view of one step (FC-14; times in seconds)."""
 
-    time: float
-    node: str
+    step: float | None = None
+    score: float | None = None
+    compute_seconds: float | None = None
+    wait_seconds: float | None = None
+    peers_median_compute_seconds: float | None = None
+    peers_median_wait_seconds: float | None = None
+
+
+class RankStragglerEvent(_StragglerScores):
+    """A rank's compute was slow for several steps in a row."""
+
     kind: Literal["rank_straggler"] = "rank_straggler"
-    job: str
-    rank: int
-    pid: int | None = None
-    step: float | None = None
-    score: float | None = None
-    compute_seconds: float | None = None
-    wait_seconds: float | None = None
-    peers_median_compute_seconds: float | None = None
-    peers_median_wait_seconds: float | None = None
 
 
-class RankStragglerClearedEvent(_Event):
-    """A straggler stepped at its peers' pace again, or is ``gone`` (``reason``)."""
+class RankStragglerClearedEvent(_StragglerScores):
+    """A straggler stepped at its peers' pace again (the step's scores), or is ``gone``
+    (``reason``, without scores)."""
 
-    time: float
-    node: str
     kind: Literal["rank_straggler_cleared"] = "rank_straggler_cleared"
-    job: str
-    rank: int
-    pid: int | None = None
     reason: Literal["gone"] | None = None
-    step: float | None = None
-    score: float | None = None
-    compute_seconds: float | None = None
-    wait_seconds: float | None = None
-    peers_median_compute_seconds: float | None = None
-    peers_median_wait_seconds: float | None = None
 
 
 #: One line of ``events.jsonl`` (one event of ``/v1/events``), by its ``kind``.
