@@ -248,9 +248,12 @@ class _Api:
         rows = (
             []
             if log_ is None
-            else log_.events(
-                since=since, kind=request.query.get("kind"), job=request.query.get("job")
-            )
+            else [
+                e.to_record()
+                for e in log_.events(
+                    since=since, kind=request.query.get("kind"), job=request.query.get("job")
+                )
+            ]
         )
         return web.json_response({"node": self._deps.node, "events": rows})
 

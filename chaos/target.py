@@ -18,11 +18,11 @@ from typing import Protocol
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import JobSection
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab import jobs as lab_jobs
 from stormwatch.platforms.lab import LabBackend
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ConfigError                     invalid LabConfig / JobSpec field (names the field)
 
 Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json),
-:mod:`.lab` (Lab), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
+:mod:`.lab` (Lab), :mod:`.builder` (creates its network and services),
+:mod:`.teardown` (removes them), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
 (network seam), :mod:`.procs` + ``supervise.py``
 (detached processes), :mod:`.services` (commands and configs), :mod:`.health`,
 :mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.cli` (``stormwatch lab``).

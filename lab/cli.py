@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.state import JobResult
 from stormwatch.lab.status import render_status
+from stormwatch.trainer.telemetry.events import parse_event
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
 #: the same default as ``stormwatch chaos``, so ``lab up`` then ``chaos run`` just work.
@@ -369,8 +369,8 @@ def _current_step(log_dir: Path) -> int | None:
         except OSError:
             continue
         for line in reversed(lines):
-            with contextlib.suppress(ValueError, AttributeError):
-                step = json.loads(line).get("step")
+            with contextlib.suppress(ValueError):  # the tail's cut first line, a torn last one
+                step = getattr(parse_event(line), "step", None)  # a start event has none
                 if isinstance(step, int):
                     best = step if best is None else max(best, step)
                     break

@@ -6,9 +6,10 @@ then Prometheus, Alertmanager and the responder in the root namespace, and
 waits until all of them are healthy and Prometheus scrapes every agent.
 
 Every object is recorded in ``lab.json`` *before* it is created and its removal
-is registered on an :class:`contextlib.ExitStack` right after, so a failed or
-interrupted ``up`` unwinds what it did, and ``down`` in a fresh process (even
-after ``up`` was SIGKILLed) finds everything. ``down`` also sweeps by name
+is registered on an :class:`contextlib.ExitStack` right after (the creation is
+:class:`~stormwatch.lab.builder.LabBuilder`'s), so a failed or interrupted ``up``
+unwinds what it did, and ``down`` in a fresh process (even after ``up`` was
+SIGKILLed) finds everything. ``down`` also sweeps by name
 (the configuration's prefix) and by the environment marker every lab process
 carries, and is idempotent.
 """
@@ -16,18 +17,13 @@ carries, and is idempotent.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import logging
-import os
-import secrets
-import shutil
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from stormwatch.clients import PrometheusClient
 from stormwatch.lab import jobs, preflight, registry, teardown
-from stormwatch.lab.config import NODE_INTERFACE, JobSpec, LabConfig
+from stormwatch.lab.builder import LabBuilder, describe_failure, never_raises
+from stormwatch.lab.config import JobSpec, LabConfig
 from stormwatch.lab.errors import (
     JobError,
     LabError,
@@ -38,60 +34,16 @@ from stormwatch.lab.netns import IpRoute2, NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent, quiet
 from stormwatch.lab.services import definitions as services
-from stormwatch.lab.services import health, procs
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import (
     JobInfo,
     JobRecord,
     JobResult,
     LabState,
-    NetResource,
-    ProcessRecord,
     StateStore,
     plan_state,
 )
 from stormwatch.lab.status import LabStatus, collect_status
-
-log = logging.getLogger(__name__)
-
-
-def _write_secret(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(secrets.token_urlsafe(32) + "\n")
-
-
-def _never_raises(report: Progress) -> Progress:
-    """``report``, but a failure to report (e.g. a closed pipe) is logged, not raised."""
-
-    def safe(event: ProgressEvent) -> None:
-        try:
-            report(event)
-        except BaseException as exc:
-            log.debug("could not report %s: %r", event.message, exc)
-
-    return safe
-
-
-def _describe_failure(exc: BaseException) -> str:
-    """A meaningful one-line reason for ``lab.json``'s ``error`` (never a bare errno)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (Ctrl-C or SIGTERM)"
-    if isinstance(exc, SystemExit) and isinstance(exc.__context__, BrokenPipeError):
-        exc = exc.__context__
-    if isinstance(exc, BrokenPipeError):
-        return "lab up's output pipe was closed (its reader exited), so it stopped"
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{type(exc).__name__}: {exc.strerror}" + (
-            f" ({exc.filename})" if exc.filename else ""
-        )
-    if isinstance(exc, SystemExit):
-        return f"lab up exited with status {exc.code} while starting"
-    text = str(exc)
-    if not text or text.isdigit():
-        return f"{type(exc).__name__}({text})" if text else type(exc).__name__
-    return text
 
 
 class Lab:
@@ -191,17 +143,18 @@ class Lab:
             self._store.save(state)
             registry.claim(config.prefix, self.run_dir)
             undo = contextlib.ExitStack()
+            builder = self._builder()
             try:
-                self._create(state, undo, report)
+                builder.create(state, undo, report)
             except BaseException as exc:
                 # Reporting may be what failed (a closed output pipe): never let it cut
                 # the clean-up short.
-                safe = _never_raises(report)
+                safe = never_raises(report)
                 safe(ProgressEvent("info", "lab", "start failed; removing what was created"))
                 with teardown.signals_deferred():
-                    self._unwind(undo, config, safe)
+                    builder.unwind(undo, config, safe)
                     state.phase = "failed"
-                    state.error = _describe_failure(exc)
+                    state.error = describe_failure(exc)
                     state.resources.clear()
                     state.processes.clear()
                     self._store.save(state)
@@ -249,7 +202,7 @@ class Lab:
         """Restart only the dead services of a lab that is up; jobs are left alone."""
         dead = set(self._dead_services(state))
         report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
-        self._restart(state, dead, report)
+        self._builder().restart(state, dead, report)
         report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
         return state
 
@@ -284,142 +237,15 @@ class Lab:
                 wanted.append(f"agent-{names[node]}")
             dead = [n for n in dict.fromkeys(wanted) if n in self._dead_services(state)]
             if dead:
-                self._restart(state, set(dead), report)
+                self._builder().restart(state, set(dead), report)
             return dead
-
-    def _restart(self, state: LabState, dead: set[str], report: Progress) -> None:
-        """Start the services named in ``dead`` again and wait until they are healthy and scraped."""
-        config = state.config
-        specs = services.service_specs(state, self.paths)
-        env = jobs.base_environment(self.marker)
-        checks = []
-        for spec in specs:
-            if spec.name not in dead:
-                continue
-            earlier = state.processes.get(spec.name)
-            if earlier is not None:
-                procs.terminate(procs.tree(earlier))
-            report(ProgressEvent("start", spec.name, f"restarting {spec.name}"))
-            record = procs.launch(
-                spec.name,
-                spec.cmd,
-                log_file=self.paths.service_log(spec.name),
-                status_file=self.paths.service_status(spec.name),
-                env=env,
-                netns=spec.netns,
-                cwd=self.run_dir,
-            )
-            state.processes[spec.name] = record
-            self._store.save(state)
-            checks.append(health.HealthCheck(record, spec.health_url))
-        deadline = time.monotonic() + config.startup_timeout
-
-        def ready(name: str) -> None:
-            report(ProgressEvent("ready", name, f"{name} is healthy"))
-
-        health.wait_healthy(checks, timeout=config.startup_timeout, on_ready=ready)
-        health.wait_scraped(state, deadline)
-        state.error = None
-        self._store.save(state)
 
     def _all_running(self, state: LabState) -> bool:
         return bool(state.processes) and all(procs.is_running(p) for p in state.processes.values())
 
-    def _create(self, state: LabState, undo: contextlib.ExitStack, report: Progress) -> None:
-        config = state.config
-        undo_report = _never_raises(report)
-        self._prepare_files(state)
-        rules = services.rules_dir()
-        services.write_prometheus_config(state, self.paths, rules)
-        services.check_prometheus_config(self.paths.prometheus_config)
-        services.write_alertmanager_config(state, self.paths)
-        services.write_grafana_files(state, self.paths)
-
-        self._remember(state, NetResource(kind="bridge", name=state.bridge))
-        undo.callback(self._remove, NetResource(kind="bridge", name=state.bridge), undo_report)
-        self.network.add_bridge(state.bridge, state.bridge_address)
-        report(
-            ProgressEvent("create", state.bridge, f"bridge {state.bridge} {state.bridge_address}")
-        )
-        hosts = {str(state.bridge_address.ip): f"{config.prefix}-host"}
-        hosts.update({str(n.address): n.netns for n in state.nodes})
-        for node in state.nodes:
-            self._remember(state, NetResource(kind="netns", name=node.netns))
-            undo.callback(self._remove, NetResource(kind="netns", name=node.netns), undo_report)
-            self.network.add_namespace(node.netns, hosts)
-            self._remember(state, NetResource(kind="veth", name=node.veth))
-            undo.callback(self._remove, NetResource(kind="veth", name=node.veth), undo_report)
-            self.network.add_node_link(
-                netns=node.netns,
-                veth=node.veth,
-                interface=NODE_INTERFACE,
-                bridge=state.bridge,
-                address=ipaddress.IPv4Interface(f"{node.address}/{config.subnet.prefixlen}"),
-                gateway=state.bridge_address.ip,
-            )
-            report(ProgressEvent("create", node.netns, f"namespace {node.netns} {node.address}"))
-
-        specs = services.service_specs(state, self.paths)
-        checks = []
-        env = jobs.base_environment(self.marker)
-        launched: list[ProcessRecord] = []
-        undo.callback(teardown.stop_processes, launched, undo_report)
-        for spec in specs:
-            report(ProgressEvent("start", spec.name, f"starting {spec.name}"))
-            record = procs.launch(
-                spec.name,
-                spec.cmd,
-                log_file=self.paths.service_log(spec.name),
-                status_file=self.paths.service_status(spec.name),
-                env=env,
-                netns=spec.netns,
-                cwd=self.run_dir,
-            )
-            state.processes[spec.name] = record
-            launched.append(record)
-            self._store.save(state)
-            checks.append(health.HealthCheck(record, spec.health_url))
-
-        deadline = time.monotonic() + config.startup_timeout
-
-        def ready(name: str) -> None:
-            report(ProgressEvent("ready", name, f"{name} is healthy"))
-
-        health.wait_healthy(checks, timeout=config.startup_timeout, on_ready=ready)
-        health.wait_scraped(state, deadline)
-        report(ProgressEvent("ready", "prometheus", "Prometheus scrapes every agent"))
-
-    def _prepare_files(self, state: LabState) -> None:
-        """Fresh service data (no alerts, notifications or series from an earlier lab)."""
-        paths = self.paths
-        for folder in (paths.prometheus_data, paths.alertmanager_data, paths.responder_dir):
-            shutil.rmtree(folder, ignore_errors=True)
-        for node in state.nodes:
-            shutil.rmtree(paths.node_dir(node.name), ignore_errors=True)
-            node.metrics_dir.mkdir(parents=True, exist_ok=True)
-        for folder in (paths.logs_dir, paths.prometheus_data, paths.alertmanager_data):
-            folder.mkdir(parents=True, exist_ok=True)
-        paths.responder_dir.mkdir(parents=True, exist_ok=True)
-        _write_secret(state.agent_token_file)
-        _write_secret(state.responder_token_file)
-
-    def _remember(self, state: LabState, resource: NetResource) -> None:
-        state.resources.append(resource)
-        self._store.save(state)
-
-    def _remove(self, resource: NetResource, report: Progress) -> None:
-        teardown.remove_resource(self.network, resource, report)
-
-    def _unwind(self, undo: contextlib.ExitStack, config: LabConfig, report: Progress) -> None:
-        """Run the registered removals (newest first), then sweep what they could miss."""
-        try:
-            undo.close()
-        except Exception:
-            log.exception("undoing a failed lab up failed; sweeping")
-        try:
-            teardown.teardown(self._store, self.network, config, report)
-        except LabError:
-            log.exception("sweeping after a failed lab up left things behind")
+    def _builder(self) -> LabBuilder:
+        """The collaborator that creates and restarts this lab's parts."""
+        return LabBuilder(self.paths, self._store, self.network, jobs.base_environment(self.marker))
 
     # -- down --------------------------------------------------------------------------
     def down(

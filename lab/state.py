@@ -3,7 +3,8 @@
 ``lab up`` writes the file before it creates anything and records every kernel
 object and process *as it creates it*, so that ``lab down`` in a fresh process
 (even after ``lab up`` was SIGKILLed) knows what to remove. Readers (chaos,
-demo) get the URLs, token files and node addresses from it.
+demo, the responder and incident post-mortems) get the URLs, token files and node
+addresses from it, always through :class:`LabState` (:func:`load_lab_state`).
 
 Writes are atomic (temporary file + rename) and serialised with ``flock`` on
 ``<run-dir>/.lab.lock``, so ``lab train`` and ``lab down`` in two processes do
@@ -299,6 +300,16 @@ class StateStore:
             self.save(state)
 
 
+def load_lab_state(run_dir: Path) -> LabState | None:
+    """``<run_dir>/lab.json`` as :class:`LabState`, for readers outside the lab (no lock taken:
+    the writer replaces the file atomically); ``None`` when there is none.
+
+    Raises:
+        LabError: the file exists but cannot be read or is not a lab state file.
+    """
+    return StateStore(RunPaths.of(run_dir)).load()
+
+
 __all__ = [
     "JobInfo",
     "JobRecord",
@@ -309,5 +320,6 @@ __all__ = [
     "Phase",
     "ProcessRecord",
     "StateStore",
+    "load_lab_state",
     "plan_state",
 ]

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 from stormwatch.lab import jobs, registry
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError
@@ -21,7 +23,7 @@ from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
 from stormwatch.lab.services import procs
-from stormwatch.lab.state import NetResource, ProcessRecord, StateStore
+from stormwatch.lab.state import LabState, NetResource, ProcessRecord, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -122,71 +124,17 @@ def teardown(
     if state is not None:
         state.phase = "stopping"
         store.save(state)
-    removed: list[str] = []
-    problems: list[str] = []
-
     # 1. Processes: recorded ones (jobs first, they talk to the agents), then sweeps.
-    records: list[ProcessRecord] = []
-    interrupted_jobs: list[str] = []
-    if state is not None:
-        interrupted_jobs = [n for n, job in state.jobs.items() if jobs.is_running(job)]
-        records += [p for job in state.jobs.values() for p in job.processes.values()]
-        records += list(state.processes.values())
-    alive = {record.name: procs.tree(record) for record in records}
-    victims = {proc.pid: proc for tree in alive.values() for proc in tree}
-    recorded = {r.name for r in state.resources if r.kind == "netns"} if state else set()
-    # The name sweep must never reach another lab's objects: skip it when another
-    # run directory claims the prefix, and skip namespaces its processes use.
-    other = live_owner(config.prefix, store.run_dir)
-    foreign: set[str] = set()
-    namespaces = set(recorded)
-    if other is None:
-        for name in network.namespaces():
-            if not config.owns_netns(name) or name in recorded:
-                continue
-            markers = _foreign_markers(network, name, store.run_dir)
-            if markers:
-                foreign |= markers
-                log.warning("not touching namespace %s: used by the lab in %s", name, markers)
-            else:
-                namespaces.add(name)
-    else:
-        foreign.add(str(other))
-    for name in namespaces:
-        for proc in procs.namespace_processes(network.namespace_pids(name)):
-            marker = procs.marker_of(proc)
-            if marker is None or marker == str(store.run_dir):
-                victims.setdefault(proc.pid, proc)
-    for proc in procs.processes_marked(store.run_dir):
-        victims.setdefault(proc.pid, proc)
-    if victims:
-        report(ProgressEvent("remove", "processes", f"stopping {len(victims)} processes"))
-        survivors = procs.terminate(victims.values())
-        problems += [f"{s} survived SIGKILL" for s in survivors]
-        removed += [f"process {name}" for name, tree in alive.items() if tree]
-        unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
-        if unrecorded > 0:
-            removed.append(f"{unrecorded} unrecorded processes")
-
+    interrupted_jobs = (
+        [n for n, job in state.jobs.items() if jobs.is_running(job)] if state is not None else []
+    )
+    alive = _recorded_trees(state)
+    namespaces, foreign = _our_namespaces(network, config, store.run_dir, state)
+    removed, problems = _stop_everything(alive, namespaces, network, store.run_dir, report)
     # 2. Kernel objects: recorded ones in reverse, then anything with our names.
-    planned: list[NetResource] = list(reversed(state.resources)) if state else []
-    planned += [NetResource(kind="netns", name=n) for n in sorted(namespaces)]
-    if not foreign:
-        planned += [
-            NetResource(kind="veth" if n != config.bridge else "bridge", name=n)
-            for n in network.links()
-            if config.owns_link(n)
-        ]
-    # Namespaces first: their veth ends disappear with them; the bridge last.
-    order = {"netns": 0, "veth": 1, "bridge": 2}
-    unique = {(r.kind, r.name): r for r in planned}
-    for resource in sorted(unique.values(), key=lambda r: order[r.kind]):
-        try:
-            if remove_resource(network, resource, report):
-                removed.append(f"{resource.kind} {resource.name}")
-        except LabError as exc:
-            problems.append(str(exc))
-
+    gone, failed = _remove_kernel_objects(state, network, config, namespaces, foreign, report)
+    removed += gone
+    problems += failed
     if state is not None:
         state.phase = "down"
         state.resources.clear()
@@ -198,6 +146,104 @@ def teardown(
         raise LabError("lab down left things behind: " + "; ".join(problems))
     registry.release(config.prefix, store.run_dir)
     return removed
+
+
+def _recorded_trees(state: LabState | None) -> dict[str, list[psutil.Process]]:
+    """Process name -> its live process tree, for every process ``lab.json`` records."""
+    records: list[ProcessRecord] = []
+    if state is not None:
+        records += [p for job in state.jobs.values() for p in job.processes.values()]
+        records += list(state.processes.values())
+    return {record.name: procs.tree(record) for record in records}
+
+
+def _our_namespaces(
+    network: NetworkLayer, config: LabConfig, run_dir: Path, state: LabState | None
+) -> tuple[set[str], set[str]]:
+    """The namespaces to empty and remove (recorded, plus those named by ``config``'s prefix),
+    and the run directories of other labs seen (non-empty: no sweep by name at all).
+
+    The name sweep must never reach another lab's objects: it is skipped when another
+    run directory claims the prefix, and spares namespaces that its processes use.
+    """
+    recorded = {r.name for r in state.resources if r.kind == "netns"} if state else set()
+    other = live_owner(config.prefix, run_dir)
+    if other is not None:
+        return set(recorded), {str(other)}
+    foreign: set[str] = set()
+    namespaces = set(recorded)
+    for name in network.namespaces():
+        if not config.owns_netns(name) or name in recorded:
+            continue
+        markers = _foreign_markers(network, name, run_dir)
+        if markers:
+            foreign |= markers
+            log.warning("not touching namespace %s: used by the lab in %s", name, markers)
+        else:
+            namespaces.add(name)
+    return namespaces, foreign
+
+
+def _stop_everything(
+    alive: dict[str, list[psutil.Process]],
+    namespaces: set[str],
+    network: NetworkLayer,
+    run_dir: Path,
+    report: Progress,
+) -> tuple[list[str], list[str]]:
+    """Stop the recorded trees, every unmarked or own process in ``namespaces`` and every
+    process carrying this lab's marker, together (one grace period); (removed, problems)."""
+    victims = {proc.pid: proc for tree in alive.values() for proc in tree}
+    for name in namespaces:
+        for proc in procs.namespace_processes(network.namespace_pids(name)):
+            marker = procs.marker_of(proc)
+            if marker is None or marker == str(run_dir):
+                victims.setdefault(proc.pid, proc)
+    for proc in procs.processes_marked(run_dir):
+        victims.setdefault(proc.pid, proc)
+    removed: list[str] = []
+    problems: list[str] = []
+    if victims:
+        report(ProgressEvent("remove", "processes", f"stopping {len(victims)} processes"))
+        survivors = procs.terminate(victims.values())
+        problems += [f"{s} survived SIGKILL" for s in survivors]
+        removed += [f"process {name}" for name, tree in alive.items() if tree]
+        unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
+        if unrecorded > 0:
+            removed.append(f"{unrecorded} unrecorded processes")
+    return removed, problems
+
+
+def _remove_kernel_objects(
+    state: LabState | None,
+    network: NetworkLayer,
+    config: LabConfig,
+    namespaces: set[str],
+    foreign: set[str],
+    report: Progress,
+) -> tuple[list[str], list[str]]:
+    """Recorded objects in reverse, the swept namespaces, and (when no other lab is in the
+    way) every link with our names: namespaces first (their veth ends go with them), the
+    bridge last; (removed, problems)."""
+    planned: list[NetResource] = list(reversed(state.resources)) if state else []
+    planned += [NetResource(kind="netns", name=n) for n in sorted(namespaces)]
+    if not foreign:
+        planned += [
+            NetResource(kind="veth" if n != config.bridge else "bridge", name=n)
+            for n in network.links()
+            if config.owns_link(n)
+        ]
+    order = {"netns": 0, "veth": 1, "bridge": 2}
+    unique = {(r.kind, r.name): r for r in planned}
+    removed: list[str] = []
+    problems: list[str] = []
+    for resource in sorted(unique.values(), key=lambda r: order[r.kind]):
+        try:
+            if remove_resource(network, resource, report):
+                removed.append(f"{resource.kind} {resource.name}")
+        except LabError as exc:
+            problems.append(str(exc))
+    return removed, problems
 
 
 __all__ = [

@@ -25,8 +25,22 @@ def _mins(s: float) -> str:
 
 def render_markdown(report: PlanReport) -> str:
     """The Markdown report for ``report`` (plots linked by file name)."""
+    out = _summary(report) + _model() + _what_ifs(report) + _target(report)
+    out += _categories(report)
+    if report.postmortems_used or report.postmortems_skipped:
+        out += ["", "## Post-mortems", ""]
+        out += [f"* used: {u}" for u in report.postmortems_used]
+        out += [f"* skipped: {u}" for u in report.postmortems_skipped]
+    if report.plots:
+        out += ["", "## Plots", ""]
+        out += [f"![{Path(p).stem}]({p})" for p in report.plots]
+    return "\n".join(out) + "\n"
+
+
+def _summary(report: PlanReport) -> list[str]:
+    """Title, the failure table's rate and the run's settings."""
     s = report.settings
-    out = [
+    return [
         f"# Resilience plan: {s.gpus:,} GPUs, {s.days:g} days",
         "",
         f"Failure rates: {report.source} — {report.table_failures} interruptions on "
@@ -39,6 +53,12 @@ def render_markdown(report: PlanReport) -> str:
         f"current interval {_mins(s.interval_s)}",
         f"* Monte Carlo: {s.replicas} replicas of the whole run, seed {s.seed}; 95% CIs of the mean",
         "",
+    ]
+
+
+def _model() -> list[str]:
+    """The model and its sources (fixed text)."""
+    return [
         "## Model",
         "",
         "ETTR = productive training time / wall time (Kokolis et al., arXiv:2410.21680). "
@@ -49,6 +69,12 @@ def render_markdown(report: PlanReport) -> str:
         "`ETTR = tau / ((exp((tau+delta)/M) - 1) * (M + D))`. Optimal interval: Young (1974) "
         "`sqrt(2 delta M)` and Daly (2006) higher-order estimate.",
         "",
+    ]
+
+
+def _what_ifs(report: PlanReport) -> list[str]:
+    """One table row per what-if scenario."""
+    out = [
         "## What-ifs",
         "",
         "| scenario | change | delta (s) | mean detect (s) | mean downtime/failure (s) "
@@ -63,8 +89,13 @@ def render_markdown(report: PlanReport) -> str:
             f"{_ci(r.mc)} | {_mins(r.young_interval_s)} | {_mins(r.daly_interval_s)} "
             f"| {_pct(r.ettr_renewal_opt)} | {_ci(r.mc_opt)} | {r.gpu_hours_lost_opt:,.0f} |"
         )
+    return out
+
+
+def _target(report: PlanReport) -> list[str]:
+    """The downtime budget that reaches the target ETTR, per checkpoint setting."""
     t = report.target
-    out += [
+    out = [
         "",
         f"## What it takes: {t.target_ettr:.0%} ETTR on {t.gpus:,} GPUs for {t.days:g} days",
         "",
@@ -89,7 +120,12 @@ def render_markdown(report: PlanReport) -> str:
             f"| {_mins(row.daly_interval_s)} | {_pct(row.ceiling_ettr)} | {budget} | {dr} "
             f"| {row.current_downtime_s:.0f} s |"
         )
-    out += [
+    return out
+
+
+def _categories(report: PlanReport) -> list[str]:
+    """One table row per failure category, with where its times come from."""
+    out = [
         "",
         "## Failure categories",
         "",
@@ -101,14 +137,7 @@ def render_markdown(report: PlanReport) -> str:
             f"| {c.name} | {c.count} | {_pct(c.share)} | {'yes' if c.hardware else 'no'} "
             f"| {c.detect_s:.0f} | {c.recover_s:.0f} | {c.source} |"
         )
-    if report.postmortems_used or report.postmortems_skipped:
-        out += ["", "## Post-mortems", ""]
-        out += [f"* used: {u}" for u in report.postmortems_used]
-        out += [f"* skipped: {u}" for u in report.postmortems_skipped]
-    if report.plots:
-        out += ["", "## Plots", ""]
-        out += [f"![{Path(p).stem}]({p})" for p in report.plots]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_report(

@@ -170,15 +170,18 @@ def watch(url: str, trainer: Any) -> dict[str, Any]:
 
 
 def step_times(work: Path, warmup: int) -> list[float]:
-    from stormwatch.trainer.telemetry.events import read_events
+    from stormwatch.trainer.telemetry.events import StepEvent, log_path, read_events
 
-    path = work / "logs" / "rank0.jsonl"
+    path = log_path(work / "logs", 0)
     if not path.exists():
         return []
     return [
-        e["step_seconds"]
+        e.step_seconds
         for e in read_events(path)
-        if e.get("event") == "step" and e["step"] > warmup
+        if isinstance(e, StepEvent)
+        and e.step is not None
+        and e.step > warmup
+        and e.step_seconds is not None
     ]
 
 

@@ -4,17 +4,26 @@ One JSON object per line, appended as events happen::
 
     {"time": UNIX_SECONDS, "node": str, "kind": str, "job": str, "rank": int, ...details}
 
-Kinds: ``rank_exit`` (``pid``, ``clean``, ``replaced``, ``exit_code``: as in
-``subprocess``, the exit code or minus the killing signal's number, from the
-Linux proc connector (:mod:`stormwatch.agent.watch.proc_exits`; ranks are torchrun's
-children, not the agent's) or from a zombie's ``/proc/<pid>/stat``, ``null`` when
-unknown; ``exit_signal``: ``"SIGKILL"``... or ``null``; ``reason``: ``finished``,
-``exit_code``, ``signal`` or ``unknown``, the label of
-``stormwatch_rank_exits_total``), ``rank_hang`` / ``rank_hang_cleared``
+The one declaration of its records is :data:`AgentEvent` (a union discriminated
+by ``kind``), used by the writer (:class:`EventLog`), the API and every reader
+outside the agent (incident post-mortems, tests: :func:`read_agent_events`).
+Kinds: ``rank_exit`` (:class:`RankExitEvent`: ``pid``, ``clean``, ``replaced``,
+``exit_code``: as in ``subprocess``, the exit code or minus the killing signal's
+number, from the Linux proc connector (:mod:`stormwatch.agent.watch.proc_exits`;
+ranks are torchrun's children, not the agent's) or from a zombie's
+``/proc/<pid>/stat``, ``null`` when unknown; ``exit_signal``: ``"SIGKILL"``... or
+``null``; ``reason``: ``finished``, ``exit_code``, ``signal`` or ``unknown``, the
+label of ``stormwatch_rank_exits_total``), ``rank_hang`` / ``rank_hang_cleared``
 and ``rank_straggler`` / ``rank_straggler_cleared`` (details from
-:mod:`stormwatch.agent.watch.detectors`). The newest :data:`KEEP` events (including
-those already in the file at start) are also kept in memory for the API.
-Writing never raises: a failed append is logged and the event stays in memory.
+:mod:`stormwatch.agent.watch.detectors`). A line holds the keys its writer gave,
+in the order the model declares them; details not given are left out (they are
+not written as ``null``).
+
+Reading is tolerant: keys a later agent may add are kept (and served) but not
+typed, and a line that is not an event (a torn last line, another kind) is
+skipped. The newest :data:`KEEP` events (including those already in the file at
+start) are also kept in memory for the API. Writing never raises for I/O: a
+failed append is logged and the event stays in memory.
 """
 
 from __future__ import annotations
@@ -26,12 +35,145 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 log = logging.getLogger(__name__)
 
 #: Events kept in memory for ``GET /v1/events``.
 KEEP = 1000
+
+
+class _Event(BaseModel):
+    """Shared settings (no fields: each kind lists its keys in file order)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    def to_record(self) -> dict[str, Any]:
+        """The event as its JSON object: the keys given, in declaration order, then extras."""
+        return self.model_dump(exclude_unset=True)
+
+    def details(self) -> dict[str, Any]:
+        """:meth:`to_record` without ``time``, ``node`` and ``kind``."""
+        record = self.to_record()
+        for key in ("time", "node", "kind"):
+            record.pop(key, None)
+        return record
+
+
+class _RankEvent(_Event):
+    """The keys every event starts with: when (Unix s), where, what, which rank and process."""
+
+    time: float
+    node: str
+    kind: str
+    job: str
+    rank: int
+    pid: int | None = None
+
+
+class RankExitEvent(_RankEvent):
+    """A rank's process ended (see the module docstring for each key)."""
+
+    kind: Literal["rank_exit"] = "rank_exit"
+    clean: bool | None = None
+    replaced: bool | None = None
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    reason: Literal["finished", "exit_code", "signal", "unknown"] | None = None
+
+
+class RankHangEvent(_RankEvent):
+    """A running rank's heartbeat is older than its threshold (seconds; FC-10)."""
+
+    kind: Literal["rank_hang"] = "rank_hang"
+    heartbeat: float | None = None
+    age_seconds: float | None = None
+    threshold_seconds: float | None = None
+    median_step_seconds: float | None = None
+    step: float | None = None
+    collective_calls: float | None = None
+    collective_lag: float | None = None
+    behind_rank: int | None = None
+    diagnostics: str | None = None
+
+
+class RankHangClearedEvent(_RankEvent):
+    """A hang ended: the rank stepped again (``progress``), ``exited`` or was ``forgotten``."""
+
+    kind: Literal["rank_hang_cleared"] = "rank_hang_cleared"
+    reason: Literal["progress", "exited", "forgotten"] | None = None
+    step: float | None = None
+
+
+class _StragglerScores(_RankEvent):
+    """A straggler detector's view of one step (FC-14; times in seconds)."""
+
+    step: float | None = None
+    score: float | None = None
+    compute_seconds: float | None = None
+    wait_seconds: float | None = None
+    peers_median_compute_seconds: float | None = None
+    peers_median_wait_seconds: float | None = None
+
+
+class RankStragglerEvent(_StragglerScores):
+    """A rank's compute was slow for several steps in a row."""
+
+    kind: Literal["rank_straggler"] = "rank_straggler"
+
+
+class RankStragglerClearedEvent(_StragglerScores):
+    """A straggler stepped at its peers' pace again (the step's scores), or is ``gone``
+    (``reason``, without scores)."""
+
+    kind: Literal["rank_straggler_cleared"] = "rank_straggler_cleared"
+    reason: Literal["gone"] | None = None
+
+
+#: One line of ``events.jsonl`` (one event of ``/v1/events``), by its ``kind``.
+AgentEvent = Annotated[
+    RankExitEvent
+    | RankHangEvent
+    | RankHangClearedEvent
+    | RankStragglerEvent
+    | RankStragglerClearedEvent,
+    Field(discriminator="kind"),
+]
+_AGENT_EVENT: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+
+
+def parse_agent_event(line: str) -> AgentEvent:
+    """One line as its event.
+
+    Raises:
+        ValueError: (pydantic's ``ValidationError``) not JSON, an unknown ``kind``, a
+            missing ``time``/``node``/``job``/``rank``, or a wrongly typed key.
+    """
+    return _AGENT_EVENT.validate_json(line)
+
+
+def parse_agent_events(lines: list[str]) -> list[AgentEvent]:
+    """The events of ``lines``, in order; a line that is not an event is skipped."""
+    events: list[AgentEvent] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            events.append(parse_agent_event(line))
+        except ValidationError:
+            continue  # a torn last line while the agent appends, or another version's kind
+    return events
+
+
+def read_agent_events(path: Path) -> list[AgentEvent]:
+    """Every event of an ``events.jsonl`` file (see :func:`parse_agent_events`).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    return parse_agent_events(path.read_text(encoding="utf-8", errors="replace").splitlines())
 
 
 class EventLog:
@@ -48,7 +190,7 @@ class EventLog:
         self._node = node
         self._clock = clock
         self._lock = threading.Lock()
-        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP)
+        self._events: collections.deque[AgentEvent] = collections.deque(maxlen=KEEP)
         self._load()
 
     def _load(self) -> None:
@@ -56,25 +198,28 @@ class EventLog:
             lines = self.path.read_text(encoding="utf-8").splitlines()[-KEEP:]
         except OSError:
             return
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                self._events.append(event)
+        self._events.extend(parse_agent_events(lines))
 
-    def record(self, kind: str, job: str, rank: int, **details: Any) -> dict[str, Any]:
-        """Append one event (timestamped now) and return it."""
-        event = {
-            "time": self._clock(),
-            "node": self._node,
-            "kind": kind,
-            "job": job,
-            "rank": rank,
-            **details,
-        }
-        line = json.dumps(event, default=str)
+    def record(self, kind: str, job: str, rank: int, **details: Any) -> AgentEvent:
+        """Append one event (timestamped now) and return it.
+
+        Raises:
+            ValueError: ``kind`` or a detail is not one the model declares for it, or is
+                wrongly typed (a programming error; I/O failures are only logged).
+        """
+        event = _AGENT_EVENT.validate_python(
+            {
+                "time": self._clock(),
+                "node": self._node,
+                "kind": kind,
+                "job": job,
+                "rank": rank,
+                **details,
+            }
+        )
+        if event.model_extra:
+            raise ValueError(f"{kind}: unknown detail(s) {sorted(event.model_extra)}")
+        line = json.dumps(event.to_record(), default=str)
         with self._lock:
             self._events.append(event)
             try:
@@ -88,16 +233,28 @@ class EventLog:
 
     def events(
         self, *, since: float | None = None, kind: str | None = None, job: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[AgentEvent]:
         """Events in time order, optionally after ``since`` (Unix s) / of one kind / job."""
         with self._lock:
             return [
                 e
                 for e in self._events
-                if (since is None or e.get("time", 0) > since)
-                and (kind is None or e.get("kind") == kind)
-                and (job is None or e.get("job") == job)
+                if (since is None or e.time > since)
+                and (kind is None or e.kind == kind)
+                and (job is None or e.job == job)
             ]
 
 
-__all__ = ["KEEP", "EventLog"]
+__all__ = [
+    "KEEP",
+    "AgentEvent",
+    "EventLog",
+    "RankExitEvent",
+    "RankHangClearedEvent",
+    "RankHangEvent",
+    "RankStragglerClearedEvent",
+    "RankStragglerEvent",
+    "parse_agent_event",
+    "parse_agent_events",
+    "read_agent_events",
+]

@@ -98,14 +98,15 @@ def recovery_visible(pm: IncidentPostMortem, lab_run_dir: Path | None) -> bool |
     the onset; None when that cannot be known (no lab run directory, job or onset)."""
     if lab_run_dir is None or pm.job is None or pm.onset_at is None:
         return None
-    from stormwatch.chaos.ranklogs import read_job_logs
+    from stormwatch.trainer.telemetry.events import StepEvent
+    from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
     logs_dir = Path(lab_run_dir) / "jobs" / pm.job / "logs"
     if not logs_dir.is_dir():
         return None
     onset = pm.onset_at
     return any(
-        e.event == "step"
+        isinstance(e, StepEvent)
         for log in read_job_logs(logs_dir).values()
         for e in log.since_restart(onset)
     )

@@ -22,11 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from stormwatch.agent.watch.events import RankExitEvent
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.postmortem.model import Culprit, RankDump
 from stormwatch.alerts.postmortem.sources import Inputs
-from stormwatch.chaos.ranklogs import RankEvent
 from stormwatch.chaos.reports.postmortem import format_clock
+from stormwatch.trainer.telemetry.events import StepEvent
 
 #: Straggler score from which a rank counts as a straggler (the agent's default factor).
 STRAGGLER_FACTOR = 1.2
@@ -134,49 +135,43 @@ def _flight_recorder(dumps: list[RankDump]) -> Culprit | None:
 
 
 def _rank_exit(inputs: Inputs, onset: float | None) -> Culprit | None:
-    exits = [
-        e
-        for e in inputs.agent_events
-        if e.get("kind") == "rank_exit" and not e.get("clean") and isinstance(e.get("rank"), int)
-    ]
+    exits = [e for e in inputs.agent_events if isinstance(e, RankExitEvent) and not e.clean]
     if onset is not None:
-        exits = [e for e in exits if float(e.get("time") or 0.0) >= onset - 5.0]
+        exits = [e for e in exits if e.time >= onset - 5.0]
     if not exits:
         return None
     first = exits[0]
-    first_time = float(first.get("time") or 0.0)
-    tied = [e for e in exits if float(e.get("time") or 0.0) - first_time < 1.0]
+    tied = [e for e in exits if e.time - first.time < 1.0]
     return Culprit(
-        rank=first["rank"],
-        node=first.get("node"),
+        rank=first.rank,
+        node=first.node,
         method="rank_exit",
-        certain=len({e["rank"] for e in tied}) == 1,
+        certain=len({e.rank for e in tied}) == 1,
         evidence=[
-            f"agent on {e.get('node')}: rank {e['rank']} {exit_status(e)} at "
-            f"{format_clock(float(e.get('time') or 0.0))}"
+            f"agent on {e.node}: rank {e.rank} {exit_status(e)} at {format_clock(e.time)}"
             for e in exits[:5]
         ],
     )
 
 
-def exit_status(event: dict[str, Any]) -> str:
+def exit_status(event: RankExitEvent) -> str:
     """How a ``rank_exit`` agent event says the rank ended, in words.
 
     ``killed by SIGKILL`` (``exit_signal``, or a negative ``exit_code``), ``exited with code
     143 (128 + SIGTERM: the process ended itself on that signal)``, ``exited with code 1``,
     or ``exited (status unknown: the agent saw no exit event)``.
     """
-    code, sig = event.get("exit_code"), event.get("exit_signal")
-    if isinstance(sig, str) and sig:
+    code, sig = event.exit_code, event.exit_signal
+    if sig:
         return f"was killed by {sig}"
-    if isinstance(code, int) and code < 0:
+    if code is not None and code < 0:
         return f"was killed by {signal_name(-code)}"
-    if isinstance(code, int) and code > 128:
+    if code is not None and code > 128:
         return (
             f"exited with code {code} (128 + {signal_name(code - 128)}: "
             "the process ended itself on that signal)"
         )
-    if isinstance(code, int):
+    if code is not None:
         return f"exited with code {code}"
     return "exited (status unknown: the agent saw no exit event)"
 
@@ -208,8 +203,8 @@ def _straggler(scores: dict[str, float]) -> Culprit | None:
     )
 
 
-def _last_steps(inputs: Inputs, before: float) -> dict[int, RankEvent]:
-    last: dict[int, RankEvent] = {}
+def _last_steps(inputs: Inputs, before: float) -> dict[int, StepEvent]:
+    last: dict[int, StepEvent] = {}
     for rank, log in inputs.rank_logs.items():
         steps = [e for e in log.steps if e.time <= before]
         if steps:
@@ -298,10 +293,8 @@ def find_culprit(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> 
             f"flight recorder not compared: rank(s) {', '.join(map(str, missing))} wrote no dump"
         )
     for journal in inputs.journals:
-        for record in journal.method:
-            out = record.output
-            if isinstance(out, dict) and out.get("applied_at") is not None:
-                found.chaos_fault_rank = _int(out.get("rank"))
+        for fault in journal.injected_faults():
+            found.chaos_fault_rank = fault.rank
     return found
 
 

@@ -14,8 +14,8 @@ Definitions (Unix seconds; see :class:`~.model.IncidentPostMortem`):
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
+from stormwatch.agent.watch.events import AgentEvent
 from stormwatch.alerts.policy import RESTART_KINDS
 from stormwatch.alerts.postmortem.analysis import (
     JOURNAL_MATCH_S,
@@ -27,8 +27,8 @@ from stormwatch.alerts.postmortem.analysis import (
 )
 from stormwatch.alerts.postmortem.model import Impact, IncidentPostMortem
 from stormwatch.alerts.postmortem.sources import Inputs, incident_job
-from stormwatch.chaos.ranklogs import RankEvent
 from stormwatch.chaos.reports.postmortem import TimelineEvent
+from stormwatch.trainer.telemetry.events import RankEvent, StartEvent, StepEvent
 
 
 def _onset(inputs: Inputs, pm: IncidentPostMortem) -> None:
@@ -36,13 +36,10 @@ def _onset(inputs: Inputs, pm: IncidentPostMortem) -> None:
     for journal in inputs.journals:
         if pm.job is not None and journal.job is not None and journal.job.name != pm.job:
             continue
-        for record in journal.method:
-            out = record.output
-            if isinstance(out, dict) and isinstance(out.get("applied_at"), (int, float)):
-                at = float(out["applied_at"])
-                if first - JOURNAL_MATCH_S <= at <= first:
-                    pm.onset_at, pm.onset_source = at, "chaos journal"
-                    return
+        for fault in journal.injected_faults():
+            if first - JOURNAL_MATCH_S <= fault.applied_at <= first:
+                pm.onset_at, pm.onset_source = fault.applied_at, "chaos journal"
+                return
     steps = [e.time for log in inputs.rank_logs.values() for e in log.steps if e.time <= first]
     if steps:
         pm.onset_at, pm.onset_source = max(steps), "last progress"
@@ -57,8 +54,8 @@ def _restart(inputs: Inputs, pm: IncidentPostMortem) -> list[RankEvent]:
         return []
     after = [e for log in inputs.rank_logs.values() for e in log.since_restart(onset)]
     after.sort(key=lambda e: e.time)
-    starts = [e for e in after if e.event == "start"]
-    steps = [e for e in after if e.event == "step"]
+    starts = [e for e in after if isinstance(e, StartEvent)]
+    steps = [e for e in after if isinstance(e, StepEvent)]
     if starts:
         pm.restarted_at = starts[0].time
         pm.impact.resumed_from_step = starts[0].resumed_from_step or 0
@@ -86,7 +83,7 @@ def _impact(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) -> N
     regained = [
         e.time
         for e in after
-        if e.event == "step"
+        if isinstance(e, StepEvent)
         and impact.last_step_before is not None
         and (e.step or 0) >= impact.last_step_before
     ]
@@ -101,7 +98,7 @@ def _impact(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) -> N
     end = pm.resolved_at
     if end is not None and end > onset and impact.median_step_seconds is not None:
         top = impact.last_step_before or 0
-        new = {e.step for e in after if e.event == "step" and (e.step or 0) > top}
+        new = {e.step for e in after if isinstance(e, StepEvent) and (e.step or 0) > top}
         impact.goodput = min(1.0, len(new) * impact.median_step_seconds / (end - onset))
 
 
@@ -127,14 +124,14 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
             )
         )
         for record in journal.method + journal.rollbacks:
-            out = record.output
-            if isinstance(out, dict) and out.get("applied_at") is not None:
+            fault = record.fault_injected()
+            if fault is not None:
                 rows.append(
                     TimelineEvent(
-                        at=float(out["applied_at"]),
+                        at=fault.applied_at,
                         event="fault injected",
                         source="chaos journal",
-                        detail=f"{out.get('kind')} rank {out.get('rank')}",
+                        detail=f"{fault.kind} rank {fault.rank}",
                     )
                 )
             elif record.type == "revert" and record.end is not None:
@@ -220,9 +217,9 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
     rows += _capped(audit, "audit", pm.notes)
     agent = [
         TimelineEvent(
-            at=float(e.get("time") or 0.0),
-            event=f"agent: {e.get('kind')}",
-            source=f"agent {e.get('node', '?')}",
+            at=e.time,
+            event=f"agent: {e.kind}",
+            source=f"agent {e.node}",
             detail=_agent_detail(e),
         )
         for e in inputs.agent_events
@@ -257,9 +254,8 @@ def _timeline(inputs: Inputs, pm: IncidentPostMortem, after: list[RankEvent]) ->
     pm.timeline = sorted(kept, key=lambda r: r.at or 0.0)
 
 
-def _agent_detail(event: dict[str, Any]) -> str:
-    skip = {"time", "kind", "node"}
-    return ", ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)[:160]
+def _agent_detail(event: AgentEvent) -> str:
+    return ", ".join(f"{k}={_short(v)}" for k, v in event.details().items())[:160]
 
 
 def _short(value: object) -> str:

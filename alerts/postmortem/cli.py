@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,6 +10,9 @@ import click
 from stormwatch.alerts.errors import NotAResponderDatabase
 from stormwatch.alerts.responder.store import Store
 from stormwatch.errors import ConfigError
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import load_lab_state
 
 _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
 
@@ -67,7 +69,7 @@ def postmortem_cmd(
         Store.open_readonly(db_path).close()
     except NotAResponderDatabase as exc:
         raise NotAResponderDatabase(f"--db: {exc}") from exc
-    if lab_run_dir is None and db_path.resolve().parent.parent.joinpath("lab.json").is_file():
+    if lab_run_dir is None and RunPaths.of(db_path.resolve().parent.parent).state_file.is_file():
         lab_run_dir = db_path.resolve().parent.parent
     if prometheus_url is None and lab_run_dir is not None:
         prometheus_url = _lab_prometheus(lab_run_dir)
@@ -84,11 +86,12 @@ def postmortem_cmd(
 
 
 def _lab_prometheus(run_dir: Path) -> str | None:
+    """The lab's Prometheus (None without a readable ``lab.json``: plots use the rank logs)."""
     try:
-        url = json.loads((run_dir / "lab.json").read_text()).get("prometheus_url")
-    except (OSError, ValueError, AttributeError):
+        state = load_lab_state(run_dir)
+    except LabError:
         return None
-    return url if isinstance(url, str) and url else None
+    return state.prometheus_url if state is not None and state.prometheus_url else None
 
 
 __all__ = ["postmortem_cmd"]

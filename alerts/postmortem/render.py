@@ -14,6 +14,7 @@ from stormwatch.alerts.postmortem.model import IncidentPostMortem, PlotRef
 from stormwatch.alerts.postmortem.sources import Inputs
 from stormwatch.chaos.reports.plots import Line, Marker, Panel, plot_time_series, png_data_uri
 from stormwatch.chaos.reports.postmortem import format_clock
+from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
 
 #: Window of the rank-log throughput (completed steps per second over the last N s).
 RATE_WINDOW_S = 10.0
@@ -42,9 +43,9 @@ def _rank_log_panels(inputs: Inputs, origin: float, markers: list[Marker]) -> li
         for event in log.events:
             if not start <= event.time <= end:
                 continue
-            if event.event == "start":
+            if isinstance(event, StartEvent):
                 points.append((event.time, gap))
-            elif event.event == "step" and event.step_seconds:
+            elif isinstance(event, StepEvent) and event.step_seconds:
                 points.append((event.time, event.step_seconds))
         step_time.append(Line(f"rank {rank}", points))
         ticks = [(e.time, float(rank)) for e in log.steps if start <= e.time <= end]

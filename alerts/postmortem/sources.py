@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stormwatch.agent.watch.events import AgentEvent, read_agent_events
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.chaos.execution.journal import Journal, load_journal
-from stormwatch.chaos.ranklogs import RankLog, read_job_logs
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.state import load_lab_state
+from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class Inputs:
     rank_logs: dict[int, RankLog] = field(default_factory=dict)
     dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
-    agent_events: list[dict[str, Any]] = field(default_factory=list)
+    agent_events: list[AgentEvent] = field(default_factory=list)
     journals: list[Journal] = field(default_factory=list)
     rank_nodes: dict[int, str] = field(default_factory=dict)
     #: name -> {series label text -> [(t, value)]} from Prometheus range queries.
@@ -139,13 +142,16 @@ def read_dumps(dump_dir: Path, since: float) -> dict[int, dict[str, Any]]:
 
 
 def _lab_rank_nodes(run_dir: Path) -> dict[int, str]:
-    """rank -> node from ``lab.json`` (torchrun places ranks node by node)."""
+    """rank -> node from ``lab.json`` (torchrun places ranks node by node); empty without one."""
     try:
-        data = json.loads((run_dir / "lab.json").read_text(encoding="utf-8"))
-        per_node = int(data["config"]["nproc_per_node"])
-        names = [str(n["name"]) for n in data["nodes"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        state = load_lab_state(run_dir)
+    except LabError as exc:
+        log.warning("%s", exc)
         return {}
+    if state is None:
+        return {}
+    per_node = state.config.nproc_per_node
+    names = [node.name for node in state.nodes]
     return {i * per_node + local: name for i, name in enumerate(names) for local in range(per_node)}
 
 
@@ -168,11 +174,11 @@ def _read_lab(inputs: Inputs, run_dir: Path, job: str | None, since: float) -> N
     for events_file in sorted(run_dir.glob("nodes/*/agent/events.jsonl")):
         found = [
             e
-            for e in _read_jsonl(events_file)
-            if start <= float(e.get("time") or 0.0) <= end and (job is None or e.get("job") == job)
+            for e in read_agent_events(events_file)
+            if start <= e.time <= end and (job is None or e.job == job)
         ]
         inputs.agent_events += found
-    inputs.agent_events.sort(key=lambda e: float(e.get("time") or 0.0))
+    inputs.agent_events.sort(key=lambda e: e.time)
     inputs.inputs["agent events"] = (
         f"{run_dir}/nodes/*/agent/events.jsonl ({len(inputs.agent_events)} in the window)"
     )

@@ -3,7 +3,6 @@ validated on construction, and the platform backend they select."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +10,8 @@ from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.alerts.postmortem import PostMortemFiles, write_incident_postmortem
 from stormwatch.errors import ConfigError
+from stormwatch.lab.errors import LabError
+from stormwatch.lab.state import load_lab_state
 from stormwatch.platforms import LabBackend, PlatformBackend, PlatformSettings, make_backend
 
 #: Seconds per Prometheus query (a local Prometheus answers ``confirm_restart``'s small
@@ -100,19 +101,16 @@ class ResponderSettings:
         """The lab backend for :attr:`lab_run_dir` (None without one).
 
         Raises:
-            ConfigError: ``lab.json`` exists but is not readable JSON.
+            ConfigError: ``lab.json`` exists but is not a readable lab state file.
         """
         if self.lab_run_dir is None:
             return None
         run_dir = Path(self.lab_run_dir)
-        nodes: dict[str, Path] = {}
-        state = run_dir / "lab.json"
-        if state.is_file():
-            try:
-                data = json.loads(state.read_text())
-                nodes = {n["name"]: Path(n["metrics_dir"]) for n in data.get("nodes", [])}
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"lab_run_dir: cannot read {state}: {exc}") from exc
+        try:
+            state = load_lab_state(run_dir)
+        except LabError as exc:
+            raise ConfigError(f"lab_run_dir: {exc}") from exc
+        nodes = {} if state is None else {n.name: n.metrics_dir for n in state.nodes}
         return LabBackend(
             diagnostics_dir=run_dir / "responder" / "diagnostics", node_metrics_dirs=nodes
         )

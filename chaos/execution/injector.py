@@ -29,10 +29,10 @@ from stormwatch.chaos.experiment.model import When
 from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
 from stormwatch.chaos.ledger.reaper import spawn_reaper
 from stormwatch.chaos.ledger.rows import FaultTarget
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 
 @dataclass(frozen=True)

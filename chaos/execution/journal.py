@@ -1,30 +1,62 @@
-"""The experiment journal: one record per activity (start, end, status, output, error).
+"""The experiment journal, ``<run-dir>/experiments/<experiment-id>/journal.json``.
 
-Written to ``<run-dir>/experiments/<experiment-id>/journal.json`` after every
-activity (atomically: temporary file + rename), so a crashed controller still
-leaves the journal of what it did. All times are Unix seconds.
+One record per activity (start, end, status, output, error). :class:`Journal` is
+the file's one model: the runner writes it (through
+:class:`~stormwatch.chaos.execution.journal_writer.JournalWriter`, which calls
+:func:`write_journal` after every activity, atomically: temporary file + rename,
+so a crashed controller still leaves the journal of what it did) and every reader
+loads it with :func:`load_journal` (chaos reports, incident post-mortems). The
+output of a fault injection, which readers look into, is typed too
+(:class:`FaultInjected`, :meth:`ActivityRecord.fault_injected`). All times are
+Unix seconds.
+
+This module is the contract only: it imports pydantic and the fault ledger's row
+model, nothing of the runner, so that a shared post-mortem package can read
+journals through it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
-from opentelemetry.trace import Status, StatusCode
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from stormwatch.chaos.errors import ActivityFailed, ChaosError
-from stormwatch.chaos.execution.tracing import ExperimentTrace, span_hex
 from stormwatch.chaos.ledger.ledger import LedgerEntry
 
 ActivityStatus = Literal["running", "succeeded", "failed", "skipped", "aborted"]
 ExperimentStatus = Literal["running", "completed", "deviated", "failed", "aborted"]
 Phase = Literal["recovery", "warmup", "before", "method", "after", "rollbacks", "cleanup"]
+
+
+class FaultInjected(BaseModel):
+    """The ``output`` of a method ``action`` that injected a fault (keys in file order).
+
+    Attributes:
+        fault_id: its fault ledger id.
+        kind: the fault kind (``kill_rank`` ...).
+        rank / node: where it was injected (``rank`` None for node faults).
+        target_pid: the process it hit, when one.
+        applied_at / expires_at: when it took effect, and its TTL's end (Unix seconds).
+        step / attempt: the rank's step and attempt it waited for (``when``), if any.
+        detail: what the agent or controller said it did.
+        background: the activity did not wait for the fault to end.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    fault_id: str | None = None
+    kind: str | None = None
+    rank: int | None = None
+    node: str | None = None
+    target_pid: int | None = None
+    applied_at: float
+    expires_at: float | None = None
+    step: int | None = None
+    attempt: int | None = None
+    detail: str = ""
+    background: bool = False
 
 
 class ActivityRecord(BaseModel):
@@ -58,6 +90,17 @@ class ActivityRecord(BaseModel):
     @property
     def duration(self) -> float | None:
         return None if self.end is None else self.end - self.start
+
+    def fault_injected(self) -> FaultInjected | None:
+        """The fault this activity injected: its output when that names an ``applied_at``
+        (None for any other activity, or an output that does not parse)."""
+        out = self.output
+        if not isinstance(out, dict) or out.get("applied_at") is None:
+            return None
+        try:
+            return FaultInjected.model_validate(out)
+        except ValidationError:
+            return None
 
 
 class SteadyState(BaseModel):
@@ -126,102 +169,22 @@ class Journal(BaseModel):
         """The run's verdict: completed, hypothesis held, rollbacks (and reverts) succeeded."""
         return self.status == "completed" and self.hypothesis_held and self.rollbacks_ok is True
 
-
-class JournalWriter:
-    """Keeps a :class:`Journal` and rewrites ``path`` after every change (once its folder exists).
-
-    :meth:`activity` journals one activity: start on entry; end, status and error on exit;
-    with ``trace``, each activity is also a span (child of the experiment's root span)
-    whose id the record keeps.
-    """
-
-    def __init__(self, journal: Journal, path: Path, trace: ExperimentTrace | None = None) -> None:
-        self.journal = journal
-        self.path = path
-        self.trace = trace
-        if trace is not None:
-            journal.trace_id = trace.trace_id
-
-    def save(self) -> None:
-        """Write the journal (no-op until the experiment folder exists)."""
-        if self.path.parent.exists():
-            write_journal(self.journal, self.path)
-
     def section(self, phase: Phase) -> list[ActivityRecord]:
         """The list of records of ``phase``."""
-        j = self.journal
         sections: dict[str, list[ActivityRecord]] = {
-            "recovery": j.recovery,
-            "warmup": j.warmup,
-            "before": j.steady_state_before.probes,
-            "method": j.method,
-            "after": j.steady_state_after.probes,
-            "rollbacks": j.rollbacks,
-            "cleanup": j.cleanup,
+            "recovery": self.recovery,
+            "warmup": self.warmup,
+            "before": self.steady_state_before.probes,
+            "method": self.method,
+            "after": self.steady_state_after.probes,
+            "rollbacks": self.rollbacks,
+            "cleanup": self.cleanup,
         }
         return sections[phase]
 
-    @contextlib.asynccontextmanager
-    async def activity(
-        self, name: str, type_: str, phase: Phase, *, raise_on_failure: bool = True
-    ) -> AsyncIterator[ActivityRecord]:
-        """Journal the ``async with`` body as one activity.
-
-        The body may set ``output`` (and ``status="failed"`` with ``error``). A
-        :class:`ChaosError` marks it failed and is re-raised as :class:`ActivityFailed`
-        (or swallowed with ``raise_on_failure=False``); cancellation marks it aborted.
-        """
-        record = ActivityRecord(name=name, type=type_, phase=phase, start=time.time())
-        span = None
-        if self.trace is not None:
-            span = self.trace.tracer.start_span(
-                f"{phase} {type_} {name}",
-                context=self.trace.context,
-                attributes={"activity.name": name, "activity.type": type_, "phase": phase},
-            )
-            record.span_id = span_hex(span)
-        self.section(phase).append(record)
-        self.save()
-        try:
-            yield record
-        except asyncio.CancelledError:
-            record.status, record.error = "aborted", "interrupted"
-            raise
-        except ChaosError as exc:
-            record.status, record.error = "failed", str(exc)
-            if raise_on_failure:
-                raise ActivityFailed(f"{name}: {exc}") from exc
-        except Exception as exc:
-            record.status, record.error = "failed", f"unexpected {type(exc).__name__}: {exc}"
-            raise
-        else:
-            if record.status == "running":
-                record.status = "succeeded"
-        finally:
-            record.end = time.time()
-            if span is not None:
-                span.set_attribute("activity.status", record.status)
-                if record.error:
-                    span.set_status(Status(StatusCode.ERROR, record.error))
-                span.end()
-            self.save()
-
-    def skipped(self, name: str, type_: str, phase: Phase, why: str) -> None:
-        """Journal an activity that did not run, and why."""
-        now = time.time()
-        output: JsonValue = {"reason": why}
-        self.section(phase).append(
-            ActivityRecord(
-                name=name,
-                type=type_,
-                phase=phase,
-                status="skipped",
-                start=now,
-                end=now,
-                output=output,
-            )
-        )
-        self.save()
+    def injected_faults(self) -> list[FaultInjected]:
+        """The faults the method injected, in order (see :meth:`ActivityRecord.fault_injected`)."""
+        return [f for r in self.method if (f := r.fault_injected()) is not None]
 
 
 def write_journal(journal: Journal, path: Path) -> None:
@@ -233,7 +196,12 @@ def write_journal(journal: Journal, path: Path) -> None:
 
 
 def load_journal(path: Path) -> Journal:
-    """Read a journal written by :func:`write_journal` (pydantic errors propagate)."""
+    """Read a journal written by :func:`write_journal`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: (pydantic's ``ValidationError``) not a journal of this version.
+    """
     return Journal.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
@@ -241,9 +209,9 @@ __all__ = [
     "ActivityRecord",
     "ActivityStatus",
     "ExperimentStatus",
+    "FaultInjected",
     "JobRef",
     "Journal",
-    "JournalWriter",
     "Phase",
     "SteadyState",
     "load_journal",

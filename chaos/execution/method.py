@@ -19,7 +19,7 @@ from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause
 from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.execution.journal import JobRef
+from stormwatch.chaos.execution.journal import FaultInjected, JobRef
 from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
@@ -184,19 +184,19 @@ class MethodExecutor:
                 fault.kind,
                 start=result.applied_at,
             )
-            record.output = {
-                "fault_id": injected.entry.id,
-                "kind": fault.kind,
-                "rank": rank,
-                "node": injected.entry.target.node,
-                "target_pid": result.target_pid,
-                "applied_at": result.applied_at,
-                "expires_at": result.expires_at,
-                "step": step,
-                "attempt": attempt,
-                "detail": result.detail,
-                "background": activity.background,
-            }
+            record.output = FaultInjected(
+                fault_id=injected.entry.id,
+                kind=fault.kind,
+                rank=rank,
+                node=injected.entry.target.node,
+                target_pid=result.target_pid,
+                applied_at=result.applied_at,
+                expires_at=result.expires_at,
+                step=step,
+                attempt=attempt,
+                detail=result.detail,
+                background=activity.background,
+            ).model_dump()
             ctx.reporter.event(
                 f"  {name}: {result.detail}" + (f" after step {step}" if step is not None else "")
             )

@@ -30,9 +30,9 @@ from stormwatch.chaos.experiment.model import (
     RanksProvider,
     expand,
 )
-from stormwatch.chaos.ranklogs import RankLog, current_world_size, read_job_logs
 from stormwatch.chaos.target import AgentEndpoint, JobControl
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.trainer.telemetry.ranklogs import current_world_size, read_job_logs
 
 
 @dataclass(frozen=True)
@@ -261,13 +261,6 @@ def _describe(kind: str, entries: list[tuple[int, int | None, float | None]]) ->
     return f"{who} at {_steps(entries)}, last step {min(ages):.1f} s ago"
 
 
-def _done_at(log: RankLog | None) -> float:
-    """Unix time of the rank's last ``done`` event (0 when it has none)."""
-    if log is None:
-        return 0.0
-    return max((e.time for e in log.events if e.event == "done"), default=0.0)
-
-
 def _job(provider: JobProvider, ctx: ProbeContext) -> ProbeOutcome:
     logs = read_job_logs(ctx.job.log_dir)
     now = ctx.clock()
@@ -291,7 +284,7 @@ def _job(provider: JobProvider, ctx: ProbeContext) -> ProbeOutcome:
             if not finished:
                 lagging.setdefault("not done", []).append((rank, step, age))
             continue
-        if finished and (ctx.since is None or _done_at(log) > ctx.since):
+        if finished and (ctx.since is None or (log is not None and log.done_at > ctx.since)):
             continue
         floor = now - provider.window_seconds
         if ctx.since is not None:

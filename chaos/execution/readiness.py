@@ -18,10 +18,10 @@ from stormwatch.chaos.experiment.model import (
     ProbeActivity,
     PrometheusProvider,
 )
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import JobControl, Target
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.faults import Placement
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 
 async def preflight(

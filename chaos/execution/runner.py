@@ -45,12 +45,8 @@ from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, j
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
 from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import (
-    ExperimentStatus,
-    JobRef,
-    Journal,
-    JournalWriter,
-)
+from stormwatch.chaos.execution.journal import ExperimentStatus, JobRef, Journal
+from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
 from stormwatch.chaos.execution.probes import ProbeContext

@@ -33,7 +33,6 @@ from stormwatch.chaos.execution.runner import EXIT_ABORTED, ExperimentRun, Runne
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.target import lab_target
@@ -41,6 +40,7 @@ from stormwatch.errors import ConfigError
 from stormwatch.lab import JobSpec, Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import grafana_hint
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
 #: (tests/chaos check that both are the same file).
@@ -113,7 +113,7 @@ def clean_run_dir(run_dir: Path, console: Console) -> None:
             f"--run-dir {run_dir}: refusing to delete it, it holds files that are not a "
             f"stormwatch run directory's ({', '.join(foreign[:5])}); choose another --run-dir"
         )
-    if (run_dir / "lab.json").exists():
+    if RunPaths.of(run_dir).state_file.exists():
         removed = Lab(run_dir).down()  # a no-op for a lab that is already down
         if removed:
             console.print(

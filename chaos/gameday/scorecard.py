@@ -2,8 +2,10 @@
 
 Written by ``stormwatch chaos suite`` to ``<run-dir>/suites/<suite-id>/scorecard.json``
 and ``scorecard.md`` (rewritten after every experiment, so an interrupted suite
-still leaves one). ``stormwatch plan`` reads the latest one (:func:`latest_scorecard`)
-for per-category detect and recover times.
+still leaves one). :class:`Scorecard` is the file's one model: the suite writes it
+(:func:`write_scorecard`), every reader loads it (:func:`load_scorecard`;
+``stormwatch plan`` reads the latest one, :func:`latest_scorecard`, for per-category
+detect and recover times).
 
 Per row: the fault, whether it was detected and by which alert, time to detect and
 to recover (definitions in :mod:`stormwatch.chaos.reports.postmortem`), steps lost, the
@@ -30,13 +32,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stormwatch.chaos.errors import ChaosError
+from stormwatch.chaos.execution.journal import ExperimentStatus
 
 Verdict = Literal["pass", "fail", "not run"]
+#: An experiment's journal status, or ``not run`` (the suite stopped before it).
+RowStatus: TypeAlias = ExperimentStatus | Literal["not run"]
 
 
 class ScorecardRow(BaseModel):
@@ -50,7 +55,7 @@ class ScorecardRow(BaseModel):
     fault: str = ""
     fault_kind: str | None = None
     category: str | None = None
-    status: str = "not run"
+    status: RowStatus = "not run"
     detected: bool | None = None
     alert: str | None = None
     time_to_detect_seconds: float | None = Field(default=None, ge=0)
@@ -191,6 +196,7 @@ def latest_scorecard(run_dir: Path) -> Path | None:
 
 
 __all__ = [
+    "RowStatus",
     "Scorecard",
     "ScorecardRow",
     "Verdict",

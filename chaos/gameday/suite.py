@@ -41,7 +41,6 @@ from stormwatch.chaos.gameday.scorecard import (
     ScorecardRow,
     write_scorecard,
 )
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reports.evidence import AlertEvidence, load_evidence
 from stormwatch.chaos.reports.postmortem import MATCH_SLACK_SECONDS, PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
@@ -50,6 +49,7 @@ from stormwatch.chaos.target import Target
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
 from stormwatch.lab import JobSpec, Lab
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
 BASELINE_SECONDS_PER_STEP = 5.0

@@ -17,16 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stormwatch.chaos.ranklogs import RankLog
+from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
+from stormwatch.trainer.telemetry.ranklogs import RankLog
 
 
 def _series(log: RankLog) -> list[list[tuple[int, float]]]:
     """(step, loss) per process incarnation, in file order (a ``start`` begins a new one)."""
     segments: list[list[tuple[int, float]]] = [[]]
     for event in log.events:
-        if event.event == "start" and segments[-1]:
+        if isinstance(event, StartEvent) and segments[-1]:
             segments.append([])
-        elif event.event == "step" and event.step is not None and event.loss is not None:
+        elif isinstance(event, StepEvent) and event.step is not None and event.loss is not None:
             segments[-1].append((event.step, event.loss))
     return [s for s in segments if s]
 

@@ -33,10 +33,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.chaos.execution.journal import Journal
-from stormwatch.chaos.ranklogs import RankLog, final_losses
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
 from stormwatch.chaos.reports.postmortem_markdown import alert_name, format_clock, render_markdown
 from stormwatch.faults import ExperimentFault
+from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
+from stormwatch.trainer.telemetry.ranklogs import RankLog, final_losses
 
 #: Clock slack (s) when matching an alert or notification to a fault: the agent,
 #: Prometheus and the responder stamp times on the same host but at different moments.
@@ -150,13 +151,11 @@ def analyze(
 
 def _fault(pm: PostMortem, journal: Journal) -> None:
     for record in journal.method:
-        out = record.output
-        if record.type == "action" and isinstance(out, dict) and out.get("applied_at") is not None:
-            pm.fault_id = str(out.get("fault_id"))
-            pm.fault_kind = str(out.get("kind"))
-            pm.fault_rank = _int(out.get("rank"))
-            pm.fault_node = str(out["node"]) if out.get("node") is not None else None
-            pm.fault_at = float(out["applied_at"])
+        fault = record.fault_injected() if record.type == "action" else None
+        if fault is not None:
+            pm.fault_id, pm.fault_kind = fault.fault_id, fault.kind
+            pm.fault_rank, pm.fault_node = fault.rank, fault.node
+            pm.fault_at = fault.applied_at
             return
 
 
@@ -171,12 +170,16 @@ def _restart(pm: PostMortem, logs: dict[int, RankLog]) -> int | None:
     ]
     pm.last_step_before_fault = max(before) if before else None
     restarted = {rank: log.since_restart(t0) for rank, log in logs.items()}
-    starts = sorted((events[0] for events in restarted.values() if events), key=lambda e: e.time)
+    # Each non-empty list begins with the start event of the incarnation after the fault.
+    starts = sorted(
+        (e for events in restarted.values() for e in events[:1] if isinstance(e, StartEvent)),
+        key=lambda e: e.time,
+    )
     if starts:
         pm.workers_restarted_at = starts[0].time
         pm.resumed_from_step = starts[0].resumed_from_step or 0
     steps = sorted(
-        (e for events in restarted.values() for e in events if e.event == "step"),
+        (e for events in restarted.values() for e in events if isinstance(e, StepEvent)),
         key=lambda e: e.time,
     )
     if steps:
@@ -202,7 +205,7 @@ def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None
     firsts = []
     for log in logs.values():
         after = [e.time for e in log.steps if e.time > cleared]
-        if not after and log.finished and _done_at(log) <= cleared:
+        if not after and log.finished and log.done_at <= cleared:
             continue  # this rank had finished before the fault was removed
         if not after:
             return
@@ -211,10 +214,6 @@ def _removed(pm: PostMortem, journal: Journal, logs: dict[int, RankLog]) -> None
         pm.recovered, pm.recovered_by = True, "fault removed"
         pm.recovered_at = max(firsts)
         pm.time_to_recover_seconds = max(0.0, pm.recovered_at - pm.fault_at)
-
-
-def _done_at(log: RankLog) -> float:
-    return max((e.time for e in log.events if e.event == "done"), default=0.0)
 
 
 def _alert(pm: PostMortem, evidence: Evidence | None) -> None:
@@ -291,7 +290,7 @@ def _loss(
             check.note = "the workers did not restart: no steps after recovery to compare"
             return check
         check.from_step = pm.resumed_from_step + 1
-        events = [e for e in rank0.since_restart(pm.fault_at) if e.event == "step"]
+        events = [e for e in rank0.since_restart(pm.fault_at) if isinstance(e, StepEvent)]
     else:
         check.from_step = 1
         events = rank0.steps
@@ -333,12 +332,9 @@ def _timeline(pm: PostMortem, journal: Journal) -> list[TimelineEvent]:
             )
         )
     fault_detail = ""
-    for record in journal.method:
-        if isinstance(record.output, dict) and record.output.get("applied_at") is not None:
-            fault_detail = str(record.output.get("detail", ""))
-            step = record.output.get("step")
-            fault_detail += f" (after step {step})" if step is not None else ""
-            break
+    for fault in journal.injected_faults()[:1]:
+        fault_detail = fault.detail
+        fault_detail += f" (after step {fault.step})" if fault.step is not None else ""
     events += [
         TimelineEvent(
             at=pm.fault_at, event="fault injected", source="journal", detail=fault_detail
@@ -431,10 +427,6 @@ def _notes(pm: PostMortem, evidence: Evidence | None, journal: Journal) -> None:
         notes.append(pm.loss.note)
     if pm.faults_left_open:
         notes.append("faults still open in the ledger: " + "; ".join(pm.faults_left_open))
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_postmortem(pm: PostMortem, experiment_dir: Path) -> tuple[Path, Path]:

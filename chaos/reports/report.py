@@ -11,7 +11,6 @@ from typing import Literal
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.execution.runner import NullReporter, Reporter
-from stormwatch.chaos.ranklogs import RankLog, read_job_logs, read_rank_log
 from stormwatch.chaos.reports.evidence import (
     Evidence,
     collect_evidence,
@@ -22,6 +21,8 @@ from stormwatch.chaos.reports.evidence import (
 from stormwatch.chaos.reports.plots import plot_loss
 from stormwatch.chaos.reports.postmortem import PostMortem, analyze, write_postmortem
 from stormwatch.chaos.target import Target
+from stormwatch.trainer.telemetry.events import log_path
+from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs, read_rank_log
 
 #: How far before the experiment's start the alert query looks (s): an alert that was
 #: already firing then is not the experiment's.
@@ -50,12 +51,12 @@ def postmortem_from_files(
     baseline: RankLog | None = None
     name = None
     if baseline_log_dir is not None:
-        path = Path(baseline_log_dir) / "rank0.jsonl"
+        path = log_path(Path(baseline_log_dir), 0)
         name = Path(baseline_log_dir).parent.name
         baseline = read_rank_log(path, 0) if path.exists() else None
     pm = analyze(journal, logs, evidence=evidence, baseline=baseline, baseline_name=name)
     if baseline_log_dir is not None and baseline is None:
-        pm.notes.append(f"baseline log {Path(baseline_log_dir) / 'rank0.jsonl'} is missing")
+        pm.notes.append(f"baseline log {log_path(Path(baseline_log_dir), 0)} is missing")
     return pm
 
 
@@ -124,10 +125,10 @@ def _plot(pm: PostMortem, journal: Journal, experiment_dir: Path, baseline: Path
     """Draw ``loss.png`` beside the report; a plotting failure is a note, never fatal."""
     if journal.job is None:
         return
-    rank0 = read_rank_log(Path(journal.job.log_dir) / "rank0.jsonl", 0)
+    rank0 = read_rank_log(log_path(Path(journal.job.log_dir), 0), 0)
     if not rank0.steps:
         return
-    base_path = Path(baseline) / "rank0.jsonl" if baseline is not None else None
+    base_path = log_path(Path(baseline), 0) if baseline is not None else None
     base = read_rank_log(base_path, 0) if base_path is not None and base_path.exists() else None
     try:
         plot_loss(

@@ -34,10 +34,16 @@ from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, ServiceError
 from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.ranklogs import RankLog, final_losses, read_job_logs, read_rank_log
 from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.target import Target
 from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
+from stormwatch.trainer.telemetry.events import log_path
+from stormwatch.trainer.telemetry.ranklogs import (
+    RankLog,
+    final_losses,
+    read_job_logs,
+    read_rank_log,
+)
 
 #: Relative loss difference allowed after an elastic resize (world size changed on
 #: restart: the data order and the reduction order change, so bitwise equality is
@@ -307,8 +313,8 @@ def write_verification(
         bound = float(given) if isinstance(given, (int, float)) else ELASTIC_LOSS_REL_BOUND
     rank0 = read_job_logs(journal.job.log_dir).get(0) if journal.job is not None else None
     baseline = None
-    if baseline_log_dir is not None and (Path(baseline_log_dir) / "rank0.jsonl").exists():
-        baseline = read_rank_log(Path(baseline_log_dir) / "rank0.jsonl", 0)
+    if baseline_log_dir is not None and log_path(Path(baseline_log_dir), 0).exists():
+        baseline = read_rank_log(log_path(Path(baseline_log_dir), 0), 0)
     result = asyncio.run(
         verify(
             journal,

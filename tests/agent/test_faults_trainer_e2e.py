@@ -8,7 +8,6 @@ After the revert the entry is gone and the trainer keeps stepping.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,15 +18,16 @@ from typing import Any
 
 import pytest
 
+from stormwatch.trainer.telemetry.events import read_events
+
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 
 
-def _events(log: Path, kind: str) -> list[dict[str, Any]]:
+def _events(log: Path, kind: str) -> list[Any]:
     if not log.exists():
         return []
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return [row for row in rows if row.get("event") == kind]
+    return [event for event in read_events(log) if event.event == kind]
 
 
 @pytest.mark.e2e
@@ -68,12 +68,12 @@ def test_slow_step_armed_by_the_agent_reaches_the_trainer(
         reply = tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
         assert reply.status == 201, reply.text
         fault = tools.wait_for(lambda: _events(rank_log, "fault"), timeout=60)[0]
-        assert fault["point"] == "slow_step"
+        assert fault.point == "slow_step"
         reply = tools.http("DELETE", agent.fault_url + "/v1/faults/slow-e2e", token=tools.token)
         assert reply.status == 200 and reply.json()["state"] == "reverted"
         assert not (metrics_dir / "control" / "rank0.json").exists()
-        last = _events(rank_log, "step")[-1]["step"]
-        tools.wait_for(lambda: _events(rank_log, "step")[-1]["step"] > last + 2, timeout=60)
+        last = _events(rank_log, "step")[-1].step
+        tools.wait_for(lambda: _events(rank_log, "step")[-1].step > last + 2, timeout=60)
     finally:
         os.killpg(torchrun.pid, signal.SIGTERM)
         try:

@@ -237,8 +237,8 @@ def test_event_log_appends_json_lines_and_reloads(tmp_path: Path) -> None:
         "exit_code": None,
     }
     again = EventLog(path, "node-x")
-    assert [e["kind"] for e in again.events()] == ["rank_exit", HANG]
-    assert [e["rank"] for e in again.events(since=150.0)] == [2]
+    assert [e.kind for e in again.events()] == ["rank_exit", HANG]
+    assert [e.rank for e in again.events(since=150.0)] == [2]
     assert again.events(kind="rank_exit", job="nope") == []
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from stormwatch.agent.watch.events import RankExitEvent, read_agent_events
 from stormwatch.agent.watch.procs import exit_status
 
 #: A rank that steps every 50 ms, writing the trainer's per-step gauges and
@@ -137,11 +138,11 @@ def test_fc14_fc10_live_agent_flags_the_straggler_and_the_hung_rank(
             == 3
         )
     )
-    lines = [json.loads(x) for x in agent.config.events_file.read_text().splitlines()]
-    kinds = [(e["kind"], e["rank"]) for e in lines if e["job"] == job]
+    lines = read_agent_events(agent.config.events_file)
+    kinds = [(e.kind, e.rank) for e in lines if e.job == job]
     assert ("rank_hang", 1) in kinds and ("rank_hang_cleared", 1) in kinds
-    exits = [e for e in lines if e["job"] == job and e["kind"] == "rank_exit"]
-    assert all("exit_code" in e and e["clean"] is False for e in exits)
+    exits = [e for e in lines if e.job == job and isinstance(e, RankExitEvent)]
+    assert all("exit_code" in e.to_record() and e.clean is False for e in exits)
 
 
 def test_events_api_rejects_a_bad_since(start_agent: Any, tools: Any) -> None:

@@ -19,6 +19,9 @@ from stormwatch.alerts.policy import parse_policy
 from stormwatch.alerts.responder.service import Responder
 from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.contracts.responder import IncidentRecord
+from stormwatch.lab.config import LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore, plan_state
 
 FINAL = {"succeeded", "failed", "skipped"}
 
@@ -26,14 +29,12 @@ FINAL = {"succeeded", "failed", "skipped"}
 @pytest.fixture
 def lab(tmp_path: Path) -> Path:
     """A lab run directory with lab.json naming two nodes and their metrics dirs."""
-    run = tmp_path / "run"
-    nodes = []
-    for name in ("node0", "node1"):
-        metrics = run / "nodes" / name / "metrics"
-        metrics.mkdir(parents=True)
-        nodes.append({"name": name, "metrics_dir": str(metrics)})
-    (run / "lab.json").write_text(json.dumps({"nodes": nodes}))
-    return run
+    paths = RunPaths.of(tmp_path / "run")
+    state = plan_state(paths, LabConfig(nodes=2))
+    for node in state.nodes:  # <run>/nodes/<name>/metrics
+        node.metrics_dir.mkdir(parents=True)
+    StateStore(paths).save(state)
+    return paths.run_dir
 
 
 def _policy(tmp_path: Path, text: str) -> Path:

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.faults.control_file import control_path
 from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -148,7 +148,7 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
 
     logs = read_job_logs(logs_dir)
     # A second start: ``attempt`` is torchrun's per-node restart count, not the job's.
-    restarted = [e for e in logs[0].events if e.event == "start"][1:]
+    restarted = logs[0].starts[1:]
     assert restarted, "the workers were restarted"
     hung_at_step = max(e.step or 0 for e in logs[0].steps if e.time < restarted[0].time)
     resumed = restarted[0].resumed_from_step

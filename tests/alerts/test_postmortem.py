@@ -23,6 +23,10 @@ from typing import Any
 
 import pytest
 
+from stormwatch.lab.config import LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore, plan_state
+
 JOB = "train"
 GROUP_KEY = '{}:{alertname="StormwatchTrainingHung", job="train"}'
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
@@ -66,12 +70,10 @@ def _dump(rank: int, at: float, *, behind: bool) -> dict[str, Any]:
 def make_lab_run(run_dir: Path, last_step_at: float) -> None:
     """Steps 1..20 every second up to ``last_step_at``, a hang, a restart 70 s later from
     step 15, steps 16..30 again; dumps at the restart; agent hang events; one span."""
-    nodes = [
-        {"name": f"node{i}", "metrics_dir": str(run_dir / "nodes" / f"node{i}" / "metrics")}
-        for i in range(2)
-    ]
-    (run_dir / "lab.json").parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / "lab.json").write_text(json.dumps({"config": {"nproc_per_node": 2}, "nodes": nodes}))
+    paths = RunPaths.of(run_dir)
+    state = plan_state(paths, LabConfig(nodes=2, nproc_per_node=2))
+    state.prometheus_url = ""  # no Prometheus in this lab: the plots come from the rank logs
+    StateStore(paths).save(state)  # lab.json as `lab up` writes it: node0, node1, 2 ranks each
     logs = run_dir / "jobs" / JOB / "logs"
     t0 = last_step_at - 20
     restart = last_step_at + 70
@@ -308,6 +310,10 @@ def test_a_rank_killed_without_a_dump_is_named_and_not_a_survivor_behind_it(
     ],
 )
 def test_a_rank_exit_is_told_in_words_not_raw_codes(event: dict[str, object], words: str) -> None:
+    from stormwatch.agent.watch.events import RankExitEvent
     from stormwatch.alerts.postmortem.analysis import exit_status
 
-    assert exit_status(event).startswith(words)
+    exited = RankExitEvent.model_validate(
+        {"time": 1.0, "node": "n", "job": JOB, "rank": 0, **event}
+    )
+    assert exit_status(exited).startswith(words)

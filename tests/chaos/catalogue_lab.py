@@ -34,11 +34,11 @@ from stormwatch.chaos.execution.injector import Injected, Injector
 from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import revert_open
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import Target, lab_target
 from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import Lab
 from stormwatch.lab.state import NodeState
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 NETPROBE = str(Path(__file__).with_name("netprobe.py"))
@@ -245,7 +245,7 @@ class LabChaos:
     def starts_after(self, moment: float) -> dict[int, int]:
         """Rank -> how many times it (re)started after Unix time ``moment``."""
         return {
-            rank: sum(1 for e in log.events if e.event == "start" and e.time > moment)
+            rank: sum(1 for e in log.starts if e.time > moment)
             for rank, log in read_job_logs(self.log_dir).items()
         }
 

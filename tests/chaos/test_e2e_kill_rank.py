@@ -18,9 +18,9 @@ from stormwatch.chaos import ChaosError, load_experiment, load_journal
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.gameday.demo import default_experiment, demo_experiment, run_demo
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.target import LabJobs
 from stormwatch.lab import Lab, LabConfig
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 pytestmark = pytest.mark.e2e
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

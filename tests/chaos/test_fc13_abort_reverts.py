@@ -9,7 +9,6 @@ runner (``controller.py``).
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import sys
@@ -220,9 +219,11 @@ method:
     assert entry.state == "reverted" and entry.revert_reason == "controller start"
     assert not workload.stopped
     experiment_dir = Path(second.stdout.split("experiment-dir ", 1)[1].split()[0])
-    journal = json.loads((experiment_dir / "journal.json").read_text())
-    assert journal["recovery"][0]["status"] == "succeeded"
-    assert journal["recovery"][0]["output"][0]["fault_id"] == entry.id
+    journal = load_journal(experiment_dir / "journal.json")
+    assert journal.recovery[0].status == "succeeded"
+    output = journal.recovery[0].output
+    assert isinstance(output, list) and isinstance(output[0], dict)
+    assert output[0]["fault_id"] == entry.id
 
 
 @pytest.fixture(autouse=True)

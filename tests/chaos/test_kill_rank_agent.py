@@ -30,8 +30,8 @@ from stormwatch.chaos import (
     ledger_path,
     parse_experiment,
 )
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.chaos.reports.report import generate_postmortem
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
 BIN = Path(sys.executable).parent
@@ -197,7 +197,7 @@ rollbacks:
     assert entry.state == "reverted" and entry.revert_reason == "rollback revert-experiment-faults"
     assert entry.target.node == "n0" and entry.injected_at is not None
     logs = read_job_logs(run_dir / "jobs" / job / "logs")
-    restarted = [e for e in logs[1].events if e.event == "start" and e.attempt >= 1]
+    restarted = [e for e in logs[1].starts if e.attempt >= 1]
     assert restarted, "torchrun restarted the killed worker"
 
     pm, md = asyncio.run(

@@ -22,9 +22,9 @@ from stormwatch.chaos.execution.journal import (
     ExperimentStatus,
     JobRef,
     Journal,
-    JournalWriter,
     load_journal,
 )
+from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
 from stormwatch.chaos.execution.probes import ProbeContext

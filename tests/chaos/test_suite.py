@@ -22,7 +22,6 @@ from stormwatch.chaos.gameday.scorecard import (
     write_scorecard,
 )
 from stormwatch.chaos.gameday.suite import SuiteEntry, load_suite, score
-from stormwatch.chaos.ranklogs import RankEvent, RankLog
 from stormwatch.chaos.reports.evidence import AlertEvidence
 from stormwatch.chaos.reports.postmortem import LossCheck, LossMismatch, PostMortem
 from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
@@ -33,6 +32,8 @@ from stormwatch.trainer.checkpoint.store import (
     step_dir_name,
     write_marker,
 )
+from stormwatch.trainer.telemetry.events import RankEvent, StepEvent
+from stormwatch.trainer.telemetry.ranklogs import RankLog
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = ROOT / "experiments" / "suite"
@@ -273,8 +274,8 @@ def test_the_latest_checkpoint_must_match_its_checksums_and_load(tmp_path: Path)
 
 
 def _log(losses: dict[int, float]) -> RankLog:
-    events = [
-        RankEvent(event="step", time=float(s), step=s, loss=v, loss_hex=float.hex(v), attempt=0)
+    events: list[RankEvent] = [
+        StepEvent(time=float(s), step=s, loss=v, loss_hex=float.hex(v), attempt=0)
         for s, v in losses.items()
     ]
     return RankLog(rank=0, events=events)

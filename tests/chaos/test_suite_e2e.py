@@ -4,7 +4,6 @@ producing the scorecard; then ``stormwatch plan`` reads it. Own names, subnet an
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from stormwatch.chaos.execution.journal import load_journal
 from stormwatch.chaos.gameday.scorecard import latest_scorecard, load_scorecard
+from stormwatch.chaos.reports.verify import Verification
 from stormwatch.lab import Lab, LabConfig
 
 pytestmark = pytest.mark.e2e
@@ -150,8 +151,10 @@ def test_a_short_suite_on_the_lab_writes_a_scorecard_that_plan_reads(tmp_path: P
     assert freeze.verdict == "pass", freeze.reasons
     assert out.returncode == 0, out.stderr
     assert card.baselines == {"0": card.baselines["0"]}
-    verification = json.loads((Path(kill.experiment_dir or "") / "verification.json").read_text())
-    assert "loads" in verification["checkpoint"]["detail"]
+    verification = Verification.model_validate_json(
+        (Path(kill.experiment_dir or "") / "verification.json").read_text()
+    )
+    assert "loads" in verification.checkpoint.detail
 
     # SIGINT during an experiment: its rollbacks and final revert run, the rest is not run.
     assert interrupted.returncode == 130, interrupted.stderr
@@ -162,9 +165,9 @@ def test_a_short_suite_on_the_lab_writes_a_scorecard_that_plan_reads(tmp_path: P
     assert frozen.status == "aborted" and frozen.verdict == "fail", frozen
     assert frozen.faults_cleared is True, frozen
     assert skipped.verdict == "not run" and skipped.experiment_id is None
-    sigint_journal = json.loads((Path(frozen.experiment_dir or "") / "journal.json").read_text())
-    assert [r["status"] for r in sigint_journal["rollbacks"]] == ["succeeded"]
-    assert [f["state"] for f in sigint_journal["faults"]] == ["reverted"]
+    sigint_journal = load_journal(Path(frozen.experiment_dir or "") / "journal.json")
+    assert [r.status for r in sigint_journal.rollbacks] == ["succeeded"]
+    assert [f.state for f in sigint_journal.faults] == ["reverted"]
 
     plan = subprocess.run(
         [STORMWATCH, "plan", "--gpus", "16384", "--replicas", "20", "--scorecard", str(path)],

@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from stormwatch.chaos.ranklogs import read_job_logs
 from stormwatch.dashboards import build_all
 from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -63,7 +63,7 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     assert result.ok, (result, logs)
     sizes = _world_sizes(ckpt)
     assert [s for s, w in sizes if w == 4 and s > shrunk[0]], sizes
-    starts = [e for e in read_events(info.log_dir / "rank0.jsonl") if e["event"] == "start"]
+    starts = [e for e in read_events(info.log_dir / "rank0.jsonl") if e.event == "start"]
     assert len(starts) == 3, starts  # first group, one restart at world size 2, the regrowth
     assert all("RendezvousClosedError" not in text for text in logs.values())
     assert lab.job("elastic").relaunches == 0

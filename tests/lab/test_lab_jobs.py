@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from stormwatch.lab import JobError, JobSpec, Lab
+from stormwatch.trainer.telemetry.events import log_path, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -83,11 +84,8 @@ def test_trainer_job_runs_to_completion(
     assert "node0: torchrun exit code 0" in waited.stderr
     assert "node1: torchrun exit code 0" in waited.stderr
     for rank in range(4):
-        events = [
-            json.loads(line)
-            for line in (info.log_dir / f"rank{rank}.jsonl").read_text().splitlines()
-        ]
-        assert events[-1]["event"] == "done" and events[-1]["step"] == 4
+        events = read_events(log_path(info.log_dir, rank))
+        assert events[-1].event == "done" and events[-1].step == 4
     assert any(info.checkpoint_dir.iterdir())
     status = run_cli("lab", "status", "--run-dir", run_dir, "--json")
     [job] = [j for j in json.loads(status.stdout)["jobs"] if j["name"] == "tiny"]

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from stormwatch.faults.control_file import control_path
-from stormwatch.trainer.telemetry.events import read_events
+from stormwatch.trainer.telemetry.events import RankEvent, read_events
 
 #: Metric samples keyed by (name, sorted label pairs).
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -52,15 +52,15 @@ class TorchrunRun:
     def checkpoints(self) -> Path:
         return self.root / "ckpt"
 
-    def events(self, rank: int) -> list[dict]:
+    def events(self, rank: int) -> list[RankEvent]:
         return read_events(self.logs / f"rank{rank}.jsonl")
 
     def losses(self, rank: int) -> dict[int, set[str]]:
         """step -> every loss_hex logged for it (one per attempt that ran the step)."""
         out: dict[int, set[str]] = {}
         for event in self.events(rank):
-            if event["event"] == "step":
-                out.setdefault(event["step"], set()).add(event["loss_hex"])
+            if event.event == "step":
+                out.setdefault(event.step, set()).add(event.loss_hex)
         return out
 
     def samples(self) -> Samples:

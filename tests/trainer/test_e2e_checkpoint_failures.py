@@ -8,7 +8,6 @@ DCP's CheckpointException, a BaseException, escaping ``except Exception``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, multiprocess
+
+from stormwatch.trainer.telemetry.events import RankEvent, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -42,20 +43,19 @@ def _train_on_a_full_disk(cwd: Path, *args: str) -> subprocess.CompletedProcess[
     )  # fmt: skip
 
 
-def _events(cwd: Path) -> list[dict[str, object]]:
-    lines = (cwd / "logs" / "rank0.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def _events(cwd: Path) -> list[RankEvent]:
+    return read_events(cwd / "logs" / "rank0.jsonl")
 
 
 def test_failed_saves_are_counted_and_training_goes_on_within_the_budget(tmp_path: Path) -> None:
     done = _train_on_a_full_disk(tmp_path, "--checkpoint-failures-allowed", "3")
 
     assert done.returncode == 0, done.stderr[-3000:]
-    failed = [e for e in _events(tmp_path) if e["event"] == "checkpoint_failed"]
-    assert [e["step"] for e in failed] == [2, 4, 6]
-    assert "rank 0: OSError: [Errno 28] No space left on device" in str(failed[0]["error"])
-    assert not [e for e in _events(tmp_path) if e["event"] == "checkpoint"]
-    assert _events(tmp_path)[-1]["event"] == "done"
+    failed = [e for e in _events(tmp_path) if e.event == "checkpoint_failed"]
+    assert [e.step for e in failed] == [2, 4, 6]
+    assert "rank 0: OSError: [Errno 28] No space left on device" in str(failed[0].error)
+    assert not [e for e in _events(tmp_path) if e.event == "checkpoint"]
+    assert _events(tmp_path)[-1].event == "done"
     assert "checkpoint of step 2 failed (1 in a row, 3 allowed); training goes on" in done.stderr
     assert "Traceback" not in done.stderr
     registry = CollectorRegistry()
@@ -74,9 +74,9 @@ def test_async_saves_count_each_failure_at_its_own_step(tmp_path: Path) -> None:
     )
 
     assert done.returncode == 0, done.stderr[-3000:]
-    failed = [e for e in _events(tmp_path) if e["event"] == "checkpoint_failed"]
-    assert [e["step"] for e in failed] == [2, 4, 6]
-    assert str(failed[0]["error"]).count("rank 0:") == 1, failed[0]["error"]
+    failed = [e for e in _events(tmp_path) if e.event == "checkpoint_failed"]
+    assert [e.step for e in failed] == [2, 4, 6]
+    assert str(failed[0].error).count("rank 0:") == 1, failed[0].error
     assert (tmp_path / "left-in-ck.txt").read_text() == ""
 
 
@@ -89,5 +89,5 @@ def test_one_failed_save_more_than_allowed_stops_the_job_naming_the_flag(tmp_pat
         "--checkpoint-failures-allowed); last: saving step 4 into ck/step-00000004"
     ) in done.stderr
     assert "No space left on device" in done.stderr.splitlines()[-1]
-    assert [e["step"] for e in _events(tmp_path) if e["event"] == "checkpoint_failed"] == [2, 4]
-    assert "done" not in [e["event"] for e in _events(tmp_path)]
+    assert [e.step for e in _events(tmp_path) if e.event == "checkpoint_failed"] == [2, 4]
+    assert "done" not in [e.event for e in _events(tmp_path)]

@@ -66,7 +66,7 @@ def armed_run(tmp_path_factory, arm_control_file):
 
 def _faults(root: Path, rank: int) -> list[tuple[str, int]]:
     events = read_events(root / "logs" / f"rank{rank}.jsonl")
-    return [(e["point"], e["step"]) for e in events if e["event"] == "fault"]
+    return [(e.point, e.step) for e in events if e.event == "fault"]
 
 
 def test_fault_points_fire_on_the_armed_rank_only(armed_run):
@@ -80,7 +80,7 @@ def test_fault_points_fire_on_the_armed_rank_only(armed_run):
         assert ("collective_delay", step) in fired
     assert ("error_at_step", ERROR_STEP) in fired
     assert not any(point == "collective_hang" for point, _ in fired)  # expired before the start
-    steps = [e["step"] for e in read_events(root / "logs" / "rank0.jsonl") if e["event"] == "step"]
+    steps = [e.step for e in read_events(root / "logs" / "rank0.jsonl") if e.event == "step"]
     assert steps == [1, 2, 3]
 
 
@@ -88,7 +88,7 @@ def test_checkpoint_request_on_one_rank_saves_on_every_rank(armed_run):
     root, _ = armed_run
     for rank in (0, 1):
         events = read_events(root / "logs" / f"rank{rank}.jsonl")
-        assert [e["step"] for e in events if e["event"] == "checkpoint"] == [1]  # once, agreed
+        assert [e.step for e in events if e.event == "checkpoint"] == [1]  # once, agreed
     assert [c.step for c in store.scan(root / "ckpt").complete] == [1]
     assert ("checkpoint_now", 1) in _faults(root, 1)
 

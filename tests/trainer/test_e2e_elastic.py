@@ -68,8 +68,8 @@ def _final_losses(log_dir: Path) -> dict[int, float]:
     """step -> loss of the last attempt that ran it (rank 0's log)."""
     losses: dict[int, float] = {}
     for event in read_events(log_dir / "rank0.jsonl"):
-        if event["event"] == "step":
-            losses[event["step"]] = event["loss"]
+        if event.event == "step":
+            losses[event.step] = event.loss
     return losses
 
 
@@ -188,11 +188,11 @@ def test_fc09_losing_the_non_host_agent_shrinks_then_grows_back_within_the_loss_
     sizes = _world_sizes(ckpt)
     grown = [s for s, w in sizes if w == 4 and s > shrunk[0]]
     assert grown, f"no checkpoint at world size 4 after the rejoin: {sizes}"
-    starts = [e for e in read_events(tmp_path / "logs" / "rank0.jsonl") if e["event"] == "start"]
+    starts = [e for e in read_events(tmp_path / "logs" / "rank0.jsonl") if e.event == "start"]
     # 3 worker groups: the first, one restart at world size 2, one after the rejoin.
     assert len(starts) == 3, starts
     last_before_loss = max(s for s, w in sizes if w == 4 and s < shrunk[0])
-    assert starts[1]["resumed_from_step"] == last_before_loss  # the last complete checkpoint
+    assert starts[1].resumed_from_step == last_before_loss  # the last complete checkpoint
     for name in ("A", "B2"):
         assert "RendezvousClosedError" not in job.output(name)
     losses = _final_losses(tmp_path / "logs")

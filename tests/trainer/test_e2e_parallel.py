@@ -70,8 +70,8 @@ def test_pp_resume_after_sigkill_matches_uninterrupted_losses_bitwise(pipelined,
         assert sorted(losses) == list(range(1, STEPS + 1)), f"rank {rank}"
         for step, hexes in losses.items():
             assert hexes == {reference[step]}, f"rank {rank} step {step}"
-        starts = [e for e in pipelined_crashed.events(rank) if e["event"] == "start"]
-        assert [(s["attempt"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 4)]
+        starts = [e for e in pipelined_crashed.events(rank) if e.event == "start"]
+        assert [(s.attempt, s.resumed_from_step) for s in starts] == [(0, None), (1, 4)]
 
 
 def test_pp_checkpoint_holds_every_stages_parameters_under_unsplit_names(pipelined):

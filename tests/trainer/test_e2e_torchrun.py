@@ -91,7 +91,7 @@ def test_uninterrupted_run_logs_one_global_loss_per_step(uninterrupted):
     assert all(len(hexes) == 1 for hexes in reference.values())
     for rank in range(NPROC):  # the logged loss is the global mean: the same on every rank
         assert uninterrupted.losses(rank) == reference
-        kinds = [e["event"] for e in uninterrupted.events(rank)]
+        kinds = [e.event for e in uninterrupted.events(rank)]
         assert kinds[0] == "start" and kinds[-1] == "done"
         assert kinds.count("checkpoint") == STEPS // 2
         assert (uninterrupted.metrics / f"rank{rank}.done").exists()
@@ -113,13 +113,13 @@ def test_resume_after_sigkill_matches_uninterrupted_losses_bitwise(
             assert hexes == {reference[step]}, (
                 f"rank {rank} step {step}: {hexes} != {reference[step]}"
             )
-        starts = [e for e in crashed_and_resumed.events(rank) if e["event"] == "start"]
-        assert [(s["attempt"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 4)]
-        done = [e for e in crashed_and_resumed.events(rank) if e["event"] == "done"]
-        assert [(d["attempt"], d["step"]) for d in done] == [(1, STEPS)]
+        starts = [e for e in crashed_and_resumed.events(rank) if e.event == "start"]
+        assert [(s.attempt, s.resumed_from_step) for s in starts] == [(0, None), (1, 4)]
+        done = [e for e in crashed_and_resumed.events(rank) if e.event == "done"]
+        assert [(d.attempt, d.step) for d in done] == [(1, STEPS)]
     # the step after the last checkpoint ran in both attempts, with the same loss
-    replayed = [e for e in crashed_and_resumed.events(0) if e["event"] == "step" and e["step"] == 5]
-    assert [e["attempt"] for e in replayed] == [0, 1]
+    replayed = [e for e in crashed_and_resumed.events(0) if e.event == "step" and e.step == 5]
+    assert [e.attempt for e in replayed] == [0, 1]
 
 
 def _collect(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -139,7 +139,7 @@ def _value(samples, name, **labels):
 def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
     metrics = crashed_and_resumed.metrics
     pids = {
-        rank: [e["pid"] for e in crashed_and_resumed.events(rank) if e["event"] == "start"]
+        rank: [e.pid for e in crashed_and_resumed.events(rank) if e.event == "start"]
         for rank in range(NPROC)
     }
     before = _collect(metrics)
@@ -234,9 +234,9 @@ def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(
     reference = uninterrupted.losses(0)
     for rank in range(NPROC):
         start = run.events(rank)[0]
-        assert start["event"] == "start" and start["resumed_from_step"] == STEPS - 2
+        assert start.event == "start" and start.resumed_from_step == STEPS - 2
         assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
-        saved = [e["step"] for e in run.events(rank) if e["event"] == "checkpoint"]
+        saved = [e.step for e in run.events(rank) if e.event == "checkpoint"]
         assert saved == [STEPS]
     found = store.scan(root / "ckpt")
     assert [c.step for c in found.complete] == [4, 6, 8]
@@ -254,7 +254,7 @@ def test_single_process_without_torchrun_runs_as_world_size_one(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     events = read_events(tmp_path / "logs" / "rank0.jsonl")
-    assert [e["event"] for e in events] == ["start", "step", "step", "done"]
+    assert [e.event for e in events] == ["start", "step", "step", "done"]
     assert (tmp_path / "metrics" / "rank0.done").exists()
 
 
@@ -350,7 +350,7 @@ def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(
     assert f"skipping corrupt checkpoint {latest}: checksum mismatch in __1_0.distcp" in run.output
     reference = uninterrupted.losses(0)
     for rank in range(NPROC):
-        assert run.events(rank)[0]["resumed_from_step"] == STEPS - 2
+        assert run.events(rank)[0].resumed_from_step == STEPS - 2
         assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
     assert store.sound(latest)  # saved again over the corrupt one
 
@@ -377,9 +377,9 @@ def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
     for r in range(NPROC):
         for step, hexes in run.losses(r).items():
             assert hexes == {reference[step]}, (r, step)
-        starts = [e for e in run.events(r) if e["event"] == "start"]
-        assert [(s["attempt"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 2)]
-        events = [(e["event"], e.get("step"), e["attempt"]) for e in run.events(r)]
+        starts = [e for e in run.events(r) if e.event == "start"]
+        assert [(s.attempt, s.resumed_from_step) for s in starts] == [(0, None), (1, 2)]
+        events = [(e.event, getattr(e, "step", None), e.attempt) for e in run.events(r)]
         # training went on while step 2 was written: committed only after step 3 ran
         assert events.index(("checkpoint", 2, 0)) > events.index(("step", 3, 0))
         assert ("checkpoint", 4, 0) not in events  # the killed save never counted

@@ -100,5 +100,5 @@ def test_rerun_with_steps_below_the_checkpoint_warns_that_nothing_was_trained(tm
     assert (second.last_step, second.resumed_from_step) == (3, 3)
     assert "resumed from step 3" in again.getvalue()
     assert "is at step 3, past --steps 2: nothing was trained" in again.getvalue()
-    steps = [e for e in read_events(tmp_path / "logs" / "rank0.jsonl") if e["event"] == "step"]
+    steps = [e for e in read_events(tmp_path / "logs" / "rank0.jsonl") if e.event == "step"]
     assert len(steps) == 3  # the second run trained nothing

@@ -13,7 +13,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from stormwatch.trainer import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.telemetry.events import read_events
+from stormwatch.trainer.telemetry.events import StartEvent, read_events
 from stormwatch.trainer.telemetry.metrics import CATALOGUE
 
 _RANK_PROCESS = """
@@ -129,7 +129,8 @@ def test_event_log_and_done_marker_follow_the_contract(tmp_path):
     _run_rank(metrics, logs, rank=3, finish=True)
     assert (metrics / "rank3.done").exists()
 
-    events = read_events(logs / "rank3.jsonl")
+    path = logs / "rank3.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()]  # the file's keys
     assert [e["event"] for e in events] == ["start", "step", "step", "checkpoint"] * 2 + ["done"]
     start = events[0]
     assert set(start) == {
@@ -153,12 +154,14 @@ def test_event_log_and_done_marker_follow_the_contract(tmp_path):
     assert step["loss"] == 0.5 and float.fromhex(step["loss_hex"]) == 0.5
     assert set(events[3]) == {"event", "time", "step", "attempt"}
     assert set(events[-1]) == {"event", "time", "step", "attempt"}
+    # Every reader parses the lines with the writer's models, which keep every key.
+    assert [json.loads(e.to_line()) for e in read_events(path)] == events
 
 
 def test_torn_last_line_is_skipped_when_reading(tmp_path):
     path = tmp_path / "rank0.jsonl"
-    path.write_text(json.dumps({"event": "start"}) + "\n" + '{"event": "st')
-    assert read_events(path) == [{"event": "start"}]
+    path.write_text(json.dumps({"event": "start", "time": 1.0}) + "\n" + '{"event": "st')
+    assert read_events(path) == [StartEvent(time=1.0)]
 
 
 def test_failing_event_log_never_raises_into_training(tmp_path, caplog):

@@ -1,6 +1,12 @@
 """Per-rank JSON-lines event log, ``<log-dir>/rank<R>.jsonl`` (docs/ARCHITECTURE.md).
 
-Records, one JSON object per line, appended and flushed as they happen:
+The one declaration of the file's records (:data:`RankEvent`, a union
+discriminated by ``event``), the writer (:class:`EventLog`) and the line
+parser every reader uses (:func:`parse_events`, :func:`read_events`; the
+job-level view is :mod:`stormwatch.trainer.telemetry.ranklogs`).
+
+Records, one JSON object per line, appended and flushed as they happen, with
+their keys in this order:
 
 * ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size"}``
 * ``{"event": "step", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}``
@@ -14,11 +20,18 @@ Records, one JSON object per line, appended and flushed as they happen:
 
 ``time`` is Unix seconds (float); ``attempt`` is TORCHELASTIC_RESTART_COUNT;
 ``loss`` is the global mean loss and ``loss_hex`` its ``float.hex`` for
-bitwise comparison; ``resumed_from_step`` is ``null`` on a fresh start;
-``pid`` (an addition to the contract) lets a reader map a rank to the
-process whose metric files it wrote; ``world_size`` (another) is the size of
-the rendezvous this start belongs to, which an elastic job changes. Restarts append to the same file, so a
-step can appear once per attempt. No torch import here.
+bitwise comparison (``NaN`` is written as the bare JSON extension ``NaN``);
+``resumed_from_step`` is ``null`` on a fresh start; ``pid`` (an addition to
+the contract) lets a reader map a rank to the process whose metric files it
+wrote; ``world_size`` (another, left out when unknown) is the size of the
+rendezvous this start belongs to, which an elastic job changes. Restarts
+append to the same file, so a step can appear once per attempt.
+
+Reading is tolerant, as readers always were: keys the trainer may add later
+are ignored, every key but ``event`` and ``time`` has a default (stand-in
+workloads and older trainers write fewer), and a line that is not a record
+(the torn last line of a SIGKILLed writer, a malformed line) is skipped and
+counted, never fatal. No torch import here (a test checks it).
 """
 
 from __future__ import annotations
@@ -27,12 +40,137 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, ClassVar, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class _Record(BaseModel):
+    """Shared settings of the records (no fields: each record lists its keys in file order)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    #: Keys left out of the line when their value is ``None`` (contract additions).
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    def to_line(self) -> str:
+        """The record as one JSON line, without the newline (keys in declaration order)."""
+        record = self.model_dump()
+        for key in self.omitted_when_none:
+            if record.get(key) is None:
+                record.pop(key, None)
+        return json.dumps(record, allow_nan=True)
+
+
+class StartEvent(_Record):
+    """The rank is ready to train (after any resume)."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"world_size"})
+
+    event: Literal["start"] = "start"
+    time: float
+    rank: int | None = None
+    attempt: int = 0
+    resumed_from_step: int | None = None
+    pid: int | None = None
+    world_size: int | None = None
+
+
+class StepEvent(_Record):
+    """One completed step with its global mean loss (``step_seconds``: its wall time)."""
+
+    event: Literal["step"] = "step"
+    time: float
+    step: int | None = None
+    loss: float | None = None
+    loss_hex: str | None = None
+    attempt: int = 0
+    step_seconds: float | None = None
+
+
+class CheckpointEvent(_Record):
+    """A checkpoint of ``step`` is complete (renamed into place)."""
+
+    event: Literal["checkpoint"] = "checkpoint"
+    time: float
+    step: int | None = None
+    attempt: int = 0
+
+
+class CheckpointFailedEvent(_Record):
+    """The save after ``step`` failed (``error``: why, from every rank that failed)."""
+
+    event: Literal["checkpoint_failed"] = "checkpoint_failed"
+    time: float
+    step: int | None = None
+    attempt: int = 0
+    error: str | None = None
+
+
+class DoneEvent(_Record):
+    """Training finished cleanly after ``step``."""
+
+    event: Literal["done"] = "done"
+    time: float
+    step: int | None = None
+    attempt: int = 0
+
+
+class FaultEvent(_Record):
+    """Fault point ``point`` took effect during ``step``."""
+
+    event: Literal["fault"] = "fault"
+    time: float
+    point: str | None = None
+    step: int | None = None
+    attempt: int = 0
+
+
+#: One line of a rank log, by its ``event``.
+RankEvent = Annotated[
+    StartEvent | StepEvent | CheckpointEvent | CheckpointFailedEvent | DoneEvent | FaultEvent,
+    Field(discriminator="event"),
+]
+_RANK_EVENT: TypeAdapter[RankEvent] = TypeAdapter(RankEvent)
 
 
 def log_path(log_dir: Path, rank: int) -> Path:
     """``<log_dir>/rank<rank>.jsonl``."""
     return log_dir / f"rank{rank}.jsonl"
+
+
+def parse_event(line: str) -> RankEvent:
+    """One line as its record.
+
+    Raises:
+        ValueError: (pydantic's ``ValidationError``) not JSON, an unknown ``event``,
+            no ``time``, or a wrongly typed key.
+    """
+    return _RANK_EVENT.validate_json(line)
+
+
+def parse_events(text: str) -> tuple[list[RankEvent], int]:
+    """The records of a log's text, in file order, and how many non-blank lines were skipped."""
+    events: list[RankEvent] = []
+    skipped = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(parse_event(line))
+        except ValidationError:
+            skipped += 1
+    return events, skipped
+
+
+def read_events(path: Path) -> list[RankEvent]:
+    """Parse a ``rank<R>.jsonl`` file, skipping a torn last line (after a SIGKILL).
+
+    Raises:
+        OSError: the file cannot be read (a missing file included).
+    """
+    events, _ = parse_events(path.read_text(encoding="utf-8", errors="replace"))
+    return events
 
 
 class EventLog:
@@ -66,89 +204,71 @@ class EventLog:
         self._clock = clock
         self._file: TextIO = self.path.open("a", encoding="utf-8")
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: _Record) -> None:
         # One write() per line: a SIGKILL can cut the log between records, not inside one.
-        self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._file.write(record.to_line() + "\n")
         self._file.flush()
 
     def start(self, *, resumed_from_step: int | None) -> None:
         """The rank is ready to train (after any resume)."""
         self._write(
-            {
-                "event": "start",
-                "time": self._clock(),
-                "rank": self._rank,
-                "attempt": self._attempt,
-                "resumed_from_step": resumed_from_step,
-                "pid": os.getpid(),
-                **({} if self._world_size is None else {"world_size": self._world_size}),
-            }
+            StartEvent(
+                time=self._clock(),
+                rank=self._rank,
+                attempt=self._attempt,
+                resumed_from_step=resumed_from_step,
+                pid=os.getpid(),
+                world_size=self._world_size,
+            )
         )
 
     def step(self, *, step: int, loss: float, step_seconds: float) -> None:
         """One completed step with its global mean loss."""
         self._write(
-            {
-                "event": "step",
-                "time": self._clock(),
-                "step": step,
-                "loss": loss,
-                "loss_hex": float.hex(loss),
-                "attempt": self._attempt,
-                "step_seconds": step_seconds,
-            }
+            StepEvent(
+                time=self._clock(),
+                step=step,
+                loss=loss,
+                loss_hex=float.hex(loss),
+                attempt=self._attempt,
+                step_seconds=step_seconds,
+            )
         )
 
     def checkpoint(self, *, step: int) -> None:
         """A checkpoint of ``step`` is complete (renamed into place)."""
-        self._write(
-            {"event": "checkpoint", "time": self._clock(), "step": step, "attempt": self._attempt}
-        )
+        self._write(CheckpointEvent(time=self._clock(), step=step, attempt=self._attempt))
 
     def checkpoint_failed(self, *, step: int, error: str) -> None:
         """The save after ``step`` failed (``error``: why, from every rank that failed)."""
         self._write(
-            {
-                "event": "checkpoint_failed",
-                "time": self._clock(),
-                "step": step,
-                "attempt": self._attempt,
-                "error": error,
-            }
+            CheckpointFailedEvent(time=self._clock(), step=step, attempt=self._attempt, error=error)
         )
 
     def done(self, *, step: int) -> None:
         """Training finished cleanly after ``step``."""
-        self._write(
-            {"event": "done", "time": self._clock(), "step": step, "attempt": self._attempt}
-        )
+        self._write(DoneEvent(time=self._clock(), step=step, attempt=self._attempt))
 
     def fault(self, *, point: str, step: int) -> None:
         """Fault point ``point`` took effect during ``step``."""
-        self._write(
-            {
-                "event": "fault",
-                "time": self._clock(),
-                "point": point,
-                "step": step,
-                "attempt": self._attempt,
-            }
-        )
+        self._write(FaultEvent(time=self._clock(), point=point, step=step, attempt=self._attempt))
 
     def close(self) -> None:
         """Close the file (idempotent)."""
         self._file.close()
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """Parse a ``rank<R>.jsonl`` file, skipping a torn last line (after a SIGKILL)."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-__all__ = ["EventLog", "log_path", "read_events"]
+__all__ = [
+    "CheckpointEvent",
+    "CheckpointFailedEvent",
+    "DoneEvent",
+    "EventLog",
+    "FaultEvent",
+    "RankEvent",
+    "StartEvent",
+    "StepEvent",
+    "log_path",
+    "parse_event",
+    "parse_events",
+    "read_events",
+]

@@ -1,11 +1,12 @@
-"""Read the trainer's per-rank JSON-lines logs (``<job>/logs/rank<R>.jsonl``).
+"""A job's rank logs read as a whole (``<job>/logs/rank<R>.jsonl``), for every reader.
 
-Contract (docs/ARCHITECTURE.md): events ``start`` (rank, attempt,
-resumed_from_step), ``step`` (step, loss, loss_hex, attempt, step_seconds),
-``checkpoint`` (step, attempt) and ``done`` (step, attempt); ``time`` is Unix
-seconds; ``attempt`` is TORCHELASTIC_RESTART_COUNT. The files are appended to
-while we read them: a torn last line or a malformed line is skipped (and
-counted), never fatal.
+The records and the line parser are :mod:`stormwatch.trainer.telemetry.events`
+(the writer's own models); this module is the job-level view that chaos
+(probes, reports, game days) and alerts (incident post-mortems) share:
+:func:`read_job_logs` -> rank -> :class:`RankLog`, and a few questions asked
+of them. The files are appended to while we read them: a torn last line or
+a malformed line is skipped (and counted in :attr:`RankLog.skipped_lines`),
+never fatal; a missing file or folder reads as empty. No torch import here.
 """
 
 from __future__ import annotations
@@ -14,29 +15,17 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from stormwatch.trainer.telemetry.events import (
+    DoneEvent,
+    RankEvent,
+    StartEvent,
+    StepEvent,
+    parse_events,
+)
 
 logger = logging.getLogger(__name__)
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
-
-
-class RankEvent(BaseModel):
-    """One line of a rank log (fields the trainer may add later are ignored)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    event: Literal["start", "step", "checkpoint", "checkpoint_failed", "done", "fault"]
-    time: float
-    rank: int | None = None
-    attempt: int = 0
-    step: int | None = None
-    loss: float | None = None
-    loss_hex: str | None = None
-    step_seconds: float | None = None
-    resumed_from_step: int | None = None
-    world_size: int | None = None
 
 
 @dataclass
@@ -48,11 +37,17 @@ class RankLog:
     skipped_lines: int = 0
 
     @property
-    def steps(self) -> list[RankEvent]:
-        return [e for e in self.events if e.event == "step"]
+    def starts(self) -> list[StartEvent]:
+        """The ``start`` events (one per process incarnation), in file order."""
+        return [e for e in self.events if isinstance(e, StartEvent)]
 
     @property
-    def last_step(self) -> RankEvent | None:
+    def steps(self) -> list[StepEvent]:
+        """The ``step`` events, in file order (a recomputed step appears once per attempt)."""
+        return [e for e in self.events if isinstance(e, StepEvent)]
+
+    @property
+    def last_step(self) -> StepEvent | None:
         """The most recent ``step`` event (by file order: the latest attempt's)."""
         steps = self.steps
         return steps[-1] if steps else None
@@ -61,7 +56,12 @@ class RankLog:
     def finished(self) -> bool:
         """The rank logged ``done`` in its latest attempt."""
         latest = self.latest_attempt
-        return any(e.event == "done" and e.attempt == latest for e in self.events)
+        return any(isinstance(e, DoneEvent) and e.attempt == latest for e in self.events)
+
+    @property
+    def done_at(self) -> float:
+        """Unix time of the last ``done`` event (0.0 when the rank never finished)."""
+        return max((e.time for e in self.events if isinstance(e, DoneEvent)), default=0.0)
 
     @property
     def latest_attempt(self) -> int:
@@ -76,7 +76,7 @@ class RankLog:
         without spending a restart).
         """
         for index, event in enumerate(self.events):
-            if event.event == "start" and event.time > when:
+            if isinstance(event, StartEvent) and event.time > when:
                 return self.events[index:]
         return []
 
@@ -91,21 +91,15 @@ class RankLog:
 
 def read_rank_log(path: Path, rank: int) -> RankLog:
     """Parse one rank file; a missing file is an empty log."""
-    log = RankLog(rank=rank)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return log
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            log.events.append(RankEvent.model_validate_json(line))
-        except ValidationError:
-            log.skipped_lines += 1
-    if log.skipped_lines:
-        logger.debug("%s: skipped %d unreadable lines", path, log.skipped_lines)
-    return log
+        return RankLog(rank=rank)
+    events, skipped = parse_events(text)
+    if skipped:
+        # Counted in the result; a torn last line is normal while the rank appends.
+        logger.debug("%s: skipped %d unreadable lines", path, skipped)
+    return RankLog(rank=rank, events=events, skipped_lines=skipped)
 
 
 def read_job_logs(log_dir: Path) -> dict[int, RankLog]:
@@ -127,7 +121,7 @@ def current_world_size(logs: dict[int, RankLog], default: int) -> int:
     """Ranks of the job's latest rendezvous: the ``world_size`` of the most recent ``start``
     event of any rank (an elastic job that lost a node restarts smaller); ``default`` (the
     job's size) before any start, or for logs of trainers that do not write it."""
-    starts = [e for log in logs.values() for e in log.events if e.event == "start"]
+    starts = [e for log in logs.values() for e in log.starts]
     if not starts:
         return default
     latest = max(starts, key=lambda e: e.time)
@@ -149,7 +143,6 @@ def final_losses(log: RankLog) -> dict[int, str]:
 
 
 __all__ = [
-    "RankEvent",
     "RankLog",
     "current_world_size",
     "final_losses",
