@@ -34,14 +34,15 @@ from stormwatch.chaos.errors import (
     RollbackFailed,
     ServiceError,
 )
-from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.execution.runner import ExperimentRun, Runner, RunnerConfig, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment, parse_experiment
 from stormwatch.chaos.experiment.model import Experiment
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
 from stormwatch.chaos.reports.postmortem import PostMortem, analyze, render_markdown
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
+from stormwatch.contracts.fault_ledger import LedgerEntry
+from stormwatch.contracts.journal import Journal, load_journal
 
 __all__ = [
     "AgentEndpoint",

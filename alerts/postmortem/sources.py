@@ -23,7 +23,7 @@ from typing import Any
 
 from stormwatch.agent.watch.events import AgentEvent, read_agent_events
 from stormwatch.alerts.responder.audit import AuditEntry
-from stormwatch.chaos.execution.journal import Journal, load_journal
+from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.state import load_lab_state

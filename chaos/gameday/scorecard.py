@@ -37,7 +37,7 @@ from typing import Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.execution.journal import ExperimentStatus
+from stormwatch.contracts.journal import ExperimentStatus
 
 Verdict = Literal["pass", "fail", "not run"]
 #: An experiment's journal status, or ``not run`` (the suite stopped before it).

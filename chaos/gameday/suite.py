@@ -32,7 +32,6 @@ from types import FrameType
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
-from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
@@ -46,6 +45,7 @@ from stormwatch.chaos.reports.postmortem import MATCH_SLACK_SECONDS, PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
 from stormwatch.lab import JobSpec, Lab

@@ -32,9 +32,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
 from stormwatch.chaos.reports.postmortem_markdown import alert_name, format_clock, render_markdown
+from stormwatch.contracts.journal import Journal
 from stormwatch.faults import ExperimentFault
 from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
 from stormwatch.trainer.telemetry.ranklogs import RankLog, final_losses

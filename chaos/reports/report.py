@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Literal
 
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.execution.runner import NullReporter, Reporter
 from stormwatch.chaos.reports.evidence import (
     Evidence,
@@ -21,6 +20,7 @@ from stormwatch.chaos.reports.evidence import (
 from stormwatch.chaos.reports.plots import plot_loss
 from stormwatch.chaos.reports.postmortem import PostMortem, analyze, write_postmortem
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.trainer.telemetry.events import log_path
 from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs, read_rank_log
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.execution.journal import (
+from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
+from stormwatch.chaos.reports.postmortem import render_markdown
+from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
+from stormwatch.contracts.journal import (
     ActivityRecord,
     JobRef,
     Journal,
     SteadyState,
     write_journal,
 )
-from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
-from stormwatch.chaos.reports.postmortem import render_markdown
-from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
 from stormwatch.contracts.responder import IncidentMember, IncidentRecord, NotificationRecord
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
@@ -451,9 +451,9 @@ def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
 
 def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: Path) -> None:
     """No restart: recovered when every rank has stepped after the ledger's revert."""
-    from stormwatch.chaos.execution.journal import load_journal
     from stormwatch.chaos.ledger.ledger import LedgerEntry
-    from stormwatch.chaos.ledger.rows import FaultTarget
+    from stormwatch.contracts.fault_ledger import FaultTarget
+    from stormwatch.contracts.journal import load_journal
     from stormwatch.faults import REGISTRY
 
     healed = FAULT_AT + 20.0

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from stormwatch.chaos.execution.journal import JobRef, Journal, SteadyState
 from stormwatch.chaos.gameday.scorecard import (
     Scorecard,
     ScorecardRow,
@@ -25,6 +24,7 @@ from stormwatch.chaos.gameday.suite import SuiteEntry, load_suite, score
 from stormwatch.chaos.reports.evidence import AlertEvidence
 from stormwatch.chaos.reports.postmortem import LossCheck, LossMismatch, PostMortem
 from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
+from stormwatch.contracts.journal import JobRef, Journal, SteadyState
 from stormwatch.errors import ConfigError
 from stormwatch.trainer.checkpoint.store import (
     CompletionMarker,
