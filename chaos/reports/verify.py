@@ -6,7 +6,7 @@
    docs/ARCHITECTURE.md "Checkpoints"); ``bounded`` allows a relative difference
    up to ``loss_rel_tolerance`` (elastic resizes re-shard: the documented bound is
    :data:`ELASTIC_LOSS_REL_BOUND`); ``skip`` does not compare. Taken from the
-   post-mortem's :class:`~stormwatch.chaos.reports.postmortem.LossCheck` (``identical``)
+   post-mortem's :class:`~stormwatch.postmortem.LossCheck` (``identical``)
    or recomputed from the rank-0 logs (``bounded``).
 2. **Checkpoint**: the job's latest complete checkpoint (``.metadata`` and the
    ``stormwatch-complete.json`` marker, :func:`stormwatch.trainer.checkpoint.store.scan`)
@@ -33,9 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, ServiceError
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import ExperimentExpectations, Journal
+from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
 from stormwatch.trainer.telemetry.events import log_path
 from stormwatch.trainer.telemetry.ranklogs import (
@@ -92,7 +92,7 @@ class Verification(BaseModel):
 
 
 def check_loss(
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     rank0: RankLog | None,
     baseline: RankLog | None,
     *,
@@ -266,7 +266,7 @@ def _token(path: Path | None) -> str | None:
 
 async def verify(
     journal: Journal,
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     *,
     target: Target | None,
     rank0: RankLog | None,
@@ -294,7 +294,7 @@ async def verify(
 def write_verification(
     experiment_dir: Path,
     journal: Journal,
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     *,
     target: Target | None,
     baseline_log_dir: Path | None,
