@@ -6,7 +6,17 @@ setuptools cannot compute ``package-dir`` for nested sub-packages declaratively.
 
 from setuptools import find_packages, setup
 
-COMPONENTS = ("faults", "agent", "trainer", "chaos", "alerts", "dashboards", "lab", "plan")
+COMPONENTS = (
+    "faults",
+    "postmortem",
+    "agent",
+    "trainer",
+    "chaos",
+    "alerts",
+    "dashboards",
+    "lab",
+    "plan",
+)
 
 packages = ["stormwatch", *(f"stormwatch.{p}" for p in find_packages("stormwatch"))]
 package_dir = {"stormwatch": "stormwatch"}

@@ -18,7 +18,8 @@
   append-only audit log (SQLite table + JSONL).
 * Remedial actions act through a :class:`stormwatch.platforms.PlatformBackend` (lab,
   Kubernetes, Slurm): restart workers, exclude a node, checkpoint now, collect diagnostics.
-* :mod:`stormwatch.alerts.postmortem`: the post-mortem the responder writes when an
+* :mod:`stormwatch.alerts.incident_report`: the incident source of the post-mortem
+  engine (:mod:`stormwatch.postmortem`): the report the responder writes when an
   incident closes (Markdown, one self-contained HTML page, JSON, plots);
   ``stormwatch alerts postmortem INCIDENT`` writes it again.
 
@@ -67,6 +68,7 @@ from stormwatch.alerts.errors import (
     NotAResponderDatabase,
     StoreError,
     ToolError,
+    UnknownIncident,
 )
 from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_policy, parse_policy
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
@@ -110,6 +112,7 @@ __all__ = [
     "StoreError",
     "ToolError",
     "ToolRun",
+    "UnknownIncident",
     "WebhookAlert",
     "WebhookMessage",
     "build_alertmanager_config",

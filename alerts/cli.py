@@ -20,9 +20,9 @@ from stormwatch.alerts.alertmanager import (
     write_alertmanager_config,
 )
 from stormwatch.alerts.durations import parse_duration
+from stormwatch.alerts.incident_report.cli import postmortem_cmd
 from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.policy import default_policy, load_policy
-from stormwatch.alerts.postmortem.cli import postmortem_cmd
 from stormwatch.alerts.responder.auth import read_token
 from stormwatch.alerts.responder.service import serve
 from stormwatch.alerts.responder.settings import DEFAULT_MAX_BODY_BYTES, ResponderSettings

@@ -30,9 +30,15 @@ class NotAResponderDatabase(StoreError, ConfigError):
     schema: a user mistake (exit status 2); the message names the file and what was expected."""
 
 
+class UnknownIncident(AlertsError, ConfigError):
+    """The responder's database has no incident with the id given (``stormwatch alerts
+    postmortem INCIDENT``); the message lists the ids it has."""
+
+
 __all__ = [
     "AlertsError",
     "NotAResponderDatabase",
     "StoreError",
     "ToolError",
+    "UnknownIncident",
 ]

@@ -6,9 +6,12 @@ before and after a method that injects typed faults (the kinds of
 controller). :mod:`.execution` runs it against a :mod:`.target`, writes every
 fault to the :mod:`.ledger` *before* sending it (:mod:`.execution.injection`), and
 reverts whatever is open however the run ends (FC-13, :mod:`.ledger.undo`). Every activity is
-journaled (:mod:`.journal`); :mod:`.postmortem` turns the journal, the rank
-logs, a baseline run and the alert/responder :mod:`.evidence` into a report.
-``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo`` is :mod:`.demo`.
+journaled (the journal and the ledger row are shared contracts:
+:mod:`stormwatch.contracts.journal`, :mod:`stormwatch.contracts.fault_ledger`);
+:mod:`.reports.experiment_report` turns the journal, the rank logs, a baseline run and
+the alert/responder :mod:`.reports.evidence` into the post-mortem engine's report
+(:mod:`stormwatch.postmortem`). ``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo``
+is :mod:`.gameday.demo`.
 
 Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
 
@@ -34,13 +37,12 @@ from stormwatch.chaos.errors import (
     RollbackFailed,
     ServiceError,
 )
-from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.execution.runner import ExperimentRun, Runner, RunnerConfig, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment, parse_experiment
 from stormwatch.chaos.experiment.model import Experiment
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
-from stormwatch.chaos.reports.postmortem import PostMortem, analyze, render_markdown
+from stormwatch.chaos.reports.experiment_report import analyze
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
 
 __all__ = [
@@ -52,12 +54,9 @@ __all__ = [
     "FaultError",
     "InvalidExperiment",
     "Issue",
-    "Journal",
     "LabNotReady",
     "Ledger",
-    "LedgerEntry",
     "LedgerError",
-    "PostMortem",
     "RankNotFound",
     "RevertOutcome",
     "RollbackFailed",
@@ -69,9 +68,7 @@ __all__ = [
     "lab_target",
     "ledger_path",
     "load_experiment",
-    "load_journal",
     "parse_experiment",
-    "render_markdown",
     "revert_open",
     "run_experiment",
 ]

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
-from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.execution.runner import (
     EXIT_ABORTED,
     EXIT_OK,
@@ -24,9 +23,11 @@ from stormwatch.chaos.execution.runner import (
 )
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.gameday.scorecard import ScorecardRow
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_overdue
 from stormwatch.chaos.reports.verify import Verification, write_verification
+from stormwatch.contracts.fault_ledger import LedgerEntry
+from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 
 _RUN_DIR = click.option(
@@ -474,7 +475,7 @@ def _ledger_table(entries: list[LedgerEntry], *, now: float, width: int) -> Tabl
         what = str(rank) if rank is not None else ",".join(e.spec.target_nodes()) or "-"
         if wide:
             where = e.target.node or (f"pid {e.target.pid}" if e.target.pid else "?")
-            state = e.state
+            state: str = e.state
             if e.injected_at:
                 state += f", injected {_t(e.injected_at)}"
             if e.reverted_at:

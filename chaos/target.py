@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import JobSection
+from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab import jobs as lab_jobs

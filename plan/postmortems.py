@@ -1,7 +1,8 @@
 """Measured detect/recover times from chaos post-mortems (``stormwatch chaos`` runs).
 
 Reads every ``experiments/*/postmortem.json`` under a run directory (or the
-directory itself if it holds ``postmortem.json`` files one level down), keeps
+directory itself if it holds ``postmortem.json`` files one level down) with the
+post-mortem engine's model (:class:`stormwatch.postmortem.ExperimentPostMortem`), keeps
 those with both ``time_to_detect_seconds`` and ``time_to_recover_seconds``, and
 maps each ``fault_kind`` to a failure category with
 :data:`stormwatch.faults.FAULT_CATEGORIES` (each kind's traits), the same mapping the
@@ -21,22 +22,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from stormwatch.faults import FAULT_CATEGORIES, category_of
 from stormwatch.plan.errors import InvalidPlanInput, from_validation_error
 from stormwatch.plan.inputs import CategoryTimes
+from stormwatch.postmortem import ExperimentPostMortem
 
 log = logging.getLogger(__name__)
-
-
-class _PostMortemTimes(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    experiment_id: str = ""
-    fault_kind: str | None = None
-    time_to_detect_seconds: float | None = None
-    time_to_recover_seconds: float | None = None
 
 
 @dataclass
@@ -73,7 +66,7 @@ def read_postmortems(run_dir: Path) -> MeasuredTimes:
     samples: dict[str, list[tuple[float, float]]] = {}
     for path in paths:
         try:
-            pm = _PostMortemTimes.model_validate(json.loads(path.read_text()))
+            pm = ExperimentPostMortem.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidPlanInput(f"{path}: cannot read post-mortem: {exc}") from exc
         except ValidationError as exc:

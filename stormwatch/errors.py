@@ -26,12 +26,14 @@
     │   └── RollbackFailed
     ├── stormwatch.lab.LabError
     └── stormwatch.alerts.AlertsError
+        └── UnknownIncident         no such incident to write a post-mortem of (a ConfigError too)
 
 The shared clients (:mod:`stormwatch.clients`), platform backends
 (:mod:`stormwatch.platforms`) and the SQLite helper (:mod:`stormwatch.sqlite`) raise the
-classes above; each component catches them where it acts on them. The CLI prints a
-:class:`StormwatchError` as one clear message (no traceback) and exits with
-:attr:`StormwatchError.exit_code`. Foreign exceptions are wrapped once, at the boundary,
+classes above (the post-mortem engine, :mod:`stormwatch.postmortem`, and the shared
+contracts, :mod:`stormwatch.contracts`, raise none of their own); each component
+catches them where it acts on them. The CLI prints a :class:`StormwatchError` as one
+clear message (no traceback) and exits with :attr:`StormwatchError.exit_code`. Foreign exceptions are wrapped once, at the boundary,
 with ``raise ... from exc``.
 """
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("faults", "agent", "trainer", "chaos", "alerts", "dashboards")
+COMPONENTS = ("faults", "postmortem", "agent", "trainer", "chaos", "alerts", "dashboards")
 #: The shared home's public modules (stormwatch/), each with its own __all__.
 SHARED = ("clients", "platforms", "otel", "sqlite")
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from stormwatch.alerts.errors import StoreError
-from stormwatch.alerts.postmortem import PostMortemWriter
+from stormwatch.alerts.incident_report import PostMortemWriter
 from stormwatch.alerts.responder.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.auth import bearer_matches

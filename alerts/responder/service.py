@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from aiohttp import web
 
 from stormwatch.alerts.actions.playbook import Playbook, playbook_from_policy
-from stormwatch.alerts.postmortem import PostMortemWriter, recovery_visible
+from stormwatch.alerts.incident_report import PostMortemWriter, recovery_visible
 from stormwatch.alerts.responder.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.responder.api import ResponderApi
 from stormwatch.alerts.responder.audit import AuditLog

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
+from stormwatch.alerts.incident_report import PostMortemFiles, write_incident_postmortem
 from stormwatch.alerts.policy import Policy, default_policy
-from stormwatch.alerts.postmortem import PostMortemFiles, write_incident_postmortem
 from stormwatch.errors import ConfigError
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.state import load_lab_state

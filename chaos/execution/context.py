@@ -13,11 +13,11 @@ import asyncio
 import sys
 from dataclasses import dataclass
 
-from stormwatch.chaos.execution.journal import Journal, Phase
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.reporter import Reporter
 from stormwatch.chaos.experiment.model import Experiment, PauseActivity
 from stormwatch.chaos.ledger.revert import RevertOutcome
+from stormwatch.contracts.journal import Journal, Phase
 from stormwatch.dashboards.annotations import Annotator
 
 

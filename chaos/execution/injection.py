@@ -33,9 +33,10 @@ from pydantic import BaseModel, ConfigDict
 from stormwatch import faults
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
-from stormwatch.chaos.ledger.rows import AgentRequest, FaultTarget
+from stormwatch.chaos.ledger.tokens import agent_token
 from stormwatch.chaos.ledger.undo import same_process
 from stormwatch.chaos.target import AgentEndpoint
+from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
 
 
@@ -246,7 +247,7 @@ async def _send_one(
         raise FaultError(f"fault {fault_id}: {spec.kind} needs the agent URL and token file")
     body = {"id": fault_id, **spec.definition.agent_body(spec, job=target.job, agents=_Agents(()))}
     try:
-        answer = await agents.inject(target.agent_url, target.token(fault_id), body)
+        answer = await agents.inject(target.agent_url, agent_token(target, fault_id), body)
     except ServiceError as exc:
         raise FaultError(f"fault {fault_id}: {exc}") from exc
     pid = f" (pid {answer.target_pid})" if answer.target_pid else ""
@@ -264,7 +265,7 @@ async def _send_parts(
     """Send every request of ``target``; on a failure revert the parts already applied."""
     if not target.requests or target.token_file is None:
         raise FaultError(f"fault {fault_id}: {spec.kind} needs agent requests and a token file")
-    token = target.token(fault_id)
+    token = agent_token(target, fault_id)
     applied: list[AgentRequest] = []
     answers = []
     for part in target.requests:

@@ -24,12 +24,12 @@ from stormwatch.chaos.execution.injection import (
     apply_fault,
     local_target,
 )
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import When
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
+from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.reaper import spawn_reaper
-from stormwatch.chaos.ledger.rows import FaultTarget
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
+from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs

@@ -1,5 +1,5 @@
 """Journaling a running experiment: :class:`JournalWriter` keeps the :class:`Journal`
-(the file's model, :mod:`stormwatch.chaos.execution.journal`), rewrites the file after
+(the file's model, :mod:`stormwatch.contracts.journal`), rewrites the file after
 every change and makes each activity an OpenTelemetry span."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from opentelemetry.trace import Status, StatusCode
 from pydantic import JsonValue
 
 from stormwatch.chaos.errors import ActivityFailed, ChaosError
-from stormwatch.chaos.execution.journal import ActivityRecord, Journal, Phase, write_journal
 from stormwatch.chaos.execution.tracing import ExperimentTrace, span_hex
+from stormwatch.contracts.journal import ActivityRecord, Journal, Phase, write_journal
 
 
 class JournalWriter:

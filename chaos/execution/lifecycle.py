@@ -8,9 +8,9 @@ import time
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.context import RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for
-from stormwatch.chaos.execution.journal import ExperimentStatus, JobRef
 from stormwatch.chaos.execution.readiness import wait_until_stepping
 from stormwatch.chaos.target import JobControl
+from stormwatch.contracts.journal import ExperimentStatus, JobRef
 
 
 class JobLifecycle:

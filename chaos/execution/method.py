@@ -19,7 +19,6 @@ from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause
 from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.execution.journal import FaultInjected, JobRef
 from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
@@ -35,6 +34,7 @@ from stormwatch.chaos.experiment.selection import (
     expand,
 )
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import FaultInjected, JobRef
 from stormwatch.faults import ExperimentFault
 
 

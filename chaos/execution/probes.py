@@ -19,7 +19,6 @@ from pydantic import JsonValue
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ServiceError
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import (
     HttpProvider,
     JobProvider,
@@ -32,6 +31,7 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.target import AgentEndpoint, JobControl
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.contracts.journal import JobRef
 from stormwatch.trainer.telemetry.ranklogs import current_world_size, read_job_logs
 
 

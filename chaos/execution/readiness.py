@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, LabNotReady
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
     Experiment,
@@ -20,6 +19,7 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.target import JobControl, Target
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
+from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import Placement
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 

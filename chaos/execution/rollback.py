@@ -18,11 +18,12 @@ import aiohttp
 from stormwatch.chaos.errors import ChaosError, FaultError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause, uncancel
-from stormwatch.chaos.execution.journal import ExperimentStatus, Phase
 from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
+from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open
+from stormwatch.contracts.fault_ledger import LedgerEntry
+from stormwatch.contracts.journal import ExperimentStatus, Phase
 
 logger = logging.getLogger(__name__)
 

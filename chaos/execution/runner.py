@@ -45,7 +45,6 @@ from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, j
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
 from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import ExperimentStatus, JobRef, Journal
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
@@ -60,6 +59,7 @@ from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import Target
 from stormwatch.clients import AsyncPrometheusClient
+from stormwatch.contracts.journal import ExperimentStatus, JobRef, Journal
 from stormwatch.dashboards.annotations import Annotator
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stormwatch.chaos.execution.context import RunContext
-from stormwatch.chaos.execution.journal import ExperimentStatus
 from stormwatch.chaos.execution.probes import ProbeContext, ProbeOutcome, check
 from stormwatch.chaos.experiment.model import Safeguard
+from stormwatch.contracts.journal import ExperimentStatus
 
 
 @dataclass(frozen=True)

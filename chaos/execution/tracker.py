@@ -10,7 +10,8 @@ sent (they get a recovery check instead of a revert).
 from __future__ import annotations
 
 from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry
+from stormwatch.chaos.ledger.ledger import Ledger
+from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.faults import ExperimentFault
 
 

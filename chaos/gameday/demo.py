@@ -33,13 +33,13 @@ from stormwatch.chaos.execution.runner import EXIT_ABORTED, ExperimentRun, Runne
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
-from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.target import lab_target
 from stormwatch.errors import ConfigError
 from stormwatch.lab import JobSpec, Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import grafana_hint
+from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
@@ -184,7 +184,7 @@ def train_baseline(lab: Lab, experiment: Experiment, reporter: ConsoleReporter) 
     reporter.event(f"  baseline finished: {job.steps} steps, logs in {info.log_dir}")
 
 
-def summary_table(run: ExperimentRun, pm: PostMortem | None) -> Table:
+def summary_table(run: ExperimentRun, pm: ExperimentPostMortem | None) -> Table:
     """The demo's closing table."""
 
     def secs(value: float | None, missing: str) -> str:
@@ -267,7 +267,7 @@ class DemoOutcome:
     """What :func:`run_demo` produced: the experiment run, the post-mortem and its Markdown file."""
 
     run: ExperimentRun
-    postmortem: PostMortem
+    postmortem: ExperimentPostMortem
     postmortem_file: Path
 
 

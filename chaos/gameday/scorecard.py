@@ -8,7 +8,7 @@ still leaves one). :class:`Scorecard` is the file's one model: the suite writes 
 detect and recover times).
 
 Per row: the fault, whether it was detected and by which alert, time to detect and
-to recover (definitions in :mod:`stormwatch.chaos.reports.postmortem`), steps lost, the
+to recover (definitions in :mod:`stormwatch.chaos.reports.experiment_report`), steps lost, the
 three checks of :mod:`stormwatch.chaos.reports.verify`, and the verdict:
 
 * ``pass``: the hypothesis held before and after, every rollback and revert
@@ -37,7 +37,7 @@ from typing import Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.execution.journal import ExperimentStatus
+from stormwatch.contracts.journal import ExperimentStatus
 
 Verdict = Literal["pass", "fail", "not run"]
 #: An experiment's journal status, or ``not run`` (the suite stopped before it).

@@ -32,7 +32,6 @@ from types import FrameType
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
-from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
@@ -42,13 +41,15 @@ from stormwatch.chaos.gameday.scorecard import (
     write_scorecard,
 )
 from stormwatch.chaos.reports.evidence import AlertEvidence, load_evidence
-from stormwatch.chaos.reports.postmortem import MATCH_SLACK_SECONDS, PostMortem
+from stormwatch.chaos.reports.experiment_report import MATCH_SLACK_SECONDS
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
 from stormwatch.lab import JobSpec, Lab
+from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
@@ -127,7 +128,7 @@ def category_of(experiment: Experiment, kind: str | None) -> str | None:
 
 
 def _expected_alert(
-    experiment: Experiment, pm: PostMortem, alerts: list[AlertEvidence]
+    experiment: Experiment, pm: ExperimentPostMortem, alerts: list[AlertEvidence]
 ) -> AlertEvidence | None:
     """The first alert of ``expect.alerts`` firing after the fault (None when none did)."""
     if pm.fault_at is None:
@@ -144,7 +145,7 @@ def _expected_alert(
 def score(
     entry: SuiteEntry,
     journal: Journal,
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     verification: Verification,
     alerts: list[AlertEvidence],
     experiment_dir: Path,

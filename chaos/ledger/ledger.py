@@ -9,7 +9,8 @@ its own connection (:func:`stormwatch.sqlite.connect`: WAL, ``synchronous=FULL``
 several processes (controller, reaper, ``revert``) can share the file, and a committed row
 survives a crash. The layout is versioned (:data:`SCHEMA`, ``PRAGMA user_version``).
 
-Default location: ``<run-dir>/chaos/ledger.sqlite3`` (:func:`ledger_path`).
+Default location: ``<run-dir>/chaos/ledger.sqlite3`` (:func:`ledger_path`). A row's model,
+which every reader uses, is :class:`stormwatch.contracts.fault_ledger.LedgerEntry`.
 """
 
 from __future__ import annotations
@@ -20,20 +21,18 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import TypeAdapter
 
 from stormwatch.chaos.errors import LedgerError
-from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.errors import SchemaTooNewError
 from stormwatch.faults import AnyExperimentFault
 from stormwatch.sqlite import Migration, Schema, connect, open_database, transaction
 
 logger = logging.getLogger(__name__)
 
-FaultState = Literal["pending", "injected", "reverted"]
 #: Seconds a call waits for another process's lock (controller, reaper and ``chaos revert``
 #: share the file; each holds it for one short statement).
 BUSY_TIMEOUT_S = 30.0
@@ -67,36 +66,6 @@ SCHEMA = Schema(
     (Migration(1, "faults table", _FAULTS_TABLE),),
     fix="or use another --run-dir",
 )
-
-
-class LedgerEntry(BaseModel):
-    """One fault in the ledger (a row of ``faults``; every reader uses this model: ``chaos
-    ledger``, revert, the reaper, verification, journals and post-mortems). Times are Unix
-    seconds; ``spec`` is the experiment's fault, ``target`` where it landed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    experiment_id: str
-    kind: str
-    spec: AnyExperimentFault
-    target: FaultTarget
-    state: FaultState
-    recorded_at: float
-    expires_at: float
-    injected_at: float | None = None
-    target_pid: int | None = None
-    reverted_at: float | None = None
-    revert_reason: str | None = None
-    revert_detail: str | None = None
-    controller_pid: int
-    controller_started_at: float
-    last_error: str | None = None
-
-    @property
-    def open(self) -> bool:
-        """Not reverted yet (pending faults count: they may have taken effect)."""
-        return self.state != "reverted"
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -290,4 +259,4 @@ def _alive(pid: int, started_at: float) -> bool:
         return False
 
 
-__all__ = ["FaultState", "Ledger", "LedgerEntry", "controller_identity", "ledger_path"]
+__all__ = ["Ledger", "controller_identity", "ledger_path"]

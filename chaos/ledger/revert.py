@@ -18,8 +18,9 @@ import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.undo import undo_fault
+from stormwatch.contracts.fault_ledger import LedgerEntry
 
 logger = logging.getLogger(__name__)
 

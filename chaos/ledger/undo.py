@@ -28,7 +28,8 @@ import psutil
 from stormwatch.agent.faults.ledger import FaultState
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, ServiceError
-from stormwatch.chaos.ledger.rows import AgentRequest, FaultTarget
+from stormwatch.chaos.ledger.tokens import agent_token
+from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
 
@@ -87,7 +88,7 @@ async def undo_fault(
         return await _forget(fault_id, spec, target, agents, expires_at)
     if not target.requests or target.token_file is None:
         raise FaultError(f"fault {fault_id}: {spec.kind} needs agent requests and a token file")
-    token = target.token(fault_id)
+    token = agent_token(target, fault_id)
     if spec.traits.kills_agent:
         if injected_at is not None:
             await asyncio.sleep(max(0.0, injected_at + KILL_AGENT_SETTLE_S - time.time()))
@@ -134,7 +135,7 @@ async def _forget(
     if target.agent_url is None or target.token_file is None:
         raise FaultError(f"fault {fault_id}: {spec.kind} needs the agent URL and token file")
     try:
-        known = await agents.forget(target.agent_url, target.token(fault_id), fault_id)
+        known = await agents.forget(target.agent_url, agent_token(target, fault_id), fault_id)
     except ServiceError as exc:
         if expires_at is not None and time.time() >= expires_at:
             return f"agent unreachable; its fault record expired at {expires_at:.0f}"

@@ -1,6 +1,8 @@
-"""Generate a post-mortem for a finished run: collect evidence, analyse, write the files.
+"""Generate a post-mortem for a finished run: collect evidence, analyse, plot, write the files.
 
-Used by ``stormwatch chaos run``, ``stormwatch chaos postmortem`` and the demo.
+Used by ``stormwatch chaos run``, ``stormwatch chaos postmortem``, game days and the demo.
+The analysis is :mod:`.experiment_report`; the figure and the files are the engine's
+(:mod:`stormwatch.postmortem`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from pathlib import Path
 from typing import Literal
 
 from stormwatch.chaos.errors import ChaosError
-from stormwatch.chaos.execution.journal import Journal, load_journal
 from stormwatch.chaos.execution.runner import NullReporter, Reporter
 from stormwatch.chaos.reports.evidence import (
     Evidence,
@@ -18,11 +19,18 @@ from stormwatch.chaos.reports.evidence import (
     save_evidence,
     wait_for_evidence,
 )
-from stormwatch.chaos.reports.plots import plot_loss
-from stormwatch.chaos.reports.postmortem import PostMortem, analyze, write_postmortem
+from stormwatch.chaos.reports.experiment_report import analyze, write_postmortem
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import Journal, load_journal
+from stormwatch.postmortem import ExperimentPostMortem
+from stormwatch.postmortem.plots import plot_loss
 from stormwatch.trainer.telemetry.events import log_path
-from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs, read_rank_log
+from stormwatch.trainer.telemetry.ranklogs import (
+    RankLog,
+    rank_progress,
+    read_job_logs,
+    read_rank_log,
+)
 
 #: How far before the experiment's start the alert query looks (s): an alert that was
 #: already firing then is not the experiment's.
@@ -44,7 +52,7 @@ def read_journal(experiment_dir: Path) -> Journal:
 
 def postmortem_from_files(
     experiment_dir: Path, *, evidence: Evidence | None, baseline_log_dir: Path | None
-) -> PostMortem:
+) -> ExperimentPostMortem:
     """Analyse the journal, the job's rank logs, the baseline's rank-0 log and ``evidence``."""
     journal = read_journal(experiment_dir)
     logs = read_job_logs(journal.job.log_dir) if journal.job is not None else {}
@@ -68,7 +76,7 @@ async def generate_postmortem(
     wait_resolved_seconds: float = 0.0,
     reporter: Reporter | None = None,
     wait_until: Literal["resolved", "detected"] = "resolved",
-) -> tuple[PostMortem, Path]:
+) -> tuple[ExperimentPostMortem, Path]:
     """Collect evidence from ``target`` (or reuse ``evidence.json`` when ``target`` is None),
     optionally waiting up to ``wait_resolved_seconds`` for the alert to be received and resolved
     (``wait_until="detected"``: only until it fired), then write ``postmortem.md``/``.json``.
@@ -121,7 +129,9 @@ async def generate_postmortem(
     return pm, md
 
 
-def _plot(pm: PostMortem, journal: Journal, experiment_dir: Path, baseline: Path | None) -> None:
+def _plot(
+    pm: ExperimentPostMortem, journal: Journal, experiment_dir: Path, baseline: Path | None
+) -> None:
     """Draw ``loss.png`` beside the report; a plotting failure is a note, never fatal."""
     if journal.job is None:
         return
@@ -132,8 +142,8 @@ def _plot(pm: PostMortem, journal: Journal, experiment_dir: Path, baseline: Path
     base = read_rank_log(base_path, 0) if base_path is not None and base_path.exists() else None
     try:
         plot_loss(
-            rank0,
-            base,
+            rank_progress(rank0),
+            rank_progress(base) if base is not None else None,
             experiment_dir / "loss.png",
             fault_step=pm.last_step_before_fault,
             resumed_from_step=pm.resumed_from_step,

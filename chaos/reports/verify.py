@@ -6,7 +6,7 @@
    docs/ARCHITECTURE.md "Checkpoints"); ``bounded`` allows a relative difference
    up to ``loss_rel_tolerance`` (elastic resizes re-shard: the documented bound is
    :data:`ELASTIC_LOSS_REL_BOUND`); ``skip`` does not compare. Taken from the
-   post-mortem's :class:`~stormwatch.chaos.reports.postmortem.LossCheck` (``identical``)
+   post-mortem's :class:`~stormwatch.postmortem.LossCheck` (``identical``)
    or recomputed from the rank-0 logs (``bounded``).
 2. **Checkpoint**: the job's latest complete checkpoint (``.metadata`` and the
    ``stormwatch-complete.json`` marker, :func:`stormwatch.trainer.checkpoint.store.scan`)
@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, ServiceError
-from stormwatch.chaos.execution.journal import Journal
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.reports.postmortem import PostMortem
 from stormwatch.chaos.target import Target
+from stormwatch.contracts.journal import ExperimentExpectations, Journal
+from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
 from stormwatch.trainer.telemetry.events import log_path
 from stormwatch.trainer.telemetry.ranklogs import (
@@ -52,6 +52,7 @@ from stormwatch.trainer.telemetry.ranklogs import (
 ELASTIC_LOSS_REL_BOUND = 0.05
 
 LossMode = Literal["identical", "bounded", "skip"]
+_LOSS_MODES: dict[str, LossMode] = {"identical": "identical", "bounded": "bounded", "skip": "skip"}
 
 
 class Check(BaseModel):
@@ -91,7 +92,7 @@ class Verification(BaseModel):
 
 
 def check_loss(
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     rank0: RankLog | None,
     baseline: RankLog | None,
     *,
@@ -245,11 +246,11 @@ async def check_faults_cleared(
 
 def _before_first_checkpoint(journal: Journal, rank0: RankLog | None) -> int | None:
     """The last step rank 0 completed when it is below the job's first checkpoint step."""
-    job = journal.experiment.get("job") if isinstance(journal.experiment, dict) else None
-    every = job.get("checkpoint_every") if isinstance(job, dict) else None
+    job = journal.facts().job
+    every = job.checkpoint_every if job is not None else None
     last = rank0.last_step if rank0 is not None else None
     step = last.step if last is not None and last.step is not None else 0
-    if isinstance(every, int) and step < every:
+    if every is not None and step < every:
         return step
     return None
 
@@ -265,7 +266,7 @@ def _token(path: Path | None) -> str | None:
 
 async def verify(
     journal: Journal,
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     *,
     target: Target | None,
     rank0: RankLog | None,
@@ -293,7 +294,7 @@ async def verify(
 def write_verification(
     experiment_dir: Path,
     journal: Journal,
-    pm: PostMortem,
+    pm: ExperimentPostMortem,
     *,
     target: Target | None,
     baseline_log_dir: Path | None,
@@ -304,13 +305,12 @@ def write_verification(
 
     The loss mode and bound default to the experiment's ``expect`` section (from the journal).
     """
-    expect = journal.experiment.get("expect") if isinstance(journal.experiment, dict) else None
-    expect = expect if isinstance(expect, dict) else {}
-    mode = loss_mode or expect.get("loss") or "identical"
+    expect = journal.facts().expect or ExperimentExpectations()
+    mode = _LOSS_MODES.get(loss_mode or expect.loss or "identical", "identical")
     bound = loss_rel_tolerance
     if bound is None:
-        given = expect.get("loss_rel_tolerance")
-        bound = float(given) if isinstance(given, (int, float)) else ELASTIC_LOSS_REL_BOUND
+        given = expect.loss_rel_tolerance
+        bound = given if given is not None else ELASTIC_LOSS_REL_BOUND
     rank0 = read_job_logs(journal.job.log_dir).get(0) if journal.job is not None else None
     baseline = None
     if baseline_log_dir is not None and log_path(Path(baseline_log_dir), 0).exists():
@@ -322,7 +322,7 @@ def write_verification(
             target=target,
             rank0=rank0,
             baseline=baseline,
-            loss_mode=mode if mode in ("identical", "bounded", "skip") else "identical",
+            loss_mode=mode,
             loss_rel_tolerance=bound,
         )
     )

@@ -4,4 +4,10 @@ another reads, declared once.
 * :mod:`.responder`: the responder's HTTP records (notifications, incidents, actions).
 * :mod:`.rank_env`: what a training rank's environment says about it (torchrun's variables
   and ``STORMWATCH_JOB``), read by the agent's rank watcher and the lab platform backend.
+* :mod:`.journal`: the experiment journal (``journal.json``), written by the chaos runner,
+  read by the experiment and incident post-mortems.
+* :mod:`.fault_ledger`: a row of the controller's fault ledger, written by the chaos
+  ledger, embedded in every journal.
+
+Each module's docstring names its writer; every reader uses the model.
 """

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.alerts.postmortem.cli import _lab_prometheus
-from stormwatch.alerts.postmortem.sources import _lab_rank_nodes
+from stormwatch.alerts.incident_report.cli import _lab_prometheus
+from stormwatch.alerts.incident_report.sources import _lab_rank_nodes
 from stormwatch.alerts.responder.service import ResponderSettings
 from stormwatch.errors import ConfigError
 from stormwatch.lab.config import LabConfig

@@ -311,7 +311,7 @@ def test_a_rank_killed_without_a_dump_is_named_and_not_a_survivor_behind_it(
 )
 def test_a_rank_exit_is_told_in_words_not_raw_codes(event: dict[str, object], words: str) -> None:
     from stormwatch.agent.watch.events import RankExitEvent
-    from stormwatch.alerts.postmortem.analysis import exit_status
+    from stormwatch.alerts.incident_report.clues import exit_status
 
     exited = RankExitEvent.model_validate(
         {"time": 1.0, "node": "n", "job": JOB, "rank": 0, **event}

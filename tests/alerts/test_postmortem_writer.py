@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from stormwatch.alerts.postmortem import PostMortemFiles, PostMortemWriter
-from stormwatch.alerts.postmortem.model import IncidentPostMortem
+from stormwatch.alerts.incident_report import PostMortemFiles, PostMortemWriter
+from stormwatch.postmortem import IncidentPostMortem
 
 
 def _files(tmp_path: Path, recovered_at: float | None) -> PostMortemFiles:

@@ -31,10 +31,10 @@ from pydantic import TypeAdapter
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injected, Injector
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import revert_open
 from stormwatch.chaos.target import Target, lab_target
+from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import Lab
 from stormwatch.lab.state import NodeState

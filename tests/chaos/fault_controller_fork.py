@@ -30,9 +30,9 @@ from pydantic import TypeAdapter
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import AnyExperimentFault
 
 _FAULT: TypeAdapter[Any] = TypeAdapter(AnyExperimentFault)

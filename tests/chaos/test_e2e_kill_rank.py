@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stormwatch.chaos import ChaosError, load_experiment, load_journal
+from stormwatch.chaos import ChaosError, load_experiment
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.gameday.demo import default_experiment, demo_experiment, run_demo
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import LabJobs
+from stormwatch.contracts.journal import load_journal
 from stormwatch.lab import Lab, LabConfig
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 

@@ -175,9 +175,9 @@ def test_the_http_probe_checks_status_and_body_of_a_real_server(tmp_path: Path) 
 
     import aiohttp
 
-    from stormwatch.chaos.execution.journal import JobRef
     from stormwatch.chaos.execution.probes import ProbeContext, check
     from stormwatch.chaos.experiment.model import HttpProvider
+    from stormwatch.contracts.journal import JobRef
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

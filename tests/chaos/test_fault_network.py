@@ -210,8 +210,8 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
     from stormwatch.chaos.execution.injection import apply_fault, plan_requests
     from stormwatch.chaos.ledger.ledger import Ledger
     from stormwatch.chaos.ledger.revert import revert_open
-    from stormwatch.chaos.ledger.rows import FaultTarget
     from stormwatch.chaos.target import AgentEndpoint
+    from stormwatch.contracts.fault_ledger import FaultTarget
     from stormwatch.faults import AnyExperimentFault
 
     agents = (

@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.chaos import Ledger, ledger_path, load_journal
+from stormwatch.chaos import Ledger, ledger_path
+from stormwatch.contracts.journal import load_journal
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 CONTROLLER = Path(__file__).resolve().parent / "controller.py"

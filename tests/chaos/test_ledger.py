@@ -19,7 +19,7 @@ from stormwatch.chaos import Ledger, LedgerError, revert_open
 from stormwatch.chaos.execution.injection import find_rank_process
 from stormwatch.chaos.ledger.ledger import ledger_path
 from stormwatch.chaos.ledger.revert import OVERDUE_REASON
-from stormwatch.chaos.ledger.rows import FaultTarget
+from stormwatch.contracts.fault_ledger import FaultTarget
 from stormwatch.faults import REGISTRY
 
 KillRankFault = REGISTRY["kill_rank"].experiment
@@ -41,7 +41,7 @@ def test_recorded_fault_survives_a_sigkilled_controller(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import os, signal, time
         from stormwatch.chaos import Ledger
-        from stormwatch.chaos.ledger.rows import FaultTarget
+        from stormwatch.contracts.fault_ledger import FaultTarget
         from stormwatch.faults import REGISTRY
         ledger = Ledger({str(db)!r})
         ledger.record(fault_id="exp.kill", experiment_id="exp",

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.execution.journal import (
+from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
+from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
+from stormwatch.contracts.journal import (
     ActivityRecord,
     JobRef,
     Journal,
     SteadyState,
     write_journal,
 )
-from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence, save_evidence
-from stormwatch.chaos.reports.postmortem import render_markdown
-from stormwatch.chaos.reports.report import generate_postmortem, postmortem_from_files
 from stormwatch.contracts.responder import IncidentMember, IncidentRecord, NotificationRecord
+from stormwatch.postmortem import ExperimentPostMortem, experiment_document, render_markdown
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 T0 = 1_700_000_000.0
@@ -28,6 +28,11 @@ STEP = 0.4
 FAULT_AT = T0 + 25 * STEP + 0.1  # just after step 25 completed
 RESTART_AT = FAULT_AT + 5.0
 RESUMED_AT = RESTART_AT + 3.0  # first step after resume (step 21)
+
+
+def _markdown(pm: ExperimentPostMortem) -> str:
+    """The experiment's ``postmortem.md`` text."""
+    return render_markdown(experiment_document(pm))
 
 
 def _loss(step: int) -> float:
@@ -285,7 +290,7 @@ def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
         "experiment ended",
     ]
     assert pm.notes == []
-    md = render_markdown(pm)
+    md = _markdown(pm)
     assert "| time to detect (fault → alert firing) | 2.0 s |" in md
     assert "| steps lost | 5 |" in md
     assert "Bitwise identical to the baseline at all 30 steps from step 21" in md
@@ -318,7 +323,7 @@ def test_alert_never_fired_says_not_detected(recorded: tuple[Path, Path, Path]) 
     assert pm.alert_received_at is None and pm.alert_resolved_at is None
     assert pm.recovered and pm.steps_lost == 5, "recovery is still measured"
     assert any("no alert fired" in n and "not detected" in n for n in pm.notes)
-    md = render_markdown(pm)
+    md = _markdown(pm)
     assert "| time to detect (fault → alert firing) | not detected |" in md
     assert "| not observed |  | alert firing |" in md
 
@@ -351,7 +356,7 @@ def test_mismatching_loss_lists_every_differing_step(tmp_path: Path) -> None:
     assert [m.step for m in pm.loss.mismatches] == [23, 40]
     assert pm.loss.mismatches[0].baseline_hex == _loss(23).hex()
     assert pm.loss.mismatches[0].experiment_hex == (_loss(23) + 1e-7).hex()
-    md = render_markdown(pm)
+    md = _markdown(pm)
     assert "**2 of 30 steps differ**" in md and f"| 23 | `{_loss(23).hex()}` |" in md
     assert "| loss identical to baseline after recovery | **no** (30 steps compared" in md
 
@@ -367,7 +372,7 @@ def test_without_baseline_or_fault_the_report_says_what_it_could_not_do(tmp_path
     assert pm.fault_at is None and not pm.detected and not pm.recovered
     assert pm.loss.identical is None and "no baseline" in pm.loss.note
     assert any("no fault was injected" in n for n in pm.notes)
-    md = render_markdown(pm)
+    md = _markdown(pm)
     assert "not detected" in md
     assert "Not compared: no baseline run given\n" in md + "\n"
     assert "loss not compared" not in md  # said once, by the heading's "Not compared"
@@ -451,9 +456,8 @@ def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
 
 def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: Path) -> None:
     """No restart: recovered when every rank has stepped after the ledger's revert."""
-    from stormwatch.chaos.execution.journal import load_journal
-    from stormwatch.chaos.ledger.ledger import LedgerEntry
-    from stormwatch.chaos.ledger.rows import FaultTarget
+    from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
+    from stormwatch.contracts.journal import load_journal
     from stormwatch.faults import REGISTRY
 
     healed = FAULT_AT + 20.0
@@ -490,7 +494,7 @@ def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: P
     assert pm.workers_restarted_at is None and pm.steps_lost is None
     assert pm.recovered and pm.recovered_by == "fault removed"
     assert pm.time_to_recover_seconds == pytest.approx(healed + 0.2 - FAULT_AT)  # rank 3 last
-    md = render_markdown(pm)
+    md = _markdown(pm)
     assert "time to recover (fault → every rank stepping after the fault's removal)" in md
 
     # The agent reverted it at its TTL; the rollback closed the ledger row after the job ended.

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from stormwatch.chaos import AttachedJobs
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.execution.probes import ProbeContext, check, rank_spans
 from stormwatch.chaos.experiment.model import JobProvider
+from stormwatch.contracts.journal import JobRef
 
 T0 = 1_700_000_000.0
 

@@ -18,12 +18,6 @@ from stormwatch.chaos.execution.context import RunAnnotations, RunContext
 from stormwatch.chaos.execution.ids import job_name_for
 from stormwatch.chaos.execution.injection import InjectionResult
 from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.execution.journal import (
-    ExperimentStatus,
-    JobRef,
-    Journal,
-    load_journal,
-)
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
@@ -38,10 +32,15 @@ from stormwatch.chaos.experiment.model import (
     When,
 )
 from stormwatch.chaos.experiment.selection import Shape
-from stormwatch.chaos.ledger.ledger import LedgerEntry
 from stormwatch.chaos.ledger.revert import RevertOutcome
-from stormwatch.chaos.ledger.rows import FaultTarget
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
+from stormwatch.contracts.journal import (
+    ExperimentStatus,
+    JobRef,
+    Journal,
+    load_journal,
+)
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.faults import REGISTRY, ExperimentFault
 

@@ -34,7 +34,8 @@ import pytest
 import yaml
 
 from stormwatch.alerts.rulefiles import rules_dir
-from stormwatch.chaos.ledger.ledger import Ledger, LedgerEntry, ledger_path
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
+from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.lab import Lab, LabConfig
 from stormwatch.lab.netns import IpRoute2
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from stormwatch.chaos.execution.journal import JobRef, Journal, SteadyState
 from stormwatch.chaos.gameday.scorecard import (
     Scorecard,
     ScorecardRow,
@@ -23,9 +22,10 @@ from stormwatch.chaos.gameday.scorecard import (
 )
 from stormwatch.chaos.gameday.suite import SuiteEntry, load_suite, score
 from stormwatch.chaos.reports.evidence import AlertEvidence
-from stormwatch.chaos.reports.postmortem import LossCheck, LossMismatch, PostMortem
 from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
+from stormwatch.contracts.journal import JobRef, Journal, SteadyState
 from stormwatch.errors import ConfigError
+from stormwatch.postmortem import ExperimentPostMortem, LossCheck, LossMismatch
 from stormwatch.trainer.checkpoint.store import (
     CompletionMarker,
     file_checksum,
@@ -127,7 +127,7 @@ def _journal(status: str = "completed", held: bool = True) -> Journal:
     )
 
 
-def _pm(**fields: object) -> PostMortem:
+def _pm(**fields: object) -> ExperimentPostMortem:
     base: dict[str, object] = {
         "experiment_id": "x",
         "title": "x",
@@ -145,7 +145,7 @@ def _pm(**fields: object) -> PostMortem:
         "steps_lost": 5,
     }
     base.update(fields)
-    return PostMortem.model_validate(base)
+    return ExperimentPostMortem.model_validate(base)
 
 
 ALL_OK = Verification(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.execution.journal import load_journal
 from stormwatch.chaos.gameday.scorecard import latest_scorecard, load_scorecard
 from stormwatch.chaos.reports.verify import Verification
+from stormwatch.contracts.journal import load_journal
 from stormwatch.lab import Lab, LabConfig
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injector import Injector
-from stormwatch.chaos.execution.journal import JobRef
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import REGISTRY
 from stormwatch.platforms.slurm import SlurmBackend
 

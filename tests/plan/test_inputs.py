@@ -97,7 +97,8 @@ def test_defaults_and_overrides_resolve_per_category() -> None:
 def _postmortem(run: Path, name: str, **fields: object) -> None:
     d = run / "experiments" / name
     d.mkdir(parents=True)
-    (d / "postmortem.json").write_text(json.dumps({"experiment_id": name, **fields}))
+    record = {"title": name, "status": "completed", "hypothesis_held": True, "rollbacks_ok": True}
+    (d / "postmortem.json").write_text(json.dumps({"experiment_id": name, **record, **fields}))
 
 
 def test_postmortems_map_fault_kinds_to_categories(tmp_path: Path) -> None:

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import RankDumper, dump_path, flight_recorder_environ
+from stormwatch.trainer.telemetry.dump import (
+    RankDumper,
+    dump_path,
+    flight_recorder_environ,
+    read_dump,
+    read_dumps,
+)
 
 
 class NullSink:
@@ -58,3 +67,59 @@ def test_flight_recorder_environ_respects_the_users_choice(tmp_path, monkeypatch
     }
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "5")
     assert flight_recorder_environ(None, 100) == {}
+
+
+def test_every_key_of_a_dump_reads_back_through_its_model(tmp_path: Path) -> None:
+    recent = [{"seq": 226, "op": "all_reduce", "seconds": None}]
+    dumper = RankDumper(tmp_path, rank=2, attempt=1, recent=lambda: recent, clock=lambda: 50.0)
+    dumper.step = 21
+    path = dumper.dump("Terminated")
+    assert path is not None
+    written = json.loads(path.read_text())
+    assert list(written) == [
+        "rank", "attempt", "pid", "time", "reason", "step",
+        "flight_recorder", "flight_recorder_error", "collectives",
+    ]  # fmt: skip
+    record = read_dump(path)
+    assert (record.rank, record.attempt, record.time, record.step) == (2, 1, 50.0, 21)
+    assert record.reason == "Terminated" and record.collectives == recent
+    assert record.in_collective()  # our record has a collective never observed complete
+
+
+def test_the_flight_recorder_counters_read_as_numbers_and_odd_entries_are_left_out(
+    tmp_path: Path,
+) -> None:
+    dump = {
+        "rank": 0, "time": 10.0, "reason": None,
+        "flight_recorder": {"pg_status": {
+            "0": {"last_enqueued_collective": "55", "last_completed_collective": "-1"},
+            "1": "not a status",
+            "2": {"last_enqueued_collective": "soon"},
+        }},
+        "collectives": [{"error": "RuntimeError: gone"}],
+    }  # fmt: skip
+    (tmp_path / "rank0.json").write_text(json.dumps(dump))
+    record = read_dump(tmp_path / "rank0.json")
+    status = record.group_status()
+    assert sorted(status) == ["0", "2"] and record.reason == ""
+    assert (status["0"].last_enqueued_collective, status["0"].last_completed_collective) == (55, -1)
+    assert status["2"].last_enqueued_collective is None
+    assert not record.in_collective()
+
+
+def test_dumps_before_the_window_or_not_dumps_at_all_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "time": 100.0}))
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "time": 10.0}))  # too old
+    (tmp_path / "rank2.json").write_text('{"rank": 2, "ti')  # torn
+    (tmp_path / "rank3.json").write_text(json.dumps({"rank": "3", "time": 100.0}))  # not ours
+    assert sorted(read_dumps(tmp_path, since=50.0)) == [0]
+    assert read_dumps(tmp_path / "missing", since=0.0) == {}
+
+
+def test_the_dump_model_imports_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "import stormwatch.trainer.telemetry.dump\n"
+        "assert 'torch' not in sys.modules, 'importing the dump model imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

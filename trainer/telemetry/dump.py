@@ -26,6 +26,12 @@ the file with ``attempt`` recorded in it)::
 On GPU, NCCL's own watchdog also dumps its flight recorder on a timeout to
 ``<dump-dir>/nccl_trace_rank_<R>`` (``TORCH_FR_DUMP_TEMP_FILE``, set by the
 CLI). Writing a dump never raises. No torch import at module level.
+
+The file's one model is :class:`DumpRecord` (the writer fills it); readers (the
+incident post-mortem) load dumps with :func:`read_dumps` / :func:`read_dump`, and
+read the flight recorder's per-group counters through :meth:`DumpRecord.group_status`
+and unfinished collectives through :meth:`DumpRecord.in_collective`. Importing this
+module does not import torch (a test checks it).
 """
 
 from __future__ import annotations
@@ -36,12 +42,113 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 
 log = logging.getLogger(__name__)
 
 #: Flight-recorder ring size: ~60 steps of the default model's ~33 collectives.
 DEFAULT_FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def _int_or_none(value: object) -> int | None:
+    """An int, or the digits torch writes as a string (``"55"``, ``"-1"``); anything else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+#: An integer field that reads what is not one as None (dumps come from a dying process).
+LenientInt = Annotated[int | None, BeforeValidator(_int_or_none)]
+#: A text field that reads null as "".
+LenientText = Annotated[str, BeforeValidator(lambda v: "" if v is None else str(v))]
+
+
+class GroupStatus(BaseModel):
+    """One process group's counters in the flight recorder's ``pg_status`` (collective
+    sequence numbers, which torch writes as strings; -1: none yet)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    last_enqueued_collective: LenientInt = None
+    last_completed_collective: LenientInt = None
+
+
+class DumpRecord(BaseModel):
+    """One rank's dump, ``<dump-dir>/rank<R>.json`` (keys in file order; see the module docstring).
+
+    Attributes:
+        rank / attempt / pid: who wrote it (``attempt``: TORCHELASTIC_RESTART_COUNT).
+        time: when (Unix seconds).
+        reason: why (the exception or signal that ended training).
+        step: the step in progress, if any.
+        flight_recorder: PyTorch's flight recorder JSON as dumped (None when unavailable).
+        flight_recorder_error: why it is unavailable.
+        collectives: our own record of the last collectives (``seconds`` None: never
+            observed complete), or one ``{"error": ...}`` when it could not be read.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    rank: StrictInt
+    attempt: LenientInt = None
+    pid: LenientInt = None
+    time: float | None = None
+    reason: LenientText = ""
+    step: LenientInt = None
+    flight_recorder: Any = None
+    flight_recorder_error: str | None = None
+    collectives: list[Any] = Field(default_factory=list)
+
+    def group_status(self) -> dict[str, GroupStatus]:
+        """Process group name -> its flight-recorder counters (groups without a readable
+        entry are left out)."""
+        recorder = self.flight_recorder if isinstance(self.flight_recorder, dict) else {}
+        raw = recorder.get("pg_status") or {}
+        if not isinstance(raw, dict):
+            return {}
+        return {
+            str(name): GroupStatus.model_validate(status)
+            for name, status in raw.items()
+            if isinstance(status, dict)
+        }
+
+    def in_collective(self) -> bool:
+        """A collective of our own record was never observed complete (``seconds`` null)."""
+        return any(isinstance(c, dict) and c.get("seconds", 0.0) is None for c in self.collectives)
+
+
+def read_dump(path: Path) -> DumpRecord:
+    """Read one dump file.
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not a dump (not JSON, or no integer ``rank``).
+    """
+    return DumpRecord.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+def read_dumps(dump_dir: Path, since: float) -> dict[int, DumpRecord]:
+    """rank -> its dump in ``dump_dir`` (``rank<R>.json``) written at or after ``since``
+    (Unix s); an unreadable file is logged and skipped, a missing folder reads as empty."""
+    dumps: dict[int, DumpRecord] = {}
+    for path in sorted(Path(dump_dir).glob("rank*.json")):
+        try:
+            record = read_dump(path)
+        except OSError as exc:
+            log.warning("dump %s unreadable: %s", path, exc)
+            continue
+        except ValidationError as exc:
+            log.warning("dump %s unreadable: %s", path, exc.errors(include_url=False)[:1])
+            continue
+        if (record.time or 0.0) >= since:
+            dumps[record.rank] = record
+    return dumps
 
 
 def dump_path(dump_dir: Path, rank: int) -> Path:
@@ -113,21 +220,21 @@ class RankDumper:
                 collectives = self.recent()
             except Exception as exc:
                 collectives = [{"error": f"{type(exc).__name__}: {exc}"}]
-            record = {
-                "rank": self._rank,
-                "attempt": self._attempt,
-                "pid": os.getpid(),
-                "time": self._clock(),
-                "reason": reason,
-                "step": self.step,
-                "flight_recorder": recorder,
-                "flight_recorder_error": recorder_error,
-                "collectives": collectives,
-            }
+            record = DumpRecord(
+                rank=self._rank,
+                attempt=self._attempt,
+                pid=os.getpid(),
+                time=self._clock(),
+                reason=reason,
+                step=self.step,
+                flight_recorder=recorder,
+                flight_recorder_error=recorder_error,
+                collectives=collectives,
+            )
             self._dir.mkdir(parents=True, exist_ok=True)
             path = dump_path(self._dir, self._rank)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record, default=str), encoding="utf-8")
+            tmp.write_text(json.dumps(record.model_dump(), default=str), encoding="utf-8")
             os.replace(tmp, path)
             log.warning("rank %d: post-mortem dump (%s) written to %s", self._rank, reason, path)
             return path
@@ -138,7 +245,11 @@ class RankDumper:
 
 __all__ = [
     "DEFAULT_FLIGHT_RECORDER_ENTRIES",
+    "DumpRecord",
+    "GroupStatus",
     "RankDumper",
     "dump_path",
     "flight_recorder_environ",
+    "read_dump",
+    "read_dumps",
 ]

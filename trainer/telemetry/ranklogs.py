@@ -3,8 +3,9 @@
 The records and the line parser are :mod:`stormwatch.trainer.telemetry.events`
 (the writer's own models); this module is the job-level view that chaos
 (probes, reports, game days) and alerts (incident post-mortems) share:
-:func:`read_job_logs` -> rank -> :class:`RankLog`, and a few questions asked
-of them. The files are appended to while we read them: a torn last line or
+:func:`read_job_logs` -> rank -> :class:`RankLog`, a few questions asked
+of them, and the post-mortem engine's view of them (:func:`job_progress`: the
+starts and steps as :class:`stormwatch.postmortem.progress.RankProgress`). The files are appended to while we read them: a torn last line or
 a malformed line is skipped (and counted in :attr:`RankLog.skipped_lines`),
 never fatal; a missing file or folder reads as empty. No torch import here.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stormwatch.postmortem.progress import Mark, RankProgress, StepDone, WorkerStart
 from stormwatch.trainer.telemetry.events import (
     DoneEvent,
     RankEvent,
@@ -142,11 +145,46 @@ def final_losses(log: RankLog) -> dict[int, str]:
     return losses
 
 
+def rank_progress(log: RankLog) -> RankProgress:
+    """One rank's log as the post-mortem engine reads it: its starts and steps, in file order."""
+    marks: list[Mark] = []
+    for event in log.events:
+        if isinstance(event, StartEvent):
+            marks.append(
+                WorkerStart(
+                    time=event.time,
+                    attempt=event.attempt,
+                    resumed_from_step=event.resumed_from_step,
+                )
+            )
+        elif isinstance(event, StepEvent):
+            marks.append(
+                StepDone(
+                    time=event.time,
+                    step=event.step,
+                    attempt=event.attempt,
+                    loss=event.loss,
+                    loss_hex=event.loss_hex,
+                    step_seconds=event.step_seconds,
+                )
+            )
+    return RankProgress(
+        rank=log.rank, marks=tuple(marks), finished=log.finished, done_at=log.done_at
+    )
+
+
+def job_progress(logs: Mapping[int, RankLog]) -> dict[int, RankProgress]:
+    """rank -> :func:`rank_progress`, in the order of ``logs``."""
+    return {rank: rank_progress(log) for rank, log in logs.items()}
+
+
 __all__ = [
     "RankLog",
     "current_world_size",
     "final_losses",
+    "job_progress",
     "last_completed_step",
+    "rank_progress",
     "read_job_logs",
     "read_rank_log",
 ]

@@ -1,18 +1,19 @@
 """The experiment journal, ``<run-dir>/experiments/<experiment-id>/journal.json``.
 
-One record per activity (start, end, status, output, error). :class:`Journal` is
-the file's one model: the runner writes it (through
+Writer: the chaos runner (:mod:`stormwatch.chaos.execution`), through
 :class:`~stormwatch.chaos.execution.journal_writer.JournalWriter`, which calls
-:func:`write_journal` after every activity, atomically: temporary file + rename,
-so a crashed controller still leaves the journal of what it did) and every reader
-loads it with :func:`load_journal` (chaos reports, incident post-mortems). The
-output of a fault injection, which readers look into, is typed too
-(:class:`FaultInjected`, :meth:`ActivityRecord.fault_injected`). All times are
-Unix seconds.
+:func:`write_journal` after every activity, atomically (temporary file + rename), so a
+crashed controller still leaves the journal of what it did. Readers load it with
+:func:`load_journal`: the experiment post-mortem and verification (chaos reports, game
+days) and the incident post-mortem (alerts), which reads the journals that overlap an
+incident; the journal is the contract across that line, so it is declared here, in the
+shared home.
 
-This module is the contract only: it imports pydantic and the fault ledger's row
-model, nothing of the runner, so that a shared post-mortem package can read
-journals through it.
+One record per activity (start, end, status, output, error). The output of a fault
+injection, which readers look into, is typed (:class:`FaultInjected`,
+:meth:`ActivityRecord.fault_injected`), and so is what readers take from the recorded
+experiment (:class:`ExperimentFacts`, :meth:`Journal.facts`). The ledger rows it embeds
+are :mod:`stormwatch.contracts.fault_ledger`. All times are Unix seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from stormwatch.chaos.ledger.ledger import LedgerEntry
+from stormwatch.contracts.fault_ledger import LedgerEntry
 
 ActivityStatus = Literal["running", "succeeded", "failed", "skipped", "aborted"]
 ExperimentStatus = Literal["running", "completed", "deviated", "failed", "aborted"]
@@ -123,10 +124,49 @@ class JobRef(BaseModel):
     started_by_runner: bool
 
 
+class ExperimentExpectations(BaseModel):
+    """The ``expect`` section of the recorded experiment, as readers use it (the runner
+    records the whole experiment, ``stormwatch.chaos.experiment.model.Experiment``).
+
+    Attributes:
+        loss: ``identical``, ``bounded`` or ``skip`` (None: not said).
+        loss_rel_tolerance: the relative bound of ``bounded`` (None: not said).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    loss: str | None = None
+    loss_rel_tolerance: float | None = None
+
+
+class ExperimentJobSettings(BaseModel):
+    """The ``job`` section of the recorded experiment, as readers use it.
+
+    Attributes:
+        checkpoint_every: steps between two checkpoints of a job the runner started.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    checkpoint_every: int | None = None
+
+
+class ExperimentFacts(BaseModel):
+    """What readers take from ``Journal.experiment`` (the experiment file as JSON; every
+    other key is ignored here)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job: ExperimentJobSettings | None = None
+    expect: ExperimentExpectations | None = None
+
+
 class Journal(BaseModel):
     """Everything one experiment run did.
 
     Attributes:
+        experiment: the experiment file as the runner recorded it (JSON); readers take
+            what they use through :meth:`facts`.
         status: ``completed`` (hypothesis held before and after), ``deviated``
             (it did not hold after), ``failed`` (not held before, or an activity or
             the controller failed), ``aborted`` (interrupted), ``running``.
@@ -182,6 +222,14 @@ class Journal(BaseModel):
         }
         return sections[phase]
 
+    def facts(self) -> ExperimentFacts:
+        """The parts of the recorded experiment readers use (empty when it has none, or
+        they do not parse: an experiment recorded by another version)."""
+        try:
+            return ExperimentFacts.model_validate(self.experiment)
+        except ValidationError:
+            return ExperimentFacts()
+
     def injected_faults(self) -> list[FaultInjected]:
         """The faults the method injected, in order (see :meth:`ActivityRecord.fault_injected`)."""
         return [f for r in self.method if (f := r.fault_injected()) is not None]
@@ -208,6 +256,9 @@ def load_journal(path: Path) -> Journal:
 __all__ = [
     "ActivityRecord",
     "ActivityStatus",
+    "ExperimentExpectations",
+    "ExperimentFacts",
+    "ExperimentJobSettings",
     "ExperimentStatus",
     "FaultInjected",
     "JobRef",

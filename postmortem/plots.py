@@ -1,13 +1,13 @@
-"""Plots for post-mortems (matplotlib's object API: no pyplot, no global backend).
+"""Every post-mortem figure, drawn here once (matplotlib's object API: no pyplot, no global
+backend; matplotlib is imported when a figure is drawn, not with this module).
 
-``loss.png``: the experiment's loss per step against the fault-free baseline,
-with the fault and the step the job resumed from marked, so a reader sees at a
-glance that the recomputed steps retrace the baseline.
-
-:func:`plot_time_series`: one panel of series over wall-clock time with the
-incident's moments (fault, alert, restart, recovery) as vertical lines; the
-incident post-mortems of ``stormwatch alerts`` draw step time, throughput and
-per-rank heartbeats with it.
+* :func:`plot_loss` (an experiment's ``loss.png``): rank 0's loss per step against the
+  fault-free baseline, with the fault and the step the job resumed from marked, so a
+  reader sees at a glance that the recomputed steps retrace the baseline.
+* :func:`plot_time_series` (an incident's ``step_time.png``, ``throughput.png``,
+  ``heartbeats.png``): one :class:`Panel` of series over wall-clock time with the
+  incident's moments (onset, alert, restart, recovery) as vertical lines.
+* :func:`png_data_uri`: a PNG inlined into the self-contained HTML page.
 """
 
 from __future__ import annotations
@@ -17,24 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stormwatch.trainer.telemetry.events import StartEvent, StepEvent
-from stormwatch.trainer.telemetry.ranklogs import RankLog
-
-
-def _series(log: RankLog) -> list[list[tuple[int, float]]]:
-    """(step, loss) per process incarnation, in file order (a ``start`` begins a new one)."""
-    segments: list[list[tuple[int, float]]] = [[]]
-    for event in log.events:
-        if isinstance(event, StartEvent) and segments[-1]:
-            segments.append([])
-        elif isinstance(event, StepEvent) and event.step is not None and event.loss is not None:
-            segments[-1].append((event.step, event.loss))
-    return [s for s in segments if s]
+from stormwatch.postmortem.progress import RankProgress
 
 
 def plot_loss(
-    experiment: RankLog,
-    baseline: RankLog | None,
+    experiment: RankProgress,
+    baseline: RankProgress | None,
     path: Path,
     *,
     fault_step: int | None = None,
@@ -44,8 +32,8 @@ def plot_loss(
     """Write a PNG of rank 0's loss per step (experiment vs baseline) to ``path``.
 
     Args:
-        experiment: the experiment's rank-0 log; each incarnation is drawn separately.
-        baseline: the fault-free run's rank-0 log, or None.
+        experiment: the experiment's rank 0; each worker incarnation is drawn separately.
+        baseline: the fault-free run's rank 0, or None.
         fault_step: last step completed before the fault (a dashed vertical line).
         resumed_from_step: checkpoint step the job resumed from (a dotted line).
 
@@ -59,11 +47,11 @@ def plot_loss(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if baseline is not None:
-        for i, seg in enumerate(_series(baseline)):
+        for i, seg in enumerate(baseline.loss_segments()):
             ax.plot(
                 *zip(*seg, strict=True), color="0.6", lw=3, label="baseline" if i == 0 else None
             )
-    for i, seg in enumerate(_series(experiment)):
+    for i, seg in enumerate(experiment.loss_segments()):
         label = "experiment" if i == 0 else f"experiment after restart {i}"
         ax.plot(*zip(*seg, strict=True), marker=".", ms=4, lw=1, label=label)
     if fault_step is not None:

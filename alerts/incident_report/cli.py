@@ -58,7 +58,7 @@ def postmortem_cmd(
     """Write (again) the post-mortem of INCIDENT: Markdown, one self-contained HTML file
     and JSON in <postmortem-dir>/incident-<id>/ (the responder writes it by itself when
     the incident closes)."""
-    from stormwatch.alerts.postmortem import write_incident_postmortem
+    from stormwatch.alerts.incident_report import write_incident_postmortem
 
     if not db_path.is_file():
         what = "is a folder, not a file" if db_path.is_dir() else "does not exist"

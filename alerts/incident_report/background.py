@@ -1,115 +1,35 @@
-"""Incident post-mortems: written when an incident resolves, re-rendered on demand.
-
-``<postmortem-dir>/incident-<id>/`` holds ``postmortem.md``, ``postmortem.html``
-(self-contained: plots inlined), ``postmortem.json``
-(:class:`IncidentPostMortem`) and the plots as PNG files. The responder writes
-it in the background when an incident closes (every member alert resolved);
-``stormwatch alerts postmortem INCIDENT`` writes it again from the same
-sources (the responder's database and audit log, the lab's run directory,
-Prometheus). Modules: :mod:`.sources` (reading), :mod:`.analysis` (culprit),
-:mod:`.build` (times, impact, timeline), :mod:`.render` (files).
-"""
+"""The responder's background post-mortem writer: one report per closed incident, written
+again once the recovery shows when the first report was too early."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from stormwatch.alerts.errors import AlertsError
-from stormwatch.errors import ConfigError
-
-if TYPE_CHECKING:
-    from stormwatch.alerts.postmortem.model import IncidentPostMortem
+from stormwatch.postmortem import IncidentPostMortem
 
 log = logging.getLogger(__name__)
 
 #: Seconds the responder waits after an incident closed before writing its post-mortem,
 #: so that the workers' last log lines and dumps are on disk.
 SETTLE_SECONDS = 2.0
-
-
-class UnknownIncident(AlertsError, ConfigError):
-    """The responder's database has no incident with the id given."""
+#: Longest wait for a recovery the first report did not see (s), and the time between looks.
+FOLLOW_UP_SECONDS = 600.0
+POLL_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class PostMortemFiles:
-    """Where one post-mortem was written."""
+    """Where one incident post-mortem was written (``folder`` holds its plots too)."""
 
     folder: Path
     markdown: Path
     html: Path
     json: Path
     postmortem: IncidentPostMortem
-
-
-def incident_folder(postmortem_dir: Path, incident_id: int) -> Path:
-    """``<postmortem_dir>/incident-<id>``."""
-    return Path(postmortem_dir) / f"incident-{incident_id}"
-
-
-def write_incident_postmortem(
-    *,
-    db_path: Path,
-    incident_id: int,
-    postmortem_dir: Path,
-    lab_run_dir: Path | None = None,
-    prometheus_url: str | None = None,
-    clock: Callable[[], float] = time.time,
-) -> PostMortemFiles:
-    """Build and write the post-mortem of one incident (blocking; seconds with Prometheus).
-
-    The readers and renderers (and the chaos modules they share) are imported on
-    the first call, so that starting the responder does not load them.
-
-    Args:
-        db_path: the responder's SQLite database (incidents, actions, audit log).
-        incident_id: the incident.
-        postmortem_dir: parent folder of ``incident-<id>/`` (created).
-        lab_run_dir: the lab's run directory (rank logs, dumps, spans, agent
-            events, chaos journals), or None.
-        prometheus_url: Prometheus base URL for the plots and the straggler/XID
-            evidence, or None (plots from the rank logs).
-        clock: Unix time source.
-
-    Raises:
-        UnknownIncident: no incident ``incident_id`` (the message lists the known range).
-        StoreError: the database cannot be read.
-    """
-    from stormwatch.alerts.postmortem.writer import write
-
-    return write(
-        db_path=db_path,
-        incident_id=incident_id,
-        postmortem_dir=postmortem_dir,
-        lab_run_dir=lab_run_dir,
-        prometheus_url=prometheus_url,
-        clock=clock,
-    )
-
-
-def recovery_visible(pm: IncidentPostMortem, lab_run_dir: Path | None) -> bool | None:
-    """Whether the job's rank logs now show a step completed by a worker started after
-    the onset; None when that cannot be known (no lab run directory, job or onset)."""
-    if lab_run_dir is None or pm.job is None or pm.onset_at is None:
-        return None
-    from stormwatch.trainer.telemetry.events import StepEvent
-    from stormwatch.trainer.telemetry.ranklogs import read_job_logs
-
-    logs_dir = Path(lab_run_dir) / "jobs" / pm.job / "logs"
-    if not logs_dir.is_dir():
-        return None
-    onset = pm.onset_at
-    return any(
-        isinstance(e, StepEvent)
-        for log in read_job_logs(logs_dir).values()
-        for e in log.since_restart(onset)
-    )
 
 
 class PostMortemWriter:
@@ -136,8 +56,8 @@ class PostMortemWriter:
         *,
         recovered: Callable[[IncidentPostMortem], bool | None] | None = None,
         settle_s: float = SETTLE_SECONDS,
-        follow_up_s: float = 600.0,
-        poll_s: float = 5.0,
+        follow_up_s: float = FOLLOW_UP_SECONDS,
+        poll_s: float = POLL_SECONDS,
     ) -> None:
         self._write = write
         self._recovered = recovered
@@ -172,9 +92,17 @@ class PostMortemWriter:
             return
         if files.postmortem.recovered_at is not None:  # written with the recovery in it
             return
-        # Not in the report yet. It may already have happened in the moment between
-        # building the report and now: look at once, then every poll_s.
-        check = self._recovered
+        await self._follow_up(incident_id, files.postmortem, self._recovered)
+
+    async def _follow_up(
+        self,
+        incident_id: int,
+        postmortem: IncidentPostMortem,
+        check: Callable[[IncidentPostMortem], bool | None],
+    ) -> None:
+        """Look for the recovery the report lacks (at once, then every ``poll_s``) and write
+        the report again when it shows."""
+        # It may already have happened in the moment between building the report and now.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._follow_up_s
         first = True
@@ -182,7 +110,7 @@ class PostMortemWriter:
             if not first:
                 await asyncio.sleep(self._poll_s)
             try:
-                seen = await asyncio.to_thread(check, files.postmortem)
+                seen = await asyncio.to_thread(check, postmortem)
             except Exception:
                 log.exception("incident %d: cannot look for the recovery", incident_id)
                 return
@@ -209,12 +137,4 @@ class PostMortemWriter:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-__all__ = [
-    "SETTLE_SECONDS",
-    "PostMortemFiles",
-    "PostMortemWriter",
-    "UnknownIncident",
-    "incident_folder",
-    "recovery_visible",
-    "write_incident_postmortem",
-]
+__all__ = ["SETTLE_SECONDS", "PostMortemFiles", "PostMortemWriter"]

@@ -1,0 +1,89 @@
+"""The incident's evidence about its culprit, reduced to the engine's neutral clues.
+
+What the engine weighs (:func:`stormwatch.postmortem.find_culprit`, strongest first:
+flight recorder, rank exits, the first alert, straggler scores, heartbeats, XID
+errors) comes from files and services this source reads: the trainer's dumps
+(:class:`~stormwatch.trainer.telemetry.dump.DumpRecord` -> :func:`reduce_dump`), the
+agents' ``rank_exit`` events (:func:`exit_status` words them), the responder's first
+alert, Prometheus and the rank logs.
+"""
+
+from __future__ import annotations
+
+from stormwatch.agent.watch.events import RankExitEvent
+from stormwatch.agent.watch.proc_exits import signal_name
+from stormwatch.alerts.incident_report.sources import Inputs
+from stormwatch.postmortem import Clues, FirstAlert, RankDump, RankExit
+from stormwatch.trainer.telemetry.dump import DumpRecord
+
+#: Characters of a dump's reason kept (an exception message can be a page long).
+REASON_CHARS = 300
+
+
+def reduce_dump(record: DumpRecord) -> RankDump:
+    """The parts of one trainer dump that compare across ranks: per process group the last
+    collective enqueued, and whether the rank was inside a collective (one enqueued but not
+    completed, or one of our own record never observed complete)."""
+    dump = RankDump(
+        rank=record.rank,
+        attempt=record.attempt,
+        time=record.time,
+        reason=record.reason[:REASON_CHARS],
+        step=record.step,
+    )
+    for name, status in record.group_status().items():
+        enqueued, completed = status.last_enqueued_collective, status.last_completed_collective
+        if enqueued is None:
+            continue
+        dump.enqueued[name] = enqueued
+        if completed is not None and completed >= 0 and enqueued > completed:
+            dump.in_flight = True
+    if record.in_collective():
+        dump.in_flight = True
+    return dump
+
+
+def exit_status(event: RankExitEvent) -> str:
+    """How a ``rank_exit`` agent event says the rank ended, in words.
+
+    ``killed by SIGKILL`` (``exit_signal``, or a negative ``exit_code``), ``exited with code
+    143 (128 + SIGTERM: the process ended itself on that signal)``, ``exited with code 1``,
+    or ``exited (status unknown: the agent saw no exit event)``.
+    """
+    code, sig = event.exit_code, event.exit_signal
+    if sig:
+        return f"was killed by {sig}"
+    if code is not None and code < 0:
+        return f"was killed by {signal_name(-code)}"
+    if code is not None and code > 128:
+        return (
+            f"exited with code {code} (128 + {signal_name(code - 128)}: "
+            "the process ended itself on that signal)"
+        )
+    if code is not None:
+        return f"exited with code {code}"
+    return "exited (status unknown: the agent saw no exit event)"
+
+
+def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
+    """The engine's clues from what was read about the incident (``dumps`` compared)."""
+    first = inputs.incident.first_alert
+    return Clues(
+        progress=inputs.progress,
+        dumps=dumps,
+        first_alert=FirstAlert(first.alertname, first.labels, inputs.incident.first_alert_tied),
+        first_alert_at=inputs.incident.starts_at,
+        onset=onset,
+        rank_exits=[
+            RankExit(e.time, e.rank, e.node, exit_status(e))
+            for e in inputs.agent_events
+            if isinstance(e, RankExitEvent) and not e.clean
+        ],
+        straggler_scores=inputs.prometheus_now.get("straggler_score", {}),
+        xid_errors=inputs.prometheus_now.get("xid_errors", {}),
+        rank_nodes=inputs.rank_nodes,
+        chaos_fault_ranks=[f.rank for j in inputs.journals for f in j.injected_faults()],
+    )
+
+
+__all__ = ["REASON_CHARS", "clues_of", "exit_status", "reduce_dump"]

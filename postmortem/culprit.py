@@ -1,0 +1,334 @@
+"""The likely culprit of a failure, strongest evidence first.
+
+1. flight recorder: in the per-rank dumps written during the incident (by every rank
+   of the job; when exactly one rank wrote none, it is named, uncertain, after the
+   other evidence found nothing), a rank that enqueued fewer collectives on a process
+   group than its peers did, and was itself inside no collective, never issued the
+   collective the others wait in (a hang, FC-10). Ranks that wait are "in flight"; the
+   one that does not wait is the cause. (PyTorch's flight recorder ``pg_status``; the
+   trainer's own record gives ``seconds: null`` to a collective never completed.)
+2. rank exits (not clean) the node agents saw at the onset: the rank that died first.
+3. the first alert, when it names a rank (and fired alone first).
+4. straggler score (``stormwatch_rank_straggler_score`` >= :data:`STRAGGLER_FACTOR`, FC-14).
+5. heartbeat: the one rank whose last step before the first alert is older than all others'.
+6. XID errors on a node in the window.
+
+The source adapters reduce what they read to the neutral :class:`Clues`
+(:class:`RankDump` per dump, :class:`RankExit` per agent exit event, ...);
+:func:`find_culprit` weighs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stormwatch.postmortem.progress import JobProgress, StepDone
+from stormwatch.postmortem.text import alert_label, format_clock
+
+#: Straggler score from which a rank counts as a straggler (the agent's default factor).
+STRAGGLER_FACTOR = 1.2
+#: Seconds before the onset a rank exit still counts as its cause (the agent sees an exit
+#: up to a poll interval late; the onset may be the last progress, just after it).
+EXIT_BEFORE_ONSET_S = 5.0
+#: Exits within this many seconds of the first are simultaneous (the culprit is uncertain).
+EXIT_TIE_S = 1.0
+
+Method = Literal[
+    "flight_recorder", "rank_exit", "alert", "straggler", "heartbeat", "xid", "unknown"
+]
+
+
+class RankDump(BaseModel):
+    """One rank's flight-recorder dump, reduced to what names a culprit.
+
+    Attributes:
+        rank / attempt / time / reason / step: from the trainer's dump file.
+        enqueued: process group (``name ranks``) -> last enqueued collective seq.
+        behind: groups where this rank enqueued fewer collectives than a peer, with
+            how many fewer (:func:`compare_dumps`).
+        in_flight: the rank was inside a collective (enqueued but never completed,
+            or a collective of our own record with no completion time).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
+    attempt: int | None = None
+    time: float | None = None
+    reason: str = ""
+    step: int | None = None
+    enqueued: dict[str, int] = Field(default_factory=dict)
+    behind: dict[str, int] = Field(default_factory=dict)
+    in_flight: bool = False
+
+
+class Culprit(BaseModel):
+    """The likely cause: a rank and/or node, how it was found and the evidence.
+
+    Attributes:
+        rank / node: None when unknown.
+        method: ``flight_recorder``, ``rank_exit``, ``alert``, ``straggler``,
+            ``heartbeat``, ``xid`` (strongest first), or ``unknown``.
+        certain: False when several candidates were equally likely.
+        evidence: human-readable lines, strongest first.
+        chaos_fault_rank: the rank a chaos experiment faulted, when a journal
+            covers the incident (a cross-check; never used to name the culprit).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int | None = None
+    node: str | None = None
+    method: Method = "unknown"
+    certain: bool = False
+    evidence: list[str] = Field(default_factory=list)
+    chaos_fault_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """A rank's process ended uncleanly, as a node agent saw it (``how``: in words, e.g.
+    ``was killed by SIGKILL``)."""
+
+    time: float
+    rank: int
+    node: str
+    how: str
+
+
+@dataclass(frozen=True)
+class FirstAlert:
+    """The alert that opened the incident (``tied``: another fired at the same moment)."""
+
+    alertname: str
+    labels: Mapping[str, str]
+    tied: bool = False
+
+
+@dataclass(frozen=True)
+class Clues:
+    """Everything the culprit is chosen from (times in Unix seconds).
+
+    Attributes:
+        progress: the job's rank progress (which ranks exist, their last steps).
+        dumps: the flight-recorder dumps written during the incident, compared
+            (:func:`compare_dumps`).
+        first_alert / first_alert_at: the incident's first alert and when it fired.
+        onset: when the failure began (None: unknown).
+        rank_exits: unclean rank exits in the window, by time.
+        straggler_scores: ``rank=R`` -> highest straggler score in the window.
+        xid_errors: ``node=N gpu=G code=C`` -> XID events in the window.
+        rank_nodes: rank -> node it ran on.
+        chaos_fault_ranks: the ranks chaos journals covering the incident faulted, in order.
+    """
+
+    progress: JobProgress
+    dumps: Sequence[RankDump]
+    first_alert: FirstAlert
+    first_alert_at: float
+    onset: float | None = None
+    rank_exits: Sequence[RankExit] = ()
+    straggler_scores: Mapping[str, float] = field(default_factory=dict)
+    xid_errors: Mapping[str, float] = field(default_factory=dict)
+    rank_nodes: Mapping[int, str] = field(default_factory=dict)
+    chaos_fault_ranks: Sequence[int | None] = ()
+
+
+def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
+    """Fill each dump's ``behind`` (per process group, vs. the furthest peer); by rank."""
+    ranks = sorted(dumps, key=lambda d: d.rank)
+    groups = sorted({name for d in ranks for name in d.enqueued})
+    for name in groups:
+        counts = [d.enqueued[name] for d in ranks if name in d.enqueued]
+        if len(counts) < 2:
+            continue
+        top = max(counts)
+        for dump in ranks:
+            mine = dump.enqueued.get(name)
+            if mine is not None and mine < top:
+                dump.behind[name] = top - mine
+    return ranks
+
+
+def _flight_recorder(dumps: Sequence[RankDump]) -> Culprit | None:
+    lagging = [d for d in dumps if d.behind]
+    if len(dumps) < 2 or not lagging:
+        return None
+    never_joined = [d for d in lagging if not d.in_flight]
+    pool = never_joined or lagging
+    top = max(sum(d.behind.values()) for d in pool)
+    chosen = [d for d in pool if sum(d.behind.values()) == top]
+    best = chosen[0]
+    evidence = [
+        f"rank {best.rank} never issued the collective its peers wait in: it is behind "
+        f"on {len(best.behind)} process group(s)"
+        + (" and was inside no collective itself" if not best.in_flight else "")
+    ]
+    for dump in dumps:
+        state = "waiting inside a collective" if dump.in_flight else "inside no collective"
+        behind = ", ".join(f"group {g}: {n} fewer" for g, n in sorted(dump.behind.items()))
+        evidence.append(
+            f"flight recorder, rank {dump.rank}: {state}; "
+            + (f"enqueued fewer collectives than its peers ({behind})" if behind else "not behind")
+            + f"; dump reason: {dump.reason[:120] or '?'}"
+        )
+    return Culprit(
+        rank=best.rank,
+        method="flight_recorder",
+        certain=len(chosen) == 1 and bool(never_joined),
+        evidence=evidence,
+    )
+
+
+def _rank_exit(exits: Sequence[RankExit], onset: float | None) -> Culprit | None:
+    if onset is not None:
+        exits = [e for e in exits if e.time >= onset - EXIT_BEFORE_ONSET_S]
+    if not exits:
+        return None
+    first = exits[0]
+    tied = [e for e in exits if e.time - first.time < EXIT_TIE_S]
+    return Culprit(
+        rank=first.rank,
+        node=first.node,
+        method="rank_exit",
+        certain=len({e.rank for e in tied}) == 1,
+        evidence=[
+            f"agent on {e.node}: rank {e.rank} {e.how} at {format_clock(e.time)}" for e in exits[:5]
+        ],
+    )
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _alert_rank(first: FirstAlert) -> Culprit | None:
+    rank = _int(first.labels.get("rank"))
+    if rank is None:
+        return None
+    return Culprit(
+        rank=rank,
+        node=first.labels.get("node"),
+        method="alert",
+        certain=not first.tied,
+        evidence=[
+            f"the first alert, {alert_label(first.alertname, first.labels)}, names rank {rank}"
+        ],
+    )
+
+
+def _straggler(scores: Mapping[str, float]) -> Culprit | None:
+    ranked = sorted(((v, k) for k, v in scores.items() if v >= STRAGGLER_FACTOR), reverse=True)
+    if not ranked:
+        return None
+    _, key = ranked[0]
+    return Culprit(
+        rank=_int(key.removeprefix("rank=")),
+        method="straggler",
+        certain=len(ranked) == 1,
+        evidence=[f"straggler score {v:.2f} ({k})" for v, k in ranked[:5]],
+    )
+
+
+def _heartbeat(progress: JobProgress, before: float) -> Culprit | None:
+    last: dict[int, StepDone] = {}
+    for rank, ranks in progress.items():
+        step = ranks.last_step_before(before)
+        if step is not None:
+            last[rank] = step
+    if len(last) < 2:
+        return None
+    oldest = min(last.values(), key=lambda s: (s.step or 0, s.time))
+    others = [s for s in last.values() if s is not oldest]
+    if not all((s.step or 0) > (oldest.step or 0) for s in others):
+        return None
+    rank = next(r for r, s in last.items() if s is oldest)
+    return Culprit(
+        rank=rank,
+        method="heartbeat",
+        certain=True,
+        evidence=[
+            f"rank {rank}'s last step before the alert was {oldest.step}; the other ranks "
+            f"reached {', '.join(str(s.step) for s in others)}"
+        ],
+    )
+
+
+def _xid(errors: Mapping[str, float]) -> Culprit | None:
+    if not errors:
+        return None
+    key = max(errors, key=lambda k: errors[k])
+    node = next((p.removeprefix("node=") for p in key.split() if p.startswith("node=")), None)
+    return Culprit(
+        node=node,
+        method="xid",
+        certain=len(errors) == 1,
+        evidence=[f"XID errors in the window: {k}: {v:g}" for k, v in errors.items()],
+    )
+
+
+def _no_dump(missing: list[int]) -> Culprit | None:
+    if len(missing) != 1:
+        return None
+    return Culprit(
+        rank=missing[0],
+        method="flight_recorder",
+        certain=False,
+        evidence=[
+            f"rank {missing[0]} is the only rank that wrote no dump: it died without "
+            "running its handlers (SIGKILL, OOM kill, segfault) or hung where no signal reaches"
+        ],
+    )
+
+
+def find_culprit(clues: Clues) -> Culprit:
+    """The strongest available culprit (see the module docstring); ``unknown`` without evidence.
+
+    The flight-recorder comparison is used only when every rank of the job wrote a
+    dump: a rank that died without one (SIGKILL) leaves its peers' counters uneven in
+    ways that point at a survivor.
+    """
+    scores = clues.straggler_scores
+    have = {d.rank for d in clues.dumps}
+    missing = sorted(r for r in clues.progress if r not in have) if clues.dumps else []
+    found = (
+        (None if missing else _flight_recorder(clues.dumps))
+        or _rank_exit(clues.rank_exits, clues.onset)
+        or _alert_rank(clues.first_alert)
+        or _straggler(scores)
+        or _heartbeat(clues.progress, clues.first_alert_at)
+        or _xid(clues.xid_errors)
+        or _no_dump(missing)
+        or Culprit(evidence=["no flight-recorder dump, rank exit, rank alert or straggler"])
+    )
+    if found.node is None and found.rank is not None:
+        found.node = clues.rank_nodes.get(found.rank)
+    if scores and found.method != "straggler":
+        found.evidence.append(
+            "straggler scores: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(scores.items()))
+        )
+    if missing and found.method != "flight_recorder":
+        found.evidence.append(
+            f"flight recorder not compared: rank(s) {', '.join(map(str, missing))} wrote no dump"
+        )
+    if clues.chaos_fault_ranks:
+        found.chaos_fault_rank = clues.chaos_fault_ranks[-1]
+    return found
+
+
+__all__ = [
+    "STRAGGLER_FACTOR",
+    "Clues",
+    "Culprit",
+    "FirstAlert",
+    "RankDump",
+    "RankExit",
+    "compare_dumps",
+    "find_culprit",
+]

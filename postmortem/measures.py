@@ -1,0 +1,155 @@
+"""What a failure cost the job: steps lost, time and GPU-hours lost, goodput, and the loss check.
+
+Inputs are the engine's progress model (:mod:`.progress`); times are Unix seconds,
+durations seconds.
+
+* :func:`measure_impact` (:class:`Impact`): world size, last step before the restart, step
+  resumed from, steps lost, median step time, time lost, GPU-hours lost, goodput.
+* :func:`compare_losses` (:class:`LossCheck`): the loss after recovery against a
+  fault-free baseline's, bitwise (``float.hex``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stormwatch.postmortem.progress import (
+    JobProgress,
+    Restart,
+    StepDone,
+    last_step,
+    steps_lost,
+    steps_until,
+)
+
+#: Most recent step times the median step time is taken over.
+MEDIAN_STEPS = 200
+
+
+class Impact(BaseModel):
+    """What the incident cost the job.
+
+    Attributes:
+        world_size: ranks of the job (rank logs, else Prometheus).
+        last_step_before: last step completed before the workers restarted.
+        resumed_from_step: checkpoint step the restarted workers resumed from.
+        steps_lost: ``last_step_before - resumed_from_step`` (computed again).
+        median_step_seconds: median step time before the onset (rank logs).
+        time_lost_seconds: onset -> the job completes ``last_step_before`` again
+            (when it did); else onset -> first step after resume plus
+            ``steps_lost x median_step_seconds``.
+        gpu_hours_lost: ``world_size x time_lost_seconds / 3600`` (every rank
+            holds a GPU for the whole outage; ETTR accounting as in Meta's
+            "Revisiting reliability in large-scale ML research clusters", 2024).
+        goodput: share of the incident's wall time (onset -> incident closed)
+            spent on new steps: ``new steps x median_step_seconds / duration``, 0..1.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    world_size: int | None = None
+    last_step_before: int | None = None
+    resumed_from_step: int | None = None
+    steps_lost: int | None = None
+    median_step_seconds: float | None = None
+    time_lost_seconds: float | None = None
+    gpu_hours_lost: float | None = None
+    goodput: float | None = None
+
+
+def measure_impact(
+    progress: JobProgress, restart: Restart, *, onset: float | None, resolved_at: float | None
+) -> Impact:
+    """The :class:`Impact` of a failure at ``onset`` that the job answered with ``restart``
+    (``resolved_at``: when the incident closed, for goodput). Steps before the restart (or
+    the onset, without one) count as done before the failure."""
+    impact = Impact(world_size=len(progress) or None, resumed_from_step=restart.resumed_from_step)
+    if onset is None or not progress:
+        return impact
+    cut = restart.started_at if restart.started_at is not None else onset
+    before = steps_until(progress, cut)
+    durations = [s.step_seconds for s in before if s.time <= onset and s.step_seconds]
+    if durations:
+        impact.median_step_seconds = statistics.median(durations[-MEDIAN_STEPS:])
+    impact.last_step_before = last_step(before)
+    impact.steps_lost = steps_lost(impact.last_step_before, impact.resumed_from_step)
+    top, median = impact.last_step_before, impact.median_step_seconds
+    regained = [s.time for s in restart.steps if top is not None and (s.step or 0) >= top]
+    recovered = restart.first_step
+    if regained:
+        impact.time_lost_seconds = min(regained) - onset
+    elif recovered is not None and median is not None:
+        impact.time_lost_seconds = (recovered.time - onset) + (impact.steps_lost or 0) * median
+    if impact.time_lost_seconds is not None and impact.world_size:
+        impact.gpu_hours_lost = impact.world_size * impact.time_lost_seconds / 3600.0
+    if resolved_at is not None and resolved_at > onset and median is not None:
+        new = {s.step for s in restart.steps if (s.step or 0) > (top or 0)}
+        impact.goodput = min(1.0, len(new) * median / (resolved_at - onset))
+    return impact
+
+
+class LossMismatch(BaseModel):
+    """A step whose loss differs from the baseline's (``*_hex`` is ``float.hex``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int
+    baseline_hex: str
+    experiment_hex: str
+
+
+class LossCheck(BaseModel):
+    """Loss after recovery vs. the baseline; ``identical`` None when nothing could be compared
+    (``note`` says why)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: str | None = None
+    from_step: int | None = None
+    compared_steps: int = 0
+    identical: bool | None = None
+    mismatches: list[LossMismatch] = Field(default_factory=list)
+    missing_in_baseline: list[int] = Field(default_factory=list)
+    note: str = ""
+
+
+def compare_losses(
+    steps: Iterable[StepDone],
+    expected: Mapping[int, str],
+    *,
+    from_step: int,
+    baseline: str | None,
+) -> LossCheck:
+    """Compare the ``loss_hex`` of every step from ``from_step`` on (the last logged value of a
+    step wins) with the baseline's ``expected`` step -> ``loss_hex``."""
+    check = LossCheck(baseline=baseline, from_step=from_step)
+    actual: dict[int, str] = {}
+    for s in steps:
+        if s.step is not None and s.loss_hex is not None and s.step >= from_step:
+            actual[s.step] = s.loss_hex
+    for step in sorted(actual):
+        if step not in expected:
+            check.missing_in_baseline.append(step)
+        elif expected[step] != actual[step]:
+            check.mismatches.append(
+                LossMismatch(step=step, baseline_hex=expected[step], experiment_hex=actual[step])
+            )
+    check.compared_steps = len(actual) - len(check.missing_in_baseline)
+    if check.compared_steps == 0:
+        check.note = "no step after recovery has a loss in both runs"
+        return check
+    check.identical = not check.mismatches
+    return check
+
+
+__all__ = [
+    "MEDIAN_STEPS",
+    "Impact",
+    "LossCheck",
+    "LossMismatch",
+    "compare_losses",
+    "measure_impact",
+]
