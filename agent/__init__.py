@@ -22,6 +22,7 @@ Exceptions::
         │   └── WebConfigError      bad --web-config-file (TLS, basic auth); names the key
         ├── NvmlUnavailable         --gpu-backend nvml without a working driver
         ├── CollectorError          a collector cannot collect (collector_up 0)
+        ├── DeviceDown              internal to the GPU sampler: a device-fatal NVML error
         ├── LedgerError             the fault ledger cannot be opened or written
         ├── FaultNotFound           unknown fault id (404; a stormwatch.faults.FaultError too)
         └── FaultConflict           fault id reused with another request (409; likewise)

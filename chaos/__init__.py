@@ -16,8 +16,10 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── InvalidExperiment       experiment file invalid: file, field path, what is allowed
     │                           (also a ConfigError: exit 2, nothing started)
     ├── LabNotReady             no lab / a needed service is down (also a ConfigError)
+    ├── SelectionError          a selector names a node or rank the job does not have
     ├── FaultError              a fault could not be located, injected or reverted
     │   └── RankNotFound        the agent asked does not hold the rank (nothing happened)
+    ├── ActivityFailed          an activity of the method failed (its record says why)
     ├── RollbackFailed          a rollback or revert failed (the fault stays open)
     ├── LedgerError             the SQLite ledger cannot be read or written
     └── ServiceError            an agent or the responder failed or is unreachable

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from stormwatch.chaos.errors import ActivityFailed, ChaosError
+from stormwatch.chaos.errors import ActivityFailed, ChaosError, SelectionError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause
 from stormwatch.chaos.execution.injector import Injected
@@ -29,7 +29,6 @@ from stormwatch.chaos.experiment.model import (
     When,
 )
 from stormwatch.chaos.experiment.selection import (
-    SelectionError,
     Shape,
     blast_radius_problem,
     expand,
