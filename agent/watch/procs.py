@@ -1,8 +1,8 @@
 """Process inspection for the rank watcher: who is a torchrun agent, who is a rank.
 
-Split from :mod:`stormwatch.agent.watch.ranks` (which tracks rank lives) to keep
-each module to one job: here are the pure helpers that read ``/proc``, the
-environment and command lines.
+The pure helpers that read ``/proc``, the environment and command lines; the rank
+watcher (:mod:`.ranks`, which tracks rank lives) finds ranks with them
+(:mod:`.discovery`), and re-checks one before a fault acts on it.
 """
 
 from __future__ import annotations
