@@ -6,9 +6,11 @@ before and after a method that injects typed faults (the kinds of
 controller). :mod:`.execution` runs it against a :mod:`.target`, writes every
 fault to the :mod:`.ledger` *before* sending it (:mod:`.execution.injection`), and
 reverts whatever is open however the run ends (FC-13, :mod:`.ledger.undo`). Every activity is
-journaled (:mod:`.journal`); :mod:`.postmortem` turns the journal, the rank
-logs, a baseline run and the alert/responder :mod:`.evidence` into a report.
-``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo`` is :mod:`.demo`.
+journaled (:mod:`.execution.journal`); :mod:`.reports` turns the journal, the rank
+logs, a baseline run and the alert/responder evidence into a post-mortem.
+:mod:`.gameday` runs suites of experiments into a scorecard and the demo.
+``stormwatch chaos`` is :mod:`.cli` (one module per command group); ``stormwatch demo``
+is :mod:`.gameday.demo`.
 
 Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
 

@@ -44,7 +44,8 @@ from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, job_variables
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
-from stormwatch.chaos.execution.injector import Injector
+from stormwatch.chaos.execution.injection.injector import Injector
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.execution.journal import ExperimentStatus, JobRef, Journal
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
@@ -55,7 +56,6 @@ from stormwatch.chaos.execution.reporter import NullReporter, Reporter
 from stormwatch.chaos.execution.rollback import LedgerReverter, RollbackExecutor
 from stormwatch.chaos.execution.safeguards import SafeguardWatcher
 from stormwatch.chaos.execution.tracing import ExperimentTrace
-from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import Target

@@ -12,7 +12,7 @@
   An agent that cannot be reached is retried for :data:`UNREACHABLE_RETRY_S`, except
   for a final kind (a kill: nothing is left to undo).
 
-Applying faults is :mod:`stormwatch.chaos.execution.injection`.
+Applying faults is :mod:`stormwatch.chaos.execution.injection.placement`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The order is the point (FC-13): the ledger row is committed before the fault
 leaves the controller, so whatever happens next (crash, Ctrl-C, a timeout on
 the request) the fault can be found and reverted. Where a fault goes and how it is
-applied there follow its kind's placement (:mod:`.injection`); a kind that does not
+applied there follow its kind's placement (:mod:`.placement`); a kind that does not
 revert itself at its TTL (:attr:`stormwatch.faults.Traits.reverts_itself`) gets a
 detached TTL reaper.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError, FaultError, RankNotFound
-from stormwatch.chaos.execution.injection import (
+from stormwatch.chaos.execution.injection.placement import (
     InjectionResult,
     agent_targets,
     apply_fault,
@@ -117,7 +117,7 @@ class Injector:
         """Where ``fault`` can go, most likely first (agents that list the rank alive lead).
 
         Agent-side kinds get one candidate per request set
-        (:func:`~stormwatch.chaos.execution.injection.plan_requests`), their agent ids
+        (:func:`~stormwatch.chaos.execution.injection.placement.plan_requests`), their agent ids
         derived from ``fault_id``.
 
         Raises:
