@@ -135,12 +135,6 @@ class Policy(_Model):
         return frozenset(k for r in self.rules for k in r.actions)
 
 
-def lab_policy_path() -> Path:
-    """The shipped lab policy (``alerts/lab-policy.yml``): the default plus
-    ``StormwatchTrainingHung`` -> ``restart_workers``."""
-    return Path(__file__).with_name("lab-policy.yml")
-
-
 def default_policy() -> Policy:
     """The shipped policy: ``StormwatchRankStalled`` -> ``confirm_restart`` only."""
     return Policy(rules=(Rule(alertname="StormwatchRankStalled", actions=("confirm_restart",)),))
@@ -219,7 +213,6 @@ __all__ = [
     "Policy",
     "Rule",
     "default_policy",
-    "lab_policy_path",
     "load_policy",
     "parse_policy",
 ]
