@@ -268,6 +268,8 @@ class GpuSampler:
                 merge(nvlink.dcgm)
             processes = self._processes(handle, sink) if self._options.processes else None
         except DeviceDown as down:
+            # Reported, not swallowed: the error was counted by ``sink`` and the GPU is
+            # exported down (stormwatch_gpu_up 0) until a sample reaches it again.
             log.debug("GPU %d down: %s", index, down)
             self._forget(index)
             return DeviceReading(index=index, up=False)

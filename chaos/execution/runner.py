@@ -27,7 +27,6 @@ The journal is rewritten after every activity.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import signal
@@ -241,8 +240,10 @@ class Runner:
         ledger = Ledger(ledger_path(self.target.run_dir))
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
         self._trace.export_to(self.experiment_dir)
-        with contextlib.suppress(OSError):
+        try:
             shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
+        except OSError as exc:  # the journal keeps the experiment itself; the copy is a convenience
+            logger.warning("could not copy %s into %s: %s", self.source, self.experiment_dir, exc)
         self._writer.save()
         self._ctx.annotations.annotate(
             f"experiment {self.experiment_id} started", "experiment-started"

@@ -48,7 +48,7 @@ def listening_ports(netns: str) -> set[int]:
     for line in out.splitlines()[1:]:
         fields = line.split()
         if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # 0A: LISTEN
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError):  # not a port: a line of another format
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from stormwatch.chaos.target import Target
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,12 +151,19 @@ class Injector:
         job = self._job.name
         holders: set[str] = set()
         if self._target.placement is not None:
-            with contextlib.suppress(StormwatchError):
+            try:
                 placed = await asyncio.to_thread(self._target.placement.ranks, job)
+            except StormwatchError as exc:
+                log.warning(
+                    "the platform cannot place the ranks of %s (asking each agent): %s", job, exc
+                )
+            else:
                 if rank in placed:
                     holders.add(placed[rank])
         if not holders:  # no backend, or it does not know: ask each agent
             for agent in self._target.agents:
+                # An agent that cannot answer (one a fault stopped, say) holds no rank we can
+                # reach; holders only order the agents tried, and every one is tried anyway.
                 with contextlib.suppress(ChaosError):
                     ranks = await self._agents.ranks(agent.url)
                     if any(r.job == job and r.rank == rank and r.alive for r in ranks):
