@@ -26,7 +26,7 @@ import logging
 import ssl
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from opentelemetry import trace
@@ -69,6 +69,24 @@ log = logging.getLogger(__name__)
 GPU_COLLECTORS = ("gpu", "nvlink", "xid", "gpu_processes")
 
 Stack = contextlib.AsyncExitStack
+
+
+class _Service(Protocol):
+    """A background thread with a lifecycle (the rank watcher, the monitor, the sampler)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+ServiceT = TypeVar("ServiceT", bound=_Service)
+
+
+def _started(stack: Stack, service: ServiceT) -> ServiceT:
+    """``service``, started, its stop registered on ``stack``."""
+    service.start()
+    stack.callback(service.stop)
+    return service
 
 
 def start_tracing(cfg: AgentConfig, stack: Stack) -> AgentTracing:
@@ -140,9 +158,7 @@ def start_rank_watch(
         on_exit=on_exit,
         exits=exits,
     )
-    watcher.start()
-    stack.callback(watcher.stop)
-    return watcher
+    return _started(stack, watcher)
 
 
 def start_rank_health(
@@ -164,9 +180,7 @@ def start_rank_health(
         interval=cfg.rank_scan_interval,
         clock=clock,
     )
-    health.start()
-    stack.callback(health.stop)
-    return health
+    return _started(stack, health)
 
 
 def start_fault_manager(
@@ -257,9 +271,7 @@ def open_gpu(
         ),
         clock=clock,
     )
-    sampler.start()
-    stack.callback(sampler.stop)
-    return GpuSide(backend, sampler)
+    return GpuSide(backend, _started(stack, sampler))
 
 
 def build_collectors(

@@ -27,11 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.errors import ConfigError
+from stormwatch.yamltext import yaml_mapping
 
 #: Every action kind a policy may name.
 ActionKind = Literal[
@@ -165,14 +165,9 @@ def parse_policy(text: str, *, origin: str = "<policy>") -> Policy:
         ConfigError: not YAML, not a mapping, or invalid; the message names
             ``origin``, the field path and the fix (the valid keys for an unknown one).
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: must be a mapping with keys dry_run, guards, rules")
+    data = yaml_mapping(
+        text, origin, not_mapping="must be a mapping with keys dry_run, guards, rules"
+    )
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
