@@ -4,14 +4,15 @@ Serves ``/metrics`` (dcgm-exporter-compatible GPU metrics from real or
 simulated NVML, host metrics, the trainer's multiprocess metrics, the rank
 watcher's view), ``/healthz``, ``/v1/ranks`` and an authenticated fault API
 with a durable ledger. Layout: :mod:`.config`, :mod:`.catalogue` (+
-``catalogue.csv``), :mod:`.gpu` (NVML backends and sampler), :mod:`.ranks`
-(rank watcher), :mod:`.health` (hang / straggler detectors), :mod:`.rank_health`
-(drives them, events, hang diagnostics via :mod:`.diagnostics`), :mod:`.events`
-(``events.jsonl``, ``/v1/events``), :mod:`.collectors` (one module per collector), :mod:`.faults`
-(the fault API's manager and ledger; the kinds are :mod:`stormwatch.faults`), :mod:`.server` (HTTP),
-:mod:`.tracing` (the agent's own spans, FC-07/FC-08), :mod:`.procs` (process
-inspection, which rank names which metrics dir), :mod:`.statelock` (one agent per
-state dir), :mod:`.runtime` (:class:`Agent`), :mod:`.cli`.
+``catalogue.csv``), :mod:`.gpu` (NVML backends and sampler), :mod:`.watch` (the rank
+watcher, its process discovery, the trainer's files, hang / straggler detectors and
+their monitor, hang diagnostics, ``events.jsonl`` for ``/v1/events``), :mod:`.collectors`
+(one module per collector), :mod:`.exposition` (the cached ``/metrics``), :mod:`.faults`
+(the fault API's manager and ledger; the kinds are :mod:`stormwatch.faults`),
+:mod:`.server` (HTTP), :mod:`.webconfig` (TLS, basic auth), :mod:`.tracing` (the agent's
+own spans, FC-07/FC-08), :mod:`.statelock` (one agent per state dir), :mod:`.assembly`
+(one builder per subsystem), :mod:`.runtime` (:class:`Agent`, which wires them),
+:mod:`.cli`.
 
 Exceptions::
 
@@ -22,6 +23,7 @@ Exceptions::
         │   └── WebConfigError      bad --web-config-file (TLS, basic auth); names the key
         ├── NvmlUnavailable         --gpu-backend nvml without a working driver
         ├── CollectorError          a collector cannot collect (collector_up 0)
+        ├── DeviceDown              internal to the GPU sampler: a device-fatal NVML error
         ├── LedgerError             the fault ledger cannot be opened or written
         ├── FaultNotFound           unknown fault id (404; a stormwatch.faults.FaultError too)
         └── FaultConflict           fault id reused with another request (409; likewise)

@@ -264,6 +264,7 @@ async def _serve(config: AgentConfig) -> None:
             click.echo(f"stormwatch agent {config.node}: stopping", err=True)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
+            # The loop is ending with the process: a handler it cannot remove goes with it.
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
 

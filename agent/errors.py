@@ -43,6 +43,11 @@ class FaultConflict(AgentError, FaultError):
     http_status = 409
 
 
+class DeviceDown(AgentError):
+    """Internal to the GPU sampler: a device-fatal NVML error (``GPU_IS_LOST`` ...); the
+    device is reported down for this sample (``stormwatch_gpu_up 0``), never raised out of it."""
+
+
 class LedgerError(AgentError):
     """The fault ledger (SQLite under ``--state-dir``) cannot be opened or written."""
 
@@ -51,6 +56,7 @@ __all__ = [
     "AgentConfigError",
     "AgentError",
     "CollectorError",
+    "DeviceDown",
     "FaultConflict",
     "FaultNotFound",
     "LedgerError",

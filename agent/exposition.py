@@ -249,7 +249,7 @@ class ExpositionCache:
             while True:
                 due = self._until_due(self._monotonic())
                 wait = timeout if due is None or due <= 0 else min(due, timeout)
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(asyncio.TimeoutError):  # the timer: due, or no wake
                     await asyncio.wait_for(wake.wait(), wait)
                 wake.clear()
                 if not self.wanted():

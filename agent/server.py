@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 
 from stormwatch.agent.collectors.base import CollectorSet
@@ -129,9 +130,7 @@ class ApiDeps:
 def build_app(deps: ApiDeps) -> web.Application:
     """The read-only application (``/metrics``, ``/healthz``, ``/v1/ranks``, ``/v1/events``)."""
     api = _Api(deps)
-    app = web.Application(
-        client_max_size=deps.max_request_bytes, middlewares=[api.headers, api.basic_auth]
-    )
+    app = _application(deps, auth=api.basic_auth, api=api)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/v1/ranks", api.ranks)
@@ -142,14 +141,17 @@ def build_app(deps: ApiDeps) -> web.Application:
 def build_fault_app(deps: ApiDeps) -> web.Application:
     """The fault API's application (``/v1/faults``), every route behind the Bearer token."""
     api = _Api(deps)
-    app = web.Application(
-        client_max_size=deps.max_request_bytes, middlewares=[api.headers, api.bearer_auth]
-    )
+    app = _application(deps, auth=api.bearer_auth, api=api)
     app.router.add_post("/v1/faults", api.post_fault)
     app.router.add_get("/v1/faults", api.list_faults)
     app.router.add_get("/v1/faults/{id}", api.get_fault)
     app.router.add_delete("/v1/faults/{id}", api.delete_fault)
     return app
+
+
+def _application(deps: ApiDeps, *, auth: Middleware, api: _Api) -> web.Application:
+    """An application with the request size limit, the extra headers and ``auth``."""
+    return web.Application(client_max_size=deps.max_request_bytes, middlewares=[api.headers, auth])
 
 
 class _Api:

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Literal
 
 import bcrypt
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stormwatch.agent.errors import WebConfigError
+from stormwatch.yamltext import yaml_mapping
 
 ClientAuthType = Literal[
     "NoClientCert",
@@ -136,14 +136,13 @@ def load_web_config(path: Path) -> WebConfig:
         raise WebConfigError(f"{where}: cannot read it: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise WebConfigError(f"{where}: not UTF-8 text") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WebConfigError(f"{where}: invalid YAML: {exc}") from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise WebConfigError(f"{where}: expected a mapping of keys (tls_server_config, ...)")
+    raw = yaml_mapping(
+        text,
+        where,
+        error=WebConfigError,
+        invalid="invalid YAML",
+        not_mapping="expected a mapping of keys (tls_server_config, ...)",
+    )
     tls = raw.get("tls_server_config")
     if isinstance(tls, dict):
         for key in ("cipher_suites", "curve_preferences"):

@@ -294,6 +294,7 @@ def serve_cmd(
             await serve(settings, stop=stop, on_ready=lambda url: click.echo(f"listening on {url}"))
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
+                # The loop is ending with the process: a handler it cannot remove goes with it.
                 with contextlib.suppress(Exception):
                     loop.remove_signal_handler(sig)
 

@@ -27,11 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.errors import ConfigError
+from stormwatch.yamltext import yaml_mapping
 
 #: Every action kind a policy may name.
 ActionKind = Literal[
@@ -135,12 +135,6 @@ class Policy(_Model):
         return frozenset(k for r in self.rules for k in r.actions)
 
 
-def lab_policy_path() -> Path:
-    """The shipped lab policy (``alerts/lab-policy.yml``): the default plus
-    ``StormwatchTrainingHung`` -> ``restart_workers``."""
-    return Path(__file__).with_name("lab-policy.yml")
-
-
 def default_policy() -> Policy:
     """The shipped policy: ``StormwatchRankStalled`` -> ``confirm_restart`` only."""
     return Policy(rules=(Rule(alertname="StormwatchRankStalled", actions=("confirm_restart",)),))
@@ -171,14 +165,9 @@ def parse_policy(text: str, *, origin: str = "<policy>") -> Policy:
         ConfigError: not YAML, not a mapping, or invalid; the message names
             ``origin``, the field path and the fix (the valid keys for an unknown one).
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: must be a mapping with keys dry_run, guards, rules")
+    data = yaml_mapping(
+        text, origin, not_mapping="must be a mapping with keys dry_run, guards, rules"
+    )
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
@@ -219,7 +208,6 @@ __all__ = [
     "Policy",
     "Rule",
     "default_policy",
-    "lab_policy_path",
     "load_policy",
     "parse_policy",
 ]

@@ -10,7 +10,9 @@ journaled (the journal and the ledger row are shared contracts:
 :mod:`stormwatch.contracts.journal`, :mod:`stormwatch.contracts.fault_ledger`);
 :mod:`.reports.experiment_report` turns the journal, the rank logs, a baseline run and
 the alert/responder :mod:`.reports.evidence` into the post-mortem engine's report
-(:mod:`stormwatch.postmortem`). ``stormwatch chaos`` is :mod:`.cli`; ``stormwatch demo``
+(:mod:`stormwatch.postmortem`). :mod:`.gameday` runs suites of experiments into a
+scorecard and the demo. ``stormwatch chaos`` is :mod:`.cli` (one module per command
+group); ``stormwatch demo``
 is :mod:`.gameday.demo`.
 
 Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
@@ -19,8 +21,10 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── InvalidExperiment       experiment file invalid: file, field path, what is allowed
     │                           (also a ConfigError: exit 2, nothing started)
     ├── LabNotReady             no lab / a needed service is down (also a ConfigError)
+    ├── SelectionError          a selector names a node or rank the job does not have
     ├── FaultError              a fault could not be located, injected or reverted
     │   └── RankNotFound        the agent asked does not hold the rank (nothing happened)
+    ├── ActivityFailed          an activity of the method failed (its record says why)
     ├── RollbackFailed          a rollback or revert failed (the fault stays open)
     ├── LedgerError             the SQLite ledger cannot be read or written
     └── ServiceError            an agent or the responder failed or is unreachable

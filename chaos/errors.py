@@ -72,6 +72,11 @@ class LedgerError(ChaosError):
     """The fault ledger (SQLite) cannot be opened or updated."""
 
 
+class SelectionError(ChaosError, ValueError):
+    """A selector or fault names a node or rank the job does not have (message says which);
+    validation turns it into an :class:`Issue`, a run into a failed action."""
+
+
 class ServiceError(ChaosError):
     """Prometheus, an agent or the responder answered with an error or could not be reached."""
 
@@ -86,5 +91,6 @@ __all__ = [
     "LedgerError",
     "RankNotFound",
     "RollbackFailed",
+    "SelectionError",
     "ServiceError",
 ]

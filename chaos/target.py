@@ -20,7 +20,7 @@ from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
-from stormwatch.lab import jobs as lab_jobs
+from stormwatch.lab.jobs import launch as lab_jobs
 from stormwatch.platforms.lab import LabBackend
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 

@@ -182,6 +182,7 @@ class Annotator:
         if self._thread is None:
             return
         deadline = time.monotonic() + self.settings.timeout
+        # Full: the worker is stuck on a post; the join below gives up and counts the drops.
         with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=self.settings.timeout)
         self._thread.join(max(0.0, deadline - time.monotonic()))

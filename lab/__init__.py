@@ -21,12 +21,14 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     │   └── JobTimeoutError         wait_job gave up
     ConfigError                     invalid LabConfig / JobSpec field (names the field)
 
-Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json),
-:mod:`.lab` (Lab), :mod:`.builder` (creates its network and services),
-:mod:`.teardown` (removes them), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns`
-(network seam), :mod:`.procs` + ``supervise.py``
-(detached processes), :mod:`.services` (commands and configs), :mod:`.health`,
-:mod:`.jobs` (torchrun across namespaces), :mod:`.status`, :mod:`.cli` (``stormwatch lab``).
+Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json), :mod:`.paths`
+(where things live in the run dir), :mod:`.lab` (Lab), :mod:`.preflight` (checks before
+``up``), :mod:`.builder` (creates its network and services), :mod:`.teardown` (removes
+them), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns` (network seam),
+:mod:`.progress` (``up``/``down`` events), :mod:`.services` (commands and configs,
+detached processes, health, the responder's lab policy), :mod:`.jobs` (torchrun across
+namespaces: command lines, launching, elastic jobs), :mod:`.status`, :mod:`.cli`
+(``stormwatch lab``; the root command passes it :class:`~.cli.LabHooks`).
 The lab's Prometheus is queried with :class:`stormwatch.clients.PrometheusClient`
 (:meth:`Lab.prometheus`); its errors are :class:`stormwatch.clients.PrometheusAPIError`.
 """

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -137,13 +138,31 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _reap_overdue(run_dir: Path) -> None:
-    """Revert chaos faults past their TTL first (their controller and reaper died): a
-    frozen rank must not outlive its TTL. A ledger that cannot be read is only reported."""
-    from stormwatch.chaos.cli import reap_overdue  # the controller imports the lab
+@dataclass(frozen=True)
+class LabHooks:
+    """What runs around the lab's commands, given by whoever composes the command line
+    (the root ``stormwatch`` command, :mod:`stormwatch.cli`, passes it as the click
+    context's object), so that the lab imports none of it.
 
+    Attributes:
+        before_command: called with the run directory before ``up``, ``down`` and
+            ``status`` act: the chaos controller's overdue-fault reaper (a frozen rank
+            must not outlive its TTL once its controller and reaper died; the controller
+            imports the lab, so the lab cannot import it).
+    """
+
+    before_command: Callable[[Path], object]
+
+
+def _reap_overdue(run_dir: Path) -> None:
+    """Revert chaos faults past their TTL first (:attr:`LabHooks.before_command`). A
+    ledger that cannot be read is only reported. The lab group run on its own (without
+    the root command, e.g. in a test) has no hooks: nothing runs first."""
+    hooks = click.get_current_context().find_object(LabHooks)
+    if hooks is None:
+        return
     try:
-        reap_overdue(run_dir)
+        hooks.before_command(run_dir)
     except StormwatchError as exc:
         _console().print(f"[yellow]could not check the fault ledger:[/] {escape(str(exc))}")
 

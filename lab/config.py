@@ -196,7 +196,7 @@ class JobSpec(_Frozen):
             trainer's dp follows the nodes present (``--dp auto``); ``None``: fixed size.
             A lost node shrinks the job to the survivors (one restart, resumed from
             the last checkpoint); a node started again (:meth:`Lab.rejoin_job_node`)
-            grows it back. See :mod:`stormwatch.lab.jobs`.
+            grows it back. See :mod:`stormwatch.lab.jobs.elastic`.
         global_batch: the trainer's ``--global-batch`` (sequences per optimizer step,
             kept constant when an elastic job resizes); ``None``: for an elastic job the
             smallest that every possible dp divides, otherwise the trainer's default.

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stormwatch.clients import PrometheusClient
-from stormwatch.lab import jobs, preflight, registry, teardown
+from stormwatch.lab import preflight, registry, teardown
 from stormwatch.lab.builder import LabBuilder, describe_failure, never_raises
 from stormwatch.lab.config import JobSpec, LabConfig
 from stormwatch.lab.errors import (
@@ -30,6 +30,8 @@ from stormwatch.lab.errors import (
     LabNotUpError,
     LabOwnedElsewhereError,
 )
+from stormwatch.lab.jobs import launch
+from stormwatch.lab.jobs.torchrun import base_environment
 from stormwatch.lab.netns import IpRoute2, NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent, quiet
@@ -176,7 +178,7 @@ class Lab:
         return state.bridge in links and all(n.netns in namespaces for n in state.nodes)
 
     def _refuse_if_jobs_run(self, state: LabState, force: bool) -> None:
-        running = sorted(n for n, job in state.jobs.items() if jobs.is_running(job))
+        running = sorted(n for n, job in state.jobs.items() if launch.is_running(job))
         if not running or force:
             return
         dead = ", ".join(self._dead_services(state)) or "none"
@@ -245,7 +247,7 @@ class Lab:
 
     def _builder(self) -> LabBuilder:
         """The collaborator that creates and restarts this lab's parts."""
-        return LabBuilder(self.paths, self._store, self.network, jobs.base_environment(self.marker))
+        return LabBuilder(self.paths, self._store, self.network, base_environment(self.marker))
 
     # -- down --------------------------------------------------------------------------
     def down(
@@ -299,11 +301,11 @@ class Lab:
             if state.phase != "up":
                 raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
             earlier = state.jobs.get(spec.name)
-            if earlier is not None and jobs.is_running(earlier):
+            if earlier is not None and launch.is_running(earlier):
                 raise JobError(
                     f"job {spec.name!r} is still running; stop it or choose another name"
                 )
-            record = jobs.start(state, spec, self.paths, jobs.base_environment(self.marker))
+            record = launch.start(state, spec, self.paths, base_environment(self.marker))
             state.jobs[spec.name] = record
             return record.info
 
@@ -313,7 +315,7 @@ class Lab:
 
     def job_result(self, name: str) -> JobResult:
         """Exit codes so far, without waiting (``None`` for nodes still running)."""
-        return jobs.result(self.state.job(name))
+        return launch.result(self.state.job(name))
 
     def wait_job(self, name: str, timeout: float = 600.0) -> JobResult:
         """Wait until every node's torchrun of job ``name`` has exited.
@@ -328,7 +330,7 @@ class Lab:
         Raises:
             JobTimeoutError: still running after ``timeout`` seconds.
         """
-        return jobs.wait(self.state.job(name), timeout, relaunch=lambda: self._relaunch(name))
+        return launch.wait(self.state.job(name), timeout, relaunch=lambda: self._relaunch(name))
 
     def rejoin_job_node(self, name: str, node: str) -> JobInfo:
         """Start ``node``'s torchrun again in the running elastic job ``name``: the node
@@ -343,20 +345,20 @@ class Lab:
             if state.phase != "up":
                 raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
             record = state.job(name)
-            jobs.rejoin(state, record, node, self.paths, jobs.base_environment(self.marker))
+            launch.rejoin(state, record, node, self.paths, base_environment(self.marker))
             return record.info
 
     def _relaunch(self, name: str) -> JobRecord | None:
         """FC-09 (:func:`jobs.relaunch_closed`): the relaunched job's record, or ``None``."""
         with self._store.transaction() as state:
             record = state.job(name)
-            if jobs.relaunch_closed(state, record, self.paths, jobs.base_environment(self.marker)):
+            if launch.relaunch_closed(state, record, self.paths, base_environment(self.marker)):
                 return record
         return None
 
     def stop_job(self, name: str, grace: float = 10.0) -> JobResult:
         """SIGTERM the job's torchruns and workers (SIGKILL after ``grace`` seconds)."""
-        result = jobs.stop(self.state.job(name), grace=grace)
+        result = launch.stop(self.state.job(name), grace=grace)
         with self._store.transaction() as state:
             state.job(name).stopped = True
         return result

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.lab import jobs
+from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.services import health, procs
 from stormwatch.lab.state import LabState, Phase
@@ -118,13 +118,13 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
     ]
     job_list = []
     for name, record in state.jobs.items():
-        result = jobs.result(record)
-        running = jobs.is_running(record)
+        result = launch.result(record)
+        running = launch.is_running(record)
         job_list.append(
             JobStatus(
                 name=name,
                 running=running,
-                problem=jobs.stranded(record) if running else None,
+                problem=launch.stranded(record) if running else None,
                 stopped=record.stopped,
                 started_at=record.info.started_at,
                 exit_codes=result.exit_codes,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import psutil
 
-from stormwatch.lab import jobs, registry
+from stormwatch.lab import registry
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError
+from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
@@ -126,7 +127,7 @@ def teardown(
         store.save(state)
     # 1. Processes: recorded ones (jobs first, they talk to the agents), then sweeps.
     interrupted_jobs = (
-        [n for n, job in state.jobs.items() if jobs.is_running(job)] if state is not None else []
+        [n for n, job in state.jobs.items() if launch.is_running(job)] if state is not None else []
     )
     alive = _recorded_trees(state)
     namespaces, foreign = _our_namespaces(network, config, store.run_dir, state)

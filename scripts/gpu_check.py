@@ -116,6 +116,16 @@ def start_agent(work: Path, sim: bool) -> tuple[subprocess.Popen[bytes], str, Pa
     raise SystemExit(f"agent did not start within 60 s:\n{log.read_text()}")
 
 
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the agent (it reverts its faults and exits); SIGKILL after 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def check(url: str, seconds: float) -> dict[str, Any]:
     from stormwatch.agent.catalogue import load_catalogue
 
@@ -223,12 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = check(url, args.seconds)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_agent(proc)
         result["agent_exit_code"] = proc.returncode
         if proc.returncode != 0:
             result["failures"].append(f"agent exited {proc.returncode}: {log.read_text()[-2000:]}")

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 # Same folder: the agent start-up, exposition parsing and HTTP GET of the agent's check.
-from gpu_check import get, parse, start_agent
+from gpu_check import get, parse, start_agent, stop_agent
 
 #: Model of the GPU run: ~100 M parameters, 8k tokens per step (a few GFLOP per
 #: token-batch pass; tens of milliseconds per step on a recent GPU).
@@ -305,12 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen = watch(url, trainer)
             code = trainer.wait()
         finally:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(30)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            stop_agent(agent)
         result = evaluate(work, seen, code, sim=args.sim, warmup=args.warmup)
         if agent.returncode != 0:
             result["failures"].append(

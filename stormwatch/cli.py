@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -31,6 +33,26 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Run the main job: lab + kill-rank experiment + report.",
     ),
 }
+
+
+def _reap_overdue_chaos_faults(run_dir: Path) -> None:
+    """Revert the chaos faults past their TTL in ``run_dir``'s ledger (imported when called:
+    most lab commands never need the controller)."""
+    from stormwatch.chaos.cli import reap_overdue
+
+    reap_overdue(run_dir)
+
+
+def _lab_hooks() -> object:
+    """The lab's commands first revert overdue chaos faults. The root wires the controller's
+    reaper into the lab because the controller imports the lab, not the other way round."""
+    from stormwatch.lab.cli import LabHooks
+
+    return LabHooks(before_command=_reap_overdue_chaos_faults)
+
+
+#: name -> the object the root gives that component's group as its click context object.
+_CONTEXT_OBJECTS: dict[str, Callable[[], object]] = {"lab": _lab_hooks}
 
 
 class _LazyGroup(click.Group):
@@ -58,7 +80,8 @@ class _LazyGroup(click.Group):
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.version_option(package_name="stormwatch")
-def root(verbose: int) -> None:
+@click.pass_context
+def root(ctx: click.Context, verbose: int) -> None:
     """stormwatch: observability and chaos testing for GPU training clusters.
 
     \b
@@ -72,6 +95,9 @@ def root(verbose: int) -> None:
         level=max(level, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    context_object = _CONTEXT_OBJECTS.get(ctx.invoked_subcommand or "")
+    if context_object is not None:
+        ctx.obj = context_object()
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -3,7 +3,8 @@
 ::
 
     StormwatchError                 anything stormwatch raises on purpose
-    ├── ConfigError                 bad user input: names the field and the fix
+    ├── ConfigError                 bad user input: names the field and the fix (exit 2)
+    │   └── stormwatch.trainer.UnwritableDirError   an output folder cannot be written
     ├── DatabaseError               stormwatch.sqlite: a database cannot be opened or migrated
     │   └── SchemaTooNewError       written by a newer stormwatch (names the file and the fix)
     ├── stormwatch.clients.ClientError   a service's HTTP API failed (attribute ``status``)
@@ -17,16 +18,53 @@
     │   ├── FaultTargetAmbiguous    (409)
     │   └── UnplaceableFault        the controller cannot place it on the agents
     ├── stormwatch.agent.AgentError
+    │   ├── AgentConfigError        (a ConfigError too) bad setting, state dir held elsewhere
+    │   │   └── WebConfigError      bad --web-config-file (TLS, basic auth)
+    │   ├── NvmlUnavailable         --gpu-backend nvml without a working driver
+    │   ├── CollectorError          a collector cannot collect (collector_up 0)
+    │   ├── DeviceDown              internal to the GPU sampler: a device-fatal NVML error
+    │   ├── LedgerError             the agent's fault ledger cannot be opened or written
     │   ├── FaultNotFound           (a stormwatch.faults.FaultError too; 404)
     │   └── FaultConflict           (likewise; 409)
     ├── stormwatch.trainer.TrainerError
+    │   ├── CorpusError             corpus unreadable or too small
+    │   ├── CheckpointError         save/resume failed (raised on every rank together)
+    │   ├── Terminated              SIGTERM received (torchrun teardown); exit status 143
+    │   ├── InjectedFault           the ``error_at_step`` fault point fired
+    │   └── ControlFileError        a control file does not parse (never raised out of training)
     ├── stormwatch.chaos.ChaosError
     │   ├── InvalidExperiment       (a ConfigError too)
-    │   ├── FaultError
-    │   └── RollbackFailed
+    │   ├── LabNotReady             (a ConfigError too)
+    │   ├── SelectionError          a selector names a node or rank the job does not have
+    │   ├── FaultError              a fault could not be located, injected or reverted
+    │   │   └── RankNotFound        the agent asked does not hold the rank
+    │   ├── ActivityFailed          an activity of the method failed
+    │   ├── RollbackFailed
+    │   ├── LedgerError             the controller's fault ledger
+    │   └── ServiceError            an agent or the responder failed or is unreachable
     ├── stormwatch.lab.LabError
-    └── stormwatch.alerts.AlertsError
-        └── UnknownIncident         no such incident to write a post-mortem of (a ConfigError too)
+    │   ├── LabPermissionError      (a ConfigError too)
+    │   ├── PortInUseError          (a ConfigError too)
+    │   ├── LabNotUpError
+    │   ├── LabOwnedElsewhereError  (a ConfigError too)
+    │   ├── ServiceFailedError
+    │   └── JobError
+    │       └── JobTimeoutError
+    ├── stormwatch.alerts.AlertsError
+    │   ├── ToolError               promtool/amtool missing or failing
+    │   ├── StoreError              the responder's SQLite database
+    │   │   └── NotAResponderDatabase   (a ConfigError too)
+    │   └── UnknownIncident         (a ConfigError too)
+    ├── stormwatch.dashboards.DashboardsError
+    │   └── PushError               Grafana unreachable or refusing a request
+    └── stormwatch.plan.PlanError
+        └── InvalidPlanInput        (a ConfigError too)
+
+Each class lives in its package's ``errors`` module (``stormwatch/errors.py`` for the
+root, ``<package>/errors.py`` otherwise: :mod:`stormwatch.agent.errors`, ...), and
+each package docstring draws its own branch; ``tests/test_layout.py`` checks that
+every exception class is defined in an errors module and drawn here under one of
+its bases. A name under a dotted heading belongs to that heading's package.
 
 The shared clients (:mod:`stormwatch.clients`), platform backends
 (:mod:`stormwatch.platforms`) and the SQLite helper (:mod:`stormwatch.sqlite`) raise the

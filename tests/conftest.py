@@ -204,12 +204,24 @@ def silent_grafana() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
-def _wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+def _poll(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy, and return that; fail the test
+    after ``timeout`` s, naming ``what``."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def wait_for() -> Callable[..., Any]:
+    """``wait_for(predicate, timeout, what, interval=0.1)``: poll until ``predicate()`` is
+    truthy and return its value; fail the test naming ``what`` after ``timeout`` s."""
+    return _poll
 
 
 _FAKE_AGENT = r"""
@@ -290,7 +302,7 @@ def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
         pids = [int(p) for p in agent.stdout.readline().split()]
         fake = FakeJob(agent, pids, log)
         jobs.append(fake)
-        _wait_until(lambda: fake.terms_ready() == workers, 30, "fake workers ready")
+        _poll(lambda: fake.terms_ready() == workers, 30, "fake workers ready")
         return fake
 
     yield start

@@ -57,11 +57,17 @@ from stormwatch.trainer.config import (
     TelemetryConfig,
     TrainConfig,
 )
-from stormwatch.trainer.control import ControlFileError, InjectedFault
 from stormwatch.trainer.data.corpus import Corpus, load_stdlib_corpus
-from stormwatch.trainer.errors import CheckpointError, CorpusError, Terminated, TrainerError
+from stormwatch.trainer.errors import (
+    CheckpointError,
+    ControlFileError,
+    CorpusError,
+    InjectedFault,
+    Terminated,
+    TrainerError,
+    UnwritableDirError,
+)
 from stormwatch.trainer.parallel.dims import ParallelDims
-from stormwatch.trainer.paths import UnwritableDirError
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
 from stormwatch.trainer.telemetry.rank import RankTelemetry

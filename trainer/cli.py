@@ -38,8 +38,9 @@ from stormwatch.trainer.config.options import (
     folder_defaults,
     option_values,
 )
+from stormwatch.trainer.errors import UnwritableDirError
 from stormwatch.trainer.parallel.dims import ParallelDims
-from stormwatch.trainer.paths import DirOption, UnwritableDirError, check_writable_dirs
+from stormwatch.trainer.paths import DirOption, check_writable_dirs
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
 from stormwatch.trainer.telemetry.dump import flight_recorder_environ

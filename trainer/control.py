@@ -45,20 +45,12 @@ from stormwatch.faults.control_file import (
     KillAtStep,
     SlowStep,
 )
-from stormwatch.trainer.errors import TrainerError
+from stormwatch.trainer.errors import ControlFileError, InjectedFault
 
 log = logging.getLogger(__name__)
 
 #: How often a hung collective re-checks its expiry, seconds.
 HANG_POLL_SECONDS = 0.05
-
-
-class InjectedFault(TrainerError):
-    """Raised by the ``error_at_step`` fault point."""
-
-
-class ControlFileError(TrainerError):
-    """The control file exists but is not valid JSON of the documented shape."""
 
 
 _ADAPTER = TypeAdapter(ControlFile)

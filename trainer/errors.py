@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from stormwatch.errors import StormwatchError
+from pathlib import Path
+
+from stormwatch.errors import ConfigError, StormwatchError
 
 
 class TrainerError(StormwatchError):
@@ -23,4 +25,38 @@ class Terminated(TrainerError):
     exit_code = 128 + 15
 
 
-__all__ = ["CheckpointError", "CorpusError", "Terminated", "TrainerError"]
+class UnwritableDirError(ConfigError):
+    """A folder option names a folder that cannot be created or written.
+
+    Unlike other ``ConfigError``\\ s it may hold on one node and not another,
+    so the CLI lets the first rank of every node report it (not only rank 0).
+
+    Attributes:
+        option: the command-line option, e.g. ``--checkpoint-dir``.
+        path: the folder.
+    """
+
+    def __init__(self, message: str, *, option: str, path: Path) -> None:
+        super().__init__(message)
+        self.option = option
+        self.path = path
+
+
+class InjectedFault(TrainerError):
+    """Raised by the ``error_at_step`` fault point of the control file."""
+
+
+class ControlFileError(TrainerError):
+    """The control file exists but is not valid JSON of the documented shape (logged and
+    counted by the step loop, never raised out of training)."""
+
+
+__all__ = [
+    "CheckpointError",
+    "ControlFileError",
+    "CorpusError",
+    "InjectedFault",
+    "Terminated",
+    "TrainerError",
+    "UnwritableDirError",
+]

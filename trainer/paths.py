@@ -16,28 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stormwatch.errors import ConfigError
+from stormwatch.trainer.errors import UnwritableDirError
 
 #: Prefix of the probe file written and removed in each folder (hidden, so no
 #: scanner of ``rank<R>.jsonl``, ``*.db`` or ``step-*`` ever sees it).
 PROBE_PREFIX = ".stormwatch-probe-"
-
-
-class UnwritableDirError(ConfigError):
-    """A folder option names a folder that cannot be created or written.
-
-    Unlike other ``ConfigError``\\ s it may hold on one node and not another,
-    so the CLI lets the first rank of every node report it (not only rank 0).
-
-    Attributes:
-        option: the command-line option, e.g. ``--checkpoint-dir``.
-        path: the folder.
-    """
-
-    def __init__(self, message: str, *, option: str, path: Path) -> None:
-        super().__init__(message)
-        self.option = option
-        self.path = path
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ import torch.distributed as dist
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.config import TrainConfig
-from stormwatch.trainer.control import Armed, ControlChannel, ControlFileError
+from stormwatch.trainer.control import Armed, ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler
+from stormwatch.trainer.errors import ControlFileError
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress

@@ -117,8 +117,8 @@ class GpmReader:
                 continue
             try:
                 self._api.nvmlGpmSampleFree(sample)
-            except pynvml.NVMLError as exc:
-                log.debug("nvmlGpmSampleFree: %s", error_name(error_code(exc)))
+            except pynvml.NVMLError as exc:  # the buffer stays allocated in NVML until exit
+                log.warning("nvmlGpmSampleFree: %s", error_name(error_code(exc)))
         self._previous = self._spare = None
 
     # -------------------------------------------------------------- private

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import pynvml
 
+from stormwatch.agent.errors import DeviceDown
+
 #: NVML error code -> short name (``GPU_IS_LOST``), from pynvml's ``NVML_ERROR_*`` constants.
 ERROR_NAMES: dict[int, str] = {
     getattr(pynvml, name): name.removeprefix("NVML_ERROR_")
@@ -58,10 +60,6 @@ def error_name(code: int) -> str:
     return ERROR_NAMES.get(code, f"CODE_{code}")
 
 
-class DeviceDown(Exception):
-    """Internal: a device-fatal NVML error; the device is reported down for this sample."""
-
-
 #: Records one failed call: ``(function name, NVML error code)``.
 ErrorSink = Callable[[str, int], None]
 
@@ -84,7 +82,6 @@ __all__ = [
     "DEVICE_FATAL",
     "ERROR_NAMES",
     "UNSUPPORTED",
-    "DeviceDown",
     "ErrorSink",
     "Unsupported",
     "check",

@@ -12,10 +12,10 @@ from typing import Any
 
 import pynvml
 
+from stormwatch.agent.errors import DeviceDown
 from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.nvml_errors import (
     CALL_UNSUPPORTED,
-    DeviceDown,
     ErrorSink,
     check,
     error_code,

@@ -26,6 +26,7 @@ from typing import Any
 
 import pynvml
 
+from stormwatch.agent.errors import DeviceDown
 from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.fields import FIELD_METRICS, read_fields
 from stormwatch.agent.gpu.gpm import GpmReader
@@ -34,7 +35,6 @@ from stormwatch.agent.gpu.model import DeviceReading, GpuSnapshot, ProcessEntry
 from stormwatch.agent.gpu.nvlink import sample_nvlink
 from stormwatch.agent.gpu.nvml_errors import (
     CALL_UNSUPPORTED,
-    DeviceDown,
     Unsupported,
     check,
     error_code,
@@ -268,6 +268,8 @@ class GpuSampler:
                 merge(nvlink.dcgm)
             processes = self._processes(handle, sink) if self._options.processes else None
         except DeviceDown as down:
+            # Reported, not swallowed: the error was counted by ``sink`` and the GPU is
+            # exported down (stormwatch_gpu_up 0) until a sample reaches it again.
             log.debug("GPU %d down: %s", index, down)
             self._forget(index)
             return DeviceReading(index=index, up=False)

@@ -1,7 +1,10 @@
 """Watching the ranks on this node: who they are, how they ended, whether they hang.
 
 * :mod:`.ranks`: the rank watcher (torchrun agents and their workers, from ``/proc``).
+* :mod:`.discovery`: finding this node's rank processes (process table, claims).
 * :mod:`.procs`: process inspection (what makes a process a launcher or a rank).
+* :mod:`.trainer_files`: reading the trainer's multiprocess files (per-rank samples,
+  dead pids), for the watcher and the monitor.
 * :mod:`.proc_exits`: exit codes and killing signals from the Linux proc connector.
 * :mod:`.detectors`: pure hang / straggler / collective-lag detectors.
 * :mod:`.monitor`: drives the detectors from live data.

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from stormwatch.agent.watch import diagnostics
 from stormwatch.agent.watch.detectors import (
@@ -44,14 +43,20 @@ from stormwatch.agent.watch.detectors import (
 )
 from stormwatch.agent.watch.events import EventLog
 from stormwatch.agent.watch.procs import process_cwd
-from stormwatch.agent.watch.ranks import STEP_METRIC, RankInfo, RankWatcher
+from stormwatch.agent.watch.ranks import RankInfo, RankWatcher
+from stormwatch.agent.watch.trainer_files import (
+    CALLS_SAMPLE,
+    COMPUTE_METRIC,
+    COUNTERS,
+    LIVE_GAUGES,
+    STEP_METRIC,
+    WAIT_METRIC,
+    TrainerFiles,
+    add,
+)
 from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
-
-COMPUTE_METRIC = "stormwatch_train_step_compute_seconds"
-WAIT_METRIC = "stormwatch_train_step_collective_wait_seconds"
-CALLS_SAMPLE = "stormwatch_collective_calls_total"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +96,7 @@ class RankHealth:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._watcher = watcher
-        self._dir = Path(metrics_dir)
+        self._files = TrainerFiles(metrics_dir, reader="rank health")
         self._events = events
         self._diag_dir = Path(diagnostics_dir)
         self._hang = HangDetector(hang)
@@ -214,33 +219,9 @@ class RankHealth:
         return diagnostics.folder_for(stamp_folder, job, now)
 
     def _read(self) -> tuple[dict[str, dict[RankKey, float]], dict[RankKey, float]]:
-        gauges: dict[str, dict[RankKey, float]] = {
-            STEP_METRIC: {},
-            COMPUTE_METRIC: {},
-            WAIT_METRIC: {},
-        }
-        calls: dict[RankKey, float] = {}
-        live = [str(p) for p in self._dir.glob("gauge_live*_*.db")]
-        counters = [str(p) for p in self._dir.glob("counter_*.db")]
-        for files, wanted in ((live, gauges), (counters, None)):
-            try:
-                families = list(MultiProcessCollector.merge(files, accumulate=False))
-            except Exception:  # a half-written file: try again next time
-                log.debug("reading multiprocess files failed", exc_info=True)
-                continue
-            for family in families:
-                for sample in family.samples:
-                    try:
-                        key = (sample.labels["job"], int(sample.labels["rank"]))
-                    except (KeyError, ValueError):
-                        continue
-                    if wanted is None:
-                        if sample.name == CALLS_SAMPLE:
-                            calls[key] = calls.get(key, 0.0) + sample.value
-                    elif sample.name in wanted:
-                        target = wanted[sample.name]
-                        target[key] = max(sample.value, target.get(key, sample.value))
+        gauges = self._files.read(LIVE_GAUGES, (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC))
+        calls = self._files.read(COUNTERS, (CALLS_SAMPLE,), combine=add)[CALLS_SAMPLE]
         return gauges, calls
 
 
-__all__ = ["COMPUTE_METRIC", "WAIT_METRIC", "HealthView", "RankHealth"]
+__all__ = ["HealthView", "RankHealth"]

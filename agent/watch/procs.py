@@ -1,8 +1,8 @@
 """Process inspection for the rank watcher: who is a torchrun agent, who is a rank.
 
-Split from :mod:`stormwatch.agent.watch.ranks` (which tracks rank lives) to keep
-each module to one job: here are the pure helpers that read ``/proc``, the
-environment and command lines.
+The pure helpers that read ``/proc``, the environment and command lines; the rank
+watcher (:mod:`.ranks`, which tracks rank lives) finds ranks with them
+(:mod:`.discovery`), and re-checks one before a fault acts on it.
 """
 
 from __future__ import annotations
@@ -64,18 +64,26 @@ def train_option(cmdline: Sequence[str], option: str) -> str | None:
     return found or None
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``fields[0]`` is the
+    state, field 3 of proc(5)); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:  # gone: no /proc entry left
+        return None
+    return data[data.rfind(b")") + 2 :].split()
+
+
 def exit_status(pid: int) -> int | None:
     """Exit status of the zombie ``pid`` (``/proc/<pid>/stat`` field 52), None when unknown.
 
     Like ``subprocess``: the exit code, or ``-N`` for a death by signal N. Only a
     zombie has one; a reaped process has no ``/proc`` entry left.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
     try:
         if fields[0] != b"Z":
             return None
@@ -129,12 +137,9 @@ def proc_stat(pid: int, boot_time: float) -> tuple[int, bool, float] | None:
     The create time is computed as psutil computes it (boot time + start ticks),
     so it compares equal to ``psutil.Process.create_time()``.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
     try:
         return int(fields[1]), fields[0] == b"Z", boot_time + int(fields[19]) / _CLOCK_TICKS
     except (IndexError, ValueError):

@@ -3,8 +3,10 @@
 Every ``interval`` seconds (0.5 s) one scan:
 
 1. reads the trainer's heartbeats (``stormwatch_train_last_step_timestamp_seconds``)
-   and steps from the multiprocess files, *before* dead ranks' live gauges go;
-2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`);
+   and steps from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks'
+   live gauges go;
+2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`)
+   (steps 2 and 3: :mod:`.discovery`);
 3. among their descendants, takes the topmost process per rank whose
    environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
    ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and that
@@ -19,7 +21,7 @@ Every ``interval`` seconds (0.5 s) one scan:
    written during that process's life;
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
-   their counters stay (FC-01).
+   their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`).
 
 The last heartbeat of a rank is kept after it dies (so that it goes stale and
 a "no progress" alert fires) until a restarted rank reports a newer one. A rank
@@ -32,8 +34,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,32 +41,28 @@ from pathlib import Path
 
 import psutil
 from opentelemetry import trace
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from stormwatch.agent.watch.discovery import Found, RankFinder
 from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
 from stormwatch.agent.watch.procs import (
     ProcEntry,
     exit_status,
     is_torchrun_agent,
-    pid_dead,
-    proc_stat,
-    process_cwd,
-    rank_metrics_dir,
-    read_rank_process,
     same_time,
 )
-from stormwatch.contracts.rank_env import RankEnv, RankKey, rank_env
+from stormwatch.agent.watch.trainer_files import (
+    HEARTBEAT_METRIC,
+    LIVE_GAUGES,
+    STEP_METRIC,
+    TrainerFiles,
+)
+from stormwatch.contracts.rank_env import RankEnv, RankKey
 
 log = logging.getLogger(__name__)
-
-_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
 
 #: Seconds a scan waits for the proc connector's event of a rank that is gone (it is
 #: sent at exit, before torchrun reaps; this only covers the reader thread's lag).
 EXIT_EVENT_WAIT = 0.2
-
-HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
-STEP_METRIC = "stormwatch_train_step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,11 +174,11 @@ class RankWatcher:
         self._last_exit_code: dict[RankKey, int] = {}
         self._listeners: list[Callable[[], None]] = []
         self._on_exit = on_exit
-        self._claim_unlabelled = claim_unlabelled
+        self._finder = RankFinder(metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled)
+        self._files = TrainerFiles(metrics_dir, reader="rank watcher")
         self._interval = interval
         self._forget_after = forget_after
         self._clock = clock
-        self._is_agent = is_agent
         self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.Lock()  # guards the state below
         self._scan_lock = threading.Lock()  # one scan at a time
@@ -193,9 +189,6 @@ class RankWatcher:
         self._progress: dict[RankKey, float] = {}
         self._progress_seen: dict[RankKey, float] = {}
         self._steps: dict[RankKey, float] = {}
-        self._environ: dict[tuple[int, float], Mapping[str, str] | None] = {}
-        self._claims: dict[tuple[int, float], bool] = {}
-        self._names: dict[tuple[int, float], tuple[str, tuple[str, ...]]] = {}
         self._last_scan_at: float | None = None
         self._last_error: str | None = None
 
@@ -315,162 +308,41 @@ class RankWatcher:
     def scan(self) -> None:
         """One scan (see the module docstring). Thread-safe; raises on unexpected failures."""
         with self._scan_lock:
-            heartbeats, steps = self._read_trainer_files()
-            table = self._process_table()
-            found = self._discover(table)
+            samples = self._files.read(LIVE_GAUGES, (HEARTBEAT_METRIC, STEP_METRIC))
+            table = self._finder.process_table()
+            found = self._finder.discover(table)
             now = self._clock()
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
                 self._update(found, table, now)
-                for key, stamp in heartbeats.items():
+                for key, stamp in samples[HEARTBEAT_METRIC].items():
                     self._progress[key] = max(stamp, self._progress.get(key, stamp))
                     self._progress_seen[key] = now
-                self._steps.update(steps)
+                self._steps.update(samples[STEP_METRIC])
                 self._forget(now)
-            self._mark_dead()
-            live = {(p.pid, p.create_time) for p in table.values()}
-            self._environ = {k: v for k, v in self._environ.items() if k in live}
-            self._claims = {k: v for k, v in self._claims.items() if k in live}
+            self._files.mark_dead()
+            self._finder.forget_gone(table)
             self._last_scan_at = now
             self._last_error = None
         if before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
             for listener in self._listeners:
                 listener()  # outside the locks
 
-    def _read_trainer_files(self) -> tuple[dict[RankKey, float], dict[RankKey, float]]:
-        heartbeats: dict[RankKey, float] = {}
-        steps: dict[RankKey, float] = {}
-        # Heartbeat and step are live gauges (docs/ARCHITECTURE.md): reading only the
-        # gauge_live* files skips the ranks' histograms and counters, which dominate.
-        files = [str(path) for path in self._dir.glob("gauge_live*_*.db")]
-        try:
-            families = list(MultiProcessCollector.merge(files, accumulate=False))
-        except Exception:  # a half-written file must not stop exit detection
-            log.debug("reading multiprocess files failed", exc_info=True)
-            return heartbeats, steps
-        for family in families:
-            target = {HEARTBEAT_METRIC: heartbeats, STEP_METRIC: steps}.get(family.name)
-            if target is None:
-                continue
-            for sample in family.samples:
-                try:
-                    key = (sample.labels["job"], int(sample.labels["rank"]))
-                except (KeyError, ValueError):
-                    continue
-                target[key] = max(sample.value, target.get(key, sample.value))
-        return heartbeats, steps
-
-    def _process_table(self) -> dict[int, ProcEntry]:
-        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~stormwatch.agent.watch.procs.proc_stat`).
-
-        Name and command line (psutil) are read once per process: they do not change.
-        """
-        table: dict[int, ProcEntry] = {}
-        names: dict[tuple[int, float], tuple[str, tuple[str, ...]]] = {}
-        boot = psutil.boot_time()
-        for pid in psutil.pids():
-            stat = proc_stat(pid, boot)
-            if stat is None:
-                continue  # gone since psutil.pids()
-            ppid, zombie, create_time = stat
-            key = (pid, create_time)
-            known = self._names.get(key)
-            if known is None:
-                try:
-                    proc = psutil.Process(pid)
-                    known = (proc.name(), tuple(proc.cmdline()))
-                except psutil.ZombieProcess:
-                    known = ("", ())
-                except psutil.Error:
-                    continue
-            names[key] = known
-            table[pid] = ProcEntry(
-                pid=pid,
-                ppid=ppid,
-                name=known[0],
-                cmdline=known[1],
-                create_time=create_time,
-                zombie=zombie,
-            )
-        self._names = names  # only live processes stay cached
-        return table
-
-    def _environ_of(self, proc: ProcEntry) -> Mapping[str, str] | None:
-        key = (proc.pid, proc.create_time)
-        if key not in self._environ:
-            try:
-                self._environ[key] = psutil.Process(proc.pid).environ()
-            except psutil.Error:
-                self._environ[key] = None
-        return self._environ[key]
-
-    def _discover(self, table: Mapping[int, ProcEntry]) -> dict[RankKey, tuple[ProcEntry, RankEnv]]:
-        children: dict[int, list[int]] = collections.defaultdict(list)
-        for entry in table.values():
-            children[entry.ppid].append(entry.pid)
-        agents = [
-            p.pid for p in table.values() if not p.zombie and self._is_agent(p.name, p.cmdline)
-        ]
-        found: dict[RankKey, tuple[ProcEntry, RankEnv]] = {}
-        stack: list[tuple[int, bool]] = [(c, False) for a in agents for c in children[a]]
-        visited: set[int] = set()
-        while stack:
-            pid, inside_rank = stack.pop()
-            proc = table.get(pid)
-            if proc is None or pid in visited or proc.zombie:
-                continue
-            visited.add(pid)
-            if not inside_rank:
-                environ = self._environ_of(proc)
-                env = rank_env(environ) if environ is not None else None
-                if env is not None:
-                    inside_rank = True  # its own children (data loaders...) are not ranks
-                    if self._claimed(proc) and (
-                        env.key not in found or found[env.key][0].create_time > proc.create_time
-                    ):
-                        found[env.key] = (proc, env)
-            stack.extend((child, inside_rank) for child in children[pid])
-        return found
-
-    def _claimed(self, proc: ProcEntry) -> bool:
-        key = (proc.pid, proc.create_time)
-        if key not in self._claims:
-            environ = self._environ_of(proc) or {}
-            self._claims[key] = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
-        return self._claims[key]
-
     def claims(
         self, environ: Mapping[str, str], cmdline: Sequence[str], cwd: str | None
     ) -> str | None:
         """Whether this node owns a rank with this environment, command line and
-        working directory: None when it does, else why not (one sentence)."""
-        owner = rank_metrics_dir(environ, cmdline, cwd)
-        if owner is None:
-            if self._claim_unlabelled:
-                return None
-            return "it names no metrics dir and this agent runs with --no-claim-unlabelled-ranks"
-        mine = Path(os.path.realpath(self._dir))
-        if owner == mine:
-            return None
-        return f"its metrics dir {owner} is not this node's {mine}"
+        working directory: None when it does, else why not (:meth:`RankFinder.claims`)."""
+        return self._finder.claims(environ, cmdline, cwd)
 
     def check_owned(self, pid: int, create_time: float, key: RankKey) -> str | None:
-        """Re-check, from fresh reads, that ``pid`` is still the claimed rank ``key``.
-
-        Returns None when it is: the same process (start time ``create_time``),
-        not a zombie, under a torchrun agent, with ``key``'s rank environment,
-        claimed by this node. Otherwise the reason it is not (for a 404).
-        """
-        fresh = read_rank_process(pid, create_time, key, self._is_agent)
-        if isinstance(fresh, str):
-            return fresh
-        environ, cmdline, cwd = fresh
-        why = self.claims(environ, cmdline, cwd)
-        return None if why is None else f"pid {pid} is not this node's rank: {why}"
+        """Re-check, from fresh reads, that ``pid`` is still the claimed rank ``key``:
+        None when it is, else why not, for a 404 (:meth:`RankFinder.check_owned`)."""
+        return self._finder.check_owned(pid, create_time, key)
 
     def _update(
         self,
-        found: Mapping[RankKey, tuple[ProcEntry, RankEnv]],
+        found: Found,
         table: Mapping[int, ProcEntry],
         now: float,
     ) -> None:
@@ -574,19 +446,8 @@ class RankWatcher:
                 self._steps.pop(key, None)
                 del self._progress_seen[key]
 
-    def _mark_dead(self) -> None:
-        for path in self._dir.glob("gauge_live*_*.db"):
-            match = _LIVE_FILE.match(path.name)
-            if match is None:
-                continue
-            pid = int(match[1])
-            if pid_dead(pid):
-                log.debug("marking pid %d dead in %s", pid, self._dir)
-                mark_process_dead(pid, str(self._dir))
-
 
 __all__ = [
-    "HEARTBEAT_METRIC",
     "RankExit",
     "RankInfo",
     "RankKey",

@@ -9,6 +9,7 @@ an interrupted restart is not repeated after a responder restart (at most once).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,6 +41,14 @@ class _BackendAction(Action):
             return f"{self.kind}: the incident has no job label"
         return None
 
+    async def _on_job(
+        self, incident: IncidentRecord, call: Callable[..., str], *args: object
+    ) -> ActionOutcome:
+        """``call(job, *args)`` on a worker thread; its answer is the outcome's detail."""
+        job = incident_job(incident) or ""
+        detail = await asyncio.to_thread(call, job, *args)
+        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+
 
 @dataclass(frozen=True)
 class RestartWorkers(_BackendAction):
@@ -48,9 +57,7 @@ class RestartWorkers(_BackendAction):
     kind: ClassVar[str] = "restart_workers"
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
-        job = incident_job(incident) or ""
-        detail = await asyncio.to_thread(self.backend.restart_workers, job)
-        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+        return await self._on_job(incident, self.backend.restart_workers)
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,7 @@ class CheckpointNow(_BackendAction):
     kind: ClassVar[str] = "checkpoint_now"
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
-        job = incident_job(incident) or ""
-        detail = await asyncio.to_thread(self.backend.request_checkpoint, job)
-        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+        return await self._on_job(incident, self.backend.request_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,7 @@ class CollectDiagnostics(_BackendAction):
     retry_safe: ClassVar[bool] = True
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
-        job = incident_job(incident) or ""
-        detail = await asyncio.to_thread(self.backend.collect_diagnostics, job, incident.id)
-        return ActionOutcome(status="succeeded", detail=detail, data={"job": job})
+        return await self._on_job(incident, self.backend.collect_diagnostics, incident.id)
 
 
 class NotifyOnly(Action):

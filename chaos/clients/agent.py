@@ -117,20 +117,11 @@ class AgentClient:
             FaultError: 401/403, the token was refused.
             ServiceError: the agent is unreachable or failed.
         """
-        status, answer = await request_json(
-            self._session,
-            "POST",
-            f"{base_url}/v1/faults",
-            what="agent",
-            timeout=self._timeout,
-            ok=(200, 201, 401, 403, 404),
-            json=body,
-            headers=_auth(token),
+        status, answer = await self._fault_api(
+            "POST", base_url, "/v1/faults", token, ok=(200, 201, 404), json=body
         )
         if status == 404:
             raise RankNotFound(f"agent {base_url}: rank {body.get('rank')} is not on this node")
-        if status in (401, 403):
-            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
         return _record(base_url, answer)
 
     async def forget(self, base_url: str, token: str, fault_id: str) -> bool:
@@ -140,17 +131,9 @@ class AgentClient:
             FaultError: the token was rejected.
             ServiceError: the agent is unreachable or failed.
         """
-        status, _ = await request_json(
-            self._session,
-            "DELETE",
-            f"{base_url}/v1/faults/{fault_id}",
-            what="agent",
-            timeout=self._timeout,
-            ok=(200, 202, 204, 401, 403, 404),
-            headers=_auth(token),
+        status, _ = await self._fault_api(
+            "DELETE", base_url, f"/v1/faults/{fault_id}", token, ok=(200, 202, 204, 404)
         )
-        if status in (401, 403):
-            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
         return status != 404
 
     async def revert_fault(self, base_url: str, token: str, fault_id: str) -> FaultRecord | None:
@@ -162,17 +145,9 @@ class AgentClient:
                 (HTTP 500; the message is the agent's, e.g. rules still present).
             ServiceError: the agent is unreachable or answered something else than a record.
         """
-        status, answer = await request_json(
-            self._session,
-            "DELETE",
-            f"{base_url}/v1/faults/{fault_id}",
-            what="agent",
-            timeout=self._timeout,
-            ok=(200, 401, 403, 404, 500),
-            headers=_auth(token),
+        status, answer = await self._fault_api(
+            "DELETE", base_url, f"/v1/faults/{fault_id}", token, ok=(200, 404, 500)
         )
-        if status in (401, 403):
-            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
         error = answer.get("error") if isinstance(answer, dict) else None
         if status == 500:
             raise FaultError(f"agent {base_url} could not revert fault {fault_id}: {error}")
@@ -187,21 +162,42 @@ class AgentClient:
             FaultError: the token was refused.
             ServiceError: the agent is unreachable or answered nonsense.
         """
-        status, answer = await request_json(
-            self._session,
-            "GET",
-            f"{base_url}/v1/faults",
-            what="agent",
-            timeout=self._timeout,
-            ok=(200, 401, 403),
-            headers=_auth(token),
-        )
-        if status in (401, 403):
-            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        _, answer = await self._fault_api("GET", base_url, "/v1/faults", token, ok=(200,))
         items = answer.get("faults") if isinstance(answer, dict) else None
         if not isinstance(items, list):
             raise ServiceError(f"agent {base_url}: unexpected /v1/faults answer: {answer!r:.200}")
         return [_record(base_url, item) for item in items]
+
+    async def _fault_api(
+        self,
+        method: str,
+        base_url: str,
+        path: str,
+        token: str,
+        *,
+        ok: tuple[int, ...],
+        **kwargs: Any,
+    ) -> tuple[int, Any]:
+        """One request to ``path`` of the fault API with the Bearer ``token``: ``(status, JSON body)``
+        for a status in ``ok``.
+
+        Raises:
+            FaultError: 401/403, the token was refused.
+            ServiceError: the agent is unreachable, or answered a status not in ``ok``.
+        """
+        status, answer = await request_json(
+            self._session,
+            method,
+            base_url + path,
+            what="agent",
+            timeout=self._timeout,
+            ok=(*ok, 401, 403),
+            headers=_auth(token),
+            **kwargs,
+        )
+        if status in (401, 403):
+            raise FaultError(f"agent {base_url} rejected the Bearer token (HTTP {status})")
+        return status, answer
 
 
 def _record(base_url: str, answer: Any) -> FaultRecord:

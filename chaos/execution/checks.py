@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from stormwatch.chaos.execution.context import RunContext
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.execution.probes import ProbeContext, ProbeOutcome, wait_for
-from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import JobProvider, JobSection, ProbeActivity, Provider
 from stormwatch.contracts.journal import JobRef, Phase
 

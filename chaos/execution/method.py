@@ -3,9 +3,9 @@
 :class:`MethodExecutor` runs the method's activities in order against one job:
 actions are placed on the job's ranks/nodes (:func:`job_shape`), wait for their
 ``when.step``, and are sent by a :class:`FaultSender` (the
-:class:`~stormwatch.chaos.execution.injector.Injector`: ledger first, then the
+:class:`~stormwatch.chaos.execution.injection.injector.Injector`: ledger first, then the
 fault); each injected fault is noted in the run's
-:class:`~stormwatch.chaos.execution.tracker.FaultTracker`, from which the
+:class:`~stormwatch.chaos.execution.injection.tracker.FaultTracker`, from which the
 rollback executor reverts it whatever happens next.
 """
 
@@ -15,11 +15,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from stormwatch.chaos.errors import ActivityFailed, ChaosError
+from stormwatch.chaos.errors import ActivityFailed, ChaosError, SelectionError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause
-from stormwatch.chaos.execution.injector import Injected
-from stormwatch.chaos.execution.tracker import FaultTracker
+from stormwatch.chaos.execution.injection.injector import Injected
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
     ProbeActivity,
@@ -28,7 +28,6 @@ from stormwatch.chaos.experiment.model import (
     When,
 )
 from stormwatch.chaos.experiment.selection import (
-    SelectionError,
     Shape,
     blast_radius_problem,
     expand,
@@ -39,7 +38,7 @@ from stormwatch.faults import ExperimentFault
 
 
 class FaultSender(Protocol):
-    """What the method needs of :class:`~stormwatch.chaos.execution.injector.Injector`."""
+    """What the method needs of :class:`~stormwatch.chaos.execution.injection.injector.Injector`."""
 
     async def wait_for_step(self, when: When, rank: int) -> tuple[int, int]:
         """Wait until ``rank`` completed ``when.step``; the (step, attempt) seen then."""

@@ -1,7 +1,7 @@
 """Reverts of one run: faults left by dead controllers, the rollbacks, and the final revert (FC-13).
 
 :class:`RollbackExecutor` reverts what the run's
-:class:`~stormwatch.chaos.execution.tracker.FaultTracker` says is open, through a
+:class:`~stormwatch.chaos.execution.injection.tracker.FaultTracker` says is open, through a
 :class:`Reverter` (:class:`LedgerReverter`: the fault kinds' idempotent reverts,
 closing each ledger row). Its steps never skip one another: a rollback that fails
 (or a second interrupt) is journaled and the next still runs.
@@ -18,7 +18,7 @@ import aiohttp
 from stormwatch.chaos.errors import ChaosError, FaultError
 from stormwatch.chaos.execution.checks import ProbeChecker
 from stormwatch.chaos.execution.context import RunContext, pause, uncancel
-from stormwatch.chaos.execution.tracker import FaultTracker
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
 from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open

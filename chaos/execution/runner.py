@@ -27,7 +27,6 @@ The journal is rewritten after every activity.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import signal
@@ -44,7 +43,8 @@ from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, job_variables
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext, uncancel
 from stormwatch.chaos.execution.ids import job_name_for, new_experiment_id
-from stormwatch.chaos.execution.injector import Injector
+from stormwatch.chaos.execution.injection.injector import Injector
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
@@ -54,7 +54,6 @@ from stormwatch.chaos.execution.reporter import NullReporter, Reporter
 from stormwatch.chaos.execution.rollback import LedgerReverter, RollbackExecutor
 from stormwatch.chaos.execution.safeguards import SafeguardWatcher
 from stormwatch.chaos.execution.tracing import ExperimentTrace
-from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import Target
@@ -241,8 +240,10 @@ class Runner:
         ledger = Ledger(ledger_path(self.target.run_dir))
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
         self._trace.export_to(self.experiment_dir)
-        with contextlib.suppress(OSError):
+        try:
             shutil.copyfile(self.source, self.experiment_dir / "experiment.yaml")
+        except OSError as exc:  # the journal keeps the experiment itself; the copy is a convenience
+            logger.warning("could not copy %s into %s: %s", self.source, self.experiment_dir, exc)
         self._writer.save()
         self._ctx.annotations.annotate(
             f"experiment {self.experiment_id} started", "experiment-started"

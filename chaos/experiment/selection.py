@@ -21,14 +21,11 @@ import random
 import re
 from dataclasses import dataclass
 
+from stormwatch.chaos.errors import SelectionError
 from stormwatch.chaos.experiment.model import ActionActivity, Experiment, TargetSelector
 from stormwatch.faults import Blast, ExperimentFault, Target
 
 _NODE_INDEX = re.compile(r"(\d+)$")
-
-
-class SelectionError(ValueError):
-    """A selector or fault names a node or rank the job does not have (message says which)."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +185,6 @@ def static_shape(experiment: Experiment) -> Shape | None:
 
 
 __all__ = [
-    "SelectionError",
     "Shape",
     "allowed_ranks",
     "blast_radius_problem",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import promql_parser
 
-from stormwatch.chaos.errors import Issue
+from stormwatch.chaos.errors import Issue, SelectionError
 from stormwatch.chaos.experiment.model import (
     PLACEHOLDERS,
     ActionActivity,
@@ -24,7 +24,6 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.experiment.model import expand as fill_placeholders
 from stormwatch.chaos.experiment.selection import (
-    SelectionError,
     Shape,
     blast_radius_problem,
     expand,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,19 +27,19 @@ from rich.console import Console
 from rich.table import Table
 
 from stormwatch.chaos.console import ConsoleReporter
-from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.errors import InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, ExperimentRun, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
+from stormwatch.chaos.gameday.baseline import train_baseline
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.target import lab_target
 from stormwatch.errors import ConfigError
-from stormwatch.lab import JobSpec, Lab, LabConfig, ProgressEvent
+from stormwatch.lab import Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import grafana_hint
 from stormwatch.postmortem import ExperimentPostMortem
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
 #: (tests/chaos check that both are the same file).
@@ -142,46 +141,6 @@ def _lab_progress(reporter: ConsoleReporter) -> Callable[[ProgressEvent], None]:
             reporter.status(event.message)
 
     return report
-
-
-def train_baseline(lab: Lab, experiment: Experiment, reporter: ConsoleReporter) -> None:
-    """Train the fault-free baseline (the experiment's job settings) to completion.
-
-    Raises:
-        ChaosError: the baseline failed or did not finish in time.
-    """
-    job = experiment.job
-    info = lab.start_job(
-        JobSpec(
-            name=BASELINE_JOB,
-            steps=job.steps,
-            checkpoint_every=job.checkpoint_every,
-            seed=job.seed,
-            step_delay=job.step_delay,
-        )
-    )
-    # Startup, plus 5 s a step: generous for a loaded CPU (the demo's steps take ~0.4 s).
-    deadline = time.monotonic() + job.startup_timeout_seconds + 5.0 * job.steps
-    while True:
-        result = lab.job_result(BASELINE_JOB)
-        if result.exit_codes and all(c is not None for c in result.exit_codes.values()):
-            break
-        if time.monotonic() > deadline:
-            lab.stop_job(BASELINE_JOB)
-            raise ChaosError(f"the baseline did not finish in time; see {info.job_dir}")
-        log = read_job_logs(info.log_dir).get(0)
-        last = log.last_step if log is not None else None
-        if last is None:
-            reporter.status("baseline: starting (torch import, rendezvous)")
-        else:
-            reporter.status(f"baseline: step {last.step}/{job.steps}, loss {last.loss:.4f}")
-        time.sleep(0.5)
-    if not result.ok:
-        raise ChaosError(
-            f"the baseline job failed (exit codes {result.exit_codes}); "
-            f"see {info.job_dir}/<node>.torchrun.log"
-        )
-    reporter.event(f"  baseline finished: {job.steps} steps, logs in {info.log_dir}")
 
 
 def summary_table(run: ExperimentRun, pm: ExperimentPostMortem | None) -> Table:
@@ -294,7 +253,9 @@ def run_demo(
         console.rule("1/4 lab up")
         lab.up(lab_config, progress=_lab_progress(reporter))
         console.rule("2/4 baseline (no faults)")
-        train_baseline(lab, experiment, reporter)
+        job = experiment.job
+        info = train_baseline(lab, BASELINE_JOB, job, reporter, step_delay=job.step_delay)
+        reporter.event(f"  baseline finished: {job.steps} steps, logs in {info.log_dir}")
         console.rule("3/4 experiment")
         runner = Runner(experiment, source=source, target=lab_target(run_dir), reporter=reporter)
         reporter.event(f"experiment {runner.experiment_id}: {experiment.title}")

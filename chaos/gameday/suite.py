@@ -35,6 +35,7 @@ from stormwatch.chaos.errors import ChaosError, InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
+from stormwatch.chaos.gameday.baseline import train_baseline
 from stormwatch.chaos.gameday.scorecard import (
     Scorecard,
     ScorecardRow,
@@ -48,12 +49,10 @@ from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
-from stormwatch.lab import JobSpec, Lab
+from stormwatch.lab import Lab
 from stormwatch.postmortem import ExperimentPostMortem
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
-BASELINE_SECONDS_PER_STEP = 5.0
 
 
 @dataclass(frozen=True)
@@ -378,48 +377,17 @@ class SuiteRunner:
         for seed, experiment in sorted(wanted.items()):
             name = f"suite-baseline-{self.suite_id[:15].lower()}-{suffix}-s{seed}"
             try:
-                self._train_baseline(lab, name, experiment)
+                job = experiment.job
+                self.reporter.event(
+                    f"baseline {name}: {job.steps} steps, seed {job.seed}, no faults"
+                )
+                train_baseline(lab, name, job, self.reporter, step_delay=0.0)
+                self.reporter.stop()
             except ChaosError as exc:
                 self.reporter.event(f"baseline for seed {seed} failed: {exc}; loss not compared")
                 continue
             self.card.baselines[str(seed)] = name
             self.save()
-
-    def _train_baseline(self, lab: Lab, name: str, experiment: Experiment) -> None:
-        job = experiment.job
-        self.reporter.event(f"baseline {name}: {job.steps} steps, seed {job.seed}, no faults")
-        info = lab.start_job(
-            JobSpec(
-                name=name,
-                steps=job.steps,
-                checkpoint_every=job.checkpoint_every,
-                seed=job.seed,
-                step_delay=0.0,
-            )
-        )
-        deadline = time.monotonic() + job.startup_timeout_seconds
-        deadline += BASELINE_SECONDS_PER_STEP * job.steps
-        try:
-            while True:
-                result = lab.job_result(name)
-                if result.exit_codes and all(c is not None for c in result.exit_codes.values()):
-                    break
-                if time.monotonic() > deadline:
-                    raise ChaosError(f"did not finish in time; see {info.job_dir}")
-                last = read_job_logs(info.log_dir).get(0)
-                step = last.last_step if last is not None else None
-                self.reporter.status(
-                    f"baseline: step {step.step}/{job.steps}"
-                    if step is not None
-                    else "baseline: starting (torch import, rendezvous)"
-                )
-                time.sleep(0.5)
-        except BaseException:
-            lab.stop_job(name)
-            raise
-        self.reporter.stop()
-        if not result.ok:
-            raise ChaosError(f"exit codes {result.exit_codes}; see {info.job_dir}")
 
 
 __all__ = [

@@ -12,7 +12,7 @@
   An agent that cannot be reached is retried for :data:`UNREACHABLE_RETRY_S`, except
   for a final kind (a kill: nothing is left to undo).
 
-Applying faults is :mod:`stormwatch.chaos.execution.injection`.
+Applying faults is :mod:`stormwatch.chaos.execution.injection.placement`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def same_process(pid: int, create_time: float) -> psutil.Process | None:
         process = psutil.Process(pid)
         if abs(process.create_time() - create_time) < 0.01:
             return process
-    except psutil.Error:
-        pass
+    except psutil.Error:  # gone, or not ours to inspect: not that live process
+        return None
     return None
 
 
@@ -196,7 +196,7 @@ async def _revive(
     try:
         await agents.revert_fault(part.agent_url, token, agent_id)
         return f"{part.node}: agent answering"
-    except ServiceError:
+    except ServiceError:  # down, as kill_agent left it: restart it below
         pass
     how = "answering"
     if restore_agent is not None:

@@ -2,7 +2,7 @@
 
 The controller signals the process directly (the lab shares one PID namespace),
 so this kind has no agent request and no agent-side code: the controller's
-injection and revert (``stormwatch.chaos.execution.injection``,
+injection and revert (``stormwatch.chaos.execution.injection.placement``,
 ``stormwatch.chaos.ledger.undo``) act on the process recorded in the ledger
 (pid and start time). Nothing else reverts it: the controller starts a detached
 reaper for its TTL. Prefer ``freeze_ranks`` (agent-side) on a cluster.

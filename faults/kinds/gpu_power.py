@@ -57,6 +57,7 @@ def _nvml(ctx: FaultContext) -> Iterator[Any]:
     try:
         yield pynvml
     finally:
+        # The fault's own outcome is decided; a failed shutdown leaves nothing to undo.
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 

@@ -171,11 +171,11 @@ class KillNodeProcesses(_KillFault[KillNodeProcessesRequest]):
         agents = torchruns(ctx, ranks)
         everything: dict[int, psutil.Process] = {}
         for agent in agents:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error):  # a torchrun gone meanwhile: no children
                 for child in agent.children(recursive=True):
                     everything[child.pid] = child
         for info in ranks:  # ranks not under a found torchrun still count
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error):  # gone meanwhile: nothing to stop
                 everything.setdefault(info.pid, psutil.Process(info.pid))
         # torchrun first: killed, it cannot restart the workers killed next
         self._targets = agents + [everything[pid] for pid in sorted(everything)]
@@ -254,7 +254,7 @@ class FreezeRanks(Fault[FreezeRanksRequest]):
             sent = _signal_all(self._targets, "SIGSTOP")
         except FaultError:
             for process in self._targets:  # nothing half-applied: continue what was stopped
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(psutil.Error):  # gone: nothing to continue
                     process.send_signal(signal.SIGCONT)
             raise
         stopped = [p for ref in sent if (p := same_process(ref)) is not None]

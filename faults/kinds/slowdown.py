@@ -13,6 +13,7 @@ recorded; revert moves them back, removes the cgroup and checks it is gone.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -30,6 +31,8 @@ from stormwatch.faults.limits import JobName, Rank
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import process_ref, rank_process, same_process, short_tag, wait_until
 from stormwatch.faults.targeting import RankTarget
+
+log = logging.getLogger(__name__)
 
 #: cgroup v2 / v1 mount points tried, and the folder holding the faults' cgroups.
 CGROUP2_ROOT = Path("/sys/fs/cgroup")
@@ -110,6 +113,7 @@ class CpuThrottle(Fault[CpuThrottleRequest]):
         original = {str(int(ref[0])): _current_cgroup(int(ref[0]), version) for ref in refs}
         try:
             if version == "v2":
+                # Already delegated, or not ours to change: the writes below say if it matters.
                 with contextlib.suppress(OSError):
                     (base / "cgroup.subtree_control").write_text("+cpu")
                 (base / CGROUP_PARENT).mkdir(exist_ok=True)
@@ -123,12 +127,14 @@ class CpuThrottle(Fault[CpuThrottleRequest]):
                 quota = max(1000, int(spec.cpu_fraction * PERIOD_US))
                 (folder / "cpu.cfs_quota_us").write_text(str(quota))
             for ref in refs:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError):  # exited: nothing to throttle
                     (folder / "cgroup.procs").write_text(str(int(ref[0])))
         except OSError as exc:
             partial = {"method": f"cgroup-{version}", "cgroup": str(folder), "original": original}
-            with contextlib.suppress(FaultError):  # nothing half-applied
+            try:  # nothing half-applied
                 self.revert(ctx, Injection(details={**partial, "processes": refs}))
+            except FaultError as undo:
+                log.warning("cpu_throttle: undoing the partial cgroup %s failed: %s", folder, undo)
             raise FaultError(f"cpu_throttle: cgroup {folder}: {exc}") from exc
         return Injection(
             target_pid=int(refs[0][0]),
@@ -193,7 +199,7 @@ class CpuThrottle(Fault[CpuThrottleRequest]):
             for pid in (folder / "cgroup.procs").read_text().split():
                 back = root[1] / original.get(pid, "/").lstrip("/")
                 target = back if (back / "cgroup.procs").exists() else root[1]
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError):  # exited: nothing to move back
                     (target / "cgroup.procs").write_text(pid)
             wait_until(lambda: not (folder / "cgroup.procs").read_text().split(), 2.0)
             folder.rmdir()
@@ -235,7 +241,7 @@ def _stopped(process: psutil.Process) -> bool:
 def _signal_refs(refs: list[list[float]], number: signal.Signals) -> None:
     for ref in refs:
         if same_process(ref) is not None:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):  # exited since: nothing to signal
                 os.kill(int(ref[0]), number)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from stormwatch.faults.limits import JobName
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import job_ranks, rank_option, run, short_tag
 from stormwatch.faults.targeting import NodeOrRank
+
+log = logging.getLogger(__name__)
 
 #: Size of the overlay's upper tmpfs; filled at once, so it only needs to hold the overlay's work dirs.
 UPPER_TMPFS = "size=256k,nr_inodes=64"
@@ -103,7 +106,7 @@ def _namespaces_of(pids: list[int]) -> list[_MountNs]:
     """One :class:`_MountNs` per distinct mount namespace of ``pids`` (gone pids skipped)."""
     found: dict[int, _MountNs] = {}
     for pid in pids:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # gone: its namespace is none of ours to fill
             ino = _ns_inode(pid)
             found.setdefault(ino, _MountNs(pid, ino))
     return list(found.values())
@@ -115,11 +118,11 @@ def _find_ns(record: dict[str, object]) -> _MountNs | None:
     if "ns_ino" not in record:
         return _MountNs(os.getpid(), _ns_inode(os.getpid()))
     pid, ino = int(str(record["ns_pid"])), int(str(record["ns_ino"]))
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # that process is gone: look for another one below
         if _ns_inode(pid) == ino:
             return _MountNs(pid, ino)
     for process in psutil.process_iter():
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # gone or not ours to read: not in that namespace
             if _ns_inode(process.pid) == ino:
                 return _MountNs(process.pid, ino)
     return None
@@ -251,8 +254,10 @@ class _StorageFault(Fault[_StorageT]):
                 self._apply(ctx, self._path, ns, record)
         except (FaultError, OSError) as exc:
             for record, ns in zip(mounts, self._namespaces, strict=False):
-                with contextlib.suppress(FaultError):
+                try:  # nothing half-applied
                     self._undo(self._path, record, ns)
+                except FaultError as undo:
+                    log.warning("%s: undoing the partial mount failed: %s", self.request.kind, undo)
             raise FaultError(f"{self.request.kind} on {self._path}: {exc}") from exc
         return Injection(details={"path": str(self._path), "mounts": mounts})
 
@@ -320,7 +325,7 @@ def _fill(scratch: Path) -> None:
     """Use up the tmpfs's blocks, then its inodes, so every write to the overlay fails."""
     with open(scratch / "ballast", "wb", buffering=0) as out:
         for size in (65_536, 4096, 1):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # full (ENOSPC) at this size: the point
                 while True:
                     out.write(b"\0" * size)
     for i in range(100_000):

@@ -80,7 +80,7 @@ class TrainerFault(Fault[TrainerFaultRequest]):
         process = rank_process(ctx, spec.rank, spec.job)
         control = rank_option(ctx, spec.job, "--control-dir")
         if control is None:  # the trainer's own precedence: option, environment, default
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error):  # unreadable: the default below applies
                 env = process.environ().get("STORMWATCH_CONTROL_DIR")
                 control = Path(process.cwd(), env).resolve() if env else None
         if control is None:

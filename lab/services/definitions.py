@@ -274,12 +274,18 @@ def alertmanager_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Se
     return ServiceSpec("alertmanager", cmd, f"{state.alertmanager_url}/-/ready")
 
 
+def lab_policy_path() -> Path:
+    """The lab's runbook policy for the responder it starts (``responder-policy.yml`` beside
+    this module; the format is :class:`stormwatch.alerts.policy.Policy`): the responder's
+    default plus ``StormwatchTrainingHung`` -> ``restart_workers``. Shipped with the lab,
+    which deploys the responder, as the Prometheus configuration is."""
+    return Path(__file__).with_name("responder-policy.yml")
+
+
 def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> ServiceSpec:
     """The responder: runbook policy ``<run>/responder/policy.yml`` when present, else the
-    shipped lab policy (:func:`~stormwatch.alerts.policy.lab_policy_path`); the lab backend
-    and post-mortems (``<run>/responder/postmortems``) from the run directory."""
-    from stormwatch.alerts.policy import lab_policy_path
-
+    lab's (:func:`lab_policy_path`); the lab backend and post-mortems
+    (``<run>/responder/postmortems``) from the run directory."""
     own_policy = paths.responder_dir / "policy.yml"
     cmd = (
         *stormwatch_command(),
@@ -329,6 +335,7 @@ __all__ = [
     "find_binary",
     "go_duration",
     "grafana_hint",
+    "lab_policy_path",
     "prometheus_config",
     "prometheus_spec",
     "responder_spec",

@@ -157,7 +157,7 @@ def tree(record: ProcessRecord) -> list[psutil.Process]:
         try:
             for child in root.children(recursive=True):
                 found[child.pid] = child
-        except psutil.Error:
+        except psutil.Error:  # it exited while its children were listed: they are orphans now
             pass
     return list(found.values())
 
@@ -189,7 +189,7 @@ def processes_marked(run_dir: Path) -> list[psutil.Process]:
     them even when ``lab up`` was killed before it could record their pids.
     """
     spare = {os.getpid()}
-    with contextlib.suppress(psutil.Error):
+    with contextlib.suppress(psutil.Error):  # a parent gone meanwhile cannot be swept either
         spare.update(p.pid for p in psutil.Process().parents())
     wanted = str(run_dir)
     found = []
@@ -226,7 +226,7 @@ def terminate(procs: Iterable[psutil.Process], grace: float = DEFAULT_GRACE) -> 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
     try:
         proc.send_signal(sig)
-    except psutil.NoSuchProcess:
+    except psutil.NoSuchProcess:  # gone already: nothing to signal
         pass
     except psutil.AccessDenied as exc:
         raise LabError(f"not allowed to signal pid {proc.pid}: {exc}") from exc

@@ -89,7 +89,7 @@ def _kill_leftovers(grace: float) -> None:
         if not pids:
             return
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):  # exited already: nothing to signal
                 os.kill(pid, sig)
         _reap(time.monotonic() + wait)
 
@@ -111,7 +111,7 @@ def _daemon(args: argparse.Namespace, report_fd: int) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         if child_pid:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):  # exited already: nothing to forward to
                 os.kill(child_pid, signum)
         else:
             pending.append(signum)

@@ -15,6 +15,11 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
 (``--platform-config``); :func:`make_backend` builds the backend from it.
+
+Exceptions (:mod:`.errors`, drawn in :mod:`stormwatch.errors`)::
+
+    PlatformError                   a platform backend failed
+    └── BackendError                a backend could not carry out an action or find the job
 """
 
 from __future__ import annotations

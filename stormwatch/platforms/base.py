@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from stormwatch.faults.control_file import CheckpointNow, arm
+from stormwatch.platforms.errors import BackendError
 
 
 @runtime_checkable
@@ -80,9 +81,42 @@ def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, An
     return path
 
 
+def request_checkpoint_in(control_file: Path, job: str, now: float) -> str:
+    """:func:`arm_checkpoint` for a backend's ``request_checkpoint``: what it did, in words.
+
+    Raises:
+        BackendError: the control file cannot be written.
+    """
+    try:
+        arm_checkpoint(control_file, now)
+    except OSError as exc:
+        raise BackendError(f"cannot write the control file {control_file}: {exc}") from exc
+    return f"requested a checkpoint of job {job} in {control_file}"
+
+
+def report_diagnostics(
+    directory: Path,
+    incident_id: int,
+    *,
+    job: str,
+    platform: str,
+    now: float,
+    kind: str,
+    entries: list[dict[str, Any]],
+) -> str:
+    """Write one entry per worker (``kind``: ``workers``, ``pods``) of ``job`` with
+    :func:`write_diagnostics`; what was written, in words."""
+    path = write_diagnostics(
+        directory, incident_id, {"job": job, "platform": platform, "time": now, kind: entries}
+    )
+    return f"diagnostics of {len(entries)} {kind} of job {job} in {path}"
+
+
 __all__ = [
     "BACKEND_METHODS",
     "PlatformBackend",
     "arm_checkpoint",
+    "report_diagnostics",
+    "request_checkpoint_in",
     "write_diagnostics",
 ]

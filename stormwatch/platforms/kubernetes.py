@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.base import report_diagnostics, request_checkpoint_in
 from stormwatch.platforms.errors import BackendError
 
 #: Label and annotation where the Job controller puts an indexed Job pod's index.
@@ -277,11 +277,7 @@ class KubernetesBackend:
             )
         lowest = min(min(pod_ranks(p).ranks) for p in pods)
         path = Path(self.control_dir) / f"rank{lowest}.json"
-        try:
-            arm_checkpoint(path, self.clock())
-        except OSError as exc:
-            raise BackendError(f"cannot write the control file {path}: {exc}") from exc
-        return f"requested a checkpoint of job {job} in {path}"
+        return request_checkpoint_in(path, job, self.clock())
 
     def collect_diagnostics(self, job: str, incident_id: int) -> str:
         """Write each pod's state and log tail to ``incident-<id>.json``."""
@@ -305,12 +301,15 @@ class KubernetesBackend:
             except ApiException as exc:
                 entry["log_tail"] = f"unavailable: {exc.status} {exc.reason}"
             report.append(entry)
-        path = write_diagnostics(
+        return report_diagnostics(
             self.diagnostics_dir,
             incident_id,
-            {"job": job, "platform": "kubernetes", "time": self.clock(), "pods": report},
+            job=job,
+            platform="kubernetes",
+            now=self.clock(),
+            kind="pods",
+            entries=report,
         )
-        return f"diagnostics of {len(report)} pods of job {job} in {path}"
 
 
 __all__ = ["COMPLETION_INDEX", "KubernetesBackend", "PodRanks", "pod_ranks"]

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from stormwatch.contracts.rank_env import rank_env
-from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.base import arm_checkpoint, report_diagnostics
 from stormwatch.platforms.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -182,12 +182,15 @@ class LabBackend:
                 except subprocess.TimeoutExpired:
                     entry["py_spy"] = f"timed out after {PY_SPY_TIMEOUT_S:g} s"
             report.append(entry)
-        path = write_diagnostics(
+        return report_diagnostics(
             self.diagnostics_dir,
             incident_id,
-            {"job": job, "platform": "lab", "time": self.clock(), "workers": report},
+            job=job,
+            platform="lab",
+            now=self.clock(),
+            kind="workers",
+            entries=report,
         )
-        return f"diagnostics of {len(report)} workers of job {job} in {path}"
 
 
 __all__ = ["LabBackend", "Worker"]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stormwatch.platforms.base import arm_checkpoint, write_diagnostics
+from stormwatch.platforms.base import request_checkpoint_in, write_diagnostics
 from stormwatch.platforms.errors import BackendError
 
 #: Runs one command line and returns its standard output; raises BackendError on failure.
@@ -141,11 +141,7 @@ class SlurmBackend:
                 "filesystem (platform setting control_dir, e.g. /shared/{job}/control)"
             )
         path = Path(self.control_dir.format(job=job, jobid=found.job_id)) / "rank0.json"
-        try:
-            arm_checkpoint(path, self.clock())
-        except OSError as exc:
-            raise BackendError(f"cannot write the control file {path}: {exc}") from exc
-        return f"requested a checkpoint of job {job} in {path}"
+        return request_checkpoint_in(path, job, self.clock())
 
     def collect_diagnostics(self, job: str, incident_id: int) -> str:
         """Write ``scontrol --details show job`` and the job's steps to ``incident-<id>.json``."""

@@ -551,6 +551,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: floa
         time.sleep(interval)
 
 
+def stop_process_group(leader: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group ``leader`` leads (torchrun and its workers); SIGKILL after
+    30 s."""
+    os.killpg(leader.pid, signal.SIGTERM)
+    try:
+        leader.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
 @pytest.fixture(scope="session")
 def tools() -> Any:
     """Helpers as one object (tests run in importlib mode and cannot import conftest)."""
@@ -562,6 +573,7 @@ def tools() -> Any:
         Scrape = Scrape
         make_agent = staticmethod(make_agent)
         dcgm_counters = staticmethod(dcgm_counters)
+        stop_process_group = staticmethod(stop_process_group)
         peers = PEERS
         token = TOKEN
 

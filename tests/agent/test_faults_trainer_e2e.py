@@ -9,7 +9,6 @@ After the revert the entry is gone and the trainer keeps stepping.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -75,10 +74,5 @@ def test_slow_step_armed_by_the_agent_reaches_the_trainer(
         last = _events(rank_log, "step")[-1].step
         tools.wait_for(lambda: _events(rank_log, "step")[-1].step > last + 2, timeout=60)
     finally:
-        os.killpg(torchrun.pid, signal.SIGTERM)
-        try:
-            torchrun.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(torchrun.pid, signal.SIGKILL)
-            torchrun.wait()
+        tools.stop_process_group(torchrun)
         out.close()

@@ -154,7 +154,7 @@ def test_an_agent_without_the_proc_connector_says_so_in_metrics_and_healthz(
     # As on a kernel without CONFIG_PROC_EVENTS: the agent runs on, exit codes unknown.
     reason = "proc connector unavailable: Protocol not supported"
     monkeypatch.setattr(
-        "stormwatch.agent.runtime.open_exit_source", lambda: UnavailableExits(reason)
+        "stormwatch.agent.assembly.open_exit_source", lambda: UnavailableExits(reason)
     )
     agent = start_agent()
     assert tools.scrape(agent.url).value("stormwatch_proc_connector_up") == 0

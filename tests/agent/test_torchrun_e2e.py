@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -63,10 +62,5 @@ def test_kill_rank_under_real_torchrun_is_restarted_and_counted(
         assert scrape.value("stormwatch_rank_unexpected_exits_total", job=job, rank="1") >= 1
         assert scrape.value("stormwatch_rank_up", job=job, rank="1") == 1
     finally:
-        os.killpg(torchrun.pid, signal.SIGTERM)
-        try:
-            torchrun.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(torchrun.pid, signal.SIGKILL)
-            torchrun.wait()
+        tools.stop_process_group(torchrun)
         log.close()

@@ -32,18 +32,6 @@ import pytest
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
 class Reply:
     status: int
@@ -357,7 +345,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def start_service(tmp_path: Path) -> Iterator[Callable[..., str]]:
+def start_service(tmp_path: Path, wait_for: Callable[..., Any]) -> Iterator[Callable[..., str]]:
     """Start a Prometheus-style binary: ``start_service(name, args, ready_url)`` -> its base URL.
 
     Skips the test when the binary is not installed; terminates it afterwards.
@@ -399,7 +387,6 @@ class Kit:
     """Helpers for test modules (importlib mode: they cannot import conftest)."""
 
     request = staticmethod(request)
-    wait_for = staticmethod(wait_for)
     alert = staticmethod(make_alert)
     payload = staticmethod(make_payload)
     iso = staticmethod(iso)
@@ -410,6 +397,6 @@ class Kit:
 
 
 @pytest.fixture(scope="session")
-def kit() -> type[Kit]:
-    """The helper namespace :class:`Kit`."""
-    return Kit
+def kit(wait_for: Callable[..., Any]) -> type[Kit]:
+    """The helper namespace :class:`Kit`, with ``wait_for`` (``tests/conftest.py``)."""
+    return type("Kit", (Kit,), {"wait_for": staticmethod(wait_for)})

@@ -1,7 +1,7 @@
 """Drive the chaos controller against one lab and observe what its faults do there.
 
 Used by ``test_catalogue_on_lab.py``. :class:`LabChaos` injects a fault the way
-the runner does (an experiment fault model from a dict, :class:`~stormwatch.chaos.execution.injector.Injector`
+the runner does (an experiment fault model from a dict, :class:`~stormwatch.chaos.execution.injection.injector.Injector`
 with the lab's ledger, ``lab_target`` and an :class:`AgentClient`) and reverts
 every open fault the way ``stormwatch chaos revert --all`` does (the CLI itself,
 or :func:`~stormwatch.chaos.ledger.revert.revert_open`). The observers look at the lab,
@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.execution.injector import Injected, Injector
+from stormwatch.chaos.execution.injection.injector import Injected, Injector
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import revert_open
 from stormwatch.chaos.target import Target, lab_target

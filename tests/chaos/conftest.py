@@ -6,7 +6,6 @@ import itertools
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,18 +49,10 @@ def unique_job() -> Callable[[str], str]:
     return _unique_job
 
 
-def _wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.1
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll)
-
-
 @pytest.fixture
-def start_workload(tmp_path: Path) -> Iterator[Callable[..., Workload]]:
+def start_workload(
+    tmp_path: Path, wait_for: Callable[..., object]
+) -> Iterator[Callable[..., Workload]]:
     """Start stand-in ranks under ``<tmp>/run/jobs/<job>/logs``; all are killed at teardown."""
     started: list[Workload] = []
 
@@ -73,7 +64,7 @@ def start_workload(tmp_path: Path) -> Iterator[Callable[..., Workload]]:
         )
         workload = Workload(process, job, rank, log_dir / f"rank{rank}.jsonl")
         started.append(workload)
-        _wait_until(lambda: workload.steps() >= 1, 30, "the workload's first step")
+        wait_for(lambda: workload.steps() >= 1, 30, "the workload's first step")
         return workload
 
     yield start
@@ -95,9 +86,9 @@ def controllers() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 @pytest.fixture
-def wait_until() -> Callable[..., None]:
+def wait_until(wait_for: Callable[..., object]) -> Callable[..., object]:
     """``wait_until(condition, timeout, what)``: poll until true, fail naming ``what``."""
-    return _wait_until
+    return wait_for
 
 
 def reapers(ledger: Path) -> list[psutil.Process]:

@@ -6,7 +6,7 @@ Rank faults target rank 0 of job ``job`` (the test runs a stand-in rank the agen
 claims); checkpoint faults use ``CKPT_BASE/<i>``.
 
 Imports the library once, then for each experiment forks a child that runs
-the real injection path (:class:`stormwatch.chaos.execution.injector.Injector`: ledger
+the real injection path (:class:`stormwatch.chaos.execution.injection.injector.Injector`: ledger
 row first, then the agent's fault API) for one cheap fault with a short TTL,
 and SIGKILLs it after a seeded random delay: before the ledger write, between
 the write and the request, while the agent answers, or after. Prints one JSON
@@ -29,7 +29,7 @@ import aiohttp
 from pydantic import TypeAdapter
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.execution.injector import Injector
+from stormwatch.chaos.execution.injection.injector import Injector
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.contracts.journal import JobRef

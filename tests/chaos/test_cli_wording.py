@@ -7,7 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from stormwatch.chaos.cli import _after_text, _before_text, chaos
+from stormwatch.chaos.cli import chaos
+from stormwatch.chaos.cli.run_commands import _after_text, _before_text
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError

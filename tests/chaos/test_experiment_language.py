@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from stormwatch.chaos import InvalidExperiment, load_experiment, parse_experiment
+from stormwatch.chaos.errors import SelectionError
 from stormwatch.chaos.experiment.model import ActionActivity, TargetSelector
 from stormwatch.chaos.experiment.selection import (
-    SelectionError,
     Shape,
     allowed_ranks,
     expand,

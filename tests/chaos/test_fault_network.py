@@ -207,7 +207,7 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
     """Through the controller's own classes: ledger first, agent API, revert, FC-13."""
     from pydantic import TypeAdapter
 
-    from stormwatch.chaos.execution.injection import apply_fault, plan_requests
+    from stormwatch.chaos.execution.injection.placement import apply_fault, plan_requests
     from stormwatch.chaos.ledger.ledger import Ledger
     from stormwatch.chaos.ledger.revert import revert_open
     from stormwatch.chaos.target import AgentEndpoint

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError
-from stormwatch.chaos.execution.injection import plan_requests
+from stormwatch.chaos.execution.injection.placement import plan_requests
 from stormwatch.chaos.ledger.undo import undo_fault
 from stormwatch.chaos.target import AgentEndpoint
 from stormwatch.contracts.fault_ledger import FaultTarget

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from stormwatch.chaos import Ledger, LedgerError, revert_open
-from stormwatch.chaos.execution.injection import find_rank_process
+from stormwatch.chaos.execution.injection.placement import find_rank_process
 from stormwatch.chaos.ledger.ledger import ledger_path
 from stormwatch.chaos.ledger.revert import OVERDUE_REASON
 from stormwatch.contracts.fault_ledger import FaultTarget

@@ -16,15 +16,15 @@ from stormwatch.chaos.errors import ActivityFailed, ChaosError
 from stormwatch.chaos.execution.checks import HypothesisChecker, ProbeChecker, job_variables
 from stormwatch.chaos.execution.context import RunAnnotations, RunContext
 from stormwatch.chaos.execution.ids import job_name_for
-from stormwatch.chaos.execution.injection import InjectionResult
-from stormwatch.chaos.execution.injector import Injected
+from stormwatch.chaos.execution.injection.injector import Injected
+from stormwatch.chaos.execution.injection.placement import InjectionResult
+from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.execution.journal_writer import JournalWriter
 from stormwatch.chaos.execution.lifecycle import JobLifecycle
 from stormwatch.chaos.execution.method import MethodExecutor, job_shape
 from stormwatch.chaos.execution.probes import ProbeContext
 from stormwatch.chaos.execution.rollback import RollbackExecutor, rollbacks_run
 from stormwatch.chaos.execution.safeguards import SafeguardWatcher
-from stormwatch.chaos.execution.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import (
     Experiment,
     JobSection,

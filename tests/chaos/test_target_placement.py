@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
-from stormwatch.chaos.execution.injector import Injector
+from stormwatch.chaos.execution.injection.injector import Injector
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import REGISTRY

@@ -69,17 +69,6 @@ def _config() -> LabConfig:
     )
 
 
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
-
-
 def _query(url: str, expr: str) -> list[dict[str, Any]]:
     params = urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(f"{url}/api/v1/query?{params}", timeout=30) as reply:
@@ -161,7 +150,9 @@ def _empty_panels(url: str, start: float) -> tuple[int, list[str]]:
 
 
 @pytest.mark.timeout(600)
-def test_every_panel_shows_data_after_a_short_lab_run(tmp_path: Path) -> None:
+def test_every_panel_shows_data_after_a_short_lab_run(
+    tmp_path: Path, wait_for: Callable[..., Any]
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the lab creates network namespaces")
     config = _config()
@@ -183,23 +174,25 @@ def test_every_panel_shows_data_after_a_short_lab_run(tmp_path: Path) -> None:
         checkpointed = (
             f'count(stormwatch_train_last_checkpoint_timestamp_seconds{{job="{JOB}"}}) == 2'
         )
-        _wait_for(
+        wait_for(
             lambda: step_of(1) >= 7 and _query(url, checkpointed),
             240,
             "both ranks past step 7 with their step-5 checkpoint scraped",
+            interval=0.5,
         )
         _fault(lab, "node0", {"id": "xid-1", "kind": "gpu_xid", "gpu": 0, "xid": 48})
         _fault(lab, "node1", {"id": "kill-1", "kind": "kill_rank", "rank": 1, "job": JOB})
 
-        _wait_for(
+        wait_for(
             lambda: (
                 _query(url, f'ALERTS{{alertstate="firing", job="{JOB}"}}')
                 and _query(url, 'ALERTS{alertstate="firing", node="node0"}')
             ),
             90,
             "alerts firing for the job and for node0",
+            interval=0.5,
         )
-        _wait_for(
+        wait_for(
             lambda: (
                 _query(url, f'job:stormwatch_train_restart_count:max{{job="{JOB}"}} >= 1')
                 and _query(
@@ -209,6 +202,7 @@ def test_every_panel_shows_data_after_a_short_lab_run(tmp_path: Path) -> None:
             ),
             180,
             "the restarted job to train and checkpoint again",
+            interval=0.5,
         )
         checked, empty = _empty_panels(url, started)
         steps = {r["metric"]["rank"]: r["value"][1] for r in _query(url, "stormwatch_train_step")}

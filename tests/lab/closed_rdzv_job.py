@@ -1,6 +1,6 @@
 """Stand-in worker for the FC-09 relaunch test: under the job's first rendezvous id it prints
 what torchrun prints when its rendezvous was closed and fails; under a relaunch id
-(``<job>-r<N>``, lab/jobs.py ``relaunch_closed``) it succeeds."""
+(``<job>-r<N>``, lab/jobs/launch.py ``relaunch_closed``) it succeeds."""
 
 from __future__ import annotations
 

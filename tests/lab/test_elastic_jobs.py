@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.lab import JobError, JobSpec, LabConfig, jobs
+from stormwatch.lab import JobError, JobSpec, LabConfig
+from stormwatch.lab.jobs import elastic, launch, torchrun
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import JobInfo, JobRecord, LabState, ProcessRecord, plan_state
 
@@ -22,7 +23,7 @@ def _state(tmp_path: Path, nodes: int = 2) -> LabState:
 
 
 def _command(state: LabState, spec: JobSpec, node_rank: int, tmp_path: Path) -> list[str]:
-    return jobs.torchrun_command(state, spec, node_rank, RunPaths(tmp_path), rdzv_port=29500)
+    return torchrun.torchrun_command(state, spec, node_rank, RunPaths(tmp_path), rdzv_port=29500)
 
 
 def _option(command: list[str], name: str) -> str:
@@ -54,7 +55,7 @@ def test_a_fixed_size_job_keeps_its_command_line(tmp_path):
 
 def test_min_nodes_above_the_lab_size_is_refused_naming_the_flag(tmp_path):
     with pytest.raises(JobError, match="min_nodes: 3 is more than the lab's 2 nodes; pass --min"):
-        jobs.check_elastic(_state(tmp_path), JobSpec(name="el", min_nodes=3))
+        elastic.check_elastic(_state(tmp_path), JobSpec(name="el", min_nodes=3))
 
 
 def _record(tmp_path: Path, spec: JobSpec, logs: dict[str, tuple[int | None, str]]) -> JobRecord:
@@ -86,33 +87,33 @@ CLOSED_LOG = (
 def test_fc09_a_torchrun_ended_by_a_closed_rendezvous_is_recognised(tmp_path):
     spec = JobSpec(name="el", min_nodes=1)
     record = _record(tmp_path, spec, {"node0": (1, CLOSED_LOG), "node1": (0, "done\n")})
-    assert jobs.rendezvous_closed(record) == ["node0"]
+    assert elastic.rendezvous_closed(record) == ["node0"]
     other_failure = _record(tmp_path, spec, {"node0": (1, "ValueError: boom\n")})
-    assert jobs.rendezvous_closed(other_failure) == []
+    assert elastic.rendezvous_closed(other_failure) == []
 
 
 def test_fc09_relaunch_gives_up_after_its_budget(tmp_path):
     spec = JobSpec(name="el", min_nodes=1)
     record = _record(tmp_path, spec, {"node0": (1, CLOSED_LOG)})
-    record.info.relaunches = jobs.MAX_RELAUNCHES  # the budget is spent: the job fails as it is
-    assert not jobs.relaunch_closed(_state(tmp_path), record, RunPaths(tmp_path), {})
+    record.info.relaunches = elastic.MAX_RELAUNCHES  # the budget is spent: the job fails as it is
+    assert not launch.relaunch_closed(_state(tmp_path), record, RunPaths(tmp_path), {})
 
 
 def test_rejoin_is_refused_for_a_fixed_size_job(tmp_path):
     record = _record(tmp_path, JobSpec(name="fixed"), {"node1": (-9, "")})
     with pytest.raises(JobError, match="fixed size; start it with --min-nodes"):
-        jobs.rejoin(_state(tmp_path), record, "node1", RunPaths(tmp_path), {})
+        launch.rejoin(_state(tmp_path), record, "node1", RunPaths(tmp_path), {})
 
 
 def test_an_elastic_job_finished_by_the_survivors_is_ok_and_names_the_lost_node(tmp_path):
     spec = JobSpec(name="el", min_nodes=1)
     record = _record(tmp_path, spec, {"node0": (0, "done\n"), "node1": (-9, "")})
-    outcome = jobs.result(record)
+    outcome = launch.result(record)
     assert outcome.ok
     assert outcome.detail is not None and "finished on 1 of 2 nodes; lost: node1 (exit -9)" in (
         outcome.detail
     )
     fixed = _record(tmp_path, JobSpec(name="fixed"), {"node0": (0, "done\n"), "node1": (-9, "")})
-    assert not jobs.result(fixed).ok
+    assert not launch.result(fixed).ok
     everyone_lost = _record(tmp_path, spec, {"node0": (-9, ""), "node1": (-9, "")})
-    assert not jobs.result(everyone_lost).ok
+    assert not launch.result(everyone_lost).ok

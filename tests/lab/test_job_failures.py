@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stormwatch.lab.jobs import failure_lines
+from stormwatch.lab.jobs.launch import failure_lines
 
 WORKER_FAILED = """\
 ValueError: boom

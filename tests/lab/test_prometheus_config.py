@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stormwatch.alerts.policy import load_policy
 from stormwatch.dashboards import build_all
 from stormwatch.lab import LabConfig
 from stormwatch.lab.paths import RunPaths
@@ -18,7 +19,9 @@ from stormwatch.lab.services.definitions import (
     check_prometheus_config,
     go_duration,
     grafana_hint,
+    lab_policy_path,
     prometheus_spec,
+    responder_spec,
     rules_dir,
     stormwatch_command,
     write_alertmanager_config,
@@ -129,3 +132,20 @@ def test_grafana_files_point_at_the_labs_prometheus(tmp_path: Path) -> None:
     assert providers["providers"][0]["options"]["path"] == str(folder / "dashboards")
     hint = grafana_hint(folder)
     assert "\n" not in hint and f"GF_PATHS_PROVISIONING={folder / 'provisioning'}" in hint
+
+
+def test_the_responder_gets_the_labs_policy_unless_the_run_has_its_own(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig())
+    command = list(responder_spec(LabConfig(), state, paths).cmd)
+    shipped = load_policy(Path(command[command.index("--policy") + 1]))
+    assert command[command.index("--policy") + 1] == str(lab_policy_path())
+    assert {rule.alertname: rule.actions for rule in shipped.rules} == {
+        "StormwatchRankStalled": ("confirm_restart",),
+        "StormwatchTrainingHung": ("restart_workers",),
+    }
+    own = paths.responder_dir / "policy.yml"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_text("rules: []\n", encoding="utf-8")
+    command = list(responder_spec(LabConfig(), state, paths).cmd)
+    assert command[command.index("--policy") + 1] == str(own)

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,3 +142,15 @@ def run_torchrun(
 def torchrun_train() -> Callable[..., TorchrunRun]:
     """:func:`run_torchrun`, for module-scoped fixtures of the e2e tests."""
     return run_torchrun
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[object]:
+    """A one-rank gloo process group (in-memory store) for the test; yields the WORLD group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

@@ -25,15 +25,6 @@ class Sink:
         raise AssertionError(f"{where}: {exc}")
 
 
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_counter_sees_collectives_only_when_enabled(one_rank_group, enabled) -> None:
     sink = Sink()

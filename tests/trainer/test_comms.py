@@ -40,15 +40,6 @@ class RecordingSink:
         self.errors.append(f"{where}: {exc}")
 
 
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 def test_c10d_collectives_are_counted_with_input_bytes_and_completion(one_rank_group):
     sink = RecordingSink()
     with CollectiveCounter(sink):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stormwatch.faults.control_file import control_path
-from stormwatch.trainer.control import ControlChannel, ControlFileError, InjectedFault
+from stormwatch.trainer.control import ControlChannel
+from stormwatch.trainer.errors import ControlFileError, InjectedFault
 
 
 class FakeTime:

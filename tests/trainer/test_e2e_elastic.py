@@ -59,7 +59,7 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS_"))}
-    # As the lab does (lab/jobs.py): a fresh worker store per attempt (pytorch#135712).
+    # As the lab does (lab/jobs/torchrun.py): a fresh worker store per attempt (pytorch#135712).
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     return env
 

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from stormwatch.trainer import ParallelDims, parallelize
@@ -17,15 +16,6 @@ from stormwatch.trainer.telemetry.instrument import (
     memory_bytes,
     model_flops_per_token,
 )
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_grad_norm_of_the_sharded_model_equals_the_plain_norm(one_rank_group):

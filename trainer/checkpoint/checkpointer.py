@@ -367,7 +367,7 @@ class Checkpointer:
         if self._layout.rank == 0:
             try:
                 box[0] = ("ok", decide())
-            except Exception as exc:
+            except Exception as exc:  # raised on every rank below, with this text
                 log.debug("checkpoint decision failed on rank 0", exc_info=True)
                 box[0] = ("error", f"{type(exc).__name__}: {exc}")
         if self._layout.world_size > 1:

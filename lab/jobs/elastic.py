@@ -1,9 +1,9 @@
 """Elastic lab jobs: rendezvous settings, the constant global batch, FC-09's terminal state.
 
 What torch 2.13 does when a node of an elastic job is lost and comes back is
-described in :mod:`stormwatch.lab.jobs` and docs/ARCHITECTURE.md
+described in :mod:`stormwatch.lab.jobs.torchrun` and docs/ARCHITECTURE.md
 "Elastic resize"; the launching, rejoining and relaunching live in
-:mod:`~stormwatch.lab.jobs` (they start processes), the pure parts here.
+:mod:`~stormwatch.lab.jobs.launch` (they start processes), the pure parts here.
 """
 
 from __future__ import annotations

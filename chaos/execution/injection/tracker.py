@@ -9,7 +9,7 @@ sent (they get a recovery check instead of a revert).
 
 from __future__ import annotations
 
-from stormwatch.chaos.execution.injector import Injected
+from stormwatch.chaos.execution.injection.injector import Injected
 from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.faults import ExperimentFault

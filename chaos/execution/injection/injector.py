@@ -3,7 +3,7 @@
 The order is the point (FC-13): the ledger row is committed before the fault
 leaves the controller, so whatever happens next (crash, Ctrl-C, a timeout on
 the request) the fault can be found and reverted. Where a fault goes and how it is
-applied there follow its kind's placement (:mod:`.injection`); a kind that does not
+applied there follow its kind's placement (:mod:`.placement`); a kind that does not
 revert itself at its TTL (:attr:`stormwatch.faults.Traits.reverts_itself`) gets a
 detached TTL reaper.
 """
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import ChaosError, FaultError, RankNotFound
-from stormwatch.chaos.execution.injection import (
+from stormwatch.chaos.execution.injection.placement import (
     InjectionResult,
     agent_targets,
     apply_fault,
@@ -33,6 +34,8 @@ from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Injector:
         """Where ``fault`` can go, most likely first (agents that list the rank alive lead).
 
         Agent-side kinds get one candidate per request set
-        (:func:`~stormwatch.chaos.execution.injection.plan_requests`), their agent ids
+        (:func:`~stormwatch.chaos.execution.injection.placement.plan_requests`), their agent ids
         derived from ``fault_id``.
 
         Raises:
@@ -148,12 +151,19 @@ class Injector:
         job = self._job.name
         holders: set[str] = set()
         if self._target.placement is not None:
-            with contextlib.suppress(StormwatchError):
+            try:
                 placed = await asyncio.to_thread(self._target.placement.ranks, job)
+            except StormwatchError as exc:
+                log.warning(
+                    "the platform cannot place the ranks of %s (asking each agent): %s", job, exc
+                )
+            else:
                 if rank in placed:
                     holders.add(placed[rank])
         if not holders:  # no backend, or it does not know: ask each agent
             for agent in self._target.agents:
+                # An agent that cannot answer (one a fault stopped, say) holds no rank we can
+                # reach; holders only order the agents tried, and every one is tried anyway.
                 with contextlib.suppress(ChaosError):
                     ranks = await self._agents.ranks(agent.url)
                     if any(r.job == job and r.rank == rank and r.alive for r in ranks):

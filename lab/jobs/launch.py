@@ -1,181 +1,30 @@
-"""Training jobs in the lab: one torchrun per node namespace, joined over the lab bridge.
+"""Starting, watching and stopping a lab job: one torchrun per node namespace.
 
-What torchrun needs across network namespaces (found by experiment on the lab
-machine; all nodes share one hostname, so hostname-based defaults are wrong):
-
-* ``--rdzv-endpoint <node0 address>:<rdzv_port>``: the c10d store runs on node 0
-  and must be reachable from every namespace (the bridge address would not be:
-  nothing listens in the root namespace).
-* ``--rdzv-conf is_host=1`` on node 0, ``is_host=0`` elsewhere: torchrun would
-  otherwise decide by comparing hostnames, which match in every namespace.
-* ``--local-addr <node address>``: what a node advertises to the others (the
-  rank-0 node's becomes every worker's MASTER_ADDR); the default, the hostname,
-  resolves to 127.0.0.1.
-* ``GLOO_SOCKET_IFNAME=eth0``: gloo binds to the namespace's bridge interface.
-* resolvable peers (``/etc/netns/<ns>/hosts``, see :mod:`.netns`), or every
-  reverse lookup waits for an unreachable DNS server.
-
-Elastic jobs (``JobSpec.min_nodes``): torchrun gets ``--nnodes MIN:MAX`` and
-:data:`ELASTIC_RDZV_CONF`, the trainer ``--dp auto`` and a fixed
-``--global-batch``. What torch 2.13 does (measured on loopback and in the lab,
-see docs/ARCHITECTURE.md "Elastic resize"): when a non-host node's torchrun
-dies (SIGTERM or SIGKILL), the survivors' workers fail in their next
-collective, their torchrun drops the dead node from the rendezvous once its
-heartbeat is ``keep_alive_interval x keep_alive_max_attempt`` seconds stale,
-and restarts the worker group at the smaller world size (one restart counted
-against ``--max-restarts``); the trainer resumes from the last checkpoint,
-resharded. A node started again (:func:`rejoin`) is seen by the running
-agents as a waiting node: they restart the group at the larger size (not
-counted as a failure). If a torchrun nevertheless ends with
-``RendezvousClosedError`` (FC-09: a rendezvous marked closed by a departing
-agent, pytorch/pytorch#147064), :func:`rendezvous_closed` recognises it in the
-node's log and :func:`relaunch_closed` starts every node again under a fresh
-rendezvous id, resuming from the checkpoint.
+:func:`start` launches every node's torchrun (:mod:`.torchrun`: its command line and
+environment) under its own rendezvous port; :func:`wait`, :func:`result` and
+:func:`stranded` follow it; :func:`stop` ends it. For elastic jobs :func:`rejoin` starts a
+lost node again and :func:`relaunch_closed` is FC-09's remedy (:mod:`.elastic`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from stormwatch.lab.config import JobSpec
-from stormwatch.lab.elastic import (
-    CLOSED_MARKER,
-    ELASTIC_RDZV_CONF,
-    MAX_RELAUNCHES,
-    check_elastic,
-    global_batch_of,
-    log_tail,
-    rendezvous_closed,
-)
 from stormwatch.lab.errors import JobError, JobTimeoutError
+from stormwatch.lab.jobs.elastic import MAX_RELAUNCHES, check_elastic, log_tail, rendezvous_closed
+from stormwatch.lab.jobs.torchrun import job_environment, torchrun_command
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import procs
-from stormwatch.lab.services.definitions import stormwatch_command
-from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState, NodeState
+from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState
 
 #: Seconds between two looks at a running job's status files.
 POLL_INTERVAL = 0.5
-#: torchrun's monitor interval, seconds: how fast it notices a dead worker (default 0.1 s
-#: in torch 2.x costs CPU on a two-core machine; 0.5 s still reacts within a step).
-MONITOR_INTERVAL = 0.5
-
-
-def torchrun_binary() -> str:
-    """torchrun of this installation (next to the interpreter)."""
-    script = Path(sys.executable).with_name("torchrun")
-    if not script.exists():
-        raise JobError(f"torchrun is not installed next to {sys.executable} (pip install torch)")
-    return str(script)
-
-
-def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunPaths) -> list[str]:
-    """What torchrun runs on ``node``: ``stormwatch train ...`` or ``spec.entrypoint``."""
-    if spec.entrypoint is not None:
-        return [*spec.entrypoint, *spec.extra_args]
-    config = state.config
-    elastic = spec.min_nodes is not None
-    cmd = [
-        *stormwatch_command(),
-        "train",
-        "--dp",
-        "auto" if elastic else str(config.nodes),
-        "--tp",
-        str(config.nproc_per_node),
-        "--job",
-        spec.name,
-        "--steps",
-        str(spec.steps),
-        "--step-delay",
-        repr(spec.step_delay),
-        "--seed",
-        str(spec.seed),
-        "--log-dir",
-        str(paths.job_logs(spec.name)),
-        "--metrics-dir",
-        str(node.metrics_dir),
-    ]
-    global_batch = global_batch_of(state, spec)
-    if global_batch is not None:
-        cmd += ["--global-batch", str(global_batch)]
-    if spec.checkpoint_every > 0:  # without --checkpoint-dir the trainer does not checkpoint
-        cmd += [
-            "--checkpoint-dir",
-            str(paths.job_checkpoints(spec.name)),
-            "--checkpoint-every",
-            str(spec.checkpoint_every),
-        ]
-    return [*cmd, *spec.extra_args]
-
-
-def torchrun_command(
-    state: LabState,
-    spec: JobSpec,
-    node_rank: int,
-    paths: RunPaths,
-    rdzv_port: int | None = None,
-    rdzv_id: str | None = None,
-) -> list[str]:
-    """The torchrun command line of node ``node_rank`` (node 0 hosts the rendezvous on
-    ``rdzv_port``, default ``LabConfig.rdzv_port``; ``rdzv_id`` defaults to the job name)."""
-    config = state.config
-    port = config.rdzv_port if rdzv_port is None else rdzv_port
-    node = state.nodes[node_rank]
-    host = state.nodes[0]
-    rdzv_conf = f"is_host={1 if node_rank == 0 else 0}"
-    nnodes = str(config.nodes)
-    if spec.min_nodes is not None:
-        nnodes = f"{spec.min_nodes}:{config.nodes}"
-        rdzv_conf += "".join(f",{key}={value}" for key, value in ELASTIC_RDZV_CONF.items())
-    return [
-        torchrun_binary(),
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        str(config.nproc_per_node),
-        "--node-rank",
-        str(node_rank),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{host.address}:{port}",
-        "--rdzv-id",
-        spec.name if rdzv_id is None else rdzv_id,
-        "--rdzv-conf",
-        rdzv_conf,
-        "--local-addr",
-        str(node.address),
-        "--max-restarts",
-        str(spec.max_restarts),
-        "--monitor-interval",
-        str(MONITOR_INTERVAL),
-        "--no-python",
-        *trainer_command(state, spec, node, paths),
-    ]
-
-
-def job_environment(spec: JobSpec, node: NodeState, base: dict[str, str]) -> dict[str, str]:
-    """Environment of one node's torchrun (inherited by its workers)."""
-    return {
-        **base,
-        "STORMWATCH_JOB": spec.name,
-        "STORMWATCH_METRICS_DIR": str(node.metrics_dir),
-        "GLOO_SOCKET_IFNAME": node.interface,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        # torchrun shares its rendezvous TCPStore with the workers by default; after
-        # a restart on a multi-node job the new workers then read the previous
-        # attempt's connection details and hang in init_process_group
-        # (pytorch/pytorch#135712). A fresh store per attempt avoids it.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        **spec.env,
-    }
 
 
 #: How many ports above ``LabConfig.rdzv_port`` are tried for a job's rendezvous.
@@ -199,7 +48,7 @@ def listening_ports(netns: str) -> set[int]:
     for line in out.splitlines()[1:]:
         fields = line.split()
         if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # 0A: LISTEN
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError):  # not a port: a line of another format
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
@@ -454,32 +303,18 @@ def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
     return result(record)
 
 
-def base_environment(marker: dict[str, str]) -> dict[str, str]:
-    """This process's environment plus the lab marker (what every lab process inherits)."""
-    return {**os.environ, **marker}
-
-
 __all__ = [
-    "CLOSED_MARKER",
-    "ELASTIC_RDZV_CONF",
-    "MAX_RELAUNCHES",
+    "POLL_INTERVAL",
     "RDZV_PORT_RANGE",
     "allocate_rdzv_port",
-    "base_environment",
-    "check_elastic",
     "failure_lines",
-    "global_batch_of",
     "is_running",
-    "job_environment",
     "listening_ports",
     "rejoin",
     "relaunch_closed",
-    "rendezvous_closed",
     "result",
     "start",
     "stop",
     "stranded",
-    "torchrun_command",
-    "trainer_command",
     "wait",
 ]

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from stormwatch.chaos.errors import SelectionError
 from stormwatch.chaos.experiment.model import (
     ActionActivity,
     Experiment,
@@ -22,7 +23,6 @@ from stormwatch.chaos.experiment.model import (
     UntilActivity,
 )
 from stormwatch.chaos.experiment.selection import (
-    SelectionError,
     Shape,
     blast_radius_problem,
     expand,

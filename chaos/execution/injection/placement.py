@@ -20,7 +20,7 @@ Reverting is :mod:`stormwatch.chaos.ledger.undo` (from the ledger entry alone).
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import signal
 import time
@@ -38,6 +38,8 @@ from stormwatch.chaos.ledger.undo import same_process
 from stormwatch.chaos.target import AgentEndpoint
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
+
+log = logging.getLogger(__name__)
 
 
 class InjectionResult(BaseModel):
@@ -273,9 +275,16 @@ async def _send_parts(
             answers.append(await agents.inject(part.agent_url, token, part.body))
         except (RankNotFound, FaultError, ServiceError) as exc:
             for done in applied:
-                # on failure the agent reverts it at its TTL; the ledger row stays open
-                with contextlib.suppress(FaultError, ServiceError):
+                try:
                     await agents.revert_fault(done.agent_url, token, str(done.body["id"]))
+                except (FaultError, ServiceError) as undo:
+                    # the agent reverts it at its TTL; the ledger row stays open
+                    log.warning(
+                        "fault %s: part on %s not reverted (its agent does at the TTL): %s",
+                        fault_id,
+                        done.node,
+                        undo,
+                    )
             if isinstance(exc, RankNotFound) and not applied:
                 raise
             raise FaultError(f"fault {fault_id} on {part.node}: {exc}") from exc

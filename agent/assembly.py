@@ -1,0 +1,465 @@
+"""Builders of the agent's subsystems, one per subsystem; :meth:`Agent.start` wires them.
+
+Each builder makes one subsystem from the agent's settings and what it depends on,
+starts it, and registers its cleanup on the agent's ``AsyncExitStack`` as soon as it
+exists, so a failure half-way tears down only what was made, in reverse order:
+
+* :func:`start_tracing`: the agent's own spans (first made, last closed);
+* :func:`open_ledger`: the fault ledger (SQLite under the state dir);
+* :func:`start_rank_watch` and :func:`start_rank_health`: the rank watcher (with the
+  proc connector's exit source) and the hang / straggler monitor;
+* :func:`start_fault_manager`: the fault API's manager (recovers the ledger; reverts
+  what is applied on a clean stop, FC-13);
+* :func:`open_gpu`: the NVML backend (real or simulated) and its sampler;
+* :func:`build_collectors` and :func:`build_exposition`: the collectors and the
+  cached ``/metrics`` exposition;
+* :func:`listen` and :func:`run_in_background`: the HTTP listeners and the agent's
+  background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import ssl
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+import stormwatch
+from stormwatch.agent.collectors import (
+    Collector,
+    CollectorSet,
+    FaultsCollector,
+    GpuCollector,
+    GpuProcessesCollector,
+    HostCollector,
+    NvlinkCollector,
+    RanksCollector,
+    TrainerCollector,
+    XidCollector,
+    new_family,
+)
+from stormwatch.agent.config import AgentConfig
+from stormwatch.agent.errors import AgentConfigError
+from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
+from stormwatch.agent.faults import FaultLedger, FaultManager
+from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
+from stormwatch.agent.gpu.fake import FakeNvml
+from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+from stormwatch.agent.tracing import AgentTracing, TracingSettings
+from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
+from stormwatch.agent.watch.events import EventLog
+from stormwatch.agent.watch.monitor import RankHealth
+from stormwatch.agent.watch.proc_exits import open_exit_source
+from stormwatch.agent.watch.procs import is_torchrun_agent
+from stormwatch.agent.watch.ranks import RankExit, RankWatcher
+from stormwatch.faults import FaultContext, FaultError, SimulatedGpus
+
+log = logging.getLogger(__name__)
+
+#: The collectors that need the GPU backend and its sampler.
+GPU_COLLECTORS = ("gpu", "nvlink", "xid", "gpu_processes")
+
+Stack = contextlib.AsyncExitStack
+
+
+class _Service(Protocol):
+    """A background thread with a lifecycle (the rank watcher, the monitor, the sampler)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+ServiceT = TypeVar("ServiceT", bound=_Service)
+
+
+def _started(stack: Stack, service: ServiceT) -> ServiceT:
+    """``service``, started, its stop registered on ``stack``."""
+    service.start()
+    stack.callback(service.stop)
+    return service
+
+
+def start_tracing(cfg: AgentConfig, stack: Stack) -> AgentTracing:
+    """The agent's spans, made in the running process (FC-07); closed last, after the
+    shutdown reverts it records, within ``trace_flush_timeout`` (FC-08)."""
+    tracing = AgentTracing(
+        TracingSettings(
+            node=cfg.node,
+            trace_file=cfg.resolved_trace_file,
+            otlp_endpoint=cfg.otlp_endpoint,
+            flush_timeout=cfg.trace_flush_timeout,
+        )
+    )
+
+    async def close() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
+
+    stack.push_async_callback(close)
+    return tracing
+
+
+def open_ledger(cfg: AgentConfig, stack: Stack) -> FaultLedger:
+    """The fault ledger, ``<state-dir>/faults.sqlite3``.
+
+    Raises:
+        LedgerError: it cannot be opened.
+    """
+    ledger = FaultLedger(Path(cfg.resolved_state_dir) / "faults.sqlite3")
+    stack.callback(ledger.close)
+    return ledger
+
+
+def start_rank_watch(
+    cfg: AgentConfig,
+    stack: Stack,
+    *,
+    events: EventLog,
+    tracer: trace.Tracer,
+    clock: Callable[[], float],
+) -> RankWatcher:
+    """The rank watcher, scanning; each exit it notices is recorded in ``events``.
+
+    Exit statuses come from the proc connector when the ``ranks`` collector is on.
+    """
+    exits = open_exit_source() if cfg.enabled("ranks") else None
+    if exits is not None:
+        stack.callback(exits.close)
+
+    def on_exit(gone: RankExit) -> None:
+        events.record(
+            "rank_exit",
+            gone.job,
+            gone.rank,
+            pid=gone.pid,
+            clean=gone.clean,
+            replaced=gone.replaced,
+            exit_code=gone.exit_code,
+            exit_signal=gone.exit_signal,
+            reason=gone.reason,
+        )
+
+    watcher = RankWatcher(
+        cfg.metrics_dir,
+        interval=cfg.rank_scan_interval,
+        forget_after=cfg.rank_retention_seconds,
+        clock=clock,
+        tracer=tracer,
+        claim_unlabelled=cfg.claim_unlabelled_ranks,
+        on_exit=on_exit,
+        exits=exits,
+    )
+    return _started(stack, watcher)
+
+
+def start_rank_health(
+    cfg: AgentConfig,
+    stack: Stack,
+    *,
+    watcher: RankWatcher,
+    events: EventLog,
+    clock: Callable[[], float],
+) -> RankHealth:
+    """The hang / straggler monitor of the watcher's ranks, evaluating."""
+    health = RankHealth(
+        watcher,
+        cfg.metrics_dir,
+        events,
+        cfg.diagnostics_dir,
+        hang=HangSettings(floor_seconds=cfg.hang_floor_seconds, factor=cfg.hang_factor),
+        straggler=StragglerSettings(factor=cfg.straggler_factor, samples=cfg.straggler_samples),
+        interval=cfg.rank_scan_interval,
+        clock=clock,
+    )
+    return _started(stack, health)
+
+
+def start_fault_manager(
+    cfg: AgentConfig,
+    stack: Stack,
+    *,
+    ledger: FaultLedger,
+    watcher: RankWatcher,
+    gpu: Callable[[], NvmlApi | None],
+    tracer: trace.Tracer,
+    clock: Callable[[], float],
+) -> FaultManager:
+    """The fault manager, its ledger recovered; on a clean stop it reverts every fault
+    still applied (FC-13).
+
+    Args:
+        gpu: the open NVML backend, once there is one (GPU faults act on it).
+    """
+
+    def simulated_gpus() -> SimulatedGpus | None:
+        api = gpu()
+        return api if isinstance(api, FakeNvml) else None
+
+    faults = FaultManager(
+        ledger,
+        FaultContext(
+            node=cfg.node,
+            ranks=watcher,
+            is_launcher=is_torchrun_agent,
+            metrics_dir=Path(cfg.metrics_dir),
+            state_dir=Path(cfg.resolved_state_dir),
+            gpu=gpu,
+            simulated_gpus=simulated_gpus,
+        ),
+        clock=clock,
+        tracer=tracer,
+    )
+    faults.recover()
+
+    async def revert_on_shutdown() -> None:
+        loop = asyncio.get_running_loop()
+        for record in await loop.run_in_executor(None, faults.ledger.active):
+            try:
+                await loop.run_in_executor(None, _revert_at_shutdown, faults, record.id)
+            except FaultError as exc:
+                log.error(
+                    "fault %s not reverted at shutdown (the next start retries): %s", record.id, exc
+                )
+
+    stack.push_async_callback(revert_on_shutdown)
+    return faults
+
+
+def _revert_at_shutdown(faults: FaultManager, fault_id: str) -> None:
+    faults.revert(fault_id, reason="shutdown")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSide:
+    """The open GPU backend and the sampler reading it."""
+
+    backend: GpuBackend
+    sampler: GpuSampler
+
+
+def open_gpu(
+    cfg: AgentConfig,
+    stack: Stack,
+    *,
+    fake: FakeNvml | None,
+    clock: Callable[[], float],
+) -> GpuSide | None:
+    """The NVML backend and its sampler, sampling; None when every GPU collector is off.
+
+    Raises:
+        NvmlUnavailable: ``gpu_backend=nvml`` without a driver.
+    """
+    if not any(cfg.enabled(name) for name in GPU_COLLECTORS):
+        return None
+    backend = stack.enter_context(open_backend(cfg.gpu_backend, sim_gpus=cfg.sim_gpus, fake=fake))
+    sampler = GpuSampler(
+        backend.api,
+        SamplerOptions(
+            interval=cfg.sample_interval,
+            nvlink=cfg.enabled("nvlink"),
+            processes=cfg.enabled("gpu_processes"),
+            xid=cfg.enabled("xid"),
+        ),
+        clock=clock,
+    )
+    return GpuSide(backend, _started(stack, sampler))
+
+
+def build_collectors(
+    cfg: AgentConfig,
+    *,
+    sampler: GpuSampler | None,
+    watcher: RankWatcher,
+    health: RankHealth,
+    ledger: FaultLedger,
+    clock: Callable[[], float],
+) -> list[Collector]:
+    """The enabled collectors, GPU ones first, in :data:`GPU_COLLECTORS` order."""
+    collectors: list[Collector] = []
+    if sampler is not None:
+        builders: dict[str, Callable[[], Collector]] = {
+            "gpu": lambda: GpuCollector(
+                sampler,
+                hostname=cfg.node,
+                clock=clock,
+                events_window_seconds=cfg.clock_events_window_seconds,
+                xid_window_seconds=cfg.xid_window_seconds if cfg.enabled("xid") else None,
+                export_age=False,
+            ),
+            "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node),
+            "xid": lambda: XidCollector(
+                sampler,
+                hostname=cfg.node,
+                window_seconds=cfg.xid_window_seconds,
+                clock=clock,
+            ),
+            "gpu_processes": lambda: GpuProcessesCollector(
+                sampler, rank_of_pid=watcher.rank_of_pid
+            ),
+        }
+        collectors.extend(builders[name]() for name in GPU_COLLECTORS if cfg.enabled(name))
+    if cfg.enabled("host"):
+        collectors.append(HostCollector())
+    if cfg.enabled("ranks"):
+        collectors.append(RanksCollector(watcher, clock=clock, health=health, export_age=False))
+    if cfg.enabled("trainer"):
+        collectors.append(TrainerCollector(cfg.metrics_dir))
+    if cfg.enabled("faults"):
+        collectors.append(FaultsCollector(ledger))
+    return collectors
+
+
+class _InfoCollector:
+    """``stormwatch_agent_info`` and ``stormwatch_agent_spans_total``."""
+
+    def __init__(self, node: str, backend: str, tracing: AgentTracing) -> None:
+        self._node, self._backend, self._tracing = node, backend, tracing
+
+    def collect(self) -> Iterator[Metric]:
+        info = new_family("stormwatch_agent_info")
+        info.add_metric([self._node, stormwatch.__version__, self._backend], 1.0)
+        spans = new_family("stormwatch_agent_spans_total")
+        for outcome, n in sorted(self._tracing.counts().items()):
+            spans.add_metric([outcome], float(n))
+        yield from (info, spans)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exposition:
+    """What ``/metrics`` serves.
+
+    Attributes:
+        collectors: the collectors, isolated from each other (``collector_up``).
+        registry: the agent's info and every collector (uncached rendering).
+        cache: the cached exposition ``/metrics`` serves.
+    """
+
+    collectors: CollectorSet
+    registry: CollectorRegistry
+    cache: ExpositionCache
+
+
+def build_exposition(
+    cfg: AgentConfig,
+    collectors: list[Collector],
+    *,
+    gpu_backend: str,
+    tracing: AgentTracing,
+    sampler: GpuSampler | None,
+    watcher: RankWatcher,
+    clock: Callable[[], float],
+) -> Exposition:
+    """The collector set, the registry and the cached exposition, re-rendered when a rank
+    appears or goes (the watcher's listener) and at least every ``sample_interval``."""
+    collector_set = CollectorSet(collectors, tracer=tracing.tracer)
+    info = _InfoCollector(cfg.node, gpu_backend, tracing)
+    info_registry = CollectorRegistry(auto_describe=False)
+    info_registry.register(info)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(info)
+    registry.register(collector_set)
+
+    def render() -> bytes:
+        return generate_latest(info_registry) + collector_set.render()
+
+    cache = ExpositionCache(
+        render,
+        live=LiveAges(
+            sampler if cfg.enabled("gpu") else None,
+            watcher if cfg.enabled("ranks") else None,
+            clock=clock,
+        ),
+        sampler=sampler,
+        period=min(cfg.sample_interval, MAX_EXPOSITION_AGE),
+    )
+    watcher.add_listener(cache.changed)
+    return Exposition(collector_set, registry, cache)
+
+
+async def listen(
+    stack: Stack,
+    app: web.Application,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    *,
+    what: str = "listen (--listen)",
+) -> str:
+    """Serve ``app`` on ``host:port``; return its base URL (``https`` with TLS).
+
+    Raises:
+        AgentConfigError: the address cannot be bound (taken, not local).
+    """
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise AgentConfigError(f"{what}: cannot listen on {host}:{port}: {exc.strerror}") from exc
+    bound, bound_port = runner.addresses[0][:2]
+    scheme = "https" if tls is not None else "http"
+    return f"{scheme}://{'[' + bound + ']' if ':' in bound else bound}:{bound_port}"
+
+
+async def run_in_background(stack: Stack, work: Coroutine[Any, Any, None], name: str) -> None:
+    """Run ``work`` as a task, cancelled when the agent stops."""
+    task = asyncio.create_task(work, name=name)
+
+    async def cancel() -> None:
+        task.cancel()
+        # The task was cancelled on purpose: its CancelledError is the expected end.
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(cancel)
+
+
+def ensure_metrics_dir(path: Path) -> None:
+    """Create the metrics dir itself when missing, never its parents (a typo must
+    not silently build a tree, e.g. at the filesystem root).
+
+    Raises:
+        AgentConfigError: the parent is missing, or the folder cannot be created.
+    """
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
+            "exist; create it or fix --metrics-dir"
+        )
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}"
+        ) from exc
+
+
+__all__ = [
+    "GPU_COLLECTORS",
+    "Exposition",
+    "GpuSide",
+    "build_collectors",
+    "build_exposition",
+    "ensure_metrics_dir",
+    "listen",
+    "open_gpu",
+    "open_ledger",
+    "run_in_background",
+    "start_fault_manager",
+    "start_rank_health",
+    "start_rank_watch",
+    "start_tracing",
+]

@@ -1,0 +1,177 @@
+"""Finding this node's rank processes (steps 2 and 3 of a rank-watcher scan).
+
+One scan lists every process (:meth:`RankFinder.process_table`, one ``/proc/<pid>/stat``
+read each), finds torchrun agents (``is_agent``) and, among their descendants, takes
+the topmost process per rank whose environment has ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID`` (:func:`stormwatch.contracts.rank_env.rank_env`)
+and that this node *claims* (:meth:`RankFinder.claims`). A process's name, command
+line, environment and claim are read once and kept while it lives: they do not change.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from stormwatch.agent.watch.procs import (
+    ProcEntry,
+    proc_stat,
+    process_cwd,
+    rank_metrics_dir,
+    read_rank_process,
+)
+from stormwatch.contracts.rank_env import RankEnv, RankKey, rank_env
+
+#: ``(pid, create time)``: one process, even after its pid is reused.
+_ProcKey = tuple[int, float]
+
+#: The rank processes one scan found: per ``(job, rank)``, its process and environment.
+Found = dict[RankKey, tuple[ProcEntry, RankEnv]]
+
+
+class RankFinder:
+    """Finds the rank processes this node owns.
+
+    Args:
+        metrics_dir: this node's metrics folder (what a rank must name to be claimed).
+        is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+        claim_unlabelled: claim ranks that name no metrics folder at all (right for one
+            agent per host; the lab, several agents in one PID namespace, sets it False).
+    """
+
+    def __init__(
+        self,
+        metrics_dir: Path,
+        *,
+        is_agent: Callable[[str, Sequence[str]], bool],
+        claim_unlabelled: bool,
+    ) -> None:
+        self._dir = Path(metrics_dir)
+        self._is_agent = is_agent
+        self._claim_unlabelled = claim_unlabelled
+        self._environ: dict[_ProcKey, Mapping[str, str] | None] = {}
+        self._claims: dict[_ProcKey, bool] = {}
+        self._names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
+
+    def process_table(self) -> dict[int, ProcEntry]:
+        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~.procs.proc_stat`).
+
+        Name and command line (psutil) are read once per process: they do not change.
+        """
+        table: dict[int, ProcEntry] = {}
+        names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
+        boot = psutil.boot_time()
+        for pid in psutil.pids():
+            stat = proc_stat(pid, boot)
+            if stat is None:
+                continue  # gone since psutil.pids()
+            ppid, zombie, create_time = stat
+            key = (pid, create_time)
+            known = self._names.get(key)
+            if known is None:
+                try:
+                    proc = psutil.Process(pid)
+                    known = (proc.name(), tuple(proc.cmdline()))
+                except psutil.ZombieProcess:
+                    known = ("", ())
+                except psutil.Error:
+                    continue  # gone, or not ours to read: not a rank this node can watch
+            names[key] = known
+            table[pid] = ProcEntry(
+                pid=pid,
+                ppid=ppid,
+                name=known[0],
+                cmdline=known[1],
+                create_time=create_time,
+                zombie=zombie,
+            )
+        self._names = names  # only live processes stay cached
+        return table
+
+    def discover(self, table: Mapping[int, ProcEntry]) -> Found:
+        """The topmost claimed rank process per ``(job, rank)`` under a torchrun agent
+        (the earliest started one when a rank appears twice)."""
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for entry in table.values():
+            children[entry.ppid].append(entry.pid)
+        agents = [
+            p.pid for p in table.values() if not p.zombie and self._is_agent(p.name, p.cmdline)
+        ]
+        found: Found = {}
+        stack: list[tuple[int, bool]] = [(c, False) for a in agents for c in children[a]]
+        visited: set[int] = set()
+        while stack:
+            pid, inside_rank = stack.pop()
+            proc = table.get(pid)
+            if proc is None or pid in visited or proc.zombie:
+                continue
+            visited.add(pid)
+            if not inside_rank:
+                environ = self._environ_of(proc)
+                env = rank_env(environ) if environ is not None else None
+                if env is not None:
+                    inside_rank = True  # its own children (data loaders...) are not ranks
+                    if self._claimed(proc) and (
+                        env.key not in found or found[env.key][0].create_time > proc.create_time
+                    ):
+                        found[env.key] = (proc, env)
+            stack.extend((child, inside_rank) for child in children[pid])
+        return found
+
+    def forget_gone(self, table: Mapping[int, ProcEntry]) -> None:
+        """Drop what is cached about processes not in ``table`` (they are gone)."""
+        live = {(p.pid, p.create_time) for p in table.values()}
+        self._environ = {k: v for k, v in self._environ.items() if k in live}
+        self._claims = {k: v for k, v in self._claims.items() if k in live}
+
+    def claims(
+        self, environ: Mapping[str, str], cmdline: Sequence[str], cwd: str | None
+    ) -> str | None:
+        """Whether this node owns a rank with this environment, command line and
+        working directory: None when it does, else why not (one sentence)."""
+        owner = rank_metrics_dir(environ, cmdline, cwd)
+        if owner is None:
+            if self._claim_unlabelled:
+                return None
+            return "it names no metrics dir and this agent runs with --no-claim-unlabelled-ranks"
+        mine = Path(os.path.realpath(self._dir))
+        if owner == mine:
+            return None
+        return f"its metrics dir {owner} is not this node's {mine}"
+
+    def check_owned(self, pid: int, create_time: float, key: RankKey) -> str | None:
+        """Re-check, from fresh reads, that ``pid`` is still the claimed rank ``key``.
+
+        Returns None when it is: the same process (start time ``create_time``),
+        not a zombie, under a torchrun agent, with ``key``'s rank environment,
+        claimed by this node. Otherwise the reason it is not (for a 404).
+        """
+        fresh = read_rank_process(pid, create_time, key, self._is_agent)
+        if isinstance(fresh, str):
+            return fresh
+        environ, cmdline, cwd = fresh
+        why = self.claims(environ, cmdline, cwd)
+        return None if why is None else f"pid {pid} is not this node's rank: {why}"
+
+    def _environ_of(self, proc: ProcEntry) -> Mapping[str, str] | None:
+        key = (proc.pid, proc.create_time)
+        if key not in self._environ:
+            try:
+                self._environ[key] = psutil.Process(proc.pid).environ()
+            except psutil.Error:
+                self._environ[key] = None  # gone or unreadable: not a rank this node can own
+        return self._environ[key]
+
+    def _claimed(self, proc: ProcEntry) -> bool:
+        key = (proc.pid, proc.create_time)
+        if key not in self._claims:
+            environ = self._environ_of(proc) or {}
+            self._claims[key] = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
+        return self._claims[key]
+
+
+__all__ = ["Found", "RankFinder"]

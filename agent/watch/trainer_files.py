@@ -1,0 +1,146 @@
+"""The trainer's multiprocess folder as the agent reads it: per-rank samples and dead pids.
+
+The trainer writes prometheus-client multiprocess files into the node's metrics
+folder (docs/ARCHITECTURE.md, "Trainer -> agent telemetry"). The rank watcher reads
+the heartbeat and step gauges from them and marks dead ranks' files; the health
+monitor reads the per-step gauges and the collective counters. Both go through
+:class:`TrainerFiles`, so a sample's rank is found, and a file that cannot be read is
+reported, in one way.
+
+Current-state gauges are ``livemax`` gauges, in ``gauge_live*_<pid>.db`` files: reading
+only those skips the ranks' histograms and counters, which dominate the folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from stormwatch.agent.watch.procs import pid_dead
+from stormwatch.contracts.rank_env import RankKey
+
+log = logging.getLogger(__name__)
+
+#: Files of the live gauges (current state of a rank; ``multiprocess_mode="livemax"``).
+LIVE_GAUGES = "gauge_live*_*.db"
+#: Files of the counters.
+COUNTERS = "counter_*.db"
+#: What the agent reads (docs/ARCHITECTURE.md lists them): live gauges of a rank ...
+HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
+STEP_METRIC = "stormwatch_train_step"
+COMPUTE_METRIC = "stormwatch_train_step_compute_seconds"
+WAIT_METRIC = "stormwatch_train_step_collective_wait_seconds"
+#: ... and a counter's sample (the ``_total`` sample of ``stormwatch_collective_calls``).
+CALLS_SAMPLE = "stormwatch_collective_calls_total"
+
+_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+#: Per sample name, per ``(job, rank)``: the value read.
+RankSamples = dict[str, dict[RankKey, float]]
+
+
+def keep_max(old: float, new: float) -> float:
+    """A gauge written by several processes of one rank: the latest is the largest."""
+    return max(old, new)
+
+
+def add(old: float, new: float) -> float:
+    """A counter split over label values (``op``, ...): their sum."""
+    return old + new
+
+
+class TrainerFiles:
+    """Reads per-rank samples from the trainer's multiprocess folder.
+
+    Args:
+        metrics_dir: the trainer's multiprocess folder.
+        reader: who reads (``rank watcher``, ``rank health``), for the log.
+
+    Attributes:
+        read_errors: reads that failed (a half-written file, a file removed while it
+            was read); each returns no samples, and the next read tries again.
+    """
+
+    def __init__(self, metrics_dir: Path, *, reader: str) -> None:
+        self._dir = Path(metrics_dir)
+        self._reader = reader
+        self._failing = False
+        self.read_errors = 0
+
+    def read(
+        self,
+        pattern: str,
+        names: Collection[str],
+        *,
+        combine: Callable[[float, float], float] = keep_max,
+    ) -> RankSamples:
+        """The samples named ``names`` (sample names, e.g. ``stormwatch_train_step`` or
+        ``stormwatch_collective_calls_total``) of the files matching ``pattern``, per
+        ``(job, rank)`` label pair, values of one rank merged with ``combine``.
+
+        Samples without a ``job`` label or an integer ``rank`` label are skipped. A read
+        that fails returns no samples: logged at warning once until a read succeeds
+        again, and counted in :attr:`read_errors`; it must not stop exit detection.
+        """
+        found: RankSamples = {name: {} for name in names}
+        files = [str(path) for path in self._dir.glob(pattern)]
+        try:
+            families = list(MultiProcessCollector.merge(files, accumulate=False))
+        except Exception:  # a half-written file: try again next time
+            self.read_errors += 1
+            if not self._failing:
+                log.warning(
+                    "%s: reading the trainer's files %s/%s failed (retried every scan)",
+                    self._reader,
+                    self._dir,
+                    pattern,
+                    exc_info=True,
+                )
+            self._failing = True
+            return found
+        if self._failing:
+            log.info("%s: reading the trainer's files works again", self._reader)
+        self._failing = False
+        for family in families:
+            for sample in family.samples:
+                target = found.get(sample.name)
+                if target is None:
+                    continue
+                try:
+                    key = (sample.labels["job"], int(sample.labels["rank"]))
+                except (KeyError, ValueError):
+                    continue  # not a rank's sample (the trainer labels every one it writes)
+                old = target.get(key)
+                target[key] = sample.value if old is None else combine(old, sample.value)
+        return found
+
+    def mark_dead(self) -> None:
+        """``mark_process_dead`` for every dead pid that still has live-gauge files, so dead
+        ranks' current-state gauges disappear while their counters stay (FC-01)."""
+        for path in self._dir.glob(LIVE_GAUGES):
+            match = _LIVE_FILE.match(path.name)
+            if match is None:
+                continue
+            pid = int(match[1])
+            if pid_dead(pid):
+                log.debug("marking pid %d dead in %s", pid, self._dir)
+                mark_process_dead(pid, str(self._dir))
+
+
+__all__ = [
+    "CALLS_SAMPLE",
+    "COMPUTE_METRIC",
+    "COUNTERS",
+    "HEARTBEAT_METRIC",
+    "LIVE_GAUGES",
+    "STEP_METRIC",
+    "WAIT_METRIC",
+    "RankSamples",
+    "TrainerFiles",
+    "add",
+    "keep_max",
+]

@@ -1,0 +1,49 @@
+"""What the ``stormwatch chaos`` commands share: the ``--run-dir`` option, counted words, and
+reverting overdue faults before a command acts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from stormwatch.chaos.ledger.revert import RevertOutcome, revert_overdue
+
+RUN_DIR = click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("run"),
+    envvar="STORMWATCH_LAB_DIR",
+    show_default=True,
+    show_envvar=True,
+    help="The lab's run directory (lab.json, fault ledger, experiments/).",
+)
+
+
+def plural(count: int, word: str) -> str:
+    """``1 rollback``, ``2 rollbacks``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def reap_overdue(run_dir: Path) -> list[RevertOutcome]:
+    """Revert faults past their TTL in ``run_dir``'s ledger (their controller and reaper
+    died) and say so on stderr; every command that takes --run-dir does this first."""
+    outcomes = revert_overdue(run_dir)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    for outcome in outcomes:
+        if outcome.ok:
+            console.print(
+                f"[yellow]reverted overdue fault[/] {outcome.fault_id} "
+                f"(past its TTL; its controller and reaper are gone): {escape(outcome.detail)}"
+            )
+        else:
+            console.print(
+                f"[red]overdue fault {outcome.fault_id} could not be reverted:[/] "
+                f"{escape(outcome.detail)}"
+            )
+    return outcomes
+
+
+__all__ = ["RUN_DIR", "plural", "reap_overdue"]

@@ -1,0 +1,78 @@
+"""``stormwatch chaos postmortem``: (re)write an experiment's post-mortem."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from stormwatch.chaos.cli.common import RUN_DIR, reap_overdue
+from stormwatch.errors import ConfigError
+
+
+@click.command("postmortem")
+@click.argument("experiment_dir", type=click.Path(file_okay=False, path_type=Path))
+@RUN_DIR
+@click.option(
+    "--baseline-log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Rank logs of the fault-free baseline job (…/jobs/<name>/logs).",
+)
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Use the saved evidence.json instead of querying the lab's Prometheus and responder.",
+)
+@click.option(
+    "--wait-resolved",
+    type=click.FloatRange(0, 3600),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for the alert to be received and resolved.",
+)
+def postmortem_cmd(
+    experiment_dir: Path,
+    run_dir: Path,
+    baseline_log_dir: Path | None,
+    offline: bool,
+    wait_resolved: float,
+) -> None:
+    """(Re)write postmortem.md/.json for EXPERIMENT_DIR.
+
+    EXPERIMENT_DIR is a folder (RUN_DIR/experiments/<id>) or just the experiment id,
+    looked up in --run-dir.
+    """
+    from stormwatch.chaos.reports.report import generate_postmortem
+    from stormwatch.chaos.target import lab_target
+
+    if not experiment_dir.is_dir():
+        candidate = run_dir / "experiments" / experiment_dir
+        if len(experiment_dir.parts) != 1 or not candidate.is_dir():
+            raise ConfigError(
+                f"EXPERIMENT_DIR {experiment_dir}: no such folder (nor {candidate}); give "
+                "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
+            )
+        experiment_dir = candidate
+    if not (experiment_dir / "journal.json").is_file():
+        raise ConfigError(
+            f"{experiment_dir} is not an experiment directory (no journal.json); give "
+            "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
+        )
+
+    if not offline:
+        reap_overdue(experiment_dir.parent.parent)
+    target = None if offline else lab_target(experiment_dir.parent.parent)
+    _, md = asyncio.run(
+        generate_postmortem(
+            experiment_dir,
+            target=target,
+            baseline_log_dir=baseline_log_dir,
+            wait_resolved_seconds=wait_resolved,
+        )
+    )
+    Console().print(md.read_text(encoding="utf-8"), markup=False, highlight=False)
+
+
+__all__ = ["postmortem_cmd"]

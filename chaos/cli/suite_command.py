@@ -1,0 +1,119 @@
+"""``stormwatch chaos suite``: a game day, every experiment of a folder, and its scorecard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from stormwatch.chaos.cli.common import RUN_DIR, plural, reap_overdue
+from stormwatch.chaos.console import ConsoleReporter
+from stormwatch.chaos.execution.runner import EXIT_ABORTED, EXIT_OK
+from stormwatch.chaos.gameday.scorecard import ScorecardRow
+from stormwatch.errors import ConfigError
+
+
+@click.command()
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
+@RUN_DIR
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    show_default=True,
+    help="Train a fault-free baseline per seed and compare every experiment's loss to it.",
+)
+@click.option(
+    "--wait-detected",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds each post-mortem waits for an alert to fire after the experiment.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Validate every experiment and print its plan; run nothing."
+)
+def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry_run: bool) -> int:
+    """Run every experiment in DIR on the lab, one after another, and write a scorecard.
+
+    All files are validated first (exit 2, nothing started, when one is invalid).
+    The scorecard (per fault: detected?, by which alert, time to detect, time to
+    recover, steps lost, loss/checkpoint/fault checks, verdict) is written as
+    Markdown and JSON to RUN_DIR/suites/<suite-id>/ after every experiment.
+    Ctrl-C rolls the running experiment back and skips the rest.
+
+    \b
+      stormwatch chaos suite experiments/suite --run-dir run
+      make game-day
+
+    Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
+    2 for an invalid experiment or a lab that is not up.
+    """
+    from stormwatch.chaos.experiment.dryrun import lab_shape, print_plan
+    from stormwatch.chaos.gameday.suite import SuiteOptions, SuiteRunner, load_suite
+    from stormwatch.chaos.target import lab_target
+
+    entries = load_suite(folder)
+    if dry_run:
+        console = Console(highlight=False, soft_wrap=True)
+        shape = lab_shape(run_dir)  # the lab in --run-dir when it is up, else each file's job
+        refused = [
+            f"{entry.path}: {why}"
+            for entry in entries
+            if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
+        ]
+        if refused:
+            raise ConfigError(
+                f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
+                + "\n".join(refused)
+            )
+        console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
+        return 0
+    reap_overdue(run_dir)
+    target = lab_target(run_dir)
+    reporter = ConsoleReporter()
+
+    def show(row: ScorecardRow, index: int, total: int) -> None:
+        colour = "green" if row.verdict == "pass" else "red"
+        detect = (
+            f"detected by {row.alert} in {row.time_to_detect_seconds:.1f} s"
+            if row.detected and row.time_to_detect_seconds is not None
+            else "not detected"
+        )
+        recover = (
+            f"recovered in {row.time_to_recover_seconds:.1f} s ({row.recovered_by})"
+            if row.time_to_recover_seconds is not None
+            else "no recovery measured"
+        )
+        reporter.console.print(
+            f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "
+            f"{detect}, {recover}" + (f"; {escape('; '.join(row.reasons))}" if row.reasons else ""),
+            soft_wrap=True,
+        )
+
+    runner = SuiteRunner(
+        entries,
+        folder=folder,
+        target=target,
+        options=SuiteOptions(baseline=baseline, wait_detected_seconds=wait_detected),
+        reporter=reporter,
+        on_row=show,
+    )
+    reporter.event(f"suite {runner.suite_id}: {plural(len(entries), 'experiment')} in {folder}")
+    card = runner.run()
+    md, _ = runner.save()
+    reporter.stop()
+    colour = "green" if card.ok else "red"
+    reporter.console.print(
+        f"[{colour}]{card.passed}/{len(card.rows)} passed[/]"
+        + (" (interrupted)" if card.interrupted else ""),
+        soft_wrap=True,
+    )
+    reporter.console.print(f"scorecard: {md}", soft_wrap=True, highlight=False)
+    if card.interrupted:
+        return EXIT_ABORTED
+    return EXIT_OK if card.ok else 1
+
+
+__all__ = ["suite"]
