@@ -320,7 +320,7 @@ class RankWatcher:
                     self._progress_seen[key] = now
                 self._steps.update(samples[STEP_METRIC])
                 self._forget(now)
-            self._files.mark_dead()
+            self._files.mark_dead(table)
             self._finder.forget_gone(table)
             self._last_scan_at = now
             self._last_error = None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from stormwatch.agent.watch.procs import pid_dead
+from stormwatch.agent.watch.procs import ProcEntry, pid_dead
 from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
@@ -118,15 +118,23 @@ class TrainerFiles:
                 target[key] = sample.value if old is None else combine(old, sample.value)
         return found
 
-    def mark_dead(self) -> None:
+    def mark_dead(self, table: Mapping[int, ProcEntry]) -> None:
         """``mark_process_dead`` for every dead pid that still has live-gauge files, so dead
-        ranks' current-state gauges disappear while their counters stay (FC-01)."""
+        ranks' current-state gauges disappear while their counters stay (FC-01).
+
+        A pid counts as dead only when it is dead now *and* was gone or a zombie in
+        ``table``, the process table of the scan that updated the ranks' states: a rank
+        that died after the table was read keeps its gauges until the next scan, which
+        also records its exit, so a scrape never sees its gauges gone while its
+        ``stormwatch_rank_up`` is still 1.
+        """
         for path in self._dir.glob(LIVE_GAUGES):
             match = _LIVE_FILE.match(path.name)
             if match is None:
                 continue
             pid = int(match[1])
-            if pid_dead(pid):
+            entry = table.get(pid)
+            if (entry is None or entry.zombie) and pid_dead(pid):
                 log.debug("marking pid %d dead in %s", pid, self._dir)
                 mark_process_dead(pid, str(self._dir))
 

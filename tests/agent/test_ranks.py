@@ -144,8 +144,14 @@ def test_fc01_dead_rank_gauges_disappear(
     release.touch()  # both ranks exit with code 1, no done marker
 
     def rank_gauges_gone() -> Any:
+        # Both exits noticed and both ranks' live gauges dropped (one scrape reads the
+        # watcher's state and the trainer's files at slightly different moments).
         scrape = tools.scrape(agent.url)
-        return scrape if not scrape.series("stormwatch_train_step", job=launcher.job) else None
+        gone = not scrape.series("stormwatch_train_step", job=launcher.job)
+        down = all(
+            scrape.value("stormwatch_rank_up", job=launcher.job, rank=rank) == 0 for rank in "01"
+        )
+        return scrape if gone and down else None
 
     after = tools.wait_for(rank_gauges_gone)
     # Current-state gauges are gone; counters and histograms stay.
