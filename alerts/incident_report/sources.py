@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stormwatch.agent.watch.events import AgentEvent, read_agent_events
-from stormwatch.alerts.incident_report.prometheus import read_prometheus
+from stormwatch.alerts.incident_report.queries import read_prometheus
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
