@@ -10,7 +10,7 @@ again from the same sources (the responder's database and audit log, the lab's r
 directory, Prometheus).
 
 Modules: :mod:`.sources` (reading, each file through its writer's model) and
-:mod:`.prometheus` (queries), :mod:`.clues` (culprit evidence for the engine),
+:mod:`.queries` (what it asks Prometheus), :mod:`.clues` (culprit evidence for the engine),
 :mod:`.build` (onset, times, impact, culprit), :mod:`.timeline_rows` (the timeline),
 :mod:`.panels` (figures), :mod:`.writer` (files), :mod:`.background` (the responder's
 writer), :mod:`.cli`. Times, impact, culprit, layout and rendering are the engine's
