@@ -19,9 +19,8 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 from pydantic import TypeAdapter, ValidationError
@@ -37,7 +36,6 @@ logger = logging.getLogger(__name__)
 #: Seconds a call waits for another process's lock (controller, reaper and ``chaos revert``
 #: share the file; each holds it for one short statement).
 BUSY_TIMEOUT_S = 30.0
-_T = TypeVar("_T")
 _FAULT_ADAPTER: TypeAdapter[AnyExperimentFault] = TypeAdapter(AnyExperimentFault)
 
 _FAULTS_TABLE = """
@@ -232,57 +230,46 @@ class Ledger:
             raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
         entries = []
         for row in rows:
-            try:
-                entries.append(_entry(row))
-            except (ValueError, TypeError, KeyError) as exc:  # pydantic errors are ValueErrors
-                why = _why_unreadable(exc)
-                if self.unreadable.get(str(row["id"])) is None:
-                    logger.warning(
-                        "fault ledger %s: row %s unreadable: %s", self.path, row["id"], why
-                    )
-                self.unreadable[str(row["id"])] = why
+            parsed = _entry(row)
+            if isinstance(parsed, LedgerEntry):
+                entries.append(parsed)
+                continue
+            if self.unreadable.get(str(row["id"])) is None:
+                logger.warning(
+                    "fault ledger %s: row %s unreadable: %s", self.path, row["id"], parsed
+                )
+            self.unreadable[str(row["id"])] = parsed
         return entries
 
 
-def _entry(row: sqlite3.Row) -> LedgerEntry:
+def _entry(row: sqlite3.Row) -> LedgerEntry | str:
+    """The row as an entry, or why it cannot be read (``column.field: message; ...``)."""
     data = dict(row)
-    data["spec"] = _column("spec", lambda: _FAULT_ADAPTER.validate_json(data["spec"]))
-    data["target"] = _column("target", lambda: FaultTarget.model_validate_json(data["target"]))
-    return LedgerEntry.model_validate(data)
-
-
-def _column(name: str, parse: Callable[[], _T]) -> _T:
-    """Run ``parse`` for column ``name``; a validation error's locations start with the column."""
+    column = ""
     try:
-        return parse()
+        column = "spec"
+        data["spec"] = _FAULT_ADAPTER.validate_json(data["spec"])
+        column = "target"
+        data["target"] = FaultTarget.model_validate_json(data["target"])
+        column = ""
+        return LedgerEntry.model_validate(data)
     except ValidationError as exc:
-        raise _ColumnError(name, exc) from exc
+        return _why_unreadable(column, exc)
+    except (ValueError, TypeError, KeyError) as exc:
+        return f"{column or 'row'}: {exc or type(exc).__name__}"
 
 
-class _ColumnError(ValueError):
-    """A column of a ledger row that did not parse (internal: becomes an ``unreadable`` entry)."""
-
-    def __init__(self, column: str, cause: ValidationError) -> None:
-        super().__init__(column)
-        self.column = column
-        self.cause = cause
-
-
-def _why_unreadable(exc: Exception) -> str:
-    """One line per problem, ``column.field: message``, for a row that did not parse.
+def _why_unreadable(column: str, exc: ValidationError) -> str:
+    """One problem per ``;``, ``column.field: message``, for a row that did not parse.
 
     A pydantic error's first line only names the model (for a fault spec, the whole
     tagged union of kinds), so the reason is taken from its ``errors()`` instead.
     """
-    column, cause = (exc.column, exc.cause) if isinstance(exc, _ColumnError) else ("", exc)
-    if not isinstance(cause, ValidationError):
-        return str(cause) or type(cause).__name__
     problems = []
-    for err in cause.errors(include_url=False):
+    for err in exc.errors(include_url=False):
         # Tagged-union branches put the kind's tag in the location: keep field names only.
         loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-"))]
-        where = ".".join([column, *loc]) if column else ".".join(loc)
-        problems.append(f"{where or 'row'}: {err['msg']}")
+        problems.append(f"{'.'.join([column, *loc]).strip('.') or 'row'}: {err['msg']}")
     return "; ".join(problems)
 
 
