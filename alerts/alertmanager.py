@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.alerts.durations import format_duration
+from stormwatch.clients.http import is_http_url
 from stormwatch.errors import ConfigError
 
 #: Path of the responder's webhook endpoint, appended to the responder's base URL.
@@ -151,8 +152,7 @@ class AlertmanagerSettings:
     node_group_by: tuple[str, ...] = ("alertname", "node")
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.responder_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if not is_http_url(self.responder_url):
             raise ConfigError(
                 f"responder_url: {self.responder_url!r} is not an http(s) URL; "
                 "use the responder's base URL, e.g. http://127.0.0.1:19095"
@@ -162,6 +162,7 @@ class AlertmanagerSettings:
                 f"responder_url: {self.responder_url!r} contains whitespace or control "
                 "characters; pass a plain URL such as http://127.0.0.1:19095"
             )
+        parts = urlsplit(self.responder_url)  # parses: is_http_url checked it
         if parts.query or parts.fragment:
             raise ConfigError(
                 f"responder_url: {self.responder_url!r} must not have a query or fragment"

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from stormwatch.clients.http import is_http_url
 from stormwatch.errors import ConfigError
 
 #: Environment variable holding the Grafana service-account token for ``push``.
@@ -62,7 +63,7 @@ def push_cmd(url: str, folder: str | None, timeout: float) -> None:
             f"{TOKEN_ENV} is not set: export {TOKEN_ENV}=<Grafana service-account token> "
             "(Administration > Service accounts, role Editor)"
         )
-    if not url.startswith(("http://", "https://")):
+    if not is_http_url(url):
         raise ConfigError(f"--url: {url!r} is not an http(s) URL")
     from stormwatch.dashboards.push import push
     from stormwatch.dashboards.render import build_all

@@ -150,7 +150,10 @@ def resolve_endpoint(explicit: str | None, environ: Mapping[str, str] | None = N
     ):
         if not url:
             continue
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # a broken IPv6 literal, e.g. http://[::1
+            parts = urlsplit("")
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{name}: expected http(s)://HOST:PORT[/PATH] (got {url!r})")
         if name == "OTEL_EXPORTER_OTLP_ENDPOINT":

@@ -134,14 +134,29 @@ class HttpOptions:
         return headers
 
 
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) URL with a host and, when it has one, a port in 0-65535.
+
+    ``urlsplit`` raises ``ValueError`` for a broken IPv6 literal (``http://[::1``) and
+    ``.port`` for a port out of range; both count as "not a URL" here, so callers can name
+    the flag instead of showing a traceback.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def check_http_url(url: str, name: str, example: str) -> str:
     """``url`` without a trailing ``/``.
 
     Raises:
-        ConfigError: not an http(s) URL with a host (the message names ``name``).
+        ConfigError: not an http(s) URL with a host and a valid port (the message names
+            ``name``).
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(url):
         raise ConfigError(f"{name}: {url!r} is not an http(s) URL, e.g. {example}")
     return url.rstrip("/")
 
@@ -313,6 +328,7 @@ __all__ = [
     "HttpClient",
     "HttpOptions",
     "check_http_url",
+    "is_http_url",
     "request_json",
     "send",
 ]

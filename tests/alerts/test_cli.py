@@ -226,3 +226,19 @@ def test_postmortem_with_a_file_that_is_not_a_database_exits_2(kit: Any, tmp_pat
     assert out.returncode == 2, out.stderr
     assert f"--db: {text}: is not a SQLite database" in out.stderr
     assert "Traceback" not in out.stderr and text.read_text() == "not a database\n"
+
+
+def test_a_url_that_does_not_parse_is_named_with_exit_2(kit: Any, tmp_path: Path) -> None:
+    """urlsplit raises ValueError for a broken IPv6 literal: a clear error, no traceback."""
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    runs = {
+        "url": _run(kit, "alerts", "incidents", "--url", "http://[::1", "--token-file", str(token),
+                    check=False),
+        "responder_url": _run(kit, "alerts", "config", "alertmanager", "--responder-url",
+                              "http://[::1", "--token-file", str(token), check=False),
+    }  # fmt: skip
+    for field, out in runs.items():
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert f"{field}: 'http://[::1' is not an http(s) URL" in out.stderr
