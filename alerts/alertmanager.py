@@ -308,11 +308,23 @@ def render_alertmanager_config(settings: AlertmanagerSettings) -> str:
 
 
 def write_alertmanager_config(settings: AlertmanagerSettings, path: Path) -> Path:
-    """Write ``alertmanager.yml`` for ``settings`` to ``path`` (atomically) and return it."""
+    """Write ``alertmanager.yml`` for ``settings`` to ``path`` (atomically) and return it.
+
+    Raises:
+        ConfigError: ``path`` cannot be written (a folder, a missing or read-only parent);
+            nothing is left behind, neither ``path`` nor the temporary file beside it.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_alertmanager_config(settings), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(render_alertmanager_config(settings), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"--output: cannot write {path}: {exc.strerror or exc}; give a file path in a "
+            "writable folder"
+        ) from exc
     return path
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -51,12 +52,22 @@ def build_cmd(out_dir: Path, prometheus_url: str) -> None:
 @click.option(
     "--folder", default=None, help="Folder title (created when missing); default General."
 )
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP request.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds per HTTP request.",
+)
 def push_cmd(url: str, folder: str | None, timeout: float) -> None:
     """Create or update the dashboards on a Grafana; unchanged ones are left alone.
 
     The service-account token is read from the environment variable GRAFANA_TOKEN.
     """
+    if not math.isfinite(timeout):  # click's FloatRange lets nan and inf through
+        raise click.BadParameter(
+            f"{timeout} is not a finite number of seconds", param_hint="'--timeout'"
+        )
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise ConfigError(

@@ -78,6 +78,13 @@ def test_a_url_that_does_not_parse_is_named_without_a_request(url: str) -> None:
     assert "--url" in str(result.exception)
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_not_positive_is_a_usage_error(timeout: str) -> None:
+    result = _push_cli("http://127.0.0.1:9", "--timeout", timeout)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--timeout'" in result.output
+
+
 def test_wrong_token_is_a_push_error(grafana: Any) -> None:
     with pytest.raises(PushError, match="refused"):
         push(grafana.url, "wrong", build_all())
