@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from stormwatch.agent.errors import AgentConfigError
-from stormwatch.clients.http import is_http_url
+from stormwatch.urls import is_http_url
 
 #: Every collector the agent has; each can be switched off with ``--disable-collector``.
 COLLECTOR_NAMES: tuple[str, ...] = (

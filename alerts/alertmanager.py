@@ -23,8 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.alerts.durations import format_duration
-from stormwatch.clients.http import is_http_url
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Path of the responder's webhook endpoint, appended to the responder's base URL.
 WEBHOOK_PATH = "/v1/alertmanager"

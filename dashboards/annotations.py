@@ -27,8 +27,8 @@ from typing import Any
 
 from grafana_client import GrafanaApi
 
-from stormwatch.clients.http import is_http_url
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 log = logging.getLogger(__name__)
 

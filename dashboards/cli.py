@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from stormwatch.clients.http import is_http_url
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Environment variable holding the Grafana service-account token for ``push``.
 TOKEN_ENV = "GRAFANA_TOKEN"

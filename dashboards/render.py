@@ -19,9 +19,9 @@ import yaml
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from stormwatch.clients.http import is_http_url
 from stormwatch.dashboards import cluster, incidents, node_gpu, nvlink, training
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Builders of every shipped dashboard, in menu order.
 DASHBOARDS: tuple[Callable[[], Dashboard], ...] = (

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from stormwatch.clients.errors import ClientError
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Builds the exception for a failed request from (message, HTTP status or None).
 ErrorFactory = Callable[[str, int | None], Exception]
@@ -132,21 +132,6 @@ class HttpOptions:
             pair = f"{self.username}:{self.password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         return headers
-
-
-def is_http_url(url: str) -> bool:
-    """Whether ``url`` is an http(s) URL with a host and, when it has one, a port in 0-65535.
-
-    ``urlsplit`` raises ``ValueError`` for a broken IPv6 literal (``http://[::1``) and
-    ``.port`` for a port out of range; both count as "not a URL" here, so callers can name
-    the flag instead of showing a traceback.
-    """
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError when out of range or not a number
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def check_http_url(url: str, name: str, example: str) -> str:
@@ -328,7 +313,6 @@ __all__ = [
     "HttpClient",
     "HttpOptions",
     "check_http_url",
-    "is_http_url",
     "request_json",
     "send",
 ]
