@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from stormwatch.agent.errors import AgentConfigError
+from stormwatch.urls import is_http_url
 
 #: Every collector the agent has; each can be switched off with ``--disable-collector``.
 COLLECTOR_NAMES: tuple[str, ...] = (
@@ -158,7 +159,7 @@ class AgentConfig(BaseModel):
     @field_validator("otlp_endpoint")
     @classmethod
     def _otlp_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+        if value is not None and (not is_http_url(value) or re.search(r"\s", value)):
             raise ValueError("expected http(s)://HOST:PORT[/v1/traces] (OTLP over HTTP)")
         return value
 

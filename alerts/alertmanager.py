@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.alerts.durations import format_duration
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Path of the responder's webhook endpoint, appended to the responder's base URL.
 WEBHOOK_PATH = "/v1/alertmanager"
@@ -151,8 +152,7 @@ class AlertmanagerSettings:
     node_group_by: tuple[str, ...] = ("alertname", "node")
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.responder_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if not is_http_url(self.responder_url):
             raise ConfigError(
                 f"responder_url: {self.responder_url!r} is not an http(s) URL; "
                 "use the responder's base URL, e.g. http://127.0.0.1:19095"
@@ -162,6 +162,7 @@ class AlertmanagerSettings:
                 f"responder_url: {self.responder_url!r} contains whitespace or control "
                 "characters; pass a plain URL such as http://127.0.0.1:19095"
             )
+        parts = urlsplit(self.responder_url)  # parses: is_http_url checked it
         if parts.query or parts.fragment:
             raise ConfigError(
                 f"responder_url: {self.responder_url!r} must not have a query or fragment"
@@ -307,11 +308,23 @@ def render_alertmanager_config(settings: AlertmanagerSettings) -> str:
 
 
 def write_alertmanager_config(settings: AlertmanagerSettings, path: Path) -> Path:
-    """Write ``alertmanager.yml`` for ``settings`` to ``path`` (atomically) and return it."""
+    """Write ``alertmanager.yml`` for ``settings`` to ``path`` (atomically) and return it.
+
+    Raises:
+        ConfigError: ``path`` cannot be written (a folder, a missing or read-only parent);
+            nothing is left behind, neither ``path`` nor the temporary file beside it.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_alertmanager_config(settings), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(render_alertmanager_config(settings), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"--output: cannot write {path}: {exc.strerror or exc}; give a file path in a "
+            "writable folder"
+        ) from exc
     return path
 
 

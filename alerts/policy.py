@@ -195,6 +195,10 @@ def load_policy(path: Path) -> Policy:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--policy: cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--policy: {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML"
+        ) from exc
     return parse_policy(text, origin=str(path))
 
 

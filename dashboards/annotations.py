@@ -24,11 +24,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from grafana_client import GrafanaApi
 
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,7 @@ class AnnotationSettings:
     max_pending: int = 1000
 
     def __post_init__(self) -> None:
-        parsed = urlparse(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        if not is_http_url(self.url):
             raise ConfigError(
                 f"{URL_ENV}: {self.url!r} is not an http(s) URL; set e.g. http://127.0.0.1:3000"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Environment variable holding the Grafana service-account token for ``push``.
 TOKEN_ENV = "GRAFANA_TOKEN"
@@ -50,19 +52,29 @@ def build_cmd(out_dir: Path, prometheus_url: str) -> None:
 @click.option(
     "--folder", default=None, help="Folder title (created when missing); default General."
 )
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP request.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds per HTTP request.",
+)
 def push_cmd(url: str, folder: str | None, timeout: float) -> None:
     """Create or update the dashboards on a Grafana; unchanged ones are left alone.
 
     The service-account token is read from the environment variable GRAFANA_TOKEN.
     """
+    if not math.isfinite(timeout):  # click's FloatRange lets nan and inf through
+        raise click.BadParameter(
+            f"{timeout} is not a finite number of seconds", param_hint="'--timeout'"
+        )
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise ConfigError(
             f"{TOKEN_ENV} is not set: export {TOKEN_ENV}=<Grafana service-account token> "
             "(Administration > Service accounts, role Editor)"
         )
-    if not url.startswith(("http://", "https://")):
+    if not is_http_url(url):
         raise ConfigError(f"--url: {url!r} is not an http(s) URL")
     from stormwatch.dashboards.push import push
     from stormwatch.dashboards.render import build_all

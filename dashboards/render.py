@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import yaml
 from grafana_foundation_sdk.builders.dashboard import Dashboard
@@ -22,6 +21,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from stormwatch.dashboards import cluster, incidents, node_gpu, nvlink, training
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Builders of every shipped dashboard, in menu order.
 DASHBOARDS: tuple[Callable[[], Dashboard], ...] = (
@@ -67,8 +67,7 @@ def dumps(data: dict[str, Any]) -> str:
 
 
 def _check_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    if not is_http_url(url):
         raise ConfigError(
             f"--prometheus-url: {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:9090"
         )

@@ -120,7 +120,7 @@ def load_failure_table(path: Path | None = None) -> FailureTable:
         else:
             text = path.read_text()
         raw = yaml.safe_load(text)
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise InvalidPlanInput(f"{where}: cannot read failure table: {exc}") from exc
     try:
         return FailureTable.model_validate(raw)

@@ -68,7 +68,10 @@ def ettr_first_order(tau: float, delta: float, mttf: float, downtime: float) -> 
 def ettr_renewal(tau: float, delta: float, mttf: float, downtime: float) -> float:
     """Exact renewal-model ETTR in [0, 1] (see module docstring)."""
     _check_positive(tau=tau, delta=delta, mttf=mttf)
-    expected_wall = math.expm1((tau + delta) / mttf) * (mttf + downtime)
+    try:
+        expected_wall = math.expm1((tau + delta) / mttf) * (mttf + downtime)
+    except OverflowError:  # math.expm1 raises instead of returning inf: a period of many MTTFs
+        return 0.0
     return tau / expected_wall if math.isfinite(expected_wall) else 0.0
 
 

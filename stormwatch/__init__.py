@@ -6,7 +6,8 @@ and what several components share, written once: :mod:`stormwatch.clients` (one
 client per service: the Prometheus HTTP API, the responder), :mod:`stormwatch.contracts`
 (the responder's records, a rank's environment), :mod:`stormwatch.otel` (the one
 OpenTelemetry set-up), :mod:`stormwatch.sqlite` (the one SQLite helper),
-:mod:`stormwatch.yamltext` (settings files' YAML) and :mod:`stormwatch.platforms` (the
+:mod:`stormwatch.yamltext` (settings files' YAML), :mod:`stormwatch.urls` (the
+http(s) URL check) and :mod:`stormwatch.platforms` (the
 lab, Kubernetes and Slurm backends). It imports no component (but the CLI root, lazily,
 and the platforms, which may use the lab). Each component installs as its own sub-package:
 

@@ -68,6 +68,7 @@ from opentelemetry.util.types import AttributeValue
 
 import stormwatch
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,7 @@ def resolve_endpoint(explicit: str | None, environ: Mapping[str, str] | None = N
     ):
         if not url:
             continue
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if not is_http_url(url):
             raise ConfigError(f"{name}: expected http(s)://HOST:PORT[/PATH] (got {url!r})")
         if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
             return url.rstrip("/") + TRACES_PATH

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from stormwatch.chaos.cli.common import RUN_DIR, reap_overdue
-from stormwatch.chaos.errors import ChaosError
+from stormwatch.chaos.errors import ChaosError, LedgerError
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries
 from stormwatch.contracts.fault_ledger import LedgerEntry
@@ -56,6 +56,12 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
         entries = ledger.open_faults()
     else:
         known = {e.id: e for e in ledger.entries()}
+        unreadable = [i for i in fault_ids if i in ledger.unreadable]
+        if unreadable:  # in the ledger, but its row cannot be parsed: say so, not "unknown"
+            _report_unreadable(console, ledger, only=unreadable)
+            raise LedgerError(
+                f"unreadable in the ledger {path}: {', '.join(unreadable)}; nothing was reverted"
+            )
         unknown = [i for i in fault_ids if i not in known]
         if unknown:
             raise ConfigError(
@@ -79,9 +85,12 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
     return 0 if all(o.ok for o in outcomes) and not ledger.unreadable else 1
 
 
-def _report_unreadable(console: Console, ledger: Ledger) -> None:
-    """Name the ledger rows that could not be read (their faults were not reverted)."""
+def _report_unreadable(console: Console, ledger: Ledger, *, only: list[str] | None = None) -> None:
+    """Name the ledger rows that could not be read (their faults were not reverted);
+    ``only``: just these ids."""
     for fault_id, why in ledger.unreadable.items():
+        if only is not None and fault_id not in only:
+            continue
         console.print(
             f"[red]UNREADABLE[/] {escape(fault_id)}: {escape(why)}; not reverted. Revert it by "
             "hand if it is still applied, then delete the row: "

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from stormwatch.chaos.errors import LedgerError
 from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
@@ -230,23 +230,47 @@ class Ledger:
             raise LedgerError(f"fault ledger {self.path}: {exc}") from exc
         entries = []
         for row in rows:
-            try:
-                entries.append(_entry(row))
-            except (ValueError, TypeError, KeyError) as exc:  # pydantic errors are ValueErrors
-                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                if self.unreadable.get(str(row["id"])) is None:
-                    logger.warning(
-                        "fault ledger %s: row %s unreadable: %s", self.path, row["id"], why
-                    )
-                self.unreadable[str(row["id"])] = why
+            parsed = _entry(row)
+            if isinstance(parsed, LedgerEntry):
+                entries.append(parsed)
+                continue
+            if self.unreadable.get(str(row["id"])) is None:
+                logger.warning(
+                    "fault ledger %s: row %s unreadable: %s", self.path, row["id"], parsed
+                )
+            self.unreadable[str(row["id"])] = parsed
         return entries
 
 
-def _entry(row: sqlite3.Row) -> LedgerEntry:
+def _entry(row: sqlite3.Row) -> LedgerEntry | str:
+    """The row as an entry, or why it cannot be read (``column.field: message; ...``)."""
     data = dict(row)
-    data["spec"] = _FAULT_ADAPTER.validate_json(data["spec"])
-    data["target"] = FaultTarget.model_validate_json(data["target"])
-    return LedgerEntry.model_validate(data)
+    column = ""
+    try:
+        column = "spec"
+        data["spec"] = _FAULT_ADAPTER.validate_json(data["spec"])
+        column = "target"
+        data["target"] = FaultTarget.model_validate_json(data["target"])
+        column = ""
+        return LedgerEntry.model_validate(data)
+    except ValidationError as exc:
+        return _why_unreadable(column, exc)
+    except (ValueError, TypeError, KeyError) as exc:
+        return f"{column or 'row'}: {exc or type(exc).__name__}"
+
+
+def _why_unreadable(column: str, exc: ValidationError) -> str:
+    """One problem per ``;``, ``column.field: message``, for a row that did not parse.
+
+    A pydantic error's first line only names the model (for a fault spec, the whole
+    tagged union of kinds), so the reason is taken from its ``errors()`` instead.
+    """
+    problems = []
+    for err in exc.errors(include_url=False):
+        # Tagged-union branches put the kind's tag in the location: keep field names only.
+        loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-"))]
+        problems.append(f"{'.'.join([column, *loc]).strip('.') or 'row'}: {err['msg']}")
+    return "; ".join(problems)
 
 
 def _alive(pid: int, started_at: float) -> bool:

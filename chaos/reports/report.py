@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.runner import NullReporter, Reporter
 from stormwatch.chaos.reports.evidence import (
@@ -46,6 +48,14 @@ def read_journal(experiment_dir: Path) -> Journal:
     path = Path(experiment_dir) / "journal.json"
     try:
         return load_journal(path)
+    except ValidationError as exc:  # one line, not pydantic's multi-line dump with URLs
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'file'}: {err['msg']}"
+            for err in exc.errors(include_url=False)[:5]
+        )
+        raise ChaosError(
+            f"{path}: not a journal written by `stormwatch chaos run` ({problems})"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise ChaosError(f"{path}: cannot read the journal: {exc}") from exc
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from stormwatch.clients.errors import ClientError
 from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 #: Builds the exception for a failed request from (message, HTTP status or None).
 ErrorFactory = Callable[[str, int | None], Exception]
@@ -138,10 +138,10 @@ def check_http_url(url: str, name: str, example: str) -> str:
     """``url`` without a trailing ``/``.
 
     Raises:
-        ConfigError: not an http(s) URL with a host (the message names ``name``).
+        ConfigError: not an http(s) URL with a host and a valid port (the message names
+            ``name``).
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(url):
         raise ConfigError(f"{name}: {url!r} is not an http(s) URL, e.g. {example}")
     return url.rstrip("/")
 

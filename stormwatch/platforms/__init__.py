@@ -85,6 +85,10 @@ def load_platform_settings(path: Path) -> PlatformSettings:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except OSError as exc:
         raise ConfigError(f"--platform-config: cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--platform-config: {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML"
+        ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"--platform-config: {path} is not valid YAML: {exc}") from exc
     try:

@@ -11,7 +11,7 @@ in one namespace. Which pod runs which ranks comes from the pod itself:
   ``PET_*`` variables), default 1; global ranks are
   ``node_rank * nproc .. node_rank * nproc + nproc - 1`` (torchrun's assignment).
 
-Actions (RBAC in deploy/kubernetes/base/responder-rbac.yaml):
+Actions (RBAC in deploy/kubernetes/base/responder.yaml):
 
 * restart workers: delete the job's pods (``V1DeleteOptions``, background
   propagation); the Job controller recreates them and torchrun rendezvous again;

@@ -257,10 +257,26 @@ def test_otlp_without_the_exporter_package_names_the_pip_package(
         AgentTracing(TracingSettings(node="n1", otlp_endpoint="http://127.0.0.1:4318"))
 
 
-@pytest.mark.parametrize("url", ["127.0.0.1:4318", "grpc://h:4317", "http://"])
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:4318", "grpc://h:4317", "http://", "http://[::1", "http://h:99999"]
+)
 def test_bad_otlp_endpoint_is_a_config_error(url: str, tmp_path: Path) -> None:
     with pytest.raises(AgentConfigError, match="otlp_endpoint"):
         AgentConfig.build(metrics_dir=tmp_path, otlp_endpoint=url)
+
+
+def test_an_otlp_endpoint_that_does_not_parse_stops_agent_run_with_exit_2(tmp_path: Path) -> None:
+    """``http://[::1`` makes urlsplit raise: the agent names the option, no traceback."""
+    stormwatch = str(Path(sys.executable).with_name("stormwatch"))
+    done = subprocess.run(
+        [stormwatch, "agent", "run", "--metrics-dir", str(tmp_path), "--gpu-backend", "sim",
+         "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0",
+         "--otlp-endpoint", "http://[::1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "otlp_endpoint: expected http(s)://HOST:PORT" in done.stderr
 
 
 class _Server:

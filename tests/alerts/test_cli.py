@@ -226,3 +226,55 @@ def test_postmortem_with_a_file_that_is_not_a_database_exits_2(kit: Any, tmp_pat
     assert out.returncode == 2, out.stderr
     assert f"--db: {text}: is not a SQLite database" in out.stderr
     assert "Traceback" not in out.stderr and text.read_text() == "not a database\n"
+
+
+def test_a_url_that_does_not_parse_is_named_with_exit_2(kit: Any, tmp_path: Path) -> None:
+    """urlsplit raises ValueError for a broken IPv6 literal: a clear error, no traceback."""
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    runs = {
+        "url": _run(kit, "alerts", "incidents", "--url", "http://[::1", "--token-file", str(token),
+                    check=False),
+        "responder_url": _run(kit, "alerts", "config", "alertmanager", "--responder-url",
+                              "http://[::1", "--token-file", str(token), check=False),
+    }  # fmt: skip
+    for field, out in runs.items():
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert f"{field}: 'http://[::1' is not an http(s) URL" in out.stderr
+
+
+def test_settings_files_that_are_not_utf8_are_named_with_exit_2(kit: Any, tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x89\xd7\x00binary")
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    serve = ("alerts", "serve", "--db", str(tmp_path / "r.sqlite"), "--token-file", str(token),
+             "--listen", "127.0.0.1:0")  # fmt: skip
+    runs = {
+        "--policy": _run(kit, "alerts", "policy-check", str(binary), check=False),
+        "--platform-config": _run(kit, *serve, "--platform", "slurm", "--platform-config",
+                                  str(binary), check=False),
+    }  # fmt: skip
+    for flag, out in runs.items():
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert f"{flag}: {binary} is not UTF-8 text" in out.stderr
+
+
+def test_config_alertmanager_to_an_unwritable_output_exits_2_and_leaves_nothing(
+    kit: Any, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for output in (folder, tmp_path / "missing" / "alertmanager.yml"):
+        out = _run(kit, "alerts", "config", "alertmanager", "--responder-url",
+                   "http://127.0.0.1:19095", "--token-file", str(token), "-o", str(output),
+                   check=False)  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert f"--output: cannot write {output}" in out.stderr
+    assert list(folder.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "token"]

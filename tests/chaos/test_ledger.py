@@ -331,3 +331,40 @@ def test_an_unreadable_row_is_named_and_the_other_faults_are_still_reverted(
     )  # fmt: skip
     assert listing.returncode == 1 and "Traceback" not in listing.stderr
     assert "UNREADABLE exp.broken" in " ".join(listing.stdout.split())
+
+
+def test_an_unreadable_row_says_why_and_naming_it_does_not_call_it_unknown(
+    tmp_path: Path,
+) -> None:
+    """The reason names the column and the problem, not pydantic's union title; reverting
+    the row by id says it is unreadable (exit 1), not that it is missing from the ledger."""
+    run_dir = tmp_path / "run"
+    ledger = Ledger(ledger_path(run_dir))
+    ledger.record(
+        fault_id="exp.broken",
+        experiment_id="exp",
+        spec=FreezeRankFault(kind="freeze_rank", rank=0),
+        target=FaultTarget(job="j", rank=0, pid=1, pid_create_time=1.0),
+        expires_at=time.time() + 3600,
+    )
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("""UPDATE faults SET spec='{"kind": "melt_gpu"}' WHERE id='exp.broken'""")
+    stormwatch = str(Path(sys.executable).with_name("stormwatch"))
+
+    listed = subprocess.run(
+        [stormwatch, "chaos", "ledger", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    reverted = subprocess.run(
+        [stormwatch, "chaos", "revert", "exp.broken", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert listed.returncode == 1, listed.stdout + listed.stderr
+    out = " ".join(listed.stdout.split())
+    assert "UNREADABLE exp.broken: spec:" in out and "melt_gpu" in out
+    assert "tagged-union" not in listed.stdout + listed.stderr
+    assert reverted.returncode == 1, reverted.stdout + reverted.stderr
+    assert "Traceback" not in reverted.stderr
+    assert "not in the ledger" not in reverted.stderr
+    assert "unreadable in the ledger" in reverted.stderr

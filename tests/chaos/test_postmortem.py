@@ -510,3 +510,23 @@ def test_a_fault_that_does_not_restart_the_job_recovers_when_removed(tmp_path: P
     write_journal(journal, exp_dir / "journal.json")
     still_open = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
     assert not still_open.recovered and still_open.time_to_recover_seconds is None
+
+
+@pytest.mark.parametrize("text", ["{}", '{"experiment_id": 3}'])
+def test_postmortem_of_a_journal_that_is_not_one_is_a_one_line_error(
+    tmp_path: Path, text: str
+) -> None:
+    """No pydantic dump (several lines, documentation URLs): one line naming the fields."""
+    experiment_dir = tmp_path / "run" / "experiments" / "exp"
+    experiment_dir.mkdir(parents=True)
+    (experiment_dir / "journal.json").write_text(text)
+    cli = subprocess.run(
+        [str(STORMWATCH), "chaos", "postmortem", str(experiment_dir), "--offline"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 1, cli.stderr
+    assert "Traceback" not in cli.stderr and "errors.pydantic.dev" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+    assert "not a journal written by `stormwatch chaos run`" in cli.stderr
+    assert "title: Field required" in cli.stderr
+    assert not (experiment_dir / "postmortem.md").exists()

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from stormwatch.cli import root
 from stormwatch.dashboards import build_all, uid_for
+from stormwatch.errors import ConfigError
 
 EXPECTED_UIDS = {
     "stormwatch-cluster-overview",
@@ -140,10 +141,12 @@ def test_provisioning_files(tmp_path: Path) -> None:
     assert datasource["uid"] == "stormwatch-prometheus"
 
 
-@pytest.mark.parametrize("url", ["10.0.0.1:9090", "ftp://x", ""])
+@pytest.mark.parametrize("url", ["10.0.0.1:9090", "ftp://x", "", "http://[::1", "http://h:99999"])
 def test_bad_prometheus_url_is_a_config_error(tmp_path: Path, url: str) -> None:
+    """Also a URL that urlsplit cannot parse (broken IPv6 literal, port out of range)."""
     result = CliRunner().invoke(
         root, ["dashboards", "build", "--out", str(tmp_path), "--prometheus-url", url]
     )
-    assert result.exit_code != 0
+    assert isinstance(result.exception, ConfigError), result.exception
     assert "--prometheus-url" in str(result.exception)
+    assert not (tmp_path / "dashboards").exists()

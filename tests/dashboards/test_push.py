@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from stormwatch.cli import root
 from stormwatch.dashboards import PushError, build_all, push
+from stormwatch.errors import ConfigError
 
 TOKEN = "glsa_test-token"  # the stand-in's (tests/conftest.py GRAFANA_TEST_TOKEN)
 
@@ -68,6 +69,20 @@ def test_missing_token_names_the_variable(grafana: Any) -> None:
     assert result.exit_code != 0
     assert "GRAFANA_TOKEN" in str(result.exception)
     assert grafana.requests == []
+
+
+@pytest.mark.parametrize("url", ["grafana:3000", "http://[::1", "http://h:99999"])
+def test_a_url_that_does_not_parse_is_named_without_a_request(url: str) -> None:
+    result = _push_cli(url)
+    assert isinstance(result.exception, ConfigError), result.exception
+    assert "--url" in str(result.exception)
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_a_timeout_that_is_not_positive_is_a_usage_error(timeout: str) -> None:
+    result = _push_cli("http://127.0.0.1:9", "--timeout", timeout)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--timeout'" in result.output
 
 
 def test_wrong_token_is_a_push_error(grafana: Any) -> None:

@@ -49,6 +49,24 @@ def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2() -> None:
     assert proc.returncode == 2 and "--detect: expected CATEGORY=SECONDS" in proc.stderr
 
 
+def test_plan_names_a_rates_file_that_is_not_utf8_instead_of_a_traceback(tmp_path: Path) -> None:
+    rates = tmp_path / "rates.yaml"
+    rates.write_bytes(b"\x89\xd7\x00binary")
+    proc = _stormwatch("plan", "--gpus", "8", "--no-scorecard", "--rates", str(rates))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"{rates}: cannot read failure table" in proc.stderr
+
+
+def test_plan_with_a_period_of_many_mttfs_reports_zero_ettr_instead_of_overflowing() -> None:
+    """math.expm1 raises OverflowError (it does not return inf) for a huge interval/MTTF."""
+    proc = _stormwatch(
+        "plan", "--gpus", "8", "--no-scorecard", "--replicas", "2", "--interval", "1e308"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_public_api_is_what_all_lists() -> None:
     public = {n for n in vars(plan) if not n.startswith("_")}
     modules = {"cli", "errors", "fromscorecard", "inputs", "model", "montecarlo", "planner", "plots",

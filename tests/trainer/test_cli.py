@@ -113,3 +113,16 @@ def test_missing_otlp_exporter_is_named_before_training_starts(plain_process_env
         main(["train", "--steps", "1", "--otlp-endpoint", "http://127.0.0.1:9/v1/traces"])
     assert info.value.code == 2
     assert f"pip install {OTLP_PACKAGE}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:99999/v1/traces", "notaurl"])
+def test_an_otlp_endpoint_that_does_not_parse_stops_train_before_it_starts(
+    plain_process_env, capsys, url
+):
+    """A URL urlsplit cannot parse used to pass (only its prefix was checked): the run
+    trained and lost every span."""
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--steps", "1", "--otlp-endpoint", url])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "otlp_endpoint: must be an http(s) URL such as" in err and "train: done" not in err

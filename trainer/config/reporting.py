@@ -9,6 +9,7 @@ from pathlib import Path
 
 from stormwatch.trainer.config.checks import check, check_folder
 from stormwatch.trainer.config.options import option
+from stormwatch.urls import is_http_url
 
 #: Default of ``--log-every``: a line every 10 steps (and at the last step).
 DEFAULT_LOG_EVERY = 10
@@ -107,7 +108,7 @@ class TracingConfig:
     def __post_init__(self) -> None:
         if self.otlp_endpoint is not None:
             check(
-                self.otlp_endpoint.startswith(("http://", "https://")),
+                is_http_url(self.otlp_endpoint),
                 "otlp_endpoint",
                 "must be an http(s) URL such as http://127.0.0.1:4318/v1/traces "
                 f"(got {self.otlp_endpoint!r})",
