@@ -25,7 +25,6 @@ import logging
 import os
 import pwd
 import shutil
-import signal
 import stat
 import subprocess
 import time
@@ -278,7 +277,7 @@ def _mentions(pid: int, text: str) -> bool:
 def stop_processes(config: SlurmClusterConfig) -> None:
     """Stop every process of the cluster.
 
-    Order: the jobs' processes, ``srun`` and the step daemons get SIGKILL at once
+    Order: the jobs' processes, ``srun`` and the step daemons get SIGKILL right after SIGTERM
     (``slurmstepd`` ignores SIGTERM and ``srun`` only forwards it to a step that is
     going away: both would hold the stop for the whole grace period; cancel a job with
     ``scancel`` first to let it end gracefully); then slurmctld and the slurmds SIGTERM,
@@ -297,52 +296,14 @@ def stop_processes(config: SlurmClusterConfig) -> None:
         munge = [p for p in found if names[p.pid] == "munged"]
         daemon = [p for p in found if names[p.pid] in ("slurmctld", "slurmd")]
         jobs = [p for p in found if p not in munge and p not in daemon]
-        survivors = (
-            _kill(jobs, grace=0.0) + _kill(daemon, STOP_GRACE_S) + _kill(munge, STOP_GRACE_S)
-        )
+        survivors = procs.terminate(jobs, grace=0.0)
+        survivors += procs.terminate(daemon, grace=STOP_GRACE_S)
+        survivors += procs.terminate(munge, grace=STOP_GRACE_S)
         if survivors:
             raise SlurmError(f"Slurm cluster in {config.paths.root}: {survivors} survived SIGKILL")
     left = [f"pid {p.pid} {_name(p)}" for p in cluster_processes(config)]
     if left:
         raise SlurmError(f"Slurm cluster in {config.paths.root}: still running after stop: {left}")
-
-
-def _kill(found: list[psutil.Process], grace: float) -> list[str]:
-    """SIGTERM ``found`` (none when ``grace`` is 0), SIGKILL what runs ``grace`` s later;
-    returns what still runs 5 s after that. A zombie counts as gone: the daemons are
-    orphans, reaped by init whenever it gets to them (seconds, on the lab machine)."""
-    if grace > 0:
-        _signal_all(found, signal.SIGTERM)
-        found = _wait_gone(found, grace)
-    _signal_all(found, signal.SIGKILL)
-    return [f"pid {p.pid} {_name(p)}" for p in _wait_gone(found, 5.0)]
-
-
-def _signal_all(found: list[psutil.Process], sig: signal.Signals) -> None:
-    for proc in found:
-        try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:  # gone already: nothing to signal
-            continue
-        except psutil.AccessDenied as exc:
-            raise SlurmError(f"not allowed to signal pid {proc.pid}: {exc}") from exc
-
-
-def _wait_gone(found: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    alive = found
-    while True:
-        alive = [p for p in alive if _running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.02)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # gone between the two questions
-        return False
 
 
 def _name(proc: psutil.Process) -> str:
