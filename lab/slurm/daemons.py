@@ -95,7 +95,8 @@ def prepare_munge(paths: SlurmPaths) -> None:
             search permission for it: pytest's and ``mktemp -d``'s folders are 0700).
     """
     uid, gid = munge_account()
-    _check_reachable(paths.munge_dir.parent, uid, gid)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    _check_reachable(paths.root, uid, gid)
     paths.munge_dir.mkdir(parents=True, exist_ok=True)
     os.chown(paths.munge_dir, uid, gid)
     paths.munge_dir.chmod(0o755)

@@ -76,6 +76,9 @@ def network(lab_possible: None) -> Iterator[tuple[str, ipaddress.IPv4Network]]:
             net.delete_namespace(f"{prefix}-node{i}")
             net.delete_link(f"{prefix}v{i}")
         net.delete_link(bridge)
+    # Every cluster was stopped: nothing holds the namespaces, so they are gone.
+    assert [n for n in net.namespaces() if n.startswith(prefix)] == []
+    assert [n for n in net.links() if n.startswith(prefix)] == []
 
 
 @pytest.fixture

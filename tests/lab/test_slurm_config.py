@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pwd
 from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
 
 from stormwatch.errors import ConfigError
+from stormwatch.lab.errors import SlurmError
 from stormwatch.lab.slurm import (
     SlurmClusterConfig,
     SlurmNode,
@@ -15,7 +17,13 @@ from stormwatch.lab.slurm import (
     render_hosts,
     render_slurm_conf,
 )
-from stormwatch.lab.slurm.daemons import munged_command, runtime_files, slurmd_command
+from stormwatch.lab.slurm.daemons import (
+    MUNGE_USER,
+    munged_command,
+    prepare_munge,
+    runtime_files,
+    slurmd_command,
+)
 from stormwatch.platforms.slurm import SlurmJobInfo, SlurmNodeInfo, parse_oneliner
 
 RUN = Path("/srv/run")
@@ -165,3 +173,16 @@ def test_a_job_record_reads_state_nodes_and_exit_code() -> None:
     )
     job = SlurmJobInfo.of(parse_oneliner(text)[0])
     assert job == SlurmJobInfo("7", "wrap", "COMPLETED", "node[0-1]", None, "0:0")
+
+
+def test_a_run_dir_munge_cannot_enter_is_refused_naming_the_folder(tmp_path: Path) -> None:
+    try:
+        pwd.getpwnam(MUNGE_USER)
+    except KeyError:
+        pytest.skip("no munge user (apt-get install munge)")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    config = _config(run_dir=closed / "run")
+    with pytest.raises(SlurmError, match=f"cannot enter {closed}"):
+        prepare_munge(config.paths)
+    assert not config.paths.munge_key.exists()
