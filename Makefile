@@ -26,12 +26,18 @@ all: test
 
 setup: system venv
 
-# Debian/Ubuntu packages the lab needs: Prometheus, Alertmanager, promtool, amtool, ip, iptables.
+# Debian/Ubuntu packages the lab needs: Prometheus, Alertmanager, promtool, amtool, ip, iptables,
+# and Slurm 22.05 with munge (slurmctld, slurmd, the client commands; the lab starts its own
+# daemons, so the packages' system services are stopped and disabled like Prometheus's).
 system:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v slurmctld >/dev/null || missing="$$missing slurmctld"; \
+	command -v slurmd >/dev/null || missing="$$missing slurmd"; \
+	command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
+	command -v munged >/dev/null || missing="$$missing munge"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v iptables >/dev/null || missing="$$missing iptables"; \
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
@@ -40,7 +46,7 @@ system:
 	  echo ">> installing system packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
-	  for s in prometheus prometheus-alertmanager prometheus-node-exporter; do \
+	  for s in prometheus prometheus-alertmanager prometheus-node-exporter slurmctld slurmd munge; do \
 	    $(SUDO) systemctl disable --now $$s >/dev/null 2>&1 || $(SUDO) service $$s stop >/dev/null 2>&1 || true; \
 	  done; \
 	else echo ">> system packages present"; fi

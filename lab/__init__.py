@@ -17,6 +17,7 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── LabNotUpError               no lab in the run directory
     ├── LabOwnedElsewhereError      the prefix belongs to a lab in another run dir (ConfigError)
     ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
+    ├── SlurmError                  the Slurm cluster: a tool missing, munge, a survivor of stop
     ├── JobError                    a job could not be started, found or stopped
     │   └── JobTimeoutError         wait_job gave up
     ConfigError                     invalid LabConfig / JobSpec field (names the field)
@@ -26,7 +27,8 @@ Modules: :mod:`.config` (LabConfig, JobSpec), :mod:`.state` (lab.json), :mod:`.p
 ``up``), :mod:`.builder` (creates its network and services), :mod:`.teardown` (removes
 them), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns` (network seam),
 :mod:`.progress` (``up``/``down`` events), :mod:`.services` (commands and configs,
-detached processes, health, the responder's lab policy), :mod:`.jobs` (torchrun across
+detached processes, health, the responder's lab policy), :mod:`.slurm` (the lab's Slurm cluster: munge, slurmctld, one
+slurmd per node namespace), :mod:`.jobs` (torchrun across
 namespaces: command lines, launching, elastic jobs), :mod:`.status`, :mod:`.cli`
 (``stormwatch lab``; the root command passes it :class:`~.cli.LabHooks`).
 The lab's Prometheus is queried with :class:`stormwatch.clients.PrometheusClient`
@@ -43,6 +45,7 @@ from stormwatch.lab.errors import (
     LabPermissionError,
     PortInUseError,
     ServiceFailedError,
+    SlurmError,
 )
 from stormwatch.lab.lab import Lab
 from stormwatch.lab.netns import IpRoute2, NetworkLayer
@@ -77,4 +80,5 @@ __all__ = [
     "ProcessRecord",
     "ProgressEvent",
     "ServiceFailedError",
+    "SlurmError",
 ]

@@ -41,6 +41,12 @@ class LabOwnedElsewhereError(LabError, ConfigError):
     """The lab's names belong to a lab recorded in another run directory (``--run-dir`` typo?)."""
 
 
+class SlurmError(LabError):
+    """The lab's Slurm cluster (:mod:`stormwatch.lab.slurm`) could not be set up or taken
+    apart: a tool is missing, munge cannot reach its files, or a process survived the stop.
+    A daemon that exits or never reports its nodes idle is a :class:`ServiceFailedError`."""
+
+
 class JobError(LabError):
     """A training job could not be started, found or stopped."""
 
@@ -58,4 +64,5 @@ __all__ = [
     "LabPermissionError",
     "PortInUseError",
     "ServiceFailedError",
+    "SlurmError",
 ]

@@ -100,6 +100,12 @@ class RunPaths:
     def responder_db(self) -> Path:
         return self.responder_dir / "responder.sqlite"
 
+    @property
+    def slurm_dir(self) -> Path:
+        """The lab's Slurm cluster: configs, munge, controller and node state
+        (laid out by :class:`stormwatch.lab.slurm.SlurmPaths`)."""
+        return self.run_dir / "slurm"
+
     def job_dir(self, job: str) -> Path:
         return self.run_dir / "jobs" / job
 

@@ -48,6 +48,7 @@
     │   ├── LabNotUpError
     │   ├── LabOwnedElsewhereError  (a ConfigError too)
     │   ├── ServiceFailedError
+    │   ├── SlurmError              the lab's Slurm cluster could not be set up or taken apart
     │   └── JobError
     │       └── JobTimeoutError
     ├── stormwatch.alerts.AlertsError

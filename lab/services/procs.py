@@ -205,7 +205,7 @@ def processes_marked(run_dir: Path) -> list[psutil.Process]:
 
 
 def terminate(procs: Iterable[psutil.Process], grace: float = DEFAULT_GRACE) -> list[str]:
-    """SIGTERM ``procs`` together, SIGKILL those alive after ``grace`` seconds.
+    """SIGTERM ``procs`` together, SIGKILL those alive after ``grace`` seconds (0: at once).
 
     Returns:
         Descriptions of processes that survived SIGKILL (should be empty).
@@ -215,12 +215,29 @@ def terminate(procs: Iterable[psutil.Process], grace: float = DEFAULT_GRACE) -> 
         return []
     for proc in alive:
         _signal(proc, signal.SIGTERM)
-    _, alive = psutil.wait_procs(alive, timeout=grace)
+    alive = _wait_gone(alive, grace)
     for proc in alive:
-        log.warning("pid %d did not exit %.0f s after SIGTERM; sending SIGKILL", proc.pid, grace)
+        if grace > 0:  # grace 0: the caller asked for SIGKILL, nothing to warn about
+            log.warning(
+                "pid %d did not exit %.0f s after SIGTERM; sending SIGKILL", proc.pid, grace
+            )
         _signal(proc, signal.SIGKILL)
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
-    return [f"pid {p.pid}" for p in alive if _still_there(p)]
+    return [f"pid {p.pid}" for p in _wait_gone(alive, 5.0)]
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after up to ``timeout`` seconds.
+
+    A zombie counts as gone: this process's own children are reaped here (by
+    ``wait_procs``), but an orphan (a daemon, a Slurm step) stays a zombie until init
+    reaps it, which took seconds on the lab machine.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        _, alive = psutil.wait_procs(procs, timeout=0.05 if timeout > 0 else 0)
+        procs = [p for p in alive if _still_there(p)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:

@@ -18,13 +18,20 @@ Commands (run through :attr:`SlurmBackend.runner`, a seam tests replace):
   (:attr:`SlurmBackend.control_dir`, ``{job}`` and ``{jobid}`` substituted);
 * collect diagnostics: ``scontrol --details show job <jobid>`` and
   ``squeue --steps --jobs=<jobid>``, written to ``<diagnostics_dir>/incident-<id>.json``.
+
+:class:`SlurmCommands` is the one Slurm command client (the backend's default runner, and
+what the lab's Slurm cluster, :mod:`stormwatch.lab.slurm`, reads its state with): it points
+every command at one ``slurm.conf`` (``SLURM_CONF``) and reads nodes and jobs back from
+``scontrol --oneliner`` as :class:`SlurmNodeInfo` / :class:`SlurmJobInfo`.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,27 +44,177 @@ CommandRunner = Callable[[Sequence[str]], str]
 #: Seconds one Slurm command may take.
 COMMAND_TIMEOUT_S = 30.0
 
+#: A ``Key=value`` pair of ``scontrol --oneliner`` output; a value runs up to the next
+#: `` Key=`` (values such as ``Reason=link cut [root@...]`` or ``OS=Linux 6.1 ...`` hold spaces).
+_PAIR = re.compile(r"([A-Za-z][\w:/]*)=(.*?)(?=\s+[A-Za-z][\w:/]*=|\s*$)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmCommands:
+    """The Slurm command client: runs ``squeue``, ``scontrol``, ``sinfo``, ``sbatch`` ...
+    (no shell) against one cluster and reads its state back as typed records.
+
+    An instance is a :data:`CommandRunner` (call it with an argument list), so it is what
+    :class:`SlurmBackend` runs its commands with.
+
+    Attributes:
+        conf: the cluster's ``slurm.conf``, passed as ``SLURM_CONF`` (None: the
+            environment's or the system's, ``/etc/slurm/slurm.conf``).
+        env: extra environment variables of every command (over this process's).
+        timeout_s: seconds one command may take (:data:`COMMAND_TIMEOUT_S`).
+    """
+
+    conf: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = COMMAND_TIMEOUT_S
+
+    def environment(self) -> dict[str, str]:
+        """The commands' environment: this process's, then :attr:`env`, then ``SLURM_CONF``."""
+        merged = {**os.environ, **self.env}
+        if self.conf is not None:
+            merged["SLURM_CONF"] = str(self.conf)
+        return merged
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        """Run ``argv`` and return its stdout.
+
+        Raises:
+            BackendError: the program is missing, timed out or exited non-zero (its
+                stderr in the message).
+        """
+        try:
+            done = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            raise BackendError(
+                f"{argv[0]}: not found; is this a Slurm login/controller node?"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise BackendError(f"{' '.join(argv)}: timed out after {self.timeout_s:g} s") from exc
+        if done.returncode != 0:
+            raise BackendError(
+                f"{' '.join(argv)}: exit status {done.returncode}: {done.stderr.strip()}"
+            )
+        return done.stdout
+
+    def nodes(self) -> dict[str, SlurmNodeInfo]:
+        """Every node of the cluster by name (``scontrol --oneliner show node``)."""
+        records = parse_oneliner(self(["scontrol", "--oneliner", "show", "node"]))
+        return {r["NodeName"]: SlurmNodeInfo.of(r) for r in records if "NodeName" in r}
+
+    def job(self, job_id: str) -> SlurmJobInfo:
+        """Job ``job_id`` (``scontrol --oneliner show job``; Slurm forgets a finished job
+        ``MinJobAge``, 300 s by default, after it ended).
+
+        Raises:
+            BackendError: no such job (any more), or the command failed.
+        """
+        records = parse_oneliner(self(["scontrol", "--oneliner", "show", "job", job_id]))
+        if not records or "JobId" not in records[0]:
+            raise BackendError(f"scontrol show job {job_id}: no such job")
+        return SlurmJobInfo.of(records[0])
+
+    def submit(self, args: Sequence[str]) -> str:
+        """``sbatch --parsable ARGS``; returns the new job's id."""
+        out = self(["sbatch", "--parsable", *args]).strip()
+        # --parsable prints "<jobid>" or "<jobid>;<cluster>".
+        return out.split(";", 1)[0]
+
+    def update_node(self, node: str, state: str, reason: str | None = None) -> None:
+        """``scontrol update NodeName=<node> State=<state> [Reason=<reason>]`` (``DRAIN``
+        needs a reason; ``RESUME`` returns a drained or DOWN node to service)."""
+        argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
+        self([*argv, f"Reason={reason}"] if reason is not None else argv)
+
 
 def run_command(argv: Sequence[str]) -> str:
-    """Run ``argv`` (no shell) and return its stdout.
+    """Run ``argv`` with the environment's Slurm configuration (``SlurmCommands()(argv)``).
 
     Raises:
-        BackendError: the program is missing, timed out or exited non-zero (its
-            stderr in the message).
+        BackendError: see :meth:`SlurmCommands.__call__`.
     """
-    try:
-        done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+    return SlurmCommands()(argv)
+
+
+def parse_oneliner(text: str) -> list[dict[str, str]]:
+    """Records of ``scontrol --oneliner show node|job`` output: one ``{Key: value}`` per line."""
+    return [
+        {key: value.strip() for key, value in _PAIR.findall(line)}
+        for line in text.splitlines()
+        if line.strip()
+    ]
+
+
+@dataclass(frozen=True)
+class SlurmNodeInfo:
+    """One node as ``scontrol show node`` reports it.
+
+    Attributes:
+        name: ``NodeName``.
+        state: ``State``: a base state and ``+``-joined flags (``IDLE``, ``MIXED``,
+            ``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING`` ...).
+        reason: ``Reason`` (why it is drained or down; Slurm appends ``[user@time]``), or None.
+    """
+
+    name: str
+    state: str
+    reason: str | None = None
+
+    @classmethod
+    def of(cls, record: Mapping[str, str]) -> SlurmNodeInfo:
+        reason = record.get("Reason")
+        return cls(record["NodeName"], record.get("State", ""), reason or None)
+
+    @property
+    def base_state(self) -> str:
+        """The state without flags (``IDLE`` of ``IDLE+DRAIN``)."""
+        return self.state.split("+", 1)[0]
+
+    @property
+    def flags(self) -> frozenset[str]:
+        """The state's flags (``{"DRAIN"}`` of ``IDLE+DRAIN``)."""
+        return frozenset(self.state.split("+")[1:])
+
+
+@dataclass(frozen=True)
+class SlurmJobInfo:
+    """One job as ``scontrol show job`` reports it.
+
+    Attributes:
+        job_id: ``JobId``; name: ``JobName``.
+        state: ``JobState`` (``PENDING``, ``RUNNING``, ``COMPLETING``, ``COMPLETED``,
+            ``FAILED``, ``CANCELLED`` ...).
+        nodes: ``NodeList`` in Slurm's compressed form (``node[0-1]``), "" while pending.
+        reason: ``Reason`` (why it waits or failed; ``None`` for Slurm's ``None``).
+        exit_code: ``ExitCode`` (``<status>:<signal>``).
+    """
+
+    job_id: str
+    name: str
+    state: str
+    nodes: str
+    reason: str | None
+    exit_code: str
+
+    @classmethod
+    def of(cls, record: Mapping[str, str]) -> SlurmJobInfo:
+        nodes = record.get("NodeList", "")
+        reason = record.get("Reason", "None")
+        return cls(
+            job_id=record["JobId"],
+            name=record.get("JobName", ""),
+            state=record.get("JobState", ""),
+            nodes="" if nodes == "(null)" else nodes,
+            reason=None if reason == "None" else reason,
+            exit_code=record.get("ExitCode", ""),
         )
-    except FileNotFoundError as exc:
-        raise BackendError(f"{argv[0]}: not found; is this a Slurm login/controller node?") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise BackendError(f"{' '.join(argv)}: timed out after {COMMAND_TIMEOUT_S:g} s") from exc
-    if done.returncode != 0:
-        raise BackendError(
-            f"{' '.join(argv)}: exit status {done.returncode}: {done.stderr.strip()}"
-        )
-    return done.stdout
 
 
 @dataclass(frozen=True)
@@ -161,4 +318,14 @@ class SlurmBackend:
         return f"diagnostics of Slurm job {found.job_id} ({job}) in {path}"
 
 
-__all__ = ["COMMAND_TIMEOUT_S", "CommandRunner", "SlurmBackend", "SlurmJob", "run_command"]
+__all__ = [
+    "COMMAND_TIMEOUT_S",
+    "CommandRunner",
+    "SlurmBackend",
+    "SlurmCommands",
+    "SlurmJob",
+    "SlurmJobInfo",
+    "SlurmNodeInfo",
+    "parse_oneliner",
+    "run_command",
+]
