@@ -20,7 +20,7 @@ import pytest
 from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 from cloudcoil.models.prometheus_operator import v1alpha1 as monitoring_v1alpha1
 
-from stormwatch.platforms.kubernetes import COMPLETION_INDEX
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX, RESPONDER_ACCESS
 
 K8S_VERSION = kubernetes_validate.latest_version()
 CRD_MODELS: dict[tuple[str, str], Any] = {
@@ -128,16 +128,24 @@ def test_the_responder_may_cordon_delete_evict_and_read_and_nothing_more(
     }
     assert granted == {
         ("", "nodes", "get"),
-        ("", "nodes", "list"),
         ("", "nodes", "patch"),
-        ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "delete"),
         ("", "pods/log", "get"),
         ("", "pods/eviction", "create"),
+        ("", "events", "list"),
         ("batch", "jobs", "get"),
-        ("batch", "jobs", "list"),
+        ("jobset.x-k8s.io", "jobsets", "get"),
     }
+    # exactly what the backend's API calls need, cluster-wide only for nodes
+    assert granted == {(a.group, a.resource, a.verb) for a in RESPONDER_ACCESS}
+    cluster_wide = {
+        (resource, verb)
+        for rule in roles["stormwatch-responder-nodes"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert cluster_wide == {(a.resource, a.verb) for a in RESPONDER_ACCESS if not a.namespaced}
     bindings = [o for o in rendered["overlays/production"] if o["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"stormwatch", "training"}
 
