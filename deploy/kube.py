@@ -26,7 +26,7 @@ from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.rulefiles import rule_files
 from stormwatch.dashboards.render import build_all, dumps
 from stormwatch.platforms import PlatformSettings
-from stormwatch.platforms.kubernetes import COMPLETION_INDEX
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX, RESPONDER_ACCESS, rbac_rules
 
 Obj = dict[str, Any]
 
@@ -310,20 +310,16 @@ def responder_objects() -> list[Obj]:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": _meta("stormwatch-responder-nodes", RESPONDER_LABELS, None),
-        # Cordon (patch spec.unschedulable) and read nodes; nothing else cluster-wide.
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}],
+        # Cordon (patch spec.unschedulable) and read it back; nothing else cluster-wide.
+        "rules": rbac_rules(RESPONDER_ACCESS, namespaced=False),
     }
     workloads_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": _meta("stormwatch-responder-workloads", RESPONDER_LABELS, None),
-        # Bound per training namespace with a RoleBinding.
-        "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
-            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list"]},
-        ],
+        # Bound per training namespace with a RoleBinding; exactly what the backend's
+        # calls need (stormwatch.platforms.kubernetes.api.RESPONDER_ACCESS).
+        "rules": rbac_rules(RESPONDER_ACCESS, namespaced=True),
     }
     subject = [{"kind": "ServiceAccount", "name": RESPONDER_SA, "namespace": NAMESPACE}]
     nodes_binding = {

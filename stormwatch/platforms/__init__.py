@@ -10,7 +10,7 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 
 * ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files;
 * ``kubernetes`` (:mod:`.kubernetes`): the official ``kubernetes`` client: delete
-  pods, cordon and evict, pod labels for the rank placement;
+  pods, cordon and evict, Job/JobSet completion indexes for the rank placement;
 * ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue, drain with a reason.
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
@@ -59,6 +59,8 @@ class KubernetesSettings(_Strict):
     drain_node: bool = False
     grace_period_s: int = Field(default=30, ge=0)
     log_tail_lines: int = Field(default=200, ge=1)
+    #: auto: a Job named like the job, else a JobSet, else pods by ``job_label``.
+    workload: Literal["auto", "Job", "JobSet", "label"] = "auto"
 
 
 class SlurmSettings(_Strict):
@@ -135,6 +137,7 @@ def make_backend(
             namespace=kube.namespace,
             diagnostics_dir=diagnostics_dir,
             job_label=kube.job_label,
+            workload=kube.workload,
             control_dir=kube.control_dir,
             drain_node=kube.drain_node,
             grace_period_s=kube.grace_period_s,

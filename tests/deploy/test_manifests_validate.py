@@ -10,6 +10,7 @@ would be dropped, so the object must come back unchanged from a validate-dump ro
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 from pathlib import Path
@@ -19,8 +20,9 @@ import kubernetes_validate
 import pytest
 from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 from cloudcoil.models.prometheus_operator import v1alpha1 as monitoring_v1alpha1
+from kubernetes import client as k8s
 
-from stormwatch.platforms.kubernetes import COMPLETION_INDEX
+from stormwatch.platforms.kubernetes import COMPLETION_INDEX, RESPONDER_ACCESS
 
 K8S_VERSION = kubernetes_validate.latest_version()
 CRD_MODELS: dict[tuple[str, str], Any] = {
@@ -65,12 +67,13 @@ def test_every_object_validates_against_its_schema(
 
 
 def test_a_schema_violation_is_caught(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    monitor = next(o for o in rendered["base"] if o["kind"] == "ServiceMonitor")
+    base = copy.deepcopy(rendered["base"])  # the fixture is shared by the module
+    monitor = next(o for o in base if o["kind"] == "ServiceMonitor")
     endpoint = monitor["spec"]["endpoints"][0]
     endpoint["honorLabel"] = endpoint.pop("honorLabels")  # a typo
     with pytest.raises(AssertionError, match="does not know"):
         _validate(monitor)
-    daemonset = next(o for o in rendered["base"] if o["kind"] == "DaemonSet")
+    daemonset = next(o for o in base if o["kind"] == "DaemonSet")
     daemonset["spec"]["template"]["spec"]["hostPid"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         _validate(daemonset)
@@ -128,16 +131,24 @@ def test_the_responder_may_cordon_delete_evict_and_read_and_nothing_more(
     }
     assert granted == {
         ("", "nodes", "get"),
-        ("", "nodes", "list"),
         ("", "nodes", "patch"),
-        ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "delete"),
         ("", "pods/log", "get"),
         ("", "pods/eviction", "create"),
+        ("", "events", "list"),
         ("batch", "jobs", "get"),
-        ("batch", "jobs", "list"),
+        ("jobset.x-k8s.io", "jobsets", "get"),
     }
+    # exactly what the backend's API calls need, cluster-wide only for nodes
+    assert granted == {(a.group, a.resource, a.verb) for a in RESPONDER_ACCESS}
+    cluster_wide = {
+        (resource, verb)
+        for rule in roles["stormwatch-responder-nodes"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert cluster_wide == {(a.resource, a.verb) for a in RESPONDER_ACCESS if not a.namespaced}
     bindings = [o for o in rendered["overlays/production"] if o["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"stormwatch", "training"}
 
@@ -188,3 +199,18 @@ def test_the_dcgm_exporter_component_drops_only_the_agents_dcgm_series(
     assert monitor["spec"]["endpoints"][0]["metricRelabelings"] == [
         {"sourceLabels": ["__name__"], "regex": "DCGM_.*", "action": "drop"}
     ]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_builtin_object_is_also_a_valid_typed_model_of_the_official_client(
+    folder: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """A second, independent check: the ``kubernetes`` client's pydantic models (unknown
+    fields forbidden) read each object and write it back unchanged."""
+    for obj in rendered[folder]:
+        if (obj["apiVersion"], obj["kind"]) in CRD_MODELS:
+            continue
+        version = obj["apiVersion"].rsplit("/", 1)[-1].capitalize()
+        model = getattr(k8s, f"{version}{obj['kind']}")
+        typed = model.model_validate(obj)
+        assert k8s.ApiClient().sanitize_for_serialization(typed) == obj, obj["metadata"]["name"]

@@ -4,7 +4,7 @@
 
 One job ``llm`` of 4 ranks on nodes node-a (ranks 0, 1) and node-b (ranks 2, 3) on each
 platform: the lab as real processes carrying the ranks' environment, Kubernetes as
-two indexed-Job pods behind an autospec'd ``CoreV1Api``, Slurm as one running job
+two indexed-Job pods in recorded API responses, Slurm as one running job
 behind a recorded command runner.
 """
 
@@ -15,10 +15,8 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, get_type_hints
-from unittest import mock
 
 import pytest
-from kubernetes import client as k8s
 
 from stormwatch.platforms import (
     BACKEND_METHODS,
@@ -26,36 +24,41 @@ from stormwatch.platforms import (
     LabBackend,
     PlatformBackend,
 )
-from stormwatch.platforms.kubernetes import COMPLETION_INDEX, KubernetesBackend
+from stormwatch.platforms.kubernetes import KubernetesBackend, RecordedKubeApi
 from stormwatch.platforms.slurm import SlurmBackend
 
 PLACEMENT = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 BACKENDS = (LabBackend, KubernetesBackend, SlurmBackend)
 
 
-def _k8s_api(running: bool) -> Any:
-    api = mock.create_autospec(k8s.CoreV1Api, instance=True)
-    pods = [
-        k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(
-                name=f"llm-{i}", labels={"stormwatch.io/job": "llm", COMPLETION_INDEX: str(i)}
-            ),
-            spec=k8s.V1PodSpec(
-                node_name=node,
-                containers=[
-                    k8s.V1Container(
-                        name="t", env=[k8s.V1EnvVar(name="PET_NPROC_PER_NODE", value="2")]
-                    )
-                ],
-            ),
-            status=k8s.V1PodStatus(phase="Running"),
-        )
-        for i, node in enumerate(("node-a", "node-b"))
-    ]
-    api.list_namespaced_pod.side_effect = lambda ns, label_selector: k8s.V1PodList(
-        items=pods if running and label_selector.endswith("=llm") else []
+def _k8s_api(running: bool) -> RecordedKubeApi:
+    """Pods labelled stormwatch.io/job=llm (no Job or JobSet of that name) in namespace t,
+    answered from recorded API bodies; each action's read-back sees the replacements."""
+    api = RecordedKubeApi(Path(__file__).parent / "recordings" / "kubernetes")
+    api.answer("GET /apis/batch/v1/namespaces/t/jobs/llm", "contract-status-404-job.json")
+    api.answer(
+        "GET /apis/jobset.x-k8s.io/v1alpha2/namespaces/t/jobsets/llm",
+        "status-404-no-jobset-crd.json",
     )
-    api.read_namespaced_pod_log.return_value = "log"
+    pods = "GET /api/v1/namespaces/t/pods?labelSelector=stormwatch.io/job=llm"
+    if not running:
+        return api.answer(pods, "pods-llm-none.json")
+    # found, restart read-back, found, exclude read-back (then the last repeats)
+    api.answer(
+        pods,
+        "contract-pods-running.json",
+        "contract-pods-restarted.json",
+        "contract-pods-restarted.json",
+        "contract-pods-excluded.json",
+    )
+    for name in ("llm-0-aaaaa", "llm-1-bbbbb"):
+        api.answer(f"DELETE /api/v1/namespaces/t/pods/{name}", "pod-llm-0-deleting.json")
+    api.answer("PATCH /api/v1/nodes/node-b", "contract-node-b-cordoned.json")
+    api.answer("GET /api/v1/nodes/node-b", "contract-node-b-cordoned.json")
+    api.answer("POST /api/v1/namespaces/t/pods/llm-1-ddddd/eviction", "status-201-eviction.json")
+    for name in ("llm-0-ccccc", "llm-1-eeeee"):
+        api.answer(f"GET /api/v1/namespaces/t/pods/{name}/log?tailLines=200", "llm-1.log")
+    api.answer("GET /api/v1/namespaces/t/events", "contract-events.json")
     return api
 
 
@@ -91,7 +94,11 @@ def platform(
             return backend
         if request.param == "kubernetes":
             return KubernetesBackend(
-                core=_k8s_api(running), namespace="t", diagnostics_dir=diag, control_dir=control
+                api=_k8s_api(running),
+                namespace="t",
+                diagnostics_dir=diag,
+                control_dir=control,
+                sleep=lambda s: None,
             )
         return SlurmBackend(
             diagnostics_dir=diag,

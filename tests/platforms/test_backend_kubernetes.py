@@ -1,8 +1,11 @@
-"""The kubernetes backend against the official client's typed API (no cluster here).
+"""The kubernetes backend against recorded API responses (no cluster here).
 
-The API object is ``create_autospec(CoreV1Api)``: every call must match the real
-method's signature; the request bodies are the client's typed models, and their
-serialized form (what the client sends) validates against the Kubernetes schemas.
+The backend talks to :class:`RecordedKubeApi`, the same ``KubeApi`` interface as the
+official client's adapter, answered from the API JSON bodies in
+``recordings/kubernetes/`` (deserialised by the client's own ``ApiClient``); errors
+come back as the client's ``ApiException`` with the server's ``Status`` body. The
+request bodies the backend sends are the client's typed models, serialised as the
+client does and validated against the Kubernetes schemas.
 """
 
 from __future__ import annotations
@@ -10,156 +13,280 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from stormwatch.platforms import BackendError
-from stormwatch.platforms.kubernetes import COMPLETION_INDEX, KubernetesBackend, pod_ranks
+from stormwatch.platforms.kubernetes import (
+    COMPLETION_INDEX,
+    KubernetesBackend,
+    RecordedKubeApi,
+    pod_ranks,
+)
 
+RECORDINGS = Path(__file__).parent / "recordings" / "kubernetes"
 NS = "training"
+PODS = f"GET /api/v1/namespaces/{NS}/pods"
+JOB = f"GET /apis/batch/v1/namespaces/{NS}/jobs"
+JOBSET = f"GET /apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
+CTRL = "batch.kubernetes.io/controller-uid=5f0c2a4e-1b7d-4c1e-9a55-3c2f1e0d9b11"
+LLM_PODS = f"{PODS}?labelSelector={CTRL}"
 
 
-def _pod(
-    name: str,
-    index: int,
-    node: str | None,
-    *,
-    job: str = "llm",
-    nproc: int = 2,
-    phase: str = "Running",
-    daemonset: bool = False,
-) -> k8s.V1Pod:
-    owners = [k8s.V1OwnerReference(api_version="apps/v1", kind="DaemonSet", name="x", uid="u")]
-    return k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(
-            name=name,
-            namespace=NS,
-            labels={"stormwatch.io/job": job, COMPLETION_INDEX: str(index)},
-            owner_references=owners if daemonset else None,
-        ),
-        spec=k8s.V1PodSpec(
-            node_name=node,
-            containers=[
-                k8s.V1Container(
-                    name="trainer",
-                    env=[k8s.V1EnvVar(name="PET_NPROC_PER_NODE", value=str(nproc))],
-                )
-            ],
-        ),
-        status=k8s.V1PodStatus(phase=phase),
-    )
+class Clock:
+    """Unix time that moves only when the backend sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @pytest.fixture
-def api() -> Any:
-    core = mock.create_autospec(k8s.CoreV1Api, instance=True)
-    pods = [
-        _pod("llm-0", 0, "gpu-a"),
-        _pod("llm-1", 1, "gpu-b"),
-        _pod("llm-old", 1, "gpu-c", phase="Failed"),
-    ]
-    core.list_namespaced_pod.side_effect = lambda namespace, label_selector: k8s.V1PodList(
-        items=[p for p in pods if f"={p.metadata.labels['stormwatch.io/job']}" in label_selector]
-    )
-    core.list_pod_for_all_namespaces.return_value = k8s.V1PodList(
-        items=[
-            _pod("llm-1", 1, "gpu-b"),
-            _pod("web-1", 0, "gpu-b", job="web"),
-            _pod("agent-x", 0, "gpu-b", daemonset=True),
-        ]
-    )
-    core.read_namespaced_pod_log.return_value = "step 10 loss 2.3\n"
-    return core
+def api() -> RecordedKubeApi:
+    """Job ``llm`` (indexed, 2 pods x 2 ranks on gpu-a and gpu-b) running in ``training``."""
+    recorded = RecordedKubeApi(RECORDINGS)
+    recorded.answer(f"{JOB}/llm", "job-llm.json")
+    recorded.answer(LLM_PODS, "pods-llm-running.json")
+    for pod, log in (("llm-0-x7k2p", "llm-0.log"), ("llm-1-q9z4m", "llm-1.log")):
+        recorded.answer(f"{PODS}/{pod}/log?tailLines=200", log)
+    recorded.answer(f"GET /api/v1/namespaces/{NS}/events", "events-training.json")
+    return recorded
 
 
-def _backend(api: Any, tmp_path: Path, **extra: Any) -> KubernetesBackend:
+def _backend(api: RecordedKubeApi, tmp_path: Path, **extra: Any) -> KubernetesBackend:
+    clock = Clock()
     return KubernetesBackend(
-        core=api, namespace=NS, diagnostics_dir=tmp_path / "diag", clock=lambda: 50.0, **extra
+        api=api,
+        namespace=NS,
+        diagnostics_dir=tmp_path / "diag",
+        clock=clock,
+        sleep=clock.sleep,
+        readback_timeout_s=60,
+        **extra,
     )
 
 
 def _sent(body: Any, api_version: str | None = None, kind: str | None = None) -> dict[str, Any]:
-    """What the client puts on the wire for ``body``, checked against the API schema."""
-    data = k8s.ApiClient().sanitize_for_serialization(body)
-    full = {"apiVersion": api_version, "kind": kind, **data} if kind else data
+    """What the client put on the wire, checked against the API schema."""
+    full = {"apiVersion": api_version, "kind": kind, **body} if kind else body
     kubernetes_validate.validate(full, kubernetes_validate.latest_version(), strict=True)
-    return data
+    return dict(body)
 
 
-def test_ranks_come_from_the_completion_index_and_nproc_per_node(api: Any, tmp_path: Path) -> None:
+def test_ranks_come_from_the_completion_index_and_nproc_per_node(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
     assert _backend(api, tmp_path).ranks("llm") == {0: "gpu-a", 1: "gpu-a", 2: "gpu-b", 3: "gpu-b"}
-    api.list_namespaced_pod.assert_called_with(NS, label_selector="stormwatch.io/job=llm")
+    # the Job's own selector finds its pods; the Failed pod of an earlier try is not a worker
+    assert api.requests("GET") == [f"{JOB}/llm", LLM_PODS]
+
+
+def test_a_jobset_places_node_rank_by_global_job_index_and_completion_index(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(f"{JOB}/pt", "status-404-job-pt.json")
+    api.answer(f"{JOBSET}/pt", "jobset-pt.json")
+    api.answer(f"{PODS}?labelSelector=jobset.sigs.k8s.io/jobset-name=pt", "pods-jobset-pt.json")
+    placement = _backend(api, tmp_path).ranks("pt")
+    assert placement == {
+        **dict.fromkeys((0, 1), "gpu-a"),
+        **dict.fromkeys((2, 3), "gpu-b"),
+        **dict.fromkeys((4, 5), "gpu-c"),
+        **dict.fromkeys((6, 7), "gpu-d"),
+    }
+
+
+def test_pods_by_label_when_neither_job_nor_jobset_exists(tmp_path: Path) -> None:
+    api = RecordedKubeApi(RECORDINGS)
+    api.answer(f"{JOB}/llm", "status-404-job-llm.json")
+    api.answer(f"{JOBSET}/llm", "status-404-no-jobset-crd.json")
+    api.answer(f"{PODS}?labelSelector=stormwatch.io/job=llm", "pods-llm-running.json")
+    assert _backend(api, tmp_path).ranks("llm")[3] == "gpu-b"
+
+
+def test_a_missing_job_is_an_error_naming_where_it_looked(tmp_path: Path) -> None:
+    api = RecordedKubeApi(RECORDINGS)
+    api.answer(f"{JOB}/llm", "status-404-job-llm.json")
+    api.answer(f"{JOBSET}/llm", "status-404-jobset-llm.json")
+    api.answer(f"{PODS}?labelSelector=stormwatch.io/job=llm", "pods-llm-none.json")
+    with pytest.raises(BackendError, match=r"no live worker of job 'llm' found.*stormwatch.io/job"):
+        _backend(api, tmp_path).restart_workers("llm")
+    with pytest.raises(BackendError, match="reading Job training/llm failed: 404 NotFound"):
+        _backend(api, tmp_path, workload="Job").ranks("llm")
+    assert api.requests("DELETE") == []
 
 
 def test_a_pod_without_a_node_rank_is_an_error_naming_the_pod() -> None:
-    pod = _pod("odd", 0, "n")
-    pod.metadata.labels.pop(COMPLETION_INDEX)
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="odd", labels={}),
+        spec=k8s.V1PodSpec(
+            containers=[
+                k8s.V1Container(name="t", env=[k8s.V1EnvVar(name="PET_NPROC_PER_NODE", value="2")])
+            ]
+        ),
+    )
     with pytest.raises(BackendError, match="pod odd: no node rank"):
         pod_ranks(pod)
     pod.spec.containers[0].env.append(k8s.V1EnvVar(name="PET_NODE_RANK", value="3"))
     assert pod_ranks(pod).ranks == (6, 7)
+    pod.metadata.labels[COMPLETION_INDEX] = "1"
+    assert pod_ranks(pod).ranks == (2, 3)
 
 
-def test_restart_deletes_every_live_pod_of_the_job_with_typed_delete_options(
-    api: Any, tmp_path: Path
+def test_restart_deletes_every_live_pod_and_reads_back_new_uids_running(
+    api: RecordedKubeApi, tmp_path: Path
 ) -> None:
+    api.answer(
+        LLM_PODS, "pods-llm-running.json", "pods-llm-restarting.json", "pods-llm-replaced.json"
+    )
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-0-x7k2p", "pod-llm-0-deleting.json")
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-1-q9z4m", "pod-llm-1-deleting.json")
     detail = _backend(api, tmp_path).restart_workers("llm")
-    assert detail == "deleted 2 pods of job llm (llm-0, llm-1)"
-    calls = api.delete_namespaced_pod.call_args_list
-    assert [c.args for c in calls] == [("llm-0", NS), ("llm-1", NS)]
-    body = calls[0].kwargs["body"]
-    assert isinstance(body, k8s.V1DeleteOptions)
+    assert detail == (
+        "deleted 2 pods of job llm (llm-0-x7k2p, llm-1-q9z4m); "
+        "2 new pods Running (llm-0-m3n4b, llm-1-v5c6x)"
+    )
+    deletes = [(line, body) for line, body in api.calls if line.startswith("DELETE")]
+    assert [line.rsplit("/", 1)[1] for line, _ in deletes] == ["llm-0-x7k2p", "llm-1-q9z4m"]
     # DeleteOptions has no schema of its own in kubernetes-validate: check it inside an Eviction.
-    wrapped = k8s.V1Eviction(api_version="policy/v1", kind="Eviction", delete_options=body)
+    wrapped = {"apiVersion": "policy/v1", "kind": "Eviction", "deleteOptions": deletes[0][1]}
     assert _sent(wrapped)["deleteOptions"] == {
         "gracePeriodSeconds": 30,
         "propagationPolicy": "Background",
     }
+    assert api.requests("GET").count(LLM_PODS) == 3  # found, then read back twice
+
+
+def test_restart_whose_replacements_never_run_says_what_it_saw(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(LLM_PODS, "pods-llm-running.json", "pods-llm-stuck-pending.json")
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-0-x7k2p", "pod-llm-0-deleting.json")
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-1-q9z4m", "pod-llm-1-deleting.json")
+    with pytest.raises(BackendError) as caught:
+        _backend(api, tmp_path).restart_workers("llm")
+    assert "deleted 2 pods of job llm" in str(caught.value)
+    assert "after 60 s Job llm in namespace training does not have 2 new Running pods" in str(
+        caught.value
+    )
+    assert "llm-0-m3n4b (uid 9b7c4e21, Pending, node None)" in str(caught.value)
+
+
+def test_a_forbidden_delete_names_the_missing_rbac_verb(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-0-x7k2p", "status-403-delete-pods.json")
+    with pytest.raises(BackendError) as caught:
+        _backend(api, tmp_path).restart_workers("llm")
+    message = str(caught.value)
+    assert "deleting pod training/llm-0-x7k2p failed: 403 Forbidden" in message
+    assert "needs RBAC verb 'delete' on 'pods' (API group core) in namespace training" in message
+    assert 'cannot delete resource "pods"' in message  # what the server said
 
 
 def test_exclude_node_cordons_it_then_evicts_only_the_jobs_pods_there(
-    api: Any, tmp_path: Path
+    api: RecordedKubeApi, tmp_path: Path
 ) -> None:
+    api.answer(LLM_PODS, "pods-llm-running.json", "pods-llm-rescheduled.json")
+    api.answer("PATCH /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer("GET /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    evict = f"POST /api/v1/namespaces/{NS}/pods/llm-1-q9z4m/eviction"
+    api.answer(evict, "status-201-eviction.json")
     detail = _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-b")
-    assert detail == "cordoned gpu-b and evicted the pods of job llm on it (llm-1)"
-    (patch,) = api.patch_node.call_args_list
-    assert patch.args[0] == "gpu-b" and isinstance(patch.args[1], k8s.V1Node)
-    assert _sent(patch.args[1], "v1", "Node") == {"spec": {"unschedulable": True}}
-    (evict,) = api.create_namespaced_pod_eviction.call_args_list
-    name, namespace, body = evict.args
-    assert (name, namespace) == ("llm-1", NS) and isinstance(body, k8s.V1Eviction)
-    assert _sent(body)["metadata"] == {"name": "llm-1", "namespace": NS}
-    api.delete_namespaced_pod.assert_not_called()
-    api.list_pod_for_all_namespaces.assert_not_called()
+    assert detail == (
+        "cordoned gpu-b and evicted the pods of job llm on it (llm-1-q9z4m); "
+        "2 pods Running, none on gpu-b (nodes gpu-a, gpu-c)"
+    )
+    bodies = dict(api.calls)
+    assert _sent(bodies["PATCH /api/v1/nodes/gpu-b"], "v1", "Node") == {
+        "spec": {"unschedulable": True}
+    }
+    assert _sent(bodies[evict])["metadata"] == {"name": "llm-1-q9z4m", "namespace": NS}
+    assert [line.split()[0] for line, _ in api.calls].count("DELETE") == 0
+    assert not any(line.startswith("GET /api/v1/pods") for line in api.requests())
 
 
-def test_drain_node_also_evicts_other_pods_but_not_daemonsets(api: Any, tmp_path: Path) -> None:
+def test_exclude_fails_when_a_replacement_lands_on_the_excluded_node(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(LLM_PODS, "pods-llm-running.json", "pods-llm-back-on-node.json")
+    api.answer("PATCH /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer("GET /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer(
+        f"POST /api/v1/namespaces/{NS}/pods/llm-1-q9z4m/eviction", "status-201-eviction.json"
+    )
+    with pytest.raises(BackendError, match=r"none on gpu-b: seen .*llm-1-v5c6x .*node gpu-b\)"):
+        _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-b")
+
+
+def test_a_node_that_reads_back_schedulable_is_an_error(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer("PATCH /api/v1/nodes/gpu-b", "node-gpu-b.json")
+    api.answer("GET /api/v1/nodes/gpu-b", "node-gpu-b.json")
+    with pytest.raises(BackendError, match="cordoned node gpu-b, but it reads back schedulable"):
+        _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-b")
+    assert api.requests("POST") == []
+
+
+def test_a_disruption_budget_refusing_the_eviction_is_a_clear_error(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer("PATCH /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer("GET /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer(f"POST /api/v1/namespaces/{NS}/pods/llm-1-q9z4m/eviction", "status-429-pdb.json")
+    with pytest.raises(BackendError) as caught:
+        _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-b")
+    message = str(caught.value)
+    assert "evicting pod training/llm-1-q9z4m failed: 429 TooManyRequests" in message
+    assert "a PodDisruptionBudget refuses the eviction" in message
+    assert "The disruption budget llm-pdb needs 2 healthy pods and has 2 currently" in message
+    assert "node gpu-b stays cordoned (kubectl uncordon gpu-b to undo)" in message
+
+
+def test_drain_node_also_evicts_other_pods_but_not_daemonsets(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(LLM_PODS, "pods-llm-running.json", "pods-llm-rescheduled.json")
+    api.answer("PATCH /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer("GET /api/v1/nodes/gpu-b", "node-gpu-b-cordoned.json")
+    api.answer("GET /api/v1/pods?fieldSelector=spec.nodeName=gpu-b", "pods-on-gpu-b.json")
+    for pod in ("llm-1-q9z4m", "web-5"):
+        api.answer(f"POST /api/v1/namespaces/{NS}/pods/{pod}/eviction", "status-201-eviction.json")
     detail = _backend(api, tmp_path, drain_node=True).exclude_node_and_restart("llm", "gpu-b")
-    assert detail.endswith("; drained 1 other pods")
-    evicted = [c.args[:2] for c in api.create_namespaced_pod_eviction.call_args_list]
-    assert evicted == [("llm-1", NS), ("web-1", NS)]
-    api.list_pod_for_all_namespaces.assert_called_once_with(field_selector="spec.nodeName=gpu-b")
+    assert "; drained 1 other pods;" in detail
+    assert [line.split("/")[-2] for line in api.requests("POST")] == ["llm-1-q9z4m", "web-5"]
 
 
-def test_excluding_a_node_the_job_is_not_on_changes_nothing(api: Any, tmp_path: Path) -> None:
+def test_excluding_a_node_the_job_is_not_on_changes_nothing(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
     with pytest.raises(BackendError, match="no live worker on node 'gpu-z'"):
         _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-z")
-    api.patch_node.assert_not_called()
+    assert api.requests("PATCH") == []
 
 
-def test_an_api_refusal_becomes_a_backend_error_with_the_status(api: Any, tmp_path: Path) -> None:
-    api.patch_node.side_effect = ApiException(status=403, reason="Forbidden")
-    with pytest.raises(BackendError, match="cordoning node gpu-a failed: 403 Forbidden"):
+def test_a_forbidden_cordon_names_the_missing_rbac_verb_and_evicts_nothing(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer("PATCH /api/v1/nodes/gpu-a", "status-403-patch-node.json")
+    with pytest.raises(BackendError) as caught:
         _backend(api, tmp_path).exclude_node_and_restart("llm", "gpu-a")
-    api.create_namespaced_pod_eviction.assert_not_called()
+    message = str(caught.value)
+    assert "cordoning node gpu-a failed: 403 Forbidden" in message
+    assert "needs RBAC verb 'patch' on 'nodes' (API group core) cluster-wide" in message
+    assert api.requests("POST") == []
 
 
 def test_checkpoint_needs_a_shared_control_dir_and_arms_the_lowest_rank(
-    api: Any, tmp_path: Path
+    api: RecordedKubeApi, tmp_path: Path
 ) -> None:
     with pytest.raises(BackendError, match="control directory"):
         _backend(api, tmp_path).request_checkpoint("llm")
@@ -170,12 +297,18 @@ def test_checkpoint_needs_a_shared_control_dir_and_arms_the_lowest_rank(
     }
 
 
-def test_diagnostics_hold_each_pods_state_and_log_tail(api: Any, tmp_path: Path) -> None:
+def test_diagnostics_hold_each_pods_state_log_tail_and_the_jobs_events(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
     _backend(api, tmp_path).collect_diagnostics("llm", 9)
     report = json.loads((tmp_path / "diag" / "incident-9.json").read_text())
     assert [(p["pod"], p["node"], p["ranks"]) for p in report["pods"]] == [
-        ("llm-0", "gpu-a", [0, 1]),
-        ("llm-1", "gpu-b", [2, 3]),
+        ("llm-0-x7k2p", "gpu-a", [0, 1]),
+        ("llm-1-q9z4m", "gpu-b", [2, 3]),
     ]
-    assert report["pods"][0]["log_tail"] == "step 10 loss 2.3\n"
-    api.read_namespaced_pod_log.assert_any_call("llm-0", NS, tail_lines=200)
+    assert report["pods"][0]["log_tail"] == "step 120 loss 2.31\nstep 121 loss 2.30\n"
+    assert report["workload"] == {"kind": "Job", "name": "llm"}
+    assert [(e["object"], e["reason"]) for e in report["events"]] == [
+        ("Job/llm", "SuccessfulCreate"),
+        ("Pod/llm-1-q9z4m", "Started"),
+    ]
