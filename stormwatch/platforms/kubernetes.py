@@ -312,4 +312,27 @@ class KubernetesBackend:
         )
 
 
-__all__ = ["COMPLETION_INDEX", "KubernetesBackend", "PodRanks", "pod_ranks"]
+# --- agent discovery (target files, stormwatch.platforms.targets) ------------------------------
+
+
+def agent_pods(core: k8s.CoreV1Api, namespace: str, selector: str) -> list[tuple[str, str]]:
+    """``(node name, pod IP)`` of every running, scheduled pod of the agent DaemonSet
+    (pods matching label ``selector`` in ``namespace``), by node name.
+
+    Raises:
+        BackendError: the API call failed.
+    """
+    try:
+        listed = core.list_namespaced_pod(namespace, label_selector=selector)
+    except ApiException as exc:
+        raise _api_error(f"listing the agent pods {selector} in {namespace}", exc) from exc
+    found = []
+    for pod in listed.items or []:
+        node = pod.spec.node_name if pod.spec else None
+        status = pod.status or k8s.V1PodStatus()
+        if node and status.pod_ip and status.phase == "Running":
+            found.append((node, status.pod_ip))
+    return sorted(found)
+
+
+__all__ = ["COMPLETION_INDEX", "KubernetesBackend", "PodRanks", "agent_pods", "pod_ranks"]
