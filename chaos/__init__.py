@@ -46,8 +46,8 @@ from stormwatch.chaos.experiment.loader import load_experiment, parse_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
-from stormwatch.chaos.reports.experiment_report import analyze
 from stormwatch.chaos.platform_target import resolve_target, target_from_file
+from stormwatch.chaos.reports.experiment_report import analyze
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
 
 __all__ = [

@@ -26,6 +26,7 @@ from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.chaos.target import AgentEndpoint, Target, lab_target
 from stormwatch.contracts.journal import JobRef
+from stormwatch.lab.paths import RunPaths
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, parse_oneliner
 from stormwatch.platforms.targets import AgentsSection, TargetFile, load_target_file
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The target file ``lab up`` writes in its run directory.
-LAB_TARGET_FILE = "target.yaml"
 #: Slurm job states after which the job will not run again (``squeue --help``, JOB STATE CODES).
 _SLURM_FAILED = frozenset(
     {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -318,14 +317,13 @@ def resolve_target(run_dir: Path, target_file: Path | None) -> Target:
         InvalidTargetFile: the target file is not valid.
         LabNotReady: see :func:`target_from_file`.
     """
-    path = target_file if target_file is not None else Path(run_dir) / LAB_TARGET_FILE
+    path = target_file if target_file is not None else RunPaths.of(run_dir).target_file
     if target_file is None and not path.is_file():
         return lab_target(run_dir)
     return target_from_file(load_target_file(path), run_dir)
 
 
 __all__ = [
-    "LAB_TARGET_FILE",
     "AttachedSlurmJob",
     "KubernetesJobs",
     "SlurmJobs",
