@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -13,6 +14,9 @@ from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, EXIT_OK
 from stormwatch.chaos.gameday.scorecard import ScorecardRow
 from stormwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stormwatch.chaos.gameday.suite import SuiteEntry
 
 
 @click.command()
@@ -59,7 +63,6 @@ def suite(
     Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
     2 for an invalid experiment or a lab that is not up.
     """
-    from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
     from stormwatch.chaos.gameday.suite import SuiteOptions, SuiteRunner, load_suite
     from stormwatch.chaos.platform_target import resolve_target
     from stormwatch.platforms.targets import load_target_file
@@ -68,21 +71,7 @@ def suite(
     if target_file is not None:
         load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
     if dry_run:
-        console = Console(highlight=False, soft_wrap=True)
-        # the target when it can be reached, else each file's job
-        shape = target_shape(run_dir, target_file)
-        refused = [
-            f"{entry.path}: {why}"
-            for entry in entries
-            if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
-        ]
-        if refused:
-            raise ConfigError(
-                f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
-                + "\n".join(refused)
-            )
-        console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
-        return 0
+        return _dry_run(entries, folder, run_dir, target_file)
     reap_overdue(run_dir)
     target = resolve_target(run_dir, target_file)
     reporter = ConsoleReporter()
@@ -127,6 +116,29 @@ def suite(
     if card.interrupted:
         return EXIT_ABORTED
     return EXIT_OK if card.ok else 1
+
+
+def _dry_run(
+    entries: list[SuiteEntry], folder: Path, run_dir: Path, target_file: Path | None
+) -> int:
+    """Print every experiment's plan; exit 0, or raise when a run would refuse one."""
+    from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
+
+    console = Console(highlight=False, soft_wrap=True)
+    # the target when it can be reached, else each file's job
+    shape = target_shape(run_dir, target_file)
+    refused = [
+        f"{entry.path}: {why}"
+        for entry in entries
+        if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
+    ]
+    if refused:
+        raise ConfigError(
+            f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
+            + "\n".join(refused)
+        )
+    console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
+    return 0
 
 
 __all__ = ["suite"]
