@@ -30,7 +30,7 @@ from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_
 from stormwatch.clients import ResponderClient
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.errors import ConfigError
-from stormwatch.platforms import PlatformSettings, load_platform_settings
+from stormwatch.platforms import PlatformSettings, load_platform_settings, load_target_file
 
 
 def _host_port(value: str, option: str) -> tuple[str, int]:
@@ -232,6 +232,15 @@ def alertmanager_cmd(
     help="YAML with the kubernetes:/slurm: backend settings (namespace, nproc_per_node, ...).",
 )
 @click.option(
+    "--target",
+    "target_file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Target file (docs/deploy-slurm.md, 'Run game days on your cluster'): its platform "
+    "and slurm:/kubernetes: settings, its Prometheus (unless --prometheus-url) and, for a "
+    "lab target, its run dir (unless --lab-run-dir). Excludes --platform/--platform-config.",
+)
+@click.option(
     "--postmortem-dir",
     default=None,
     type=click.Path(path_type=Path),
@@ -252,6 +261,7 @@ def serve_cmd(
     lab_run_dir: Path | None,
     platform: str,
     platform_config: Path | None,
+    target_file: Path | None,
     postmortem_dir: Path | None,
     no_postmortems: bool,
 ) -> None:
@@ -264,6 +274,18 @@ def serve_cmd(
     policy = load_policy(policy_file) if policy_file is not None else default_policy()
     if dry_run:
         policy = policy.model_copy(update={"dry_run": True})
+    platform_settings = (
+        load_platform_settings(platform_config) if platform_config else PlatformSettings()
+    )
+    if target_file is not None:
+        if platform_config is not None or platform != "lab":
+            raise ConfigError("--target: give the target file or --platform/--platform-config")
+        target = load_target_file(target_file)
+        platform, platform_settings = target.platform, target.platform_settings()
+        if target.prometheus is not None and prometheus_url is None:
+            prometheus_url = target.prometheus.url
+        if target.lab is not None and lab_run_dir is None:
+            lab_run_dir = target.lab.run_dir
     settings = ResponderSettings(
         policy=policy,
         audit_jsonl=audit_jsonl,
@@ -271,9 +293,7 @@ def serve_cmd(
         postmortem_dir=postmortem_dir,
         postmortems=not no_postmortems,
         platform=platform,
-        platform_settings=(
-            load_platform_settings(platform_config) if platform_config else PlatformSettings()
-        ),
+        platform_settings=platform_settings,
         db_path=db_path,
         token_file=token_file,
         host=host,

@@ -46,6 +46,7 @@ from stormwatch.chaos.experiment.loader import load_experiment, parse_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
+from stormwatch.chaos.platform_target import resolve_target, target_from_file
 from stormwatch.chaos.reports.experiment_report import analyze
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
 
@@ -73,6 +74,8 @@ __all__ = [
     "ledger_path",
     "load_experiment",
     "parse_experiment",
+    "resolve_target",
     "revert_open",
     "run_experiment",
+    "target_from_file",
 ]

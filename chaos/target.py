@@ -89,6 +89,8 @@ class Target:
         responder_url / responder_token_file: the responder (post-mortems).
         placement: the platform backend that says which node runs a rank (agent
             faults go to that node's agent first); None: ask every agent.
+        attach_job: the job a target file attaches to (``job.attach``): the runner
+            attaches to it instead of starting the experiment's job; None: start it.
     """
 
     run_dir: Path
@@ -100,6 +102,7 @@ class Target:
     responder_url: str | None = None
     responder_token_file: Path | None = None
     placement: RankPlacement | None = None
+    attach_job: str | None = None
 
 
 class AttachedJobs:

@@ -46,6 +46,7 @@ from stormwatch.lab.state import (
     plan_state,
 )
 from stormwatch.lab.status import LabStatus, collect_status
+from stormwatch.platforms.targets import dump_target_file, lab_target_file
 
 
 class Lab:
@@ -126,6 +127,7 @@ class Lab:
                 if existing.phase == "up" and self._all_running(existing):
                     if same:
                         report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
+                        self._write_target_file()
                         return existing
                     raise LabError(
                         f"a lab with another configuration is up in {self.run_dir}; "
@@ -163,8 +165,17 @@ class Lab:
                 raise
             state.phase = "up"
             self._store.save(state)
+            self._write_target_file()
             report(ProgressEvent("info", "lab", f"lab is up; state in {self.paths.state_file}"))
             return state
+
+    def _write_target_file(self) -> None:
+        """Write ``<run-dir>/target.yaml``: this lab as a target file (platform ``lab``),
+        what the chaos commands use without ``--target``."""
+        text = dump_target_file(lab_target_file(self.paths.run_dir))
+        tmp = self.paths.target_file.with_suffix(".yaml.tmp")
+        tmp.write_text("# written by `stormwatch lab up`\n" + text, encoding="utf-8")
+        tmp.replace(self.paths.target_file)
 
     def _dead_services(self, state: LabState) -> list[str]:
         names = [f"agent-{n.name}" for n in state.nodes] + list(services.ROOT_SERVICES)
@@ -206,6 +217,7 @@ class Lab:
         report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
         self._builder().restart(state, dead, report)
         report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
+        self._write_target_file()
         return state
 
     def restart_agents(

@@ -26,6 +26,11 @@ class RunPaths:
         return self.run_dir / "lab.json"
 
     @property
+    def target_file(self) -> Path:
+        """The lab's target file (``lab up`` writes it; ``stormwatch chaos ... --target``)."""
+        return self.run_dir / "target.yaml"
+
+    @property
     def lock_file(self) -> Path:
         return self.run_dir / ".lab.lock"
 

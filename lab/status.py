@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
+from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import health, procs
 from stormwatch.lab.state import LabState, Phase
 from stormwatch.tables import Col, one_line_table, short_age
@@ -78,6 +79,8 @@ class LabStatus(BaseModel):
     services: list[ServiceStatus]
     jobs: list[JobStatus]
     error: str | None = None
+    #: The lab's target file (``lab up`` writes it), None when there is none.
+    target_file: Path | None = None
 
 
 def _health_urls(state: LabState) -> dict[str, str]:
@@ -148,6 +151,9 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
         services=[s for s in services.values() if not s.name.startswith("agent-")],
         jobs=job_list,
         error=state.error,
+        target_file=target
+        if (target := RunPaths.of(state.run_dir).target_file).is_file()
+        else None,
     )
 
 
@@ -176,6 +182,8 @@ def render_status(status: LabStatus, console: Console) -> None:
     console.print(f"lab in {status.run_dir}: [bold]{status.phase}[/], [{colour}]{verdict}[/]")
     if status.error:
         console.print(f"[red]last error:[/] {escape(status.error)}")
+    if status.target_file is not None:
+        console.print(f"target file: {escape(str(status.target_file))}")
     columns = [Col(header="node")]
     if wide:
         columns += [Col(header="netns"), Col(header="address")]

@@ -4,10 +4,15 @@ The components' settings files (the agent's web config, the responder's runbook 
 are YAML mappings validated by a pydantic model; this is the step before the model:
 YAML syntax, an empty file, a top level that is not a mapping. Each caller names its
 file and words the two problems as its users know them.
+
+Files a user writes by hand and whose problems are reported with their line (experiment
+files, target files) are read with :class:`StrictLoader` (duplicate keys and anchors
+refused) and located with :func:`key_lines` / :func:`line_of`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -45,4 +50,96 @@ def yaml_mapping(
     return data
 
 
-__all__ = ["yaml_mapping"]
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)
+    and anchors/aliases (a "billion laughs" file would expand to gigabytes).
+
+    :attr:`kind` names the files in the anchor message (``experiment files``); a subclass
+    sets its own.
+    """
+
+    kind = "these files"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"YAML anchors and aliases (&name, *name) are not allowed in {self.kind}; "
+                "write each value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                f"duplicate key {key!r}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def join_path(path: str, element: Any) -> str:
+    """``path`` extended by a key (``a.b``) or a list index (``a[0]``)."""
+    if isinstance(element, int):
+        return f"{path}[{element}]"
+    return f"{path}.{element}" if path else str(element)
+
+
+def key_lines(text: str, loader: type[StrictLoader] = StrictLoader) -> dict[str, int]:
+    """The 1-based line of every mapping key and list item of YAML ``text``, by field path
+    (``method[0].fault.rank``); empty when ``text`` does not parse."""
+    try:
+        root = yaml.compose(text, Loader=loader)
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    lines: dict[str, int] = {}
+    _index_lines(root, "", lines)
+    return lines
+
+
+def line_of(path: str, lines: dict[str, int]) -> int | None:
+    """The line of field ``path``, or of its nearest enclosing key (a missing field); None
+    when neither is in ``lines`` (:func:`key_lines`)."""
+    while path and path not in lines:
+        parent = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+        path = "" if parent == path else parent  # a top-level key: no enclosing key
+    return lines.get(path)
+
+
+def _index_lines(node: yaml.Node | None, path: str, out: dict[str, int]) -> None:
+    """Record the 1-based line of every mapping key and sequence item under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = join_path(path, key_node.value)
+            out.setdefault(child, key_node.start_mark.line + 1)
+            _index_lines(value_node, child, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = join_path(path, index)
+            out.setdefault(child, item.start_mark.line + 1)
+            _index_lines(item, child, out)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (``... at line 3, column 5``)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(exc).replace("\n", " ")
+
+
+__all__ = ["StrictLoader", "join_path", "key_lines", "line_of", "yaml_mapping", "yaml_problem"]

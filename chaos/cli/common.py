@@ -22,6 +22,18 @@ RUN_DIR = click.option(
 )
 
 
+TARGET = click.option(
+    "--target",
+    "target_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="STORMWATCH_TARGET",
+    show_envvar=True,
+    help="Target file: the cluster to act on (platform, Prometheus, agents, job); "
+    "default: RUN_DIR/target.yaml when `lab up` wrote one, else the lab in --run-dir.",
+)
+
+
 def plural(count: int, word: str) -> str:
     """``1 rollback``, ``2 rollbacks``."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
@@ -46,4 +58,4 @@ def reap_overdue(run_dir: Path) -> list[RevertOutcome]:
     return outcomes
 
 
-__all__ = ["RUN_DIR", "plural", "reap_overdue"]
+__all__ = ["RUN_DIR", "TARGET", "plural", "reap_overdue"]

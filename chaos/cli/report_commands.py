@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from stormwatch.chaos.cli.common import RUN_DIR, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, TARGET, reap_overdue
 from stormwatch.errors import ConfigError
 
 
 @click.command("postmortem")
 @click.argument("experiment_dir", type=click.Path(file_okay=False, path_type=Path))
 @RUN_DIR
+@TARGET
 @click.option(
     "--baseline-log-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -35,6 +36,7 @@ from stormwatch.errors import ConfigError
 def postmortem_cmd(
     experiment_dir: Path,
     run_dir: Path,
+    target_file: Path | None,
     baseline_log_dir: Path | None,
     offline: bool,
     wait_resolved: float,
@@ -44,8 +46,8 @@ def postmortem_cmd(
     EXPERIMENT_DIR is a folder (RUN_DIR/experiments/<id>) or just the experiment id,
     looked up in --run-dir.
     """
+    from stormwatch.chaos.platform_target import resolve_target
     from stormwatch.chaos.reports.report import generate_postmortem
-    from stormwatch.chaos.target import lab_target
 
     if not experiment_dir.is_dir():
         candidate = run_dir / "experiments" / experiment_dir
@@ -63,7 +65,7 @@ def postmortem_cmd(
 
     if not offline:
         reap_overdue(experiment_dir.parent.parent)
-    target = None if offline else lab_target(experiment_dir.parent.parent)
+    target = None if offline else resolve_target(experiment_dir.parent.parent, target_file)
     _, md = asyncio.run(
         generate_postmortem(
             experiment_dir,

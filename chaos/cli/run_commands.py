@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.chaos.cli.common import RUN_DIR, plural, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, TARGET, plural, reap_overdue
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
@@ -71,11 +71,13 @@ def validate(files: tuple[Path, ...]) -> None:
 @click.command()
 @click.argument("experiment", type=click.Path(path_type=Path))
 @RUN_DIR
+@TARGET
 @click.option(
     "--job",
     "job",
     metavar="NAME",
-    help="Attach to this running lab job instead of starting the experiment's job.",
+    help="Attach to this running job instead of starting the experiment's job "
+    "[default: the target file's job.attach].",
 )
 @click.option(
     "--baseline-job",
@@ -101,16 +103,18 @@ def validate(files: tuple[Path, ...]) -> None:
 def run(
     experiment: Path,
     run_dir: Path,
+    target_file: Path | None,
     job: str | None,
     baseline_job: str | None,
     postmortem: bool,
     wait_resolved: float,
     dry_run: bool,
 ) -> int:
-    """Run EXPERIMENT against the lab in --run-dir.
+    """Run EXPERIMENT against the lab in --run-dir, or the cluster of --target FILE.
 
-    The file is validated first (exit 2, nothing started, when invalid), then the
-    lab is checked, the job started (or attached with --job), and the experiment
+    The file (and the target file) are validated first (exit 2, nothing started, when
+    invalid), then the target is checked, the job started (or attached with --job or
+    the target file's job.attach), and the experiment
     run; the journal goes to RUN_DIR/experiments/<id>/journal.json. Ctrl-C stops
     injecting, reverts the faults and still writes the journal.
 
@@ -118,27 +122,29 @@ def run(
     succeeded; 1 otherwise; 130 when interrupted; 2 for an invalid experiment or
     a lab that is not up.
     """
+    from stormwatch.chaos.platform_target import resolve_target
     from stormwatch.chaos.reports.report import generate_postmortem
-    from stormwatch.chaos.target import lab_target
+    from stormwatch.platforms.targets import load_target_file
 
     spec = load_experiment(experiment)
+    if target_file is not None:
+        load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
     if dry_run:
-        from stormwatch.chaos.experiment.dryrun import lab_shape, print_plan
+        from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
 
-        refused = print_plan(
-            spec, experiment, Console(highlight=False, soft_wrap=True), lab_shape(run_dir)
-        )
+        shape = target_shape(run_dir, target_file)
+        refused = print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), shape)
         if refused is not None:
             raise ConfigError(f"{experiment}: a run would refuse this plan: {refused}")
         return EXIT_OK
     reap_overdue(run_dir)
-    target = lab_target(run_dir)
+    target = resolve_target(run_dir, target_file)
     reporter = ConsoleReporter()
     runner = Runner(
         spec,
         source=experiment,
         target=target,
-        config=RunnerConfig(attach_job=job),
+        config=RunnerConfig(attach_job=job or target.attach_job),
         reporter=reporter,
     )
     reporter.event(f"experiment {runner.experiment_id}: {spec.title}")

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.chaos.cli.common import RUN_DIR, plural, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, TARGET, plural, reap_overdue
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, EXIT_OK
 from stormwatch.chaos.gameday.scorecard import ScorecardRow
 from stormwatch.errors import ConfigError
 
+if TYPE_CHECKING:
+    from stormwatch.chaos.gameday.suite import SuiteEntry
+
 
 @click.command()
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
 @RUN_DIR
+@TARGET
 @click.option(
     "--baseline/--no-baseline",
     default=True,
@@ -34,8 +39,16 @@ from stormwatch.errors import ConfigError
 @click.option(
     "--dry-run", is_flag=True, help="Validate every experiment and print its plan; run nothing."
 )
-def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry_run: bool) -> int:
-    """Run every experiment in DIR on the lab, one after another, and write a scorecard.
+def suite(
+    folder: Path,
+    run_dir: Path,
+    target_file: Path | None,
+    baseline: bool,
+    wait_detected: float,
+    dry_run: bool,
+) -> int:
+    """Run every experiment in DIR on the lab (or --target FILE), one after another, and
+    write a scorecard.
 
     All files are validated first (exit 2, nothing started, when one is invalid).
     The scorecard (per fault: detected?, by which alert, time to detect, time to
@@ -50,28 +63,17 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
     Exit status: 0 when every experiment passed; 1 otherwise; 130 when interrupted;
     2 for an invalid experiment or a lab that is not up.
     """
-    from stormwatch.chaos.experiment.dryrun import lab_shape, print_plan
     from stormwatch.chaos.gameday.suite import SuiteOptions, SuiteRunner, load_suite
-    from stormwatch.chaos.target import lab_target
+    from stormwatch.chaos.platform_target import resolve_target
+    from stormwatch.platforms.targets import load_target_file
 
     entries = load_suite(folder)
+    if target_file is not None:
+        load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
     if dry_run:
-        console = Console(highlight=False, soft_wrap=True)
-        shape = lab_shape(run_dir)  # the lab in --run-dir when it is up, else each file's job
-        refused = [
-            f"{entry.path}: {why}"
-            for entry in entries
-            if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
-        ]
-        if refused:
-            raise ConfigError(
-                f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
-                + "\n".join(refused)
-            )
-        console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
-        return 0
+        return _dry_run(entries, folder, run_dir, target_file)
     reap_overdue(run_dir)
-    target = lab_target(run_dir)
+    target = resolve_target(run_dir, target_file)
     reporter = ConsoleReporter()
 
     def show(row: ScorecardRow, index: int, total: int) -> None:
@@ -114,6 +116,29 @@ def suite(folder: Path, run_dir: Path, baseline: bool, wait_detected: float, dry
     if card.interrupted:
         return EXIT_ABORTED
     return EXIT_OK if card.ok else 1
+
+
+def _dry_run(
+    entries: list[SuiteEntry], folder: Path, run_dir: Path, target_file: Path | None
+) -> int:
+    """Print every experiment's plan; exit 0, or raise when a run would refuse one."""
+    from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
+
+    console = Console(highlight=False, soft_wrap=True)
+    # the target when it can be reached, else each file's job
+    shape = target_shape(run_dir, target_file)
+    refused = [
+        f"{entry.path}: {why}"
+        for entry in entries
+        if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
+    ]
+    if refused:
+        raise ConfigError(
+            f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
+            + "\n".join(refused)
+        )
+    console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
+    return 0
 
 
 __all__ = ["suite"]

@@ -63,11 +63,22 @@ def plan_shape(experiment: Experiment, shape: Shape | None = None) -> tuple[Shap
 
 def lab_shape(run_dir: Path) -> Shape | None:
     """The shape of the lab in ``run_dir`` when it is up (nodes in order, ranks per node)."""
+    return target_shape(run_dir, None)
+
+
+def target_shape(run_dir: Path, target_file: Path | None) -> Shape | None:
+    """The shape of the target (``--target`` file, else ``<run-dir>/target.yaml``, else the
+    lab in ``run_dir``) when it can be reached (nodes in order, ranks per node); None when
+    it cannot (the plan then uses the file's shape).
+
+    Raises:
+        InvalidTargetFile: ``target_file`` is not valid.
+    """
     from stormwatch.chaos.errors import LabNotReady
-    from stormwatch.chaos.target import lab_target
+    from stormwatch.chaos.platform_target import resolve_target
 
     try:
-        target = lab_target(run_dir)
+        target = resolve_target(run_dir, target_file)
     except (LabNotReady, OSError):
         return None
     nodes = tuple(a.node for a in target.agents)
@@ -195,4 +206,11 @@ def _where(fault: ExperimentFault) -> str:
     )
 
 
-__all__ = ["DEFAULT_LAB_NODES", "describe_provider", "lab_shape", "plan_shape", "print_plan"]
+__all__ = [
+    "DEFAULT_LAB_NODES",
+    "describe_provider",
+    "lab_shape",
+    "plan_shape",
+    "print_plan",
+    "target_shape",
+]

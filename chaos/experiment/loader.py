@@ -9,7 +9,6 @@ exits 2). Nothing else happens before an experiment is valid.
 
 from __future__ import annotations
 
-import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -21,44 +20,16 @@ from pydantic import BaseModel
 from stormwatch.chaos.errors import InvalidExperiment, Issue
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
+from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
 
 #: Largest experiment file accepted (bytes); real ones are a few KiB.
 MAX_EXPERIMENT_BYTES = 1024 * 1024
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)
-    and anchors/aliases (a "billion laughs" file would expand to gigabytes)."""
+class _UniqueKeyLoader(StrictLoader):
+    """:class:`~stormwatch.yamltext.StrictLoader` for experiment files."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise yaml.composer.ComposerError(
-                None,
-                None,
-                "YAML anchors and aliases (&name, *name) are not allowed in experiment "
-                "files; write each value out",
-                event.start_mark,
-            )
-        return super().compose_node(parent, index)
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping",
-                node.start_mark,
-                f"duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    kind = "experiment files"
 
 
 def load_experiment(path: Path | str) -> Experiment:
@@ -131,34 +102,8 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
 
 def _with_lines(issues: list[Issue], text: str) -> list[Issue]:
     """``issues`` with the line of each field (or of its nearest enclosing key) filled in."""
-    try:
-        root = yaml.compose(text, Loader=_UniqueKeyLoader)
-    except (yaml.YAMLError, RecursionError):  # pragma: no cover - it loaded a moment ago
-        return issues
-    lines: dict[str, int] = {}
-    _index_lines(root, "", lines)
-    out = []
-    for issue in issues:
-        path = issue.path
-        while path and path not in lines:
-            parent = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
-            path = "" if parent == path else parent  # a top-level key: no enclosing key
-        out.append(Issue(issue.path, issue.message, lines.get(path)))
-    return out
-
-
-def _index_lines(node: yaml.Node | None, path: str, out: dict[str, int]) -> None:
-    """Record the 1-based line of every mapping key and sequence item under ``node``."""
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = _join(path, key_node.value)
-            out.setdefault(child, key_node.start_mark.line + 1)
-            _index_lines(value_node, child, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            child = _join(path, index)
-            out.setdefault(child, item.start_mark.line + 1)
-            _index_lines(item, child, out)
+    lines = key_lines(text, _UniqueKeyLoader)
+    return [Issue(i.path, i.message, line_of(i.path, lines)) for i in issues]
 
 
 # --- pydantic error -> Issue -------------------------------------------------------------------
@@ -189,10 +134,7 @@ def _issue(err: Any) -> Issue:
     return Issue(path, message)
 
 
-def _join(path: str, element: Any) -> str:
-    if isinstance(element, int):
-        return f"{path}[{element}]"
-    return f"{path}.{element}" if path else str(element)
+_join = join_path
 
 
 def _unwrap(tp: Any) -> Any:
@@ -294,12 +236,7 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _yaml_message(exc: yaml.YAMLError) -> str:
-    problem = getattr(exc, "problem", None)
-    mark = getattr(exc, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return str(exc).replace("\n", " ")
+_yaml_message = yaml_problem
 
 
 __all__ = ["MAX_EXPERIMENT_BYTES", "load_experiment", "parse_experiment"]

@@ -14,12 +14,15 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 * ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue, drain with a reason.
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
-(``--platform-config``); :func:`make_backend` builds the backend from it.
+(``--platform-config``), the same sections of a target file (:class:`TargetFile`,
+:mod:`.targets`: platform, Prometheus, agents, credentials, job; ``--target``);
+:func:`make_backend` builds the backend from it.
 
 Exceptions (:mod:`.errors`, drawn in :mod:`stormwatch.errors`)::
 
     PlatformError                   a platform backend failed
-    └── BackendError                a backend could not carry out an action or find the job
+    ├── BackendError                a backend could not carry out an action or find the job
+    └── InvalidTargetFile           a target file is not valid (a ConfigError too)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from stormwatch.errors import ConfigError
 from stormwatch.platforms.base import (
@@ -37,44 +40,24 @@ from stormwatch.platforms.base import (
     arm_checkpoint,
     write_diagnostics,
 )
-from stormwatch.platforms.errors import BackendError, PlatformError
+from stormwatch.platforms.errors import (
+    BackendError,
+    InvalidTargetFile,
+    PlatformError,
+    TargetIssue,
+)
 from stormwatch.platforms.lab import LabBackend, Worker
+from stormwatch.platforms.targets import (
+    KubernetesSettings,
+    PlatformSettings,
+    SlurmSettings,
+    TargetFile,
+    load_target_file,
+)
 
 #: The platforms ``--platform`` accepts.
 PLATFORMS = ("lab", "kubernetes", "slurm")
 Platform = Literal["lab", "kubernetes", "slurm"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KubernetesSettings(_Strict):
-    """``kubernetes:`` section (see :class:`~.kubernetes.KubernetesBackend`)."""
-
-    #: A DNS-1123 label, as Kubernetes requires of namespace names.
-    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    job_label: str = Field(default="stormwatch.io/job", min_length=1)
-    control_dir: Path | None = None
-    drain_node: bool = False
-    grace_period_s: int = Field(default=30, ge=0)
-    log_tail_lines: int = Field(default=200, ge=1)
-    #: auto: a Job named like the job, else a JobSet, else pods by ``job_label``.
-    workload: Literal["auto", "Job", "JobSet", "label"] = "auto"
-
-
-class SlurmSettings(_Strict):
-    """``slurm:`` section (see :class:`~.slurm.SlurmBackend`)."""
-
-    nproc_per_node: int = Field(default=1, ge=1)
-    control_dir: str | None = None
-
-
-class PlatformSettings(_Strict):
-    """The ``--platform-config`` file: per-platform settings (all optional)."""
-
-    kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())
-    slurm: SlurmSettings = Field(default_factory=lambda: SlurmSettings())
 
 
 def load_platform_settings(path: Path) -> PlatformSettings:
@@ -144,12 +127,13 @@ def make_backend(
             log_tail_lines=kube.log_tail_lines,
         )
     if platform == "slurm":
-        from stormwatch.platforms.slurm import SlurmBackend
+        from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 
         return SlurmBackend(
             diagnostics_dir=diagnostics_dir,
             nproc_per_node=settings.slurm.nproc_per_node,
             control_dir=settings.slurm.control_dir,
+            runner=SlurmCommands(conf=settings.slurm.conf),
         )
     raise ConfigError(f"--platform: {platform!r} has no factory here; use kubernetes or slurm")
 
@@ -158,6 +142,7 @@ __all__ = [
     "BACKEND_METHODS",
     "PLATFORMS",
     "BackendError",
+    "InvalidTargetFile",
     "KubernetesSettings",
     "LabBackend",
     "Platform",
@@ -165,9 +150,12 @@ __all__ = [
     "PlatformError",
     "PlatformSettings",
     "SlurmSettings",
+    "TargetFile",
+    "TargetIssue",
     "Worker",
     "arm_checkpoint",
     "load_platform_settings",
+    "load_target_file",
     "make_backend",
     "write_diagnostics",
 ]

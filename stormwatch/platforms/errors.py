@@ -4,12 +4,16 @@
 
     StormwatchError
     └── PlatformError               a platform backend failed
-        └── BackendError            a backend could not carry out an action or find the job
+        ├── BackendError            a backend could not carry out an action or find the job
+        └── InvalidTargetFile       a target file is not valid (a ConfigError too)
 """
 
 from __future__ import annotations
 
-from stormwatch.errors import StormwatchError
+from dataclasses import dataclass
+from pathlib import Path
+
+from stormwatch.errors import ConfigError, StormwatchError
 
 
 class PlatformError(StormwatchError):
@@ -21,4 +25,34 @@ class BackendError(PlatformError):
     the platform refused, a command failed); the message names the job, node or command."""
 
 
-__all__ = ["BackendError", "PlatformError"]
+@dataclass(frozen=True)
+class TargetIssue:
+    """One problem of a target file: the field ``path`` (``agents.port``, ``""`` for the
+    file), what is wrong and the fix, and the 1-based ``line`` (None when unknown)."""
+
+    path: str
+    message: str
+    line: int | None = None
+
+
+class InvalidTargetFile(PlatformError, ConfigError):
+    """A target file is not valid; nothing was started.
+
+    Attributes:
+        file: the target file.
+        issues: every problem found, one line each: ``<file>:<line>: <field>: <problem>``.
+    """
+
+    def __init__(self, file: Path | str, issues: list[TargetIssue]) -> None:
+        self.file = Path(file)
+        self.issues = list(issues)
+        lines = []
+        for i in self.issues:
+            where = f"{self.file}:{i.line}" if i.line is not None else f"{self.file}"
+            lines.append(f"{where}: {i.path}: {i.message}" if i.path else f"{where}: {i.message}")
+        count = len(self.issues)
+        head = f"{self.file}: invalid target file ({count} problem{'s' if count != 1 else ''})"
+        super().__init__("\n".join([head, *lines]))
+
+
+__all__ = ["BackendError", "InvalidTargetFile", "PlatformError", "TargetIssue"]

@@ -1,0 +1,433 @@
+"""The target file: where chaos experiments, game days and the responder act.
+
+One YAML file describes a cluster: its ``platform`` (``slurm``, ``kubernetes``, or
+``lab``, stormwatch's own lab), its Prometheus (URL, TLS and auth: the fields of
+:class:`~stormwatch.clients.http.HttpOptions` under ``http``), how to find the node
+agents, the credentials, the job (attach to a running one by id or name, or submit
+one from a template), and the platform settings the responder's backend uses (the
+``slurm:`` and ``kubernetes:`` sections of :class:`PlatformSettings`: a target file
+*is* a platform settings file with more sections). Example: deploy/slurm/target.yaml;
+docs/deploy-slurm.md, "Run game days on your cluster".
+
+:func:`load_target_file` reads and validates it before anything starts; every problem
+is reported at once, with the file, its line, the field path and the fix
+(:class:`~stormwatch.platforms.errors.InvalidTargetFile`, a ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from stormwatch.clients.http import HttpOptions, check_http_url
+from stormwatch.platforms.errors import InvalidTargetFile, TargetIssue
+from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
+
+#: Largest target file accepted (bytes); real ones are well under 1 KiB.
+MAX_TARGET_BYTES = 64 * 1024
+#: The platforms a target file can name.
+TARGET_PLATFORMS = ("slurm", "kubernetes", "lab")
+#: The agent's port in the Slurm recipe (deploy/slurm/train.sbatch ``STORMWATCH_AGENT_PORT``;
+#: 9400 is dcgm-exporter's, see docs/deploy-slurm.md).
+DEFAULT_AGENT_PORT = 9402
+#: Kubernetes label selectors: ``key=value`` pairs (or bare keys), comma-separated.
+_SELECTOR = re.compile(
+    r"^[A-Za-z0-9./_-]+(!?=[A-Za-z0-9._-]*)?(,[A-Za-z0-9./_-]+(!?=[A-Za-z0-9._-]*)?)*$"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KubernetesSettings(_Strict):
+    """``kubernetes:`` section (see :class:`~.kubernetes.KubernetesBackend`)."""
+
+    #: A DNS-1123 label, as Kubernetes requires of namespace names.
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    job_label: str = Field(default="stormwatch.io/job", min_length=1)
+    control_dir: Path | None = None
+    drain_node: bool = False
+    grace_period_s: int = Field(default=30, ge=0)
+    log_tail_lines: int = Field(default=200, ge=1)
+    #: auto: a Job named like the job, else a JobSet, else pods by ``job_label``.
+    workload: Literal["auto", "Job", "JobSet", "label"] = "auto"
+
+
+class SlurmSettings(_Strict):
+    """``slurm:`` section (see :class:`~.slurm.SlurmBackend`).
+
+    Attributes:
+        nproc_per_node: torchrun ``--nproc-per-node`` of the recipe (ranks per node).
+        control_dir: the trainer's control directory on the shared filesystem
+            (``{job}``, ``{jobid}`` substituted).
+        conf: the cluster's ``slurm.conf`` (``SLURM_CONF`` of every command; None: the
+            environment's or the system's).
+    """
+
+    nproc_per_node: int = Field(default=1, ge=1)
+    control_dir: str | None = None
+    conf: Path | None = None
+
+
+class PlatformSettings(_Strict):
+    """The ``--platform-config`` file: per-platform settings (all optional); the same
+    sections of a target file (:class:`TargetFile` extends it)."""
+
+    kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())
+    slurm: SlurmSettings = Field(default_factory=lambda: SlurmSettings())
+
+
+class PrometheusSection(_Strict):
+    """``prometheus:``: the base ``url`` and ``http``, the fields of
+    :class:`~stormwatch.clients.http.HttpOptions` (TLS, basic auth, Bearer token, headers)."""
+
+    url: str
+    http: HttpOptions = Field(default_factory=HttpOptions)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_http_url(value, "url", "http://prometheus.example:9090")
+
+
+class AgentsSection(_Strict):
+    """``agents:``: how to reach the node agents.
+
+    Attributes:
+        port: the agents' read-only listener (``--listen``; the Slurm recipe's 9402).
+        fault_port: the fault API listener (``--fault-api-listen``); None: ``port``.
+        scheme: ``http`` or ``https``.
+        host: slurm: the agent's host per node, ``{node}`` (node name, the default) or
+            ``{addr}`` (Slurm's ``NodeAddr``) substituted, e.g. ``{node}.ib.example``.
+        namespace / selector: kubernetes: the agent DaemonSet's namespace (default the
+            ``kubernetes.namespace``) and its pods' label selector (``app=stormwatch-agent``).
+    """
+
+    port: int = Field(default=DEFAULT_AGENT_PORT, ge=1, le=65535)
+    fault_port: int | None = Field(default=None, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    host: str = Field(default="{node}", pattern=r"\{(node|addr)\}")
+    namespace: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    selector: str | None = Field(default=None, pattern=_SELECTOR.pattern)
+
+
+class CredentialsSection(_Strict):
+    """``credentials:``: the agents' fault API token file, and the responder (optional)."""
+
+    agent_token_file: Path | None = None
+    responder_url: str | None = None
+    responder_token_file: Path | None = None
+
+    @field_validator("responder_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else check_http_url(value, "url", "http://host:19095")
+
+    @field_validator("agent_token_file", "responder_token_file")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value} is not a file; give the file holding the token")
+        return value
+
+
+class AttachJob(_Strict):
+    """``job.attach``: a running job, by Slurm job ``id`` or by ``name`` (one of them)."""
+
+    id: str | None = Field(default=None, pattern=r"^[0-9]+(_[0-9]+)?$")
+    name: str | None = Field(default=None, min_length=1)
+
+
+class SubmitJob(_Strict):
+    """``job.submit``: an sbatch script (or manifest) ``template`` and its ``parameters``
+    (passed as environment variables)."""
+
+    template: Path
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: Path) -> Path:
+        if not value.is_file():
+            raise ValueError(f"{value} is not a file; give the job script, e.g. train.sbatch")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name (A-Z, 0-9, _)")
+        return value
+
+
+class JobTargetSection(_Strict):
+    """``job:``: ``attach`` or ``submit`` (one of them), and ``log_dir``, the job's rank
+    logs on the shared filesystem (``{job}`` substituted; default
+    ``<run-dir>/jobs/{job}/logs``)."""
+
+    attach: AttachJob | None = None
+    submit: SubmitJob | None = None
+    log_dir: str | None = None
+
+
+class LabSection(_Strict):
+    """``lab:``: the lab's run directory (everything else comes from the lab)."""
+
+    run_dir: Path
+
+
+class TargetFile(PlatformSettings):
+    """A target file (module docstring); validated by :func:`load_target_file`."""
+
+    platform: Literal["slurm", "kubernetes", "lab"]
+    prometheus: PrometheusSection | None = None
+    agents: AgentsSection = Field(default_factory=AgentsSection)
+    credentials: CredentialsSection = Field(default_factory=CredentialsSection)
+    job: JobTargetSection | None = None
+    lab: LabSection | None = None
+
+    def platform_settings(self) -> PlatformSettings:
+        """The ``slurm:``/``kubernetes:`` sections as the responder's backend takes them."""
+        return PlatformSettings(kubernetes=self.kubernetes, slurm=self.slurm)
+
+
+def lab_target_file(run_dir: Path) -> TargetFile:
+    """The target file of the lab in ``run_dir`` (what ``lab up`` writes)."""
+    return TargetFile(platform="lab", lab=LabSection(run_dir=Path(run_dir)))
+
+
+def dump_target_file(target: TargetFile) -> str:
+    """``target`` as target-file YAML (sections left at their defaults omitted)."""
+    data = target.model_dump(mode="json", exclude_defaults=True)
+    data = {"platform": target.platform, **data}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def load_target_file(path: Path | str) -> TargetFile:
+    """Read and validate a target file.
+
+    Raises:
+        InvalidTargetFile: missing, too large, not UTF-8, not YAML (duplicate keys and
+            anchors refused), or invalid; every problem with its line, field and fix.
+    """
+    file = Path(path)
+    try:
+        with file.open("rb") as fh:
+            data = fh.read(MAX_TARGET_BYTES + 1)
+    except OSError as exc:
+        problem = f"cannot read the file: {exc.strerror or exc}"
+        raise InvalidTargetFile(file, [TargetIssue("", problem)]) from exc
+    if len(data) > MAX_TARGET_BYTES:
+        too_large = f"larger than {MAX_TARGET_BYTES // 1024} KiB; a target file is a few lines"
+        raise InvalidTargetFile(file, [TargetIssue("", too_large)])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        issue = TargetIssue("", f"not UTF-8 text (byte {exc.start}): save it as UTF-8", line)
+        raise InvalidTargetFile(file, [issue]) from exc
+    return parse_target_file(text, file)
+
+
+class _TargetLoader(StrictLoader):
+    kind = "target files"
+
+
+def parse_target_file(text: str, file: Path | str = "<target>") -> TargetFile:
+    """Validate target-file YAML ``text``; ``file`` names it in messages and relative paths
+    in it (token files, templates, the lab's run dir) are taken from its folder.
+
+    Raises:
+        InvalidTargetFile: see :func:`load_target_file`.
+    """
+    try:
+        data = yaml.load(text, Loader=_TargetLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise InvalidTargetFile(
+            file, [TargetIssue("", f"not valid YAML: {yaml_problem(exc)}", line)]
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidTargetFile(file, [TargetIssue("", "nested too deeply to read")]) from exc
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        keys = ", ".join(TargetFile.model_fields)
+        raise InvalidTargetFile(
+            file, [TargetIssue("", f"must be a mapping with keys {keys} (got {kind})")]
+        )
+    _relative_to(data, Path(file).absolute().parent)
+    try:
+        target = TargetFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        issues = [_issue(err) for err in exc.errors(include_url=False)]
+    else:
+        issues = platform_issues(target)
+    if issues:
+        lines = key_lines(text, _TargetLoader)
+        located = [TargetIssue(i.path, i.message, line_of(i.path, lines)) for i in issues]
+        raise InvalidTargetFile(file, located)
+    return target
+
+
+#: Fields holding paths, taken relative to the target file's folder.
+_PATHS = (
+    ("credentials", "agent_token_file"),
+    ("credentials", "responder_token_file"),
+    ("lab", "run_dir"),
+    ("prometheus", "http", "ca_file"),
+    ("prometheus", "http", "cert_file"),
+    ("prometheus", "http", "key_file"),
+    ("prometheus", "http", "bearer_token_file"),
+    ("job", "submit", "template"),
+    ("slurm", "conf"),
+)
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> None:
+    for *parents, name in _PATHS:
+        section: Any = data
+        for key in parents:
+            section = section.get(key) if isinstance(section, dict) else None
+        if isinstance(section, dict) and isinstance(section.get(name), str):
+            value = Path(section[name]).expanduser()
+            section[name] = str(value if value.is_absolute() else folder / value)
+
+
+def platform_issues(target: TargetFile) -> list[TargetIssue]:
+    """The problems that span fields: what each platform needs and refuses."""
+    issues: list[TargetIssue] = []
+    given = target.model_fields_set
+    if target.platform == "lab":
+        if target.lab is None:
+            issues.append(TargetIssue("lab", "required for platform lab: lab: {run_dir: run}"))
+        for name in sorted(given - {"platform", "lab"}):
+            issues.append(
+                TargetIssue(name, "not used by platform lab (the lab's lab.json has it); remove it")
+            )
+        return issues
+    if target.lab is not None:
+        issues.append(
+            TargetIssue("lab", f"only for platform lab; remove it from a {target.platform} target")
+        )
+    if target.prometheus is None:
+        issues.append(
+            TargetIssue("prometheus", "required: prometheus: {url: http://prometheus.example:9090}")
+        )
+    issues.extend(_job_issues(target.job))
+    agents = target.agents
+    if target.platform == "kubernetes":
+        if agents.selector is None:
+            issues.append(
+                TargetIssue(
+                    "agents.selector",
+                    "required for kubernetes: the label selector of the agent DaemonSet's "
+                    "pods, e.g. app.kubernetes.io/name=stormwatch-agent",
+                )
+            )
+        if agents.host != "{node}":
+            issues.append(TargetIssue("agents.host", "only for slurm (kubernetes uses pod IPs)"))
+    else:
+        for name in ("selector", "namespace"):
+            if getattr(agents, name) is not None:
+                issues.append(TargetIssue(f"agents.{name}", "only for kubernetes; remove it"))
+    return issues
+
+
+def _job_issues(job: JobTargetSection | None) -> list[TargetIssue]:
+    if job is None:
+        return [
+            TargetIssue("job", "required: job: {attach: {name: <job name>}} or job: {submit: ...}")
+        ]
+    issues = []
+    if (job.attach is None) == (job.submit is None):
+        issues.append(TargetIssue("job", "give exactly one of attach and submit"))
+    if job.attach is not None and (job.attach.id is None) == (job.attach.name is None):
+        issues.append(TargetIssue("job.attach", "give exactly one of id and name"))
+    return issues
+
+
+# --- pydantic error -> TargetIssue ---------------------------------------------------------------
+
+
+def _issue(err: Any) -> TargetIssue:
+    loc = tuple(e for e in err["loc"] if not (isinstance(e, str) and "[" in e))
+    path = ""
+    for element in loc:
+        path = join_path(path, element)
+    kind = err["type"]
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        valid = _valid_keys(loc[:-1])
+        return TargetIssue(path, f"unknown key {loc[-1]!r} (valid keys: {valid})")
+    if kind == "missing":
+        return TargetIssue(path, "required field missing")
+    message = str(err["msg"]).removeprefix("Value error, ")
+    named = re.match(r"(\w+): ", message)
+    if kind == "value_error" and named and named[1] in _valid_keys(loc).split(", "):
+        # HttpOptions names the field in its message: put it in the path instead.
+        path, message = join_path(path, named[1]), message[named.end() :]
+    if kind == "string_pattern_mismatch":
+        message = _PATTERN_FIX.get(str(loc[-1]), message)
+    if kind != "value_error" and "input" in err:
+        message += f" (got {err['input']!r:.60})"
+    return TargetIssue(path, message)
+
+
+_PATTERN_FIX = {
+    "namespace": "not a Kubernetes namespace name (lowercase a-z, 0-9 and '-', at most 63)",
+    "selector": "not a label selector: key=value pairs joined by ',' (app=stormwatch-agent)",
+    "host": "must hold {node} or {addr}, e.g. {node}.cluster.example",
+    "id": "not a Slurm job id (digits, or <array id>_<index>)",
+}
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> str:
+    tp: Any = TargetFile
+    for element in loc:
+        field = tp.model_fields.get(element) if _is_model(tp) else None
+        tp = _unwrap(field.annotation) if field is not None else None
+    if _is_model(tp):
+        return ", ".join(tp.model_fields)
+    if dataclasses.is_dataclass(tp):
+        return ", ".join(f.name for f in dataclasses.fields(tp))
+    return "none"
+
+
+def _unwrap(tp: Any) -> Any:
+    args = [a for a in getattr(tp, "__args__", ()) if a is not type(None)]
+    return args[0] if len(args) == 1 else tp
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+__all__ = [
+    "DEFAULT_AGENT_PORT",
+    "MAX_TARGET_BYTES",
+    "TARGET_PLATFORMS",
+    "AgentsSection",
+    "AttachJob",
+    "CredentialsSection",
+    "JobTargetSection",
+    "KubernetesSettings",
+    "LabSection",
+    "PlatformSettings",
+    "PrometheusSection",
+    "SlurmSettings",
+    "SubmitJob",
+    "TargetFile",
+    "dump_target_file",
+    "lab_target_file",
+    "load_target_file",
+    "parse_target_file",
+    "platform_issues",
+]

@@ -1,0 +1,269 @@
+"""Target files (stormwatch.platforms.targets): every bad value gives one clear error naming
+the field and the fix, nothing is started; the shipped example is valid; a target builds
+the runner's Target for Slurm (fake commands) and Kubernetes (the client's typed API)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from stormwatch.chaos.platform_target import kubernetes_target, slurm_target
+from stormwatch.cli import main
+from stormwatch.platforms import InvalidTargetFile, PlatformSettings, load_target_file
+from stormwatch.platforms.kubernetes import KubernetesBackend
+from stormwatch.platforms.kubernetes.recorded import RecordedKubeApi
+from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.targets import dump_target_file, lab_target_file
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "deploy" / "slurm" / "target.yaml"
+
+GOOD = """\
+platform: slurm
+prometheus:
+  url: http://prometheus.example:9090
+agents:
+  port: 9402
+credentials:
+  agent_token_file: agent.token
+job:
+  attach:
+    name: llm
+slurm:
+  nproc_per_node: 2
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "agent.token").write_text("t\n")
+    path = tmp_path / "target.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_hand_written_slurm_target_file_loads(tmp_path: Path) -> None:
+    target = load_target_file(_write(tmp_path, GOOD))
+    assert target.platform == "slurm"
+    assert target.credentials.agent_token_file == tmp_path / "agent.token"
+    assert target.job is not None and target.job.attach is not None
+    assert target.job.attach.name == "llm"
+    assert isinstance(target.platform_settings(), PlatformSettings)
+    assert target.platform_settings().slurm.nproc_per_node == 2
+
+
+def test_the_shipped_example_is_valid(tmp_path: Path) -> None:
+    shutil.copy(EXAMPLE, tmp_path / "target.yaml")
+    (tmp_path / "secrets").mkdir()
+    for name in ("site-ca.pem", "prometheus.token", "agent.token", "responder.token"):
+        (tmp_path / "secrets" / name).write_text("x\n")
+    target = load_target_file(tmp_path / "target.yaml")
+    assert target.prometheus is not None and target.prometheus.http.ca_file is not None
+    assert target.agents.fault_port == 9401
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fix"),
+    [
+        (("platform: slurm", "platform: slrum"), "platform", "'slurm', 'kubernetes' or 'lab'"),
+        (
+            ("url: http://prometheus.example:9090", "url: prometheus:9090"),
+            "prometheus.url",
+            "e.g. http://",
+        ),
+        (("  url: http", "  urll: x\n  url: http"), "prometheus.urll", "valid keys: url, http"),
+        (("  port: 9402", "  port: 0"), "agents.port", "greater than or equal to 1"),
+        (("  port: 9402", "  port: 9402\n  scheme: ftp"), "agents.scheme", "'http' or 'https'"),
+        (("  port: 9402", "  port: 9402\n  host: node.example"), "agents.host", "{node} or {addr}"),
+        (
+            ("  port: 9402", "  port: 9402\n  selector: app=x"),
+            "agents.selector",
+            "only for kubernetes",
+        ),
+        (("agent.token", "missing.token"), "credentials.agent_token_file", "is not a file"),
+        (
+            ("    name: llm", "    name: llm\n    id: '12'"),
+            "job.attach",
+            "exactly one of id and name",
+        ),
+        (("    name: llm", "    id: abc"), "job.attach.id", "not a Slurm job id"),
+        (
+            ("  attach:", "  submit: {template: nope.sbatch}\n  attach:"),
+            "job.submit.template",
+            "is not a file",
+        ),
+        (
+            ("  nproc_per_node: 2", "  nproc_per_node: 0"),
+            "slurm.nproc_per_node",
+            "greater than or equal to 1",
+        ),
+        (("  nproc_per_node: 2", "  nprocs: 2"), "slurm.nprocs", "valid keys: nproc_per_node"),
+        (
+            ("slurm:\n", "colour: red\nslurm:\n"),
+            "colour",
+            "valid keys: kubernetes, slurm, platform",
+        ),
+        (("agents:", "lab: {run_dir: run}\nagents:"), "lab", "only for platform lab"),
+    ],
+)
+def test_each_bad_value_is_one_error_naming_the_field_and_the_fix(
+    tmp_path: Path, change: tuple[str, str], field: str, fix: str
+) -> None:
+    old, new = change
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(InvalidTargetFile) as caught:
+        load_target_file(path)
+    assert [i.path for i in caught.value.issues] == [field]
+    assert fix in caught.value.issues[0].message
+    assert caught.value.issues[0].line is not None
+    assert f"{path}:{caught.value.issues[0].line}: {field}: " in str(caught.value)
+
+
+def test_the_http_options_problem_is_placed_at_its_field(tmp_path: Path) -> None:
+    text = GOOD.replace("  url: http", "  http: {password: x}\n  url: http")
+    with pytest.raises(InvalidTargetFile) as caught:
+        load_target_file(_write(tmp_path, text))
+    assert [i.path for i in caught.value.issues] == ["prometheus.http.password"]
+    assert "needs username" in caught.value.issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("platform: slurm\nplatform: lab\n", "duplicate key 'platform'"),
+        ("platform: [\n", "not valid YAML"),
+        ("- a\n", "must be a mapping"),
+        ("platform: slurm\n", "prometheus: required"),
+        (
+            "platform: kubernetes\nprometheus: {url: 'http://p:9090'}\njob: {attach: {name: j}}\n",
+            "agents.selector: required for kubernetes",
+        ),
+        ("platform: lab\n", "lab: required for platform lab"),
+        (
+            "platform: lab\nlab: {run_dir: run}\nprometheus: {url: 'http://p:9090'}\n",
+            "not used by platform lab",
+        ),
+    ],
+)
+def test_file_level_and_platform_problems_are_named(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(InvalidTargetFile, match="invalid target file") as caught:
+        load_target_file(_write(tmp_path, text))
+    assert expected in str(caught.value)
+
+
+def test_the_lab_target_file_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "target.yaml"
+    path.write_text(dump_target_file(lab_target_file(tmp_path / "run")))
+    target = load_target_file(path)
+    assert target.platform == "lab"
+    assert target.lab is not None and target.lab.run_dir == tmp_path / "run"
+
+
+class _FakeSlurm(SlurmCommands):
+    """Answers the commands a slurm target runs, for job 42 on gpu[1-2]."""
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        text = " ".join(argv)
+        if text.startswith("squeue"):
+            return "42|gpu[1-2]\n"
+        if text.startswith("scontrol show hostnames"):
+            return "gpu1\ngpu2\n"
+        if text.startswith("scontrol --oneliner show job"):
+            return "JobId=42 JobName=llm JobState=RUNNING NodeList=gpu[1-2] ExitCode=0:0\n"
+        if text.startswith("scontrol --oneliner show node"):
+            return (
+                "NodeName=gpu1 NodeAddr=10.0.0.1 State=ALLOCATED\n"
+                "NodeName=gpu2 NodeAddr=10.0.0.2 State=ALLOCATED\n"
+            )
+        raise AssertionError(text)
+
+
+@pytest.mark.parametrize("attach", ["name: llm", "id: '42'"])
+def test_a_slurm_target_lists_the_jobs_nodes_agents_and_placement(
+    tmp_path: Path, attach: str
+) -> None:
+    text = GOOD.replace("name: llm", attach).replace("port: 9402", "port: 9402\n  host: '{addr}'")
+    target = slurm_target(load_target_file(_write(tmp_path, text)), tmp_path, commands=_FakeSlurm())
+    assert [(a.node, a.url) for a in target.agents] == [
+        ("gpu1", "http://10.0.0.1:9402"),
+        ("gpu2", "http://10.0.0.2:9402"),
+    ]
+    assert target.world_size == 4
+    assert target.attach_job == "llm"
+    assert target.placement is not None
+    assert dict(target.placement.ranks("llm")) == {0: "gpu1", 1: "gpu1", 2: "gpu2", 3: "gpu2"}
+    assert target.prometheus_url == "http://prometheus.example:9090"
+    assert target.jobs.attach("llm").log_dir == tmp_path / "jobs" / "llm" / "logs"
+    assert target.jobs.exited("llm") is None
+
+
+def test_a_kubernetes_target_finds_the_agent_daemonset_pods(tmp_path: Path) -> None:
+    recordings = Path(__file__).parent / "recordings" / "kubernetes"
+    api = RecordedKubeApi(recordings)
+    api.answer("GET /apis/batch/v1/namespaces/training/jobs/llm", "job-llm.json")
+    api.answer(
+        "GET /api/v1/namespaces/training/pods?labelSelector="
+        "batch.kubernetes.io/controller-uid=5f0c2a4e-1b7d-4c1e-9a55-3c2f1e0d9b11",
+        "pods-llm-running.json",
+    )
+    api.answer("GET /api/v1/namespaces/stormwatch/pods?labelSelector=app=agent", "pods-agents.json")
+    text = (
+        "platform: kubernetes\nprometheus: {url: 'http://p:9090'}\n"
+        "agents: {selector: app=agent, namespace: stormwatch, port: 9400}\n"
+        "kubernetes: {namespace: training}\njob: {attach: {name: llm}}\n"
+    )
+    file = load_target_file(_write(tmp_path, text))
+    backend = KubernetesBackend(api=api, namespace="training", diagnostics_dir=tmp_path)
+    target = kubernetes_target(file, tmp_path, backend=backend)
+    # gpu-c's agent pod is not Ready: not an endpoint.
+    assert [(a.node, a.url) for a in target.agents] == [
+        ("gpu-a", "http://10.244.1.5:9400"),
+        ("gpu-b", "http://10.244.2.5:9400"),
+    ]
+    assert target.world_size == 4
+    assert api.requests("GET")[-1] == (
+        "GET /api/v1/namespaces/stormwatch/pods?labelSelector=app=agent"
+    )
+
+
+#: The shipped kill-rank experiment (4 ranks, 2 nodes).
+EXPERIMENT = REPO / "experiments" / "kill-rank.yaml"
+
+
+def _stormwatch(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out = capsys.readouterr()
+    return int(exited.value.code or 0), out.out + out.err
+
+
+def test_chaos_run_dry_run_takes_a_target_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _write(tmp_path, GOOD)
+    experiment = EXPERIMENT
+    run_dir = tmp_path / "run"
+    argv = ["chaos", "run", str(experiment), "--dry-run", "--target", str(target)]
+    code, output = _stormwatch([*argv, "--run-dir", str(run_dir)], capsys)
+    assert code == 0, output
+    assert "4 ranks on 2 nodes" in output
+    assert "kill_rank" in output
+    assert not run_dir.exists()  # nothing started, nothing written
+
+
+def test_chaos_run_refuses_a_bad_target_file_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _write(tmp_path, GOOD.replace("port: 9402", "port: 99999"))
+    experiment = EXPERIMENT
+    run_dir = tmp_path / "run"
+    argv = ["chaos", "run", str(experiment), "--target", str(target)]
+    code, output = _stormwatch([*argv, "--run-dir", str(run_dir)], capsys)
+    assert code == 2, output
+    assert "agents.port" in output
+    assert not run_dir.exists()
