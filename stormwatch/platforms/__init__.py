@@ -11,7 +11,9 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 * ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files;
 * ``kubernetes`` (:mod:`.kubernetes`): the official ``kubernetes`` client: delete
   pods, cordon and evict, pod labels for the rank placement;
-* ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue, drain with a reason.
+* ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue and start now, drain with a
+  reason and exclude, each read back from Slurm (:mod:`.slurm_readback`); Slurm's job and
+  node history for post-mortems (:mod:`.slurm_history`).
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
 (``--platform-config``); :func:`make_backend` builds the backend from it.
@@ -66,6 +68,11 @@ class SlurmSettings(_Strict):
 
     nproc_per_node: int = Field(default=1, ge=1)
     control_dir: str | None = None
+    #: The cluster's ``slurm.conf`` (``SLURM_CONF``); None: the environment's or the system's.
+    conf: Path | None = None
+    #: Longest wait for an action's effect to show in Slurm's state (s; see
+    #: :data:`~.slurm_readback.READBACK_TIMEOUT_S`).
+    readback_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class PlatformSettings(_Strict):
@@ -141,12 +148,16 @@ def make_backend(
             log_tail_lines=kube.log_tail_lines,
         )
     if platform == "slurm":
-        from stormwatch.platforms.slurm import SlurmBackend
+        from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
+        from stormwatch.platforms.slurm_readback import SlurmWait
 
+        slurm = settings.slurm
         return SlurmBackend(
             diagnostics_dir=diagnostics_dir,
-            nproc_per_node=settings.slurm.nproc_per_node,
-            control_dir=settings.slurm.control_dir,
+            nproc_per_node=slurm.nproc_per_node,
+            control_dir=slurm.control_dir,
+            commands=SlurmCommands(conf=slurm.conf),
+            wait=SlurmWait(timeout_s=slurm.readback_timeout_s),
         )
     raise ConfigError(f"--platform: {platform!r} has no factory here; use kubernetes or slurm")
 
