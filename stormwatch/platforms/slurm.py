@@ -13,11 +13,13 @@ the job is found by name, then addressed by its id (never by a step number):
 
 * find the job: ``squeue --noheader --name=<job> --states=RUNNING --format=%i|%N``;
 * restart workers: ``scontrol requeue <jobid>`` (the job needs ``--requeue``); once it is
-  PENDING, ``scontrol update JobId=<jobid> StartTime=now``; read back RUNNING with one
-  restart more (``Restarts``, ``StartTime``);
+  PENDING, ``scontrol update JobId=<jobid> StartTime=<requeue + 2 s>`` (not at once: the
+  requeue revoked the job's credential for that second, :data:`.slurm_readback.CREDENTIAL_GAP_S`);
+  read back RUNNING with one restart more (``Restarts``, ``StartTime``) and its batch
+  step launched (``squeue --steps``: a node that refuses the launch fails the job);
 * exclude a node: ``scontrol update NodeName=<node> State=DRAIN Reason=<why>`` (read back:
   the DRAIN flag and that reason), then requeue, and while PENDING ``scontrol update
-  JobId=<jobid> ExcNodeList=<node>`` and ``StartTime=now``; read back RUNNING on nodes
+  JobId=<jobid> ExcNodeList=<node>`` and ``StartTime``; read back RUNNING on nodes
   without ``<node>`` (the spare);
 * a node back in service (:meth:`SlurmBackend.resume_node`, after a partition healed):
   ``scontrol update NodeName=<node> State=RESUME``, read back IDLE/MIXED/ALLOCATED
@@ -194,6 +196,11 @@ class SlurmCommands:
     def node_details(self, nodes: Sequence[str]) -> str:
         """``scontrol show node <a,b>`` as printed (diagnostics)."""
         return self(["scontrol", "show", "node", ",".join(nodes)]) if nodes else ""
+
+    def step_ids(self, job_id: str) -> list[str]:
+        """The job's running steps' ids (``<id>.batch``, ``<id>.0`` ...; ``squeue --steps``)."""
+        out = self(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i"])
+        return [line.strip() for line in out.splitlines() if line.strip()]
 
     def steps(self, job_id: str) -> str:
         """``squeue --steps --jobs=<job_id>`` as printed (diagnostics; never address a step

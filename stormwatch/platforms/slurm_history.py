@@ -131,8 +131,8 @@ class SlurmRecorder:
     job_id: str
     clock: Callable[[], float] = field(default=time.time)
     events: list[SlurmEvent] = field(default_factory=list)
-    _job: SlurmJobInfo | None = None
-    _nodes: dict[str, SlurmNodeInfo] = field(default_factory=dict)
+    _job: SlurmJobInfo | None = field(default=None, init=False, repr=False)
+    _nodes: dict[str, SlurmNodeInfo] = field(default_factory=dict, init=False, repr=False)
 
     def sample(self) -> list[SlurmEvent]:
         """Read the job and the nodes once; the changes as events (also kept in :attr:`events`).

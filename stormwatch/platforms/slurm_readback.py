@@ -8,6 +8,7 @@ of what slurmctld now reports (``scontrol --oneliner show job|node`` through
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,14 +19,21 @@ from stormwatch.platforms.errors import BackendError
 if TYPE_CHECKING:
     from stormwatch.platforms.slurm import SlurmCommands, SlurmJobInfo, SlurmNodeInfo
 
-#: Seconds an action waits for its effect. A requeued job restarted with ``StartTime=now``
-#: runs again within about 2 s on the lab's cluster (issue 15); a site's scheduler may
-#: only look every ``sched_interval`` (60 s by default, slurm.conf(5)), so a minute.
+#: Seconds an action waits for its effect. A requeued job given an early ``StartTime``
+#: runs again 2-3 s after the requeue on the lab's cluster (tests/platforms/
+#: test_slurm_live.py); a site's main scheduler may only look every ``sched_interval``
+#: (60 s by default, slurm.conf(5)), so a minute.
 READBACK_TIMEOUT_S = 60.0
 #: Seconds between two reads (one ``scontrol`` call each, milliseconds on a local controller).
 READBACK_POLL_S = 0.1
-#: Seconds between two ``StartTime=now`` updates of a job still PENDING after the first.
+#: Seconds between two ``StartTime`` updates of a job still PENDING after the first.
 NUDGE_S = 1.0
+#: A requeued job starts this long after its requeue (``SubmitTime``), not at once: a
+#: requeue revokes the job's credential on its nodes, and slurmd refuses a new credential
+#: stamped in the same second ("Killing non-startable batch JobId=1: Job credential
+#: revoked", then the job FAILED: seen on the lab's cluster whenever the restart fell in
+#: the requeue's second). One second past that one leaves the kill RPC time to arrive.
+CREDENTIAL_GAP_S = 2.0
 
 
 def describe_job(info: SlurmJobInfo) -> str:
@@ -129,10 +137,12 @@ def requeue_and_start(
     """Requeue job ``job_id`` and start it at once, read back RUNNING again.
 
     ``scontrol requeue``; once the job is PENDING (an update while it is still COMPLETING
-    is lost), add ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=now``
-    (again each second while it still waits: a requeued job otherwise waits for its
-    ``BeginTime``, ``cred_expire + 1`` s); then wait for RUNNING with a restart more (or
-    a new start time) on nodes without ``exclude``.
+    is lost), add ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=<the
+    requeue's SubmitTime + CREDENTIAL_GAP_S>`` (``now`` without a SubmitTime; sent again
+    each second while it still waits: a requeued job otherwise waits for its ``BeginTime``,
+    ``cred_expire + 1`` s); then wait for RUNNING with a restart more (or a new start
+    time) on nodes without ``exclude``, its batch step launched (``<id>.batch`` in
+    ``squeue --steps``: a slurmd that refuses the launch fails the job instead).
 
     Returns:
         The job as last read (RUNNING).
@@ -153,29 +163,36 @@ def requeue_and_start(
         lambda i: i.state == "PENDING" or (i.state == "RUNNING" and restarted(i)),
         "PENDING after the requeue",
     )
+    requeued = pending.submit_time
+    begin = "now" if requeued is None else _slurm_stamp(requeued + CREDENTIAL_GAP_S)
     if pending.state == "PENDING":
         if exclude is not None:
             excluded = ",".join(n for n in (pending.excluded, exclude) if n)
             commands.update_job(job_id, ExcNodeList=excluded)
-        commands.update_job(job_id, StartTime="now")
+        commands.update_job(job_id, StartTime=begin)
     nudged = [wait.clock()]
 
     def start_now(info: SlurmJobInfo) -> None:
         if info.state == "PENDING" and wait.clock() - nudged[0] >= NUDGE_S:
             nudged[0] = wait.clock()
-            commands.update_job(job_id, StartTime="now")
+            commands.update_job(job_id, StartTime=begin)
 
+    def back(info: SlurmJobInfo) -> bool:
+        if info.state != "RUNNING" or not restarted(info):
+            return False
+        if exclude is not None and exclude in commands.hostnames(info.nodes):
+            return False
+        return f"{job_id}.batch" in commands.step_ids(job_id)
+
+    without = f" without {exclude}" if exclude else ""
     return wait.job(
-        commands,
-        job_id,
-        lambda i: (
-            i.state == "RUNNING"
-            and restarted(i)
-            and (exclude is None or exclude not in commands.hostnames(i.nodes))
-        ),
-        "RUNNING again" + (f" without {exclude}" if exclude else ""),
-        nudge=start_now,
+        commands, job_id, back, f"RUNNING again{without} with its batch step", nudge=start_now
     )
+
+
+def _slurm_stamp(at: float) -> str:
+    """``at`` (Unix s) as Slurm reads a time: ``2026-12-02T03:42:25``, local time."""
+    return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def drained(node: SlurmNodeInfo) -> bool:
@@ -191,6 +208,7 @@ def in_service(node: SlurmNodeInfo) -> bool:
 
 
 __all__ = [
+    "CREDENTIAL_GAP_S",
     "NUDGE_S",
     "READBACK_POLL_S",
     "READBACK_TIMEOUT_S",

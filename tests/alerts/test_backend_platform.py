@@ -125,6 +125,7 @@ state="{log}.state"
 if [ -f "$state" ]; then read -r s r < "$state"; else s=RUNNING; r=0; fi
 case "$(basename "$0") $1 $2" in
   "squeue --noheader --name=train") echo "4242|gpu-[1-2]" ;;
+  "squeue --noheader --steps") [ "$s" = RUNNING ] && echo "4242.batch" ;;
   "scontrol show hostnames") printf 'gpu-1\\ngpu-2\\n' ;;
   "scontrol requeue 4242") echo "PENDING $((r + 1))" > "$state" ;;
   "scontrol update JobId=4242") echo "RUNNING $r" > "$state" ;;

@@ -62,7 +62,7 @@ def _k8s_api(running: bool) -> Any:
 
 def _slurm_runner(running: bool) -> Callable[[Sequence[str]], str]:
     """Job 77 (``llm``) on node-a and node-b, node-c spare: a requeue is PENDING at once,
-    ``StartTime=now`` runs it on the first two nodes neither drained nor excluded."""
+    a ``StartTime`` update runs it on the first two nodes neither drained nor excluded."""
     job = {"state": "RUNNING" if running else "", "nodes": "node-[a-b]", "restarts": 0}
     drained: dict[str, str] = {}
     hosts = {"node-[a-b]": "node-a\nnode-b\n", "node-[a,c]": "node-a\nnode-c\n"}
@@ -73,6 +73,8 @@ def _slurm_runner(running: bool) -> Callable[[Sequence[str]], str]:
             return f"77|{job['nodes']}\n" if job["state"] == "RUNNING" else ""
         if argv[:3] == ["scontrol", "show", "hostnames"]:
             return hosts[argv[3]]
+        if argv[:3] == ["squeue", "--noheader", "--steps"]:
+            return "77.batch\n" if job["state"] == "RUNNING" else ""
         if argv[:4] == ["scontrol", "--oneliner", "show", "job"]:
             return (
                 f"JobId=77 JobName=llm JobState={job['state']} Restarts={job['restarts']} "
@@ -83,7 +85,7 @@ def _slurm_runner(running: bool) -> Callable[[Sequence[str]], str]:
             return f"NodeName={node} State=MIXED+DRAIN Reason={drained[node]} [root@x]\n"
         if argv[:2] == ["scontrol", "requeue"]:
             job.update(state="PENDING", nodes="", restarts=int(job["restarts"]) + 1)
-        elif argv[:3] == ["scontrol", "update", "JobId=77"] and argv[3] == "StartTime=now":
+        elif argv[:3] == ["scontrol", "update", "JobId=77"] and argv[3].startswith("StartTime="):
             free = [n for n in ("node-a", "node-b", "node-c") if n not in drained]
             lists = {("node-a", "node-b"): "node-[a-b]", ("node-a", "node-c"): "node-[a,c]"}
             job.update(state="RUNNING", nodes=lists[tuple(free[:2])])

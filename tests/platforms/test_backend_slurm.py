@@ -27,7 +27,7 @@ class Slurm:
     """Answers squeue/scontrol like a cluster running job 4242 (``llm``) on gpu-07 and
     gpu-08, gpu-09 spare. A requeue leaves the job COMPLETING for ``completing_reads``
     reads (an update then is lost, as in Slurm), then PENDING for its BeginTime until
-    ``StartTime=now``; ``stuck`` ignores StartTime and DRAIN updates."""
+    ``StartTime``; ``stuck`` ignores StartTime and DRAIN updates."""
 
     def __init__(self, running: str | None = None, *, stuck: bool = False) -> None:
         self.running = running
@@ -42,6 +42,8 @@ class Slurm:
     def __call__(self, argv: Sequence[str]) -> str:
         argv = list(argv)
         self.calls.append(argv)
+        if argv[:3] == ["squeue", "--noheader", "--steps"]:
+            return "4242.batch\n4242.0\n" if self.job["state"] == "RUNNING" else ""
         if argv[0] == "squeue" and "--steps" not in argv:
             if self.running is not None:
                 return self.running
@@ -94,7 +96,7 @@ class Slurm:
             self.lost.append(argv)
         elif "ExcNodeList" in fields:
             self.job["excluded"] = fields["ExcNodeList"]
-        elif fields.get("StartTime") == "now" and not self.stuck:
+        elif "StartTime" in fields and not self.stuck:
             free = [n for n in self.nodes if "DRAIN" not in self.nodes[n][0]]
             free = [n for n in free if n not in self.job["excluded"].split(",")]
             nodes = {"gpu-07,gpu-08": "gpu-[07-08]", "gpu-07,gpu-09": "gpu-[07,09]"}
@@ -132,14 +134,16 @@ def test_restart_requeues_then_starts_the_job_once_it_is_pending(tmp_path: Path)
     )
     assert slurm.actions() == [
         ["scontrol", "requeue", "4242"],
-        ["scontrol", "update", "JobId=4242", "StartTime=now"],
+        ["scontrol", "update", "JobId=4242", "StartTime=2026-12-02T03:00:01"],
     ]
     assert slurm.lost == []  # nothing was sent while the job was still COMPLETING
 
 
 def test_a_restart_that_does_not_run_again_names_the_state_seen(tmp_path: Path) -> None:
     slurm = Slurm(stuck=True)
-    with pytest.raises(BackendError, match=r"Slurm job 4242 not RUNNING again after 0\.5 s") as err:
+    with pytest.raises(
+        BackendError, match=r"Slurm job 4242 not RUNNING again with its batch step after 0\.5 s"
+    ) as err:
         _backend(slurm, tmp_path).restart_workers("llm")
     assert "last read: JobState=PENDING Reason=BeginTime Restarts=1 NodeList=(null)" in str(
         err.value
@@ -162,7 +166,7 @@ def test_exclude_node_drains_it_with_a_reason_then_requeues_without_it(tmp_path:
         ],
         ["scontrol", "requeue", "4242"],
         ["scontrol", "update", "JobId=4242", "ExcNodeList=gpu-08"],
-        ["scontrol", "update", "JobId=4242", "StartTime=now"],
+        ["scontrol", "update", "JobId=4242", "StartTime=2026-12-02T03:00:01"],
     ]
     assert slurm.lost == []
 

@@ -25,8 +25,9 @@ SLURM_PREFIX = "swsltx"
 SLURM_SUBNET = "10.216"
 SLURM_NODES = 3
 JOB = "llm"
-#: Requeue-and-start-now took about 1 s here (issue 15: "about 2 s"); the bound leaves
-#: room for a loaded 2-core machine, and stays far below the BeginTime wait it replaces.
+#: Requeue-and-start took 2-3 s here (the start is set 2 s after the requeue,
+#: ``CREDENTIAL_GAP_S``); the bound leaves room for a loaded 2-core machine and stays far
+#: below the ``cred_expire + 1`` s BeginTime wait it replaces (11 s on this cluster).
 RESTART_BOUND_S = 8.0
 
 
@@ -66,9 +67,10 @@ def test_restart_requeues_and_the_job_runs_again_within_seconds(
     started = time.monotonic()
     detail = _backend(slurm_cluster, tmp_path).restart_workers(JOB)
     took = time.monotonic() - started
-    print(f"requeue + StartTime=now to RUNNING: {took:.2f} s ({detail})")
+    print(f"requeue + StartTime to RUNNING: {took:.2f} s ({detail})")
     after = slurm_cluster.commands.job(before.job_id)
     assert after.state == "RUNNING" and after.restarts == before.restarts + 1
+    assert f"{before.job_id}.batch" in slurm_cluster.commands.step_ids(before.job_id)
     assert after.start_time is not None and before.start_time is not None
     assert after.start_time >= before.start_time
     assert took < RESTART_BOUND_S
@@ -84,7 +86,7 @@ def test_exclude_node_drains_it_and_the_job_runs_on_the_spare(
     started = time.monotonic()
     detail = _backend(slurm_cluster, tmp_path).exclude_node_and_restart(JOB, "node1")
     took = time.monotonic() - started
-    print(f"drain + requeue + ExcNodeList + StartTime=now to RUNNING on the spare: {took:.2f} s")
+    print(f"drain + requeue + ExcNodeList + StartTime to RUNNING on the spare: {took:.2f} s")
     after = commands.job(before.job_id)
     assert after.state == "RUNNING" and after.restarts == 1
     assert commands.hostnames(after.nodes) == ("node0", "node2")
