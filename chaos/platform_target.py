@@ -29,6 +29,7 @@ from stormwatch.contracts.journal import JobRef
 from stormwatch.lab.paths import RunPaths
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, parse_oneliner
+from stormwatch.platforms.slurm_readback import SlurmWait
 from stormwatch.platforms.targets import AgentsSection, TargetFile, load_target_file
 
 if TYPE_CHECKING:
@@ -115,9 +116,7 @@ def attach_slurm_job(commands: SlurmCommands, target: TargetFile) -> AttachedSlu
             info = commands.job(attach.id)
             if info.state != "RUNNING":
                 raise LabNotReady(f"Slurm job {attach.id} is {info.state}, not RUNNING")
-            hosts = commands(["scontrol", "show", "hostnames", info.nodes])
-            nodes = tuple(h.strip() for h in hosts.splitlines() if h.strip())
-            return AttachedSlurmJob(info.job_id, info.name, nodes)
+            return AttachedSlurmJob(info.job_id, info.name, commands.hostnames(info.nodes))
         name = attach.name or ""
         found = _slurm_backend(commands, target, Path(".")).find(name)
         return AttachedSlurmJob(found.job_id, name, found.nodes)
@@ -130,7 +129,8 @@ def _slurm_backend(commands: SlurmCommands, target: TargetFile, run_dir: Path) -
         diagnostics_dir=run_dir / "chaos" / "diagnostics",
         nproc_per_node=target.slurm.nproc_per_node,
         control_dir=target.slurm.control_dir,
-        runner=commands,
+        commands=commands,
+        wait=SlurmWait(timeout_s=target.slurm.readback_timeout_s),
     )
 
 

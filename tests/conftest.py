@@ -349,3 +349,124 @@ def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         )
     )
     return cert_file, key_file
+
+
+# --- A Slurm cluster with real daemons (munged, slurmctld, one slurmd per namespace) ---
+#
+# One set of fixtures for every module that needs one (tests/lab/test_slurm_cluster.py,
+# tests/platforms/test_slurm_live.py). A module names its own bridge/namespace prefix and
+# subnet so that two modules, a developer's lab (``sw*``, 10.213.0.0/24) and the lab tests
+# (10.214.x.0/24) never share one:
+#
+#     SLURM_PREFIX = "swslt"      # + 2 random hex digits: bridge <p>br0, namespaces <p>-node<i>
+#     SLURM_SUBNET = "10.215"     # a free 10.215.x.0/24
+#     SLURM_NODES = 3             # node0..node2 at .10, .11, .12
+
+
+def _slurm_module_setting(request: pytest.FixtureRequest, name: str, default: Any) -> Any:
+    return getattr(request.module, name, default)
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def slurm_network(request: pytest.FixtureRequest) -> Iterator[tuple[str, ipaddress.IPv4Network]]:
+    """A bridge and ``SLURM_NODES`` namespaces of this module alone (``(prefix, subnet)``);
+    removed afterwards, and checked gone. Skips without root or the Slurm programs."""
+    import random
+
+    from stormwatch.lab.errors import SlurmError
+    from stormwatch.lab.netns import IpRoute2
+    from stormwatch.lab.preflight import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
+    from stormwatch.lab.slurm.daemons import require_tools
+
+    caps = effective_capabilities()
+    if not (caps & (1 << CAP_NET_ADMIN) and caps & (1 << CAP_SYS_ADMIN)):
+        pytest.skip("needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN): creates network namespaces")
+    try:
+        require_tools()
+    except SlurmError as exc:
+        pytest.skip(str(exc))
+    nodes = _slurm_module_setting(request, "SLURM_NODES", 3)
+    base = _slurm_module_setting(request, "SLURM_SUBNET", "10.215")
+    net = IpRoute2()
+    prefix = f"{_slurm_module_setting(request, 'SLURM_PREFIX', 'swslt')}{random.randrange(256):02x}"
+    used = [iface.network for _, iface in net.addresses()]
+    candidates = (ipaddress.IPv4Network(f"{base}.{random.randrange(256)}.0/24") for _ in range(100))
+    subnet = next((c for c in candidates if not any(c.overlaps(u) for u in used)), None)
+    if subnet is None:
+        raise RuntimeError(f"no free {base}.x.0/24 subnet")
+    bridge = f"{prefix}br0"
+    try:
+        net.add_bridge(bridge, ipaddress.IPv4Interface(f"{subnet[1]}/{subnet.prefixlen}"))
+        for i in range(nodes):
+            net.add_namespace(f"{prefix}-node{i}", {})
+            net.add_node_link(
+                netns=f"{prefix}-node{i}",
+                veth=f"{prefix}v{i}",
+                interface="eth0",
+                bridge=bridge,
+                address=ipaddress.IPv4Interface(f"{subnet[10 + i]}/{subnet.prefixlen}"),
+                gateway=subnet[1],
+            )
+        yield prefix, subnet
+    finally:
+        for i in range(nodes):
+            net.delete_namespace(f"{prefix}-node{i}")
+            net.delete_link(f"{prefix}v{i}")
+        net.delete_link(bridge)
+    # Every cluster was stopped: nothing holds the namespaces, so they are gone.
+    assert [n for n in net.namespaces() if n.startswith(prefix)] == []
+    assert [n for n in net.links() if n.startswith(prefix)] == []
+
+
+@pytest.fixture
+def slurm_config(
+    request: pytest.FixtureRequest, slurm_network: tuple[str, ipaddress.IPv4Network]
+) -> Iterator[Any]:
+    """A :class:`~stormwatch.lab.slurm.SlurmClusterConfig` over the module's namespaces (2
+    stand-in GPUs a node), in a run directory munge can enter (pytest's own folders are
+    0700, closed to the ``munge`` user)."""
+    import shutil
+    import tempfile
+
+    from stormwatch.lab.slurm import SlurmClusterConfig, SlurmNode
+
+    prefix, subnet = slurm_network
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}-run-"))
+    run_dir.chmod(0o755)
+    nodes = tuple(
+        SlurmNode(name=f"node{i}", netns=f"{prefix}-node{i}", address=subnet[10 + i], gpus=2)
+        for i in range(_slurm_module_setting(request, "SLURM_NODES", 3))
+    )
+    yield SlurmClusterConfig(
+        run_dir=run_dir,
+        nodes=nodes,
+        controller_address=subnet[1],
+        cluster_name=prefix,
+        slurmctld_port=_free_tcp_port(),
+        ready_timeout_s=20.0,
+    )
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_cluster(slurm_config: Any) -> Iterator[Any]:
+    """A started :class:`~stormwatch.lab.slurm.SlurmCluster`; stopped after the test."""
+    from stormwatch.lab.slurm import SlurmCluster
+
+    cluster = SlurmCluster(slurm_config)
+    started = time.monotonic()
+    ready_after = cluster.start()
+    print(
+        f"cold start to {len(slurm_config.nodes)} idle nodes: {ready_after:.2f} s "
+        f"(start() {time.monotonic() - started:.2f} s)"
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stormwatch.alerts.incident_report.background import (
     SETTLE_SECONDS,
@@ -29,6 +30,9 @@ from stormwatch.alerts.incident_report.background import (
     PostMortemWriter,
 )
 from stormwatch.postmortem import IncidentPostMortem
+
+if TYPE_CHECKING:
+    from stormwatch.platforms.slurm import SlurmCommands
 
 
 def incident_folder(postmortem_dir: Path, incident_id: int) -> Path:
@@ -43,6 +47,7 @@ def write_incident_postmortem(
     postmortem_dir: Path,
     lab_run_dir: Path | None = None,
     prometheus_url: str | None = None,
+    slurm: SlurmCommands | None = None,
     clock: Callable[[], float] = time.time,
 ) -> PostMortemFiles:
     """Build and write the post-mortem of one incident (blocking; seconds with Prometheus).
@@ -58,6 +63,8 @@ def write_incident_postmortem(
             events, chaos journals), or None.
         prometheus_url: Prometheus base URL for the plots and the straggler/XID
             evidence, or None (plots from the rank logs).
+        slurm: the Slurm command client when the platform is ``slurm``: the job's
+            transitions and the nodes' drain reasons join the timeline; None: not read.
         clock: Unix time source.
 
     Raises:
@@ -72,6 +79,7 @@ def write_incident_postmortem(
         postmortem_dir=postmortem_dir,
         lab_run_dir=lab_run_dir,
         prometheus_url=prometheus_url,
+        slurm=slurm,
         clock=clock,
     )
 

@@ -13,7 +13,9 @@ layout (docs/ARCHITECTURE.md):
 * ``<run>/nodes/<node>/agent/events.jsonl``: the agents' rank events
   (:mod:`stormwatch.agent.watch.events`);
 * ``<run>/experiments/<id>/journal.json``: chaos journals (:mod:`stormwatch.contracts.journal`);
-* ``<run>/lab.json``: nodes and ranks per node (:mod:`stormwatch.lab.state`).
+* ``<run>/lab.json``: nodes and ranks per node (:mod:`stormwatch.lab.state`);
+* on the ``slurm`` platform, Slurm's own record of the job (requeues, starts, ends) and of
+  the nodes' drain/down reasons (:func:`stormwatch.platforms.slurm_history.read_slurm_history`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.state import load_lab_state
+from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.slurm_history import SlurmEvent, read_slurm_history
 from stormwatch.postmortem import RankProgress
 from stormwatch.trainer.telemetry.dump import DumpRecord, read_dumps
 from stormwatch.trainer.telemetry.ranklogs import job_progress, read_job_logs
@@ -67,6 +72,7 @@ class Inputs:
         prometheus: name -> {series label text -> [(t, value)]} from range queries.
         prometheus_now: name -> {series label text -> value} from instant queries at
             the window's end.
+        slurm_events: Slurm's job and node events in the window (slurm platform only).
         inputs: source -> what was read (files, URLs) or why not.
     """
 
@@ -82,6 +88,7 @@ class Inputs:
     rank_nodes: dict[int, str] = field(default_factory=dict)
     prometheus: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
     prometheus_now: dict[str, dict[str, float]] = field(default_factory=dict)
+    slurm_events: list[SlurmEvent] = field(default_factory=list)
     inputs: dict[str, str] = field(default_factory=dict)
 
 
@@ -199,6 +206,22 @@ def _read_journals(inputs: Inputs, run_dir: Path) -> None:
     inputs.inputs["chaos journals"] = f"{run_dir}/experiments ({len(inputs.journals)} overlapping)"
 
 
+def _read_slurm(inputs: Inputs, slurm: SlurmCommands, job: str | None) -> None:
+    """Slurm's events of the job (by name) and of the nodes, inside the window."""
+    if job is None:
+        inputs.inputs["slurm"] = "not read (the incident has no job label)"
+        return
+    try:
+        history = read_slurm_history(slurm, job)
+    except BackendError as exc:
+        log.warning("post-mortem: Slurm not read: %s", exc)
+        inputs.inputs["slurm"] = f"none: {exc}"
+        return
+    start, end = inputs.window
+    inputs.slurm_events = [e for e in history.events if start <= e.at <= end]
+    inputs.inputs["slurm"] = f"{history.what} ({len(inputs.slurm_events)} events in the window)"
+
+
 def gather(
     incident: IncidentRecord,
     actions: list[ActionRecord],
@@ -207,8 +230,10 @@ def gather(
     now: float,
     lab_run_dir: Path | None,
     prometheus_url: str | None,
+    slurm: SlurmCommands | None = None,
 ) -> Inputs:
-    """Collect everything about ``incident`` (never raises for a missing source)."""
+    """Collect everything about ``incident`` (never raises for a missing source);
+    ``slurm``: the cluster's command client when the responder's platform is ``slurm``."""
     window = incident_window(incident, now)
     inputs = Inputs(incident=incident, actions=actions, audit=audit, window=window)
     inputs.inputs["responder"] = (
@@ -234,6 +259,8 @@ def gather(
         found = read_prometheus(prometheus_url, job, window)
         inputs.prometheus, inputs.prometheus_now = found.ranges, found.instants
         inputs.inputs["prometheus"] = found.what
+    if slurm is not None:
+        _read_slurm(inputs, slurm, job)
     return inputs
 
 

@@ -3,8 +3,8 @@
 Sources: chaos journals overlapping the incident, the last progress before the alert
 (rank logs), the member alerts (Prometheus's ``startsAt``/``endsAt``), the responder's
 incident, its audit log (or, without one, its actions), the agents' events, the
-flight-recorder dumps, the restart and recovery (rank logs) and trace spans worth a
-line. Chatty sources are capped (:func:`stormwatch.postmortem.timeline.capped`); rows
+flight-recorder dumps, the restart and recovery (rank logs), trace spans worth a
+line and, on Slurm, the scheduler's job transitions and node drain reasons. Chatty sources are capped (:func:`stormwatch.postmortem.timeline.capped`); rows
 outside the incident's window are dropped (:func:`~stormwatch.postmortem.timeline.within`).
 """
 
@@ -198,6 +198,16 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     return rows
 
 
+def _slurm_rows(inputs: Inputs) -> list[TimelineEvent]:
+    """Slurm's job transitions (submitted, requeued, started, ended) and node reasons."""
+    return [
+        TimelineEvent(
+            at=e.at, event=f"slurm: {e.subject} {e.event}", source="slurm", detail=e.detail
+        )
+        for e in inputs.slurm_events
+    ]
+
+
 def incident_timeline(
     inputs: Inputs, pm: IncidentPostMortem, restart: Restart
 ) -> list[TimelineEvent]:
@@ -218,6 +228,7 @@ def incident_timeline(
     rows += capped(_agent_rows(inputs), "agent", pm.notes)
     rows += _recovery_rows(pm, restart)
     rows += capped(_span_rows(inputs), "trace span", pm.notes)
+    rows += capped(_slurm_rows(inputs), "slurm", pm.notes)
     return within(rows, *inputs.window)
 
 

@@ -15,6 +15,7 @@ from stormwatch.alerts.incident_report.sources import gather
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.store import Store
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
+from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.postmortem import incident_document, write_report
 from stormwatch.postmortem.files import HTML
 
@@ -58,6 +59,7 @@ def write(
     postmortem_dir: Path,
     lab_run_dir: Path | None = None,
     prometheus_url: str | None = None,
+    slurm: SlurmCommands | None = None,
     clock: Callable[[], float] = time.time,
 ) -> PostMortemFiles:
     """Build and write the post-mortem of one incident (blocking; seconds with Prometheus).
@@ -70,6 +72,8 @@ def write(
             events, chaos journals), or None.
         prometheus_url: Prometheus base URL for the plots and the straggler/XID
             evidence, or None (plots from the rank logs).
+        slurm: the Slurm command client when the platform is ``slurm``: the job's
+            transitions and the nodes' drain reasons join the timeline; None: not read.
         clock: Unix time source.
 
     Raises:
@@ -79,7 +83,13 @@ def write(
     incident, actions, audit = _records(db_path, incident_id)
     now = clock()
     inputs = gather(
-        incident, actions, audit, now=now, lab_run_dir=lab_run_dir, prometheus_url=prometheus_url
+        incident,
+        actions,
+        audit,
+        now=now,
+        lab_run_dir=lab_run_dir,
+        prometheus_url=prometheus_url,
+        slurm=slurm,
     )
     pm = build(inputs, now=now)
     folder = incident_folder(postmortem_dir, incident_id)

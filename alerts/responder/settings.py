@@ -13,6 +13,7 @@ from stormwatch.errors import ConfigError
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.state import load_lab_state
 from stormwatch.platforms import LabBackend, PlatformBackend, PlatformSettings, make_backend
+from stormwatch.platforms.slurm import SlurmCommands
 
 #: Seconds per Prometheus query (a local Prometheus answers ``confirm_restart``'s small
 #: queries in milliseconds; 5 s keeps a hung one from stalling the action's polls).
@@ -89,7 +90,15 @@ class ResponderSettings:
             postmortem_dir=self.postmortem_path,
             lab_run_dir=self.lab_run_dir,
             prometheus_url=self.prometheus_url,
+            slurm=self.slurm_commands(),
         )
+
+    def slurm_commands(self) -> SlurmCommands | None:
+        """The Slurm command client of the ``slurm`` platform (its ``conf`` setting), for
+        post-mortems to read the scheduler's record; None on other platforms."""
+        if self.platform != "slurm":
+            return None
+        return SlurmCommands(conf=self.platform_settings.slurm.conf)
 
     @property
     def audit_path(self) -> Path:

@@ -11,7 +11,9 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 * ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files;
 * ``kubernetes`` (:mod:`.kubernetes`): the official ``kubernetes`` client: delete
   pods, cordon and evict, Job/JobSet completion indexes for the rank placement;
-* ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue, drain with a reason.
+* ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue and start now, drain with a
+  reason and exclude, each read back from Slurm (:mod:`.slurm_readback`); Slurm's job and
+  node history for post-mortems (:mod:`.slurm_history`).
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
 (``--platform-config``), the same sections of a target file (:class:`TargetFile`,
@@ -128,12 +130,15 @@ def make_backend(
         )
     if platform == "slurm":
         from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
+        from stormwatch.platforms.slurm_readback import SlurmWait
 
+        slurm = settings.slurm
         return SlurmBackend(
             diagnostics_dir=diagnostics_dir,
-            nproc_per_node=settings.slurm.nproc_per_node,
-            control_dir=settings.slurm.control_dir,
-            runner=SlurmCommands(conf=settings.slurm.conf),
+            nproc_per_node=slurm.nproc_per_node,
+            control_dir=slurm.control_dir,
+            commands=SlurmCommands(conf=slurm.conf),
+            wait=SlurmWait(timeout_s=slurm.readback_timeout_s),
         )
     raise ConfigError(f"--platform: {platform!r} has no factory here; use kubernetes or slurm")
 

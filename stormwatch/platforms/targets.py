@@ -69,11 +69,14 @@ class SlurmSettings(_Strict):
             (``{job}``, ``{jobid}`` substituted).
         conf: the cluster's ``slurm.conf`` (``SLURM_CONF`` of every command; None: the
             environment's or the system's).
+        readback_timeout_s: longest wait for an action's effect to show in Slurm's state
+            (s; :data:`~.slurm_readback.READBACK_TIMEOUT_S`).
     """
 
     nproc_per_node: int = Field(default=1, ge=1)
     control_dir: str | None = None
     conf: Path | None = None
+    readback_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class PlatformSettings(_Strict):

@@ -70,7 +70,8 @@ def test_kubernetes_without_a_cluster_configuration_is_a_clear_error(
         ),
         (
             "slurm: {nodes: 2}\n",
-            "slurm.nodes: unknown key (valid keys: nproc_per_node, control_dir)",
+            "slurm.nodes: unknown key (valid keys: nproc_per_node, control_dir, conf, "
+            "readback_timeout_s)",
         ),
         ("lab: {}\n", "lab: unknown key (valid keys: kubernetes, slurm)"),
         (
@@ -120,9 +121,15 @@ def test_serve_with_a_bad_platform_config_exits_2_without_a_traceback(
 
 _FAKE_SLURM = """#!/bin/sh
 echo "$(basename "$0") $*" >> "{log}"
+state="{log}.state"
+if [ -f "$state" ]; then read -r s r < "$state"; else s=RUNNING; r=0; fi
 case "$(basename "$0") $1 $2" in
   "squeue --noheader --name=train") echo "4242|gpu-[1-2]" ;;
+  "squeue --noheader --steps") [ "$s" = RUNNING ] && echo "4242.batch" ;;
   "scontrol show hostnames") printf 'gpu-1\\ngpu-2\\n' ;;
+  "scontrol requeue 4242") echo "PENDING $((r + 1))" > "$state" ;;
+  "scontrol update JobId=4242") echo "RUNNING $r" > "$state" ;;
+  "scontrol --oneliner show") echo "JobId=4242 JobName=train JobState=$s Restarts=$r NodeList=gpu-[1-2]" ;;
 esac
 """
 
@@ -149,5 +156,9 @@ def test_a_responder_on_slurm_requeues_the_job_an_alert_names(
 
     [action] = kit.wait_for(finished, 30, "the restart to finish")
     assert action["status"] == "succeeded", action
-    assert action["detail"] == "requeued Slurm job 4242 (train)"
-    assert "scontrol requeue 4242" in log.read_text().splitlines()
+    assert action["detail"].startswith(
+        "requeued Slurm job 4242 (train): RUNNING again on gpu-[1-2] (restart 1) after "
+    )
+    calls = log.read_text().splitlines()
+    assert "scontrol requeue 4242" in calls
+    assert "scontrol update JobId=4242 StartTime=now" in calls

@@ -19,7 +19,7 @@ from stormwatch.chaos.execution.injection.injector import Injector
 from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import REGISTRY
-from stormwatch.platforms.slurm import SlurmBackend
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 
 
 def _closed_port() -> int:
@@ -34,7 +34,9 @@ def _slurm(running: bool) -> SlurmBackend:
             return "9|n[1-2]\n" if running else ""
         return "n1\nn2\n"
 
-    return SlurmBackend(diagnostics_dir=Path("/nonexistent"), nproc_per_node=2, runner=run)
+    return SlurmBackend(
+        diagnostics_dir=Path("/nonexistent"), nproc_per_node=2, commands=SlurmCommands(runner=run)
+    )
 
 
 def _located_nodes(tmp_path: Path, backend: SlurmBackend, rank: int) -> list[str | None]:

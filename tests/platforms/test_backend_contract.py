@@ -25,7 +25,8 @@ from stormwatch.platforms import (
     PlatformBackend,
 )
 from stormwatch.platforms.kubernetes import KubernetesBackend, RecordedKubeApi
-from stormwatch.platforms.slurm import SlurmBackend
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
+from stormwatch.platforms.slurm_readback import SlurmWait
 
 PLACEMENT = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 BACKENDS = (LabBackend, KubernetesBackend, SlurmBackend)
@@ -63,11 +64,36 @@ def _k8s_api(running: bool) -> RecordedKubeApi:
 
 
 def _slurm_runner(running: bool) -> Callable[[Sequence[str]], str]:
+    """Job 77 (``llm``) on node-a and node-b, node-c spare: a requeue is PENDING at once,
+    a ``StartTime`` update runs it on the first two nodes neither drained nor excluded."""
+    job = {"state": "RUNNING" if running else "", "nodes": "node-[a-b]", "restarts": 0}
+    drained: dict[str, str] = {}
+    hosts = {"node-[a-b]": "node-a\nnode-b\n", "node-[a,c]": "node-a\nnode-c\n"}
+
     def run(argv: Sequence[str]) -> str:
+        argv = list(argv)
         if argv[0] == "squeue" and "--name=llm" in argv:
-            return "77|node-[a-b]\n" if running else ""
-        if list(argv[:3]) == ["scontrol", "show", "hostnames"]:
-            return "node-a\nnode-b\n"
+            return f"77|{job['nodes']}\n" if job["state"] == "RUNNING" else ""
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return hosts[argv[3]]
+        if argv[:3] == ["squeue", "--noheader", "--steps"]:
+            return "77.batch\n" if job["state"] == "RUNNING" else ""
+        if argv[:4] == ["scontrol", "--oneliner", "show", "job"]:
+            return (
+                f"JobId=77 JobName=llm JobState={job['state']} Restarts={job['restarts']} "
+                f"NodeList={job['nodes'] or '(null)'}\n"
+            )
+        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:
+            node = argv[4]
+            return f"NodeName={node} State=MIXED+DRAIN Reason={drained[node]} [root@x]\n"
+        if argv[:2] == ["scontrol", "requeue"]:
+            job.update(state="PENDING", nodes="", restarts=int(job["restarts"]) + 1)
+        elif argv[:3] == ["scontrol", "update", "JobId=77"] and argv[3].startswith("StartTime="):
+            free = [n for n in ("node-a", "node-b", "node-c") if n not in drained]
+            lists = {("node-a", "node-b"): "node-[a-b]", ("node-a", "node-c"): "node-[a,c]"}
+            job.update(state="RUNNING", nodes=lists[tuple(free[:2])])
+        elif argv[:2] == ["scontrol", "update"] and argv[2].startswith("NodeName="):
+            drained[argv[2].removeprefix("NodeName=")] = argv[4].removeprefix("Reason=")
         return ""
 
     return run
@@ -104,7 +130,8 @@ def platform(
             diagnostics_dir=diag,
             nproc_per_node=2,
             control_dir=str(control),
-            runner=_slurm_runner(running),
+            commands=SlurmCommands(runner=_slurm_runner(running)),
+            wait=SlurmWait(timeout_s=1.0, poll_s=0.001),
         )
 
     return make

@@ -1,5 +1,6 @@
-"""The slurm backend's command lines, recorded through its runner seam, and the real
-runner against real programs (a missing one, a failing one)."""
+"""The slurm backend's command lines, recorded through its command client's runner seam
+against a simulated cluster (states change as slurmctld's do), and the real runner against
+real programs (a missing one, a failing one)."""
 
 from __future__ import annotations
 
@@ -10,40 +11,109 @@ from pathlib import Path
 import pytest
 
 from stormwatch.platforms import BackendError
-from stormwatch.platforms.slurm import SlurmBackend, run_command
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, run_command
+from stormwatch.platforms.slurm_readback import SlurmWait
 
 SQUEUE = ["squeue", "--noheader", "--name=llm", "--states=RUNNING", "--format=%i|%N"]
+HOSTS = {
+    "gpu-[07-08]": ["gpu-07", "gpu-08"],
+    "gpu-[07,09]": ["gpu-07", "gpu-09"],
+    "gpu-[08-09]": ["gpu-08", "gpu-09"],
+}
+STAMP = " [root@2026-12-02T03:14:00]"
 
 
 class Slurm:
-    """Answers squeue/scontrol like a cluster running job 4242 (``llm``) on two nodes."""
+    """Answers squeue/scontrol like a cluster running job 4242 (``llm``) on gpu-07 and
+    gpu-08, gpu-09 spare. A requeue leaves the job COMPLETING for ``completing_reads``
+    reads (an update then is lost, as in Slurm), then PENDING for its BeginTime until
+    ``StartTime``; ``stuck`` ignores StartTime and DRAIN updates."""
 
-    def __init__(self, running: str = "4242|gpu-[07-08]\n") -> None:
+    def __init__(self, running: str | None = None, *, stuck: bool = False) -> None:
         self.running = running
+        self.stuck = stuck
         self.calls: list[list[str]] = []
+        self.lost: list[list[str]] = []
+        self.job = {"state": "RUNNING", "nodes": "gpu-[07-08]", "restarts": 0, "excluded": ""}
+        self.job["start"] = "2026-12-02T03:00:00"
+        self.completing_reads = 2
+        self.nodes = {n: ["MIXED", ""] for n in ("gpu-07", "gpu-08")} | {"gpu-09": ["IDLE", ""]}
 
     def __call__(self, argv: Sequence[str]) -> str:
         argv = list(argv)
         self.calls.append(argv)
+        if argv[:3] == ["squeue", "--noheader", "--steps"]:
+            return "4242.batch\n4242.0\n" if self.job["state"] == "RUNNING" else ""
         if argv[0] == "squeue" and "--steps" not in argv:
-            return self.running
+            if self.running is not None:
+                return self.running
+            running = self.job["state"] == "RUNNING"
+            return f"4242|{self.job['nodes']}\n" if running else ""
         if argv[:3] == ["scontrol", "show", "hostnames"]:
-            assert argv[3] == "gpu-[07-08]"
-            return "gpu-07\ngpu-08\n"
+            return "".join(f"{h}\n" for h in HOSTS[argv[3]])
         if argv[:4] == ["scontrol", "--details", "show", "job"]:
             return "JobId=4242 JobName=llm JobState=RUNNING\n"
+        if argv[:4] == ["scontrol", "--oneliner", "show", "job"]:
+            return self._show_job()
+        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:
+            return "".join(self._show_node(n) for n in argv[4].split(","))
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return "".join(self._show_node(n) for n in argv[3].split(","))
+        if argv[:2] == ["scontrol", "requeue"]:
+            self.job.update(state="COMPLETING", nodes="", restarts=int(self.job["restarts"]) + 1)
+        elif argv[:2] == ["scontrol", "update"]:
+            self._update(argv)
         return ""
 
+    def _show_job(self) -> str:
+        job = self.job
+        if job["state"] == "COMPLETING":
+            self.completing_reads -= 1
+            if self.completing_reads < 0:
+                job.update(state="PENDING", start="2026-12-02T03:30:10")
+        reason = "BeginTime" if job["state"] == "PENDING" else "None"
+        return (
+            f"JobId=4242 JobName=llm JobState={job['state']} Reason={reason} Requeue=1 "
+            f"Restarts={job['restarts']} SubmitTime=2026-12-02T02:59:59 "
+            f"StartTime={job['start']} EndTime=Unknown ExcNodeList={job['excluded'] or '(null)'} "
+            f"NodeList={job['nodes'] or '(null)'} BatchHost=gpu-07\n"
+        )
+
+    def _show_node(self, name: str) -> str:
+        state, reason = self.nodes[name]
+        if state.endswith("+NOT_RESPONDING"):  # slurmctld hears from a resumed node
+            self.nodes[name][0] = state.split("+")[0]
+        return f"NodeName={name} State={state}" + (f" Reason={reason}" if reason else "") + "\n"
+
+    def _update(self, argv: list[str]) -> None:
+        key, _, value = argv[2].partition("=")
+        fields = dict(a.split("=", 1) for a in argv[3:])
+        if key == "NodeName" and fields["State"] == "DRAIN" and not self.stuck:
+            self.nodes[value] = [f"{self.nodes[value][0]}+DRAIN", fields["Reason"] + STAMP]
+        elif key == "NodeName" and fields["State"] == "RESUME":
+            self.nodes[value] = ["IDLE+NOT_RESPONDING", ""]
+        elif self.job["state"] != "PENDING":
+            self.lost.append(argv)
+        elif "ExcNodeList" in fields:
+            self.job["excluded"] = fields["ExcNodeList"]
+        elif "StartTime" in fields and not self.stuck:
+            free = [n for n in self.nodes if "DRAIN" not in self.nodes[n][0]]
+            free = [n for n in free if n not in self.job["excluded"].split(",")]
+            nodes = {"gpu-07,gpu-08": "gpu-[07-08]", "gpu-07,gpu-09": "gpu-[07,09]"}
+            self.job.update(state="RUNNING", start="2026-12-02T03:30:01")
+            self.job["nodes"] = nodes[",".join(free[:2])]
+
     def actions(self) -> list[list[str]]:
-        """The calls that change something (not squeue, not scontrol show)."""
-        return [c for c in self.calls if c[0] != "squeue" and c[1] != "show"]
+        """The calls that change something (requeue, update)."""
+        return [c for c in self.calls if c[:2] in (["scontrol", "requeue"], ["scontrol", "update"])]
 
 
 def _backend(slurm: Slurm, tmp_path: Path, **extra: object) -> SlurmBackend:
     return SlurmBackend(
         diagnostics_dir=tmp_path / "diag",
         nproc_per_node=4,
-        runner=slurm,
+        commands=SlurmCommands(runner=slurm),
+        wait=SlurmWait(timeout_s=0.5, poll_s=0.001),
         clock=lambda: 7.0,
         **extra,  # type: ignore[arg-type]
     )
@@ -56,15 +126,36 @@ def test_ranks_follow_the_node_order_of_the_allocation(tmp_path: Path) -> None:
     assert slurm.calls[0] == SQUEUE
 
 
-def test_restart_requeues_the_job(tmp_path: Path) -> None:
+def test_restart_requeues_then_starts_the_job_once_it_is_pending(tmp_path: Path) -> None:
     slurm = Slurm()
-    assert _backend(slurm, tmp_path).restart_workers("llm") == "requeued Slurm job 4242 (llm)"
-    assert slurm.actions() == [["scontrol", "requeue", "4242"]]
+    detail = _backend(slurm, tmp_path).restart_workers("llm")
+    assert detail.startswith(
+        "requeued Slurm job 4242 (llm): RUNNING again on gpu-[07-08] (restart 1) after "
+    )
+    assert slurm.actions() == [
+        ["scontrol", "requeue", "4242"],
+        ["scontrol", "update", "JobId=4242", "StartTime=2026-12-02T03:00:01"],
+    ]
+    assert slurm.lost == []  # nothing was sent while the job was still COMPLETING
 
 
-def test_exclude_node_drains_it_with_a_reason_then_requeues(tmp_path: Path) -> None:
+def test_a_restart_that_does_not_run_again_names_the_state_seen(tmp_path: Path) -> None:
+    slurm = Slurm(stuck=True)
+    with pytest.raises(
+        BackendError, match=r"Slurm job 4242 not RUNNING again with its batch step after 0\.5 s"
+    ) as err:
+        _backend(slurm, tmp_path).restart_workers("llm")
+    assert "last read: JobState=PENDING Reason=BeginTime Restarts=1 NodeList=(null)" in str(
+        err.value
+    )
+
+
+def test_exclude_node_drains_it_with_a_reason_then_requeues_without_it(tmp_path: Path) -> None:
     slurm = Slurm()
-    _backend(slurm, tmp_path).exclude_node_and_restart("llm", "gpu-08")
+    detail = _backend(slurm, tmp_path).exclude_node_and_restart("llm", "gpu-08")
+    assert detail.startswith(
+        "drained gpu-08 and requeued Slurm job 4242 (llm): RUNNING on gpu-[07,09] without gpu-08"
+    )
     assert slurm.actions() == [
         [
             "scontrol",
@@ -74,7 +165,26 @@ def test_exclude_node_drains_it_with_a_reason_then_requeues(tmp_path: Path) -> N
             "Reason=stormwatch: excluded from job llm (4242)",
         ],
         ["scontrol", "requeue", "4242"],
+        ["scontrol", "update", "JobId=4242", "ExcNodeList=gpu-08"],
+        ["scontrol", "update", "JobId=4242", "StartTime=2026-12-02T03:00:01"],
     ]
+    assert slurm.lost == []
+
+
+def test_a_drain_that_does_not_show_is_an_error_before_any_requeue(tmp_path: Path) -> None:
+    slurm = Slurm(stuck=True)
+    with pytest.raises(BackendError, match="Slurm node gpu-08 not drained with reason") as err:
+        _backend(slurm, tmp_path).exclude_node_and_restart("llm", "gpu-08")
+    assert "last read: State=MIXED Reason=(null)" in str(err.value)
+    assert ["scontrol", "requeue", "4242"] not in slurm.actions()
+
+
+def test_resume_reads_the_node_back_in_service(tmp_path: Path) -> None:
+    slurm = Slurm()
+    slurm.nodes["gpu-08"] = ["IDLE+DRAIN", "link cut" + STAMP]
+    detail = _backend(slurm, tmp_path).resume_node("gpu-08")
+    assert detail.startswith("resumed gpu-08: IDLE after ")
+    assert slurm.actions() == [["scontrol", "update", "NodeName=gpu-08", "State=RESUME"]]
 
 
 def test_a_node_outside_the_allocation_is_not_drained(tmp_path: Path) -> None:
@@ -104,6 +214,10 @@ def test_diagnostics_keep_scontrol_show_job_and_the_steps(tmp_path: Path) -> Non
     report = json.loads((tmp_path / "diag" / "incident-3.json").read_text())
     assert report["job_id"] == "4242" and report["nodes"] == ["gpu-07", "gpu-08"]
     assert report["scontrol_show_job"].startswith("JobId=4242")
+    assert (
+        report["scontrol_show_node"] == "NodeName=gpu-07 State=MIXED\nNodeName=gpu-08 State=MIXED\n"
+    )
+    assert report["job_state"]["state"] == "RUNNING" and report["job_state"]["restarts"] == 0
     assert ["scontrol", "--details", "show", "job", "4242"] in slurm.calls
     assert ["squeue", "--steps", "--jobs=4242"] in slurm.calls
 

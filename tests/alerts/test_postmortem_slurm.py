@@ -1,0 +1,132 @@
+"""On the slurm platform, incident post-mortems put Slurm's job transitions and node drain
+reasons into the timeline (a recorded cluster behind the command client's runner seam)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+
+from stormwatch.alerts.incident_report.build import build
+from stormwatch.alerts.incident_report.sources import gather
+from stormwatch.alerts.responder.service import ResponderSettings
+from stormwatch.contracts.responder import IncidentMember, IncidentRecord
+from stormwatch.platforms import PlatformSettings
+from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.slurm import SlurmCommands
+
+JOB = (
+    "JobId=7 JobName=llm JobState=RUNNING Reason=None Restarts=1 ExitCode=0:0 "
+    "SubmitTime=2026-12-02T03:29:59 StartTime=2026-12-02T03:30:01 EndTime=Unknown "
+    "ExcNodeList=node1 NodeList=node[0,2]\n"
+    "JobId=5 JobName=older JobState=COMPLETED Reason=None Restarts=0 ExitCode=0:0 "
+    "SubmitTime=2026-12-02T03:29:00 StartTime=2026-12-02T03:29:01 EndTime=2026-12-02T03:29:30 "
+    "NodeList=node0\n"
+)
+NODES = (
+    "NodeName=node0 State=MIXED\n"
+    "NodeName=node1 State=IDLE+DRAIN Reason=stormwatch: excluded from job llm (7) "
+    "[root@2026-12-02T03:29:58]\n"
+    "NodeName=node2 State=MIXED\n"
+)
+ALERT_AT = dt.datetime.fromisoformat("2026-12-02T03:29:50").timestamp()
+
+
+def _slurm(argv: Sequence[str]) -> str:
+    if list(argv[:4]) == ["scontrol", "--oneliner", "show", "job"]:
+        return JOB
+    if list(argv[:4]) == ["scontrol", "--oneliner", "show", "node"]:
+        return NODES
+    raise BackendError(f"{' '.join(argv)}: exit status 1: unexpected")
+
+
+def _incident() -> IncidentRecord:
+    labels = {"alertname": "StormwatchNodeLost", "job": "llm"}
+    member = IncidentMember(
+        fingerprint="f1",
+        alertname="StormwatchNodeLost",
+        status="resolved",
+        labels=labels,
+        annotations={},
+        group_key="g",
+        starts_at=ALERT_AT,
+        ends_at=ALERT_AT + 20,
+        joined_at=ALERT_AT + 1,
+        resolved_at=ALERT_AT + 21,
+    )
+    return IncidentRecord(
+        id=3,
+        group_key="g",
+        group_labels={"alertname": "StormwatchNodeLost"},
+        status="closed",
+        alertname="StormwatchNodeLost",
+        labels=labels,
+        annotations={},
+        starts_at=ALERT_AT,
+        ends_at=ALERT_AT + 20,
+        opened_at=ALERT_AT + 1,
+        closed_at=ALERT_AT + 21,
+        first_alert=member,
+        first_alert_tied=False,
+        members=[member],
+    )
+
+
+def _gather(slurm: SlurmCommands | None):  # type: ignore[no-untyped-def]
+    return gather(
+        _incident(), [], [], now=ALERT_AT + 60, lab_run_dir=None, prometheus_url=None, slurm=slurm
+    )
+
+
+def test_the_timeline_shows_the_requeue_the_drain_and_the_start_on_the_spare() -> None:
+    inputs = _gather(SlurmCommands(runner=_slurm))
+    pm = build(inputs, now=ALERT_AT + 60)
+    slurm_rows = [(row.event, row.detail) for row in pm.timeline if row.source == "slurm"]
+    assert slurm_rows == [
+        (
+            "slurm: node node1 drained",
+            "State=IDLE+DRAIN Reason=stormwatch: excluded from job llm (7)",
+        ),
+        ("slurm: job 7 (llm) requeued (restart 1)", "Restarts=1 ExcNodeList=node1"),
+        ("slurm: job 7 (llm) started on node[0,2]", "Restarts=1 ExcNodeList=node1"),
+    ]
+    assert [row.event for row in pm.timeline] == [  # merged by time with the alert's rows
+        "alert firing",
+        "incident 3 opened",
+        "slurm: node node1 drained",
+        "slurm: job 7 (llm) requeued (restart 1)",
+        "slurm: job 7 (llm) started on node[0,2]",
+        "alert resolved",
+        "incident 3 closed",
+    ]
+    assert pm.inputs["slurm"] == (
+        "scontrol show job/node: Slurm jobs named 'llm': 7; 1 of 3 nodes with a reason "
+        "(3 events in the window)"
+    )
+
+
+def test_an_unreadable_slurm_is_named_in_the_inputs_and_the_rest_is_written() -> None:
+    def down(argv: Sequence[str]) -> str:
+        raise BackendError("scontrol --oneliner show job: exit status 1: Unable to contact slurm")
+
+    inputs = _gather(SlurmCommands(runner=down))
+    assert inputs.slurm_events == []
+    assert inputs.inputs["slurm"].startswith("none: scontrol --oneliner show job: exit status 1")
+    assert "slurm" not in _gather(None).inputs
+
+
+def test_the_responder_reads_slurm_for_post_mortems_only_on_the_slurm_platform(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "slurm.conf"
+    settings = PlatformSettings.model_validate({"slurm": {"conf": str(conf)}})
+    on_slurm = ResponderSettings(
+        db_path=tmp_path / "r.sqlite",
+        token_file=tmp_path / "t",
+        platform="slurm",
+        platform_settings=settings,
+    )
+    commands = on_slurm.slurm_commands()
+    assert commands is not None and commands.environment()["SLURM_CONF"] == str(conf)
+    on_lab = ResponderSettings(db_path=tmp_path / "r.sqlite", token_file=tmp_path / "t")
+    assert on_lab.slurm_commands() is None
