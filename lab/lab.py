@@ -127,7 +127,7 @@ class Lab:
                 if existing.phase == "up" and self._all_running(existing):
                     if same:
                         report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
-                        self._write_target_file()
+                        self._write_target_file(existing)
                         return existing
                     raise LabError(
                         f"a lab with another configuration is up in {self.run_dir}; "
@@ -145,6 +145,7 @@ class Lab:
             preflight.require_unused_names(config, self.network)
             state = plan_state(self.paths, config)
             self._store.save(state)
+            self._write_target_file(state)  # before the services: the responder reads it
             registry.claim(config.prefix, self.run_dir)
             undo = contextlib.ExitStack()
             builder = self._builder()
@@ -165,14 +166,24 @@ class Lab:
                 raise
             state.phase = "up"
             self._store.save(state)
-            self._write_target_file()
             report(ProgressEvent("info", "lab", f"lab is up; state in {self.paths.state_file}"))
             return state
 
-    def _write_target_file(self) -> None:
+    def _write_target_file(self, state: LabState | None = None) -> None:
         """Write ``<run-dir>/target.yaml``: this lab as a target file (platform ``lab``),
-        what the chaos commands use without ``--target``."""
-        text = dump_target_file(lab_target_file(self.paths.run_dir))
+        what the chaos commands use without ``--target``; with ``state``, also its
+        Prometheus, nodes (metrics directories) and ranks per node, which the responder
+        and incident post-mortems read (:func:`stormwatch.platforms.read_lab_target`)."""
+        if state is None:
+            target = lab_target_file(self.paths.run_dir)
+        else:
+            target = lab_target_file(
+                self.paths.run_dir,
+                prometheus_url=state.prometheus_url,
+                nodes={n.name: n.metrics_dir for n in state.nodes},
+                nproc_per_node=state.config.nproc_per_node,
+            )
+        text = dump_target_file(target)
         tmp = self.paths.target_file.with_suffix(".yaml.tmp")
         tmp.write_text("# written by `stormwatch lab up`\n" + text, encoding="utf-8")
         tmp.replace(self.paths.target_file)
@@ -214,10 +225,10 @@ class Lab:
     def _repair(self, state: LabState, report: Progress) -> LabState:
         """Restart only the dead services of a lab that is up; jobs are left alone."""
         dead = set(self._dead_services(state))
+        self._write_target_file(state)  # before the services: the responder reads it
         report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
         self._builder().restart(state, dead, report)
         report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
-        self._write_target_file()
         return state
 
     def restart_agents(

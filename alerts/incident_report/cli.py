@@ -10,9 +10,7 @@ import click
 from stormwatch.alerts.errors import NotAResponderDatabase
 from stormwatch.alerts.responder.store import Store
 from stormwatch.errors import ConfigError
-from stormwatch.lab.errors import LabError
-from stormwatch.lab.paths import RunPaths
-from stormwatch.lab.state import load_lab_state
+from stormwatch.platforms import InvalidTargetFile, lab_target_path, read_lab_target
 
 _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
 
@@ -38,7 +36,8 @@ _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
     "--prometheus-url",
     default=None,
     help="Prometheus for the plots and straggler/XID evidence [default: the lab's, when "
-    "--lab-run-dir has a lab.json]; without one the plots come from the rank logs.",
+    "--lab-run-dir has the target file `lab up` writes]; without one the plots come from "
+    "the rank logs.",
 )
 @click.option(
     "-o",
@@ -69,7 +68,7 @@ def postmortem_cmd(
         Store.open_readonly(db_path).close()
     except NotAResponderDatabase as exc:
         raise NotAResponderDatabase(f"--db: {exc}") from exc
-    if lab_run_dir is None and RunPaths.of(db_path.resolve().parent.parent).state_file.is_file():
+    if lab_run_dir is None and lab_target_path(db_path.resolve().parent.parent).is_file():
         lab_run_dir = db_path.resolve().parent.parent
     if prometheus_url is None and lab_run_dir is not None:
         prometheus_url = _lab_prometheus(lab_run_dir)
@@ -86,12 +85,13 @@ def postmortem_cmd(
 
 
 def _lab_prometheus(run_dir: Path) -> str | None:
-    """The lab's Prometheus (None without a readable ``lab.json``: plots use the rank logs)."""
+    """The lab's Prometheus, from the target file ``lab up`` wrote in ``run_dir`` (None
+    without a readable one or without a ``prometheus`` section: plots use the rank logs)."""
     try:
-        state = load_lab_state(run_dir)
-    except LabError:
+        target = read_lab_target(run_dir)
+    except InvalidTargetFile:
         return None
-    return state.prometheus_url if state is not None and state.prometheus_url else None
+    return target.prometheus.url if target is not None and target.prometheus else None
 
 
 __all__ = ["postmortem_cmd"]

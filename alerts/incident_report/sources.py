@@ -13,7 +13,8 @@ layout (docs/ARCHITECTURE.md):
 * ``<run>/nodes/<node>/agent/events.jsonl``: the agents' rank events
   (:mod:`stormwatch.agent.watch.events`);
 * ``<run>/experiments/<id>/journal.json``: chaos journals (:mod:`stormwatch.contracts.journal`);
-* ``<run>/lab.json``: nodes and ranks per node (:mod:`stormwatch.lab.state`);
+* ``<run>/target.yaml``: the lab's nodes and ranks per node, as ``lab up`` writes them
+  (:func:`stormwatch.platforms.read_lab_target`, :func:`stormwatch.platforms.lab_placement`);
 * on the ``slurm`` platform, Slurm's own record of the job (requeues, starts, ends) and of
   the nodes' drain/down reasons (:func:`stormwatch.platforms.slurm_history.read_slurm_history`).
 """
@@ -34,9 +35,8 @@ from stormwatch.alerts.incident_report.queries import read_prometheus
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
-from stormwatch.lab.errors import LabError
-from stormwatch.lab.state import load_lab_state
-from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.errors import BackendError, InvalidTargetFile
+from stormwatch.platforms.lab import lab_placement, read_lab_target
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_history import SlurmEvent, read_slurm_history
 from stormwatch.postmortem import RankProgress
@@ -148,17 +148,16 @@ def read_spans(spans_dir: Path, start: float, end: float) -> list[Span]:
 
 
 def _lab_rank_nodes(run_dir: Path) -> dict[int, str]:
-    """rank -> node from ``lab.json`` (torchrun places ranks node by node); empty without one."""
+    """rank -> node from the target file ``lab up`` wrote (torchrun places ranks node by
+    node, :func:`lab_placement`); empty without a readable one."""
     try:
-        state = load_lab_state(run_dir)
-    except LabError as exc:
+        target = read_lab_target(run_dir)
+    except InvalidTargetFile as exc:
         log.warning("%s", exc)
         return {}
-    if state is None:
+    if target is None or target.lab is None:
         return {}
-    per_node = state.config.nproc_per_node
-    names = [node.name for node in state.nodes]
-    return {i * per_node + local: name for i, name in enumerate(names) for local in range(per_node)}
+    return lab_placement(target.lab)
 
 
 def _read_job(inputs: Inputs, logs_dir: Path, since: float) -> None:

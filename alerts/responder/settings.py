@@ -10,9 +10,13 @@ from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.incident_report import PostMortemFiles, write_incident_postmortem
 from stormwatch.alerts.policy import Policy, default_policy
 from stormwatch.errors import ConfigError
-from stormwatch.lab.errors import LabError
-from stormwatch.lab.state import load_lab_state
-from stormwatch.platforms import LabBackend, PlatformBackend, PlatformSettings, make_backend
+from stormwatch.platforms import (
+    InvalidTargetFile,
+    LabBackend,
+    PlatformBackend,
+    PlatformSettings,
+    make_backend,
+)
 from stormwatch.platforms.slurm import SlurmCommands
 
 #: Seconds per Prometheus query (a local Prometheus answers ``confirm_restart``'s small
@@ -44,7 +48,8 @@ class ResponderSettings:
             ``StormwatchRankStalled`` -> ``confirm_restart`` only).
         audit_jsonl: JSONL mirror of the audit log (default ``<db>.audit.jsonl``).
         lab_run_dir: the lab's run directory; enables the lab backend for
-            remedial actions (node map from ``lab.json``, diagnostics in
+            remedial actions (node map from the target file ``lab up`` wrote in it,
+            :meth:`LabBackend.for_lab`; diagnostics in
             ``<run-dir>/responder/diagnostics``). None: no backend. Post-mortems
             read the job's rank logs, dumps, spans, agent events and chaos
             journals from it.
@@ -110,25 +115,24 @@ class ResponderSettings:
         """The lab backend for :attr:`lab_run_dir` (None without one).
 
         Raises:
-            ConfigError: ``lab.json`` exists but is not a readable lab state file.
+            ConfigError: the lab's target file (``<run-dir>/target.yaml``) exists but is
+                not readable or not a valid target file.
         """
         if self.lab_run_dir is None:
             return None
         run_dir = Path(self.lab_run_dir)
         try:
-            state = load_lab_state(run_dir)
-        except LabError as exc:
+            return LabBackend.for_lab(
+                run_dir, diagnostics_dir=run_dir / "responder" / "diagnostics"
+            )
+        except InvalidTargetFile as exc:
             raise ConfigError(f"lab_run_dir: {exc}") from exc
-        nodes = {} if state is None else {n.name: n.metrics_dir for n in state.nodes}
-        return LabBackend(
-            diagnostics_dir=run_dir / "responder" / "diagnostics", node_metrics_dirs=nodes
-        )
 
     def backend(self) -> PlatformBackend | None:
         """The backend :attr:`platform` names (lab: :meth:`lab_backend`, None without a run dir).
 
         Raises:
-            ConfigError: unknown platform, or an unreadable ``lab.json``.
+            ConfigError: unknown platform, or an unreadable lab target file.
             BackendError: the Kubernetes client finds no cluster configuration.
         """
         if self.platform == "lab":

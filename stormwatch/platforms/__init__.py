@@ -8,7 +8,8 @@ may use :mod:`stormwatch.lab` (the lab's processes) and the trainer control-file
 One interface (:class:`PlatformBackend`, in :mod:`.base`), three platforms,
 chosen by configuration (``stormwatch alerts serve --platform``):
 
-* ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files;
+* ``lab`` (:mod:`.lab`): local processes of the lab, signals and control files; what it
+  knows of the lab comes from the target file ``lab up`` writes (:func:`read_lab_target`);
 * ``kubernetes`` (:mod:`.kubernetes`): the official ``kubernetes`` client: delete
   pods, cordon and evict, Job/JobSet completion indexes for the rank placement;
 * ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue and start now, drain with a
@@ -48,7 +49,14 @@ from stormwatch.platforms.errors import (
     PlatformError,
     TargetIssue,
 )
-from stormwatch.platforms.lab import LabBackend, Worker
+from stormwatch.platforms.lab import (
+    LAB_TARGET_FILE,
+    LabBackend,
+    Worker,
+    lab_placement,
+    lab_target_path,
+    read_lab_target,
+)
 from stormwatch.platforms.targets import (
     KubernetesSettings,
     PlatformSettings,
@@ -108,7 +116,7 @@ def make_backend(
     platform: str, settings: PlatformSettings, *, diagnostics_dir: Path
 ) -> PlatformBackend:
     """The ``kubernetes`` or ``slurm`` backend (the lab backend needs the lab's run
-    directory: ``ResponderSettings.lab_backend``).
+    directory: :meth:`LabBackend.for_lab`).
 
     Raises:
         ConfigError: ``platform`` is not ``kubernetes`` or ``slurm``.
@@ -145,6 +153,7 @@ def make_backend(
 
 __all__ = [
     "BACKEND_METHODS",
+    "LAB_TARGET_FILE",
     "PLATFORMS",
     "BackendError",
     "InvalidTargetFile",
@@ -159,8 +168,11 @@ __all__ = [
     "TargetIssue",
     "Worker",
     "arm_checkpoint",
+    "lab_placement",
+    "lab_target_path",
     "load_platform_settings",
     "load_target_file",
     "make_backend",
+    "read_lab_target",
     "write_diagnostics",
 ]

@@ -17,6 +17,12 @@ The lab backend finds a job's workers the way the agent's rank watcher does
 * collect diagnostics: per worker its status, kernel wait channel and stack,
   and ``py-spy dump`` when installed, written to
   ``<diagnostics_dir>/incident-<id>.json``.
+
+What the backend knows of the lab (its nodes and their metrics directories, ranks per
+node, its Prometheus) comes from the target file ``lab up`` writes in the run directory
+(:func:`read_lab_target`, :data:`LAB_TARGET_FILE`), never from ``lab.json``: the lab
+imports this package (it writes the file with :func:`~.targets.lab_target_file`), so this
+package cannot import the lab back.
 """
 
 from __future__ import annotations
@@ -37,11 +43,44 @@ import psutil
 from stormwatch.contracts.rank_env import rank_env
 from stormwatch.platforms.base import arm_checkpoint, report_diagnostics
 from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.targets import LabSection, TargetFile, load_target_file
 
 log = logging.getLogger(__name__)
 
 #: Seconds ``py-spy dump`` may take per process.
 PY_SPY_TIMEOUT_S = 20.0
+#: The target file ``lab up`` writes in its run directory (the lab's ``RunPaths.target_file``).
+LAB_TARGET_FILE = "target.yaml"
+
+
+def lab_target_path(run_dir: Path) -> Path:
+    """``<run_dir>/target.yaml``, where ``lab up`` writes the lab's target file."""
+    return Path(run_dir) / LAB_TARGET_FILE
+
+
+def read_lab_target(run_dir: Path) -> TargetFile | None:
+    """The target file ``lab up`` wrote in ``run_dir``; None when there is none.
+
+    Raises:
+        InvalidTargetFile: it exists but cannot be read or is not a valid target file
+            (the message names the file, and the field).
+    """
+    path = lab_target_path(run_dir)
+    if not path.exists() and not path.is_symlink():
+        return None
+    return load_target_file(path)
+
+
+def lab_placement(lab: LabSection) -> dict[int, str]:
+    """Global rank -> node as the lab places a job's ranks (torchrun, node by node,
+    ``nproc_per_node`` each, in the section's node order): the placement of a job that may
+    have ended (post-mortems); :meth:`LabBackend.ranks` reads the live workers instead."""
+    per_node = lab.nproc_per_node
+    return {
+        i * per_node + local: node.name
+        for i, node in enumerate(lab.nodes)
+        for local in range(per_node)
+    }
 
 
 @dataclass(frozen=True)
@@ -82,6 +121,20 @@ class LabBackend:
     node_metrics_dirs: Mapping[str, Path] = field(default_factory=dict)
     stop_signal: int = signal.SIGTERM
     clock: Callable[[], float] = time.time
+
+    @classmethod
+    def for_lab(cls, run_dir: Path, *, diagnostics_dir: Path) -> LabBackend:
+        """The backend of the lab in ``run_dir``: node -> metrics directory from the target
+        file ``lab up`` wrote there (:func:`read_lab_target`); no node map without one (or
+        when it is not a ``lab`` target).
+
+        Raises:
+            InvalidTargetFile: the lab's target file is not readable or not valid.
+        """
+        target = read_lab_target(run_dir)
+        lab = target.lab if target is not None else None
+        nodes = {} if lab is None else {n.name: n.metrics_dir for n in lab.nodes}
+        return cls(diagnostics_dir=diagnostics_dir, node_metrics_dirs=nodes)
 
     def workers(self, job: str) -> list[Worker]:
         """The job's live workers, by rank."""
@@ -193,4 +246,11 @@ class LabBackend:
         )
 
 
-__all__ = ["LabBackend", "Worker"]
+__all__ = [
+    "LAB_TARGET_FILE",
+    "LabBackend",
+    "Worker",
+    "lab_placement",
+    "lab_target_path",
+    "read_lab_target",
+]

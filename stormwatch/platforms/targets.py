@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -181,10 +182,23 @@ class JobTargetSection(_Strict):
     log_dir: str | None = None
 
 
+class LabNode(_Strict):
+    """One lab node: its ``name`` (``node0``) and its agent's ``metrics_dir`` (where the
+    node's workers write, ``STORMWATCH_METRICS_DIR``; tells which node a worker runs on)."""
+
+    name: str = Field(min_length=1)
+    metrics_dir: Path
+
+
 class LabSection(_Strict):
-    """``lab:``: the lab's run directory (everything else comes from the lab)."""
+    """``lab:``: the lab's run directory and, as ``lab up`` writes them, its ``nodes`` in
+    node-rank order and ``nproc_per_node`` (ranks per node); a hand-written lab target
+    gives only ``run_dir`` and the lab's own target file in it supplies the rest
+    (:func:`stormwatch.platforms.lab.read_lab_target`)."""
 
     run_dir: Path
+    nodes: tuple[LabNode, ...] = ()
+    nproc_per_node: int = Field(default=1, ge=1)
 
 
 class TargetFile(PlatformSettings):
@@ -202,9 +216,27 @@ class TargetFile(PlatformSettings):
         return PlatformSettings(kubernetes=self.kubernetes, slurm=self.slurm)
 
 
-def lab_target_file(run_dir: Path) -> TargetFile:
-    """The target file of the lab in ``run_dir`` (what ``lab up`` writes)."""
-    return TargetFile(platform="lab", lab=LabSection(run_dir=Path(run_dir)))
+def lab_target_file(
+    run_dir: Path,
+    *,
+    prometheus_url: str | None = None,
+    nodes: Mapping[str, Path] | None = None,
+    nproc_per_node: int = 1,
+) -> TargetFile:
+    """The target file of the lab in ``run_dir`` (what ``lab up`` writes): its Prometheus
+    (none when ``prometheus_url`` is None or empty), node name -> metrics directory in
+    node-rank order, and ranks per node.
+
+    Raises:
+        pydantic.ValidationError: a value is not valid (a Prometheus URL that is not http(s)).
+    """
+    prometheus = PrometheusSection(url=prometheus_url) if prometheus_url else None
+    lab = LabSection(
+        run_dir=Path(run_dir),
+        nodes=tuple(LabNode(name=n, metrics_dir=Path(d)) for n, d in (nodes or {}).items()),
+        nproc_per_node=nproc_per_node,
+    )
+    return TargetFile(platform="lab", lab=lab, prometheus=prometheus)
 
 
 def dump_target_file(target: TargetFile) -> str:
@@ -286,6 +318,7 @@ _PATHS = (
     ("credentials", "agent_token_file"),
     ("credentials", "responder_token_file"),
     ("lab", "run_dir"),
+    ("lab", "nodes", "*", "metrics_dir"),
     ("prometheus", "http", "ca_file"),
     ("prometheus", "http", "cert_file"),
     ("prometheus", "http", "key_file"),
@@ -297,12 +330,16 @@ _PATHS = (
 
 def _relative_to(data: dict[str, Any], folder: Path) -> None:
     for *parents, name in _PATHS:
-        section: Any = data
-        for key in parents:
-            section = section.get(key) if isinstance(section, dict) else None
-        if isinstance(section, dict) and isinstance(section.get(name), str):
-            value = Path(section[name]).expanduser()
-            section[name] = str(value if value.is_absolute() else folder / value)
+        sections: list[Any] = [data]
+        for key in parents:  # "*": every item of a list
+            if key == "*":
+                sections = [i for s in sections if isinstance(s, list) for i in s]
+            else:
+                sections = [s.get(key) if isinstance(s, dict) else None for s in sections]
+        for section in sections:
+            if isinstance(section, dict) and isinstance(section.get(name), str):
+                value = Path(section[name]).expanduser()
+                section[name] = str(value if value.is_absolute() else folder / value)
 
 
 def platform_issues(target: TargetFile) -> list[TargetIssue]:
@@ -312,7 +349,7 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
     if target.platform == "lab":
         if target.lab is None:
             issues.append(TargetIssue("lab", "required for platform lab: lab: {run_dir: run}"))
-        for name in sorted(given - {"platform", "lab"}):
+        for name in sorted(given - {"platform", "lab", "prometheus"}):
             issues.append(
                 TargetIssue(name, "not used by platform lab (the lab's lab.json has it); remove it")
             )
@@ -422,6 +459,7 @@ __all__ = [
     "CredentialsSection",
     "JobTargetSection",
     "KubernetesSettings",
+    "LabNode",
     "LabSection",
     "PlatformSettings",
     "PrometheusSection",

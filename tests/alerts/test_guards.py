@@ -19,6 +19,7 @@ from stormwatch.alerts.policy import parse_policy
 from stormwatch.alerts.responder.service import Responder
 from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.contracts.responder import IncidentRecord
+from stormwatch.lab import Lab
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import StateStore, plan_state
@@ -28,12 +29,14 @@ FINAL = {"succeeded", "failed", "skipped"}
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Path:
-    """A lab run directory with lab.json naming two nodes and their metrics dirs."""
+    """A lab run directory with lab.json and the lab's target file naming two nodes and
+    their metrics dirs."""
     paths = RunPaths.of(tmp_path / "run")
     state = plan_state(paths, LabConfig(nodes=2))
     for node in state.nodes:  # <run>/nodes/<name>/metrics
         node.metrics_dir.mkdir(parents=True)
     StateStore(paths).save(state)
+    Lab(paths.run_dir)._write_target_file(state)  # what the responder reads
     return paths.run_dir
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from stormwatch.lab import Lab
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import StateStore, plan_state
@@ -74,6 +75,7 @@ def make_lab_run(run_dir: Path, last_step_at: float) -> None:
     state = plan_state(paths, LabConfig(nodes=2, nproc_per_node=2))
     state.prometheus_url = ""  # no Prometheus in this lab: the plots come from the rank logs
     StateStore(paths).save(state)  # lab.json as `lab up` writes it: node0, node1, 2 ranks each
+    Lab(run_dir)._write_target_file(state)  # and its target file, which post-mortems read
     logs = run_dir / "jobs" / JOB / "logs"
     t0 = last_step_at - 20
     restart = last_step_at + 70

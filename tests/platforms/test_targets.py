@@ -143,8 +143,8 @@ def test_the_http_options_problem_is_placed_at_its_field(tmp_path: Path) -> None
         ),
         ("platform: lab\n", "lab: required for platform lab"),
         (
-            "platform: lab\nlab: {run_dir: run}\nprometheus: {url: 'http://p:9090'}\n",
-            "not used by platform lab",
+            "platform: lab\nlab: {run_dir: run}\njob: {attach: {name: j}}\n",
+            "job: not used by platform lab",
         ),
     ],
 )
