@@ -22,6 +22,27 @@ class RunPaths:
         return cls(Path(run_dir).expanduser().resolve())
 
     @property
+    def lab_entries(self) -> frozenset[str]:
+        """Names of everything the lab itself writes at the top of the run directory
+        (``lab.json``, ``target.yaml``, the lock, the service and node folders, ...): what a
+        tool may take for the lab's own before deleting a run directory."""
+        tops = (
+            self.state_file,
+            self.target_file,
+            self.lock_file,
+            self.secrets_dir,
+            self.logs_dir,
+            self.node_dir("x").parent,
+            self.prometheus_dir,
+            self.grafana_dir,
+            self.alertmanager_dir,
+            self.responder_dir,
+            self.slurm_dir,
+            self.job_dir("x").parent,
+        )
+        return frozenset(path.relative_to(self.run_dir).parts[0] for path in tops)
+
+    @property
     def state_file(self) -> Path:
         return self.run_dir / "lab.json"
 

@@ -46,23 +46,10 @@ from stormwatch.postmortem import ExperimentPostMortem
 REPO_EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "kill-rank.yaml"
 PACKAGED_EXPERIMENT = Path(__file__).resolve().parent / "kill-rank.yaml"
 BASELINE_JOB = "baseline"
-#: What a run directory of ours may contain; anything else and the demo refuses to delete it.
-_RUN_DIR_ENTRIES = frozenset(
-    {
-        "lab.json",
-        ".lab.lock",
-        "jobs",
-        "nodes",
-        "experiments",
-        "chaos",
-        "logs",
-        "secrets",
-        "prometheus",
-        "alertmanager",
-        "responder",
-        "grafana",
-    }
-)
+#: What a run directory of ours may hold besides the lab's own entries
+#: (:attr:`RunPaths.lab_entries`): the controller's; anything else and the demo refuses
+#: to delete it.
+_CONTROLLER_ENTRIES = frozenset({"experiments", "chaos"})
 #: How long the post-mortem waits for the alert to be received and resolved (s). The
 #: rank-stalled rule resolves ~20 s after the rank steps again (alerts/rules/ranks.yml).
 RESOLVE_WAIT_SECONDS = 120.0
@@ -106,7 +93,8 @@ def clean_run_dir(run_dir: Path, console: Console) -> None:
     """
     if not run_dir.exists():
         return
-    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_DIR_ENTRIES)
+    ours = RunPaths.of(run_dir).lab_entries | _CONTROLLER_ENTRIES
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in ours)
     if foreign:
         raise ConfigError(
             f"--run-dir {run_dir}: refusing to delete it, it holds files that are not a "

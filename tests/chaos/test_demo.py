@@ -62,6 +62,18 @@ def test_clean_run_dir_removes_an_old_run_without_a_lab(tmp_path: Path) -> None:
     assert not run_dir.exists()
 
 
+def test_clean_run_dir_takes_every_file_the_lab_writes_for_its_own(tmp_path: Path) -> None:
+    # `lab up` began writing target.yaml (and the Slurm folder) after the demo's list of
+    # run-dir entries was written: a second `make demo` refused its own run directory.
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    (run_dir / "target.yaml").write_text("platform: lab\n")
+    (run_dir / "slurm" / "etc").mkdir(parents=True)
+    (run_dir / "chaos").mkdir()
+    clean_run_dir(run_dir, Console(file=io.StringIO()))
+    assert not run_dir.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="Lab.down needs root")
 def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path) -> None:
     # `make demo` twice said "bringing down the lab left in run/demo" although it was down.
