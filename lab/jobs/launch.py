@@ -74,7 +74,7 @@ def allocate_rdzv_port(state: LabState) -> int:
 
 
 def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, str]) -> JobRecord:
-    """Start one torchrun per node (node 0 first) and return the job's record.
+    """Start one torchrun on each of the job's nodes (node 0 first) and return its record.
 
     The job gets its own rendezvous port (:func:`allocate_rdzv_port`, recorded in
     ``JobInfo.rdzv_port``), so jobs can run side by side.
@@ -101,7 +101,7 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
         )
     )
     try:
-        for rank in range(len(state.nodes)):
+        for rank in range(spec.node_count(state.config)):
             _launch_node(state, record, rank, paths, base_env)
     except BaseException as exc:  # Ctrl-C included: leave no half-started job behind
         stop(record)
@@ -146,13 +146,13 @@ def rejoin(
             torchrun still runs.
     """
     spec = record.info.spec
-    names = [node.name for node in state.nodes]
+    names = [node.name for node in state.nodes[: spec.node_count(state.config)]]
     if spec.min_nodes is None:
         raise JobError(
             f"job {spec.name!r} has a fixed size; start it with --min-nodes to let nodes rejoin"
         )
     if node_name not in names:
-        raise JobError(f"no node {node_name!r} in the lab; nodes: {', '.join(names)}")
+        raise JobError(f"no node {node_name!r} in job {spec.name!r}; nodes: {', '.join(names)}")
     current = record.processes.get(node_name)
     if current is not None and not procs.is_finished(current):
         raise JobError(f"the torchrun of {node_name} in job {spec.name!r} is still running")
@@ -177,7 +177,7 @@ def relaunch_closed(
     stop(record)
     record.info.relaunches += 1
     rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
-    for rank in range(len(state.nodes)):
+    for rank in range(record.info.spec.node_count(state.config)):
         _launch_node(state, record, rank, paths, base_env, rdzv_id)
     return True
 

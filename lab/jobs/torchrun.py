@@ -69,7 +69,7 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
         *stormwatch_command(),
         "train",
         "--dp",
-        "auto" if elastic else str(config.nodes),
+        "auto" if elastic else str(spec.node_count(config)),
         "--tp",
         str(config.nproc_per_node),
         "--job",
@@ -113,9 +113,9 @@ def torchrun_command(
     node = state.nodes[node_rank]
     host = state.nodes[0]
     rdzv_conf = f"is_host={1 if node_rank == 0 else 0}"
-    nnodes = str(config.nodes)
+    nnodes = str(spec.node_count(config))
     if spec.min_nodes is not None:
-        nnodes = f"{spec.min_nodes}:{config.nodes}"
+        nnodes = f"{spec.min_nodes}:{nnodes}"
         rdzv_conf += "".join(f",{key}={value}" for key, value in ELASTIC_RDZV_CONF.items())
     return [
         torchrun_binary(),

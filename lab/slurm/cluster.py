@@ -76,6 +76,7 @@ class SlurmCluster:
         paths.gres_conf.write_text(render_gres_conf(self.config))
         hosts = render_hosts(self.config)
         for node in self.config.nodes:
+            paths.node_dir(node.name).mkdir(parents=True, exist_ok=True)
             paths.node_spool(node.name).mkdir(parents=True, exist_ok=True)
             paths.node_hosts(node.name).write_text(hosts)
             devices = paths.node_devices(node.name)

@@ -95,8 +95,9 @@ def prepare_munge(paths: SlurmPaths) -> None:
             search permission for it: pytest's and ``mktemp -d``'s folders are 0700).
     """
     uid, gid = munge_account()
-    paths.root.mkdir(parents=True, exist_ok=True)
-    _check_reachable(paths.root, uid, gid)
+    home = paths.munge_dir.parent
+    home.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _check_reachable(home, uid, gid)
     paths.munge_dir.mkdir(parents=True, exist_ok=True)
     os.chown(paths.munge_dir, uid, gid)
     paths.munge_dir.chmod(0o755)
@@ -316,8 +317,11 @@ def _name(proc: psutil.Process) -> str:
 
 def runtime_files(config: SlurmClusterConfig) -> Iterable[Path]:
     """What a running cluster leaves on disk besides its configs and logs: pid files,
-    spools, controller state, munge's key/socket/seed, node hosts files and devices."""
+    spools, controller state, munge's key/socket/seed, node hosts files and devices, and
+    the runtime folder when the cluster has one."""
     paths = config.paths
+    if paths.runtime is not None:
+        yield paths.runtime
     yield paths.state_dir
     yield paths.slurmctld_pid
     yield from (paths.munge_key, paths.munge_socket, paths.munged_pid, paths.munged_seed)
@@ -330,7 +334,12 @@ def runtime_files(config: SlurmClusterConfig) -> Iterable[Path]:
 
 
 def remove_runtime_files(config: SlurmClusterConfig) -> None:
-    """Delete :func:`runtime_files` (those that exist)."""
+    """Delete :func:`runtime_files` (those that exist); munged's log is kept in the
+    cluster's log folder when its runtime folder goes."""
+    paths = config.paths
+    if paths.runtime is not None and paths.munged_log.exists():
+        paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(paths.munged_log, paths.logs_dir / paths.munged_log.name)
     for path in runtime_files(config):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -73,7 +73,9 @@ def test_up_is_healthy_and_down_leaves_nothing(
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert report["phase"] == "up" and report["healthy"] is True
-    assert [n["name"] for n in report["nodes"]] == ["node0", "node1"]
+    # Issue 15: three nodes by default (a two-node job and a spare), Slurm over them.
+    assert [n["name"] for n in report["nodes"]] == ["node0", "node1", "node2"]
+    assert report["slurm"]["healthy"] is True
     assert all(n["netns_exists"] and n["agent"]["healthy"] for n in report["nodes"])
     assert {s["name"] for s in report["services"]} == {"prometheus", "alertmanager", "responder"}
 
