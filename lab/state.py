@@ -131,6 +131,9 @@ class JobInfo(BaseModel):
             state files written before it was recorded: ``LabConfig.rdzv_port``).
         relaunches: times every node was started again under a fresh rendezvous id
             after a ``RendezvousClosedError`` (FC-09, ``jobs.relaunch_closed``).
+        slurm_job_id / slurm_conf: the Slurm job and the ``slurm.conf`` of the cluster it
+            was submitted to, for a job started through Slurm
+            (:mod:`stormwatch.lab.jobs.slurmjob`); ``None`` for one started directly.
     """
 
     name: str
@@ -143,6 +146,8 @@ class JobInfo(BaseModel):
     started_at: float
     rdzv_port: int | None = None
     relaunches: int = 0
+    slurm_job_id: str | None = None
+    slurm_conf: Path | None = None
 
 
 class JobResult(BaseModel):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.errors import JobError, JobTimeoutError
+from stormwatch.lab.jobs import slurmjob
 from stormwatch.lab.jobs.elastic import MAX_RELAUNCHES, check_elastic, log_tail, rendezvous_closed
 from stormwatch.lab.jobs.torchrun import job_environment, torchrun_command
 from stormwatch.lab.paths import RunPaths
@@ -81,7 +82,12 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
 
     The processes are recorded in the returned record; if a later node cannot be
     started, the earlier ones are stopped before :class:`JobError` is raised.
+
+    With the lab's scheduler ``slurm`` a fixed-size ``stormwatch train`` job is submitted
+    with ``sbatch`` instead (:mod:`.slurmjob`); the functions below follow it through Slurm.
     """
+    if slurmjob.uses_slurm(state, spec):
+        return slurmjob.start(state, spec, paths, base_env, allocate_rdzv_port(state))
     check_elastic(state, spec)
     for folder in (paths.job_logs(spec.name), paths.job_checkpoints(spec.name)):
         folder.mkdir(parents=True, exist_ok=True)
@@ -183,7 +189,10 @@ def relaunch_closed(
 
 
 def is_running(record: JobRecord) -> bool:
-    """Whether any node of the job still runs (its supervisor included)."""
+    """Whether any node of the job still runs (its supervisor included); for a Slurm job,
+    whether Slurm still holds it."""
+    if record.info.slurm_job_id is not None:
+        return slurmjob.is_running(record)
     return any(not procs.is_finished(p) for p in record.processes.values())
 
 
@@ -195,6 +204,8 @@ def result(record: JobRecord) -> JobResult:
     least ``min_nodes`` of them finished with 0: the survivors completed the
     training without the lost nodes, which ``detail`` still names.
     """
+    if record.info.slurm_job_id is not None:
+        return slurmjob.result(record)
     codes = {node: procs.exit_status(p).returncode for node, p in record.processes.items()}
     min_nodes = record.info.spec.min_nodes
     finished = sum(1 for code in codes.values() if code == 0)
@@ -224,6 +235,8 @@ def stranded(record: JobRecord) -> str | None:
     gone) while another node's still runs: the survivors wait for a world that
     will never be whole again.
     """
+    if record.info.slurm_job_id is not None:
+        return None  # Slurm ends the job when a node's torchrun fails (--kill-on-bad-exit)
     gone = {node: p for node, p in record.processes.items() if procs.is_finished(p)}
     waiting = sorted(set(record.processes) - set(gone))
     codes = {node: procs.exit_status(p).returncode for node, p in gone.items()}
@@ -274,6 +287,8 @@ def wait(
     Raises:
         JobTimeoutError: after ``timeout`` seconds, naming the nodes still running.
     """
+    if record.info.slurm_job_id is not None:
+        return slurmjob.wait(record, timeout)
     deadline = time.monotonic() + timeout
     while True:
         if relaunch is not None and rendezvous_closed(record):
@@ -294,6 +309,8 @@ def wait(
 
 def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
     """SIGTERM every node's torchrun and workers, SIGKILL after ``grace`` seconds, then report."""
+    if record.info.slurm_job_id is not None:
+        return slurmjob.stop(record, grace)
     victims = [proc for p in record.processes.values() for proc in procs.tree(p)]
     procs.terminate(victims, grace=grace)
     # The supervisors write the exit status right after their command is gone.

@@ -245,6 +245,10 @@ class SlurmPaths:
         """The node's ``/etc/hosts``, bind-mounted over ``/etc/hosts`` inside its namespace."""
         return self.node_dir(node) / "hosts"
 
+    def node_resolv(self, node: str) -> Path:
+        """The node's ``/etc/resolv.conf`` (no nameserver), ``resolv`` beside :meth:`node_hosts`."""
+        return self.node_dir(node) / "resolv"
+
     def node_devices(self, node: str) -> Path:
         """Stand-in GPU device files of ``node`` (``gpu0`` ...), listed in ``gres.conf``."""
         return self.node_dir(node) / "dev"

@@ -147,7 +147,14 @@ def slurmctld_command(paths: SlurmPaths) -> list[str]:
 
 
 #: Run inside the node's new UTS and mount namespaces: $1 hosts file, $2 node, $3 slurm.conf.
-_NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -f "$3" -N "$2"'
+#: The resolv.conf beside the hosts file (no nameserver) goes over /etc/resolv.conf: the
+#: host's resolver is unreachable from the namespace, and a lookup that misses the hosts
+#: file (torch's reverse lookup of a peer's IPv4-mapped address) would wait for its timeout.
+_NODE_SHELL = (
+    'mount --bind "$1" /etc/hosts && '
+    '{ [ ! -e /etc/resolv.conf ] || mount --bind "${1%/*}/resolv" /etc/resolv.conf; } && '
+    'hostname "$2" && exec slurmd -f "$3" -N "$2"'
+)
 
 
 def slurmd_command(paths: SlurmPaths, node: SlurmNode) -> list[str]:
@@ -330,6 +337,7 @@ def runtime_files(config: SlurmClusterConfig) -> Iterable[Path]:
         yield paths.node_spool(node.name)
         yield paths.slurmd_pid(node.name)
         yield paths.node_hosts(node.name)
+        yield paths.node_resolv(node.name)
         yield paths.node_devices(node.name)
 
 

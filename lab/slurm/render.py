@@ -37,6 +37,9 @@ _FIXED = (
     "SchedulerType=sched/backfill",
     "SchedulerParameters=batch_sched_delay=0",
     "GresTypes=gpu",
+    # Seconds between a cancelled step's SIGTERM and SIGKILL (Slurm's default 30 s would
+    # hold `lab stop` and `lab down`; torchrun and the trainer stop in well under 5 s).
+    "KillWait=5",
 )
 
 

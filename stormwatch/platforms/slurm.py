@@ -121,6 +121,19 @@ class SlurmCommands:
             raise BackendError(f"scontrol show job {job_id}: no such job")
         return SlurmJobInfo.of(records[0])
 
+    def jobs_named(self, name: str) -> list[SlurmJobInfo]:
+        """Every job slurmctld still knows whose ``JobName`` is ``name``, oldest first
+        (``scontrol --oneliner show job``; finished jobs stay ``MinJobAge``, 300 s)."""
+        records = parse_oneliner(self(["scontrol", "--oneliner", "show", "job"]))
+        found = [SlurmJobInfo.of(r) for r in records if r.get("JobName") == name and "JobId" in r]
+        return sorted(found, key=lambda job: int(job.job_id) if job.job_id.isdigit() else 0)
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        """The node names of a compressed list (``node[0-1]`` -> ``node0``, ``node1``), in
+        Slurm's order, which is the order of ``SLURM_NODEID`` (``scontrol show hostnames``)."""
+        out = self(["scontrol", "show", "hostnames", nodelist]) if nodelist else ""
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
     def submit(self, args: Sequence[str]) -> str:
         """``sbatch --parsable ARGS``; returns the new job's id."""
         out = self(["sbatch", "--parsable", *args]).strip()
