@@ -69,7 +69,8 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "--scheduler",
         "scheduler",
         click.Choice(["slurm", "direct"]),
-        "How jobs start: sbatch of deploy/slurm/train.sbatch, or one torchrun per node.",
+        "How jobs start: sbatch of deploy/slurm/train.sbatch, or one torchrun per node "
+        "[default: slurm with --slurm].",
     ),
 )
 
@@ -79,9 +80,10 @@ def _config_options(func: Any) -> Any:
     defaults = LabConfig()
     for flag, field, kind, text in reversed(_CONFIG_FLAGS):
         default = getattr(defaults, field)
-        default = default if isinstance(default, (bool, int)) else str(default)
+        default = default if default is None or isinstance(default, (bool, int)) else str(default)
         typed = {} if kind is bool else {"type": kind}
-        option = click.option(flag, field, default=default, show_default=True, help=text, **typed)
+        shown = default is not None
+        option = click.option(flag, field, default=default, show_default=shown, help=text, **typed)
         func = option(func)
     return func
 
@@ -153,8 +155,9 @@ def lab() -> None:
     """Start, inspect and stop the local lab cluster (needs root).
 
     The lab is a bridge and one network namespace per node on this machine, an
-    agent in each namespace, and Prometheus, Alertmanager and the responder on
-    127.0.0.1. Jobs run one torchrun per namespace.
+    agent and a slurmd in each namespace, munged and slurmctld beside them, and
+    Prometheus, Alertmanager and the responder on 127.0.0.1. Jobs are submitted with
+    sbatch (deploy/slurm/train.sbatch) and run one torchrun per namespace.
 
     \b
     Typical session:
@@ -181,7 +184,7 @@ def lab() -> None:
     help="Rebuild a broken lab even though jobs run in it (they are killed).",
 )
 def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> None:
-    """Create the lab: bridge, namespaces, agents, Prometheus, Alertmanager, responder.
+    """Create the lab: bridge, namespaces, Slurm, agents, Prometheus, Alertmanager, responder.
 
     Prints progress, waits until every service is healthy and Prometheus scrapes
     every agent, and writes <run-dir>/lab.json. On failure or Ctrl-C it removes
@@ -301,7 +304,8 @@ def train(
     wait: bool,
     timeout: float,
 ) -> int:
-    """Start a training job: one torchrun per node, dp = nodes, tp = workers per node.
+    """Start a training job: one torchrun per node, dp = nodes, tp = workers per node
+    (submitted with sbatch on a Slurm lab; elastic jobs start directly).
 
     Returns at once (the job runs detached) unless --wait is given. With
     --min-nodes the job is elastic: `stormwatch lab rejoin` brings a lost node back.

@@ -90,9 +90,11 @@ class LabConfig(_Frozen):
         slurmctld_port: slurmctld's port on every root-namespace address (Slurm's
             default 6817 + 10000, so that a site slurmctld on the machine is not in the
             way; a second lab needs another).
-        scheduler: how jobs start: ``slurm`` (``sbatch`` of deploy/slurm/train.sbatch;
-            needs ``slurm``) or ``direct`` (one torchrun per node started by the lab;
-            elastic jobs always start directly).
+        scheduler: how jobs start: ``slurm`` (``sbatch`` of deploy/slurm/train.sbatch,
+            :mod:`stormwatch.lab.jobs.slurmjob`; needs ``slurm``) or ``direct`` (one torchrun
+            per node started by the lab); ``None``: ``slurm`` when the lab runs Slurm
+            (:attr:`job_scheduler`). Elastic jobs and jobs with an ``entrypoint`` always
+            start directly.
     """
 
     nodes: int = Field(default=3, ge=1, le=8)
@@ -112,7 +114,7 @@ class LabConfig(_Frozen):
     sim_gpus: int | None = Field(default=None, ge=0, le=16)
     slurm: bool = True
     slurmctld_port: int = Field(default=16817, ge=1, le=65535)
-    scheduler: Literal["slurm", "direct"] = "direct"
+    scheduler: Literal["slurm", "direct"] | None = None
 
     @field_validator("prefix")
     @classmethod
@@ -140,7 +142,10 @@ class LabConfig(_Frozen):
         if self.slurm:
             ports["slurmctld_port"] = self.slurmctld_port
         if self.scheduler == "slurm" and not self.slurm:
-            raise ValueError("scheduler 'slurm' needs slurm=True (the lab's Slurm cluster)")
+            raise ValueError(
+                "scheduler 'slurm' needs slurm=True (the lab's Slurm cluster); "
+                "pass --scheduler direct with --no-slurm"
+            )
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"root-namespace ports must differ (got {ports})")
         node_ports = {
@@ -162,6 +167,13 @@ class LabConfig(_Frozen):
     def bridge_interface(self) -> ipaddress.IPv4Interface:
         """Address of the bridge with prefix length (``10.213.0.1/24``)."""
         return ipaddress.IPv4Interface(f"{self.subnet[1]}/{self.subnet.prefixlen}")
+
+    @property
+    def job_scheduler(self) -> Literal["slurm", "direct"]:
+        """How jobs start: :attr:`scheduler`, else ``slurm`` with :attr:`slurm` on."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "slurm" if self.slurm else "direct"
 
     @property
     def job_nodes(self) -> int:

@@ -66,7 +66,7 @@ def uses_slurm(state: LabState, spec: JobSpec) -> bool:
     cluster runs, and the job is neither elastic nor a custom entrypoint (those start
     directly: the recipe runs a fixed-size ``stormwatch train``)."""
     return (
-        state.config.scheduler == "slurm"
+        state.config.job_scheduler == "slurm"
         and state.slurm is not None
         and spec.min_nodes is None
         and spec.entrypoint is None
@@ -234,7 +234,8 @@ def result(record: JobRecord) -> JobResult:
     codes: dict[str, int | None] = {
         n: 0 if state == "COMPLETED" or n in done else status for n in nodes
     }
-    ok = state == "COMPLETED"
+    # A job slurmctld forgot (MinJobAge) or that outlived its cluster: the rank logs decide.
+    ok = state == "COMPLETED" or (state == "GONE" and bool(nodes) and done == set(nodes))
     detail = None
     if not ok:
         failed = [n for n, c in codes.items() if c != 0] or nodes
