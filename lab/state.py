@@ -149,6 +149,31 @@ class JobInfo(BaseModel):
     slurm_job_id: str | None = None
     slurm_conf: Path | None = None
 
+    @classmethod
+    def new(
+        cls,
+        paths: RunPaths,
+        spec: JobSpec,
+        rdzv_port: int,
+        *,
+        slurm_job_id: str | None = None,
+        slurm_conf: Path | None = None,
+    ) -> JobInfo:
+        """A job about to start now, its folders under ``paths`` (no node yet)."""
+        return cls(
+            name=spec.name,
+            spec=spec,
+            job_dir=paths.job_dir(spec.name),
+            log_dir=paths.job_logs(spec.name),
+            checkpoint_dir=paths.job_checkpoints(spec.name),
+            node_pids={},
+            node_logs={},
+            started_at=time.time(),
+            rdzv_port=rdzv_port,
+            slurm_job_id=slurm_job_id,
+            slurm_conf=slurm_conf,
+        )
+
 
 class JobResult(BaseModel):
     """How a job ended.

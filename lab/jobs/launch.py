@@ -93,19 +93,7 @@ def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, s
         folder.mkdir(parents=True, exist_ok=True)
     for node in state.nodes:
         node.metrics_dir.mkdir(parents=True, exist_ok=True)
-    record = JobRecord(
-        info=JobInfo(
-            name=spec.name,
-            spec=spec,
-            job_dir=paths.job_dir(spec.name),
-            log_dir=paths.job_logs(spec.name),
-            checkpoint_dir=paths.job_checkpoints(spec.name),
-            node_pids={},
-            node_logs={},
-            started_at=time.time(),
-            rdzv_port=allocate_rdzv_port(state),
-        )
-    )
+    record = JobRecord(info=JobInfo.new(paths, spec, allocate_rdzv_port(state)))
     try:
         for rank in range(spec.node_count(state.config)):
             _launch_node(state, record, rank, paths, base_env)

@@ -138,19 +138,7 @@ def start(
         job_id = client.submit(sbatch_args(state, spec, paths))
     except BackendError as exc:
         raise JobError(f"could not submit job {spec.name!r} to Slurm: {exc}") from exc
-    info = JobInfo(
-        name=spec.name,
-        spec=spec,
-        job_dir=paths.job_dir(spec.name),
-        log_dir=paths.job_logs(spec.name),
-        checkpoint_dir=paths.job_checkpoints(spec.name),
-        node_pids={},
-        node_logs={},
-        started_at=time.time(),
-        rdzv_port=rdzv_port,
-        slurm_job_id=job_id,
-        slurm_conf=state.slurm.conf,
-    )
+    info = JobInfo.new(paths, spec, rdzv_port, slurm_job_id=job_id, slurm_conf=state.slurm.conf)
     record = JobRecord(info=info)
     try:
         nodes = _wait_running(client, job_id, START_TIMEOUT_S)
