@@ -249,9 +249,11 @@ def lab_target(run_dir: Path) -> Target:
         jobs=LabJobs(lab, world_size=state.config.world_size),
         world_size=state.config.world_size,
         prometheus_url=state.prometheus_url,
+        # The nodes a lab job runs on (the first ``job_nodes``; the default lab's third
+        # node is a spare that no job uses until one is moved there).
         agents=tuple(
             AgentEndpoint(node=n.name, url=n.agent_url, fault_url=n.agent_fault_url)
-            for n in state.nodes
+            for n in state.nodes[: state.config.job_nodes]
         ),
         agent_token_file=Path(state.agent_token_file),
         responder_url=state.responder_url,

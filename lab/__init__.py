@@ -4,8 +4,8 @@
 
     from stormwatch.lab import Lab, LabConfig, JobSpec
     lab = Lab("run")
-    lab.up(LabConfig(nodes=2, nproc_per_node=2))
-    lab.start_job(JobSpec(name="baseline", steps=60))
+    lab.up(LabConfig(nodes=3, nproc_per_node=2))    # Slurm over 3 nodes: a job's 2 + a spare
+    lab.start_job(JobSpec(name="baseline", steps=60))  # sbatch deploy/slurm/train.sbatch
     lab.wait_job("baseline", timeout=600)
     lab.down()
 
@@ -29,7 +29,8 @@ them), :mod:`.registry` (which run dir owns a prefix), :mod:`.netns` (network se
 :mod:`.progress` (``up``/``down`` events), :mod:`.services` (commands and configs,
 detached processes, health, the responder's lab policy), :mod:`.slurm` (the lab's Slurm cluster: munge, slurmctld, one
 slurmd per node namespace), :mod:`.jobs` (torchrun across
-namespaces: command lines, launching, elastic jobs), :mod:`.status`, :mod:`.cli`
+namespaces: command lines, launching, elastic jobs; :mod:`.jobs.slurmjob`: jobs through
+Slurm), :mod:`.status`, :mod:`.cli`
 (``stormwatch lab``; the root command passes it :class:`~.cli.LabHooks`).
 The lab's Prometheus is queried with :class:`stormwatch.clients.PrometheusClient`
 (:meth:`Lab.prometheus`); its errors are :class:`stormwatch.clients.PrometheusAPIError`.

@@ -2,7 +2,8 @@
 
 :class:`LabBuilder` is :class:`~stormwatch.lab.lab.Lab`'s collaborator for the work
 of ``lab up``: fresh service files and tokens, the bridge, one namespace and veth
-pair per node, then every service (agents in their namespaces, Prometheus,
+pair per node, the Slurm cluster (munged, slurmctld, one slurmd per node namespace:
+:mod:`stormwatch.lab.slurm`), then every service (agents in their namespaces, Prometheus,
 Alertmanager, the responder), waiting until each is healthy and Prometheus scrapes
 every agent. Each kernel object and process is written to ``lab.json`` *before*
 (or as) it is created and its removal registered on the caller's
@@ -30,7 +31,8 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.services import health, procs
-from stormwatch.lab.state import LabState, NetResource, ProcessRecord, StateStore
+from stormwatch.lab.slurm.lab_cluster import lab_cluster
+from stormwatch.lab.state import LabState, NetResource, ProcessRecord, SlurmState, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class LabBuilder:
         services.write_alertmanager_config(state, self._paths)
         services.write_grafana_files(state, self._paths)
         self._create_network(state, undo, report)
+        self._start_slurm(state, undo, report)
         launched: list[ProcessRecord] = []
         undo.callback(teardown.stop_processes, launched, never_raises(report))
         checks = []
@@ -175,6 +178,38 @@ class LabBuilder:
                 gateway=state.bridge_address.ip,
             )
             report(ProgressEvent("create", node.netns, f"namespace {node.netns} {node.address}"))
+
+    def _start_slurm(self, state: LabState, undo: contextlib.ExitStack, report: Progress) -> None:
+        """munged, slurmctld and one slurmd per node namespace, until every node is idle
+        (recorded in ``lab.json`` first; its stop registered on ``undo``).
+
+        Raises:
+            SlurmError, ServiceFailedError: see :meth:`SlurmCluster.start` (it stopped
+                what it had started).
+        """
+        config = state.config
+        if not config.slurm:
+            return
+        cluster = lab_cluster(self._paths.run_dir, config, env=self._env)
+        state.slurm = SlurmState(
+            conf=cluster.paths.slurm_conf,
+            controller_address=cluster.config.controller_address,
+            controller_port=cluster.config.slurmctld_port,
+            partition=cluster.config.partition,
+            nodes=[n.name for n in cluster.config.nodes],
+        )
+        self._store.save(state)
+        undo.callback(cluster.stop)
+        report(ProgressEvent("start", "slurm", "starting munged, slurmctld and a slurmd per node"))
+        state.slurm.ready_after_s = round(cluster.start(), 3)
+        self._store.save(state)
+        report(
+            ProgressEvent(
+                "ready",
+                "slurm",
+                f"Slurm nodes idle after {state.slurm.ready_after_s:.2f} s ({state.slurm.describe()})",
+            )
+        )
 
     def _remember(
         self,

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from stormwatch.errors import ConfigError, StormwatchError
 from stormwatch.lab.config import JobSpec, LabConfig
+from stormwatch.lab.jobs import elastic
 from stormwatch.lab.lab import Lab, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import definitions as services
@@ -48,59 +49,41 @@ run_dir_option = click.option(
 )
 
 
+#: ``lab up``/``lab down`` options that build a LabConfig: (flag, field, type, help).
+_CONFIG_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--nodes", "nodes", int, "Nodes (network namespaces)."),
+    ("--nproc-per-node", "nproc_per_node", int, "torchrun workers per node."),
+    ("--subnet", "subnet", str, "IPv4 subnet of the lab bridge."),
+    ("--prefix", "prefix", str, "Prefix of bridge, namespace and veth names."),
+    ("--prometheus-port", "prometheus_port", int, "Prometheus port on 127.0.0.1."),
+    ("--alertmanager-port", "alertmanager_port", int, "Alertmanager port on 127.0.0.1."),
+    ("--responder-port", "responder_port", int, "Responder port on 127.0.0.1."),
+    (
+        "--slurm/--no-slurm",
+        "slurm",
+        bool,
+        "Run a Slurm cluster over the nodes (munged, slurmctld, a slurmd per node).",
+    ),
+    ("--slurmctld-port", "slurmctld_port", int, "slurmctld's port (root namespace)."),
+    (
+        "--scheduler",
+        "scheduler",
+        click.Choice(["slurm", "direct"]),
+        "How jobs start: sbatch of deploy/slurm/train.sbatch, or one torchrun per node "
+        "[default: slurm with --slurm].",
+    ),
+)
+
+
 def _config_options(func: Any) -> Any:
     """Options that build a LabConfig (defaults: LabConfig's)."""
     defaults = LabConfig()
-    options = [
-        click.option(
-            "--nodes",
-            type=int,
-            default=defaults.nodes,
-            show_default=True,
-            help="Nodes (network namespaces).",
-        ),
-        click.option(
-            "--nproc-per-node",
-            type=int,
-            default=defaults.nproc_per_node,
-            show_default=True,
-            help="torchrun workers per node.",
-        ),
-        click.option(
-            "--subnet",
-            default=str(defaults.subnet),
-            show_default=True,
-            help="IPv4 subnet of the lab bridge.",
-        ),
-        click.option(
-            "--prefix",
-            default=defaults.prefix,
-            show_default=True,
-            help="Prefix of bridge, namespace and veth names.",
-        ),
-        click.option(
-            "--prometheus-port",
-            type=int,
-            default=defaults.prometheus_port,
-            show_default=True,
-            help="Prometheus port on 127.0.0.1.",
-        ),
-        click.option(
-            "--alertmanager-port",
-            type=int,
-            default=defaults.alertmanager_port,
-            show_default=True,
-            help="Alertmanager port on 127.0.0.1.",
-        ),
-        click.option(
-            "--responder-port",
-            type=int,
-            default=defaults.responder_port,
-            show_default=True,
-            help="Responder port on 127.0.0.1.",
-        ),
-    ]
-    for option in reversed(options):
+    for flag, field, kind, text in reversed(_CONFIG_FLAGS):
+        default = getattr(defaults, field)
+        default = default if default is None or isinstance(default, (bool, int)) else str(default)
+        typed = {} if kind is bool else {"type": kind}
+        shown = default is not None
+        option = click.option(flag, field, default=default, show_default=shown, help=text, **typed)
         func = option(func)
     return func
 
@@ -172,8 +155,9 @@ def lab() -> None:
     """Start, inspect and stop the local lab cluster (needs root).
 
     The lab is a bridge and one network namespace per node on this machine, an
-    agent in each namespace, and Prometheus, Alertmanager and the responder on
-    127.0.0.1. Jobs run one torchrun per namespace.
+    agent and a slurmd in each namespace, munged and slurmctld beside them, and
+    Prometheus, Alertmanager and the responder on 127.0.0.1. Jobs are submitted with
+    sbatch (deploy/slurm/train.sbatch) and run one torchrun per namespace.
 
     \b
     Typical session:
@@ -200,7 +184,7 @@ def lab() -> None:
     help="Rebuild a broken lab even though jobs run in it (they are killed).",
 )
 def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> None:
-    """Create the lab: bridge, namespaces, agents, Prometheus, Alertmanager, responder.
+    """Create the lab: bridge, namespaces, Slurm, agents, Prometheus, Alertmanager, responder.
 
     Prints progress, waits until every service is healthy and Prometheus scrapes
     every agent, and writes <run-dir>/lab.json. On failure or Ctrl-C it removes
@@ -218,6 +202,8 @@ def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> Non
     console.print(f"  Prometheus   {state.prometheus_url}")
     console.print(f"  Alertmanager {state.alertmanager_url}")
     console.print(f"  Responder    {state.responder_url}")
+    if state.slurm is not None:
+        console.print(f"  Slurm        {state.slurm.describe()}")
     for node in state.nodes:
         console.print(f"  {node.name:<12} {node.agent_url} (netns {node.netns})")
     hint = services.grafana_hint(RunPaths.of(state.run_dir).grafana_dir)
@@ -279,10 +265,18 @@ def status(run_dir: Path, as_json: bool) -> int:
     "--max-restarts", type=int, default=3, show_default=True, help="torchrun --max-restarts."
 )
 @click.option(
+    "--job-nodes",
+    "nodes",
+    type=int,
+    default=None,
+    help="Nodes of the job (the first ones of the lab). [default: 2, or every node of a "
+    "smaller lab]",
+)
+@click.option(
     "--min-nodes",
     type=int,
     default=None,
-    help="Elastic job: torchrun --nnodes MIN_NODES:<lab nodes>; a lost node shrinks the job "
+    help="Elastic job: torchrun --nnodes MIN_NODES:<job nodes>; a lost node shrinks the job "
     "(dp follows the nodes present), a rejoined one grows it back. [default: fixed size]",
 )
 @click.option(
@@ -304,12 +298,14 @@ def train(
     step_delay: float,
     seed: int,
     max_restarts: int,
+    nodes: int | None,
     min_nodes: int | None,
     global_batch: int | None,
     wait: bool,
     timeout: float,
 ) -> int:
-    """Start a training job: one torchrun per node, dp = nodes, tp = workers per node.
+    """Start a training job: one torchrun per node, dp = nodes, tp = workers per node
+    (submitted with sbatch on a Slurm lab; elastic jobs start directly).
 
     Returns at once (the job runs detached) unless --wait is given. With
     --min-nodes the job is elastic: `stormwatch lab rejoin` brings a lost node back.
@@ -321,16 +317,14 @@ def train(
         step_delay=step_delay,
         seed=seed,
         max_restarts=max_restarts,
+        nodes=nodes,
         min_nodes=min_nodes,
         global_batch=global_batch,
     )
     the_lab = Lab(run_dir)
-    nodes = the_lab.state.config.nodes
-    if min_nodes is not None and min_nodes > nodes:
-        raise ConfigError(
-            f"--min-nodes: {min_nodes} is more than the lab's {nodes} nodes; pass --min-nodes "
-            f"1..{nodes} (or start a larger lab: `stormwatch lab up --nodes {min_nodes}`)"
-        )
+    problem = elastic.min_nodes_problem(the_lab.state, spec)
+    if problem is not None:
+        raise ConfigError(problem)
     info = the_lab.start_job(spec)
     console = _console()
     console.print(f"[bold]job {info.name}[/] started; logs in {info.log_dir}")
@@ -349,6 +343,7 @@ _JOB_FLAGS = {
     "step_delay": "--step-delay",
     "seed": "--seed",
     "max_restarts": "--max-restarts",
+    "nodes": "--job-nodes",
     "min_nodes": "--min-nodes",
     "global_batch": "--global-batch",
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,6 +20,8 @@ from stormwatch.trainer.config import SEED_LIMIT
 
 #: Host offset of node 0 inside the subnet (10.213.0.10); node i gets offset + i.
 NODE_HOST_OFFSET = 10
+#: Nodes of a lab job unless it says otherwise: the default lab's third node is a spare.
+DEFAULT_JOB_NODES = 2
 #: Name of the node's interface inside its namespace (what GLOO_SOCKET_IFNAME names).
 NODE_INTERFACE = "eth0"
 
@@ -53,13 +55,15 @@ class _Frozen(BaseModel):
 class LabConfig(_Frozen):
     """Shape, names, addresses and ports of one lab.
 
-    Defaults are the lab of docs/ARCHITECTURE.md: two nodes with two ranks each on
-    10.213.0.0/24, named ``sw-node0``/``sw-node1`` behind bridge ``swbr0``. Tests
+    Defaults are the lab of docs/ARCHITECTURE.md: three nodes (a two-node job and a spare
+    node, issue 15) with two ranks each on 10.213.0.0/24, named ``sw-node0`` ..
+    ``sw-node2`` behind bridge ``swbr0``, a Slurm cluster over them. Tests
     and a second lab on the same machine change ``prefix``, ``subnet`` and the
     root-namespace ports so that they cannot collide.
 
     Attributes:
-        nodes: number of nodes (network namespaces), 1..8.
+        nodes: number of nodes (network namespaces), 1..8 (3: a job of
+            :data:`DEFAULT_JOB_NODES` nodes and a spare one for exclude-and-restart).
         nproc_per_node: torchrun workers per node (the TP degree of a job), 1..8.
         subnet: IPv4 subnet of the bridge; the bridge gets host 1, node i host 10 + i.
         prefix: prefix of every kernel object name (bridge ``<prefix>br0``, namespaces
@@ -81,9 +85,19 @@ class LabConfig(_Frozen):
         alert_group_interval: Alertmanager ``group_interval``, seconds (also delays
             "resolved" notifications; upstream default 5 min).
         sim_gpus: simulated GPUs per agent; ``None`` means ``nproc_per_node``.
+        slurm: start a Slurm cluster over the nodes (munged and slurmctld in the root
+            namespace, one slurmd per node namespace; :mod:`stormwatch.lab.slurm`).
+        slurmctld_port: slurmctld's port on every root-namespace address (Slurm's
+            default 6817 + 10000, so that a site slurmctld on the machine is not in the
+            way; a second lab needs another).
+        scheduler: how jobs start: ``slurm`` (``sbatch`` of deploy/slurm/train.sbatch,
+            :mod:`stormwatch.lab.jobs.slurmjob`; needs ``slurm``) or ``direct`` (one torchrun
+            per node started by the lab); ``None``: ``slurm`` when the lab runs Slurm
+            (:attr:`job_scheduler`). Elastic jobs and jobs with an ``entrypoint`` always
+            start directly.
     """
 
-    nodes: int = Field(default=2, ge=1, le=8)
+    nodes: int = Field(default=3, ge=1, le=8)
     nproc_per_node: int = Field(default=2, ge=1, le=8)
     subnet: ipaddress.IPv4Network = ipaddress.IPv4Network("10.213.0.0/24")
     prefix: str = "sw"
@@ -98,6 +112,9 @@ class LabConfig(_Frozen):
     alert_group_wait: float = Field(default=1.0, gt=0, le=600)
     alert_group_interval: float = Field(default=5.0, gt=0, le=3600)
     sim_gpus: int | None = Field(default=None, ge=0, le=16)
+    slurm: bool = True
+    slurmctld_port: int = Field(default=16817, ge=1, le=65535)
+    scheduler: Literal["slurm", "direct"] | None = None
 
     @field_validator("prefix")
     @classmethod
@@ -122,6 +139,13 @@ class LabConfig(_Frozen):
             "alertmanager_port": self.alertmanager_port,
             "responder_port": self.responder_port,
         }
+        if self.slurm:
+            ports["slurmctld_port"] = self.slurmctld_port
+        if self.scheduler == "slurm" and not self.slurm:
+            raise ValueError(
+                "scheduler 'slurm' needs slurm=True (the lab's Slurm cluster); "
+                "pass --scheduler direct with --no-slurm"
+            )
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"root-namespace ports must differ (got {ports})")
         node_ports = {
@@ -145,9 +169,22 @@ class LabConfig(_Frozen):
         return ipaddress.IPv4Interface(f"{self.subnet[1]}/{self.subnet.prefixlen}")
 
     @property
+    def job_scheduler(self) -> Literal["slurm", "direct"]:
+        """How jobs start: :attr:`scheduler`, else ``slurm`` with :attr:`slurm` on."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "slurm" if self.slurm else "direct"
+
+    @property
+    def job_nodes(self) -> int:
+        """Nodes of a job that does not say (:data:`DEFAULT_JOB_NODES`, or every node of a
+        smaller lab)."""
+        return min(DEFAULT_JOB_NODES, self.nodes)
+
+    @property
     def world_size(self) -> int:
-        """Ranks of a job spanning every node."""
-        return self.nodes * self.nproc_per_node
+        """Ranks of a job on :attr:`job_nodes` nodes (4 in the default lab)."""
+        return self.job_nodes * self.nproc_per_node
 
     def node_name(self, index: int) -> str:
         """Logical node name (``node0``), used as the agent's ``--node`` and Prometheus label."""
@@ -175,13 +212,16 @@ class LabConfig(_Frozen):
 
 
 class JobSpec(_Frozen):
-    """One training job spread over every node of the lab.
+    """One training job on the first ``nodes`` nodes of the lab.
 
     The job runs ``stormwatch train`` under one torchrun per node (dp = nodes,
     tp = ``nproc_per_node``), unless ``entrypoint`` replaces the trainer.
 
     Attributes:
-        name: job name; also the torchrun rendezvous id and the folder under ``jobs/``.
+        name: job name; also the torchrun rendezvous id, the Slurm job name and the
+            folder under ``jobs/``.
+        nodes: nodes the job runs on; ``None``: :attr:`LabConfig.job_nodes` (2, or every
+            node of a smaller lab). More than the lab has is refused when it starts.
         steps: optimizer steps to train.
         checkpoint_every: steps between checkpoints (0: never).
         seed: random seed passed to the trainer, in [0, 2**63) (the trainer's range,
@@ -192,7 +232,8 @@ class JobSpec(_Frozen):
         extra_args: extra arguments appended to the trainer's command line.
         entrypoint: replaces ``stormwatch train ...`` with this command (an executable
             and its arguments; run by torchrun with ``--no-python``), for smoke tests.
-        min_nodes: makes the job elastic: torchrun ``--nnodes MIN_NODES:NODES`` and the
+        min_nodes: makes the job elastic: torchrun ``--nnodes MIN_NODES:NODES`` (its own
+            ``nodes``) and the
             trainer's dp follows the nodes present (``--dp auto``); ``None``: fixed size.
             A lost node shrinks the job to the survivors (one restart, resumed from
             the last checkpoint); a node started again (:meth:`Lab.rejoin_job_node`)
@@ -203,6 +244,7 @@ class JobSpec(_Frozen):
     """
 
     name: str
+    nodes: int | None = Field(default=None, ge=1, le=8)
     steps: int = Field(default=60, ge=1)
     checkpoint_every: int = Field(default=10, ge=0)
     seed: int = Field(default=0, ge=0, lt=SEED_LIMIT)
@@ -231,8 +273,13 @@ class JobSpec(_Frozen):
             raise ValueError("must name an executable when given")
         return value
 
+    def node_count(self, lab: LabConfig) -> int:
+        """Nodes of this job in ``lab`` (:attr:`nodes`, default :attr:`LabConfig.job_nodes`)."""
+        return lab.job_nodes if self.nodes is None else self.nodes
+
 
 __all__ = [
+    "DEFAULT_JOB_NODES",
     "NODE_HOST_OFFSET",
     "NODE_INTERFACE",
     "JobSpec",

@@ -140,7 +140,7 @@ class Lab:
                 teardown.teardown(self._store, self.network, existing.config, report)
             config = config or LabConfig()
             self._refuse_if_owned_elsewhere(config, "lab up")
-            preflight.require_binaries()
+            preflight.require_binaries(config)
             preflight.require_free_ports(config)
             preflight.require_unused_names(config, self.network)
             state = plan_state(self.paths, config)

@@ -15,6 +15,7 @@ from stormwatch.lab.services.definitions import (
     PROMETHEUS_BINARY,
     find_binary,
 )
+from stormwatch.lab.slurm import daemons
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
@@ -53,11 +54,15 @@ def require_privileges(action: str) -> None:
     )
 
 
-def require_binaries() -> None:
-    """The external programs the lab runs are installed."""
+def require_binaries(config: LabConfig | None = None) -> None:
+    """The external programs the lab runs are installed (Slurm's and munge's too when
+    ``config.slurm``; :class:`~stormwatch.lab.errors.SlurmError` names the packages)."""
     find_binary("ip", "iproute2")
     find_binary(PROMETHEUS_BINARY, "prometheus")
     find_binary(ALERTMANAGER_BINARY, "prometheus-alertmanager")
+    if config is not None and config.slurm:
+        daemons.require_tools()
+        daemons.munge_account()
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -74,14 +79,17 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def require_free_ports(config: LabConfig) -> None:
-    """The root-namespace ports of Prometheus, Alertmanager and the responder are free."""
+    """The root-namespace ports of Prometheus, Alertmanager, the responder and (with
+    ``config.slurm``) slurmctld are free."""
     wanted = {
         "prometheus": ("prometheus_port", config.prometheus_port),
         "alertmanager": ("alertmanager_port", config.alertmanager_port),
         "responder": ("responder_port", config.responder_port),
     }
+    if config.slurm:  # slurmctld listens on every address of the root namespace
+        wanted["slurmctld"] = ("slurmctld_port", config.slurmctld_port)
     for service, (field, port) in wanted.items():
-        if not port_is_free(port):
+        if not port_is_free(port, "0.0.0.0" if service == "slurmctld" else "127.0.0.1"):
             raise PortInUseError(
                 f"port 127.0.0.1:{port} for {service} is already in use (another lab, or "
                 f"another program); stop it or choose another LabConfig.{field} "

@@ -93,6 +93,33 @@ class NodeState(BaseModel):
     metrics_dir: Path
 
 
+class SlurmState(BaseModel):
+    """The lab's Slurm cluster (:mod:`stormwatch.lab.slurm`), as ``lab up`` started it.
+
+    Attributes:
+        conf: its ``slurm.conf`` (what ``SLURM_CONF`` must name for ``sinfo``,
+            ``sbatch`` ... to reach it).
+        controller_address / controller_port: where slurmctld listens (the bridge).
+        partition: the one partition, holding every node.
+        nodes: Slurm node names, in lab order (the lab's node names).
+        ready_after_s: seconds from the first daemon's start to every node idle.
+    """
+
+    conf: Path
+    controller_address: ipaddress.IPv4Address
+    controller_port: int
+    partition: str
+    nodes: list[str]
+    ready_after_s: float | None = None
+
+    def describe(self) -> str:
+        """One line: controller, nodes, and the ``SLURM_CONF`` to use."""
+        return (
+            f"slurmctld {self.controller_address}:{self.controller_port}, partition "
+            f"{self.partition} ({', '.join(self.nodes)}); SLURM_CONF={self.conf}"
+        )
+
+
 class JobInfo(BaseModel):
     """A job the lab started (returned by :meth:`Lab.start_job`).
 
@@ -104,6 +131,9 @@ class JobInfo(BaseModel):
             state files written before it was recorded: ``LabConfig.rdzv_port``).
         relaunches: times every node was started again under a fresh rendezvous id
             after a ``RendezvousClosedError`` (FC-09, ``jobs.relaunch_closed``).
+        slurm_job_id / slurm_conf: the Slurm job and the ``slurm.conf`` of the cluster it
+            was submitted to, for a job started through Slurm
+            (:mod:`stormwatch.lab.jobs.slurmjob`); ``None`` for one started directly.
     """
 
     name: str
@@ -116,6 +146,33 @@ class JobInfo(BaseModel):
     started_at: float
     rdzv_port: int | None = None
     relaunches: int = 0
+    slurm_job_id: str | None = None
+    slurm_conf: Path | None = None
+
+    @classmethod
+    def new(
+        cls,
+        paths: RunPaths,
+        spec: JobSpec,
+        rdzv_port: int,
+        *,
+        slurm_job_id: str | None = None,
+        slurm_conf: Path | None = None,
+    ) -> JobInfo:
+        """A job about to start now, its folders under ``paths`` (no node yet)."""
+        return cls(
+            name=spec.name,
+            spec=spec,
+            job_dir=paths.job_dir(spec.name),
+            log_dir=paths.job_logs(spec.name),
+            checkpoint_dir=paths.job_checkpoints(spec.name),
+            node_pids={},
+            node_logs={},
+            started_at=time.time(),
+            rdzv_port=rdzv_port,
+            slurm_job_id=slurm_job_id,
+            slurm_conf=slurm_conf,
+        )
 
 
 class JobResult(BaseModel):
@@ -156,6 +213,8 @@ class LabState(BaseModel):
         processes: service name -> process (``agent-node0``, ``prometheus``,
             ``alertmanager``, ``responder``).
         jobs: job name -> job.
+        slurm: the Slurm cluster over the nodes (``None``: none, ``LabConfig.slurm`` off,
+            or a state file written before the lab ran Slurm).
         error: why ``lab up`` failed, when it did.
     """
 
@@ -175,6 +234,7 @@ class LabState(BaseModel):
     resources: list[NetResource] = Field(default_factory=list)
     processes: dict[str, ProcessRecord] = Field(default_factory=dict)
     jobs: dict[str, JobRecord] = Field(default_factory=dict)
+    slurm: SlurmState | None = None
     error: str | None = None
 
     def node(self, name: str) -> NodeState:
@@ -319,6 +379,7 @@ __all__ = [
     "NodeState",
     "Phase",
     "ProcessRecord",
+    "SlurmState",
     "StateStore",
     "load_lab_state",
     "plan_state",

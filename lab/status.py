@@ -15,7 +15,9 @@ from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import health, procs
-from stormwatch.lab.state import LabState, Phase
+from stormwatch.lab.state import LabState, Phase, SlurmState
+from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.tables import Col, one_line_table, short_age
 
 
@@ -66,8 +68,54 @@ class JobStatus(BaseModel):
     problem: str | None = None
 
 
+class SlurmStatus(BaseModel):
+    """The lab's Slurm cluster as ``scontrol show node`` reports it just now.
+
+    Attributes:
+        healthy: slurmctld answered and every node is in service (``IDLE``, ``MIXED``,
+            ``ALLOCATED`` or ``COMPLETING``, without ``DRAIN``/``NOT_RESPONDING``).
+        nodes: node -> its state (``IDLE``, ``IDLE+DRAIN`` ...; ``unknown`` when missing).
+        reasons: node -> why it is drained or down, for the nodes that have one.
+        detail: slurmctld's error when it did not answer; ``None`` otherwise.
+    """
+
+    controller: str
+    conf: Path
+    healthy: bool
+    nodes: dict[str, str]
+    reasons: dict[str, str] = {}
+    detail: str | None = None
+
+
+#: Base states of a node in service, and flags that take it out.
+_IN_SERVICE = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
+_OUT_FLAGS = frozenset({"DRAIN", "NOT_RESPONDING", "FAIL", "MAINT"})
+
+
+def slurm_status(slurm: SlurmState) -> SlurmStatus:
+    """Read the lab's Slurm nodes once (a slurmctld that does not answer is unhealthy)."""
+    controller = f"{slurm.controller_address}:{slurm.controller_port}"
+    try:
+        found = SlurmCommands(conf=slurm.conf, timeout_s=10.0).nodes()
+    except BackendError as exc:
+        nodes = dict.fromkeys(slurm.nodes, "unknown")
+        return SlurmStatus(
+            controller=controller, conf=slurm.conf, healthy=False, nodes=nodes, detail=str(exc)
+        )
+    nodes = {n: found[n].state if n in found else "unknown" for n in slurm.nodes}
+    reasons = {n: r for n in slurm.nodes if n in found and (r := found[n].reason)}
+    healthy = all(
+        n in found and found[n].base_state in _IN_SERVICE and not found[n].flags & _OUT_FLAGS
+        for n in slurm.nodes
+    )
+    return SlurmStatus(
+        controller=controller, conf=slurm.conf, healthy=healthy, nodes=nodes, reasons=reasons
+    )
+
+
 class LabStatus(BaseModel):
-    """The whole lab; ``healthy`` is true when it is up and every check passed."""
+    """The whole lab; ``healthy`` is true when it is up and every check passed (the Slurm
+    nodes in service included)."""
 
     run_dir: Path
     phase: Phase
@@ -78,6 +126,7 @@ class LabStatus(BaseModel):
     nodes: list[NodeStatus]
     services: list[ServiceStatus]
     jobs: list[JobStatus]
+    slurm: SlurmStatus | None = None
     error: str | None = None
     #: The lab's target file (``lab up`` writes it), None when there is none.
     target_file: Path | None = None
@@ -134,11 +183,13 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
                 job_dir=record.info.job_dir,
             )
         )
+    slurm = slurm_status(state.slurm) if state.slurm is not None and state.phase == "up" else None
     healthy = (
         state.phase == "up"
         and all(n.netns_exists for n in nodes)
         and bool(services)
         and all(s.running and s.healthy for s in services.values())
+        and (slurm is None or slurm.healthy)
     )
     return LabStatus(
         run_dir=state.run_dir,
@@ -150,6 +201,7 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
         nodes=nodes,
         services=[s for s in services.values() if not s.name.startswith("agent-")],
         jobs=job_list,
+        slurm=slurm,
         error=state.error,
         target_file=target
         if (target := RunPaths.of(state.run_dir).target_file).is_file()
@@ -209,6 +261,8 @@ def render_status(status: LabStatus, console: Console) -> None:
         cells = [escape(service.name), *_service_cells(service)]
         rows.append([*cells, escape(service.url)] if wide else cells)
     console.print(one_line_table(columns, rows, width=width, title="Services"))
+    if status.slurm is not None:
+        _render_slurm(status.slurm, console)
     if status.jobs:
         now = time.time()
         columns = [Col(header="job", flex=True, min_width=12), Col(header="state")]
@@ -229,12 +283,29 @@ def render_status(status: LabStatus, console: Console) -> None:
                 console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
 
 
+def _render_slurm(slurm: SlurmStatus, console: Console) -> None:
+    """One line for the controller, one per node (with its drain or down reason)."""
+    colour = "green" if slurm.healthy else "red"
+    detail = f": {escape(slurm.detail)}" if slurm.detail else ""
+    console.print(
+        f"Slurm: slurmctld {slurm.controller} [{colour}]{'in service' if slurm.healthy else 'not healthy'}[/]{detail}"
+    )
+    rows = [
+        [escape(node), escape(state), escape(slurm.reasons.get(node, ""))]
+        for node, state in slurm.nodes.items()
+    ]
+    columns = [Col(header="slurm node"), Col(header="state"), Col(header="reason", flex=True)]
+    console.print(one_line_table(columns, rows, width=console.width, title="Slurm nodes"))
+
+
 __all__ = [
     "STATUS_WIDE_COLUMNS",
     "JobStatus",
     "LabStatus",
     "NodeStatus",
     "ServiceStatus",
+    "SlurmStatus",
     "collect_status",
     "render_status",
+    "slurm_status",
 ]

@@ -18,12 +18,13 @@ import psutil
 
 from stormwatch.lab import registry
 from stormwatch.lab.config import LabConfig
-from stormwatch.lab.errors import LabError
+from stormwatch.lab.errors import LabError, SlurmError
 from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
 from stormwatch.lab.services import procs
+from stormwatch.lab.slurm.lab_cluster import lab_cluster
 from stormwatch.lab.state import LabState, NetResource, ProcessRecord, StateStore
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,14 @@ def teardown(
     interrupted_jobs = (
         [n for n, job in state.jobs.items() if launch.is_running(job)] if state is not None else []
     )
+    # The Slurm cluster first: its jobs, step daemons and daemons in its order, its
+    # spools and munge folder; found by its slurm.conf, so also after a crash.
+    removed, problems = stop_slurm(store.run_dir, config, report)
     alive = _recorded_trees(state)
     namespaces, foreign = _our_namespaces(network, config, store.run_dir, state)
-    removed, problems = _stop_everything(alive, namespaces, network, store.run_dir, report)
+    more, failed = _stop_everything(alive, namespaces, network, store.run_dir, report)
+    removed += more
+    problems += failed
     # 2. Kernel objects: recorded ones in reverse, then anything with our names.
     gone, failed = _remove_kernel_objects(state, network, config, namespaces, foreign, report)
     removed += gone
@@ -140,6 +146,7 @@ def teardown(
         state.phase = "down"
         state.resources.clear()
         state.processes.clear()
+        state.slurm = None
         for name in interrupted_jobs:
             state.jobs[name].stopped = True
         store.save(state)
@@ -147,6 +154,23 @@ def teardown(
         raise LabError("lab down left things behind: " + "; ".join(problems))
     registry.release(config.prefix, store.run_dir)
     return removed
+
+
+def stop_slurm(run_dir: Path, config: LabConfig, report: Progress) -> tuple[list[str], list[str]]:
+    """Stop the lab's Slurm cluster and delete its runtime files when ``config`` has one
+    (whatever is left of it, even without a pid file); (removed, problems)."""
+    if not config.slurm:
+        return [], []
+    cluster = lab_cluster(run_dir, config)
+    found = cluster.leftovers()
+    if not found:
+        return [], []
+    report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({len(found)} left)"))
+    try:
+        cluster.stop()
+    except SlurmError as exc:
+        return [], [str(exc)]
+    return ["Slurm cluster"], []
 
 
 def _recorded_trees(state: LabState | None) -> dict[str, list[psutil.Process]]:
@@ -253,5 +277,6 @@ __all__ = [
     "remove_resource",
     "signals_deferred",
     "stop_processes",
+    "stop_slurm",
     "teardown",
 ]

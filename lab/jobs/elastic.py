@@ -37,16 +37,44 @@ def global_batch_of(state: LabState, spec: JobSpec) -> int | None:
     ``None`` (the trainer's default) otherwise."""
     if spec.global_batch is not None or spec.min_nodes is None:
         return spec.global_batch
-    return DataConfig().micro_batch * math.lcm(*range(spec.min_nodes, state.config.nodes + 1))
+    nodes = spec.node_count(state.config)
+    return DataConfig().micro_batch * math.lcm(*range(spec.min_nodes, nodes + 1))
 
 
 def check_elastic(state: LabState, spec: JobSpec) -> None:
-    """Raise :class:`JobError` when ``spec.min_nodes`` does not fit the lab."""
-    if spec.min_nodes is not None and spec.min_nodes > state.config.nodes:
+    """Raise :class:`JobError` when ``spec.nodes`` or ``spec.min_nodes`` does not fit the lab."""
+    nodes = spec.node_count(state.config)
+    if nodes > state.config.nodes:
         raise JobError(
-            f"min_nodes: {spec.min_nodes} is more than the lab's {state.config.nodes} nodes; "
-            f"pass --min-nodes between 1 and {state.config.nodes}"
+            f"nodes: job {spec.name!r} wants {nodes} nodes but the lab has "
+            f"{state.config.nodes}; pass --job-nodes between 1 and {state.config.nodes}"
         )
+    if spec.min_nodes is not None and spec.min_nodes > nodes:
+        raise JobError(
+            f"min_nodes: {spec.min_nodes} is more than {_whose(state, spec)} {nodes} nodes; "
+            f"pass --min-nodes between 1 and {nodes}"
+        )
+
+
+def min_nodes_problem(state: LabState, spec: JobSpec) -> str | None:
+    """``lab train``'s wording of a ``--min-nodes`` above the job's nodes, or ``None``."""
+    nodes = spec.node_count(state.config)
+    if spec.min_nodes is None or spec.min_nodes <= nodes:
+        return None
+    return (
+        f"--min-nodes: {spec.min_nodes} is more than {_whose(state, spec)} {nodes} nodes; pass "
+        f"--min-nodes 1..{nodes} (or --job-nodes, or start a larger lab: "
+        f"`stormwatch lab up --nodes {spec.min_nodes}`)"
+    )
+
+
+def _whose(state: LabState, spec: JobSpec) -> str:
+    """``the lab's`` when the job spans every node, else ``job NAME's``."""
+    return (
+        "the lab's"
+        if spec.node_count(state.config) == state.config.nodes
+        else f"job {spec.name!r}'s"
+    )
 
 
 #: Relaunches of one job after a closed rendezvous before the lab lets it fail (FC-09).
@@ -85,5 +113,6 @@ __all__ = [
     "check_elastic",
     "global_batch_of",
     "log_tail",
+    "min_nodes_problem",
     "rendezvous_closed",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.errors import JobError, JobTimeoutError
+from stormwatch.lab.jobs import slurmjob
 from stormwatch.lab.jobs.elastic import MAX_RELAUNCHES, check_elastic, log_tail, rendezvous_closed
 from stormwatch.lab.jobs.torchrun import job_environment, torchrun_command
 from stormwatch.lab.paths import RunPaths
@@ -74,34 +75,27 @@ def allocate_rdzv_port(state: LabState) -> int:
 
 
 def start(state: LabState, spec: JobSpec, paths: RunPaths, base_env: dict[str, str]) -> JobRecord:
-    """Start one torchrun per node (node 0 first) and return the job's record.
+    """Start one torchrun on each of the job's nodes (node 0 first) and return its record.
 
     The job gets its own rendezvous port (:func:`allocate_rdzv_port`, recorded in
     ``JobInfo.rdzv_port``), so jobs can run side by side.
 
     The processes are recorded in the returned record; if a later node cannot be
     started, the earlier ones are stopped before :class:`JobError` is raised.
+
+    With the lab's scheduler ``slurm`` a fixed-size ``stormwatch train`` job is submitted
+    with ``sbatch`` instead (:mod:`.slurmjob`); the functions below follow it through Slurm.
     """
+    if slurmjob.uses_slurm(state, spec):
+        return slurmjob.start(state, spec, paths, base_env, allocate_rdzv_port(state))
     check_elastic(state, spec)
     for folder in (paths.job_logs(spec.name), paths.job_checkpoints(spec.name)):
         folder.mkdir(parents=True, exist_ok=True)
     for node in state.nodes:
         node.metrics_dir.mkdir(parents=True, exist_ok=True)
-    record = JobRecord(
-        info=JobInfo(
-            name=spec.name,
-            spec=spec,
-            job_dir=paths.job_dir(spec.name),
-            log_dir=paths.job_logs(spec.name),
-            checkpoint_dir=paths.job_checkpoints(spec.name),
-            node_pids={},
-            node_logs={},
-            started_at=time.time(),
-            rdzv_port=allocate_rdzv_port(state),
-        )
-    )
+    record = JobRecord(info=JobInfo.new(paths, spec, allocate_rdzv_port(state)))
     try:
-        for rank in range(len(state.nodes)):
+        for rank in range(spec.node_count(state.config)):
             _launch_node(state, record, rank, paths, base_env)
     except BaseException as exc:  # Ctrl-C included: leave no half-started job behind
         stop(record)
@@ -146,13 +140,13 @@ def rejoin(
             torchrun still runs.
     """
     spec = record.info.spec
-    names = [node.name for node in state.nodes]
+    names = [node.name for node in state.nodes[: spec.node_count(state.config)]]
     if spec.min_nodes is None:
         raise JobError(
             f"job {spec.name!r} has a fixed size; start it with --min-nodes to let nodes rejoin"
         )
     if node_name not in names:
-        raise JobError(f"no node {node_name!r} in the lab; nodes: {', '.join(names)}")
+        raise JobError(f"no node {node_name!r} in job {spec.name!r}; nodes: {', '.join(names)}")
     current = record.processes.get(node_name)
     if current is not None and not procs.is_finished(current):
         raise JobError(f"the torchrun of {node_name} in job {spec.name!r} is still running")
@@ -177,13 +171,16 @@ def relaunch_closed(
     stop(record)
     record.info.relaunches += 1
     rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
-    for rank in range(len(state.nodes)):
+    for rank in range(record.info.spec.node_count(state.config)):
         _launch_node(state, record, rank, paths, base_env, rdzv_id)
     return True
 
 
 def is_running(record: JobRecord) -> bool:
-    """Whether any node of the job still runs (its supervisor included)."""
+    """Whether any node of the job still runs (its supervisor included); for a Slurm job,
+    whether Slurm still holds it."""
+    if record.info.slurm_job_id is not None:
+        return slurmjob.is_running(record)
     return any(not procs.is_finished(p) for p in record.processes.values())
 
 
@@ -195,6 +192,8 @@ def result(record: JobRecord) -> JobResult:
     least ``min_nodes`` of them finished with 0: the survivors completed the
     training without the lost nodes, which ``detail`` still names.
     """
+    if record.info.slurm_job_id is not None:
+        return slurmjob.result(record)
     codes = {node: procs.exit_status(p).returncode for node, p in record.processes.items()}
     min_nodes = record.info.spec.min_nodes
     finished = sum(1 for code in codes.values() if code == 0)
@@ -224,6 +223,8 @@ def stranded(record: JobRecord) -> str | None:
     gone) while another node's still runs: the survivors wait for a world that
     will never be whole again.
     """
+    if record.info.slurm_job_id is not None:
+        return None  # Slurm ends the job when a node's torchrun fails (--kill-on-bad-exit)
     gone = {node: p for node, p in record.processes.items() if procs.is_finished(p)}
     waiting = sorted(set(record.processes) - set(gone))
     codes = {node: procs.exit_status(p).returncode for node, p in gone.items()}
@@ -274,6 +275,8 @@ def wait(
     Raises:
         JobTimeoutError: after ``timeout`` seconds, naming the nodes still running.
     """
+    if record.info.slurm_job_id is not None:
+        return slurmjob.wait(record, timeout)
     deadline = time.monotonic() + timeout
     while True:
         if relaunch is not None and rendezvous_closed(record):
@@ -294,6 +297,8 @@ def wait(
 
 def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
     """SIGTERM every node's torchrun and workers, SIGKILL after ``grace`` seconds, then report."""
+    if record.info.slurm_job_id is not None:
+        return slurmjob.stop(record, grace)
     victims = [proc for p in record.processes.values() for proc in procs.tree(p)]
     procs.terminate(victims, grace=grace)
     # The supervisors write the exit status right after their command is gone.

@@ -59,19 +59,15 @@ def torchrun_binary() -> str:
     return str(script)
 
 
-def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunPaths) -> list[str]:
-    """What torchrun runs on ``node``: ``stormwatch train ...`` or ``spec.entrypoint``."""
-    if spec.entrypoint is not None:
-        return [*spec.entrypoint, *spec.extra_args]
-    config = state.config
+def trainer_options(state: LabState, spec: JobSpec) -> list[str]:
+    """``stormwatch train`` options that shape the job (degrees, steps, seed, checkpoint
+    interval, global batch, ``spec.extra_args``); folders are the launcher's."""
     elastic = spec.min_nodes is not None
     cmd = [
-        *stormwatch_command(),
-        "train",
         "--dp",
-        "auto" if elastic else str(config.nodes),
+        "auto" if elastic else str(spec.node_count(state.config)),
         "--tp",
-        str(config.nproc_per_node),
+        str(state.config.nproc_per_node),
         "--job",
         spec.name,
         "--steps",
@@ -80,22 +76,25 @@ def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunP
         repr(spec.step_delay),
         "--seed",
         str(spec.seed),
-        "--log-dir",
-        str(paths.job_logs(spec.name)),
-        "--metrics-dir",
-        str(node.metrics_dir),
     ]
     global_batch = global_batch_of(state, spec)
     if global_batch is not None:
         cmd += ["--global-batch", str(global_batch)]
-    if spec.checkpoint_every > 0:  # without --checkpoint-dir the trainer does not checkpoint
-        cmd += [
-            "--checkpoint-dir",
-            str(paths.job_checkpoints(spec.name)),
-            "--checkpoint-every",
-            str(spec.checkpoint_every),
-        ]
+    if spec.checkpoint_every > 0:
+        cmd += ["--checkpoint-every", str(spec.checkpoint_every)]
     return [*cmd, *spec.extra_args]
+
+
+def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunPaths) -> list[str]:
+    """What torchrun runs on ``node``: ``stormwatch train ...`` or ``spec.entrypoint``."""
+    if spec.entrypoint is not None:
+        return [*spec.entrypoint, *spec.extra_args]
+    options = trainer_options(state, spec)
+    folders = ["--log-dir", str(paths.job_logs(spec.name)), "--metrics-dir", str(node.metrics_dir)]
+    if spec.checkpoint_every > 0:  # without --checkpoint-dir the trainer does not checkpoint
+        folders += ["--checkpoint-dir", str(paths.job_checkpoints(spec.name))]
+    cut = len(options) - len(spec.extra_args)
+    return [*stormwatch_command(), "train", *options[:cut], *folders, *options[cut:]]
 
 
 def torchrun_command(
@@ -113,9 +112,9 @@ def torchrun_command(
     node = state.nodes[node_rank]
     host = state.nodes[0]
     rdzv_conf = f"is_host={1 if node_rank == 0 else 0}"
-    nnodes = str(config.nodes)
+    nnodes = str(spec.node_count(config))
     if spec.min_nodes is not None:
-        nnodes = f"{spec.min_nodes}:{config.nodes}"
+        nnodes = f"{spec.min_nodes}:{nnodes}"
         rdzv_conf += "".join(f",{key}={value}" for key, value in ELASTIC_RDZV_CONF.items())
     return [
         torchrun_binary(),
@@ -174,4 +173,5 @@ __all__ = [
     "torchrun_binary",
     "torchrun_command",
     "trainer_command",
+    "trainer_options",
 ]

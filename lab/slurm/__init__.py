@@ -17,7 +17,8 @@ slurm-client munge`` (``make system``). The namespaces are the caller's.
 Modules: :mod:`.config` (:class:`SlurmClusterConfig`, :class:`SlurmNode`,
 :class:`SlurmPaths`), :mod:`.render` (``slurm.conf``, ``gres.conf``, the nodes' hosts
 file), :mod:`.daemons` (munge key, command lines, start, finding and stopping every
-process of the cluster), :mod:`.cluster` (:class:`SlurmCluster`). Commands and state
+process of the cluster), :mod:`.cluster` (:class:`SlurmCluster`), :mod:`.lab_cluster` (the
+cluster of a :class:`~stormwatch.lab.config.LabConfig`, what ``lab up`` starts). Commands and state
 reads go through the one Slurm command client,
 :class:`stormwatch.platforms.slurm.SlurmCommands` (:attr:`SlurmCluster.commands`).
 
@@ -28,6 +29,7 @@ went idle) and :class:`stormwatch.errors.ConfigError` (an invalid config field).
 
 from stormwatch.lab.slurm.cluster import SlurmCluster
 from stormwatch.lab.slurm.config import SlurmClusterConfig, SlurmNode, SlurmPaths
+from stormwatch.lab.slurm.lab_cluster import cluster_config, lab_cluster
 from stormwatch.lab.slurm.render import render_gres_conf, render_hosts, render_slurm_conf
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "SlurmClusterConfig",
     "SlurmNode",
     "SlurmPaths",
+    "cluster_config",
+    "lab_cluster",
     "render_gres_conf",
     "render_hosts",
     "render_slurm_conf",

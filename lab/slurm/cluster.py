@@ -76,8 +76,11 @@ class SlurmCluster:
         paths.gres_conf.write_text(render_gres_conf(self.config))
         hosts = render_hosts(self.config)
         for node in self.config.nodes:
+            paths.node_dir(node.name).mkdir(parents=True, exist_ok=True)
             paths.node_spool(node.name).mkdir(parents=True, exist_ok=True)
             paths.node_hosts(node.name).write_text(hosts)
+            # No nameserver: a name the hosts file lacks fails at once (no resolver timeout).
+            paths.node_resolv(node.name).write_text("options timeout:1 attempts:1\n")
             devices = paths.node_devices(node.name)
             devices.mkdir(parents=True, exist_ok=True)
             for index in range(node.gpus):

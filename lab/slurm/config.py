@@ -85,6 +85,11 @@ class SlurmClusterConfig:
             measured working value (Slurm's default is 120 s).
         ready_timeout_s: seconds :meth:`SlurmCluster.start` waits for every node idle
             (cold start measured well under 1 s on the lab machine).
+        runtime_dir: where munged's folder and the slurmd spools live instead of under
+            ``<run_dir>/slurm`` (None: there). The lab uses a short folder under ``/run``:
+            the ``munge`` user must be able to enter it (a pytest or ``mktemp -d`` run
+            directory is 0700) and the step sockets in a spool must fit Unix sockets'
+            108-byte path limit. Removed whole by :meth:`SlurmCluster.stop`.
     """
 
     run_dir: Path
@@ -97,10 +102,15 @@ class SlurmClusterConfig:
     slurmd_port: int = DEFAULT_SLURMD_PORT
     cred_expire_s: int = 10
     ready_timeout_s: float = 30.0
+    runtime_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.run_dir.is_absolute():
             raise ConfigError(f"SlurmClusterConfig.run_dir: must be absolute (got {self.run_dir})")
+        if self.runtime_dir is not None and not self.runtime_dir.is_absolute():
+            raise ConfigError(
+                f"SlurmClusterConfig.runtime_dir: must be absolute (got {self.runtime_dir})"
+            )
         if not self.nodes:
             raise ConfigError("SlurmClusterConfig.nodes: at least one node is needed")
         for what in ("name", "netns", "address"):
@@ -128,7 +138,7 @@ class SlurmClusterConfig:
     @property
     def paths(self) -> SlurmPaths:
         """Where the cluster's files live."""
-        return SlurmPaths(RunPaths.of(self.run_dir).slurm_dir)
+        return SlurmPaths(RunPaths.of(self.run_dir).slurm_dir, self.runtime_dir)
 
     def node(self, name: str) -> SlurmNode:
         """The node called ``name``.
@@ -151,6 +161,9 @@ class SlurmPaths:
     """
 
     root: Path
+    #: munged's folder and the spools, when not under :attr:`root`
+    #: (:attr:`SlurmClusterConfig.runtime_dir`).
+    runtime: Path | None = None
 
     @property
     def slurm_conf(self) -> Path:
@@ -164,7 +177,7 @@ class SlurmPaths:
     @property
     def munge_dir(self) -> Path:
         """munged's folder: owned by ``munge``, mode 0755 (clients reach the socket)."""
-        return self.root / "munge"
+        return (self.runtime or self.root) / "munge"
 
     @property
     def munge_key(self) -> Path:
@@ -218,6 +231,8 @@ class SlurmPaths:
 
     def node_spool(self, node: str) -> Path:
         """``SlurmdSpoolDir`` of ``node`` (batch scripts, step sockets)."""
+        if self.runtime is not None:
+            return self.runtime / "spool" / node
         return self.node_dir(node) / "spool"
 
     def slurmd_pid(self, node: str) -> Path:
@@ -229,6 +244,10 @@ class SlurmPaths:
     def node_hosts(self, node: str) -> Path:
         """The node's ``/etc/hosts``, bind-mounted over ``/etc/hosts`` inside its namespace."""
         return self.node_dir(node) / "hosts"
+
+    def node_resolv(self, node: str) -> Path:
+        """The node's ``/etc/resolv.conf`` (no nameserver), ``resolv`` beside :meth:`node_hosts`."""
+        return self.node_dir(node) / "resolv"
 
     def node_devices(self, node: str) -> Path:
         """Stand-in GPU device files of ``node`` (``gpu0`` ...), listed in ``gres.conf``."""

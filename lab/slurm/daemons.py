@@ -95,8 +95,9 @@ def prepare_munge(paths: SlurmPaths) -> None:
             search permission for it: pytest's and ``mktemp -d``'s folders are 0700).
     """
     uid, gid = munge_account()
-    paths.root.mkdir(parents=True, exist_ok=True)
-    _check_reachable(paths.root, uid, gid)
+    home = paths.munge_dir.parent
+    home.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _check_reachable(home, uid, gid)
     paths.munge_dir.mkdir(parents=True, exist_ok=True)
     os.chown(paths.munge_dir, uid, gid)
     paths.munge_dir.chmod(0o755)
@@ -146,7 +147,14 @@ def slurmctld_command(paths: SlurmPaths) -> list[str]:
 
 
 #: Run inside the node's new UTS and mount namespaces: $1 hosts file, $2 node, $3 slurm.conf.
-_NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -f "$3" -N "$2"'
+#: The resolv.conf beside the hosts file (no nameserver) goes over /etc/resolv.conf: the
+#: host's resolver is unreachable from the namespace, and a lookup that misses the hosts
+#: file (torch's reverse lookup of a peer's IPv4-mapped address) would wait for its timeout.
+_NODE_SHELL = (
+    'mount --bind "$1" /etc/hosts && '
+    '{ [ ! -e /etc/resolv.conf ] || mount --bind "${1%/*}/resolv" /etc/resolv.conf; } && '
+    'hostname "$2" && exec slurmd -f "$3" -N "$2"'
+)
 
 
 def slurmd_command(paths: SlurmPaths, node: SlurmNode) -> list[str]:
@@ -316,8 +324,11 @@ def _name(proc: psutil.Process) -> str:
 
 def runtime_files(config: SlurmClusterConfig) -> Iterable[Path]:
     """What a running cluster leaves on disk besides its configs and logs: pid files,
-    spools, controller state, munge's key/socket/seed, node hosts files and devices."""
+    spools, controller state, munge's key/socket/seed, node hosts files and devices, and
+    the runtime folder when the cluster has one."""
     paths = config.paths
+    if paths.runtime is not None:
+        yield paths.runtime
     yield paths.state_dir
     yield paths.slurmctld_pid
     yield from (paths.munge_key, paths.munge_socket, paths.munged_pid, paths.munged_seed)
@@ -326,11 +337,17 @@ def runtime_files(config: SlurmClusterConfig) -> Iterable[Path]:
         yield paths.node_spool(node.name)
         yield paths.slurmd_pid(node.name)
         yield paths.node_hosts(node.name)
+        yield paths.node_resolv(node.name)
         yield paths.node_devices(node.name)
 
 
 def remove_runtime_files(config: SlurmClusterConfig) -> None:
-    """Delete :func:`runtime_files` (those that exist)."""
+    """Delete :func:`runtime_files` (those that exist); munged's log is kept in the
+    cluster's log folder when its runtime folder goes."""
+    paths = config.paths
+    if paths.runtime is not None and paths.munged_log.exists():
+        paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(paths.munged_log, paths.logs_dir / paths.munged_log.name)
     for path in runtime_files(config):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -37,6 +37,12 @@ _FIXED = (
     "SchedulerType=sched/backfill",
     "SchedulerParameters=batch_sched_delay=0",
     "GresTypes=gpu",
+    # Seconds between a cancelled step's SIGTERM and SIGKILL (Slurm's default 30 s would
+    # hold `lab stop` and `lab down`; torchrun and the trainer stop in well under 5 s).
+    "KillWait=5",
+    # Seconds slurmctld remembers a finished job (default 300 s): the lab reads its jobs'
+    # end states back from Slurm for as long as the lab is up.
+    "MinJobAge=86400",
 )
 
 

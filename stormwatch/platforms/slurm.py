@@ -168,6 +168,12 @@ class SlurmCommands:
         out = self(["scontrol", "show", "hostnames", nodelist])
         return tuple(h.strip() for h in out.splitlines() if h.strip())
 
+    def jobs_named(self, name: str) -> list[SlurmJobInfo]:
+        """Every job slurmctld still knows whose ``JobName`` is ``name``, oldest first
+        (:meth:`jobs`; finished jobs stay ``MinJobAge`` seconds, 300 by default)."""
+        found = [job for job in self.jobs() if job.name == name]
+        return sorted(found, key=lambda job: int(job.job_id) if job.job_id.isdigit() else 0)
+
     def submit(self, args: Sequence[str]) -> str:
         """``sbatch --parsable ARGS``; returns the new job's id."""
         out = self(["sbatch", "--parsable", *args]).strip()

@@ -29,10 +29,18 @@ fi
 """
 
 
-def _run_recipe(kit: Any, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+FAKE_GETENT = """#!/bin/bash
+[ "$1 $2" = "ahostsv4 gpu-1" ] && echo "10.0.0.1        STREAM gpu-1"
+"""
+
+
+def _run_recipe(
+    kit: Any, tmp_path: Path, extra: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     tools = {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "hostname": 'echo "$FAKE_HOST"\n'}
+    tools["getent"] = FAKE_GETENT
     tools |= {"torchrun": FAKE_TOOL, "stormwatch": FAKE_TOOL}
     for name, text in tools.items():
         path = bin_dir / name
@@ -51,6 +59,7 @@ def _run_recipe(kit: Any, tmp_path: Path) -> tuple[subprocess.CompletedProcess[s
         "STORMWATCH_FILE_SD": str(tmp_path / "sd"),
         "STORMWATCH_VENV": str(tmp_path / "venv"),
         "TRAIN_ARGS": "--steps 5",
+        **(extra or {}),
     }
     done = subprocess.run(
         ["bash", str(kit.deploy / "slurm" / "train.sbatch")],
@@ -81,6 +90,33 @@ def test_the_recipe_starts_an_agent_and_torchrun_on_every_node(kit: Any, tmp_pat
         for i in (0, 1)
     ]
     assert f"env STORMWATCH_JOB=llm CONTROL={shared}/control" in calls
+
+
+def test_with_site_agents_the_recipe_starts_no_agent_and_writes_no_file_sd(
+    kit: Any, tmp_path: Path
+) -> None:
+    metrics = tmp_path / "site" / "%n" / "metrics"
+    settings = {
+        "STORMWATCH_SITE_AGENT": "1",
+        "STORMWATCH_METRICS_DIR": str(metrics),
+        "STORMWATCH_MAX_RESTARTS": "3",
+        "STORMWATCH_RDZV_PORT": "29610",
+    }
+    done, log = _run_recipe(kit, tmp_path, settings)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert not [c for c in calls if c.startswith("stormwatch agent")]
+    assert not (tmp_path / "sd").exists()
+    torchruns = [c for c in calls if c.startswith("torchrun")]
+    assert [c.split(" --max-restarts")[0] for c in torchruns] == [
+        f"torchrun --nnodes 2 --nproc-per-node 4 --node-rank {i} --rdzv-backend c10d "
+        f"--rdzv-id 77 --rdzv-endpoint 10.0.0.1:29610 --rdzv-conf is_host={1 - i}"
+        for i in (0, 1)
+    ]
+    assert all(" --max-restarts 3 " in c for c in torchruns)
+    # Each node's ranks write into that node's site agent folder ("%n": its name).
+    assert (tmp_path / "site" / "gpu-1" / "metrics").is_dir()
+    assert (tmp_path / "site" / "gpu-2" / "metrics").is_dir()
 
 
 def test_prometheus_finds_the_agents_only_while_the_job_runs(kit: Any, tmp_path: Path) -> None:

@@ -79,10 +79,11 @@ def _free_subnet() -> ipaddress.IPv4Network:
 def new_lab_config() -> LabConfig:
     """A lab configuration no other lab on this machine uses."""
     ports: set[int] = set()
-    while len(ports) < 3:
+    while len(ports) < 4:
         ports.add(free_port())
-    prometheus, alertmanager, responder = sorted(ports)
+    prometheus, alertmanager, responder, slurmctld = sorted(ports)
     return LabConfig(
+        slurmctld_port=slurmctld,
         prefix=f"swt{random.randrange(16**4):04x}",
         subnet=_free_subnet(),
         prometheus_port=prometheus,
@@ -117,6 +118,8 @@ def config_args(config: LabConfig) -> list[str]:
         str(config.alertmanager_port),
         "--responder-port",
         str(config.responder_port),
+        "--slurmctld-port",
+        str(config.slurmctld_port),
     ]
 
 

@@ -21,9 +21,12 @@ def test_default_config_is_the_documented_lab() -> None:
     config = LabConfig()
     assert config.bridge == "swbr0"
     assert str(config.bridge_interface) == "10.213.0.1/24"
-    assert [config.netns(i) for i in range(config.nodes)] == ["sw-node0", "sw-node1"]
+    # Issue 15: a two-node job and a spare node; a job's ranks are the two nodes' ranks.
+    assert [config.netns(i) for i in range(config.nodes)] == ["sw-node0", "sw-node1", "sw-node2"]
     assert [str(config.node_address(i)) for i in range(2)] == ["10.213.0.10", "10.213.0.11"]
     assert config.world_size == 4
+    assert config.job_nodes == 2 and JobSpec(name="j").node_count(config) == 2
+    assert config.slurm and config.slurmctld_port == 16817
     assert (config.prometheus_port, config.alertmanager_port, config.responder_port) == (
         19090,
         19093,

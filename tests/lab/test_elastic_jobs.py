@@ -32,7 +32,7 @@ def _option(command: list[str], name: str) -> str:
 
 def test_an_elastic_job_asks_torchrun_for_min_to_max_nodes_and_the_trainer_for_auto_dp(tmp_path):
     state = _state(tmp_path, nodes=3)
-    command = _command(state, JobSpec(name="el", min_nodes=1), 1, tmp_path)
+    command = _command(state, JobSpec(name="el", nodes=3, min_nodes=1), 1, tmp_path)
     assert _option(command, "--nnodes") == "1:3"
     conf = dict(item.split("=") for item in _option(command, "--rdzv-conf").split(","))
     assert conf["is_host"] == "0"

@@ -73,7 +73,9 @@ def test_up_is_healthy_and_down_leaves_nothing(
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     assert report["phase"] == "up" and report["healthy"] is True
-    assert [n["name"] for n in report["nodes"]] == ["node0", "node1"]
+    # Issue 15: three nodes by default (a two-node job and a spare), Slurm over them.
+    assert [n["name"] for n in report["nodes"]] == ["node0", "node1", "node2"]
+    assert report["slurm"]["healthy"] is True
     assert all(n["netns_exists"] and n["agent"]["healthy"] for n in report["nodes"])
     assert {s["name"] for s in report["services"]} == {"prometheus", "alertmanager", "responder"}
 
@@ -81,6 +83,7 @@ def test_up_is_healthy_and_down_leaves_nothing(
     assert [str(n.address) for n in state.nodes] == [
         str(lab_config.node_address(0)),
         str(lab_config.node_address(1)),
+        str(lab_config.node_address(2)),
     ]
     # Grafana dashboards and provisioning for this lab's Prometheus, and how to use them.
     grafana = RunPaths.of(tmp_path).grafana_dir
@@ -92,9 +95,10 @@ def test_up_is_healthy_and_down_leaves_nothing(
     for token in (state.agent_token_file, state.responder_token_file):
         assert stat.S_IMODE(token.stat().st_mode) == 0o600
         assert len(token.read_text().strip()) >= 32
-    # Prometheus scrapes both agents (through the bridge) and labels them by node.
+    # Prometheus scrapes every agent (through the bridge) and labels them by node.
     up_samples = PrometheusClient(state.prometheus_url).query('up{job="stormwatch-agent"}')
-    assert {s.labels["node"]: s.value for s in up_samples} == {"node0": 1.0, "node1": 1.0}
+    by_node = {s.labels["node"]: s.value for s in up_samples}
+    assert by_node == {"node0": 1.0, "node1": 1.0, "node2": 1.0}
 
     again = run_cli("lab", "up", "--run-dir", str(tmp_path), *config_args(lab_config))
     assert again.returncode == 0 and "already up" in again.stderr
