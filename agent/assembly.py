@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 
 #: The collectors that need the GPU backend and its sampler.
 GPU_COLLECTORS = ("gpu", "nvlink", "xid", "gpu_processes")
+#: Longest wait (s) for requests still in flight when the agent stops (aiohttp's default is
+#: 60 s): the agent's handlers answer in milliseconds, and a stop must fit in a pod's or a
+#: systemd unit's stop timeout (Kubernetes' default grace period is 30 s).
+SHUTDOWN_TIMEOUT_S = 5.0
 
 Stack = contextlib.AsyncExitStack
 
@@ -399,7 +403,9 @@ async def listen(
     Raises:
         AgentConfigError: the address cannot be bound (taken, not local).
     """
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     site = web.TCPSite(runner, host, port, ssl_context=tls)
