@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import math
@@ -249,8 +248,14 @@ class ExpositionCache:
             while True:
                 due = self._until_due(self._monotonic())
                 wait = timeout if due is None or due <= 0 else min(due, timeout)
-                with contextlib.suppress(asyncio.TimeoutError):  # the timer: due, or no wake
-                    await asyncio.wait_for(wake.wait(), wait)
+                # Not asyncio.wait_for: before Python 3.12 it can swallow a cancellation that
+                # arrives as the wake fires, and the agent's stop then waits for this loop
+                # forever (a rank exiting during the stop wakes it).
+                woken = asyncio.ensure_future(wake.wait())
+                try:
+                    await asyncio.wait({woken}, timeout=wait)  # the timer: due, or no wake
+                finally:
+                    woken.cancel()
                 wake.clear()
                 if not self.wanted():
                     continue
