@@ -43,7 +43,7 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
 ) -> None:
     run_dir = str(lab.run_dir)
     started = run_cli(
-        "lab", "train", "--run-dir", run_dir, "--job", "elastic", "--steps", "40",
+        "lab", "train", "--run-dir", run_dir, "--job", "elastic", "--steps", "120",
         "--checkpoint-every", "2", "--step-delay", "0.25", "--min-nodes", "1",
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
@@ -61,10 +61,11 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     result = lab.wait_job("elastic", timeout=300)
     logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
     assert result.ok, (result, logs)
-    sizes = _world_sizes(ckpt)
-    assert [s for s, w in sizes if w == 4 and s > shrunk[0]], sizes
+    # Checkpoint retention prunes the early steps, so the growth is read from rank 0's starts:
+    # the first group, one restart at world size 2, the regrowth at 4, resumed past the shrink.
     starts = [e for e in read_events(info.log_dir / "rank0.jsonl") if e.event == "start"]
-    assert len(starts) == 3, starts  # first group, one restart at world size 2, the regrowth
+    assert [e.world_size for e in starts] == [4, 2, 4], starts
+    assert (starts[2].resumed_from_step or 0) >= shrunk[0], (starts, shrunk)
     assert all("RendezvousClosedError" not in text for text in logs.values())
     assert lab.job("elastic").relaunches == 0
 
