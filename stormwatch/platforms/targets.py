@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stormwatch.clients.http import HttpOptions, check_http_url
-from stormwatch.platforms.errors import InvalidTargetFile, TargetIssue
+from stormwatch.platforms.errors import InvalidManifest, InvalidTargetFile, TargetIssue
 from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
@@ -151,7 +151,9 @@ class AttachJob(_Strict):
 
 class SubmitJob(_Strict):
     """``job.submit``: an sbatch script (or manifest) ``template`` and its ``parameters``
-    (passed as environment variables)."""
+    (passed as environment variables). Kubernetes: a Job or JobSet manifest whose
+    ``${NAME}`` placeholders the parameters and the run fill
+    (:func:`~stormwatch.platforms.kubernetes.render_template`)."""
 
     template: Path
     parameters: dict[str, str] = Field(default_factory=dict)
@@ -160,7 +162,9 @@ class SubmitJob(_Strict):
     @classmethod
     def _template(cls, value: Path) -> Path:
         if not value.is_file():
-            raise ValueError(f"{value} is not a file; give the job script, e.g. train.sbatch")
+            raise ValueError(
+                f"{value} is not a file; give the job script (train.sbatch) or manifest (job.yaml)"
+            )
         return value
 
     @field_validator("parameters")
@@ -375,10 +379,43 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
             )
         if agents.host != "{node}":
             issues.append(TargetIssue("agents.host", "only for slurm (kubernetes uses pod IPs)"))
+        issues.extend(_kubernetes_issues(target))
     else:
         for name in ("selector", "namespace"):
             if getattr(agents, name) is not None:
                 issues.append(TargetIssue(f"agents.{name}", "only for kubernetes; remove it"))
+    return issues
+
+
+def _kubernetes_issues(target: TargetFile) -> list[TargetIssue]:
+    """A kubernetes target: agents' ports come from their pods, jobs attach by name, and a
+    submitted template is checked here, so a bad one starts nothing."""
+    issues = []
+    for name in sorted({"port", "fault_port"} & target.agents.model_fields_set):
+        issues.append(
+            TargetIssue(
+                f"agents.{name}",
+                "only for slurm (kubernetes reads the agent pods' container ports named "
+                "metrics and fault-api); remove it",
+            )
+        )
+    job = target.job
+    if job is not None and job.attach is not None and job.attach.id is not None:
+        issues.append(TargetIssue("job.attach.id", "only for slurm; kubernetes attaches by name"))
+    if job is None or job.submit is None:
+        return issues
+    try:
+        from stormwatch.platforms.kubernetes import CHECK_VALUES, render_template
+    except ImportError as exc:
+        need = (
+            f"the kubernetes client is not installed ({exc}): pip install 'stormwatch[kubernetes]'"
+        )
+        return [*issues, TargetIssue("platform", need)]
+    try:
+        render_template(job.submit.template, job.submit.parameters, CHECK_VALUES)
+    except InvalidManifest as exc:
+        where = "parameters" if exc.field == "parameters" else "template"
+        issues.append(TargetIssue(f"job.submit.{where}", str(exc)))
     return issues
 
 
