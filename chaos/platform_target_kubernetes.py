@@ -118,14 +118,14 @@ class KubernetesJobs:
         return self._job_ref(workload.name, started=True)
 
     def attach(self, name: str) -> JobRef:
-        """The running job ``name`` (its ranks must be placed).
+        """The running job ``name`` (it must have a live pod).
 
         Raises:
             LabNotReady: no live worker, or the API refused.
         """
         try:
-            self._workload(name)
-            self._backend.ranks(name)
+            workload, _ = self._backend.pods(name)
+            self._workloads.setdefault(name, workload)
         except BackendError as exc:
             raise LabNotReady(str(exc)) from exc
         return self._job_ref(name, started=name in self._started)

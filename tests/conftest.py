@@ -506,7 +506,9 @@ def kube_validate() -> Callable[[dict[str, Any]], None]:
     from kubernetes import client as k8s
 
     version = kubernetes_validate.latest_version()
-    jobset = _strict(json.loads((KUBE_SCHEMAS / "jobset.x-k8s.io_v1alpha2_jobset.json").read_text()))
+    jobset = _strict(
+        json.loads((KUBE_SCHEMAS / "jobset.x-k8s.io_v1alpha2_jobset.json").read_text())
+    )
     jobset_validator = jsonschema.Draft7Validator(jobset)
 
     def validate(obj: dict[str, Any]) -> None:

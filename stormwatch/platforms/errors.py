@@ -62,12 +62,14 @@ class InvalidManifest(PlatformError, ConfigError):
 
     Attributes:
         field: where the problem is: a manifest field path (``metadata.name``,
-            ``spec.replicatedJobs[0].template``), ``template`` (the file itself) or
-            ``parameters`` (a placeholder no parameter fills).
+            ``spec.replicatedJobs[0].template``), ``parameters`` (a placeholder no
+            parameter fills), or ``""``: the template file as a whole (not YAML, not one
+            document, unreadable).
         problem: what is wrong and the fix.
     """
 
     def __init__(self, field: str, problem: str, *, source: str = "job manifest") -> None:
+        """``source`` names the manifest in the message (the template's path)."""
         self.field = field
         self.problem = problem
         super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stormwatch.clients.http import HttpOptions, check_http_url
-from stormwatch.platforms.errors import InvalidManifest, InvalidTargetFile, TargetIssue
+from stormwatch.platforms.errors import InvalidTargetFile, TargetIssue
 from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
@@ -388,35 +388,12 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
 
 
 def _kubernetes_issues(target: TargetFile) -> list[TargetIssue]:
-    """A kubernetes target: agents' ports come from their pods, jobs attach by name, and a
-    submitted template is checked here, so a bad one starts nothing."""
-    issues = []
-    for name in sorted({"port", "fault_port"} & target.agents.model_fields_set):
-        issues.append(
-            TargetIssue(
-                f"agents.{name}",
-                "only for slurm (kubernetes reads the agent pods' container ports named "
-                "metrics and fault-api); remove it",
-            )
-        )
-    job = target.job
-    if job is not None and job.attach is not None and job.attach.id is not None:
-        issues.append(TargetIssue("job.attach.id", "only for slurm; kubernetes attaches by name"))
-    if job is None or job.submit is None:
-        return issues
-    try:
-        from stormwatch.platforms.kubernetes import CHECK_VALUES, render_template
+    try:  # the client is an optional dependency (the kubernetes extra)
+        from stormwatch.platforms.kubernetes.target_checks import target_issues
     except ImportError as exc:
-        need = (
-            f"the kubernetes client is not installed ({exc}): pip install 'stormwatch[kubernetes]'"
-        )
-        return [*issues, TargetIssue("platform", need)]
-    try:
-        render_template(job.submit.template, job.submit.parameters, CHECK_VALUES)
-    except InvalidManifest as exc:
-        where = "parameters" if exc.field == "parameters" else "template"
-        issues.append(TargetIssue(f"job.submit.{where}", str(exc)))
-    return issues
+        need = f"needs the kubernetes client ({exc}): pip install 'stormwatch[kubernetes]'"
+        return [TargetIssue("platform", need)]
+    return target_issues(target)
 
 
 def _job_issues(job: JobTargetSection | None) -> list[TargetIssue]:

@@ -12,6 +12,8 @@
   :func:`read_outcome` (how it ended), :func:`delete_workload`;
 * :mod:`.agents`: :func:`discover_agents`, the node agents (pods of the agent DaemonSet) as
   :class:`~stormwatch.platforms.AgentEndpoint`;
+* :mod:`.target_checks`: what a ``kubernetes`` target file must satisfy (its template
+  renders to a valid manifest), called when a target file is loaded;
 * :mod:`.backend`: :class:`KubernetesBackend`, the :class:`~stormwatch.platforms.PlatformBackend`.
 
 Errors: :class:`~stormwatch.platforms.errors.BackendError` (what was refused, what was seen),

@@ -177,7 +177,7 @@ def _substitute(text: str, values: Mapping[str, str]) -> str:
             line = text.count("\n", 0, match.start()) + 1
             raise InvalidManifest(
                 "parameters",
-                f"the template uses ${{{name}}} (line {line}), which no parameter gives "
+                f"it uses ${{{name}}} (line {line}), which no parameter gives "
                 f"(given: {given}); add it to job.submit.parameters, or write $${{{name}}} "
                 "for a literal",
             )
@@ -196,35 +196,43 @@ def render_template(
         InvalidManifest: unreadable, too large, a placeholder nobody fills, a parameter
             named like a run parameter, not YAML, not exactly one document, or invalid.
     """
+    source = str(template)
     reserved = sorted(set(parameters) & set(RUN_PARAMETERS))
     if reserved:
         raise InvalidManifest(
-            "parameters", f"{reserved[0]} is filled by the run; give the parameter another name"
+            "parameters",
+            f"{reserved[0]} is filled by the run; give the parameter another name",
+            source=source,
         )
     try:
         with Path(template).open("rb") as fh:
             raw = fh.read(MAX_TEMPLATE_BYTES + 1)
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidManifest("template", f"cannot read {template} as UTF-8 text: {exc}") from exc
+        raise InvalidManifest("", f"cannot read it as UTF-8 text: {exc}", source=source) from exc
     if len(raw) > MAX_TEMPLATE_BYTES:
-        raise InvalidManifest("template", f"larger than {MAX_TEMPLATE_BYTES // 1024} KiB")
-    filled = _substitute(text, {**parameters, **run})
+        too_large = f"larger than {MAX_TEMPLATE_BYTES // 1024} KiB; a job manifest is a few KiB"
+        raise InvalidManifest("", too_large, source=source)
+    try:
+        filled = _substitute(text, {**parameters, **run})
+    except InvalidManifest as exc:
+        raise InvalidManifest(exc.field, exc.problem, source=source) from exc
     try:
         docs = [d for d in yaml.safe_load_all(filled) if d is not None]
     except yaml.YAMLError as exc:
-        raise InvalidManifest("template", f"{template} is not YAML: {exc}") from exc
+        raise InvalidManifest("", f"not YAML: {exc}", source=source) from exc
     if len(docs) != 1:
         kinds = ", ".join(str(d.get("kind") if isinstance(d, dict) else d) for d in docs)
         raise InvalidManifest(
-            "template",
-            f"{template} holds {len(docs)} documents ({kinds or 'none'}); give exactly one "
-            "Job or JobSet (create a rendezvous Service or a volume claim with kubectl first)",
+            "",
+            f"holds {len(docs)} documents ({kinds or 'none'}); give exactly one Job or JobSet "
+            "(create a rendezvous Service or a volume claim with kubectl first)",
+            source=source,
         )
     try:
         return check_manifest(docs[0])
     except InvalidManifest as exc:
-        raise InvalidManifest(exc.field, exc.problem, source=str(template)) from exc
+        raise InvalidManifest(exc.field, exc.problem, source=source) from exc
 
 
 __all__ = [
