@@ -265,3 +265,20 @@ def test_chaos_run_refuses_a_bad_template_before_anything(
     assert "job.submit.template" in out.out + out.err
     assert "is not Job or JobSet" in out.out + out.err
     assert not run_dir.exists()
+
+
+def test_a_dry_run_of_a_submitting_target_without_a_cluster_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    target = _write(tmp_path, _submit("templates/training-jobset.yaml"))
+    run_dir = tmp_path / "run"
+    experiment = REPO / "experiments" / "kill-rank.yaml"
+    argv = ["chaos", "run", str(experiment), "--dry-run", "--target", str(target)]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--run-dir", str(run_dir)])
+    out = capsys.readouterr()
+    assert exited.value.code == 0, out
+    assert "kill_rank" in out.out
+    assert not run_dir.exists()

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from stormwatch.platforms.errors import InvalidManifest
 from stormwatch.platforms.kubernetes.api import JOBSET_GROUP, JOBSET_VERSION
+from stormwatch.yamltext import yaml_problem
 
 #: ``${NAME}`` placeholders the run fills: the job's name (``<experiment job>-<run>``, a
 #: DNS label), the experiment's ``job.steps`` and ``job.checkpoint_every``.
@@ -167,19 +168,21 @@ def check_manifest(data: Any) -> Manifest:
     return _check_job(data, name) if kind == "Job" else _check_jobset(data, name)
 
 
-def _substitute(text: str, values: Mapping[str, str]) -> str:
+def _substitute(text: str, parameters: Mapping[str, str], run: Mapping[str, str]) -> str:
+    values = {**parameters, **run}
+
     def fill(match: re.Match[str]) -> str:
         escaped, name = match.group(1), match.group(2)
         if escaped:
             return "${" + name + "}"
         if name not in values:
-            given = ", ".join(sorted(values)) or "none"
+            given = ", ".join(sorted(parameters)) or "none"
             line = text.count("\n", 0, match.start()) + 1
             raise InvalidManifest(
                 "parameters",
-                f"it uses ${{{name}}} (line {line}), which no parameter gives "
-                f"(given: {given}); add it to job.submit.parameters, or write $${{{name}}} "
-                "for a literal",
+                f"line {line} uses ${{{name}}}, which no parameter fills (parameters: "
+                f"{given}; the run fills {', '.join(RUN_PARAMETERS)}); add it to "
+                f"job.submit.parameters, or write $${{{name}}} for a literal",
             )
         return values[name]
 
@@ -214,13 +217,13 @@ def render_template(
         too_large = f"larger than {MAX_TEMPLATE_BYTES // 1024} KiB; a job manifest is a few KiB"
         raise InvalidManifest("", too_large, source=source)
     try:
-        filled = _substitute(text, {**parameters, **run})
+        filled = _substitute(text, parameters, run)
     except InvalidManifest as exc:
         raise InvalidManifest(exc.field, exc.problem, source=source) from exc
     try:
         docs = [d for d in yaml.safe_load_all(filled) if d is not None]
     except yaml.YAMLError as exc:
-        raise InvalidManifest("", f"not YAML: {exc}", source=source) from exc
+        raise InvalidManifest("", f"not YAML: {yaml_problem(exc)}", source=source) from exc
     if len(docs) != 1:
         kinds = ", ".join(str(d.get("kind") if isinstance(d, dict) else d) for d in docs)
         raise InvalidManifest(

@@ -39,8 +39,13 @@ def target_issues(target: TargetFile) -> list[TargetIssue]:
         try:
             render_template(job.submit.template, job.submit.parameters, CHECK_VALUES)
         except InvalidManifest as exc:
-            where = "parameters" if exc.field == "parameters" else "template"
-            issues.append(TargetIssue(f"job.submit.{where}", str(exc)))
+            template = job.submit.template
+            if exc.field == "parameters":
+                issues.append(TargetIssue("job.submit.parameters", f"{template}: {exc.problem}"))
+            else:
+                field = f"{exc.field}: " if exc.field else ""
+                issue = TargetIssue("job.submit.template", f"{template}: {field}{exc.problem}")
+                issues.append(issue)
     return issues
 
 
