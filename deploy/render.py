@@ -78,6 +78,10 @@ EXAMPLE = {"training-job.yaml": (kube.training_job, "deploy/kube/jobs.py trainin
 #: Job templates for a kubernetes target file's job.submit: not a kustomize folder (they are
 #: valid manifests only once their ${NAME} placeholders are filled).
 TEMPLATES = {
+    "chaos-rbac.yaml": (
+        kube.chaos_rbac,
+        "TARGET_ACCESS and LAUNCHER_ACCESS (deploy/kube/chaos.py)",
+    ),
     "prerequisites.yaml": (kube.template_prerequisites, "deploy/kube/jobs.py"),
     "training-job.yaml": (kube.job_template, "deploy/kube/jobs.py job_template"),
     "training-jobset.yaml": (kube.jobset_template, "deploy/kube/jobs.py jobset_template"),

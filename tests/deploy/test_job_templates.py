@@ -14,7 +14,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from stormwatch.platforms.kubernetes import CHECK_VALUES, render_template
+from stormwatch.platforms.kubernetes import (
+    CHECK_VALUES,
+    LAUNCHER_ACCESS,
+    TARGET_ACCESS,
+    render_template,
+)
 
 Validate = Callable[[dict[str, Any]], None]
 IMAGE = {"IMAGE": "registry.example/stormwatch:1"}
@@ -32,12 +37,13 @@ def _filled(kit: Any, path: Path) -> list[dict[str, Any]]:
 
 def test_the_templates_are_the_ones_tested(kit: Any) -> None:
     names = [p.name for p in _template_files(kit)]
-    assert names == ["prerequisites.yaml", "training-job.yaml", "training-jobset.yaml"]
+    assert names == TEMPLATES
 
 
-@pytest.mark.parametrize(
-    "name", ["prerequisites.yaml", "training-job.yaml", "training-jobset.yaml"]
-)
+TEMPLATES = ["chaos-rbac.yaml", "prerequisites.yaml", "training-job.yaml", "training-jobset.yaml"]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_every_template_filled_validates_against_its_schema(
     kit: Any, kube_validate: Validate, name: str
 ) -> None:
@@ -69,6 +75,27 @@ def test_a_job_template_schema_violation_is_caught(kit: Any, kube_validate: Vali
     job["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 3
     with pytest.raises(kubernetes_validate.ValidationError):
         kube_validate(job)
+
+
+def test_the_chaos_role_grants_exactly_what_a_target_reads_and_launches(kit: Any) -> None:
+    (role,) = kit.load_objects((kit.kubernetes / "examples/templates/chaos-rbac.yaml").read_text())
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "pods", "list"),
+        ("batch", "jobs", "get"),
+        ("batch", "jobs", "create"),
+        ("batch", "jobs", "delete"),
+        ("jobset.x-k8s.io", "jobsets", "get"),
+        ("jobset.x-k8s.io", "jobsets", "create"),
+        ("jobset.x-k8s.io", "jobsets", "delete"),
+    }
+    assert granted == {(a.group, a.resource, a.verb) for a in (*TARGET_ACCESS, *LAUNCHER_ACCESS)}
 
 
 #: Folders under deploy/kubernetes and the test that validates what is in them.

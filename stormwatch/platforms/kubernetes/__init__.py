@@ -2,7 +2,8 @@
 
 * :mod:`.api`: the seam (:class:`KubeApi`: the fourteen API operations used),
   :class:`ClientKubeApi` on the official client, each operation's RBAC need
-  (:data:`ACCESS`, :data:`RESPONDER_ACCESS`), :func:`api_error`;
+  (:data:`ACCESS`; :data:`RESPONDER_ACCESS`, :data:`TARGET_ACCESS` and
+  :data:`LAUNCHER_ACCESS` for the responder and the chaos controller), :func:`api_error`;
 * :mod:`.recorded`: :class:`RecordedKubeApi`, the same interface answered from
   recorded API bodies (tests; no cluster needed);
 * :mod:`.manifests`: a Job or JobSet manifest checked before it is sent
@@ -31,6 +32,7 @@ from stormwatch.platforms.kubernetes.api import (
     ACCESS,
     LAUNCHER_ACCESS,
     RESPONDER_ACCESS,
+    TARGET_ACCESS,
     Access,
     ClientKubeApi,
     KubeApi,
@@ -71,6 +73,7 @@ __all__ = [
     "LAUNCHER_ACCESS",
     "RESPONDER_ACCESS",
     "RUN_PARAMETERS",
+    "TARGET_ACCESS",
     "Access",
     "ClientKubeApi",
     "KubeApi",

@@ -79,6 +79,12 @@ RESPONDER_ACCESS: tuple[Access, ...] = tuple(
     )
 )
 
+#: What a chaos target (``chaos run --target``) reads: the job (Job or JobSet, its outcome)
+#: and its pods in the training namespace, the agent DaemonSet's pods in the agents'.
+TARGET_ACCESS: tuple[Access, ...] = tuple(
+    ACCESS[op] for op in ("list_pods", "read_job", "read_jobset")
+)
+
 #: What starting a job from a manifest adds (whoever runs ``chaos run --target`` with a
 #: template): create it, and delete it when the run stops it.
 LAUNCHER_ACCESS: tuple[Access, ...] = tuple(
@@ -287,6 +293,7 @@ __all__ = [
     "JOBSET_VERSION",
     "LAUNCHER_ACCESS",
     "RESPONDER_ACCESS",
+    "TARGET_ACCESS",
     "Access",
     "ClientKubeApi",
     "KubeApi",
