@@ -48,10 +48,9 @@ from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_open
 from stormwatch.chaos.platform_target import resolve_target, target_from_file
 from stormwatch.chaos.reports.experiment_report import analyze
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target, lab_target
+from stormwatch.chaos.target import AttachedJobs, Target, lab_target
 
 __all__ = [
-    "AgentEndpoint",
     "AttachedJobs",
     "ChaosError",
     "Experiment",

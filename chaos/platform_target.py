@@ -8,11 +8,11 @@
   ``NodeAddr``), rank placement from :class:`~stormwatch.platforms.slurm.SlurmBackend`,
   job state from ``scontrol show job`` (:class:`SlurmJobs`). Every command goes through
   :class:`~stormwatch.platforms.slurm.SlurmCommands` (the file's ``slurm.conf``).
-* ``kubernetes``: agents are the running pods of the agent DaemonSet (``agents.selector``)
-  at ``<scheme>://<pod IP>:<port>``; the job's pods and placement from
-  :class:`~stormwatch.platforms.kubernetes.KubernetesBackend` (:class:`KubernetesJobs`).
+* ``kubernetes``: :mod:`stormwatch.chaos.platform_target_kubernetes` (attach to a Job,
+  indexed Job, JobSet or pods by label, or submit one from a manifest template).
 
-Only ``job.attach`` is supported here; ``job.submit`` is refused when the target is built.
+Only ``job.attach`` is supported for Slurm here; ``job.submit`` is refused when the target
+is built.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
-from stormwatch.chaos.target import AgentEndpoint, Target, lab_target
+from stormwatch.chaos.target import JobControl, Target, lab_target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.lab.paths import RunPaths
+from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, parse_oneliner
 from stormwatch.platforms.slurm_readback import SlurmWait
 from stormwatch.platforms.targets import AgentsSection, TargetFile, load_target_file
 
 if TYPE_CHECKING:
-    from stormwatch.platforms.kubernetes import KubernetesBackend
+    from stormwatch.platforms.kubernetes import KubernetesBackend  # the client is optional
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +136,14 @@ def _slurm_backend(commands: SlurmCommands, target: TargetFile, run_dir: Path) -
 
 
 def _agent(agents: AgentsSection, node: str, host: str) -> AgentEndpoint:
-    fault = f"{agents.scheme}://{host}:{agents.fault_port}" if agents.fault_port else None
-    return AgentEndpoint(node=node, url=f"{agents.scheme}://{host}:{agents.port}", fault_url=fault)
+    return AgentEndpoint.on_host(
+        node, host, port=agents.port, fault_port=agents.fault_port, scheme=agents.scheme
+    )
 
 
-def _log_dir(target: TargetFile, run_dir: Path, name: str, job_id: str) -> Path:
+def job_log_dir(target: TargetFile, run_dir: Path, name: str, job_id: str) -> Path:
+    """Where job ``name``'s rank logs are: the target's ``job.log_dir`` (``{job}``,
+    ``{jobid}`` substituted), else ``<run-dir>/jobs/<name>/logs``."""
     pattern = target.job.log_dir if target.job is not None else None
     if pattern is None:
         return Path(run_dir) / "jobs" / name / "logs"
@@ -170,30 +174,35 @@ def slurm_target(
         _agent(agents, n, agents.host.format(node=n, addr=addrs.get(n, n))) for n in job.nodes
     )
     world_size = len(job.nodes) * target.slurm.nproc_per_node
-    return _platform_target(
+    return build_target(
         target,
         run_dir,
         jobs=SlurmJobs(
             commands,
             job,
-            log_dir=_log_dir(target, run_dir, job.name, job.job_id),
+            log_dir=job_log_dir(target, run_dir, job.name, job.job_id),
             world_size=world_size,
         ),
         world_size=world_size,
         agents=endpoints,
         placement=_slurm_backend(commands, target, run_dir),
+        attach_job=job.name,
     )
 
 
-def _platform_target(
+def build_target(
     target: TargetFile,
     run_dir: Path,
     *,
-    jobs: SlurmJobs | KubernetesJobs,
+    jobs: JobControl,
     world_size: int,
     agents: tuple[AgentEndpoint, ...],
     placement: SlurmBackend | KubernetesBackend,
+    attach_job: str | None,
 ) -> Target:
+    """The :class:`Target` of a platform target file, from what the platform found: its
+    job control, world size, agents and placement; ``attach_job``: the job to attach to
+    (None: the runner starts one)."""
     creds = target.credentials
     return Target(
         run_dir=Path(run_dir),
@@ -205,99 +214,7 @@ def _platform_target(
         responder_url=creds.responder_url,
         responder_token_file=creds.responder_token_file,
         placement=placement,
-        attach_job=jobs.attached,
-    )
-
-
-class KubernetesJobs:
-    """The :class:`~stormwatch.chaos.target.JobControl` of a job's pods (attach only): it
-    has ended when none of its pods is live any more."""
-
-    def __init__(
-        self, backend: KubernetesBackend, *, name: str, log_dir: Path, world_size: int
-    ) -> None:
-        self._backend = backend
-        #: The job name the runner attaches to.
-        self.attached = name
-        self._log_dir = log_dir
-        self._world_size = world_size
-
-    def start(self, job: JobSection) -> JobRef:
-        raise ChaosError(f"cannot start job {job.name!r} on kubernetes: attach with --job")
-
-    def attach(self, name: str) -> JobRef:
-        try:
-            self._backend.ranks(name)
-        except BackendError as exc:
-            raise LabNotReady(str(exc)) from exc
-        return JobRef(
-            name=name, log_dir=self._log_dir, world_size=self._world_size, started_by_runner=False
-        )
-
-    def exited(self, name: str) -> bool | None:
-        return None
-
-    def ended(self, name: str) -> bool:
-        try:
-            return not self._backend.pods(name)
-        except BackendError as exc:
-            logger.warning("job %s: pods unknown: %s", name, exc)
-            return False
-
-    def stop(self, name: str) -> None:
-        raise ChaosError(f"cannot stop job {name!r}: it was not started by stormwatch chaos")
-
-
-def kubernetes_target(
-    target: TargetFile, run_dir: Path, *, backend: KubernetesBackend | None = None
-) -> Target:
-    """The :class:`Target` of a ``kubernetes`` target file (module docstring).
-
-    Raises:
-        LabNotReady: no job pods or no agent pod, or an API call failed.
-    """
-    from stormwatch.platforms.kubernetes import KubernetesBackend, discover_agents
-
-    kube = target.kubernetes
-    if backend is None:
-        try:
-            backend = KubernetesBackend.connect(
-                namespace=kube.namespace,
-                diagnostics_dir=Path(run_dir) / "chaos" / "diagnostics",
-                job_label=kube.job_label,
-                control_dir=kube.control_dir,
-                workload=kube.workload,
-            )
-        except BackendError as exc:
-            raise LabNotReady(str(exc)) from exc
-    attach = target.job.attach if target.job is not None else None
-    if attach is None or attach.name is None:
-        raise LabNotReady("kubernetes targets attach by job.attach.name (the job label's value)")
-    agents = target.agents
-    try:
-        ranks = backend.ranks(attach.name)
-        found = discover_agents(
-            backend.api,
-            namespace=agents.namespace or kube.namespace,
-            selector=agents.selector or "",
-        )
-        pods = sorted((node, endpoint.ip) for node, endpoint in found.items())
-    except BackendError as exc:
-        raise LabNotReady(str(exc)) from exc
-    if not pods:
-        raise LabNotReady(f"agents.selector {agents.selector}: no Ready agent pod")
-    return _platform_target(
-        target,
-        run_dir,
-        jobs=KubernetesJobs(
-            backend,
-            name=attach.name,
-            log_dir=_log_dir(target, run_dir, attach.name, ""),
-            world_size=len(ranks),
-        ),
-        world_size=len(ranks),
-        agents=tuple(_agent(agents, node, ip) for node, ip in pods),
-        placement=backend,
+        attach_job=attach_job,
     )
 
 
@@ -311,6 +228,9 @@ def target_from_file(target: TargetFile, run_dir: Path) -> Target:
     if target.platform == "lab" and target.lab is not None:
         return lab_target(target.lab.run_dir)
     if target.platform == "kubernetes":
+        # imported here: that module builds on this one's build_target and job_log_dir
+        from stormwatch.chaos.platform_target_kubernetes import kubernetes_target
+
         return kubernetes_target(target, run_dir)
     return slurm_target(target, run_dir)
 
@@ -331,10 +251,10 @@ def resolve_target(run_dir: Path, target_file: Path | None) -> Target:
 
 __all__ = [
     "AttachedSlurmJob",
-    "KubernetesJobs",
     "SlurmJobs",
     "attach_slurm_job",
-    "kubernetes_target",
+    "build_target",
+    "job_log_dir",
     "resolve_target",
     "slurm_target",
     "target_from_file",

@@ -21,6 +21,7 @@ from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab.jobs import launch as lab_jobs
+from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.lab import LabBackend
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
@@ -60,22 +61,6 @@ class RankPlacement(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentEndpoint:
-    """One node's agent: ``node`` name, base ``url`` of its read-only listener
-    (``/healthz``, ``/v1/ranks``) and ``fault_url``, its fault API listener
-    (``--fault-api-listen``; None: the same as ``url``)."""
-
-    node: str
-    url: str
-    fault_url: str | None = None
-
-    @property
-    def fault_api(self) -> str:
-        """Base URL for ``/v1/faults``: ``fault_url``, else ``url``."""
-        return self.fault_url or self.url
-
-
-@dataclass(frozen=True, kw_only=True)
 class Target:
     """Everything the runner talks to.
 
@@ -84,7 +69,8 @@ class Target:
         jobs: how jobs are started/attached.
         world_size: ranks per job.
         prometheus_url: Prometheus base URL (None: experiments with Prometheus probes fail).
-        agents: the node agents (kill_rank needs them).
+        agents: the node agents (kill_rank needs them;
+            :class:`~stormwatch.platforms.AgentEndpoint`).
         agent_token_file: the agents' Bearer token file.
         responder_url / responder_token_file: the responder (post-mortems).
         placement: the platform backend that says which node runs a rank (agent
@@ -266,7 +252,6 @@ def lab_target(run_dir: Path) -> Target:
 
 
 __all__ = [
-    "AgentEndpoint",
     "AttachedJobs",
     "JobControl",
     "LabJobs",

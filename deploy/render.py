@@ -7,7 +7,7 @@ Usage (``make deploy-manifests`` runs the first)::
     .venv/bin/python deploy/render.py --check         # exit 1 when a checked-in file is stale
 
 The output is deterministic (same code, byte-identical files): objects come from
-deploy/kube.py, keys keep their insertion order, multi-line strings (PromQL,
+deploy/kube/ (one module per part), keys keep their insertion order, multi-line strings (PromQL,
 dashboard JSON) are YAML literal blocks. The overlays in
 deploy/kubernetes/overlays/ are hand-written and not touched.
 """
@@ -74,7 +74,18 @@ BASE: dict[str, tuple[Callable[[], list[dict[str, Any]]], str]] = {
     ),
     "dashboards.yaml": (kube.dashboard_configmaps, "stormwatch.dashboards"),
 }
-EXAMPLE = {"training-job.yaml": (kube.training_job, "deploy/kube.py training_job")}
+EXAMPLE = {"training-job.yaml": (kube.training_job, "deploy/kube/jobs.py training_job")}
+#: Job templates for a kubernetes target file's job.submit: not a kustomize folder (they are
+#: valid manifests only once their ${NAME} placeholders are filled).
+TEMPLATES = {
+    "chaos-rbac.yaml": (
+        kube.chaos_rbac,
+        "TARGET_ACCESS and LAUNCHER_ACCESS (deploy/kube/chaos.py)",
+    ),
+    "prerequisites.yaml": (kube.template_prerequisites, "deploy/kube/jobs.py"),
+    "training-job.yaml": (kube.job_template, "deploy/kube/jobs.py job_template"),
+    "training-jobset.yaml": (kube.jobset_template, "deploy/kube/jobs.py jobset_template"),
+}
 
 
 def _kustomization(resources: Sequence[str], comment: str) -> str:
@@ -101,6 +112,8 @@ def render() -> dict[str, str]:
     files["examples/training-job/kustomization.yaml"] = _kustomization(
         list(EXAMPLE), "the list in deploy/render.py"
     )
+    for name, (build, source) in TEMPLATES.items():
+        files[f"examples/templates/{name}"] = dump(build(), source)
     return files
 
 

@@ -12,7 +12,8 @@
     │   └── ResponderClientError    the responder's HTTP API
     ├── stormwatch.platforms.PlatformError
     │   ├── BackendError            a platform backend could not act (no such worker, ...)
-    │   └── InvalidTargetFile       (a ConfigError too) a target file is not valid
+    │   ├── InvalidTargetFile       (a ConfigError too) a target file is not valid
+    │   └── InvalidManifest         (a ConfigError too) a Kubernetes job manifest is not valid
     ├── stormwatch.faults.FaultError    a fault could not be placed, applied or undone (HTTP 500)
     │   ├── InvalidFaultRequest     (a ConfigError too; 400)
     │   ├── FaultTargetNotFound     (404)

@@ -470,3 +470,52 @@ def slurm_cluster(slurm_config: Any) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# --------------------------------------------------------------- Kubernetes schemas
+#: Schemas of custom resources the tests validate (provenance in tests/schemas/README.md).
+KUBE_SCHEMAS = Path(__file__).parent / "schemas"
+
+
+def _strict(schema: Any) -> Any:
+    """``schema`` refusing unknown fields wherever it lists them (kubeconform ``-strict``)."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _strict(value) for key, value in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="session")
+def kube_validate() -> Callable[[dict[str, Any]], None]:
+    """Validate one Kubernetes object strictly (unknown fields fail); raises on a violation.
+
+    Built-in kinds: ``kubernetes-validate`` against the OpenAPI schemas of its newest
+    Kubernetes release. A JobSet (``jobset.x-k8s.io/v1alpha2``): the CRD's schema in
+    tests/schemas/ (made strict), its ``metadata`` by the client's ``V1ObjectMeta``.
+    """
+    import jsonschema
+    import kubernetes_validate
+    from kubernetes import client as k8s
+
+    version = kubernetes_validate.latest_version()
+    jobset = _strict(
+        json.loads((KUBE_SCHEMAS / "jobset.x-k8s.io_v1alpha2_jobset.json").read_text())
+    )
+    jobset_validator = jsonschema.Draft7Validator(jobset)
+
+    def validate(obj: dict[str, Any]) -> None:
+        if (obj.get("apiVersion"), obj.get("kind")) == ("jobset.x-k8s.io/v1alpha2", "JobSet"):
+            jobset_validator.validate(obj)
+            k8s.V1ObjectMeta.model_validate(obj.get("metadata") or {})
+            return
+        kubernetes_validate.validate(obj, version, strict=True)
+
+    return validate

@@ -29,9 +29,10 @@ from stormwatch.chaos.experiment.model import (
     RanksProvider,
     expand,
 )
-from stormwatch.chaos.target import AgentEndpoint, JobControl
+from stormwatch.chaos.target import JobControl
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.contracts.journal import JobRef
+from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.trainer.telemetry.ranklogs import current_world_size, read_job_logs
 
 

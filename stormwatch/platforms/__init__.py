@@ -19,13 +19,15 @@ chosen by configuration (``stormwatch alerts serve --platform``):
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
 (``--platform-config``), the same sections of a target file (:class:`TargetFile`,
 :mod:`.targets`: platform, Prometheus, agents, credentials, job; ``--target``);
-:func:`make_backend` builds the backend from it.
+:func:`make_backend` builds the backend from it. :class:`AgentEndpoint` (:mod:`.endpoints`)
+is where a node's agent is, on every platform.
 
 Exceptions (:mod:`.errors`, drawn in :mod:`stormwatch.errors`)::
 
     PlatformError                   a platform backend failed
     ├── BackendError                a backend could not carry out an action or find the job
-    └── InvalidTargetFile           a target file is not valid (a ConfigError too)
+    ├── InvalidTargetFile           a target file is not valid (a ConfigError too)
+    └── InvalidManifest             a Kubernetes job manifest is not valid (a ConfigError too)
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from stormwatch.platforms.base import (
     arm_checkpoint,
     write_diagnostics,
 )
+from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.errors import (
     BackendError,
+    InvalidManifest,
     InvalidTargetFile,
     PlatformError,
     TargetIssue,
@@ -155,7 +159,9 @@ __all__ = [
     "BACKEND_METHODS",
     "LAB_TARGET_FILE",
     "PLATFORMS",
+    "AgentEndpoint",
     "BackendError",
+    "InvalidManifest",
     "InvalidTargetFile",
     "KubernetesSettings",
     "LabBackend",

@@ -5,7 +5,8 @@
     StormwatchError
     └── PlatformError               a platform backend failed
         ├── BackendError            a backend could not carry out an action or find the job
-        └── InvalidTargetFile       a target file is not valid (a ConfigError too)
+        ├── InvalidTargetFile       a target file is not valid (a ConfigError too)
+        └── InvalidManifest         a Kubernetes job manifest is not valid (a ConfigError too)
 """
 
 from __future__ import annotations
@@ -55,4 +56,23 @@ class InvalidTargetFile(PlatformError, ConfigError):
         super().__init__("\n".join([head, *lines]))
 
 
-__all__ = ["BackendError", "InvalidTargetFile", "PlatformError", "TargetIssue"]
+class InvalidManifest(PlatformError, ConfigError):
+    """A Kubernetes job manifest (a target file's ``job.submit`` template) is not valid;
+    nothing was sent to the API server.
+
+    Attributes:
+        field: where the problem is: a manifest field path (``metadata.name``,
+            ``spec.replicatedJobs[0].template``), ``parameters`` (a placeholder no
+            parameter fills), or ``""``: the template file as a whole (not YAML, not one
+            document, unreadable).
+        problem: what is wrong and the fix.
+    """
+
+    def __init__(self, field: str, problem: str, *, source: str = "job manifest") -> None:
+        """``source`` names the manifest in the message (the template's path)."""
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")
+
+
+__all__ = ["BackendError", "InvalidManifest", "InvalidTargetFile", "PlatformError", "TargetIssue"]

@@ -151,7 +151,9 @@ class AttachJob(_Strict):
 
 class SubmitJob(_Strict):
     """``job.submit``: an sbatch script (or manifest) ``template`` and its ``parameters``
-    (passed as environment variables)."""
+    (passed as environment variables). Kubernetes: a Job or JobSet manifest whose
+    ``${NAME}`` placeholders the parameters and the run fill
+    (:func:`~stormwatch.platforms.kubernetes.render_template`)."""
 
     template: Path
     parameters: dict[str, str] = Field(default_factory=dict)
@@ -160,7 +162,9 @@ class SubmitJob(_Strict):
     @classmethod
     def _template(cls, value: Path) -> Path:
         if not value.is_file():
-            raise ValueError(f"{value} is not a file; give the job script, e.g. train.sbatch")
+            raise ValueError(
+                f"{value} is not a file; give the job script (train.sbatch) or manifest (job.yaml)"
+            )
         return value
 
     @field_validator("parameters")
@@ -375,11 +379,21 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
             )
         if agents.host != "{node}":
             issues.append(TargetIssue("agents.host", "only for slurm (kubernetes uses pod IPs)"))
+        issues.extend(_kubernetes_issues(target))
     else:
         for name in ("selector", "namespace"):
             if getattr(agents, name) is not None:
                 issues.append(TargetIssue(f"agents.{name}", "only for kubernetes; remove it"))
     return issues
+
+
+def _kubernetes_issues(target: TargetFile) -> list[TargetIssue]:
+    try:  # the client is an optional dependency (the kubernetes extra)
+        from stormwatch.platforms.kubernetes.target_checks import target_issues
+    except ImportError as exc:
+        need = f"needs the kubernetes client ({exc}): pip install 'stormwatch[kubernetes]'"
+        return [TargetIssue("platform", need)]
+    return target_issues(target)
 
 
 def _job_issues(job: JobTargetSection | None) -> list[TargetIssue]:

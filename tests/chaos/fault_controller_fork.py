@@ -31,9 +31,10 @@ from pydantic import TypeAdapter
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injection.injector import Injector
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.chaos.target import AttachedJobs, Target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import AnyExperimentFault
+from stormwatch.platforms import AgentEndpoint
 
 _FAULT: TypeAdapter[Any] = TypeAdapter(AnyExperimentFault)
 

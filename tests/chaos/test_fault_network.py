@@ -210,9 +210,9 @@ def test_the_controller_revert_of_a_partition_fails_loudly_and_keeps_it_open(
     from stormwatch.chaos.execution.injection.placement import apply_fault, plan_requests
     from stormwatch.chaos.ledger.ledger import Ledger
     from stormwatch.chaos.ledger.revert import revert_open
-    from stormwatch.chaos.target import AgentEndpoint
     from stormwatch.contracts.fault_ledger import FaultTarget
     from stormwatch.faults import AnyExperimentFault
+    from stormwatch.platforms import AgentEndpoint
 
     agents = (
         AgentEndpoint(node="fa", url=net.agent_url, fault_url=net.fault_url),

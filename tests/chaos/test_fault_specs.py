@@ -14,10 +14,10 @@ from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError
 from stormwatch.chaos.execution.injection.placement import plan_requests
 from stormwatch.chaos.ledger.undo import undo_fault
-from stormwatch.chaos.target import AgentEndpoint
 from stormwatch.contracts.fault_ledger import FaultTarget
 from stormwatch.faults import AGENT_KINDS, REGISTRY, AnyExperimentFault, Placement, parse_request
 from stormwatch.lab.errors import LabError
+from stormwatch.platforms import AgentEndpoint
 
 FAULT: TypeAdapter[Any] = TypeAdapter(AnyExperimentFault)
 #: Kinds whose effect is final (a kill): nothing to undo, revert only closes the record.

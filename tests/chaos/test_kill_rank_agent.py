@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from stormwatch.chaos import (
-    AgentEndpoint,
     AttachedJobs,
     Ledger,
     Runner,
@@ -31,6 +30,7 @@ from stormwatch.chaos import (
     parse_experiment,
 )
 from stormwatch.chaos.reports.report import generate_postmortem
+from stormwatch.platforms import AgentEndpoint
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"

@@ -12,7 +12,8 @@ from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import LabNotReady
 from stormwatch.chaos.execution.readiness import preflight
 from stormwatch.chaos.experiment.loader import parse_experiment
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.chaos.target import AttachedJobs, Target
+from stormwatch.platforms import AgentEndpoint
 
 
 def _experiment(fault: str) -> str:

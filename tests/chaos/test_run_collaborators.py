@@ -33,7 +33,7 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.experiment.selection import Shape
 from stormwatch.chaos.ledger.revert import RevertOutcome
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.chaos.target import AttachedJobs, Target
 from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.contracts.journal import (
     ExperimentStatus,
@@ -43,6 +43,7 @@ from stormwatch.contracts.journal import (
 )
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.faults import REGISTRY, ExperimentFault
+from stormwatch.platforms import AgentEndpoint
 
 FreezeRankFault = REGISTRY["freeze_rank"].experiment
 ID = "20250101T000000-unit-0000"

@@ -16,9 +16,10 @@ import aiohttp
 
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.execution.injection.injector import Injector
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
+from stormwatch.chaos.target import AttachedJobs, Target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import REGISTRY
+from stormwatch.platforms import AgentEndpoint
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 
 

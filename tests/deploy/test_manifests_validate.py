@@ -194,8 +194,9 @@ def test_the_dcgm_exporter_component_drops_only_the_agents_dcgm_series(
         f"resources: [{root}/overlays/production]\ncomponents: [{root}/components/dcgm-exporter]\n"
     )
     objects = kit.kustomize(tmp_path)
+    for obj in objects:
+        _validate(obj)
     monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
-    _validate(monitor)
     assert monitor["spec"]["endpoints"][0]["metricRelabelings"] == [
         {"sourceLabels": ["__name__"], "regex": "DCGM_.*", "action": "drop"}
     ]

@@ -1,20 +1,25 @@
-"""Starting or attaching to a job, and finding the node agents, against recorded responses."""
+"""Starting, attaching to, reading the outcome of and deleting a job (Job, indexed Job,
+JobSet), checking its manifest, and finding the node agents, against recorded responses."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
+from kubernetes import client as k8s
 
-from stormwatch.platforms import BackendError
+from stormwatch.platforms import AgentEndpoint, BackendError, InvalidManifest
 from stormwatch.platforms.kubernetes import (
     RecordedKubeApi,
     Workload,
+    delete_workload,
     discover_agents,
     find_workload,
+    read_outcome,
     start_job,
 )
 
@@ -35,8 +40,19 @@ def test_agents_are_the_ready_pods_of_the_daemonset_by_node() -> None:
     api = RecordedKubeApi(RECORDINGS).answer(AGENTS, "pods-agents.json")
     agents = discover_agents(api)
     assert sorted(agents) == ["gpu-a", "gpu-b"]  # gpu-c's agent is not Ready
-    assert agents["gpu-b"].pod == "stormwatch-agent-8mz2q"
-    assert agents["gpu-b"].url == "http://10.244.2.5:9400"
+    assert agents["gpu-b"] == AgentEndpoint(
+        node="gpu-b", url="http://10.244.2.5:9400", pod="stormwatch/stormwatch-agent-8mz2q"
+    )
+    assert agents["gpu-b"].fault_api == "http://10.244.2.5:9400"  # no fault API port: the same
+
+
+def test_host_network_agents_give_their_fault_api_port_as_the_fault_url() -> None:
+    """The dev overlay: agents on the host network, ports named metrics and fault-api."""
+    request = AGENTS.replace("/stormwatch/", "/stormwatch-dev/")
+    api = RecordedKubeApi(RECORDINGS).answer(request, "pods-agents-dev.json")
+    agents = discover_agents(api, namespace="stormwatch-dev", scheme="https")
+    assert agents["gpu-a"].url == "https://10.0.0.11:9402"
+    assert agents["gpu-a"].fault_api == "https://10.0.0.11:9403"
 
 
 def test_agent_discovery_refused_names_the_rbac_verb() -> None:
@@ -45,7 +61,9 @@ def test_agent_discovery_refused_names_the_rbac_verb() -> None:
         discover_agents(api)
 
 
-def test_starting_the_example_job_sends_a_valid_job_and_attaches_by_its_selector() -> None:
+def test_starting_the_example_job_sends_a_valid_job_and_attaches_by_its_selector(
+    kube_validate: Callable[[dict[str, Any]], None],
+) -> None:
     api = RecordedKubeApi(RECORDINGS)
     api.answer("POST /apis/batch/v1/namespaces/training/jobs", "job-llm.json")
     manifest = _example_job()
@@ -58,16 +76,16 @@ def test_starting_the_example_job_sends_a_valid_job_and_attaches_by_its_selector
     )
     ((_, sent),) = api.calls
     assert sent == manifest  # the client sends the manifest unchanged
-    kubernetes_validate.validate(sent, kubernetes_validate.latest_version(), strict=True)
+    kube_validate(sent)
 
 
 def test_a_manifest_with_an_unknown_field_is_refused_before_any_call() -> None:
     api = RecordedKubeApi(RECORDINGS)
     manifest = _example_job()
     manifest["spec"]["completion"] = 2  # type: ignore[index]
-    with pytest.raises(BackendError, match=r"not a valid batch/v1 Job.*spec.completion"):
+    with pytest.raises(InvalidManifest, match=r"spec.completion: Extra inputs.*batch/v1 Job"):
         start_job(api, "training", manifest)
-    with pytest.raises(BackendError, match="kind 'Deployment' is not Job or JobSet"):
+    with pytest.raises(InvalidManifest, match="kind: 'Deployment' is not Job or JobSet"):
         start_job(api, "training", {"kind": "Deployment", "metadata": {"name": "x"}})
     assert api.calls == []
 
@@ -96,10 +114,82 @@ def test_attaching_by_name_finds_a_running_job() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in RECORDINGS.glob("*.json")))
-def test_every_recorded_body_is_a_valid_api_object(name: str) -> None:
-    """The recordings are API bodies as the server sends them: they validate strictly."""
+def test_every_recorded_body_is_a_valid_api_object(
+    name: str, kube_validate: Callable[[dict[str, Any]], None]
+) -> None:
+    """The recordings are API bodies as the server sends them: they validate strictly (a
+    JobSet against the JobSet CRD's schema, tests/schemas/)."""
     body = json.loads((RECORDINGS / name).read_text())
-    if body.get("kind") in ("Status", "JobSet"):  # no schema in kubernetes-validate
-        assert body["apiVersion"] in ("v1", "jobset.x-k8s.io/v1alpha2")
+    if body.get("kind") == "Status":  # no schema in kubernetes-validate: the client's model
+        assert body["apiVersion"] == "v1"
+        assert k8s.V1Status.model_validate(body).status in ("Success", "Failure")
         return
-    kubernetes_validate.validate(body, kubernetes_validate.latest_version(), strict=True)
+    kube_validate(body)
+
+
+JOB = "GET /apis/batch/v1/namespaces/training/jobs"
+JOBSET = "GET /apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
+JOBS_DELETE = "DELETE /apis/batch/v1/namespaces/training/jobs"
+JOBSETS_DELETE = "DELETE /apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "recording", "outcome"),
+    [
+        ("Job", "llm", "job-llm.json", None),  # indexed Job, running
+        ("Job", "llm", "job-llm-complete.json", True),
+        ("Job", "llm", "job-llm-failing.json", None),  # FailureTarget: pods still terminating
+        ("Job", "llm", "job-llm-failed.json", False),
+        ("Job", "solo", "job-solo.json", None),  # a Job that is not indexed
+        ("Job", "solo", "job-solo-complete.json", True),
+        ("Job", "solo", "job-solo-failed.json", False),
+        ("JobSet", "pt", "jobset-pt.json", None),
+        ("JobSet", "pt", "jobset-pt-completed.json", True),
+        ("JobSet", "pt", "jobset-pt-failed.json", False),
+    ],
+)
+def test_the_outcome_is_the_workloads_terminal_status_condition(
+    kind: str, name: str, recording: str, outcome: bool | None
+) -> None:
+    api = RecordedKubeApi(RECORDINGS)
+    api.answer(f"{JOB if kind == 'Job' else JOBSET}/{name}", recording)
+    workload = Workload(kind, name, "training", "unused")  # type: ignore[arg-type]
+    assert read_outcome(api, workload) is outcome
+
+
+def test_pods_by_label_have_no_outcome_and_nothing_is_asked() -> None:
+    api = RecordedKubeApi(RECORDINGS)
+    assert read_outcome(api, Workload("label", "llm", "training", "stormwatch.io/job=llm")) is None
+    assert api.calls == []
+
+
+def test_the_outcome_of_a_job_that_is_gone_is_an_error_saying_so() -> None:
+    api = RecordedKubeApi(RECORDINGS).answer(f"{JOB}/llm", "status-404-job-llm.json")
+    with pytest.raises(BackendError, match="reading the status of Job training/llm failed: 404"):
+        read_outcome(api, Workload("Job", "llm", "training", "unused"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "request_line", "recording"),
+    [
+        ("Job", f"{JOBS_DELETE}/llm-run", "status-200-job-llm-run-deleted.json"),
+        ("JobSet", f"{JOBSETS_DELETE}/pt-run", "status-200-jobset-pt-run-deleted.json"),
+        ("Job", f"{JOBS_DELETE}/llm-run", "status-404-job-llm.json"),  # gone already: fine
+    ],
+)
+def test_deleting_a_workload_takes_its_pods_with_it_in_the_background(
+    kind: str, request_line: str, recording: str
+) -> None:
+    api = RecordedKubeApi(RECORDINGS).answer(request_line, recording)
+    name = request_line.rsplit("/", 1)[1]
+    delete_workload(api, Workload(kind, name, "training", "unused"), grace_period_s=30)  # type: ignore[arg-type]
+    assert api.calls == [
+        (request_line, {"gracePeriodSeconds": 30, "propagationPolicy": "Background"})
+    ]
+
+
+def test_pods_by_label_cannot_be_deleted_as_a_workload() -> None:
+    api = RecordedKubeApi(RECORDINGS)
+    with pytest.raises(BackendError, match="no Job or JobSet owns them"):
+        delete_workload(api, Workload("label", "x", "training", "a=b"), grace_period_s=30)
+    assert api.calls == []

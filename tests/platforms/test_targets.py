@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.platform_target import kubernetes_target, slurm_target
+from stormwatch.chaos.platform_target import slurm_target
 from stormwatch.cli import main
 from stormwatch.platforms import InvalidTargetFile, PlatformSettings, load_target_file
-from stormwatch.platforms.kubernetes import KubernetesBackend
-from stormwatch.platforms.kubernetes.recorded import RecordedKubeApi
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.targets import dump_target_file, lab_target_file
 
@@ -200,35 +198,6 @@ def test_a_slurm_target_lists_the_jobs_nodes_agents_and_placement(
     assert target.prometheus_url == "http://prometheus.example:9090"
     assert target.jobs.attach("llm").log_dir == tmp_path / "jobs" / "llm" / "logs"
     assert target.jobs.exited("llm") is None
-
-
-def test_a_kubernetes_target_finds_the_agent_daemonset_pods(tmp_path: Path) -> None:
-    recordings = Path(__file__).parent / "recordings" / "kubernetes"
-    api = RecordedKubeApi(recordings)
-    api.answer("GET /apis/batch/v1/namespaces/training/jobs/llm", "job-llm.json")
-    api.answer(
-        "GET /api/v1/namespaces/training/pods?labelSelector="
-        "batch.kubernetes.io/controller-uid=5f0c2a4e-1b7d-4c1e-9a55-3c2f1e0d9b11",
-        "pods-llm-running.json",
-    )
-    api.answer("GET /api/v1/namespaces/stormwatch/pods?labelSelector=app=agent", "pods-agents.json")
-    text = (
-        "platform: kubernetes\nprometheus: {url: 'http://p:9090'}\n"
-        "agents: {selector: app=agent, namespace: stormwatch, port: 9400}\n"
-        "kubernetes: {namespace: training}\njob: {attach: {name: llm}}\n"
-    )
-    file = load_target_file(_write(tmp_path, text))
-    backend = KubernetesBackend(api=api, namespace="training", diagnostics_dir=tmp_path)
-    target = kubernetes_target(file, tmp_path, backend=backend)
-    # gpu-c's agent pod is not Ready: not an endpoint.
-    assert [(a.node, a.url) for a in target.agents] == [
-        ("gpu-a", "http://10.244.1.5:9400"),
-        ("gpu-b", "http://10.244.2.5:9400"),
-    ]
-    assert target.world_size == 4
-    assert api.requests("GET")[-1] == (
-        "GET /api/v1/namespaces/stormwatch/pods?labelSelector=app=agent"
-    )
 
 
 #: The shipped kill-rank experiment (4 ranks, 2 nodes).

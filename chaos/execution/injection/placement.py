@@ -35,9 +35,9 @@ from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
 from stormwatch.chaos.ledger.tokens import agent_token
 from stormwatch.chaos.ledger.undo import same_process
-from stormwatch.chaos.target import AgentEndpoint
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
+from stormwatch.platforms.endpoints import AgentEndpoint
 
 log = logging.getLogger(__name__)
 

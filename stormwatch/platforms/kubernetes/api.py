@@ -1,6 +1,6 @@
 """The seam between the Kubernetes backend and the API server: :class:`KubeApi`.
 
-The backend calls these eleven operations and nothing else. :class:`ClientKubeApi`
+The backend calls these fourteen operations and nothing else. :class:`ClientKubeApi`
 carries them out with the official ``kubernetes`` client (``CoreV1Api``,
 ``BatchV1Api``, ``CustomObjectsApi``); :class:`~.recorded.RecordedKubeApi` answers
 them from recorded API bodies (the tests). Both raise
@@ -57,8 +57,10 @@ ACCESS: dict[str, Access] = {
     "patch_node": Access("patch", "nodes", namespaced=False),
     "read_job": Access("get", "jobs", "batch"),
     "create_job": Access("create", "jobs", "batch"),
+    "delete_job": Access("delete", "jobs", "batch"),
     "read_jobset": Access("get", JOBSET_PLURAL, JOBSET_GROUP),
     "create_jobset": Access("create", JOBSET_PLURAL, JOBSET_GROUP),
+    "delete_jobset": Access("delete", JOBSET_PLURAL, JOBSET_GROUP),
 }
 
 #: What the responder's actions call (``drain_node`` adds ``list_all_pods``, bound by the user).
@@ -77,8 +79,17 @@ RESPONDER_ACCESS: tuple[Access, ...] = tuple(
     )
 )
 
-#: What starting a job from a manifest adds (whoever runs ``chaos run --target`` with a template).
-LAUNCHER_ACCESS: tuple[Access, ...] = (ACCESS["create_job"], ACCESS["create_jobset"])
+#: What a chaos target (``chaos run --target``) reads: the job (Job or JobSet, its outcome)
+#: and its pods in the training namespace, the agent DaemonSet's pods in the agents'.
+TARGET_ACCESS: tuple[Access, ...] = tuple(
+    ACCESS[op] for op in ("list_pods", "read_job", "read_jobset")
+)
+
+#: What starting a job from a manifest adds (whoever runs ``chaos run --target`` with a
+#: template): create it, and delete it when the run stops it.
+LAUNCHER_ACCESS: tuple[Access, ...] = tuple(
+    ACCESS[op] for op in ("create_job", "delete_job", "create_jobset", "delete_jobset")
+)
 
 
 def rbac_rules(accesses: tuple[Access, ...], *, namespaced: bool) -> list[dict[str, Any]]:
@@ -145,12 +156,20 @@ class KubeApi(Protocol):
         """``POST /apis/batch/v1/namespaces/{namespace}/jobs``."""
         ...
 
+    def delete_job(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        """``DELETE /apis/batch/v1/namespaces/{namespace}/jobs/{name}``."""
+        ...
+
     def read_jobset(self, name: str, namespace: str) -> dict[str, Any]:
         """``GET /apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/{name}``."""
         ...
 
     def create_jobset(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets``."""
+        ...
+
+    def delete_jobset(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        """``DELETE /apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/{name}``."""
         ...
 
 
@@ -197,6 +216,9 @@ class ClientKubeApi:
     def create_job(self, namespace: str, body: k8s.V1Job) -> k8s.V1Job:
         return self.batch.create_namespaced_job(namespace, body)
 
+    def delete_job(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        self.batch.delete_namespaced_job(name, namespace, body=body)
+
     def read_jobset(self, name: str, namespace: str) -> dict[str, Any]:
         found = self.custom.get_namespaced_custom_object(
             JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name
@@ -208,6 +230,11 @@ class ClientKubeApi:
             JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body
         )
         return dict(made)  # type: ignore[call-overload]
+
+    def delete_jobset(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        self.custom.delete_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, body=body
+        )
 
 
 Refusal = Literal["forbidden", "not_found", "disruption_budget", "other"]
@@ -266,6 +293,7 @@ __all__ = [
     "JOBSET_VERSION",
     "LAUNCHER_ACCESS",
     "RESPONDER_ACCESS",
+    "TARGET_ACCESS",
     "Access",
     "ClientKubeApi",
     "KubeApi",

@@ -134,7 +134,13 @@ class KubernetesBackend:
             self.api, job, self.namespace, kind=self.workload, job_label=self.job_label
         )
 
-    def _live(self, workload: Workload) -> list[k8s.V1Pod]:
+    def live_pods(self, workload: Workload) -> list[k8s.V1Pod]:
+        """The live pods (not finished, not being deleted) of ``workload``, by name; empty
+        once every pod has gone.
+
+        Raises:
+            BackendError: the API refused the list.
+        """
         try:
             listed = self.api.list_pods(self.namespace, label_selector=workload.selector)
         except ApiException as exc:
@@ -149,7 +155,7 @@ class KubernetesBackend:
             BackendError: the job has no live pod, or the API refused.
         """
         workload = self.find(job)
-        pods = self._live(workload)
+        pods = self.live_pods(workload)
         if not pods:
             raise BackendError(
                 f"no live worker of job {job!r} found (looked for {workload.describe()})"
@@ -196,7 +202,7 @@ class KubernetesBackend:
         """Poll until ``count`` live pods run, none with a UID in ``gone``, none on ``avoid``."""
         deadline = self.clock() + self.readback_timeout_s
         while True:
-            pods = self._live(workload)
+            pods = self.live_pods(workload)
             fresh = [p for p in pods if _uid(p) not in gone]
             if (
                 len(fresh) == len(pods) == count

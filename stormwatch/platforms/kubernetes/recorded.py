@@ -119,6 +119,10 @@ class RecordedKubeApi:
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
         return self._reply(f"POST {path}", body, "V1Job")
 
+    def delete_job(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
+        self._reply(f"DELETE {path}", body, "V1Status")
+
     def read_jobset(self, name: str, namespace: str) -> dict[str, Any]:
         path = _JOBSETS.format(ns=namespace) + f"/{name}"
         return dict(self._reply(f"GET {path}", None, "object"))
@@ -126,6 +130,10 @@ class RecordedKubeApi:
     def create_jobset(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         path = _JOBSETS.format(ns=namespace)
         return dict(self._reply(f"POST {path}", body, "object"))
+
+    def delete_jobset(self, name: str, namespace: str, body: k8s.V1DeleteOptions) -> None:
+        path = _JOBSETS.format(ns=namespace) + f"/{name}"
+        self._reply(f"DELETE {path}", body, "object")
 
 
 __all__ = ["RecordedKubeApi"]

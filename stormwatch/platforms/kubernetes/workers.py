@@ -18,8 +18,10 @@ container's environment (a single-pod Job: 0). Ranks per pod: a literal
 pod runs global ranks ``node_rank * nproc .. node_rank * nproc + nproc - 1``
 (torchrun's assignment).
 
-:func:`start_job` creates a Job or JobSet from a manifest (validated against the
-client's typed models first); :func:`find_workload` attaches to a running one by name.
+:func:`start_job` creates a Job or JobSet from a manifest (checked first,
+:mod:`.manifests`); :func:`find_workload` attaches to a running one by name;
+:func:`read_outcome` says how it ended (its status conditions); :func:`delete_workload`
+deletes one this run started.
 """
 
 from __future__ import annotations
@@ -30,16 +32,10 @@ from typing import Any, Literal
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
 
 from stormwatch.platforms.errors import BackendError
-from stormwatch.platforms.kubernetes.api import (
-    JOBSET_GROUP,
-    JOBSET_VERSION,
-    KubeApi,
-    api_error,
-    refusal,
-)
+from stormwatch.platforms.kubernetes.api import KubeApi, api_error, refusal
+from stormwatch.platforms.kubernetes.manifests import check_manifest
 
 #: Label and annotation where the Job controller puts an indexed Job pod's index.
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -184,48 +180,98 @@ def find_workload(
 def start_job(api: KubeApi, namespace: str, manifest: Mapping[str, Any]) -> Workload:
     """Create the Job or JobSet of ``manifest`` in ``namespace``; its :class:`Workload`.
 
-    A Job is validated against the client's ``V1Job`` model first (unknown fields and
-    wrong types fail, naming the field); a JobSet needs ``apiVersion``
-    ``jobset.x-k8s.io/v1alpha2``, a name and ``spec.replicatedJobs``.
+    The manifest is checked first (:func:`~.manifests.check_manifest`): nothing is sent
+    when it is not valid.
 
     Raises:
-        BackendError: another kind, an invalid manifest, or the API refused
-            (409 when a job of that name exists: attach to it instead).
+        InvalidManifest: not a valid Job or JobSet (names the field).
+        BackendError: the API refused (409 when a job of that name exists: attach to it
+            instead; 403 names the RBAC grant).
     """
-    kind, name = manifest.get("kind"), (manifest.get("metadata") or {}).get("name")
-    if not isinstance(name, str) or not name:
-        raise BackendError("job manifest: metadata.name is missing")
-    if kind == "Job":
-        try:
-            body = k8s.V1Job.model_validate(dict(manifest))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
-            )
-            raise BackendError(
-                f"job manifest {name}: not a valid batch/v1 Job: {problems}"
-            ) from exc
+    checked = check_manifest(manifest)
+    name = checked.name
+    if checked.kind == "Job":
+        body = k8s.V1Job.model_validate(checked.body)
         try:
             made = api.create_job(namespace, body)
         except ApiException as exc:
             what = f"creating Job {namespace}/{name}"
             raise api_error(what, "create_job", exc, namespace=namespace) from exc
         return _job_workload(made, name, namespace)
-    if kind == "JobSet":
-        if manifest.get("apiVersion") != f"{JOBSET_GROUP}/{JOBSET_VERSION}" or not (
-            (manifest.get("spec") or {}).get("replicatedJobs")
-        ):
-            raise BackendError(
-                f"job manifest {name}: a JobSet needs apiVersion {JOBSET_GROUP}/{JOBSET_VERSION} "
-                "and spec.replicatedJobs"
-            )
-        try:
-            made_set = api.create_jobset(namespace, dict(manifest))
-        except ApiException as exc:
-            what = f"creating JobSet {namespace}/{name}"
-            raise api_error(what, "create_jobset", exc, namespace=namespace) from exc
-        return _jobset_workload(made_set, name, namespace)
-    raise BackendError(f"job manifest {name}: kind {kind!r} is not Job or JobSet")
+    try:
+        made_set = api.create_jobset(namespace, checked.body)
+    except ApiException as exc:
+        what = f"creating JobSet {namespace}/{name}"
+        raise api_error(what, "create_jobset", exc, namespace=namespace) from exc
+    return _jobset_workload(made_set, name, namespace)
+
+
+#: The terminal conditions (type -> succeeded) of a Job (batch/v1 ``JobConditionType``)
+#: and of a JobSet (jobset.x-k8s.io ``JobSetConditionType``).
+_TERMINAL = {
+    "Job": {"Complete": True, "Failed": False},
+    "JobSet": {"Completed": True, "Failed": False},
+}
+
+
+def _outcome(kind: str, conditions: list[Any]) -> bool | None:
+    for condition in conditions:
+        if isinstance(condition, Mapping):
+            kind_of, status = condition.get("type"), condition.get("status")
+        else:
+            kind_of, status = condition.type, condition.status
+        if status == "True" and kind_of in _TERMINAL[kind]:
+            return _TERMINAL[kind][kind_of]
+    return None
+
+
+def read_outcome(api: KubeApi, workload: Workload) -> bool | None:
+    """How ``workload`` ended, from its status: True for a Job's ``Complete`` (a JobSet's
+    ``Completed``) condition, False for ``Failed`` (an indexed Job whose indexes failed, a
+    JobSet whose restarts ran out), None while it runs, and for pods by label (no status).
+
+    Raises:
+        BackendError: the API refused (404: the Job/JobSet is gone, e.g. deleted or
+            removed by ``ttlSecondsAfterFinished``).
+    """
+    if workload.kind == "label":
+        return None
+    where = f"{workload.namespace}/{workload.name}"
+    try:
+        if workload.kind == "Job":
+            job = api.read_job(workload.name, workload.namespace)
+            return _outcome("Job", (job.status.conditions if job.status else None) or [])
+        jobset = api.read_jobset(workload.name, workload.namespace)
+    except ApiException as exc:
+        operation = "read_job" if workload.kind == "Job" else "read_jobset"
+        what = f"reading the status of {workload.kind} {where}"
+        raise api_error(what, operation, exc, namespace=workload.namespace) from exc
+    return _outcome("JobSet", (jobset.get("status") or {}).get("conditions") or [])
+
+
+def delete_workload(api: KubeApi, workload: Workload, *, grace_period_s: int) -> None:
+    """Delete ``workload`` and, by background propagation, its child Jobs and pods (the
+    API's default for a Job through its REST path is to orphan the pods: never that).
+    Gone already is not an error.
+
+    Raises:
+        BackendError: a workload of pods by label (nothing owns them to delete), or the
+            API refused (403 names the RBAC grant).
+    """
+    if workload.kind == "label":
+        raise BackendError(f"cannot delete {workload.describe()}: no Job or JobSet owns them")
+    body = k8s.V1DeleteOptions(grace_period_seconds=grace_period_s, propagation_policy="Background")
+    operation = "delete_job" if workload.kind == "Job" else "delete_jobset"
+    try:
+        if workload.kind == "Job":
+            api.delete_job(workload.name, workload.namespace, body)
+        else:
+            api.delete_jobset(workload.name, workload.namespace, body)
+    except ApiException as exc:
+        if refusal(exc) == "not_found":
+            return
+        what = f"deleting {workload.describe()}"
+        raise api_error(what, operation, exc, namespace=workload.namespace) from exc
 
 
 __all__ = [
@@ -236,8 +282,10 @@ __all__ = [
     "PodRanks",
     "Workload",
     "WorkloadKind",
+    "delete_workload",
     "find_workload",
     "is_live",
     "pod_ranks",
+    "read_outcome",
     "start_job",
 ]

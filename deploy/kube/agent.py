@@ -1,0 +1,158 @@
+"""The node agent: DaemonSet, ServiceAccount, headless Service and ServiceMonitor."""
+
+from __future__ import annotations
+
+from kube.common import (
+    AGENT_LABELS,
+    AGENT_PORT,
+    IMAGE,
+    METRICS_HOST_DIR,
+    SCRAPE_INTERVAL,
+    Obj,
+    meta,
+)
+
+
+def agent_daemonset() -> Obj:
+    """The agent on every GPU node: host PID namespace (rank watcher, fault API), NVML
+    through the NVIDIA container runtime, the host's metrics folder shared with the ranks."""
+    container: Obj = {
+        "name": "agent",
+        "image": IMAGE,
+        "args": [
+            "agent",
+            "run",
+            f"--listen=0.0.0.0:{AGENT_PORT}",
+            "--node=$(NODE_NAME)",
+            f"--metrics-dir={METRICS_HOST_DIR}",
+            "--gpu-backend=nvml",
+            "--state-dir=/var/lib/stormwatch/agent",
+        ],
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            # The NVIDIA container runtime injects the driver's NVML for these.
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 30,
+            "failureThreshold": 4,
+        },
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+        "securityContext": {
+            "runAsUser": 0,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            # Read other containers' /proc/<pid>/environ (rank watcher); signal them
+            # (fault API kill_rank).
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE", "KILL", "DAC_READ_SEARCH"]},
+        },
+        "volumeMounts": [
+            {"name": "metrics", "mountPath": METRICS_HOST_DIR},
+            {"name": "state", "mountPath": "/var/lib/stormwatch/agent"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta("stormwatch-agent", AGENT_LABELS),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "stormwatch-agent"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+            "template": {
+                "metadata": {"labels": dict(AGENT_LABELS)},
+                "spec": {
+                    "hostPID": True,
+                    "runtimeClassName": "nvidia",
+                    "priorityClassName": "system-node-critical",
+                    "serviceAccountName": "stormwatch-agent",
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"},
+                    ],
+                    "terminationGracePeriodSeconds": 15,
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": "metrics",
+                            "hostPath": {"path": METRICS_HOST_DIR, "type": "DirectoryOrCreate"},
+                        },
+                        {
+                            "name": "state",
+                            "hostPath": {
+                                "path": "/var/lib/stormwatch/agent",
+                                "type": "DirectoryOrCreate",
+                            },
+                        },
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def agent_service_account() -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta("stormwatch-agent", AGENT_LABELS),
+        "automountServiceAccountToken": False,
+    }
+
+
+def agent_service() -> Obj:
+    """Headless Service over the agents: one endpoint per node for the ServiceMonitor."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta("stormwatch-agent", AGENT_LABELS),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"app.kubernetes.io/name": "stormwatch-agent"},
+            "ports": [
+                {"name": "metrics", "port": AGENT_PORT, "targetPort": "metrics", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def agent_service_monitor() -> Obj:
+    """Scrape every agent; ``honorLabels`` keeps the training job's ``job`` label
+    (alerts/rules/ranks.yml), the node name becomes ``node``."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta("stormwatch-agent", AGENT_LABELS),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "stormwatch-agent"}},
+            "endpoints": [
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    "scrapeTimeout": "4s",
+                    "honorLabels": True,
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                            "targetLabel": "node",
+                            "action": "replace",
+                        }
+                    ],
+                }
+            ],
+        },
+    }

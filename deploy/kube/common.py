@@ -1,0 +1,42 @@
+"""What every generated object shares: the namespace, image, labels, ports and ``meta``.
+
+Ports come from the code's defaults (the agent's ``AgentConfig``, the responder's
+``ResponderSettings``), never copied by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stormwatch.agent.config import AgentConfig
+from stormwatch.alerts.responder.settings import ResponderSettings
+
+Obj = dict[str, Any]
+
+NAMESPACE = "stormwatch"
+IMAGE = "ghcr.io/stormwatch/stormwatch:0.1.0"
+PART_OF = {"app.kubernetes.io/part-of": "stormwatch"}
+AGENT_LABELS = {"app.kubernetes.io/name": "stormwatch-agent", **PART_OF}
+RESPONDER_LABELS = {"app.kubernetes.io/name": "stormwatch-responder", **PART_OF}
+#: Host folder the training pods and the agent share (the ranks' STORMWATCH_METRICS_DIR).
+METRICS_HOST_DIR = "/run/stormwatch/metrics"
+#: Label whose value is the training job's name (the responder's job label).
+JOB_LABEL = "stormwatch.io/job"
+TOKEN_SECRET = "stormwatch-responder-token"
+RESPONDER_SA = "stormwatch-responder"
+
+#: The rank rules' 20 s "just exited" window needs at least 4 scrapes (alerts/rules/ranks.yml).
+SCRAPE_INTERVAL = "5s"
+
+_AGENT_DEFAULTS = AgentConfig.model_fields
+AGENT_PORT: int = _AGENT_DEFAULTS["listen_port"].default
+FAULT_API_PORT: int = _AGENT_DEFAULTS["fault_listen_port"].default
+RESPONDER_PORT: int = ResponderSettings.__dataclass_fields__["port"].default
+
+
+def meta(name: str, labels: dict[str, str], namespace: str | None = NAMESPACE) -> Obj:
+    out: Obj = {"name": name}
+    if namespace:
+        out["namespace"] = namespace
+    out["labels"] = dict(labels)
+    return out
