@@ -10,7 +10,7 @@ without a lab. The runner only sees :class:`Target` and the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -60,6 +60,39 @@ class RankPlacement(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeReturn:
+    """What the platform did for one node once the faults on it were reverted.
+
+    Attributes:
+        node: the node's name.
+        action: ``in service`` (nothing to do), ``resumed`` (the scheduler had taken it
+            out of service during the fault; put back, read back), ``back`` (it was not
+            answering and came back by itself, read back), ``left`` (out of service for
+            another reason: not touched) or ``failed``.
+        before: its state as first read (the scheduler's words), None when unreadable.
+        detail: what was done or seen.
+    """
+
+    node: str
+    action: str
+    before: str | None
+    detail: str
+
+
+class NodeService(Protocol):
+    """Puts nodes back into service after a fault cut them off (a Slurm node set DOWN as
+    not responding); every platform whose scheduler takes unreachable nodes out of
+    service has one."""
+
+    def return_to_service(self, nodes: Sequence[str], *, since: float) -> list[NodeReturn]:
+        """Return each of ``nodes`` to service if the scheduler took it out on its own
+        since ``since`` (Unix s, the first fault's injection); never a node taken out
+        for another reason (an operator's drain). Never raises: a node that could not be
+        returned says so in its :class:`NodeReturn` (``failed``)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentEndpoint:
     """One node's agent: ``node`` name, base ``url`` of its read-only listener
     (``/healthz``, ``/v1/ranks``) and ``fault_url``, its fault API listener
@@ -91,6 +124,8 @@ class Target:
             faults go to that node's agent first); None: ask every agent.
         attach_job: the job a target file attaches to (``job.attach``): the runner
             attaches to it instead of starting the experiment's job; None: start it.
+        nodes: returns nodes to service after the faults on them are reverted (the
+            rollbacks and the final revert call it); None: the platform needs nothing.
     """
 
     run_dir: Path
@@ -103,6 +138,7 @@ class Target:
     responder_token_file: Path | None = None
     placement: RankPlacement | None = None
     attach_job: str | None = None
+    nodes: NodeService | None = None
 
 
 class AttachedJobs:
@@ -270,6 +306,8 @@ __all__ = [
     "AttachedJobs",
     "JobControl",
     "LabJobs",
+    "NodeReturn",
+    "NodeService",
     "RankPlacement",
     "Target",
     "lab_target",

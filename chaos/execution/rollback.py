@@ -5,11 +5,17 @@
 :class:`Reverter` (:class:`LedgerReverter`: the fault kinds' idempotent reverts,
 closing each ledger row). Its steps never skip one another: a rollback that fails
 (or a second interrupt) is journaled and the next still runs.
+
+After each revert the target's :class:`~stormwatch.chaos.target.NodeService` (a Slurm
+target's) returns the nodes of the reverted faults to service when the scheduler took
+them out during the fault (a node cut off is set DOWN after ``SlurmdTimeout`` and stays
+DOWN once its link heals), journaled as ``return-nodes-to-service``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Protocol
 
@@ -22,6 +28,7 @@ from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
 from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open
+from stormwatch.chaos.target import NodeService
 from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.contracts.journal import ExperimentStatus, Phase
 
@@ -86,12 +93,21 @@ class RollbackExecutor:
         ctx: the run (its experiment's rollbacks and strategy; each step is journaled).
         faults: what the run injected (this run's open faults; the ledger's orphans).
         reverter: reverts ledger entries.
+        nodes: returns the nodes of reverted faults to service (the target's); None: none.
     """
 
-    def __init__(self, ctx: RunContext, *, faults: FaultTracker, reverter: Reverter) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        faults: FaultTracker,
+        reverter: Reverter,
+        nodes: NodeService | None = None,
+    ) -> None:
         self._ctx = ctx
         self._faults = faults
         self._reverter = reverter
+        self._nodes = nodes
 
     async def recover_orphans(self) -> None:
         """Revert the open faults of dead controllers (journaled in ``recovery``).
@@ -192,9 +208,12 @@ class RollbackExecutor:
     async def _revert_open(
         self, name: str, phase: Phase, reason: str, experiment_id: str | None
     ) -> bool:
-        """Journal one revert of the open faults (of ``experiment_id``; all when None)."""
+        """Journal one revert of the open faults (of ``experiment_id``; all when None), then
+        return their nodes to service (:meth:`_return_to_service`)."""
         ctx = self._ctx
         failed: list[RevertOutcome] = []
+        opened = self._faults.ledger.open_faults(experiment_id=experiment_id)
+        outcomes: list[RevertOutcome] = []
         async with ctx.writer.activity(name, "revert", phase, raise_on_failure=False) as record:
             outcomes = await self._reverter.revert_open(reason=reason, experiment_id=experiment_id)
             record.output = [
@@ -213,7 +232,43 @@ class RollbackExecutor:
                     f"could NOT revert: {record.error} (still open in the "
                     "ledger; `stormwatch chaos revert --all`)"
                 )
-        return not failed and record.status != "failed"
+        reverted = {o.fault_id for o in outcomes if o.ok}
+        returned = await self._return_to_service([e for e in opened if e.id in reverted], phase)
+        return not failed and record.status != "failed" and returned
+
+    async def _return_to_service(self, entries: list[LedgerEntry], phase: Phase) -> bool:
+        """Have the platform return the nodes of the reverted ``entries`` to service, if
+        the scheduler took them out since the first was injected; one journal record
+        (``return-nodes-to-service``, one output row per node). Never raises.
+
+        Returns:
+            False when a node could not be returned (the record says which and why).
+        """
+        nodes = sorted({node for entry in entries for node in _fault_nodes(entry)})
+        if self._nodes is None or not nodes:
+            return True
+        since = min(entry.injected_at or entry.recorded_at for entry in entries)
+        ctx = self._ctx
+        name = "return-nodes-to-service"
+        async with ctx.writer.activity(name, "resume", phase, raise_on_failure=False) as record:
+            returns = await asyncio.to_thread(self._nodes.return_to_service, nodes, since=since)
+            record.output = [dataclasses.asdict(r) for r in returns]
+            acted = [r for r in returns if r.action != "in service"]
+            for r in acted:
+                ctx.reporter.event(f"  {name}: {r.node} {r.action}: {r.detail}")
+            failed = [r for r in returns if r.action == "failed"]
+            if failed:
+                record.status = "failed"
+                record.error = "; ".join(f"{r.node}: {r.detail}" for r in failed)
+        return record.status != "failed"
+
+
+def _fault_nodes(entry: LedgerEntry) -> set[str]:
+    """The nodes a fault acted on: its agent-side parts' nodes, else the rank's node."""
+    nodes = {part.node for part in entry.target.requests}
+    if not nodes and entry.target.node is not None:
+        nodes.add(entry.target.node)
+    return nodes
 
 
 __all__ = ["LedgerReverter", "Reverter", "RollbackExecutor", "rollbacks_run"]
