@@ -108,6 +108,8 @@ class RollbackExecutor:
         self._faults = faults
         self._reverter = reverter
         self._nodes = nodes
+        #: Faults whose nodes were already handed to ``nodes`` (once per fault).
+        self._returned: set[str] = set()
 
     async def recover_orphans(self) -> None:
         """Revert the open faults of dead controllers (journaled in ``recovery``).
@@ -212,8 +214,6 @@ class RollbackExecutor:
         return their nodes to service (:meth:`_return_to_service`)."""
         ctx = self._ctx
         failed: list[RevertOutcome] = []
-        opened = self._faults.ledger.open_faults(experiment_id=experiment_id)
-        outcomes: list[RevertOutcome] = []
         async with ctx.writer.activity(name, "revert", phase, raise_on_failure=False) as record:
             outcomes = await self._reverter.revert_open(reason=reason, experiment_id=experiment_id)
             record.output = [
@@ -232,20 +232,24 @@ class RollbackExecutor:
                     f"could NOT revert: {record.error} (still open in the "
                     "ledger; `stormwatch chaos revert --all`)"
                 )
-        reverted = {o.fault_id for o in outcomes if o.ok}
-        returned = await self._return_to_service([e for e in opened if e.id in reverted], phase)
+        returned = await self._return_to_service(phase)
         return not failed and record.status != "failed" and returned
 
-    async def _return_to_service(self, entries: list[LedgerEntry], phase: Phase) -> bool:
-        """Have the platform return the nodes of the reverted ``entries`` to service, if
-        the scheduler took them out since the first was injected; one journal record
-        (``return-nodes-to-service``, one output row per node). Never raises.
+    async def _return_to_service(self, phase: Phase) -> bool:
+        """Have the platform return the nodes of this run's faults closed since the last
+        call (here or by their TTL reaper) to service, if the scheduler took them out since
+        the first was injected; one journal record (``return-nodes-to-service``, one output
+        row per node). Never raises.
 
         Returns:
             False when a node could not be returned (the record says which and why).
         """
+        if self._nodes is None:
+            return True
+        entries = [e for e in self._faults.entries() if not e.open and e.id not in self._returned]
+        self._returned.update(e.id for e in entries)
         nodes = sorted({node for entry in entries for node in _fault_nodes(entry)})
-        if self._nodes is None or not nodes:
+        if not nodes:
             return True
         since = min(entry.injected_at or entry.recorded_at for entry in entries)
         ctx = self._ctx

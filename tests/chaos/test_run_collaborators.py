@@ -273,6 +273,27 @@ def test_after_a_revert_the_platform_returns_the_faults_nodes_to_service_journal
     assert any(f"node0 {action}: seen" in line for line in run.said.events)
 
 
+def test_a_fault_its_ttl_reaper_closed_before_the_rollback_still_gets_its_nodes_returned(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path, _yaml(FREEZE, rollbacks="  - {type: revert, name: undo}"))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    [entry] = run.faults.open_faults()
+    run.ledger.mark_reverted(entry.id, reason="ttl", detail="by its reaper")
+    nodes = StandInNodes("resumed")
+    rollback = run.rollback(nodes=nodes)
+
+    assert asyncio.run(rollback.rollbacks("completed", None)) is True
+    assert asyncio.run(rollback.rollbacks("completed", None)) is True  # once per fault
+
+    assert nodes.calls == [(["node0"], entry.injected_at)]
+    assert [r.name for r in run.journal.rollbacks] == [
+        "undo",
+        "return-nodes-to-service",
+        "undo",
+    ]
+
+
 def test_a_fault_that_was_not_reverted_leaves_its_nodes_alone(tmp_path: Path) -> None:
     run = Run(tmp_path, _yaml(FREEZE))
     asyncio.run(run.method(StandInSender(run.ledger)).run())

@@ -178,6 +178,19 @@ class SlurmWatch:
     def node_first(self, flag: str, after: float = 0.0) -> float | None:
         return next((t for t, s, _ in self.node_states if t >= after and flag in s), None)
 
+    def node_during(self, start: float, end: float) -> list[str]:
+        """The node's states in effect at some moment of [start, end)."""
+        return _in_effect([(t, s) for t, s, _ in self.node_states], start, end)
+
+    def job_during(self, job_id: str, start: float, end: float) -> list[str]:
+        """Job ``job_id``'s states in effect at some moment of [start, end)."""
+        return _in_effect([(t, s) for t, i, s, _ in self.job_states if i == job_id], start, end)
+
+
+def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -> list[str]:
+    before = [s for t, s in transitions if t <= start]
+    return before[-1:] + [s for t, s in transitions if start < t < end]
+
 
 # --------------------------------------------------------------------------------------
 def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_recovers(
@@ -304,7 +317,7 @@ def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_r
     assert "Not responding" in str(by_node["node1"]["before"])
     # Healed but still DOWN until the rollback resumed it (Slurm stops pinging a DOWN
     # node that did not answer; ReturnToService=2 only acts when it registers again).
-    between = [s for t, s, _ in watch.node_states if healed_at + 2 <= t < returned.start]
+    between = watch.node_during(healed_at + 2, returned.start)
     assert between and all("DOWN" in s for s in between), watch.node_states
     back_at = next(
         (t for t, s, _ in watch.node_states if t >= returned.start and "DOWN" not in s), None
@@ -349,10 +362,9 @@ def test_a_node_agent_kill_is_detected_and_reverted_while_the_slurm_job_runs_on(
     # Slurm's view: one job, RUNNING from before the kill until it COMPLETED, never requeued.
     job_id = lab.state.jobs[journal.job.name].info.slurm_job_id
     assert job_id is not None
-    states = [(t, s, r) for t, i, s, r in watch.job_states if i == job_id]
     assert fault.injected_at is not None
-    during = [s for t, s, _ in states if fault.injected_at <= t <= scraped.end]
-    assert states and all(s == "RUNNING" for s in during), states
+    during = watch.job_during(job_id, fault.injected_at, scraped.end)
+    assert during and all(s == "RUNNING" for s in during), watch.job_states
     final = slurm.job(job_id)
     assert (final.state, final.restarts) == ("COMPLETED", 0), final
     assert all("DOWN" not in s for _, s, _ in watch.node_states), watch.node_states
