@@ -69,14 +69,39 @@ class SlurmJobs:
     """
 
     def __init__(
-        self, commands: SlurmCommands, job: AttachedSlurmJob, *, log_dir: Path, world_size: int
+        self,
+        commands: SlurmCommands,
+        job: AttachedSlurmJob,
+        *,
+        log_dirs: JobLogDirs,
+        world_size: int,
     ) -> None:
         self._commands = commands
         self._job = job
-        self._log_dir = log_dir
+        self._log_dirs = log_dirs
+        self._log_dir = log_dirs(job.name, job.job_id)
         self._world_size = world_size
         #: The job name the runner attaches to.
         self.attached = job.name
+
+    def log_dir(self, name: str) -> Path:
+        """Job ``name``'s rank logs (``job.log_dir``; ``{jobid}``: the newest Slurm job of
+        that name, ``scontrol show job``).
+
+        Raises:
+            LabNotReady: the pattern needs the job id and Slurm knows no job ``name``.
+        """
+        if name == self._job.name:
+            return self._log_dir
+        if not self._log_dirs.needs_job_id:
+            return self._log_dirs(name, "")
+        try:
+            known = self._commands.jobs_named(name)
+        except BackendError as exc:
+            raise LabNotReady(f"job {name!r}: {exc}") from exc
+        if not known:
+            raise LabNotReady(f"job.log_dir needs the id of job {name!r}; Slurm knows none")
+        return self._log_dirs(name, known[-1].job_id)
 
     def start(self, job: JobSection) -> JobRef:
         raise ChaosError(
@@ -206,11 +231,26 @@ def _agent(agents: AgentsSection, node: str, host: str) -> AgentEndpoint:
     return AgentEndpoint(node=node, url=f"{agents.scheme}://{host}:{agents.port}", fault_url=fault)
 
 
-def _log_dir(target: TargetFile, run_dir: Path, name: str, job_id: str) -> Path:
-    pattern = target.job.log_dir if target.job is not None else None
-    if pattern is None:
-        return Path(run_dir) / "jobs" / name / "logs"
-    return Path(pattern.format(job=name, jobid=job_id))
+@dataclass(frozen=True)
+class JobLogDirs:
+    """Where a job's rank logs are: the target file's ``job.log_dir`` (``{job}``,
+    ``{jobid}`` substituted), else ``<run-dir>/jobs/<job>/logs``."""
+
+    pattern: str | None
+    run_dir: Path
+
+    @classmethod
+    def of(cls, target: TargetFile, run_dir: Path) -> JobLogDirs:
+        return cls(target.job.log_dir if target.job is not None else None, Path(run_dir))
+
+    @property
+    def needs_job_id(self) -> bool:
+        return self.pattern is not None and "{jobid}" in self.pattern
+
+    def __call__(self, name: str, job_id: str) -> Path:
+        if self.pattern is None:
+            return self.run_dir / "jobs" / name / "logs"
+        return Path(self.pattern.format(job=name, jobid=job_id))
 
 
 def slurm_target(
@@ -244,7 +284,7 @@ def slurm_target(
         jobs=SlurmJobs(
             commands,
             job,
-            log_dir=_log_dir(target, run_dir, job.name, job.job_id),
+            log_dirs=JobLogDirs.of(target, run_dir),
             world_size=world_size,
         ),
         world_size=world_size,
@@ -285,13 +325,18 @@ class KubernetesJobs:
     has ended when none of its pods is live any more."""
 
     def __init__(
-        self, backend: KubernetesBackend, *, name: str, log_dir: Path, world_size: int
+        self, backend: KubernetesBackend, *, name: str, log_dirs: JobLogDirs, world_size: int
     ) -> None:
         self._backend = backend
         #: The job name the runner attaches to.
         self.attached = name
-        self._log_dir = log_dir
+        self._log_dirs = log_dirs
+        self._log_dir = log_dirs(name, "")
         self._world_size = world_size
+
+    def log_dir(self, name: str) -> Path:
+        """Job ``name``'s rank logs (``job.log_dir``, ``{job}`` substituted)."""
+        return self._log_dirs(name, "")
 
     def start(self, job: JobSection) -> JobRef:
         raise ChaosError(f"cannot start job {job.name!r} on kubernetes: attach with --job")
@@ -363,7 +408,7 @@ def kubernetes_target(
         jobs=KubernetesJobs(
             backend,
             name=attach.name,
-            log_dir=_log_dir(target, run_dir, attach.name, ""),
+            log_dirs=JobLogDirs.of(target, run_dir),
             world_size=len(ranks),
         ),
         world_size=len(ranks),
@@ -403,6 +448,7 @@ def resolve_target(run_dir: Path, target_file: Path | None) -> Target:
 __all__ = [
     "NOT_RESPONDING_REASON",
     "AttachedSlurmJob",
+    "JobLogDirs",
     "KubernetesJobs",
     "SlurmJobs",
     "SlurmNodes",

@@ -38,6 +38,11 @@ class JobControl(Protocol):
         """Find the running (or finished) job ``name``; raises ChaosError when there is none."""
         ...
 
+    def log_dir(self, name: str) -> Path:
+        """Where job ``name``'s rank logs are (a baseline's, say: it need not run); raises
+        ChaosError when that cannot be known."""
+        ...
+
     def exited(self, name: str) -> bool | None:
         """``None`` while the job runs (or when unknown); ``True``/``False``: ended ok / failed."""
         ...
@@ -217,6 +222,9 @@ class LabJobs:
             world_size=self._world_size,
             started_by_runner=True,
         )
+
+    def log_dir(self, name: str) -> Path:
+        return self._lab.paths.job_logs(name)
 
     def attach(self, name: str) -> JobRef:
         try:

@@ -196,6 +196,9 @@ def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -
 def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_recovers(
     lab: Lab, tmp_path: Path
 ) -> None:
+    # A fault-free run of the same job first: the loss after recovery must match it bitwise.
+    lab.start_job(JobSpec(name="scn-base", steps=50, checkpoint_every=10, step_delay=0.0))
+    assert lab.wait_job("scn-base", timeout=600).ok
     info = lab.start_job(JobSpec(name="scn-kill", steps=50, checkpoint_every=10, step_delay=0.3))
     assert info.slurm_job_id is not None
     target = _hand_written_target(lab, tmp_path, "scn-kill")
@@ -209,6 +212,8 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
         str(run_dir),
         "--wait-resolved",
         "90",
+        "--baseline-job",
+        "scn-base",
     )
 
     journal_path, journal = _journal_of(done)
@@ -231,6 +236,7 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
     assert pm["alert_labels"].get("rank") == "1", pm
     assert pm["recovered"] and pm["resumed_from_step"] == 20, pm
     assert pm["faults_left_open"] == []
+    assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 25, pm["loss"]
     # torchrun restarted the workers inside the Slurm job: the job itself never restarted.
     lab.wait_job("scn-kill", timeout=300)
     final = slurm.job(info.slurm_job_id)
@@ -239,7 +245,8 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
         "FIGURES kill-rank via hand-written slurm target: "
         f"time to detect {pm['time_to_detect_seconds']:.1f} s, "
         f"time to recover {pm['time_to_recover_seconds']:.1f} s, "
-        f"steps lost {pm['steps_lost']}, alert received "
+        f"steps lost {pm['steps_lost']}, loss identical to the baseline over "
+        f"{pm['loss']['compared_steps']} steps, alert received "
         f"{(pm['alert_received_at'] or 0) - (pm['fault_at'] or 0):.1f} s after the fault"
     )
 
