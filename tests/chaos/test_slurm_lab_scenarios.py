@@ -29,6 +29,7 @@ import pytest
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_readback import in_service
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
@@ -151,6 +152,7 @@ class SlurmWatch:
         self._commands, self._node, self._jobs = commands, node, jobs
         self.node_states: list[tuple[float, str, str | None]] = []
         self.job_states: list[tuple[float, str, str, int]] = []
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -165,13 +167,20 @@ class SlurmWatch:
     def _poll(self) -> None:
         while not self._stop.is_set():
             now = time.time()
-            node = self._commands.nodes(self._node)[self._node]
+            try:
+                node = self._commands.nodes(self._node)[self._node]
+                jobs = self._commands.jobs()
+            except BackendError as exc:  # a slow slurmctld: this sample is lost, not the watch
+                self.errors.append(str(exc))
+                self._stop.wait(0.5)
+                continue
             if not self.node_states or self.node_states[-1][1:] != (node.state, node.reason):
                 self.node_states.append((now, node.state, node.reason))
-            for job in self._commands.jobs():
+            for job in jobs:
                 if job.name.startswith(self._jobs):
+                    last = [s for s in self.job_states if s[1] == job.job_id][-1:]
                     seen = (job.job_id, job.state, job.restarts)
-                    if not any(s[1:] == seen for s in self.job_states):
+                    if not last or last[0][1:] != seen:
                         self.job_states.append((now, *seen))
             self._stop.wait(0.5)
 
