@@ -202,6 +202,7 @@ def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -
 
 
 # --------------------------------------------------------------------------------------
+@pytest.mark.timeout(1500)
 def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_recovers(
     lab: Lab, tmp_path: Path
 ) -> None:
@@ -294,6 +295,7 @@ rollbacks:
 """
 
 
+@pytest.mark.timeout(1500)
 def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_rollback(
     lab: Lab, tmp_path: Path
 ) -> None:
@@ -350,6 +352,7 @@ def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_r
     )
 
 
+@pytest.mark.timeout(1500)
 def test_a_node_agent_kill_is_detected_and_reverted_while_the_slurm_job_runs_on(
     lab: Lab,
 ) -> None:
