@@ -7,7 +7,8 @@
   node at ``<scheme>://<host>:<port>`` (``host`` from ``{node}`` / ``{addr}``, Slurm's
   ``NodeAddr``), rank placement from :class:`~stormwatch.platforms.slurm.SlurmBackend`,
   job state from ``scontrol show job`` (:class:`SlurmJobs`). After a revert, a node that
-  slurmctld set DOWN as not responding during the fault is resumed (:class:`SlurmNodes`).
+  slurmctld set DOWN as not responding during the fault is resumed
+  (:class:`~stormwatch.chaos.node_service.SlurmNodes`).
   Every command goes through :class:`~stormwatch.platforms.slurm.SlurmCommands` (the
   file's ``slurm.conf``).
 * ``kubernetes``: agents are the running pods of the agent DaemonSet (``agents.selector``)
@@ -20,31 +21,25 @@ Only ``job.attach`` is supported here; ``job.submit`` is refused when the target
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
-from stormwatch.chaos.target import AgentEndpoint, NodeReturn, Target, lab_target
+from stormwatch.chaos.node_service import SlurmNodes
+from stormwatch.chaos.target import AgentEndpoint, Target, lab_target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.lab.paths import RunPaths
 from stormwatch.platforms.errors import BackendError
-from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, SlurmNodeInfo, parse_oneliner
-from stormwatch.platforms.slurm_readback import SlurmWait, describe_node, drained, in_service
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, parse_oneliner
+from stormwatch.platforms.slurm_readback import SlurmWait
 from stormwatch.platforms.targets import AgentsSection, TargetFile, load_target_file
 
 if TYPE_CHECKING:
     from stormwatch.platforms.kubernetes import KubernetesBackend
 
 logger = logging.getLogger(__name__)
-
-#: The reason slurmctld gives a node it sets DOWN for not answering its pings for
-#: ``SlurmdTimeout`` (src/slurmctld/ping_nodes.c); an operator's reason is anything else.
-NOT_RESPONDING_REASON = "Not responding"
-#: Slurm stamps a reason to the second (``[slurm@2026-12-02T06:12:01]``).
-_STAMP_RESOLUTION_S = 1.0
 
 #: Slurm job states after which the job will not run again (``squeue --help``, JOB STATE CODES).
 _SLURM_FAILED = frozenset(
@@ -134,64 +129,6 @@ class SlurmJobs:
 
     def stop(self, name: str) -> None:
         raise ChaosError(f"cannot stop job {name!r}: it was not started by stormwatch chaos")
-
-
-class SlurmNodes:
-    """The :class:`~stormwatch.chaos.target.NodeService` of a Slurm target.
-
-    A node cut off from slurmctld (a partition, a link down) is set DOWN with reason
-    ``Not responding`` after ``SlurmdTimeout``, and stays DOWN once it answers again
-    (slurmctld stops pinging a node that is DOWN and not responding): it needs
-    ``scontrol update NodeName=N State=RESUME``. Per node, as first read:
-
-    * in service (IDLE/MIXED/ALLOCATED, no flag): nothing to do;
-    * DOWN, not drained, reason ``Not responding`` stamped at or after ``since``:
-      :meth:`SlurmBackend.resume_node` (read back in service) -> ``resumed``;
-    * not responding but not DOWN yet: slurmctld clears it at its next ping; read back
-      in service -> ``back``;
-    * anything else (drained, DOWN for an operator's reason or since before the fault):
-      left alone.
-    """
-
-    def __init__(self, backend: SlurmBackend) -> None:
-        self._backend = backend
-
-    def return_to_service(self, nodes: Sequence[str], *, since: float) -> list[NodeReturn]:
-        try:
-            found = self._backend.commands.nodes(*nodes)
-        except BackendError as exc:
-            return [
-                NodeReturn(node=n, action="failed", before=None, detail=str(exc)) for n in nodes
-            ]
-        return [self._one(name, found.get(name), since) for name in nodes]
-
-    def _one(self, name: str, info: SlurmNodeInfo | None, since: float) -> NodeReturn:
-        if info is None:
-            return NodeReturn(node=name, action="left", before=None, detail="not a Slurm node")
-        before = describe_node(info)
-        if in_service(info):
-            return NodeReturn(node=name, action="in service", before=before, detail=info.state)
-        backend = self._backend
-        try:
-            if _cut_off_since(info, since):
-                detail = backend.resume_node(name)
-                return NodeReturn(node=name, action="resumed", before=before, detail=detail)
-            if "NOT_RESPONDING" in info.flags and "DOWN" not in info.state and not drained(info):
-                back = backend.wait.node(backend.commands, name, in_service, "back in service")
-                detail = f"answering again: {back.state}"
-                return NodeReturn(node=name, action="back", before=before, detail=detail)
-        except BackendError as exc:
-            return NodeReturn(node=name, action="failed", before=before, detail=str(exc))
-        why = "drained" if drained(info) else f"out of service for another reason ({before})"
-        return NodeReturn(node=name, action="left", before=before, detail=f"{why}: not touched")
-
-
-def _cut_off_since(info: SlurmNodeInfo, since: float) -> bool:
-    """DOWN (not drained) by slurmctld for not answering, at or after ``since`` (Unix s)."""
-    if "DOWN" not in info.state or drained(info) or info.reason_text != NOT_RESPONDING_REASON:
-        return False
-    stamped = info.reason_time
-    return stamped is None or stamped >= since - _STAMP_RESOLUTION_S
 
 
 def attach_slurm_job(commands: SlurmCommands, target: TargetFile) -> AttachedSlurmJob:
@@ -446,12 +383,10 @@ def resolve_target(run_dir: Path, target_file: Path | None) -> Target:
 
 
 __all__ = [
-    "NOT_RESPONDING_REASON",
     "AttachedSlurmJob",
     "JobLogDirs",
     "KubernetesJobs",
     "SlurmJobs",
-    "SlurmNodes",
     "attach_slurm_job",
     "kubernetes_target",
     "resolve_target",

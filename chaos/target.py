@@ -10,18 +10,20 @@ without a lab. The runner only sees :class:`Target` and the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
+from stormwatch.chaos.node_service import NodeService, SlurmNodes
 from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab.jobs import launch as lab_jobs
 from stormwatch.platforms.lab import LabBackend
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 logger = logging.getLogger(__name__)
@@ -61,39 +63,6 @@ class RankPlacement(Protocol):
 
     def ranks(self, job: str) -> Mapping[int, str]:
         """Global rank -> node name; raises a StormwatchError when the job has no worker."""
-        ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeReturn:
-    """What the platform did for one node once the faults on it were reverted.
-
-    Attributes:
-        node: the node's name.
-        action: ``in service`` (nothing to do), ``resumed`` (the scheduler had taken it
-            out of service during the fault; put back, read back), ``back`` (it was not
-            answering and came back by itself, read back), ``left`` (out of service for
-            another reason: not touched) or ``failed``.
-        before: its state as first read (the scheduler's words), None when unreadable.
-        detail: what was done or seen.
-    """
-
-    node: str
-    action: str
-    before: str | None
-    detail: str
-
-
-class NodeService(Protocol):
-    """Puts nodes back into service after a fault cut them off (a Slurm node set DOWN as
-    not responding); every platform whose scheduler takes unreachable nodes out of
-    service has one."""
-
-    def return_to_service(self, nodes: Sequence[str], *, since: float) -> list[NodeReturn]:
-        """Return each of ``nodes`` to service if the scheduler took it out on its own
-        since ``since`` (Unix s, the first fault's injection); never a node taken out
-        for another reason (an operator's drain). Never raises: a node that could not be
-        returned says so in its :class:`NodeReturn` (``failed``)."""
         ...
 
 
@@ -306,6 +275,15 @@ def lab_target(run_dir: Path) -> Target:
             diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
             node_metrics_dirs={n.name: Path(n.metrics_dir) for n in state.nodes},
         ),
+        # The lab's Slurm sets a node cut off for SlurmdTimeout DOWN: resumed after a revert.
+        nodes=None
+        if state.slurm is None
+        else SlurmNodes(
+            SlurmBackend(
+                diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
+                commands=SlurmCommands(conf=state.slurm.conf),
+            )
+        ),
     )
 
 
@@ -314,8 +292,6 @@ __all__ = [
     "AttachedJobs",
     "JobControl",
     "LabJobs",
-    "NodeReturn",
-    "NodeService",
     "RankPlacement",
     "Target",
     "lab_target",

@@ -6,10 +6,11 @@
 closing each ledger row). Its steps never skip one another: a rollback that fails
 (or a second interrupt) is journaled and the next still runs.
 
-After each revert the target's :class:`~stormwatch.chaos.target.NodeService` (a Slurm
+After each revert the target's :class:`~stormwatch.chaos.node_service.NodeService` (a Slurm
 target's) returns the nodes of the reverted faults to service when the scheduler took
 them out during the fault (a node cut off is set DOWN after ``SlurmdTimeout`` and stays
-DOWN once its link heals), journaled as ``return-nodes-to-service``.
+DOWN once its link heals), journaled as ``return-nodes-to-service`` when a node was not
+simply in service.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Protocol
 
 import aiohttp
@@ -28,7 +30,7 @@ from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
 from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open
-from stormwatch.chaos.target import NodeService
+from stormwatch.chaos.node_service import NodeService
 from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.contracts.journal import ExperimentStatus, Phase
 
@@ -238,8 +240,8 @@ class RollbackExecutor:
     async def _return_to_service(self, phase: Phase) -> bool:
         """Have the platform return the nodes of this run's faults closed since the last
         call (here or by their TTL reaper) to service, if the scheduler took them out since
-        the first was injected; one journal record (``return-nodes-to-service``, one output
-        row per node). Never raises.
+        the first was injected; journaled (``return-nodes-to-service``, one output row per
+        node) unless every node was in service. Never raises.
 
         Returns:
             False when a node could not be returned (the record says which and why).
@@ -254,8 +256,13 @@ class RollbackExecutor:
         since = min(entry.injected_at or entry.recorded_at for entry in entries)
         ctx = self._ctx
         name = "return-nodes-to-service"
+        started = time.time()
+        returns = await asyncio.to_thread(self._nodes.return_to_service, nodes, since=since)
+        if all(r.action == "in service" for r in returns):
+            logger.info("after the revert, nodes %s were in service", ", ".join(nodes))
+            return True  # nothing to journal: the platform did nothing and saw nothing amiss
         async with ctx.writer.activity(name, "resume", phase, raise_on_failure=False) as record:
-            returns = await asyncio.to_thread(self._nodes.return_to_service, nodes, since=since)
+            record.start = started
             record.output = [dataclasses.asdict(r) for r in returns]
             acted = [r for r in returns if r.action != "in service"]
             for r in acted:

@@ -33,7 +33,8 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.experiment.selection import Shape
 from stormwatch.chaos.ledger.revert import RevertOutcome
-from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, NodeReturn, Target
+from stormwatch.chaos.node_service import NodeReturn
+from stormwatch.chaos.target import AgentEndpoint, AttachedJobs, Target
 from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.contracts.journal import (
     ExperimentStatus,
@@ -292,6 +293,17 @@ def test_a_fault_its_ttl_reaper_closed_before_the_rollback_still_gets_its_nodes_
         "return-nodes-to-service",
         "undo",
     ]
+
+
+def test_nodes_all_in_service_after_the_revert_leave_no_journal_record(tmp_path: Path) -> None:
+    run = Run(tmp_path, _yaml(FREEZE, rollbacks="  - {type: revert, name: undo}"))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    nodes = StandInNodes("in service")
+
+    assert asyncio.run(run.rollback(nodes=nodes).rollbacks("completed", None)) is True
+
+    assert [c[0] for c in nodes.calls] == [["node0"]]
+    assert [r.name for r in run.journal.rollbacks] == ["undo"]
 
 
 def test_a_fault_that_was_not_reverted_leaves_its_nodes_alone(tmp_path: Path) -> None:

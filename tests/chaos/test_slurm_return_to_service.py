@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.chaos.platform_target import SlurmNodes
+from stormwatch.chaos.node_service import SlurmNodes
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 from stormwatch.platforms.slurm_readback import SlurmWait
