@@ -6,8 +6,11 @@
   job of that name, ``squeue``), its nodes (``scontrol show hostnames``), one agent per
   node at ``<scheme>://<host>:<port>`` (``host`` from ``{node}`` / ``{addr}``, Slurm's
   ``NodeAddr``), rank placement from :class:`~stormwatch.platforms.slurm.SlurmBackend`,
-  job state from ``scontrol show job`` (:class:`SlurmJobs`). Every command goes through
-  :class:`~stormwatch.platforms.slurm.SlurmCommands` (the file's ``slurm.conf``).
+  job state from ``scontrol show job`` (:class:`SlurmJobs`). After a revert, a node that
+  slurmctld set DOWN as not responding during the fault is resumed
+  (:class:`~stormwatch.chaos.node_service.SlurmNodes`).
+  Every command goes through :class:`~stormwatch.platforms.slurm.SlurmCommands` (the
+  file's ``slurm.conf``).
 * ``kubernetes``: :mod:`stormwatch.chaos.platform_target_kubernetes` (attach to a Job,
   indexed Job, JobSet or pods by label, or submit one from a manifest template).
 
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
+from stormwatch.chaos.node_service import SlurmNodes
 from stormwatch.chaos.target import JobControl, Target, lab_target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.lab.paths import RunPaths
@@ -61,14 +65,39 @@ class SlurmJobs:
     """
 
     def __init__(
-        self, commands: SlurmCommands, job: AttachedSlurmJob, *, log_dir: Path, world_size: int
+        self,
+        commands: SlurmCommands,
+        job: AttachedSlurmJob,
+        *,
+        log_dirs: JobLogDirs,
+        world_size: int,
     ) -> None:
         self._commands = commands
         self._job = job
-        self._log_dir = log_dir
+        self._log_dirs = log_dirs
+        self._log_dir = log_dirs(job.name, job.job_id)
         self._world_size = world_size
         #: The job name the runner attaches to.
         self.attached = job.name
+
+    def log_dir(self, name: str) -> Path:
+        """Job ``name``'s rank logs (``job.log_dir``; ``{jobid}``: the newest Slurm job of
+        that name, ``scontrol show job``).
+
+        Raises:
+            LabNotReady: the pattern needs the job id and Slurm knows no job ``name``.
+        """
+        if name == self._job.name:
+            return self._log_dir
+        if not self._log_dirs.needs_job_id:
+            return self._log_dirs(name, "")
+        try:
+            known = self._commands.jobs_named(name)
+        except BackendError as exc:
+            raise LabNotReady(f"job {name!r}: {exc}") from exc
+        if not known:
+            raise LabNotReady(f"job.log_dir needs the id of job {name!r}; Slurm knows none")
+        return self._log_dirs(name, known[-1].job_id)
 
     def start(self, job: JobSection) -> JobRef:
         raise ChaosError(
@@ -141,13 +170,26 @@ def _agent(agents: AgentsSection, node: str, host: str) -> AgentEndpoint:
     )
 
 
-def job_log_dir(target: TargetFile, run_dir: Path, name: str, job_id: str) -> Path:
-    """Where job ``name``'s rank logs are: the target's ``job.log_dir`` (``{job}``,
-    ``{jobid}`` substituted), else ``<run-dir>/jobs/<name>/logs``."""
-    pattern = target.job.log_dir if target.job is not None else None
-    if pattern is None:
-        return Path(run_dir) / "jobs" / name / "logs"
-    return Path(pattern.format(job=name, jobid=job_id))
+@dataclass(frozen=True)
+class JobLogDirs:
+    """Where a job's rank logs are: the target file's ``job.log_dir`` (``{job}``,
+    ``{jobid}`` substituted), else ``<run-dir>/jobs/<job>/logs``."""
+
+    pattern: str | None
+    run_dir: Path
+
+    @classmethod
+    def of(cls, target: TargetFile, run_dir: Path) -> JobLogDirs:
+        return cls(target.job.log_dir if target.job is not None else None, Path(run_dir))
+
+    @property
+    def needs_job_id(self) -> bool:
+        return self.pattern is not None and "{jobid}" in self.pattern
+
+    def __call__(self, name: str, job_id: str) -> Path:
+        if self.pattern is None:
+            return self.run_dir / "jobs" / name / "logs"
+        return Path(self.pattern.format(job=name, jobid=job_id))
 
 
 def slurm_target(
@@ -174,19 +216,21 @@ def slurm_target(
         _agent(agents, n, agents.host.format(node=n, addr=addrs.get(n, n))) for n in job.nodes
     )
     world_size = len(job.nodes) * target.slurm.nproc_per_node
+    backend = _slurm_backend(commands, target, run_dir)
     return build_target(
         target,
         run_dir,
         jobs=SlurmJobs(
             commands,
             job,
-            log_dir=job_log_dir(target, run_dir, job.name, job.job_id),
+            log_dirs=JobLogDirs.of(target, run_dir),
             world_size=world_size,
         ),
         world_size=world_size,
         agents=endpoints,
-        placement=_slurm_backend(commands, target, run_dir),
+        placement=backend,
         attach_job=job.name,
+        nodes=SlurmNodes(backend),
     )
 
 
@@ -199,6 +243,7 @@ def build_target(
     agents: tuple[AgentEndpoint, ...],
     placement: SlurmBackend | KubernetesBackend,
     attach_job: str | None,
+    nodes: SlurmNodes | None = None,
 ) -> Target:
     """The :class:`Target` of a platform target file, from what the platform found: its
     job control, world size, agents and placement; ``attach_job``: the job to attach to
@@ -215,6 +260,7 @@ def build_target(
         responder_token_file=creds.responder_token_file,
         placement=placement,
         attach_job=attach_job,
+        nodes=nodes,
     )
 
 
@@ -228,7 +274,7 @@ def target_from_file(target: TargetFile, run_dir: Path) -> Target:
     if target.platform == "lab" and target.lab is not None:
         return lab_target(target.lab.run_dir)
     if target.platform == "kubernetes":
-        # imported here: that module builds on this one's build_target and job_log_dir
+        # imported here: that module builds on this one's build_target and JobLogDirs
         from stormwatch.chaos.platform_target_kubernetes import kubernetes_target
 
         return kubernetes_target(target, run_dir)
@@ -251,10 +297,10 @@ def resolve_target(run_dir: Path, target_file: Path | None) -> Target:
 
 __all__ = [
     "AttachedSlurmJob",
+    "JobLogDirs",
     "SlurmJobs",
     "attach_slurm_job",
     "build_target",
-    "job_log_dir",
     "resolve_target",
     "slurm_target",
     "target_from_file",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
-from stormwatch.chaos.platform_target import build_target, job_log_dir
+from stormwatch.chaos.platform_target import JobLogDirs, build_target
 from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.platforms.errors import BackendError, InvalidManifest
@@ -75,10 +75,14 @@ class KubernetesJobs:
         self._workloads: dict[str, Workload] = {}
         self._started: set[str] = set()
 
+    def log_dir(self, name: str) -> Path:
+        """Job ``name``'s rank logs (``job.log_dir``, ``{job}`` substituted)."""
+        return JobLogDirs.of(self._target, self._run_dir)(name, "")
+
     def _job_ref(self, name: str, *, started: bool) -> JobRef:
         return JobRef(
             name=name,
-            log_dir=job_log_dir(self._target, self._run_dir, name, ""),
+            log_dir=self.log_dir(name),
             world_size=self._world_size,
             started_by_runner=started,
         )

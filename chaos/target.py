@@ -17,12 +17,14 @@ from typing import Protocol
 
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
+from stormwatch.chaos.node_service import NodeService, SlurmNodes
 from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab.jobs import launch as lab_jobs
 from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.lab import LabBackend
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,11 @@ class JobControl(Protocol):
 
     def attach(self, name: str) -> JobRef:
         """Find the running (or finished) job ``name``; raises ChaosError when there is none."""
+        ...
+
+    def log_dir(self, name: str) -> Path:
+        """Where job ``name``'s rank logs are (a baseline's, say: it need not run); raises
+        ChaosError when that cannot be known."""
         ...
 
     def exited(self, name: str) -> bool | None:
@@ -77,6 +84,8 @@ class Target:
             faults go to that node's agent first); None: ask every agent.
         attach_job: the job a target file attaches to (``job.attach``): the runner
             attaches to it instead of starting the experiment's job; None: start it.
+        nodes: returns nodes to service after the faults on them are reverted (the
+            rollbacks and the final revert call it); None: the platform needs nothing.
     """
 
     run_dir: Path
@@ -89,6 +98,7 @@ class Target:
     responder_token_file: Path | None = None
     placement: RankPlacement | None = None
     attach_job: str | None = None
+    nodes: NodeService | None = None
 
 
 class AttachedJobs:
@@ -167,6 +177,9 @@ class LabJobs:
             world_size=self._world_size,
             started_by_runner=True,
         )
+
+    def log_dir(self, name: str) -> Path:
+        return self._lab.paths.job_logs(name)
 
     def attach(self, name: str) -> JobRef:
         try:
@@ -247,6 +260,15 @@ def lab_target(run_dir: Path) -> Target:
         placement=LabBackend(
             diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
             node_metrics_dirs={n.name: Path(n.metrics_dir) for n in state.nodes},
+        ),
+        # The lab's Slurm sets a node cut off for SlurmdTimeout DOWN: resumed after a revert.
+        nodes=None
+        if state.slurm is None
+        else SlurmNodes(
+            SlurmBackend(
+                diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
+                commands=SlurmCommands(conf=state.slurm.conf),
+            )
         ),
     )
 

@@ -82,7 +82,8 @@ def validate(files: tuple[Path, ...]) -> None:
 @click.option(
     "--baseline-job",
     metavar="NAME",
-    help="Fault-free job of the lab to compare the loss against in the post-mortem.",
+    help="Fault-free job to compare the loss against in the post-mortem (its rank logs "
+    "where the target keeps them: the lab's job folder, the target file's job.log_dir).",
 )
 @click.option(
     "--postmortem/--no-postmortem",
@@ -152,7 +153,7 @@ def run(
     reporter.stop()
     journal = result.journal
     if postmortem and journal.job is not None:
-        baseline = (target.run_dir / "jobs" / baseline_job / "logs") if baseline_job else None
+        baseline = target.jobs.log_dir(baseline_job) if baseline_job else None
         pm, md = asyncio.run(
             generate_postmortem(
                 runner.experiment_dir,

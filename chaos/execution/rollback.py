@@ -5,12 +5,20 @@
 :class:`Reverter` (:class:`LedgerReverter`: the fault kinds' idempotent reverts,
 closing each ledger row). Its steps never skip one another: a rollback that fails
 (or a second interrupt) is journaled and the next still runs.
+
+After each revert the target's :class:`~stormwatch.chaos.node_service.NodeService` (a Slurm
+target's) returns the nodes of the reverted faults to service when the scheduler took
+them out during the fault (a node cut off is set DOWN after ``SlurmdTimeout`` and stays
+DOWN once its link heals), journaled as ``return-nodes-to-service`` when a node was not
+simply in service.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from typing import Protocol
 
 import aiohttp
@@ -22,6 +30,7 @@ from stormwatch.chaos.execution.injection.tracker import FaultTracker
 from stormwatch.chaos.experiment.model import ProbeActivity, RevertActivity, RollbackStrategy
 from stormwatch.chaos.ledger.ledger import Ledger
 from stormwatch.chaos.ledger.revert import RevertOutcome, revert_entries, revert_open
+from stormwatch.chaos.node_service import NodeService
 from stormwatch.contracts.fault_ledger import LedgerEntry
 from stormwatch.contracts.journal import ExperimentStatus, Phase
 
@@ -86,12 +95,23 @@ class RollbackExecutor:
         ctx: the run (its experiment's rollbacks and strategy; each step is journaled).
         faults: what the run injected (this run's open faults; the ledger's orphans).
         reverter: reverts ledger entries.
+        nodes: returns the nodes of reverted faults to service (the target's); None: none.
     """
 
-    def __init__(self, ctx: RunContext, *, faults: FaultTracker, reverter: Reverter) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        faults: FaultTracker,
+        reverter: Reverter,
+        nodes: NodeService | None = None,
+    ) -> None:
         self._ctx = ctx
         self._faults = faults
         self._reverter = reverter
+        self._nodes = nodes
+        #: Faults whose nodes were already handed to ``nodes`` (once per fault).
+        self._returned: set[str] = set()
 
     async def recover_orphans(self) -> None:
         """Revert the open faults of dead controllers (journaled in ``recovery``).
@@ -192,7 +212,8 @@ class RollbackExecutor:
     async def _revert_open(
         self, name: str, phase: Phase, reason: str, experiment_id: str | None
     ) -> bool:
-        """Journal one revert of the open faults (of ``experiment_id``; all when None)."""
+        """Journal one revert of the open faults (of ``experiment_id``; all when None), then
+        return their nodes to service (:meth:`_return_to_service`)."""
         ctx = self._ctx
         failed: list[RevertOutcome] = []
         async with ctx.writer.activity(name, "revert", phase, raise_on_failure=False) as record:
@@ -213,7 +234,52 @@ class RollbackExecutor:
                     f"could NOT revert: {record.error} (still open in the "
                     "ledger; `stormwatch chaos revert --all`)"
                 )
-        return not failed and record.status != "failed"
+        returned = await self._return_to_service(phase)
+        return not failed and record.status != "failed" and returned
+
+    async def _return_to_service(self, phase: Phase) -> bool:
+        """Have the platform return the nodes of this run's faults closed since the last
+        call (here or by their TTL reaper) to service, if the scheduler took them out since
+        the first was injected; journaled (``return-nodes-to-service``, one output row per
+        node) unless every node was in service. Never raises.
+
+        Returns:
+            False when a node could not be returned (the record says which and why).
+        """
+        if self._nodes is None:
+            return True
+        entries = [e for e in self._faults.entries() if not e.open and e.id not in self._returned]
+        self._returned.update(e.id for e in entries)
+        nodes = sorted({node for entry in entries for node in _fault_nodes(entry)})
+        if not nodes:
+            return True
+        since = min(entry.injected_at or entry.recorded_at for entry in entries)
+        ctx = self._ctx
+        name = "return-nodes-to-service"
+        started = time.time()
+        returns = await asyncio.to_thread(self._nodes.return_to_service, nodes, since=since)
+        if all(r.action == "in service" for r in returns):
+            logger.info("after the revert, nodes %s were in service", ", ".join(nodes))
+            return True  # nothing to journal: the platform did nothing and saw nothing amiss
+        async with ctx.writer.activity(name, "resume", phase, raise_on_failure=False) as record:
+            record.start = started
+            record.output = [dataclasses.asdict(r) for r in returns]
+            acted = [r for r in returns if r.action != "in service"]
+            for r in acted:
+                ctx.reporter.event(f"  {name}: {r.node} {r.action}: {r.detail}")
+            failed = [r for r in returns if r.action == "failed"]
+            if failed:
+                record.status = "failed"
+                record.error = "; ".join(f"{r.node}: {r.detail}" for r in failed)
+        return record.status != "failed"
+
+
+def _fault_nodes(entry: LedgerEntry) -> set[str]:
+    """The nodes a fault acted on: its agent-side parts' nodes, else the rank's node."""
+    nodes = {part.node for part in entry.target.requests}
+    if not nodes and entry.target.node is not None:
+        nodes.add(entry.target.node)
+    return nodes
 
 
 __all__ = ["LedgerReverter", "Reverter", "RollbackExecutor", "rollbacks_run"]

@@ -15,7 +15,9 @@ Order (chaostoolkit's, plus the ledger's guarantees, FC-13), and who does each s
    (:class:`~.method.MethodExecutor`, under a :class:`~.safeguards.SafeguardWatcher`);
 6. steady-state hypothesis *after*;
 7. rollbacks, per ``rollback_strategy`` (default ``always``: also after a
-   deviation, a failure and an abort; :class:`~.rollback.RollbackExecutor`);
+   deviation, a failure and an abort; :class:`~.rollback.RollbackExecutor`); after a
+   revert, the target returns the nodes the scheduler took out during the fault to
+   service (``Target.nodes``);
 8. cleanup: every fault of this experiment still open in the ledger is
    reverted, whatever happened (the same).
 
@@ -192,7 +194,10 @@ class Runner:
             services = await self._open(session)
             faults = FaultTracker(services.ledger, self.experiment_id)
             reverts = RollbackExecutor(
-                self._ctx, faults=faults, reverter=LedgerReverter(services.ledger, session)
+                self._ctx,
+                faults=faults,
+                reverter=LedgerReverter(services.ledger, session),
+                nodes=self.target.nodes,
             )
             lifecycle = JobLifecycle(
                 self._ctx,

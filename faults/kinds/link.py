@@ -7,10 +7,14 @@
   from the fault id, so revert deletes it only when it is still this fault's,
   and checks it is gone. Injecting again replaces it (one effect).
 * ``link_flap``: the interface goes down for ``down_seconds`` every
-  ``period_seconds`` (a flapping port or a failing transceiver). A thread of
-  the agent does it and stops at the TTL by itself; revert stops it, sets the
-  link up and restores the routes through it (IPv4 drops them when the link
-  goes down; they are recorded at inject, so revert works from the ledger).
+  ``period_seconds`` (a flapping port or a failing transceiver); one period longer
+  than the TTL cuts the node off once for ``down_seconds`` (a pulled cable). A thread
+  of the agent does it, starting ``delay_seconds`` after the inject so that the
+  agent's answer leaves over the link first, and stops at the TTL by itself; revert
+  stops it, sets the link up and restores the routes through it (IPv4 drops them
+  when the link goes down; they are recorded at inject, so revert works from the
+  ledger). While the link is down the agent cannot be reached: a revert retries
+  for a few seconds, and the agent's TTL heals it in any case.
 
 ``device`` is for callers of the agent's API only: an experiment file acts on
 the default interface.
@@ -49,12 +53,15 @@ class BandwidthLimitRequest(FaultRequest):
 
 
 class LinkFlapRequest(FaultRequest):
-    """``link_flap``: ``period_seconds`` (4), ``down_seconds`` (1), ``device``."""
+    """``link_flap``: ``period_seconds`` (4), ``down_seconds`` (1), ``device``,
+    ``delay_seconds`` (0.5: the inject's answer leaves before the link goes down, as for
+    ``kill_agent``; not in experiment files)."""
 
     kind: Literal["link_flap"]
     period_seconds: float = Field(default=4.0, gt=0, le=3600)
     down_seconds: float = Field(default=1.0, gt=0, le=3600)
     device: str = _DEVICE
+    delay_seconds: float = Field(default=0.5, ge=0, le=60)
 
 
 def _down_within_period(fault: Any) -> str | None:
@@ -165,6 +172,7 @@ class LinkFlap(Fault[LinkFlapRequest]):
     def _flap(self, routes: list[str], stop: threading.Event, deadline: float) -> None:
         spec = self.request
         try:
+            stop.wait(min(spec.delay_seconds, max(0.0, deadline - time.monotonic())))
             while not stop.is_set() and time.monotonic() < deadline:
                 run(["ip", "link", "set", "dev", spec.device, "down"])
                 stop.wait(min(spec.down_seconds, max(0.0, deadline - time.monotonic())))
@@ -240,7 +248,7 @@ LINK_FLAP = FaultKind(
     targeting=NodeOrRank,
     request=LinkFlapRequest,
     fault=LinkFlap,
-    agent_only=frozenset({"device"}),
+    agent_only=frozenset({"device", "delay_seconds"}),
     checks=(_down_within_period,),
 )
 

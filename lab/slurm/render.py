@@ -43,6 +43,11 @@ _FIXED = (
     # Seconds slurmctld remembers a finished job (default 300 s): the lab reads its jobs'
     # end states back from Slurm for as long as the lab is up.
     "MinJobAge=86400",
+    # Seconds without an answer to slurmctld's pings (sent every SlurmdTimeout/3) before a
+    # node is set DOWN "Not responding" (default 300 s): a node cut off from the lab's
+    # network shows as DOWN within 30-40 s, so a partition test sees it
+    # (tests/chaos/test_slurm_lab_scenarios.py).
+    "SlurmdTimeout=30",
 )
 
 

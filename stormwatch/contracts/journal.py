@@ -65,7 +65,8 @@ class ActivityRecord(BaseModel):
 
     Attributes:
         name: the activity's name from the experiment (or a built-in step's name).
-        type: ``action``, ``probe``, ``pause``, ``revert`` or ``wait``.
+        type: ``action``, ``probe``, ``pause``, ``revert``, ``wait`` or ``resume`` (nodes
+            returned to service after a revert).
         phase: where in the experiment it ran.
         status: ``succeeded``, ``failed`` (ran, the condition or fault failed),
             ``skipped`` (not run), ``aborted`` (interrupted), ``running`` (journal

@@ -30,6 +30,7 @@ import pytest
 
 from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import JobSpec, Lab
+from stormwatch.platforms.slurm import SlurmCommands, SlurmJobInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -477,6 +478,8 @@ def test_kill_node_processes_kills_every_training_process_of_node0(chaos: Any) -
 def test_kill_agent_blinds_prometheus_to_node1_and_the_revert_restarts_it(chaos: Any) -> None:
     url = chaos.node("node1").agent_url
     prometheus = chaos.lab.prometheus()
+    slurm_job = _slurm_job(chaos)
+    before = slurm_job()
     chaos.inject(_fault("kill_agent"))
     helpers.poll(lambda: not helpers.answers(url), 10, "node1's agent to stop answering")
     helpers.poll(
@@ -491,3 +494,16 @@ def test_kill_agent_blinds_prometheus_to_node1_and_the_revert_restarts_it(chaos:
         15,
         "Prometheus to scrape node1's agent again",
     )
+    # Slurm never noticed: the same job RUNNING, not requeued, and it still steps.
+    after = slurm_job()
+    assert (after.state, after.restarts) == ("RUNNING", before.restarts), (before, after)
+    chaos.progressing()
+
+
+def _slurm_job(chaos: Any) -> Callable[[], SlurmJobInfo]:
+    """Reads the catalogue job's Slurm record (``scontrol show job``) on the Slurm lab."""
+    info, cluster = chaos.lab.job(JOB), chaos.lab.state.slurm
+    if info.slurm_job_id is None or cluster is None:
+        pytest.skip("the lab runs its jobs directly, not through Slurm")
+    commands = SlurmCommands(conf=cluster.conf)
+    return lambda: commands.job(info.slurm_job_id)

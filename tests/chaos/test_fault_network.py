@@ -179,6 +179,31 @@ def test_link_flap_takes_the_link_down_and_ends_up_with_routes(net) -> None:
     assert net.a_connects(net.addr_b, PEER)
 
 
+def test_a_long_link_cut_answers_the_inject_before_the_link_goes_down(net) -> None:
+    # The API is reached over the link it cuts: answered first, then down for 3 s, once.
+    asked = time.monotonic()
+    record = net.inject(
+        {
+            "id": "cut-1",
+            "kind": "link_flap",
+            "period_seconds": 3600,
+            "down_seconds": 3,
+            "ttl_seconds": 10,
+        }
+    )
+    answered = time.monotonic()
+    assert record["state"] == "applied" and answered - asked < 0.5, answered - asked
+    deadline = time.monotonic() + 2
+    while net.link_up():
+        assert time.monotonic() < deadline, "the link never went down"
+        time.sleep(0.02)
+    assert not net.a_connects(net.addr_b, PEER)
+    time.sleep(3.5)
+    assert net.link_up() and net.default_route()  # healed by the agent's thread at 3 s
+    assert net.a_connects(net.addr_b, PEER)
+    assert net.revert("cut-1")[0] == 200
+
+
 def test_an_agent_killed_with_a_partition_applied_reverts_it_when_restarted(net) -> None:
     net.inject(_partition("part-crash", net, ttl_seconds=1.5))
     net.kill_agent()

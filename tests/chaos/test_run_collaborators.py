@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,7 @@ from stormwatch.chaos.experiment.model import (
 )
 from stormwatch.chaos.experiment.selection import Shape
 from stormwatch.chaos.ledger.revert import RevertOutcome
+from stormwatch.chaos.node_service import NodeReturn
 from stormwatch.chaos.target import AttachedJobs, Target
 from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.contracts.journal import (
@@ -171,9 +172,11 @@ class Run:
             faults=self.faults,
         )
 
-    def rollback(self, reverter: StandInReverter | None = None) -> RollbackExecutor:
+    def rollback(
+        self, reverter: StandInReverter | None = None, nodes: StandInNodes | None = None
+    ) -> RollbackExecutor:
         reverter = reverter or StandInReverter(self.ledger)
-        return RollbackExecutor(self.ctx, faults=self.faults, reverter=reverter)
+        return RollbackExecutor(self.ctx, faults=self.faults, reverter=reverter, nodes=nodes)
 
 
 class StandInSender:
@@ -234,7 +237,86 @@ class StandInReverter:
         return outcomes
 
 
+class StandInNodes:
+    """A platform's node service: answers ``action`` for every node, keeps each call."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        self.calls: list[tuple[list[str], float]] = []
+
+    def return_to_service(self, nodes: Sequence[str], *, since: float) -> list[NodeReturn]:
+        self.calls.append((list(nodes), since))
+        return [NodeReturn(node=n, action=self.action, before="DOWN", detail="seen") for n in nodes]
+
+
 # -- the rollback executor ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("action", "ok"), [("resumed", True), ("failed", False)])
+def test_after_a_revert_the_platform_returns_the_faults_nodes_to_service_journaled(
+    tmp_path: Path, action: str, ok: bool
+) -> None:
+    run = Run(tmp_path, _yaml(FREEZE, rollbacks="  - {type: revert, name: undo}"))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    [entry] = run.faults.open_faults()
+    nodes = StandInNodes(action)
+
+    assert asyncio.run(run.rollback(nodes=nodes).rollbacks("completed", None)) is ok
+    assert asyncio.run(run.rollback(nodes=nodes).cleanup("completed")) is True  # nothing open
+
+    assert nodes.calls == [(["node0"], entry.injected_at)]
+    undo, returned = run.journal.rollbacks
+    assert (undo.name, undo.status) == ("undo", "succeeded")
+    assert (returned.name, returned.type) == ("return-nodes-to-service", "resume")
+    assert returned.status == ("succeeded" if ok else "failed")
+    assert returned.output == [
+        {"node": "node0", "action": action, "before": "DOWN", "detail": "seen"}
+    ]
+    assert any(f"node0 {action}: seen" in line for line in run.said.events)
+
+
+def test_a_fault_its_ttl_reaper_closed_before_the_rollback_still_gets_its_nodes_returned(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path, _yaml(FREEZE, rollbacks="  - {type: revert, name: undo}"))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    [entry] = run.faults.open_faults()
+    run.ledger.mark_reverted(entry.id, reason="ttl", detail="by its reaper")
+    nodes = StandInNodes("resumed")
+    rollback = run.rollback(nodes=nodes)
+
+    assert asyncio.run(rollback.rollbacks("completed", None)) is True
+    assert asyncio.run(rollback.rollbacks("completed", None)) is True  # once per fault
+
+    assert nodes.calls == [(["node0"], entry.injected_at)]
+    assert [r.name for r in run.journal.rollbacks] == [
+        "undo",
+        "return-nodes-to-service",
+        "undo",
+    ]
+
+
+def test_nodes_all_in_service_after_the_revert_leave_no_journal_record(tmp_path: Path) -> None:
+    run = Run(tmp_path, _yaml(FREEZE, rollbacks="  - {type: revert, name: undo}"))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    nodes = StandInNodes("in service")
+
+    assert asyncio.run(run.rollback(nodes=nodes).rollbacks("completed", None)) is True
+
+    assert [c[0] for c in nodes.calls] == [["node0"]]
+    assert [r.name for r in run.journal.rollbacks] == ["undo"]
+
+
+def test_a_fault_that_was_not_reverted_leaves_its_nodes_alone(tmp_path: Path) -> None:
+    run = Run(tmp_path, _yaml(FREEZE))
+    asyncio.run(run.method(StandInSender(run.ledger)).run())
+    nodes = StandInNodes("resumed")
+    reverter = StandInReverter(run.ledger, refuse=[f"{ID}.freeze"])
+
+    assert asyncio.run(run.rollback(reverter, nodes).cleanup("completed")) is False
+
+    assert nodes.calls == []
+    assert [r.name for r in run.journal.cleanup] == ["revert-open-faults"]
 
 
 def test_the_rollback_executor_reverts_what_the_method_executor_recorded_even_when_the_method_raised(

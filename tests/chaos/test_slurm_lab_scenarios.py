@@ -1,0 +1,401 @@
+"""End to end on the Slurm lab (munged, slurmctld, one slurmd per node namespace; jobs are
+``sbatch deploy/slurm/train.sbatch``): the chaos CLI against a target file written by hand
+as a user describes their own cluster, a node cut off until Slurm sets it DOWN and its
+return to service, and a node-agent kill that Slurm's job never notices.
+
+One lab for the module: prefix ``swscn``, 10.222.3.0/24, free loopback ports, its own
+rendezvous port. Run under ``flock /tmp/stormwatch-e2e.lock``. Each test prints the
+figures it measured (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
+from stormwatch.contracts.journal import Journal, load_journal
+from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.slurm_readback import in_service
+from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    """A Slurm lab of three nodes (jobs on two, node2 the spare), up for the module."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the lab creates network namespaces and runs Slurm's daemons")
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(_free_port())
+    prometheus, alertmanager, responder, slurmctld = sorted(ports)
+    config = LabConfig(
+        prefix="swscn",
+        subnet=ipaddress.IPv4Network("10.222.3.0/24"),
+        prometheus_port=prometheus,
+        alertmanager_port=alertmanager,
+        responder_port=responder,
+        slurmctld_port=slurmctld,
+        rdzv_port=29710,
+        scheduler="slurm",
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="swscn-run-"))
+    run_dir.chmod(0o755)  # munged runs as the munge user
+    the_lab = Lab(run_dir)
+    try:
+        the_lab.up(config)
+        yield the_lab
+    finally:
+        the_lab.down(config)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _slurm(lab: Lab) -> SlurmCommands:
+    assert lab.state.slurm is not None
+    return SlurmCommands(conf=lab.state.slurm.conf)
+
+
+def _hand_written_target(lab: Lab, folder: Path, job: str) -> Path:
+    """The lab's Slurm described as a user describes theirs: nothing from ``lab up``'s
+    target file, only what a site knows (slurm.conf, Prometheus, the agents' ports and
+    token, the job's name and where its rank logs go)."""
+    state = lab.state
+    assert state.slurm is not None
+    config = state.config
+    path = folder / "cluster.yaml"
+    path.write_text(
+        "# The lab's Slurm cluster, written by hand (tests/chaos/test_slurm_lab_scenarios.py)\n"
+        "platform: slurm\n"
+        "slurm:\n"
+        f"  conf: {state.slurm.conf}\n"
+        f"  nproc_per_node: {config.nproc_per_node}\n"
+        "prometheus:\n"
+        f"  url: {state.prometheus_url}\n"
+        "agents:\n"
+        f"  port: {config.agent_port}\n"
+        f"  fault_port: {config.agent_fault_port}\n"
+        "  host: '{addr}'\n"
+        "credentials:\n"
+        f"  agent_token_file: {state.agent_token_file}\n"
+        f"  responder_url: {state.responder_url}\n"
+        f"  responder_token_file: {state.responder_token_file}\n"
+        "job:\n"
+        f"  attach: {{name: {job}}}\n"
+        f"  log_dir: {state.run_dir}/jobs/{{job}}/logs\n"
+    )
+    return path
+
+
+def _chaos_run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [STORMWATCH, "chaos", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+    print(done.stdout[-6000:], done.stderr[-6000:], sep="\n")
+    return done
+
+
+def _journal_of(done: subprocess.CompletedProcess[str]) -> tuple[Path, Journal]:
+    [line] = [
+        line for line in (done.stdout + done.stderr).splitlines() if line.startswith("journal: ")
+    ]
+    path = Path(line.removeprefix("journal: "))
+    return path, load_journal(path)
+
+
+def _wait_stepping(log_dir: Path, step: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = read_job_logs(log_dir)
+        lasts = [log.last_step.step for log in logs.values() if log.last_step is not None]
+        if len(lasts) == 4 and min(s or 0 for s in lasts) >= step:
+            return
+        assert time.monotonic() < deadline, f"the job's 4 ranks never reached step {step}"
+        time.sleep(0.5)
+
+
+class SlurmWatch:
+    """Polls ``scontrol`` every 0.5 s in a thread: the states of one node and of every job
+    whose name starts with ``jobs``, each with the Unix time it was first seen."""
+
+    def __init__(self, commands: SlurmCommands, *, node: str, jobs: str) -> None:
+        self._commands, self._node, self._jobs = commands, node, jobs
+        self.node_states: list[tuple[float, str, str | None]] = []
+        self.job_states: list[tuple[float, str, str, int]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> SlurmWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            try:
+                node = self._commands.nodes(self._node)[self._node]
+                jobs = self._commands.jobs()
+            except BackendError as exc:  # a slow slurmctld: this sample is lost, not the watch
+                self.errors.append(str(exc))
+                self._stop.wait(0.5)
+                continue
+            if not self.node_states or self.node_states[-1][1:] != (node.state, node.reason):
+                self.node_states.append((now, node.state, node.reason))
+            for job in jobs:
+                if job.name.startswith(self._jobs):
+                    last = [s for s in self.job_states if s[1] == job.job_id][-1:]
+                    seen = (job.job_id, job.state, job.restarts)
+                    if not last or last[0][1:] != seen:
+                        self.job_states.append((now, *seen))
+            self._stop.wait(0.5)
+
+    def node_first(self, flag: str, after: float = 0.0) -> float | None:
+        return next((t for t, s, _ in self.node_states if t >= after and flag in s), None)
+
+    def node_during(self, start: float, end: float) -> list[str]:
+        """The node's states in effect at some moment of [start, end)."""
+        return _in_effect([(t, s) for t, s, _ in self.node_states], start, end)
+
+    def job_during(self, job_id: str, start: float, end: float) -> list[str]:
+        """Job ``job_id``'s states in effect at some moment of [start, end)."""
+        return _in_effect([(t, s) for t, i, s, _ in self.job_states if i == job_id], start, end)
+
+
+def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -> list[str]:
+    before = [s for t, s in transitions if t <= start]
+    return before[-1:] + [s for t, s in transitions if start < t < end]
+
+
+# --------------------------------------------------------------------------------------
+@pytest.mark.timeout(1500)
+def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_recovers(
+    lab: Lab, tmp_path: Path
+) -> None:
+    # A fault-free run of the same job first: the loss after recovery must match it bitwise.
+    lab.start_job(JobSpec(name="scn-base", steps=50, checkpoint_every=10, step_delay=0.0))
+    assert lab.wait_job("scn-base", timeout=600).ok
+    info = lab.start_job(JobSpec(name="scn-kill", steps=50, checkpoint_every=10, step_delay=0.3))
+    assert info.slurm_job_id is not None
+    target = _hand_written_target(lab, tmp_path, "scn-kill")
+    run_dir = tmp_path / "run"  # the controller's own run directory, not the lab's
+
+    done = _chaos_run(
+        str(REPO / "experiments" / "kill-rank.yaml"),
+        "--target",
+        str(target),
+        "--run-dir",
+        str(run_dir),
+        "--wait-resolved",
+        "90",
+        "--baseline-job",
+        "scn-base",
+    )
+
+    journal_path, journal = _journal_of(done)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert journal.status == "completed" and journal.hypothesis_held and journal.rollbacks_ok
+    assert journal.job is not None and journal.job.name == "scn-kill"
+    assert Path(journal.job.log_dir) == Path(info.log_dir)
+    # The fault went to the agent of rank 1's node, as Slurm placed the job's ranks.
+    slurm = _slurm(lab)
+    nodes = slurm.hostnames(slurm.job(info.slurm_job_id).nodes)
+    node0_addr = next(n.address for n in lab.state.nodes if n.name == nodes[0])
+    [fault] = Ledger(ledger_path(run_dir), create=False).entries()
+    assert (fault.kind, fault.state, fault.target.rank) == ("kill_rank", "reverted", 1)
+    assert fault.target.node == nodes[0]
+    assert fault.target.agent_url == f"http://{node0_addr}:{lab.state.config.agent_fault_port}"
+    # Detection, recovery and the report.
+    pm = json.loads((journal_path.parent / "postmortem.json").read_text())
+    assert (journal_path.parent / "postmortem.md").is_file()
+    assert pm["alertname"] == "StormwatchRankStalled" and pm["detected"], pm
+    assert pm["alert_labels"].get("rank") == "1", pm
+    assert pm["recovered"] and pm["resumed_from_step"] == 20, pm
+    assert pm["faults_left_open"] == []
+    assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 25, pm["loss"]
+    # torchrun restarted the workers inside the Slurm job: the job itself never restarted.
+    lab.wait_job("scn-kill", timeout=300)
+    final = slurm.job(info.slurm_job_id)
+    assert (final.state, final.restarts) == ("COMPLETED", 0)
+    print(
+        "FIGURES kill-rank via hand-written slurm target: "
+        f"time to detect {pm['time_to_detect_seconds']:.1f} s, "
+        f"time to recover {pm['time_to_recover_seconds']:.1f} s, "
+        f"steps lost {pm['steps_lost']}, loss identical to the baseline over "
+        f"{pm['loss']['compared_steps']} steps, alert received "
+        f"{(pm['alert_received_at'] or 0) - (pm['fault_at'] or 0):.1f} s after the fault"
+    )
+
+
+CUT_SECONDS = 50  # SlurmdTimeout=30 (lab/slurm/render.py) plus a ping interval (10 s)
+CUT = f"""version: 1
+title: "Node 1's link down for {CUT_SECONDS} s: Slurm sets it DOWN; the rollback returns it"
+job: {{name: scn-cut, world_size: 4, steps: 2000, checkpoint_every: 10, step_delay: 0.3}}
+steady_state_hypothesis:
+  title: All 4 ranks make progress
+  probes:
+    - name: all-ranks-progressing
+      provider:
+        type: prometheus
+        query: >-
+          count(time() - max by (rank)
+          (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
+        tolerance: 4
+      timeout_seconds: 30
+      phases: [before]
+method:
+  - type: action
+    name: cut-node-1
+    when: {{step: 5, timeout_seconds: 300}}
+    fault:
+      kind: link_flap
+      node: node1
+      period_seconds: 3600          # one period: the link goes down once
+      down_seconds: {CUT_SECONDS}
+      ttl_seconds: {CUT_SECONDS + 30}
+  - type: pause
+    name: until-the-link-heals
+    seconds: {CUT_SECONDS + 8}
+rollbacks:
+  - {{type: revert, name: revert-experiment-faults}}
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_rollback(
+    lab: Lab, tmp_path: Path
+) -> None:
+    info = lab.start_job(JobSpec(name="scn-cut", steps=2000, checkpoint_every=10, step_delay=0.3))
+    assert info.slurm_job_id is not None
+    slurm = _slurm(lab)
+    assert slurm.hostnames(slurm.job(info.slurm_job_id).nodes) == ("node0", "node1")
+    _wait_stepping(Path(info.log_dir), 1)
+    experiment = tmp_path / "cut-node.yaml"
+    experiment.write_text(CUT)
+    target = _hand_written_target(lab, tmp_path, "scn-cut")
+
+    try:
+        with SlurmWatch(slurm, node="node1", jobs="scn-cut") as watch:
+            done = _chaos_run(
+                str(experiment), "--target", str(target), "--run-dir", str(tmp_path / "run")
+            )
+            time.sleep(1.0)
+    finally:
+        lab.stop_job("scn-cut", grace=5.0)
+    print("node1:", *watch.node_states, sep="\n  ")
+    print("job:", *watch.job_states, sep="\n  ")
+
+    _, journal = _journal_of(done)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [fault] = journal.faults
+    assert fault.state == "reverted" and fault.injected_at is not None
+    cut_at = fault.injected_at + 0.5  # link_flap's delay_seconds: the answer leaves first
+    healed_at = cut_at + CUT_SECONDS
+    down_at = watch.node_first("DOWN", after=cut_at)
+    assert down_at is not None and down_at < healed_at, "Slurm never set node1 DOWN"
+    [returned] = [r for r in journal.rollbacks if r.name == "return-nodes-to-service"]
+    assert returned.status == "succeeded" and returned.end is not None, returned
+    assert isinstance(returned.output, list)
+    by_node = {row["node"]: row for row in returned.output if isinstance(row, dict)}
+    assert by_node["node1"]["action"] == "resumed", by_node
+    assert "Not responding" in str(by_node["node1"]["before"])
+    # Healed but still DOWN until the rollback resumed it (Slurm stops pinging a DOWN
+    # node that did not answer; ReturnToService=2 only acts when it registers again).
+    between = watch.node_during(healed_at + 2, returned.start)
+    assert between and all("DOWN" in s for s in between), watch.node_states
+    back_at = next(
+        (t for t, s, _ in watch.node_states if t >= returned.start and "DOWN" not in s), None
+    )
+    assert back_at is not None
+    node1 = slurm.nodes("node1")["node1"]
+    assert in_service(node1), node1
+    print(
+        f"FIGURES node cut: DOWN {down_at - cut_at:.1f} s after the cut "
+        f"(NOT_RESPONDING at {(watch.node_first('NOT_RESPONDING', cut_at) or 0) - cut_at:.1f} s); "
+        f"link healed at {CUT_SECONDS} s; resumed by the rollback "
+        f"{back_at - returned.start:.1f} s after it started ({returned.end - returned.start:.1f} s "
+        f"with read-back), {back_at - healed_at:.1f} s after the heal; now {node1.state}"
+    )
+
+
+@pytest.mark.timeout(1500)
+def test_a_node_agent_kill_is_detected_and_reverted_while_the_slurm_job_runs_on(
+    lab: Lab,
+) -> None:
+    slurm = _slurm(lab)
+    with SlurmWatch(slurm, node="node1", jobs="gd-agent-kill") as watch:
+        done = _chaos_run(
+            str(REPO / "experiments" / "suite" / "12-node-agent-kill.yaml"),
+            "--run-dir",
+            str(lab.run_dir),
+            "--no-postmortem",
+        )
+    _, journal = _journal_of(done)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert journal.status == "completed" and journal.hypothesis_held and journal.rollbacks_ok
+    kill, alert, scraped = journal.method
+    assert (kill.name, alert.name, scraped.name) == (
+        "kill-agent-node-1",
+        "agent-down-alert",
+        "agent-scraped-again",
+    )
+    assert alert.status == scraped.status == "succeeded"
+    assert alert.end is not None and scraped.end is not None
+    [fault] = journal.faults
+    assert fault.kind == "kill_agent" and fault.state == "reverted"
+    assert journal.job is not None
+    # Slurm's view: one job, RUNNING from before the kill until it COMPLETED, never requeued.
+    job_id = lab.state.jobs[journal.job.name].info.slurm_job_id
+    assert job_id is not None
+    assert fault.injected_at is not None
+    during = watch.job_during(job_id, fault.injected_at, scraped.end)
+    assert during and all(s == "RUNNING" for s in during), watch.job_states
+    final = slurm.job(job_id)
+    assert (final.state, final.restarts) == ("COMPLETED", 0), final
+    assert all("DOWN" not in s for _, s, _ in watch.node_states), watch.node_states
+    # The ranks never restarted and kept stepping while the agent was dead.
+    logs = read_job_logs(Path(journal.job.log_dir))
+    assert all(len(log.starts) == 1 and log.finished for log in logs.values())
+    times = [e.time for e in logs[2].steps if fault.injected_at <= e.time <= scraped.end]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert times and max(gaps) < 5.0, gaps
+    print(
+        f"FIGURES agent kill: alert firing {alert.end - fault.injected_at:.1f} s after the kill; "
+        f"agent scraped again {scraped.end - fault.injected_at:.1f} s after it; rank 2 stepped "
+        f"{len(times)} times meanwhile (longest gap {max(gaps):.2f} s); Slurm job {job_id} "
+        f"{final.state}, restarts {final.restarts}"
+    )
