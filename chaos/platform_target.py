@@ -14,8 +14,8 @@
 * ``kubernetes``: :mod:`stormwatch.chaos.platform_target_kubernetes` (attach to a Job,
   indexed Job, JobSet or pods by label, or submit one from a manifest template).
 
-Only ``job.attach`` is supported for Slurm here; ``job.submit`` is refused when the target
-is built.
+A Slurm target attaches to a running job (``job.attach``) or submits one per run from a
+batch script template (``job.submit``, :mod:`stormwatch.chaos.slurm_submit`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.chaos.node_service import SlurmNodes
+from stormwatch.chaos.slurm_submit import SLURM_FAILED, SubmittedSlurmJobs
 from stormwatch.chaos.target import JobControl, Target, lab_target
 from stormwatch.contracts.journal import JobRef
 from stormwatch.lab.paths import RunPaths
@@ -41,11 +42,6 @@ if TYPE_CHECKING:
     from stormwatch.platforms.kubernetes import KubernetesBackend  # the client is optional
 
 logger = logging.getLogger(__name__)
-
-#: Slurm job states after which the job will not run again (``squeue --help``, JOB STATE CODES).
-_SLURM_FAILED = frozenset(
-    {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-)
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,7 @@ class SlurmJobs:
             return None
         if state == "COMPLETED":
             return True
-        return False if state in _SLURM_FAILED else None
+        return False if state in SLURM_FAILED else None
 
     def ended(self, name: str) -> bool:
         return self.exited(name) is not None
@@ -140,7 +136,7 @@ def attach_slurm_job(commands: SlurmCommands, target: TargetFile) -> AttachedSlu
     """
     attach = target.job.attach if target.job is not None else None
     if attach is None:
-        raise LabNotReady("job.submit is not supported yet; attach to a running job (job.attach)")
+        raise LabNotReady("the target file gives no job.attach to attach to")
     try:
         if attach.id is not None:
             info = commands.job(attach.id)
@@ -192,44 +188,66 @@ class JobLogDirs:
         return Path(self.pattern.format(job=name, jobid=job_id))
 
 
+def _node_addrs(commands: SlurmCommands, host: str) -> dict[str, str]:
+    """Every node slurmctld knows -> its ``NodeAddr`` (``scontrol show node``).
+
+    Raises:
+        LabNotReady: the command failed.
+    """
+    try:
+        records = parse_oneliner(commands(["scontrol", "--oneliner", "show", "node"]))
+    except BackendError as exc:
+        raise LabNotReady(f"agents.host {host}: {exc}") from exc
+    return {r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records if "NodeName" in r}
+
+
 def slurm_target(
     target: TargetFile, run_dir: Path, *, commands: SlurmCommands | None = None
 ) -> Target:
-    """The :class:`Target` of a ``slurm`` target file (module docstring).
+    """The :class:`Target` of a ``slurm`` target file (module docstring): attached to the
+    running job ``job.attach`` names (the agents of its nodes), or submitting each job
+    from ``job.submit`` (:class:`~stormwatch.chaos.slurm_submit.SubmittedSlurmJobs`; the
+    agents of every node, since the allocation is not known yet).
 
     Raises:
-        LabNotReady: the job is not running, or a Slurm command failed.
+        LabNotReady: the job is not running, the template is unreadable, or a Slurm
+            command failed.
     """
     commands = commands or SlurmCommands(conf=target.slurm.conf)
-    job = attach_slurm_job(commands, target)
     agents = target.agents
-    addrs: dict[str, str] = {}
-    if "{addr}" in agents.host:
-        try:
-            records = parse_oneliner(commands(["scontrol", "--oneliner", "show", "node"]))
-        except BackendError as exc:
-            raise LabNotReady(f"agents.host {agents.host}: {exc}") from exc
-        addrs = {
-            r["NodeName"]: r.get("NodeAddr", r["NodeName"]) for r in records if "NodeName" in r
-        }
-    endpoints = tuple(
-        _agent(agents, n, agents.host.format(node=n, addr=addrs.get(n, n))) for n in job.nodes
-    )
-    world_size = len(job.nodes) * target.slurm.nproc_per_node
     backend = _slurm_backend(commands, target, run_dir)
+    log_dirs = JobLogDirs.of(target, run_dir)
+    submit = target.job.submit if target.job is not None else None
+    jobs: SlurmJobs | SubmittedSlurmJobs
+    if submit is not None:
+        addrs = _node_addrs(commands, agents.host)
+        nodes: tuple[str, ...] = tuple(sorted(addrs))
+        jobs = SubmittedSlurmJobs(
+            commands,
+            submit,
+            log_dirs=log_dirs,
+            nproc_per_node=target.slurm.nproc_per_node,
+            stop_timeout_s=target.slurm.readback_timeout_s,
+        )
+        world_size, attached = jobs.world_size, None
+    else:
+        job = attach_slurm_job(commands, target)
+        addrs = _node_addrs(commands, agents.host) if "{addr}" in agents.host else {}
+        nodes = job.nodes
+        world_size = len(job.nodes) * target.slurm.nproc_per_node
+        jobs = SlurmJobs(commands, job, log_dirs=log_dirs, world_size=world_size)
+        attached = job.name
+    endpoints = tuple(
+        _agent(agents, n, agents.host.format(node=n, addr=addrs.get(n, n))) for n in nodes
+    )
     return build_target(
         target,
         run_dir,
-        jobs=SlurmJobs(
-            commands,
-            job,
-            log_dirs=JobLogDirs.of(target, run_dir),
-            world_size=world_size,
-        ),
+        jobs=jobs,
         world_size=world_size,
         agents=endpoints,
         placement=backend,
-        attach_job=job.name,
+        attach_job=attached,
         nodes=SlurmNodes(backend),
     )
 

@@ -242,8 +242,10 @@ def run_demo(
         lab.up(lab_config, progress=_lab_progress(reporter))
         console.rule("2/4 baseline (no faults)")
         job = experiment.job
-        info = train_baseline(lab, BASELINE_JOB, job, reporter, step_delay=job.step_delay)
-        reporter.event(f"  baseline finished: {job.steps} steps, logs in {info.log_dir}")
+        baseline = train_baseline(
+            lab_target(run_dir).jobs, BASELINE_JOB, job, reporter, step_delay=job.step_delay
+        )
+        reporter.event(f"  baseline finished: {job.steps} steps, logs in {baseline.log_dir}")
         console.rule("3/4 experiment")
         runner = Runner(experiment, source=source, target=lab_target(run_dir), reporter=reporter)
         reporter.event(f"experiment {runner.experiment_id}: {experiment.title}")

@@ -49,7 +49,6 @@ from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
-from stormwatch.lab import Lab
 from stormwatch.postmortem import ExperimentPostMortem
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
@@ -303,9 +302,7 @@ class SuiteRunner:
         self.reporter.stop()
         journal = result.journal
         baseline_job = self.card.baselines.get(str(entry.experiment.job.seed))
-        baseline_dir = (
-            Path(self.target.run_dir) / "jobs" / baseline_job / "logs" if baseline_job else None
-        )
+        baseline_dir = self.target.jobs.log_dir(baseline_job) if baseline_job else None
         if journal.job is None:
             row = ScorecardRow(
                 file=str(entry.path),
@@ -372,7 +369,6 @@ class SuiteRunner:
             best = wanted.get(job.seed)
             if best is None or job.steps > best.job.steps:
                 wanted[job.seed] = entry.experiment
-        lab = Lab(Path(self.target.run_dir))
         suffix = self.suite_id.rsplit("-", 1)[-1]
         for seed, experiment in sorted(wanted.items()):
             name = f"suite-baseline-{self.suite_id[:15].lower()}-{suffix}-s{seed}"
@@ -381,7 +377,7 @@ class SuiteRunner:
                 self.reporter.event(
                     f"baseline {name}: {job.steps} steps, seed {job.seed}, no faults"
                 )
-                train_baseline(lab, name, job, self.reporter, step_delay=0.0)
+                train_baseline(self.target.jobs, name, job, self.reporter, step_delay=0.0)
                 self.reporter.stop()
             except ChaosError as exc:
                 self.reporter.event(f"baseline for seed {seed} failed: {exc}; loss not compared")
