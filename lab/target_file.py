@@ -67,7 +67,7 @@ def lab_target(paths: RunPaths, state: LabState | None) -> TargetFile:
     )
     return TargetFile(
         platform="slurm",
-        prometheus=PrometheusSection(url=state.prometheus_url),
+        prometheus=PrometheusSection(url=state.prometheus_url) if state.prometheus_url else None,
         agents=AgentsSection(
             port=config.agent_port, fault_port=config.agent_fault_port, host="{addr}"
         ),

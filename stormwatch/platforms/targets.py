@@ -381,11 +381,11 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
                 f"the lab starts the jobs); remove it from this {target.platform} target",
             )
         )
-    if target.prometheus is None:
+    if target.prometheus is None and target.lab is None:  # else the lab's lab.json has it
         issues.append(
             TargetIssue("prometheus", "required: prometheus: {url: http://prometheus.example:9090}")
         )
-    if target.lab is None:
+    if target.lab is None:  # the lab starts its own jobs
         issues.extend(_job_issues(target.job))
     agents = target.agents
     if target.platform == "kubernetes":
