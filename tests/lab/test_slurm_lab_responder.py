@@ -177,7 +177,7 @@ def test_the_labs_responder_restarts_a_slurm_job_by_requeueing_it(
     assert result.ok, result.detail
     logs = read_job_logs(logs_dir)
     resumed = _resumed(logs[0])
-    assert len(logs[0].starts) == 2 and resumed is not None and resumed >= 5, logs[0].starts
+    assert len(logs[0].starts) >= 2 and resumed is not None and resumed >= 5, logs[0].starts
     assert resumed % 5 == 0 and all(log.finished for log in logs.values())
 
 
