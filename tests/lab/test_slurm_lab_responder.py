@@ -28,6 +28,7 @@ Own names, subnet and ports (``lab_config_factory``); run under ``/tmp/stormwatc
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import shutil
@@ -84,22 +85,25 @@ def slurm_lab(
     try:
         lab.up(config)
         yield lab
-    except BaseException:
-        _print_tails(run_dir)
-        raise
     finally:
         lab.down(config)
         assert nothing_left(config, lab.run_dir) == []
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _print_tails(run_dir: Path) -> None:
-    """The end of the jobs', the services' and Slurm's logs (shown when a test fails)."""
-    paths = [*run_dir.glob("jobs/*/*.torchrun.log"), *run_dir.glob("logs/*")]
-    paths += [*run_dir.glob("slurm/log/*")]
-    for path in sorted(paths):
-        lines = path.read_text(errors="replace").splitlines()[-20:]
-        print(f"--- {path}\n" + "\n".join(lines))
+@contextlib.contextmanager
+def _tails_on_failure(lab: Lab) -> Iterator[None]:
+    """On a failure, print the end of the jobs', the services' and Slurm's logs."""
+    try:
+        yield
+    except BaseException:
+        run_dir = lab.run_dir
+        paths = [*run_dir.glob("jobs/*/*.torchrun.log"), *run_dir.glob("jobs/*/slurm-*.out")]
+        paths += [*run_dir.glob("logs/*"), *run_dir.glob("slurm/**/*.log")]
+        for path in sorted(paths):
+            lines = path.read_text(errors="replace").splitlines()[-20:]
+            print(f"--- {path}\n" + "\n".join(lines))
+        raise
 
 
 def _slurm(lab: Lab) -> SlurmCommands:
@@ -159,26 +163,27 @@ def test_the_labs_responder_restarts_a_slurm_job_by_requeueing_it(
     slurm_lab: Lab, wait_for: Callable[..., Any]
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
-    info = lab.start_job(JobSpec(name="requeued", steps=40, checkpoint_every=5, step_delay=0.2))
-    assert info.slurm_job_id is not None
-    logs_dir = Path(info.log_dir)
-    wait_for(lambda: _step(logs_dir, 0) >= 7, 240, "the job to pass step 7 (checkpoint at 5)")
+    with _tails_on_failure(lab):
+        info = lab.start_job(JobSpec(name="requeued", steps=40, checkpoint_every=5, step_delay=0.2))
+        assert info.slurm_job_id is not None
+        logs_dir = Path(info.log_dir)
+        wait_for(lambda: _step(logs_dir, 0) >= 7, 240, "the job to pass step 7 (checkpoint at 5)")
 
-    _send_alert(lab, alertname="StormwatchTrainingHung", job="requeued", severity="critical")
-    action = wait_for(_finished_action(lab, "restart_workers"), 120, "the restart", 1.0)
-    assert action["status"] == "succeeded" and action["data"]["job"] == "requeued", action
-    assert action["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} (requeued): ")
-    job = slurm.job(info.slurm_job_id)
-    assert job.restarts == 1, job  # Slurm's own count of requeues
-    events = read_slurm_history(slurm, "requeued").events
-    assert any(e.event == "requeued (restart 1)" for e in events), events
+        _send_alert(lab, alertname="StormwatchTrainingHung", job="requeued", severity="critical")
+        action = wait_for(_finished_action(lab, "restart_workers"), 120, "the restart", 1.0)
+        assert action["status"] == "succeeded" and action["data"]["job"] == "requeued", action
+        assert action["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} (requeued): ")
+        job = slurm.job(info.slurm_job_id)
+        assert job.restarts == 1, job  # Slurm's own count of requeues
+        events = read_slurm_history(slurm, "requeued").events
+        assert any(e.event == "requeued (restart 1)" for e in events), events
 
-    result = lab.wait_job("requeued", timeout=600)
-    assert result.ok, result.detail
-    logs = read_job_logs(logs_dir)
-    resumed = _resumed(logs[0])
-    assert len(logs[0].starts) >= 2 and resumed is not None and resumed >= 5, logs[0].starts
-    assert resumed % 5 == 0 and all(log.finished for log in logs.values())
+        result = lab.wait_job("requeued", timeout=600)
+        assert result.ok, result.detail
+        logs = read_job_logs(logs_dir)
+        resumed = _resumed(logs[0])
+        assert len(logs[0].starts) >= 2 and resumed is not None and resumed >= 5, logs[0].starts
+        assert resumed % 5 == 0 and all(log.finished for log in logs.values())
 
 
 @pytest.mark.timeout(900)
@@ -186,52 +191,53 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
     slurm_lab: Lab, wait_for: Callable[..., Any], tmp_path: Path
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
-    info = lab.start_job(JobSpec(name="moved", steps=300, checkpoint_every=10))
-    job_id = info.slurm_job_id
-    assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
-    logs_dir = Path(info.log_dir)
-    wait_for(lambda: _step(logs_dir, 2) >= 3, 240, "rank 2 (node1) to train")
-    node1 = lab.state.node("node1")
-    control = control_path(Path(node1.metrics_dir) / "control", 2)
-    control.write_text(json.dumps({"faults": [{"point": "slow_step", "seconds": 1.0}]}))
-    try:
-        # The straggler alert: ~20 s for its rate window, then `for: 2m`.
-        action = wait_for(
-            _finished_action(lab, "exclude_node_restart"), 480, "node1's exclusion", 1.0
-        )
-        assert action["status"] == "succeeded", action
-        assert action["data"]["node"] == "node1", action
-        assert action["detail"].startswith(f"drained node1 and requeued Slurm job {job_id}")
+    with _tails_on_failure(lab):
+        info = lab.start_job(JobSpec(name="moved", steps=300, checkpoint_every=10))
+        job_id = info.slurm_job_id
+        assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
+        logs_dir = Path(info.log_dir)
+        wait_for(lambda: _step(logs_dir, 2) >= 3, 240, "rank 2 (node1) to train")
+        node1 = lab.state.node("node1")
+        control = control_path(Path(node1.metrics_dir) / "control", 2)
+        control.write_text(json.dumps({"faults": [{"point": "slow_step", "seconds": 1.0}]}))
+        try:
+            # The straggler alert: ~20 s for its rate window, then `for: 2m`.
+            action = wait_for(
+                _finished_action(lab, "exclude_node_restart"), 480, "node1's exclusion", 1.0
+            )
+            assert action["status"] == "succeeded", action
+            assert action["data"]["node"] == "node1", action
+            assert action["detail"].startswith(f"drained node1 and requeued Slurm job {job_id}")
 
-        # Slurm's own state: node1 drained with the responder's reason, the job on the spare.
-        reason = f"stormwatch: excluded from job moved ({job_id})"
-        node = slurm.nodes("node1")["node1"]
-        assert drained(node) and node.reason_text == reason, node
-        job = slurm.job(job_id)
-        assert slurm.hostnames(job.nodes) == ("node0", "node2"), job
-        assert job.excluded == "node1" and job.restarts == 1, job
+            # Slurm's own state: node1 drained with the responder's reason, the job on the spare.
+            reason = f"stormwatch: excluded from job moved ({job_id})"
+            node = slurm.nodes("node1")["node1"]
+            assert drained(node) and node.reason_text == reason, node
+            job = slurm.job(job_id)
+            assert slurm.hostnames(job.nodes) == ("node0", "node2"), job
+            assert job.excluded == "node1" and job.restarts == 1, job
 
-        result = lab.wait_job("moved", timeout=600)
-        assert result.ok, result.detail
-        logs = read_job_logs(logs_dir)
-        assert all(log.finished for log in logs.values())
-        resumed = _resumed(logs[2])
-        assert resumed is not None and resumed >= 10 and resumed % 10 == 0, logs[2].starts
-        # rank 2 finished on node2: its done marker is in node2's metrics folder
-        assert (Path(lab.state.node("node2").metrics_dir) / "rank2.done").is_file()
-        assert not (Path(node1.metrics_dir) / "rank2.done").exists()
+            result = lab.wait_job("moved", timeout=600)
+            assert result.ok, result.detail
+            logs = read_job_logs(logs_dir)
+            assert all(log.finished for log in logs.values())
+            resumed = _resumed(logs[2])
+            assert resumed is not None and resumed >= 10 and resumed % 10 == 0, logs[2].starts
+            # rank 2 finished on node2: its done marker is in node2's metrics folder
+            assert (Path(lab.state.node("node2").metrics_dir) / "rank2.done").is_file()
+            assert not (Path(node1.metrics_dir) / "rank2.done").exists()
 
-        incident = next(
-            i for i in _responder(lab, "incidents") if i["alertname"] == "StormwatchStraggler"
-        )
-        pm = _postmortem(lab, int(incident["id"]), tmp_path)
-        slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]
-        events = " | ".join(f"{r['event']} {r['detail']}" for r in slurm_rows)
-        assert f"job {job_id} (moved) requeued (restart 1)" in events, events
-        assert "node node1 drained" in events and reason in events, events
-    finally:
-        control.unlink(missing_ok=True)
-        slurm.update_node("node1", "RESUME")
+            incident = next(
+                i for i in _responder(lab, "incidents") if i["alertname"] == "StormwatchStraggler"
+            )
+            pm = _postmortem(lab, int(incident["id"]), tmp_path)
+            slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]
+            events = " | ".join(f"{r['event']} {r['detail']}" for r in slurm_rows)
+            assert f"job {job_id} (moved) requeued (restart 1)" in events, events
+            assert "node node1 drained" in events and reason in events, events
+        finally:
+            control.unlink(missing_ok=True)
+            slurm.update_node("node1", "RESUME")
 
 
 def _postmortem(lab: Lab, incident_id: int, out: Path) -> dict[str, Any]:
