@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,6 +172,7 @@ def test_the_labs_responder_restarts_a_slurm_job_by_requeueing_it(
 
         _send_alert(lab, alertname="StormwatchTrainingHung", job="requeued", severity="critical")
         action = wait_for(_finished_action(lab, "restart_workers"), 120, "the restart", 1.0)
+        print(f"\nrestart_workers: {action['detail']}")
         assert action["status"] == "succeeded" and action["data"]["job"] == "requeued", action
         assert action["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} (requeued): ")
         job = slurm.job(info.slurm_job_id)
@@ -200,11 +202,14 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
         node1 = lab.state.node("node1")
         control = control_path(Path(node1.metrics_dir) / "control", 2)
         control.write_text(json.dumps({"faults": [{"point": "slow_step", "seconds": 1.0}]}))
+        armed_at = time.time()
         try:
             # The straggler alert: ~20 s for its rate window, then `for: 2m`.
             action = wait_for(
                 _finished_action(lab, "exclude_node_restart"), 480, "node1's exclusion", 1.0
             )
+            waited = time.time() - armed_at
+            print(f"\nstraggler armed -> exclusion done: {waited:.0f} s; {action['detail']}")
             assert action["status"] == "succeeded", action
             assert action["data"]["node"] == "node1", action
             assert action["detail"].startswith(f"drained node1 and requeued Slurm job {job_id}")
