@@ -237,8 +237,10 @@ def alertmanager_cmd(
     default=None,
     type=click.Path(dir_okay=False, path_type=Path),
     help="Target file (docs/deploy-slurm.md, 'Run game days on your cluster'): its platform "
-    "and slurm:/kubernetes: settings, its Prometheus (unless --prometheus-url) and, for a "
-    "lab target, its run dir (unless --lab-run-dir). Excludes --platform/--platform-config.",
+    "and slurm:/kubernetes: settings, its Prometheus (unless --prometheus-url) and, with a "
+    "lab: section (the file `lab up` writes), the lab's run dir (unless --lab-run-dir): on "
+    "the Slurm lab, Slurm jobs are remediated through Slurm and the jobs the lab launched "
+    "directly through their processes. Excludes --platform/--platform-config.",
 )
 @click.option(
     "--postmortem-dir",

@@ -1,7 +1,10 @@
 """The runner's :class:`~stormwatch.chaos.target.Target` from a target file
 (:mod:`stormwatch.platforms.targets`): the lab, a Slurm job, or Kubernetes pods.
 
-* ``lab``: :func:`~stormwatch.chaos.target.lab_target` of the file's ``lab.run_dir``.
+* ``lab``, or any target with a ``lab:`` section (the ``slurm`` target the Slurm lab's
+  ``lab up`` writes): :func:`~stormwatch.chaos.target.lab_target` of the file's
+  ``lab.run_dir``: experiment jobs start through the lab (``Lab.start_job``, ``sbatch`` on
+  the Slurm lab).
 * ``slurm``: the attached job (``job.attach``: ``scontrol show job <id>``, or the running
   job of that name, ``squeue``), its nodes (``scontrol show hostnames``), one agent per
   node at ``<scheme>://<host>:<port>`` (``host`` from ``{node}`` / ``{addr}``, Slurm's
@@ -289,7 +292,7 @@ def target_from_file(target: TargetFile, run_dir: Path) -> Target:
     Raises:
         LabNotReady: the lab is not up, the job is not running, or the platform failed.
     """
-    if target.platform == "lab" and target.lab is not None:
+    if target.lab is not None:  # a lab (platform lab, or the Slurm lab's slurm target)
         return lab_target(target.lab.run_dir)
     if target.platform == "kubernetes":
         # imported here: that module builds on this one's build_target and JobLogDirs

@@ -250,18 +250,33 @@ class LabBuilder:
         health.wait_scraped(state, deadline)
 
     def _prepare_files(self, state: LabState) -> None:
-        """Fresh service data (no alerts, notifications or series from an earlier lab)."""
+        """Fresh service data (no alerts, notifications or series from an earlier lab); a
+        runbook policy of the run's own (``<run>/responder/policy.yml``) is kept."""
         paths = self._paths
-        for folder in (paths.prometheus_data, paths.alertmanager_data, paths.responder_dir):
+        for folder in (paths.prometheus_data, paths.alertmanager_data):
             shutil.rmtree(folder, ignore_errors=True)
+        own_policy = paths.responder_dir / "policy.yml"  # the run's own runbook policy stays
+        if paths.responder_dir.is_dir():
+            for entry in paths.responder_dir.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry != own_policy:
+                    entry.unlink()
         for node in state.nodes:
             shutil.rmtree(paths.node_dir(node.name), ignore_errors=True)
             node.metrics_dir.mkdir(parents=True, exist_ok=True)
         for folder in (paths.logs_dir, paths.prometheus_data, paths.alertmanager_data):
             folder.mkdir(parents=True, exist_ok=True)
         paths.responder_dir.mkdir(parents=True, exist_ok=True)
-        write_secret(state.agent_token_file)
-        write_secret(state.responder_token_file)
+
+    @staticmethod
+    def write_secrets(state: LabState, *, fresh: bool = False) -> None:
+        """The agents' and the responder's tokens: new ones with ``fresh`` (each ``lab up``
+        that creates a lab), else only when one is missing. ``lab up`` writes them before
+        the lab's target file, which names them (:mod:`stormwatch.lab.target_file`)."""
+        if fresh or not (state.agent_token_file.is_file() and state.responder_token_file.is_file()):
+            write_secret(state.agent_token_file)
+            write_secret(state.responder_token_file)
 
 
 __all__ = ["LabBuilder", "describe_failure", "never_raises", "write_secret"]

@@ -46,7 +46,7 @@ from stormwatch.lab.state import (
     plan_state,
 )
 from stormwatch.lab.status import LabStatus, collect_status
-from stormwatch.platforms.targets import dump_target_file, lab_target_file
+from stormwatch.lab.target_file import write_target_file
 
 
 class Lab:
@@ -145,6 +145,7 @@ class Lab:
             preflight.require_unused_names(config, self.network)
             state = plan_state(self.paths, config)
             self._store.save(state)
+            LabBuilder.write_secrets(state, fresh=True)
             self._write_target_file(state)  # before the services: the responder reads it
             registry.claim(config.prefix, self.run_dir)
             undo = contextlib.ExitStack()
@@ -170,23 +171,14 @@ class Lab:
             return state
 
     def _write_target_file(self, state: LabState | None = None) -> None:
-        """Write ``<run-dir>/target.yaml``: this lab as a target file (platform ``lab``),
-        what the chaos commands use without ``--target``; with ``state``, also its
-        Prometheus, nodes (metrics directories) and ranks per node, which the responder
-        and incident post-mortems read (:func:`stormwatch.platforms.read_lab_target`)."""
-        if state is None:
-            target = lab_target_file(self.paths.run_dir)
-        else:
-            target = lab_target_file(
-                self.paths.run_dir,
-                prometheus_url=state.prometheus_url,
-                nodes={n.name: n.metrics_dir for n in state.nodes},
-                nproc_per_node=state.config.nproc_per_node,
-            )
-        text = dump_target_file(target)
-        tmp = self.paths.target_file.with_suffix(".yaml.tmp")
-        tmp.write_text("# written by `stormwatch lab up`\n" + text, encoding="utf-8")
-        tmp.replace(self.paths.target_file)
+        """Write ``<run-dir>/target.yaml``, this lab as a target file
+        (:mod:`stormwatch.lab.target_file`: a ``slurm`` target of the lab's cluster with a
+        ``lab:`` section when jobs go through Slurm, else a ``lab`` target): what the chaos
+        commands use without ``--target`` and what the responder acts with (``alerts serve
+        --target``); its token files are written first (they must exist)."""
+        if state is not None:
+            LabBuilder.write_secrets(state)
+        write_target_file(self.paths, state)
 
     def _dead_services(self, state: LabState) -> list[str]:
         names = [f"agent-{n.name}" for n in state.nodes] + list(services.ROOT_SERVICES)

@@ -10,7 +10,13 @@ import click
 from stormwatch.alerts.errors import NotAResponderDatabase
 from stormwatch.alerts.responder.store import Store
 from stormwatch.errors import ConfigError
-from stormwatch.platforms import InvalidTargetFile, lab_target_path, read_lab_target
+from stormwatch.platforms import (
+    InvalidTargetFile,
+    TargetFile,
+    lab_target_path,
+    read_lab_target,
+)
+from stormwatch.platforms.slurm import SlurmCommands
 
 _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
 
@@ -37,7 +43,7 @@ _LAB_DIR = Path(os.environ.get("STORMWATCH_LAB_DIR", "run"))
     default=None,
     help="Prometheus for the plots and straggler/XID evidence [default: the lab's, when "
     "--lab-run-dir has the target file `lab up` writes]; without one the plots come from "
-    "the rank logs.",
+    "the rank logs. On the Slurm lab Slurm's job and node history is read too.",
 )
 @click.option(
     "-o",
@@ -70,6 +76,7 @@ def postmortem_cmd(
         raise NotAResponderDatabase(f"--db: {exc}") from exc
     if lab_run_dir is None and lab_target_path(db_path.resolve().parent.parent).is_file():
         lab_run_dir = db_path.resolve().parent.parent
+    target = _lab_target(lab_run_dir) if lab_run_dir is not None else None
     if prometheus_url is None and lab_run_dir is not None:
         prometheus_url = _lab_prometheus(lab_run_dir)
     files = write_incident_postmortem(
@@ -78,20 +85,35 @@ def postmortem_cmd(
         postmortem_dir=postmortem_dir or db_path.parent / "postmortems",
         lab_run_dir=lab_run_dir,
         prometheus_url=prometheus_url,
+        slurm=_slurm_of(target),
     )
     click.echo(files.postmortem.summary)
     for path in (files.markdown, files.html, files.json):
         click.echo(f"wrote {path}")
 
 
+def _lab_target(run_dir: Path) -> TargetFile | None:
+    """The target file ``lab up`` wrote in ``run_dir`` (None without a readable one: the
+    plots then use the rank logs, and no Slurm history is read)."""
+    try:
+        return read_lab_target(run_dir)
+    except InvalidTargetFile:
+        return None
+
+
 def _lab_prometheus(run_dir: Path) -> str | None:
     """The lab's Prometheus, from the target file ``lab up`` wrote in ``run_dir`` (None
     without a readable one or without a ``prometheus`` section: plots use the rank logs)."""
-    try:
-        target = read_lab_target(run_dir)
-    except InvalidTargetFile:
-        return None
+    target = _lab_target(run_dir)
     return target.prometheus.url if target is not None and target.prometheus else None
+
+
+def _slurm_of(target: TargetFile | None) -> SlurmCommands | None:
+    """The Slurm lab's command client (its ``slurm.conf``), for Slurm's job and node history
+    in the post-mortem, as the responder reads it; None for a lab that runs no Slurm."""
+    if target is None or target.platform != "slurm":
+        return None
+    return SlurmCommands(conf=target.slurm.conf)
 
 
 __all__ = ["postmortem_cmd"]

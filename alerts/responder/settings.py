@@ -13,11 +13,12 @@ from stormwatch.errors import ConfigError
 from stormwatch.platforms import (
     InvalidTargetFile,
     LabBackend,
+    LabSlurmBackend,
     PlatformBackend,
     PlatformSettings,
     make_backend,
 )
-from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
 
 #: Seconds per Prometheus query (a local Prometheus answers ``confirm_restart``'s small
 #: queries in milliseconds; 5 s keeps a hung one from stalling the action's polls).
@@ -54,7 +55,8 @@ class ResponderSettings:
             read the job's rank logs, dumps, spans, agent events and chaos
             journals from it.
         platform: which backend remedial actions use: ``lab`` (needs
-            :attr:`lab_run_dir`), ``kubernetes`` or ``slurm`` (stormwatch/platforms/).
+            :attr:`lab_run_dir`), ``kubernetes`` or ``slurm`` (stormwatch/platforms/;
+            with :attr:`lab_run_dir`, the Slurm lab's, see :meth:`backend`).
         platform_settings: the ``kubernetes``/``slurm`` settings (``--platform-config``);
             their diagnostics go to ``<db folder>/diagnostics``.
         postmortem_dir: where a post-mortem is written when an incident closes
@@ -129,7 +131,10 @@ class ResponderSettings:
             raise ConfigError(f"lab_run_dir: {exc}") from exc
 
     def backend(self) -> PlatformBackend | None:
-        """The backend :attr:`platform` names (lab: :meth:`lab_backend`, None without a run dir).
+        """The backend :attr:`platform` names (lab: :meth:`lab_backend`, None without a run
+        dir); ``slurm`` with :attr:`lab_run_dir` (the Slurm lab, whose target file
+        ``alerts serve --target`` read) is :class:`LabSlurmBackend`: Slurm for Slurm jobs,
+        the lab's processes for the jobs the lab launched directly (elastic ones).
 
         Raises:
             ConfigError: unknown platform, or an unreadable lab target file.
@@ -137,11 +142,15 @@ class ResponderSettings:
         """
         if self.platform == "lab":
             return self.lab_backend()
-        return make_backend(
+        backend = make_backend(
             self.platform,
             self.platform_settings,
             diagnostics_dir=Path(self.db_path).parent / "diagnostics",
         )
+        lab = self.lab_backend() if self.platform == "slurm" else None
+        if isinstance(backend, SlurmBackend) and lab is not None:
+            return LabSlurmBackend(slurm=backend, lab=lab)
+        return backend
 
     def __post_init__(self) -> None:
         if self.platform not in ("lab", "kubernetes", "slurm"):

@@ -45,15 +45,13 @@ from stormwatch.lab.jobs.torchrun import MONITOR_INTERVAL, trainer_options
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState
 from stormwatch.platforms.errors import BackendError
-from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.slurm import ACTIVE_STATES, SlurmCommands
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 #: The recipe (the repository's deploy/slurm/train.sbatch, next to the installed package).
 RECIPE = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "train.sbatch"
-#: Slurm job states in which the job still holds (or will hold) nodes.
-ACTIVE = frozenset(
-    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-)
+#: Slurm job states in which the job still holds (or will hold) nodes (the platform's).
+ACTIVE = ACTIVE_STATES
 #: Seconds ``start`` waits for RUNNING and then for every node's torchrun (measured: under
 #: a second to RUNNING on the lab machine, issue 15).
 START_TIMEOUT_S = 60.0

@@ -284,8 +284,11 @@ def lab_policy_path() -> Path:
 
 def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> ServiceSpec:
     """The responder: runbook policy ``<run>/responder/policy.yml`` when present, else the
-    lab's (:func:`lab_policy_path`); the lab backend and post-mortems
-    (``<run>/responder/postmortems``) from the run directory."""
+    lab's (:func:`lab_policy_path`); its platform, Prometheus and the lab's run directory
+    from the lab's target file (``--target <run>/target.yaml``, written before the
+    services start, :mod:`stormwatch.lab.target_file`): on the Slurm lab its backend acts
+    through Slurm (the lab's ``slurm.conf``), with the direct scheduler on the lab's
+    processes; post-mortems go to ``<run>/responder/postmortems``."""
     own_policy = paths.responder_dir / "policy.yml"
     cmd = (
         *stormwatch_command(),
@@ -297,12 +300,10 @@ def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Servi
         str(paths.responder_db),
         "--token-file",
         str(state.responder_token_file),
-        "--prometheus-url",
-        state.prometheus_url,
         "--policy",
         str(own_policy if own_policy.is_file() else lab_policy_path()),
-        "--lab-run-dir",
-        str(paths.run_dir),
+        "--target",
+        str(paths.target_file),
         "--postmortem-dir",
         str(paths.responder_dir / "postmortems"),
     )

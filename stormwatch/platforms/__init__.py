@@ -14,7 +14,10 @@ chosen by configuration (``stormwatch alerts serve --platform``):
   pods, cordon and evict, Job/JobSet completion indexes for the rank placement;
 * ``slurm`` (:mod:`.slurm`): ``squeue``/``scontrol``: requeue and start now, drain with a
   reason and exclude, each read back from Slurm (:mod:`.slurm_readback`); Slurm's job and
-  node history for post-mortems (:mod:`.slurm_history`).
+  node history for post-mortems (:mod:`.slurm_history`). On the Slurm lab (a ``slurm``
+  target with a ``lab:`` section) the responder's backend is :class:`LabSlurmBackend`
+  (:mod:`.lab_slurm`): Slurm for Slurm jobs, the lab's processes for jobs the lab launched
+  directly (elastic ones).
 
 :class:`PlatformSettings` is the YAML file of the platform-specific settings
 (``--platform-config``), the same sections of a target file (:class:`TargetFile`,
@@ -61,6 +64,7 @@ from stormwatch.platforms.lab import (
     lab_target_path,
     read_lab_target,
 )
+from stormwatch.platforms.lab_slurm import LabSlurmBackend
 from stormwatch.platforms.targets import (
     KubernetesSettings,
     PlatformSettings,
@@ -165,6 +169,7 @@ __all__ = [
     "InvalidTargetFile",
     "KubernetesSettings",
     "LabBackend",
+    "LabSlurmBackend",
     "Platform",
     "PlatformBackend",
     "PlatformError",

@@ -10,7 +10,7 @@ returns the job's placement (global rank -> node name).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -81,6 +81,27 @@ def write_diagnostics(directory: Path, incident_id: int, report: Mapping[str, An
     return path
 
 
+#: The placeholders of a control directory pattern (:func:`control_dir_for`).
+CONTROL_DIR_FIELDS = ("job", "jobid", "node")
+
+
+def control_dir_for(pattern: str, *, job: str, job_id: str, nodes: Sequence[str]) -> Path:
+    """Rank 0's control directory: ``pattern`` with ``{job}`` (the job name), ``{jobid}``
+    and ``{node}`` (the allocation's first node, which holds rank 0; the recipe's ``%n``
+    in ``STORMWATCH_CONTROL_DIR``) substituted.
+
+    Raises:
+        BackendError: ``pattern`` names another placeholder (or a positional one).
+    """
+    try:
+        return Path(pattern.format(job=job, jobid=job_id, node=nodes[0] if nodes else ""))
+    except (KeyError, IndexError, ValueError) as exc:
+        fields = ", ".join(f"{{{name}}}" for name in CONTROL_DIR_FIELDS)
+        raise BackendError(
+            f"control_dir {pattern!r}: only {fields} may be substituted ({exc!r})"
+        ) from exc
+
+
 def request_checkpoint_in(control_file: Path, job: str, now: float) -> str:
     """:func:`arm_checkpoint` for a backend's ``request_checkpoint``: what it did, in words.
 
@@ -114,8 +135,10 @@ def report_diagnostics(
 
 __all__ = [
     "BACKEND_METHODS",
+    "CONTROL_DIR_FIELDS",
     "PlatformBackend",
     "arm_checkpoint",
+    "control_dir_for",
     "report_diagnostics",
     "request_checkpoint_in",
     "write_diagnostics",

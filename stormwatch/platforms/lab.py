@@ -20,9 +20,11 @@ The lab backend finds a job's workers the way the agent's rank watcher does
 
 What the backend knows of the lab (its nodes and their metrics directories, ranks per
 node, its Prometheus) comes from the target file ``lab up`` writes in the run directory
-(:func:`read_lab_target`, :data:`LAB_TARGET_FILE`), never from ``lab.json``: the lab
-imports this package (it writes the file with :func:`~.targets.lab_target_file`), so this
-package cannot import the lab back.
+(:func:`read_lab_target`, :data:`LAB_TARGET_FILE`: its ``lab:`` section, in a ``lab``
+target or in the Slurm lab's ``slurm`` target), never from ``lab.json``: the lab imports
+this package (it builds the file from :mod:`.targets`), so this package cannot import the
+lab back. On the Slurm lab this backend serves only the jobs the lab launched directly
+(:class:`~.lab_slurm.LabSlurmBackend`).
 """
 
 from __future__ import annotations
@@ -124,9 +126,9 @@ class LabBackend:
 
     @classmethod
     def for_lab(cls, run_dir: Path, *, diagnostics_dir: Path) -> LabBackend:
-        """The backend of the lab in ``run_dir``: node -> metrics directory from the target
-        file ``lab up`` wrote there (:func:`read_lab_target`); no node map without one (or
-        when it is not a ``lab`` target).
+        """The backend of the lab in ``run_dir``: node -> metrics directory from the ``lab:``
+        section of the target file ``lab up`` wrote there (:func:`read_lab_target`; a ``lab``
+        or the Slurm lab's ``slurm`` target); no node map without one.
 
         Raises:
             InvalidTargetFile: the lab's target file is not readable or not valid.

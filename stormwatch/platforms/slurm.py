@@ -24,8 +24,8 @@ the job is found by name, then addressed by its id (never by a step number):
 * a node back in service (:meth:`SlurmBackend.resume_node`, after a partition healed):
   ``scontrol update NodeName=<node> State=RESUME``, read back IDLE/MIXED/ALLOCATED
   without DRAIN or NOT_RESPONDING;
-* checkpoint now: the trainer's control file on the shared filesystem
-  (:attr:`SlurmBackend.control_dir`, ``{job}`` and ``{jobid}`` substituted);
+* checkpoint now: rank 0's control file (:attr:`SlurmBackend.control_dir`, ``{job}``,
+  ``{jobid}`` and ``{node}``, rank 0's node, substituted: :func:`~.base.control_dir_for`);
 * collect diagnostics: ``scontrol --details show job <jobid>``, ``scontrol show node
   <its nodes>`` and ``squeue --steps --jobs=<jobid>``, written to
   ``<diagnostics_dir>/incident-<id>.json``.
@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stormwatch.platforms.base import request_checkpoint_in, write_diagnostics
+from stormwatch.platforms.base import control_dir_for, request_checkpoint_in, write_diagnostics
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm_readback import (
     SlurmWait,
@@ -62,6 +62,10 @@ CommandRunner = Callable[[Sequence[str]], str]
 
 #: Seconds one Slurm command may take.
 COMMAND_TIMEOUT_S = 30.0
+#: Job states in which Slurm still holds the job (or will again: pending, requeued).
+ACTIVE_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+)
 
 #: A ``Key=value`` pair of ``scontrol --oneliner`` output; a value runs up to the next
 #: `` Key=`` (values such as ``Reason=link cut [root@...]`` or ``OS=Linux 6.1 ...`` hold spaces).
@@ -448,15 +452,15 @@ class SlurmBackend:
         return f"resumed {node}: {back.state} after {self.wait.elapsed_since(started):.1f} s"
 
     def request_checkpoint(self, job: str) -> str:
-        """Arm ``checkpoint_now`` in rank 0's control file on the shared filesystem."""
+        """Arm ``checkpoint_now`` in rank 0's control file (:func:`~.base.control_dir_for`)."""
         found = self.find(job)
         if self.control_dir is None:
             raise BackendError(
                 "checkpoint_now on slurm needs the trainer's control directory on the shared "
                 "filesystem (platform setting control_dir, e.g. /shared/{job}/control)"
             )
-        path = Path(self.control_dir.format(job=job, jobid=found.job_id)) / "rank0.json"
-        return request_checkpoint_in(path, job, self.clock())
+        folder = control_dir_for(self.control_dir, job=job, job_id=found.job_id, nodes=found.nodes)
+        return request_checkpoint_in(folder / "rank0.json", job, self.clock())
 
     def collect_diagnostics(self, job: str, incident_id: int) -> str:
         """Write the job (``scontrol --details show job``), its nodes (``scontrol show
@@ -479,6 +483,7 @@ class SlurmBackend:
 
 
 __all__ = [
+    "ACTIVE_STATES",
     "COMMAND_TIMEOUT_S",
     "CommandRunner",
     "SlurmBackend",

@@ -1,7 +1,8 @@
 """The target file: where chaos experiments, game days and the responder act.
 
 One YAML file describes a cluster: its ``platform`` (``slurm``, ``kubernetes``, or
-``lab``, stormwatch's own lab), its Prometheus (URL, TLS and auth: the fields of
+``lab``: stormwatch's own lab with its ``direct`` scheduler; the Slurm lab writes a ``slurm``
+target with a ``lab:`` section, :func:`lab_target_file`), its Prometheus (URL, TLS and auth: the fields of
 :class:`~stormwatch.clients.http.HttpOptions` under ``http``), how to find the node
 agents, the credentials, the job (attach to a running one by id or name, or submit
 one from a template), and the platform settings the responder's backend uses (the
@@ -27,7 +28,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stormwatch.clients.http import HttpOptions, check_http_url
-from stormwatch.platforms.errors import InvalidTargetFile, TargetIssue
+from stormwatch.platforms.base import control_dir_for
+from stormwatch.platforms.errors import BackendError, InvalidTargetFile, TargetIssue
 from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
@@ -67,7 +69,7 @@ class SlurmSettings(_Strict):
     Attributes:
         nproc_per_node: torchrun ``--nproc-per-node`` of the recipe (ranks per node).
         control_dir: the trainer's control directory on the shared filesystem
-            (``{job}``, ``{jobid}`` substituted).
+            (``{job}``, ``{jobid}`` and ``{node}``, rank 0's node, substituted).
         conf: the cluster's ``slurm.conf`` (``SLURM_CONF`` of every command; None: the
             environment's or the system's).
         readback_timeout_s: longest wait for an action's effect to show in Slurm's state
@@ -78,6 +80,15 @@ class SlurmSettings(_Strict):
     control_dir: str | None = None
     conf: Path | None = None
     readback_timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("control_dir")
+    @classmethod
+    def _placeholders(cls, value: str | None) -> str | None:
+        try:  # the backend's own substitution, on stand-in values
+            control_dir_for(value or "", job="j", job_id="1", nodes=("n",))
+        except BackendError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
 
 
 class PlatformSettings(_Strict):
@@ -198,7 +209,8 @@ class LabSection(_Strict):
     """``lab:``: the lab's run directory and, as ``lab up`` writes them, its ``nodes`` in
     node-rank order and ``nproc_per_node`` (ranks per node); a hand-written lab target
     gives only ``run_dir`` and the lab's own target file in it supplies the rest
-    (:func:`stormwatch.platforms.lab.read_lab_target`)."""
+    (:func:`stormwatch.platforms.lab.read_lab_target`). On a ``slurm`` target it says
+    that the cluster is a stormwatch lab: chaos starts its jobs through the lab."""
 
     run_dir: Path
     nodes: tuple[LabNode, ...] = ()
@@ -227,20 +239,27 @@ def lab_target_file(
     nodes: Mapping[str, Path] | None = None,
     nproc_per_node: int = 1,
 ) -> TargetFile:
-    """The target file of the lab in ``run_dir`` (what ``lab up`` writes): its Prometheus
-    (none when ``prometheus_url`` is None or empty), node name -> metrics directory in
-    node-rank order, and ranks per node.
+    """The ``lab`` target file of the lab in ``run_dir`` (what ``lab up`` writes for its
+    ``direct`` scheduler; a Slurm lab's is :func:`stormwatch.lab.target_file.lab_target`):
+    its Prometheus (none when ``prometheus_url`` is None or empty), node name -> metrics
+    directory in node-rank order, and ranks per node.
 
     Raises:
         pydantic.ValidationError: a value is not valid (a Prometheus URL that is not http(s)).
     """
-    prometheus = PrometheusSection(url=prometheus_url) if prometheus_url else None
-    lab = LabSection(
-        run_dir=Path(run_dir),
-        nodes=tuple(LabNode(name=n, metrics_dir=Path(d)) for n, d in (nodes or {}).items()),
-        nproc_per_node=nproc_per_node,
+    return TargetFile(
+        platform="lab",
+        lab=lab_section(run_dir, nodes=nodes, nproc_per_node=nproc_per_node),
+        prometheus=PrometheusSection(url=prometheus_url) if prometheus_url else None,
     )
-    return TargetFile(platform="lab", lab=lab, prometheus=prometheus)
+
+
+def lab_section(
+    run_dir: Path, *, nodes: Mapping[str, Path] | None = None, nproc_per_node: int = 1
+) -> LabSection:
+    """The ``lab:`` section of the lab in ``run_dir`` (node name -> metrics directory)."""
+    listed = tuple(LabNode(name=n, metrics_dir=Path(d)) for n, d in (nodes or {}).items())
+    return LabSection(run_dir=Path(run_dir), nodes=listed, nproc_per_node=nproc_per_node)
 
 
 def dump_target_file(target: TargetFile) -> str:
@@ -358,15 +377,20 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
                 TargetIssue(name, "not used by platform lab (the lab's lab.json has it); remove it")
             )
         return issues
-    if target.lab is not None:
+    if target.lab is not None and (target.platform != "slurm" or target.job is not None):
         issues.append(
-            TargetIssue("lab", f"only for platform lab; remove it from a {target.platform} target")
+            TargetIssue(
+                "lab",
+                "only for platform lab, or for a Slurm lab's slurm target (no job: there, "
+                f"the lab starts the jobs); remove it from this {target.platform} target",
+            )
         )
-    if target.prometheus is None:
+    if target.prometheus is None and target.lab is None:  # else the lab's lab.json has it
         issues.append(
             TargetIssue("prometheus", "required: prometheus: {url: http://prometheus.example:9090}")
         )
-    issues.extend(_job_issues(target.job))
+    if target.lab is None:  # the lab starts its own jobs
+        issues.extend(_job_issues(target.job))
     agents = target.agents
     if target.platform == "kubernetes":
         if agents.selector is None:
@@ -481,6 +505,7 @@ __all__ = [
     "SubmitJob",
     "TargetFile",
     "dump_target_file",
+    "lab_section",
     "lab_target_file",
     "load_target_file",
     "parse_target_file",

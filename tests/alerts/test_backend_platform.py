@@ -17,13 +17,18 @@ import pytest
 
 from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.errors import ConfigError
+from stormwatch.lab import Lab, LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore, plan_state
 from stormwatch.platforms import (
     BackendError,
     KubernetesSettings,
     LabBackend,
+    LabSlurmBackend,
     PlatformSettings,
     SlurmSettings,
     load_platform_settings,
+    load_target_file,
 )
 from stormwatch.platforms.slurm import SlurmBackend
 
@@ -162,3 +167,29 @@ def test_a_responder_on_slurm_requeues_the_job_an_alert_names(
     calls = log.read_text().splitlines()
     assert "scontrol requeue 4242" in calls
     assert "scontrol update JobId=4242 StartTime=now" in calls
+
+
+def test_the_slurm_labs_responder_gets_the_slurm_lab_backend(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    paths = RunPaths.of(run_dir)
+    state = plan_state(paths, LabConfig())
+    StateStore(paths).save(state)
+    paths.responder_dir.mkdir(parents=True)
+    Lab(run_dir)._write_target_file(state)
+    target = load_target_file(paths.target_file)
+    assert target.lab is not None
+    (tmp_path / "token").write_text("t\n")
+    settings = ResponderSettings(
+        db_path=paths.responder_db,
+        token_file=tmp_path / "token",
+        platform=target.platform,
+        platform_settings=target.platform_settings(),
+        lab_run_dir=target.lab.run_dir,
+    )
+    backend = settings.backend()
+    assert isinstance(backend, LabSlurmBackend)
+    assert backend.slurm.commands.conf == target.slurm.conf
+    assert backend.slurm.nproc_per_node == 2
+    assert backend.slurm.diagnostics_dir == paths.responder_dir / "diagnostics"
+    assert dict(backend.lab.node_metrics_dirs) == {n.name: n.metrics_dir for n in state.nodes}
+    assert settings.slurm_commands() is not None  # post-mortems read Slurm's history

@@ -4,8 +4,9 @@ resumes from the last checkpoint, and the post-mortem names the hung rank.
 Two nodes with one rank each (dp=2). Rank 1's control file arms ``collective_hang`` on its
 next all-reduce: rank 1 never issues it, rank 0 waits inside it, no rank makes progress.
 StormwatchTrainingHung fires (stall threshold 30 s + ``for: 30s``), Alertmanager notifies
-the lab's responder, whose lab policy maps it to ``restart_workers``: SIGTERM to the
-workers, torchrun restarts them, they resume from the last checkpoint. The fault is
+the lab's responder, whose lab policy maps it to ``restart_workers``: the lab's jobs are
+Slurm jobs, so ``scontrol requeue`` and start at once (Slurm's ``Restarts`` says so), and
+the workers resume from the last checkpoint. The fault is
 disarmed (file removed) once the responder acted, so the restarted rank 1 does not hang again. When
 the alert resolves (the workers are down), the responder writes the post-mortem, and again
 once the restarted workers completed a step; it must name rank 1 from the flight-recorder
@@ -28,6 +29,7 @@ import pytest
 
 from stormwatch.faults.control_file import control_path
 from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.trainer.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -124,6 +126,10 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
         # successor, still importing torch, reads the file after this.
         path.unlink()
         assert restart["status"] == "succeeded", restart
+        assert restart["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} "), restart
+        assert lab.state.slurm is not None and info.slurm_job_id is not None
+        slurm = SlurmCommands(conf=lab.state.slurm.conf)
+        assert slurm.job(info.slurm_job_id).restarts == 1  # the restart went through Slurm
         result = lab.wait_job(JOB, timeout=300)
         assert result.exit_codes and all(c == 0 for c in result.exit_codes.values()), result
 

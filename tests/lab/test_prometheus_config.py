@@ -149,3 +149,14 @@ def test_the_responder_gets_the_labs_policy_unless_the_run_has_its_own(tmp_path:
     own.write_text("rules: []\n", encoding="utf-8")
     command = list(responder_spec(LabConfig(), state, paths).cmd)
     assert command[command.index("--policy") + 1] == str(own)
+
+
+def test_the_responder_acts_with_the_labs_target_file(tmp_path: Path) -> None:
+    """``alerts serve --target <run>/target.yaml``: the platform (Slurm on the Slurm lab),
+    its Prometheus and the lab's run directory all come from the file ``lab up`` wrote."""
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig())
+    command = list(responder_spec(LabConfig(), state, paths).cmd)
+    assert command[command.index("--target") + 1] == str(paths.target_file)
+    assert "--lab-run-dir" not in command and "--platform" not in command
+    assert "--prometheus-url" not in command  # the target file's

@@ -228,3 +228,15 @@ def test_the_real_runner_reports_a_missing_program_and_a_failure() -> None:
     with pytest.raises(BackendError, match="exit status 3: boom"):
         run_command(["sh", "-c", "echo boom >&2; exit 3"])
     assert run_command(["echo", "4242|n1"]) == "4242|n1\n"
+
+
+def test_checkpoint_goes_to_rank_0s_node_when_the_control_dir_names_the_node(
+    tmp_path: Path,
+) -> None:
+    """The lab's recipe reads control files from each node's own folder (``%n``): rank 0
+    is on the allocation's first node."""
+    control = str(tmp_path / "nodes" / "{node}" / "control")
+    _backend(Slurm(), tmp_path, control_dir=control).request_checkpoint("llm")
+    assert (tmp_path / "nodes" / "gpu-07" / "control" / "rank0.json").is_file()
+    with pytest.raises(BackendError, match=r"only \{job\}, \{jobid\}, \{node\}"):
+        _backend(Slurm(), tmp_path, control_dir="/x/{host}").request_checkpoint("llm")

@@ -6,6 +6,7 @@ here come from the lab's own writers (lab.json and target.yaml)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from stormwatch.platforms import (
 from stormwatch.platforms.targets import LabSection, lab_target_file, parse_target_file
 
 
-def _lab_up(run_dir: Path, **config: int) -> LabState:
+def _lab_up(run_dir: Path, **config: Any) -> LabState:
     """What ``lab up`` leaves for readers: lab.json, then the lab's target file from it."""
     paths = RunPaths.of(run_dir)
     state = plan_state(paths, LabConfig(**config))
@@ -37,10 +38,13 @@ def test_the_lab_target_file_is_where_the_lab_writes_it(tmp_path: Path) -> None:
     assert read_lab_target(tmp_path) is None  # no lab: no file, no error
 
 
-def test_the_lab_target_file_carries_prometheus_nodes_and_ranks_per_node(tmp_path: Path) -> None:
-    state = _lab_up(tmp_path, nodes=3, nproc_per_node=2, prometheus_port=19998)
+@pytest.mark.parametrize(("scheduler", "platform"), [("direct", "lab"), ("slurm", "slurm")])
+def test_the_lab_target_file_carries_prometheus_nodes_and_ranks_per_node(
+    tmp_path: Path, scheduler: str, platform: str
+) -> None:
+    state = _lab_up(tmp_path, nodes=3, nproc_per_node=2, prometheus_port=19998, scheduler=scheduler)
     target = read_lab_target(tmp_path)
-    assert target is not None and target.platform == "lab" and target.lab is not None
+    assert target is not None and target.platform == platform and target.lab is not None
     assert target.prometheus is not None and target.prometheus.url == state.prometheus_url
     assert target.prometheus.url == "http://127.0.0.1:19998"
     assert target.lab.run_dir == state.run_dir

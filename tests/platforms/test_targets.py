@@ -104,6 +104,11 @@ def test_the_shipped_example_is_valid(tmp_path: Path) -> None:
             "valid keys: kubernetes, slurm, platform",
         ),
         (("agents:", "lab: {run_dir: run}\nagents:"), "lab", "only for platform lab"),
+        (
+            ("  nproc_per_node: 2", "  nproc_per_node: 2\n  control_dir: /s/{host}/control"),
+            "slurm.control_dir",
+            "only {job}, {jobid}, {node} may be substituted",
+        ),
     ],
 )
 def test_each_bad_value_is_one_error_naming_the_field_and_the_fix(
@@ -140,6 +145,11 @@ def test_the_http_options_problem_is_placed_at_its_field(tmp_path: Path) -> None
             "agents.selector: required for kubernetes",
         ),
         ("platform: lab\n", "lab: required for platform lab"),
+        (
+            "platform: kubernetes\nprometheus: {url: 'http://p:9090'}\nlab: {run_dir: run}\n"
+            "agents: {selector: app=agent}\n",
+            "lab: only for platform lab, or for a Slurm lab's slurm target",
+        ),
         (
             "platform: lab\nlab: {run_dir: run}\njob: {attach: {name: j}}\n",
             "job: not used by platform lab",
@@ -236,3 +246,12 @@ def test_chaos_run_refuses_a_bad_target_file_before_anything(
     assert code == 2, output
     assert "agents.port" in output
     assert not run_dir.exists()
+
+
+def test_a_slurm_target_with_a_lab_section_needs_no_job(tmp_path: Path) -> None:
+    """The Slurm lab's own target (``lab up`` writes it): the lab starts the jobs."""
+    text = GOOD.split("job:")[0] + "lab: {run_dir: run}\nslurm:\n  control_dir: /r/{node}/c\n"
+    target = load_target_file(_write(tmp_path, text))
+    assert target.platform == "slurm" and target.job is None
+    assert target.lab is not None and target.lab.run_dir == tmp_path / "run"
+    assert target.slurm.control_dir == "/r/{node}/c"

@@ -1,0 +1,271 @@
+"""The Slurm lab's responder acts through Slurm (real munged, slurmctld, one slurmd per node
+namespace; real Prometheus, Alertmanager, agents, torchrun/gloo training), each effect read
+back from Slurm's own state.
+
+The lab's responder runs with the lab's target file (``alerts serve --target
+<run>/target.yaml``, a ``slurm`` target of the lab's cluster), and with this run's own
+runbook policy (``<run>/responder/policy.yml``, kept by ``lab up``):
+
+* ``StormwatchTrainingHung`` -> ``restart_workers``: ``scontrol requeue`` and start at once;
+  the requeue shows in ``scontrol show job`` (``Restarts``) and in Slurm's history
+  (:func:`~stormwatch.platforms.slurm_history.read_slurm_history`), and the job resumes from
+  its checkpoint. The alert is sent to the lab's Alertmanager (its API), which routes it to
+  the responder as any firing alert (a real hang: tests/alerts/test_hung_rank_e2e.py).
+* ``StormwatchStraggler`` -> ``exclude_node_restart``: a 2-node job on node0 + node1 with
+  checkpoints; rank 2 (node1) is slowed through its control file (``slow_step``). The
+  straggler alert is the one that names the node (labels job, rank, node: the agents'
+  scrape target): rank-level alerts (``StormwatchRankStalled``: job, rank) do not, and the
+  node-scoped ones (``StormwatchNodeDown``) name no training job. A node that *dies* is no
+  case for the responder on Slurm: killing node1's torchrun ends the recipe's ``srun``
+  step (``--kill-on-bad-exit``) and with it the Slurm job at once, and a dead slurmd is
+  Slurm's own NODE_FAIL and ``--requeue``. The responder drains node1 with its reason,
+  requeues the job with node1 excluded, and Slurm starts it on node0 + node2 (the spare);
+  it resumes from its checkpoint and finishes, and the incident's post-mortem (``stormwatch
+  alerts postmortem``) shows Slurm's history: the requeue and node1's drain reason.
+
+Own names, subnet and ports (``lab_config_factory``); run under ``/tmp/stormwatch-e2e.lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stormwatch.faults.control_file import control_path
+from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.platforms.slurm_history import read_slurm_history
+from stormwatch.platforms.slurm_readback import drained
+from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+POLICY = """\
+dry_run: false
+guards:
+  restart_budget: {max_actions: 3, window: 1h}
+rules:
+  - alertname: StormwatchRankStalled
+    actions: [confirm_restart]
+  - alertname: StormwatchTrainingHung
+    actions: [restart_workers]
+  - alertname: StormwatchStraggler
+    actions: [exclude_node_restart]
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(
+    lab_possible: None,
+    lab_config_factory: Callable[[], LabConfig],
+    nothing_left: Callable[[LabConfig, Path], list[str]],
+) -> Iterator[Lab]:
+    """A Slurm lab of three nodes (jobs on two, node2 the spare) whose responder has
+    :data:`POLICY`; torn down with the "nothing left behind" check."""
+    config = lab_config_factory()
+    assert config.job_scheduler == "slurm" and config.nodes == 3
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{config.prefix}-run-"))
+    run_dir.chmod(0o755)
+    policy = RunPaths.of(run_dir).responder_dir / "policy.yml"
+    policy.parent.mkdir(parents=True)
+    policy.write_text(POLICY, encoding="utf-8")
+    lab = Lab(run_dir)
+    try:
+        lab.up(config)
+        yield lab
+    finally:
+        lab.down(config)
+        assert nothing_left(config, lab.run_dir) == []
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _tails_on_failure(lab: Lab) -> Iterator[None]:
+    """On a failure, print the end of the jobs', the services' and Slurm's logs."""
+    try:
+        yield
+    except BaseException:
+        run_dir = lab.run_dir
+        paths = [*run_dir.glob("jobs/*/*.torchrun.log"), *run_dir.glob("jobs/*/slurm-*.out")]
+        paths += [*run_dir.glob("logs/*"), *run_dir.glob("slurm/**/*.log")]
+        for path in sorted(paths):
+            lines = path.read_text(errors="replace").splitlines()[-20:]
+            print(f"--- {path}\n" + "\n".join(lines))
+        raise
+
+
+def _slurm(lab: Lab) -> SlurmCommands:
+    assert lab.state.slurm is not None
+    return SlurmCommands(conf=lab.state.slurm.conf)
+
+
+def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
+    state = lab.state
+    token = Path(state.responder_token_file).read_text().strip()
+    request = urllib.request.Request(
+        f"{state.responder_url}/v1/{what}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return list(json.loads(reply.read())[what])
+
+
+def _finished_action(lab: Lab, kind: str) -> Callable[[], dict[str, Any] | None]:
+    """The first action of ``kind`` in a final state (one job per kind in this module)."""
+
+    def found() -> dict[str, Any] | None:
+        for action in _responder(lab, "actions"):
+            if action["kind"] == kind and action["status"] in ("succeeded", "failed", "skipped"):
+                return action
+        return None
+
+    return found
+
+
+def _step(logs_dir: Path, rank: int) -> int:
+    log = read_job_logs(logs_dir).get(rank)
+    last = log.last_step if log is not None else None
+    return (last.step or 0) if last is not None else 0
+
+
+def _resumed(log: RankLog) -> int | None:
+    """The step the rank's latest start resumed from."""
+    return log.starts[-1].resumed_from_step if log.starts else None
+
+
+def _send_alert(lab: Lab, **labels: str) -> None:
+    """Fire an alert through the lab's Alertmanager (API v2), as Prometheus does."""
+    now = dt.datetime.now(dt.timezone.utc).isoformat()
+    body = json.dumps([{"labels": labels, "annotations": {}, "startsAt": now}]).encode()
+    request = urllib.request.Request(
+        f"{lab.state.alertmanager_url}/api/v2/alerts",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+
+
+@pytest.mark.timeout(600)
+def test_the_labs_responder_restarts_a_slurm_job_by_requeueing_it(
+    slurm_lab: Lab, wait_for: Callable[..., Any]
+) -> None:
+    lab, slurm = slurm_lab, _slurm(slurm_lab)
+    with _tails_on_failure(lab):
+        info = lab.start_job(JobSpec(name="requeued", steps=40, checkpoint_every=5, step_delay=0.2))
+        assert info.slurm_job_id is not None
+        logs_dir = Path(info.log_dir)
+        wait_for(lambda: _step(logs_dir, 0) >= 7, 240, "the job to pass step 7 (checkpoint at 5)")
+
+        _send_alert(lab, alertname="StormwatchTrainingHung", job="requeued", severity="critical")
+        action = wait_for(_finished_action(lab, "restart_workers"), 120, "the restart", 1.0)
+        print(f"\nrestart_workers: {action['detail']}")
+        assert action["status"] == "succeeded" and action["data"]["job"] == "requeued", action
+        assert action["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} (requeued): ")
+        job = slurm.job(info.slurm_job_id)
+        assert job.restarts == 1, job  # Slurm's own count of requeues
+        events = read_slurm_history(slurm, "requeued").events
+        assert any(e.event == "requeued (restart 1)" for e in events), events
+
+        result = lab.wait_job("requeued", timeout=600)
+        assert result.ok, result.detail
+        logs = read_job_logs(logs_dir)
+        resumed = _resumed(logs[0])
+        assert len(logs[0].starts) >= 2 and resumed is not None and resumed >= 5, logs[0].starts
+        assert resumed % 5 == 0 and all(log.finished for log in logs.values())
+
+
+@pytest.mark.timeout(900)
+def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slurm(
+    slurm_lab: Lab, wait_for: Callable[..., Any], tmp_path: Path
+) -> None:
+    lab, slurm = slurm_lab, _slurm(slurm_lab)
+    with _tails_on_failure(lab):
+        info = lab.start_job(JobSpec(name="moved", steps=300, checkpoint_every=10))
+        job_id = info.slurm_job_id
+        assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
+        logs_dir = Path(info.log_dir)
+        wait_for(lambda: _step(logs_dir, 2) >= 3, 240, "rank 2 (node1) to train")
+        node1 = lab.state.node("node1")
+        control = control_path(Path(node1.metrics_dir) / "control", 2)
+        control.write_text(json.dumps({"faults": [{"point": "slow_step", "seconds": 1.0}]}))
+        armed_at = time.time()
+        try:
+            # The straggler alert: ~20 s for its rate window, then `for: 2m`.
+            action = wait_for(
+                _finished_action(lab, "exclude_node_restart"), 480, "node1's exclusion", 1.0
+            )
+            waited = time.time() - armed_at
+            print(f"\nstraggler armed -> exclusion done: {waited:.0f} s; {action['detail']}")
+            assert action["status"] == "succeeded", action
+            assert action["data"]["node"] == "node1", action
+            assert action["detail"].startswith(f"drained node1 and requeued Slurm job {job_id}")
+
+            # Slurm's own state: node1 drained with the responder's reason, the job on the spare.
+            reason = f"stormwatch: excluded from job moved ({job_id})"
+            node = slurm.nodes("node1")["node1"]
+            assert drained(node) and node.reason_text == reason, node
+            job = slurm.job(job_id)
+            assert slurm.hostnames(job.nodes) == ("node0", "node2"), job
+            assert job.excluded == "node1" and job.restarts == 1, job
+
+            result = lab.wait_job("moved", timeout=600)
+            assert result.ok, result.detail
+            logs = read_job_logs(logs_dir)
+            assert all(log.finished for log in logs.values())
+            resumed = _resumed(logs[2])
+            assert resumed is not None and resumed >= 10 and resumed % 10 == 0, logs[2].starts
+            # rank 2 finished on node2: its done marker is in node2's metrics folder
+            assert (Path(lab.state.node("node2").metrics_dir) / "rank2.done").is_file()
+            assert not (Path(node1.metrics_dir) / "rank2.done").exists()
+
+            incident = next(
+                i for i in _responder(lab, "incidents") if i["alertname"] == "StormwatchStraggler"
+            )
+            pm = _postmortem(lab, int(incident["id"]), tmp_path)
+            slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]
+            events = " | ".join(f"{r['event']} {r['detail']}" for r in slurm_rows)
+            assert f"job {job_id} (moved) requeued (restart 1)" in events, events
+            assert "node node1 drained" in events and reason in events, events
+        finally:
+            control.unlink(missing_ok=True)
+            slurm.update_node("node1", "RESUME")
+
+
+def _postmortem(lab: Lab, incident_id: int, out: Path) -> dict[str, Any]:
+    """``stormwatch alerts postmortem`` of the incident, as an operator writes it again."""
+    paths = lab.paths
+    stormwatch = Path(sys.executable).with_name("stormwatch")
+    done = subprocess.run(
+        [
+            str(stormwatch),
+            "alerts",
+            "postmortem",
+            str(incident_id),
+            "--db",
+            str(paths.responder_db),
+            "--lab-run-dir",
+            str(paths.run_dir),
+            "--postmortem-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads((out / f"incident-{incident_id}" / "postmortem.json").read_text()))
