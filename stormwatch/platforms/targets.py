@@ -17,7 +17,6 @@ is reported at once, with the file, its line, the field path and the fix
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stormwatch.clients.http import HttpOptions, check_http_url
 from stormwatch.platforms.base import control_dir_for
 from stormwatch.platforms.errors import BackendError, InvalidTargetFile, TargetIssue
-from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
+from stormwatch.platforms.target_issues import validation_issue
+from stormwatch.yamltext import StrictLoader, key_lines, line_of, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
 MAX_TARGET_BYTES = 64 * 1024
@@ -326,7 +326,7 @@ def parse_target_file(text: str, file: Path | str = "<target>") -> TargetFile:
     try:
         target = TargetFile.model_validate(data)
     except pydantic.ValidationError as exc:
-        issues = [_issue(err) for err in exc.errors(include_url=False)]
+        issues = [validation_issue(err, TargetFile) for err in exc.errors(include_url=False)]
     else:
         issues = platform_issues(target)
     if issues:
@@ -431,61 +431,6 @@ def _job_issues(job: JobTargetSection | None) -> list[TargetIssue]:
     if job.attach is not None and (job.attach.id is None) == (job.attach.name is None):
         issues.append(TargetIssue("job.attach", "give exactly one of id and name"))
     return issues
-
-
-# --- pydantic error -> TargetIssue ---------------------------------------------------------------
-
-
-def _issue(err: Any) -> TargetIssue:
-    loc = tuple(e for e in err["loc"] if not (isinstance(e, str) and "[" in e))
-    path = ""
-    for element in loc:
-        path = join_path(path, element)
-    kind = err["type"]
-    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        valid = _valid_keys(loc[:-1])
-        return TargetIssue(path, f"unknown key {loc[-1]!r} (valid keys: {valid})")
-    if kind == "missing":
-        return TargetIssue(path, "required field missing")
-    message = str(err["msg"]).removeprefix("Value error, ")
-    named = re.match(r"(\w+): ", message)
-    if kind == "value_error" and named and named[1] in _valid_keys(loc).split(", "):
-        # HttpOptions names the field in its message: put it in the path instead.
-        path, message = join_path(path, named[1]), message[named.end() :]
-    if kind == "string_pattern_mismatch":
-        message = _PATTERN_FIX.get(str(loc[-1]), message)
-    if kind != "value_error" and "input" in err:
-        message += f" (got {err['input']!r:.60})"
-    return TargetIssue(path, message)
-
-
-_PATTERN_FIX = {
-    "namespace": "not a Kubernetes namespace name (lowercase a-z, 0-9 and '-', at most 63)",
-    "selector": "not a label selector: key=value pairs joined by ',' (app=stormwatch-agent)",
-    "host": "must hold {node} or {addr}, e.g. {node}.cluster.example",
-    "id": "not a Slurm job id (digits, or <array id>_<index>)",
-}
-
-
-def _valid_keys(loc: tuple[Any, ...]) -> str:
-    tp: Any = TargetFile
-    for element in loc:
-        field = tp.model_fields.get(element) if _is_model(tp) else None
-        tp = _unwrap(field.annotation) if field is not None else None
-    if _is_model(tp):
-        return ", ".join(tp.model_fields)
-    if dataclasses.is_dataclass(tp):
-        return ", ".join(f.name for f in dataclasses.fields(tp))
-    return "none"
-
-
-def _unwrap(tp: Any) -> Any:
-    args = [a for a in getattr(tp, "__args__", ()) if a is not type(None)]
-    return args[0] if len(args) == 1 else tp
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
 __all__ = [
