@@ -54,9 +54,10 @@ def template_nodes(template: Path) -> int:
 
     Raises:
         OSError: the template cannot be read.
+        UnicodeDecodeError: it is not UTF-8 text (the target file's validation refuses it).
     """
     nodes = 1
-    for raw in template.read_text(encoding="utf-8", errors="replace").splitlines()[1:]:
+    for raw in template.read_text(encoding="utf-8").splitlines()[1:]:
         line = raw.strip()
         if line and not line.startswith("#"):
             break  # sbatch stops reading #SBATCH lines at the first command
@@ -100,7 +101,7 @@ class SubmittedSlurmJobs:
         self._ids: dict[str, str] = {}
         try:
             self.nodes = template_nodes(submit.template)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise LabNotReady(f"job.submit.template {submit.template}: {exc}") from exc
         #: Ranks of a job of the template's node count.
         self.world_size = self.nodes * nproc_per_node

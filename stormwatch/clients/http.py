@@ -72,7 +72,7 @@ class HttpOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("ca_file", "cert_file", "key_file"):
+        for name in ("ca_file", "cert_file", "key_file", "bearer_token_file"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"{name}: {path} is not a file")

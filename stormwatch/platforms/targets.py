@@ -30,6 +30,15 @@ from stormwatch.clients.http import HttpOptions, check_http_url
 from stormwatch.platforms.base import control_dir_for
 from stormwatch.platforms.errors import BackendError, InvalidTargetFile, TargetIssue
 from stormwatch.platforms.target_issues import validation_issue
+from stormwatch.platforms.target_values import (
+    LOG_DIR_FIELDS,
+    check_agent_host,
+    check_file,
+    check_parameters,
+    check_placeholders,
+    check_text_file,
+    reserved_parameter_issues,
+)
 from stormwatch.yamltext import StrictLoader, key_lines, line_of, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
@@ -90,6 +99,11 @@ class SlurmSettings(_Strict):
             raise ValueError(str(exc)) from exc
         return value
 
+    @field_validator("conf")
+    @classmethod
+    def _conf(cls, value: Path | None) -> Path | None:
+        return check_file(value, "give the cluster's slurm.conf (or leave conf out)")
+
 
 class PlatformSettings(_Strict):
     """The ``--platform-config`` file: per-platform settings (all optional); the same
@@ -132,6 +146,11 @@ class AgentsSection(_Strict):
     namespace: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     selector: str | None = Field(default=None, pattern=_SELECTOR.pattern)
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return check_agent_host(value)
+
 
 class CredentialsSection(_Strict):
     """``credentials:``: the agents' fault API token file, and the responder (optional)."""
@@ -148,9 +167,7 @@ class CredentialsSection(_Strict):
     @field_validator("agent_token_file", "responder_token_file")
     @classmethod
     def _file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"{value} is not a file; give the file holding the token")
-        return value
+        return check_file(value, "give the file holding the token")
 
 
 class AttachJob(_Strict):
@@ -172,18 +189,13 @@ class SubmitJob(_Strict):
     @field_validator("template")
     @classmethod
     def _template(cls, value: Path) -> Path:
-        if not value.is_file():
-            raise ValueError(
-                f"{value} is not a file; give the job script (train.sbatch) or manifest (job.yaml)"
-            )
-        return value
+        fix = "give the job script (train.sbatch) or manifest (job.yaml), saved as UTF-8"
+        return check_text_file(value, fix)
 
     @field_validator("parameters")
     @classmethod
-    def _names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not an environment variable name (A-Z, 0-9, _)")
+    def _parameters(cls, value: dict[str, str]) -> dict[str, str]:
+        check_parameters(value)
         return value
 
 
@@ -195,6 +207,11 @@ class JobTargetSection(_Strict):
     attach: AttachJob | None = None
     submit: SubmitJob | None = None
     log_dir: str | None = None
+
+    @field_validator("log_dir")
+    @classmethod
+    def _log_dir(cls, value: str | None) -> str | None:
+        return None if value is None else check_placeholders(value, LOG_DIR_FIELDS)
 
 
 class LabNode(_Strict):
@@ -391,6 +408,8 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
         )
     if target.lab is None:  # the lab starts its own jobs
         issues.extend(_job_issues(target.job))
+    if target.platform == "slurm" and target.job is not None and target.job.submit is not None:
+        issues.extend(reserved_parameter_issues(target.job.submit.parameters))
     agents = target.agents
     if target.platform == "kubernetes":
         if agents.selector is None:
