@@ -28,6 +28,7 @@ from stormwatch.alerts.responder.service import serve
 from stormwatch.alerts.responder.settings import DEFAULT_MAX_BODY_BYTES, ResponderSettings
 from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
 from stormwatch.clients import ResponderClient
+from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.errors import ConfigError
 from stormwatch.platforms import PlatformSettings, load_platform_settings, load_target_file
@@ -276,18 +277,18 @@ def serve_cmd(
     policy = load_policy(policy_file) if policy_file is not None else default_policy()
     if dry_run:
         policy = policy.model_copy(update={"dry_run": True})
-    platform_settings = (
-        load_platform_settings(platform_config) if platform_config else PlatformSettings()
-    )
+    platform_settings = PlatformSettings()
+    prometheus_http: HttpOptions | None = None
     if target_file is not None:
-        if platform_config is not None or platform != "lab":
-            raise ConfigError("--target: give the target file or --platform/--platform-config")
+        _refuse_platform_options(click.get_current_context())
         target = load_target_file(target_file)
         platform, platform_settings = target.platform, target.platform_settings()
         if target.prometheus is not None and prometheus_url is None:
-            prometheus_url = target.prometheus.url
+            prometheus_url, prometheus_http = target.prometheus.url, target.prometheus.http
         if target.lab is not None and lab_run_dir is None:
             lab_run_dir = target.lab.run_dir
+    elif platform_config is not None:
+        platform_settings = load_platform_settings(platform_config)
     settings = ResponderSettings(
         policy=policy,
         audit_jsonl=audit_jsonl,
@@ -301,6 +302,7 @@ def serve_cmd(
         host=host,
         port=port,
         prometheus_url=prometheus_url,
+        prometheus_http=prometheus_http,
         max_body_bytes=max_body_bytes,
         confirm=ConfirmRestartSettings(
             timeout_s=parse_duration(confirm_timeout, "--confirm-timeout")
@@ -321,6 +323,25 @@ def serve_cmd(
                     loop.remove_signal_handler(sig)
 
     asyncio.run(main())
+
+
+def _refuse_platform_options(ctx: click.Context) -> None:
+    """``--target`` gives the platform and its settings: refuse ``--platform`` and
+    ``--platform-config`` given with it (before reading either file).
+
+    Raises:
+        click.UsageError: naming the options given.
+    """
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("platform", "platform_config")
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    ]
+    if given:
+        raise click.UsageError(
+            f"--target gives the platform and its settings; {' and '.join(given)} would "
+            "conflict with it: give either --target or --platform/--platform-config"
+        )
 
 
 #: The local lab's responder token (``stormwatch lab up`` writes it), the default for the

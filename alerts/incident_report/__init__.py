@@ -32,6 +32,7 @@ from stormwatch.alerts.incident_report.background import (
 from stormwatch.postmortem import IncidentPostMortem
 
 if TYPE_CHECKING:
+    from stormwatch.clients.http import HttpOptions
     from stormwatch.platforms.slurm import SlurmCommands
 
 
@@ -47,6 +48,7 @@ def write_incident_postmortem(
     postmortem_dir: Path,
     lab_run_dir: Path | None = None,
     prometheus_url: str | None = None,
+    prometheus_http: HttpOptions | None = None,
     slurm: SlurmCommands | None = None,
     clock: Callable[[], float] = time.time,
 ) -> PostMortemFiles:
@@ -63,6 +65,8 @@ def write_incident_postmortem(
             events, chaos journals), or None.
         prometheus_url: Prometheus base URL for the plots and the straggler/XID
             evidence, or None (plots from the rank logs).
+        prometheus_http: how to reach it (TLS, auth: a target file's ``prometheus.http``);
+            None: plain HTTP.
         slurm: the Slurm command client when the platform is ``slurm``: the job's
             transitions and the nodes' drain reasons join the timeline; None: not read.
         clock: Unix time source.
@@ -79,6 +83,7 @@ def write_incident_postmortem(
         postmortem_dir=postmortem_dir,
         lab_run_dir=lab_run_dir,
         prometheus_url=prometheus_url,
+        prometheus_http=prometheus_http,
         slurm=slurm,
         clock=clock,
     )

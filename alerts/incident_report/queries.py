@@ -8,6 +8,10 @@ any failure leaves the plots to the rank logs and says why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stormwatch.clients.http import HttpOptions
 
 #: Most points per Prometheus range query (the step is widened to stay below it).
 MAX_POINTS = 400
@@ -64,14 +68,17 @@ def _label_text(labels: dict[str, str], keys: tuple[str, ...]) -> str:
     return " ".join(f"{k}={labels[k]}" for k in keys if k in labels) or "all"
 
 
-def read_prometheus(url: str, job: str, window: tuple[float, float]) -> PrometheusFindings:
+def read_prometheus(
+    url: str, job: str, window: tuple[float, float], *, options: HttpOptions | None = None
+) -> PrometheusFindings:
     """Run :data:`RANGE_QUERIES` over ``window`` (Unix s) and :data:`INSTANT_QUERIES` at its
-    end for ``job`` (never raises: a failure is in ``what``)."""
+    end for ``job``, reaching Prometheus with ``options`` (TLS, auth; None: plain HTTP);
+    never raises: a failure is in ``what``."""
     from stormwatch.clients import PrometheusClient
 
     start, end = window
     found = PrometheusFindings()
-    client = PrometheusClient(url, timeout=QUERY_TIMEOUT_S)
+    client = PrometheusClient(url, timeout=QUERY_TIMEOUT_S, options=options)
     step = max(1.0, (end - start) / MAX_POINTS)
     seconds = max(1, int(end - start))
     try:

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from stormwatch.agent.watch.events import AgentEvent, read_agent_events
 from stormwatch.alerts.incident_report.queries import read_prometheus
 from stormwatch.alerts.responder.audit import AuditEntry
+from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.platforms.errors import BackendError, InvalidTargetFile
@@ -229,10 +230,12 @@ def gather(
     now: float,
     lab_run_dir: Path | None,
     prometheus_url: str | None,
+    prometheus_http: HttpOptions | None = None,
     slurm: SlurmCommands | None = None,
 ) -> Inputs:
     """Collect everything about ``incident`` (never raises for a missing source);
-    ``slurm``: the cluster's command client when the responder's platform is ``slurm``."""
+    ``prometheus_http``: how to reach Prometheus (TLS, auth); ``slurm``: the cluster's
+    command client when the responder's platform is ``slurm``."""
     window = incident_window(incident, now)
     inputs = Inputs(incident=incident, actions=actions, audit=audit, window=window)
     inputs.inputs["responder"] = (
@@ -255,7 +258,7 @@ def gather(
             f"{prometheus_url}: not queried (the incident has no job label)"
         )
     else:
-        found = read_prometheus(prometheus_url, job, window)
+        found = read_prometheus(prometheus_url, job, window, options=prometheus_http)
         inputs.prometheus, inputs.prometheus_now = found.ranges, found.instants
         inputs.inputs["prometheus"] = found.what
     if slurm is not None:

@@ -14,6 +14,7 @@ from stormwatch.alerts.incident_report.panels import write_plots
 from stormwatch.alerts.incident_report.sources import gather
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.store import Store
+from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.postmortem import incident_document, write_report
@@ -59,6 +60,7 @@ def write(
     postmortem_dir: Path,
     lab_run_dir: Path | None = None,
     prometheus_url: str | None = None,
+    prometheus_http: HttpOptions | None = None,
     slurm: SlurmCommands | None = None,
     clock: Callable[[], float] = time.time,
 ) -> PostMortemFiles:
@@ -72,6 +74,8 @@ def write(
             events, chaos journals), or None.
         prometheus_url: Prometheus base URL for the plots and the straggler/XID
             evidence, or None (plots from the rank logs).
+        prometheus_http: how to reach it (TLS, auth: a target file's ``prometheus.http``);
+            None: plain HTTP.
         slurm: the Slurm command client when the platform is ``slurm``: the job's
             transitions and the nodes' drain reasons join the timeline; None: not read.
         clock: Unix time source.
@@ -89,6 +93,7 @@ def write(
         now=now,
         lab_run_dir=lab_run_dir,
         prometheus_url=prometheus_url,
+        prometheus_http=prometheus_http,
         slurm=slurm,
     )
     pm = build(inputs, now=now)

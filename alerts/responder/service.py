@@ -24,9 +24,8 @@ from stormwatch.alerts.responder.api import ResponderApi
 from stormwatch.alerts.responder.audit import AuditLog
 from stormwatch.alerts.responder.auth import read_token
 from stormwatch.alerts.responder.guards import Guardrails
-from stormwatch.alerts.responder.settings import PROMETHEUS_TIMEOUT_S, ResponderSettings
+from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.responder.store import Store
-from stormwatch.clients import AsyncPrometheusClient
 from stormwatch.dashboards.annotations import Annotator
 from stormwatch.errors import ConfigError
 
@@ -123,9 +122,7 @@ class Responder:
         settings = self.settings
         prometheus = None
         if settings.prometheus_url:
-            prometheus = await self._stack.enter_async_context(
-                AsyncPrometheusClient(settings.prometheus_url, timeout=PROMETHEUS_TIMEOUT_S)
-            )
+            prometheus = await self._stack.enter_async_context(settings.prometheus_client())
         return playbook_from_policy(
             settings.policy,
             prometheus=prometheus,

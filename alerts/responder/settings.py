@@ -9,6 +9,8 @@ from pathlib import Path
 from stormwatch.alerts.actions.confirm_restart import ConfirmRestartSettings
 from stormwatch.alerts.incident_report import PostMortemFiles, write_incident_postmortem
 from stormwatch.alerts.policy import Policy, default_policy
+from stormwatch.clients import AsyncPrometheusClient
+from stormwatch.clients.http import HttpOptions
 from stormwatch.errors import ConfigError
 from stormwatch.platforms import (
     InvalidTargetFile,
@@ -43,6 +45,8 @@ class ResponderSettings:
             Default 19095, the lab's port (docs/ARCHITECTURE.md).
         prometheus_url: Prometheus base URL for read-only checks such as
             ``confirm_restart``; None skips them.
+        prometheus_http: how to reach it (TLS, basic auth, Bearer token: a target file's
+            ``prometheus.http``); None: plain HTTP.
         max_body_bytes: largest accepted request body (default 1 MiB).
         confirm: timing of ``confirm_restart``.
         policy: alert -> actions and the guards (default :func:`default_policy`:
@@ -69,6 +73,7 @@ class ResponderSettings:
     host: str = "127.0.0.1"
     port: int = 19095
     prometheus_url: str | None = None
+    prometheus_http: HttpOptions | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     confirm: ConfirmRestartSettings = field(default_factory=ConfirmRestartSettings)
     policy: Policy = field(default_factory=default_policy)
@@ -78,6 +83,19 @@ class ResponderSettings:
     platform_settings: PlatformSettings = field(default_factory=PlatformSettings)
     postmortem_dir: Path | None = None
     postmortems: bool = True
+
+    def prometheus_client(self) -> AsyncPrometheusClient:
+        """The read-only actions' client of :attr:`prometheus_url`, reaching it with
+        :attr:`prometheus_http` (timeout :data:`PROMETHEUS_TIMEOUT_S`).
+
+        Raises:
+            ConfigError: no :attr:`prometheus_url`, or it is not an http(s) URL.
+        """
+        if not self.prometheus_url:
+            raise ConfigError("prometheus_url: not set; the read-only actions are skipped")
+        return AsyncPrometheusClient(
+            self.prometheus_url, timeout=PROMETHEUS_TIMEOUT_S, options=self.prometheus_http
+        )
 
     @property
     def postmortem_path(self) -> Path:
@@ -97,6 +115,7 @@ class ResponderSettings:
             postmortem_dir=self.postmortem_path,
             lab_run_dir=self.lab_run_dir,
             prometheus_url=self.prometheus_url,
+            prometheus_http=self.prometheus_http,
             slurm=self.slurm_commands(),
         )
 
