@@ -233,6 +233,11 @@ def slurm_target(
             stop_timeout_s=target.slurm.readback_timeout_s,
         )
         world_size, attached = jobs.world_size, None
+        words = (
+            f"a job of {submit.template.name} ({jobs.nodes} node(s), its #SBATCH --nodes, x "
+            f"{target.slurm.nproc_per_node} ranks, slurm.nproc_per_node)",
+            "change the template's #SBATCH --nodes or slurm.nproc_per_node",
+        )
     else:
         job = attach_slurm_job(commands, target)
         addrs = _node_addrs(commands, agents.host) if "{addr}" in agents.host else {}
@@ -240,6 +245,11 @@ def slurm_target(
         world_size = len(job.nodes) * target.slurm.nproc_per_node
         jobs = SlurmJobs(commands, job, log_dirs=log_dirs, world_size=world_size)
         attached = job.name
+        words = (
+            f"Slurm job {job.job_id} ({job.name}: {len(nodes)} node(s) x "
+            f"{target.slurm.nproc_per_node} ranks, slurm.nproc_per_node)",
+            "attach to a job of that size (job.attach) or fix slurm.nproc_per_node",
+        )
     endpoints = tuple(
         _agent(agents, n, agents.host.format(node=n, addr=addrs.get(n, n))) for n in nodes
     )
@@ -252,6 +262,7 @@ def slurm_target(
         placement=backend,
         attach_job=attached,
         nodes=SlurmNodes(backend),
+        words=words,
     )
 
 
@@ -265,10 +276,12 @@ def build_target(
     placement: SlurmBackend | KubernetesBackend,
     attach_job: str | None,
     nodes: SlurmNodes | None = None,
+    words: tuple[str, str],
 ) -> Target:
     """The :class:`Target` of a platform target file, from what the platform found: its
     job control, world size, agents and placement; ``attach_job``: the job to attach to
-    (None: the runner starts one)."""
+    (None: the runner starts one); ``words``: the target and how to change its job's
+    size, in words (:attr:`Target.description`, :attr:`Target.size_fix`)."""
     creds = target.credentials
     return Target(
         run_dir=Path(run_dir),
@@ -282,6 +295,9 @@ def build_target(
         placement=placement,
         attach_job=attach_job,
         nodes=nodes,
+        description=words[0],
+        size_fix=words[1],
+        token_fix="set credentials.agent_token_file in the target file",
     )
 
 

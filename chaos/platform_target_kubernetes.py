@@ -245,7 +245,15 @@ def kubernetes_target(
         agents=tuple(found[node] for node in sorted(found)),
         placement=backend,
         attach_job=attached,
+        words=_words(attached, job.submit),
     )
+
+
+def _words(attached: str | None, submit: SubmitJob | None) -> tuple[str, str]:
+    """The target and how to change its job's size, in words (``build_target``'s ``words``)."""
+    if submit is None:
+        return f"Kubernetes job {attached}", "attach to a job of that size (job.attach)"
+    return f"a job of {submit.template.name}", "change the manifest's parallelism or replicas"
 
 
 __all__ = ["KubernetesJobs", "kubernetes_target"]

@@ -86,6 +86,10 @@ class Target:
             attaches to it instead of starting the experiment's job; None: start it.
         nodes: returns nodes to service after the faults on them are reverted (the
             rollbacks and the final revert call it); None: the platform needs nothing.
+        description: the target in words, for messages and the dry run
+            (``the lab in run``, ``Slurm job 42 (llm) ...``).
+        size_fix: how to get a job of another world size here (readiness messages).
+        token_fix: how to give the agents' token file (readiness messages).
     """
 
     run_dir: Path
@@ -99,6 +103,9 @@ class Target:
     placement: RankPlacement | None = None
     attach_job: str | None = None
     nodes: NodeService | None = None
+    description: str = "the lab"
+    size_fix: str = "bring up a lab of that size"
+    token_fix: str = "bring the lab up again (`stormwatch lab up` writes it)"
 
 
 class AttachedJobs:
@@ -257,6 +264,7 @@ def lab_target(run_dir: Path) -> Target:
         agent_token_file=Path(state.agent_token_file),
         responder_url=state.responder_url,
         responder_token_file=Path(state.responder_token_file),
+        description=f"the lab in {run_dir}",
         placement=LabBackend(
             diagnostics_dir=Path(state.run_dir) / "chaos" / "diagnostics",
             node_metrics_dirs={n.name: Path(n.metrics_dir) for n in state.nodes},

@@ -51,8 +51,8 @@ async def preflight(
     fixed = experiment.job.fixed_world_size
     if fixed is not None and fixed != target.world_size:
         raise LabNotReady(
-            f"the experiment's job has {fixed} ranks (job section) but the lab runs "
-            f"{target.world_size}: bring up a lab of that size or fix the job section"
+            f"the experiment's job has {fixed} ranks (job section) but {target.description} "
+            f"runs {target.world_size}: {target.size_fix}, or fix the job section"
         )
     known_nodes = {agent.node for agent in target.agents}
     for fault in faults:
@@ -65,13 +65,15 @@ async def preflight(
         unknown = [node for node in fault.target_nodes() if node not in known_nodes]
         if known_nodes and unknown:
             raise LabNotReady(
-                f"{fault.kind}: node {', '.join(unknown)} is not in the lab "
+                f"{fault.kind}: node {', '.join(unknown)} is not in {target.description} "
                 f"(nodes: {', '.join(sorted(known_nodes))})"
             )
     direct = [f.kind for f in faults if f.traits.placement is Placement.RANK_AGENT]
     if direct:
-        if not target.agents or target.agent_token_file is None:
-            raise LabNotReady(f"{direct[0]} needs node agents and their token file")
+        if not target.agents:
+            raise LabNotReady(f"{direct[0]} needs node agents; {target.description} has none")
+        if target.agent_token_file is None:
+            raise LabNotReady(f"{direct[0]} needs the node agents' token file: {target.token_fix}")
         down = [a.node for a in target.agents if not await agents.healthy(a.url)]
         if down:
             raise LabNotReady(f"agents not answering /healthz on: {', '.join(down)}")

@@ -7,7 +7,8 @@ fix (pydantic turns it into the field's :class:`~stormwatch.platforms.errors.Tar
 * ``agents.host``: ``{node}`` / ``{addr}`` only, and a bare host name or IP once filled;
 * ``job.submit.parameters``: environment variable names and values an environment can
   carry, and (Slurm, :func:`reserved_parameter_issues`) no name stormwatch or Slurm sets;
-* files: a token file, ``slurm.conf``, a job template readable as UTF-8 text.
+* files: a token file, a job template readable as UTF-8 text, and (:func:`slurm_issues`,
+  not on a lab's target: the lab writes it) ``slurm.conf``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stormwatch.platforms.errors import TargetIssue
+
+if TYPE_CHECKING:
+    from stormwatch.platforms.targets import TargetFile
 
 #: Placeholders of ``job.log_dir`` (:class:`~stormwatch.chaos.platform_target.JobLogDirs`).
 LOG_DIR_FIELDS = ("job", "jobid")
@@ -130,6 +135,21 @@ def reserved_parameter_issues(parameters: Mapping[str, str]) -> list[TargetIssue
     ]
 
 
+def slurm_issues(target: TargetFile) -> list[TargetIssue]:
+    """What a ``slurm`` target file (not a lab's) must satisfy beyond its fields' types:
+    ``slurm.conf`` is a file, and no reserved ``job.submit.parameters`` name
+    (:func:`reserved_parameter_issues`)."""
+    issues = []
+    conf = target.slurm.conf
+    if conf is not None and not conf.is_file():
+        what = "a folder, not a file" if conf.is_dir() else "not a file"
+        fix = "give the cluster's slurm.conf, or leave slurm.conf out (SLURM_CONF, the system's)"
+        issues.append(TargetIssue("slurm.conf", f"{conf} is {what}; {fix}"))
+    if target.job is not None and target.job.submit is not None:
+        issues.extend(reserved_parameter_issues(target.job.submit.parameters))
+    return issues
+
+
 def check_file(path: Path | None, fix: str) -> Path | None:
     """``path`` when it is None or an existing file.
 
@@ -169,4 +189,5 @@ __all__ = [
     "check_placeholders",
     "check_text_file",
     "reserved_parameter_issues",
+    "slurm_issues",
 ]

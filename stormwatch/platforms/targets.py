@@ -37,7 +37,7 @@ from stormwatch.platforms.target_values import (
     check_parameters,
     check_placeholders,
     check_text_file,
-    reserved_parameter_issues,
+    slurm_issues,
 )
 from stormwatch.yamltext import StrictLoader, key_lines, line_of, yaml_problem
 
@@ -98,11 +98,6 @@ class SlurmSettings(_Strict):
         except BackendError as exc:
             raise ValueError(str(exc)) from exc
         return value
-
-    @field_validator("conf")
-    @classmethod
-    def _conf(cls, value: Path | None) -> Path | None:
-        return check_file(value, "give the cluster's slurm.conf (or leave conf out)")
 
 
 class PlatformSettings(_Strict):
@@ -408,8 +403,8 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
         )
     if target.lab is None:  # the lab starts its own jobs
         issues.extend(_job_issues(target.job))
-    if target.platform == "slurm" and target.job is not None and target.job.submit is not None:
-        issues.extend(reserved_parameter_issues(target.job.submit.parameters))
+    if target.platform == "slurm" and target.lab is None:  # a lab writes its own slurm.conf
+        issues.extend(slurm_issues(target))
     agents = target.agents
     if target.platform == "kubernetes":
         if agents.selector is None:
