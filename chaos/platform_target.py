@@ -298,6 +298,7 @@ def build_target(
         description=words[0],
         size_fix=words[1],
         token_fix="set credentials.agent_token_file in the target file",
+        agents_are_job_nodes=attach_job is not None,
     )
 
 

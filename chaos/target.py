@@ -90,6 +90,9 @@ class Target:
             (``the lab in run``, ``Slurm job 42 (llm) ...``).
         size_fix: how to get a job of another world size here (readiness messages).
         token_fix: how to give the agents' token file (readiness messages).
+        agents_are_job_nodes: whether :attr:`agents` are the job's nodes (the lab's, an
+            attached job's); False: a job submitted per run lands on nodes not known
+            before it starts (the agents are every node's).
     """
 
     run_dir: Path
@@ -106,6 +109,7 @@ class Target:
     description: str = "the lab"
     size_fix: str = "bring up a lab of that size"
     token_fix: str = "bring the lab up again (`stormwatch lab up` writes it)"
+    agents_are_job_nodes: bool = True
 
 
 class AttachedJobs:

@@ -99,7 +99,11 @@ def validate(files: tuple[Path, ...]) -> None:
     help="Seconds the post-mortem waits for the alert to be received and resolved.",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Validate and print the plan (targets resolved); run nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Validate and print the plan, the fault targets resolved on the target (the lab "
+    "when up, else the file's job shape; --target FILE: exit 2 when it cannot be resolved); "
+    "run nothing.",
 )
 def run(
     experiment: Path,
@@ -131,12 +135,17 @@ def run(
     if target_file is not None:
         load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
     if dry_run:
-        from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
+        from stormwatch.chaos.experiment.dryrun import (
+            print_plan,
+            refuse_unresolved,
+            target_shape,
+        )
 
-        shape = target_shape(run_dir, target_file)
-        refused = print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), shape)
+        resolved = target_shape(run_dir, target_file)
+        refused = print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), resolved)
         if refused is not None:
             raise ConfigError(f"{experiment}: a run would refuse this plan: {refused}")
+        refuse_unresolved(resolved, target_file)
         return EXIT_OK
     reap_overdue(run_dir)
     target = resolve_target(run_dir, target_file)

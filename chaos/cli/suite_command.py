@@ -37,7 +37,10 @@ if TYPE_CHECKING:
     help="Seconds each post-mortem waits for an alert to fire after the experiment.",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Validate every experiment and print its plan; run nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Validate every experiment and print its plan on the target (as `chaos run "
+    "--dry-run`: --target FILE: exit 2 when it cannot be resolved); run nothing.",
 )
 def suite(
     folder: Path,
@@ -50,7 +53,8 @@ def suite(
     """Run every experiment in DIR on the lab (or --target FILE), one after another, and
     write a scorecard.
 
-    All files are validated first (exit 2, nothing started, when one is invalid).
+    All files are validated first (exit 2, nothing started, when one is invalid, or
+    when the target file attaches to a running job: a suite needs job.submit).
     The scorecard (per fault: detected?, by which alert, time to detect, time to
     recover, steps lost, loss/checkpoint/fault checks, verdict) is written as
     Markdown and JSON to RUN_DIR/suites/<suite-id>/ after every experiment.
@@ -68,8 +72,14 @@ def suite(
     from stormwatch.platforms.targets import load_target_file
 
     entries = load_suite(folder)
-    if target_file is not None:
-        load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
+    if target_file is not None:  # invalid: exit 2 before anything is asked or started
+        job = load_target_file(target_file).job
+        if job is not None and job.attach is not None:
+            raise ConfigError(
+                f"--target {target_file}: job.attach: a suite starts one job per experiment "
+                "(and per baseline), so it cannot run on one attached job; give a target "
+                "file with job.submit (a job template), or run the suite on the lab"
+            )
     if dry_run:
         return _dry_run(entries, folder, run_dir, target_file)
     reap_overdue(run_dir)
@@ -122,21 +132,26 @@ def _dry_run(
     entries: list[SuiteEntry], folder: Path, run_dir: Path, target_file: Path | None
 ) -> int:
     """Print every experiment's plan; exit 0, or raise when a run would refuse one."""
-    from stormwatch.chaos.experiment.dryrun import print_plan, target_shape
+    from stormwatch.chaos.experiment.dryrun import (
+        print_plan,
+        refuse_unresolved,
+        target_shape,
+    )
 
     console = Console(highlight=False, soft_wrap=True)
     # the target when it can be reached, else each file's job
-    shape = target_shape(run_dir, target_file)
+    resolved = target_shape(run_dir, target_file)
     refused = [
         f"{entry.path}: {why}"
         for entry in entries
-        if (why := print_plan(entry.experiment, entry.path, console, shape)) is not None
+        if (why := print_plan(entry.experiment, entry.path, console, resolved)) is not None
     ]
     if refused:
         raise ConfigError(
             f"suite {folder}: a run would refuse {plural(len(refused), 'experiment')}:\n"
             + "\n".join(refused)
         )
+    refuse_unresolved(resolved, target_file)
     console.print(f"[green]{plural(len(entries), 'experiment')} valid[/]; nothing was run")
     return 0
 

@@ -1,13 +1,18 @@
 """``--dry-run``: print what an experiment would do, with its targets resolved; run nothing.
 
-The targets are resolved against the job's shape: the lab's (``shape``) when one is
-given, else the file's (``job.nodes`` x ``job.nproc_per_node``), else the default
-lab's two nodes (``job.world_size`` / 2 ranks each).
+The target (the lab, or a target file) is resolved first (:func:`target_shape`), and the
+plan says which it is, or why it could not be resolved. The fault targets are resolved
+against the job's shape: the target's when it was resolved, else the file's
+(``job.nodes`` x ``job.nproc_per_node``), else the default lab's two nodes
+(``job.world_size`` / 2 ranks each).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,7 +34,11 @@ from stormwatch.chaos.experiment.selection import (
     static_shape,
     touched_ranks,
 )
-from stormwatch.faults import ExperimentFault, Target
+from stormwatch.faults import ExperimentFault
+from stormwatch.faults import Target as FaultTarget
+
+if TYPE_CHECKING:
+    from stormwatch.chaos.target import Target
 
 #: Nodes of the default lab (``stormwatch lab up``), for files that do not fix their shape.
 DEFAULT_LAB_NODES = 2
@@ -45,10 +54,31 @@ def describe_provider(provider: Provider) -> str:
     return f"{provider.type}: {fields}"
 
 
-def plan_shape(experiment: Experiment, shape: Shape | None = None) -> tuple[Shape | None, str]:
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """What the dry run found of the target.
+
+    Attributes:
+        description: the target in words (:attr:`~stormwatch.chaos.target.Target.description`;
+            the target file or lab asked for when it could not be resolved).
+        shape: its job's nodes and ranks per node; None: not known before the run (a
+            Slurm template's allocation) or not resolved.
+        attach_job: the running job it attaches to (None: the run starts one).
+        problem: why it could not be resolved (None: it was).
+    """
+
+    description: str
+    shape: Shape | None = None
+    attach_job: str | None = None
+    problem: str | None = None
+
+
+def plan_shape(
+    experiment: Experiment, target: ResolvedTarget | None = None
+) -> tuple[Shape | None, str]:
     """The shape to resolve targets against, and where it came from."""
-    if shape is not None:
-        return shape, "the lab"
+    if target is not None and target.shape is not None:
+        return target.shape, target.description
     fixed = static_shape(experiment)
     if fixed is not None:
         return fixed, "job.nodes x job.nproc_per_node"
@@ -63,13 +93,14 @@ def plan_shape(experiment: Experiment, shape: Shape | None = None) -> tuple[Shap
 
 def lab_shape(run_dir: Path) -> Shape | None:
     """The shape of the lab in ``run_dir`` when it is up (nodes in order, ranks per node)."""
-    return target_shape(run_dir, None)
+    return target_shape(run_dir, None).shape
 
 
-def target_shape(run_dir: Path, target_file: Path | None) -> Shape | None:
-    """The shape of the target (``--target`` file, else ``<run-dir>/target.yaml``, else the
-    lab in ``run_dir``) when it can be reached (nodes in order, ranks per node); None when
-    it cannot (the plan then uses the file's shape).
+def target_shape(run_dir: Path, target_file: Path | None) -> ResolvedTarget:
+    """The target (``--target`` file, else ``<run-dir>/target.yaml``, else the lab in
+    ``run_dir``) as far as it can be resolved without running anything: its words, its
+    job's shape when known (the attached job's nodes, or the lab's), or why it could not
+    be reached (the plan then uses the file's shape).
 
     Raises:
         InvalidTargetFile: ``target_file`` is not valid.
@@ -79,33 +110,53 @@ def target_shape(run_dir: Path, target_file: Path | None) -> Shape | None:
 
     try:
         target = resolve_target(run_dir, target_file)
-    except (LabNotReady, OSError):
-        return None
+    except (LabNotReady, OSError) as exc:  # said in the plan; run_commands decides the exit
+        asked = f"--target {target_file}" if target_file is not None else f"the lab in {run_dir}"
+        return ResolvedTarget(asked, problem=str(exc) or type(exc).__name__)
+    return resolved_from(target)
+
+
+def resolved_from(target: Target) -> ResolvedTarget:
+    """What the plan says of a resolved ``target``: its words, attached job, and its job's
+    shape when the agents are the job's nodes (not a job submitted per run)."""
     nodes = tuple(a.node for a in target.agents)
-    if not nodes or target.world_size % len(nodes):
-        return None
-    return Shape(nodes, target.world_size // len(nodes))
+    if not target.agents_are_job_nodes or not nodes or target.world_size % len(nodes):
+        return ResolvedTarget(target.description, attach_job=target.attach_job)
+    shape = Shape(nodes, target.world_size // len(nodes))
+    return ResolvedTarget(target.description, shape=shape, attach_job=target.attach_job)
+
+
+def refuse_unresolved(target: ResolvedTarget, target_file: Path | None) -> None:
+    """After the plan: a ``--target`` file that could not be resolved fails the dry run
+    (its help promises the fault targets resolved on it); the lab that is not up does not
+    (the plan then uses the file's shape, as it says).
+
+    Raises:
+        LabNotReady: naming the target file and why it could not be resolved.
+    """
+    from stormwatch.chaos.errors import LabNotReady
+
+    if target_file is not None and target.problem is not None:
+        raise LabNotReady(
+            f"--target {target_file}: could not be resolved ({target.problem}); the plan "
+            "above uses the experiment's job shape, not the target's"
+        )
 
 
 def print_plan(
-    experiment: Experiment, path: Path, console: Console, shape: Shape | None = None
+    experiment: Experiment, path: Path, console: Console, target: ResolvedTarget | None = None
 ) -> str | None:
-    """Print the plan of ``experiment`` (from ``path``).
+    """Print the plan of ``experiment`` (from ``path``) on ``target`` (None: none was
+    asked for; the file's shape, else the default lab's).
 
     Returns:
         Why a run would refuse the plan (faults that cannot be placed on the shape, or a
         blast radius exceeded), or None when it would start.
     """
     refused: str | None = None
-    shape, source = plan_shape(experiment, shape)
-    job = experiment.job
     p = console.print
     p(f"[bold]{escape(str(path))}[/]: {escape(experiment.title)}")
-    layout = f"{shape.world_size} ranks on {len(shape.nodes)} nodes ({source})" if shape else source
-    p(
-        f"  job {job.name}-<run>: {job.steps} steps, checkpoint every {job.checkpoint_every}, "
-        f"seed {job.seed}, {layout}"
-    )
+    shape = _print_target_and_job(experiment, target, p)
     p(f"  steady state: {escape(experiment.steady_state_hypothesis.title)}")
     for probe in experiment.steady_state_hypothesis.probes:
         p(
@@ -148,6 +199,34 @@ def print_plan(
         + (f", category {expect.category}" if expect.category else "")
     )
     return refused
+
+
+def _print_target_and_job(
+    experiment: Experiment, target: ResolvedTarget | None, p: Callable[[str], None]
+) -> Shape | None:
+    """Print the target line (what was resolved, or why not) and the job line; return
+    the shape the fault targets are resolved against."""
+    shape, source = plan_shape(experiment, target)
+    if target is not None and target.problem is not None:
+        p(
+            f"  [red]target: {escape(target.description)} could not be resolved: "
+            f"{escape(target.problem)}[/]"
+        )
+        source = f"{source}; not the target's"
+    elif target is not None:
+        p(f"  target: {escape(target.description)}")
+        if target.shape is None:
+            source = f"{source}; the target's nodes are known once its job is allocated"
+    job = experiment.job
+    layout = f"{shape.world_size} ranks on {len(shape.nodes)} nodes ({source})" if shape else source
+    name = f"job {job.name}-<run>"
+    if target is not None and target.attach_job is not None:
+        name = f"job {target.attach_job} (attached: the target's job.attach, not started)"
+    p(
+        f"  {escape(name)}: {job.steps} steps, checkpoint every {job.checkpoint_every}, "
+        f"seed {job.seed}, {escape(layout)}"
+    )
+    return shape
 
 
 def _activity(
@@ -194,7 +273,7 @@ def _activity(
 
 def _where(fault: ExperimentFault) -> str:
     nodes = fault.target_nodes()
-    if fault.traits.target is Target.NODE_SETS:
+    if fault.traits.target is FaultTarget.NODE_SETS:
         return f"nodes {', '.join(nodes)}"
     if nodes:
         return f"node {nodes[0]}"
@@ -202,15 +281,20 @@ def _where(fault: ExperimentFault) -> str:
     if rank is None:
         return "its own target"
     return (
-        f"the node of rank {rank}" if fault.traits.target is Target.NODE_OR_RANK else f"rank {rank}"
+        f"the node of rank {rank}"
+        if fault.traits.target is FaultTarget.NODE_OR_RANK
+        else f"rank {rank}"
     )
 
 
 __all__ = [
     "DEFAULT_LAB_NODES",
+    "ResolvedTarget",
     "describe_provider",
     "lab_shape",
     "plan_shape",
     "print_plan",
+    "refuse_unresolved",
+    "resolved_from",
     "target_shape",
 ]

@@ -221,17 +221,22 @@ def _stormwatch(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[in
     return int(exited.value.code or 0), out.out + out.err
 
 
-def test_chaos_run_dry_run_takes_a_target_file(
+def test_chaos_run_dry_run_on_a_target_it_cannot_reach_says_why_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """No Slurm here: the plan is printed on the job section's shape, labelled as such, and
+    the dry run fails (its help promises the targets resolved on --target)."""
     target = _write(tmp_path, GOOD)
     experiment = EXPERIMENT
     run_dir = tmp_path / "run"
     argv = ["chaos", "run", str(experiment), "--dry-run", "--target", str(target)]
     code, output = _stormwatch([*argv, "--run-dir", str(run_dir)], capsys)
-    assert code == 0, output
-    assert "4 ranks on 2 nodes" in output
-    assert "kill_rank" in output
+    assert code == 2, output
+    assert f"target: --target {target} could not be resolved: target job llm" in output
+    assert "4 ranks on 2 nodes (job.world_size on the default 2-node lab; not the target's)" in (
+        output
+    )
+    assert "kill_rank" in output and "(the lab)" not in output and "Traceback" not in output
     assert not run_dir.exists()  # nothing started, nothing written
 
 
