@@ -19,7 +19,7 @@ from stormwatch.chaos.cli.suite_command import suite
 
 @click.group("chaos")
 def chaos() -> None:
-    """Run chaos experiments against the lab and undo their faults.
+    """Run chaos experiments against the lab or a target file's cluster, and undo their faults.
 
     An experiment (YAML) has a steady-state hypothesis checked before and after
     a method that injects faults; every fault is written to a durable ledger
