@@ -14,6 +14,7 @@ from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
+from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
@@ -135,18 +136,7 @@ def run(
     if target_file is not None:
         load_target_file(target_file)  # invalid: exit 2 before anything is asked or started
     if dry_run:
-        from stormwatch.chaos.experiment.dryrun import (
-            print_plan,
-            refuse_unresolved,
-            target_shape,
-        )
-
-        resolved = target_shape(run_dir, target_file)
-        refused = print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), resolved)
-        if refused is not None:
-            raise ConfigError(f"{experiment}: a run would refuse this plan: {refused}")
-        refuse_unresolved(resolved, target_file)
-        return EXIT_OK
+        return _dry_run(spec, experiment, run_dir, target_file)
     reap_overdue(run_dir)
     target = resolve_target(run_dir, target_file)
     reporter = ConsoleReporter()
@@ -190,6 +180,19 @@ def run(
     )
     reporter.console.print(f"journal: {result.journal_path}", soft_wrap=True, highlight=False)
     return result.exit_code
+
+
+def _dry_run(spec: Experiment, experiment: Path, run_dir: Path, target_file: Path | None) -> int:
+    """Print the plan on the resolved target; exit 0, or raise (exit 2) when a run would
+    refuse it or ``--target`` could not be resolved."""
+    from stormwatch.chaos.experiment.dryrun import print_plan, refuse_unresolved, target_shape
+
+    resolved = target_shape(run_dir, target_file)
+    refused = print_plan(spec, experiment, Console(highlight=False, soft_wrap=True), resolved)
+    if refused is not None:
+        raise ConfigError(f"{experiment}: a run would refuse this plan: {refused}")
+    refuse_unresolved(resolved, target_file)
+    return EXIT_OK
 
 
 def _print_verification(result: Verification, console: Console) -> None:

@@ -69,17 +69,10 @@ def suite(
     """
     from stormwatch.chaos.gameday.suite import SuiteOptions, SuiteRunner, load_suite
     from stormwatch.chaos.platform_target import resolve_target
-    from stormwatch.platforms.targets import load_target_file
 
     entries = load_suite(folder)
     if target_file is not None:  # invalid: exit 2 before anything is asked or started
-        job = load_target_file(target_file).job
-        if job is not None and job.attach is not None:
-            raise ConfigError(
-                f"--target {target_file}: job.attach: a suite starts one job per experiment "
-                "(and per baseline), so it cannot run on one attached job; give a target "
-                "file with job.submit (a job template), or run the suite on the lab"
-            )
+        _check_target(target_file)
     if dry_run:
         return _dry_run(entries, folder, run_dir, target_file)
     reap_overdue(run_dir)
@@ -126,6 +119,24 @@ def suite(
     if card.interrupted:
         return EXIT_ABORTED
     return EXIT_OK if card.ok else 1
+
+
+def _check_target(target_file: Path) -> None:
+    """Load the target file; refuse one that attaches to a running job.
+
+    Raises:
+        InvalidTargetFile: it is not valid.
+        ConfigError: it has ``job.attach``: a suite starts one job per experiment.
+    """
+    from stormwatch.platforms.targets import load_target_file
+
+    job = load_target_file(target_file).job
+    if job is not None and job.attach is not None:
+        raise ConfigError(
+            f"--target {target_file}: job.attach: a suite starts one job per experiment "
+            "(and per baseline), so it cannot run on one attached job; give a target "
+            "file with job.submit (a job template), or run the suite on the lab"
+        )
 
 
 def _dry_run(
