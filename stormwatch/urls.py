@@ -11,7 +11,10 @@ from urllib.parse import urlsplit
 
 
 def is_http_url(url: str) -> bool:
-    """Whether ``url`` is an http(s) URL with a host and, when it has one, a port in 0-65535."""
+    """Whether ``url`` is an http(s) URL with a host and, when it has one, a port in 0-65535,
+    without spaces or control characters (``urlsplit`` keeps them in the host name)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return False
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError when out of range or not a number

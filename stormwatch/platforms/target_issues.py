@@ -37,6 +37,8 @@ def validation_issue(err: Any, root: type[BaseModel]) -> TargetIssue:
         message = _PATTERN_FIX.get(str(loc[-1]), message)
     if kind != "value_error" and "input" in err:
         message += f" (got {err['input']!r:.60})"
+    if kind == "string_type" and isinstance(err.get("input"), int | float):
+        message += f"; quote it: '{err['input']}'"  # YAML reads 123456 as a number
     return TargetIssue(path, message)
 
 

@@ -37,6 +37,7 @@ BAD = [
     (("/shared/{job}/logs", "/x/{}/logs"), "job.log_dir", "only {job} and {jobid}"),
     (("agents:", "agents:"), None, None),  # placeholder row replaced below
     (("IMAGE: x", 'IMAGE: "a\\0b"'), "job.submit.parameters", "NUL byte"),
+    (("IMAGE: x", "NODES: 4"), "job.submit.parameters.NODES", "quote it: '4'"),
     (("IMAGE: x", "PATH: /bin"), "job.submit.parameters", "PATH: reserved"),
     (("IMAGE: x", "SLURM_CONF: /x"), "job.submit.parameters", "set them in the batch script"),
     (("nproc_per_node: 2", "nproc_per_node: 2\n  conf: nope.conf"), "slurm.conf", "slurm.conf"),
