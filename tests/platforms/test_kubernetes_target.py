@@ -267,7 +267,7 @@ def test_chaos_run_refuses_a_bad_template_before_anything(
     assert not run_dir.exists()
 
 
-def test_a_dry_run_of_a_submitting_target_without_a_cluster_creates_nothing(
+def test_a_dry_run_of_a_submitting_target_without_a_cluster_says_why_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
@@ -279,6 +279,7 @@ def test_a_dry_run_of_a_submitting_target_without_a_cluster_creates_nothing(
     with pytest.raises(SystemExit) as exited:
         main([*argv, "--run-dir", str(run_dir)])
     out = capsys.readouterr()
-    assert exited.value.code == 0, out
-    assert "kill_rank" in out.out
+    assert exited.value.code == 2, out  # --target could not be resolved: the plan says so
+    assert "kill_rank" in out.out and "could not be resolved" in out.out + out.err
+    assert "Traceback" not in out.out + out.err
     assert not run_dir.exists()
