@@ -56,9 +56,10 @@ class HttpOptions:
         headers: further headers sent with every request.
 
     Raises:
-        ConfigError: a file does not exist, a key without a certificate, a password without
-            a user name, basic auth together with a Bearer token, or ``Authorization`` in
-            ``headers`` together with either (the message names the field).
+        ConfigError: a file (CA, certificate, key, token file) does not exist, a key
+            without a certificate, a password without a user name, basic auth together
+            with a Bearer token, or ``Authorization`` in ``headers`` together with either
+            (the message names the field).
     """
 
     ca_file: Path | None = None

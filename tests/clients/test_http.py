@@ -57,8 +57,8 @@ def test_bearer_token_file_is_read_on_every_request(serve: Any, tmp_path: Path) 
 
     async def main() -> None:
         async with serve(_recording_prometheus(seen)) as url:
+            token.write_text("first\n")  # it must exist when the options are made
             client = AsyncPrometheusClient(url, options=HttpOptions(bearer_token_file=token))
-            token.write_text("first\n")
             await client.query("up")
             token.write_text("rotated\n")
             await client.query("up")
@@ -111,6 +111,7 @@ def test_client_certificate_for_mutual_tls(serve: Any, tls_pair: tuple[Path, Pat
     ("fields", "named"),
     [
         ({"ca_file": Path("/nonexistent/ca.pem")}, "ca_file"),
+        ({"bearer_token_file": Path("/nonexistent/token")}, "bearer_token_file: .* is not a file"),
         ({"key_file": Path(__file__)}, "key_file: needs cert_file"),
         ({"password": "pw"}, "password: needs username"),
         ({"bearer_token": "t", "bearer_token_file": Path(__file__)}, "bearer_token"),
