@@ -288,6 +288,7 @@ def build_target(
         jobs=jobs,
         world_size=world_size,
         prometheus_url=target.prometheus.url if target.prometheus is not None else None,
+        prometheus_http=target.prometheus.http if target.prometheus is not None else None,
         agents=agents,
         agent_token_file=creds.agent_token_file,
         responder_url=creds.responder_url,

@@ -18,6 +18,7 @@ from typing import Protocol
 from stormwatch.chaos.errors import ChaosError, LabNotReady
 from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.chaos.node_service import NodeService, SlurmNodes
+from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.lab import JobSpec, Lab
@@ -76,6 +77,8 @@ class Target:
         jobs: how jobs are started/attached.
         world_size: ranks per job.
         prometheus_url: Prometheus base URL (None: experiments with Prometheus probes fail).
+        prometheus_http: how to reach it (TLS, auth: a target file's ``prometheus.http``);
+            None: plain HTTP.
         agents: the node agents (kill_rank needs them;
             :class:`~stormwatch.platforms.AgentEndpoint`).
         agent_token_file: the agents' Bearer token file.
@@ -99,6 +102,7 @@ class Target:
     jobs: JobControl
     world_size: int
     prometheus_url: str | None = None
+    prometheus_http: HttpOptions | None = None
     agents: tuple[AgentEndpoint, ...] = field(default_factory=tuple)
     agent_token_file: Path | None = None
     responder_url: str | None = None

@@ -240,7 +240,9 @@ class Runner:
         agents = AgentClient(session)
         prometheus = None
         if self.target.prometheus_url:
-            prometheus = AsyncPrometheusClient(self.target.prometheus_url, session=session)
+            prometheus = AsyncPrometheusClient(
+                self.target.prometheus_url, options=self.target.prometheus_http, session=session
+            )
         await preflight(self.experiment, self.target, prometheus=prometheus, agents=agents)
         ledger = Ledger(ledger_path(self.target.run_dir))
         self.experiment_dir.mkdir(parents=True, exist_ok=True)

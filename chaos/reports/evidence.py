@@ -24,6 +24,7 @@ from stormwatch.clients import (
     ResponderClient,
     ResponderClientError,
 )
+from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.responder import IncidentRecord, NotificationRecord
 from stormwatch.errors import ConfigError
 
@@ -143,14 +144,17 @@ async def collect_evidence(
     prometheus_url: str | None,
     responder_url: str | None,
     responder_token_file: Path | None = None,
+    prometheus_http: HttpOptions | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> Evidence:
-    """Query Prometheus (``ALERTS`` over ``[window_start, now]``, ``/api/v1/alerts``) and the responder."""
+    """Query Prometheus (``ALERTS`` over ``[window_start, now]``, ``/api/v1/alerts``; reached
+    with ``prometheus_http``, TLS and auth) and the responder."""
     if session is None:
         async with aiohttp.ClientSession() as own:
             return await collect_evidence(
                 window_start=window_start,
                 prometheus_url=prometheus_url,
+                prometheus_http=prometheus_http,
                 responder_url=responder_url,
                 responder_token_file=responder_token_file,
                 session=own,
@@ -162,7 +166,10 @@ async def collect_evidence(
     else:
         try:
             client = AsyncPrometheusClient(
-                prometheus_url, timeout=SERVICE_TIMEOUT_SECONDS, session=session
+                prometheus_url,
+                timeout=SERVICE_TIMEOUT_SECONDS,
+                options=prometheus_http,
+                session=session,
             )
             evidence.alerts = await _alerts(client, window_start, end)
         except (PrometheusAPIError, ConfigError) as exc:

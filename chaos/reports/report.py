@@ -106,6 +106,7 @@ async def generate_postmortem(
             return await collect_evidence(
                 window_start=start,
                 prometheus_url=target.prometheus_url,
+                prometheus_http=target.prometheus_http,
                 responder_url=target.responder_url,
                 responder_token_file=target.responder_token_file,
             )
