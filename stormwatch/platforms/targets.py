@@ -80,7 +80,7 @@ class SlurmSettings(_Strict):
         control_dir: the trainer's control directory on the shared filesystem
             (``{job}``, ``{jobid}`` and ``{node}``, rank 0's node, substituted).
         conf: the cluster's ``slurm.conf`` (``SLURM_CONF`` of every command; None: the
-            environment's or the system's).
+            environment's or the system's); a target file's must exist (not a lab's).
         readback_timeout_s: longest wait for an action's effect to show in Slurm's state
             (s; :data:`~.slurm_readback.READBACK_TIMEOUT_S`).
     """
@@ -129,7 +129,8 @@ class AgentsSection(_Strict):
         fault_port: the fault API listener (``--fault-api-listen``); None: ``port``.
         scheme: ``http`` or ``https``.
         host: slurm: the agent's host per node, ``{node}`` (node name, the default) or
-            ``{addr}`` (Slurm's ``NodeAddr``) substituted, e.g. ``{node}.ib.example``.
+            ``{addr}`` (Slurm's ``NodeAddr``) substituted, e.g. ``{node}.ib.example``; a bare
+            host name or IP once filled (:func:`~.target_values.check_agent_host`).
         namespace / selector: kubernetes: the agent DaemonSet's namespace (default the
             ``kubernetes.namespace``) and its pods' label selector (``app=stormwatch-agent``).
     """
@@ -174,7 +175,8 @@ class AttachJob(_Strict):
 
 class SubmitJob(_Strict):
     """``job.submit``: an sbatch script (or manifest) ``template`` and its ``parameters``
-    (passed as environment variables). Kubernetes: a Job or JobSet manifest whose
+    (passed as environment variables; :func:`~.target_values.check_parameters`, and on
+    Slurm no reserved name, :data:`~.target_values.RESERVED_PARAMETERS`). Kubernetes: a Job or JobSet manifest whose
     ``${NAME}`` placeholders the parameters and the run fill
     (:func:`~stormwatch.platforms.kubernetes.render_template`)."""
 
