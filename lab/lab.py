@@ -37,6 +37,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent, quiet
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.services import procs
+from stormwatch.lab.slurm.lab_cluster import lab_cluster
 from stormwatch.lab.state import (
     JobInfo,
     JobRecord,
@@ -124,7 +125,11 @@ class Lab:
             existing = self._store.load()
             if existing is not None and existing.phase != "down":
                 same = config is None or existing.config == config
-                if existing.phase == "up" and self._all_running(existing):
+                if (
+                    existing.phase == "up"
+                    and self._all_running(existing)
+                    and not self._dead_slurm(existing)
+                ):
                     if same:
                         report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
                         self._write_target_file(existing)
@@ -182,9 +187,16 @@ class Lab:
 
     def _dead_services(self, state: LabState) -> list[str]:
         names = [f"agent-{n.name}" for n in state.nodes] + list(services.ROOT_SERVICES)
-        return [
+        dead = [
             n for n in names if n not in state.processes or not procs.is_running(state.processes[n])
         ]
+        return dead + self._dead_slurm(state)
+
+    def _dead_slurm(self, state: LabState) -> list[str]:
+        """The lab's Slurm daemons that died (``slurmctld``, ``slurmd@node1`` ...)."""
+        if state.slurm is None:
+            return []
+        return lab_cluster(self.run_dir, state.config).dead_daemons()
 
     def _network_intact(self, state: LabState) -> bool:
         namespaces = set(self.network.namespaces())
@@ -219,6 +231,10 @@ class Lab:
         dead = set(self._dead_services(state))
         self._write_target_file(state)  # before the services: the responder reads it
         report(ProgressEvent("info", "lab", f"restarting dead services: {', '.join(sorted(dead))}"))
+        if state.slurm is not None and self._dead_slurm(state):
+            cluster = lab_cluster(self.run_dir, state.config, env=base_environment(self.marker))
+            restarted = cluster.restart_dead()
+            report(ProgressEvent("ready", "slurm", f"restarted {', '.join(restarted)}"))
         self._builder().restart(state, dead, report)
         report(ProgressEvent("info", "lab", f"lab is up again; jobs kept ({len(state.jobs)})"))
         return state

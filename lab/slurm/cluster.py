@@ -121,32 +121,89 @@ class SlurmCluster:
         )
         return ready_after
 
-    def _start_daemons(self) -> None:
-        paths, env = self.paths, self.daemon_environment()
-        self._pids = {
-            "munged": daemons.start_daemon(
-                "munged",
-                daemons.munged_command(paths),
-                pid_file=paths.munged_pid,
-                log_file=paths.munged_log,
-                env=env,
-            ),
-            "slurmctld": daemons.start_daemon(
-                "slurmctld",
-                daemons.slurmctld_command(paths),
-                pid_file=paths.slurmctld_pid,
-                log_file=paths.slurmctld_log,
-                env=env,
-            ),
+    def _daemons(self) -> dict[str, tuple[list[str], Path]]:
+        """Every daemon in start order: service -> (command, pid file)."""
+        paths = self.paths
+        found = {
+            "munged": (daemons.munged_command(paths), paths.munged_pid),
+            "slurmctld": (daemons.slurmctld_command(paths), paths.slurmctld_pid),
         }
         for node in self.config.nodes:
-            self._pids[f"slurmd@{node.name}"] = daemons.start_daemon(
-                f"slurmd@{node.name}",
+            found[f"slurmd@{node.name}"] = (
                 daemons.slurmd_command(paths, node),
-                pid_file=paths.slurmd_pid(node.name),
-                log_file=paths.slurmd_log(node.name),
-                env=env,
+                paths.slurmd_pid(node.name),
             )
+        return found
+
+    def _start(self, services: list[str]) -> None:
+        env = self.daemon_environment()
+        for service, (argv, pid_file) in self._daemons().items():
+            if service in services:
+                self._pids[service] = daemons.start_daemon(
+                    service, argv, pid_file=pid_file, log_file=self._log_of(service), env=env
+                )
+
+    def _start_daemons(self) -> None:
+        self._pids = {}
+        self._start(list(self._daemons()))
+
+    def dead_daemons(self) -> list[str]:
+        """The daemons of a started cluster whose pid file names no live process
+        (``munged``, ``slurmctld``, ``slurmd@<node>``), in start order."""
+        return [
+            service
+            for service, (_, pid_file) in self._daemons().items()
+            if (pid := daemons.read_pid(pid_file)) is None or not psutil.pid_exists(pid)
+        ]
+
+    def restart_dead(self, timeout: float | None = None) -> list[str]:
+        """Start again each daemon that died, in start order, and wait until slurmctld
+        answers and every restarted slurmd's node responds again (what systemd's
+        ``Restart=`` does on a real cluster). Running jobs survive: slurmctld recovers
+        them from its ``StateSaveLocation`` (it is not started with ``-c``), and a slurmd
+        finds its steps' slurmstepd again.
+
+        Args:
+            timeout: seconds to wait for the nodes (default: ``ready_timeout_s``).
+
+        Returns:
+            The daemons restarted; empty when every daemon ran.
+
+        Raises:
+            ServiceFailedError: a daemon did not start, or a node did not respond in time.
+        """
+        dead = self.dead_daemons()
+        if not dead:
+            return []
+        if "munged" in dead and not self.paths.munge_key.is_file():
+            daemons.prepare_munge(
+                self.paths
+            )  # the key is kept when it exists: credentials stay valid
+        self._start(dead)
+        # A restarted slurmctld knows its nodes again once each slurmd answers its ping
+        # (UNKNOWN until then); a restarted slurmd, once it registers.
+        everyone = "slurmctld" in dead or "munged" in dead
+        nodes = [n.name for n in self.config.nodes if everyone or f"slurmd@{n.name}" in dead]
+        limit = self.config.ready_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                found = self.commands.nodes()
+            except BackendError:  # slurmctld not answering yet: read again
+                found = {}
+            late = [n for n in nodes if not _responding(found.get(n))]
+            if found and not late:
+                return dead
+            if time.monotonic() >= deadline:
+                service = f"slurmd@{late[0]}" if late else "slurmctld"
+                log_file = self._log_of(service)
+                raise ServiceFailedError(
+                    f"{service} restarted but not responding after {limit:g} s; "
+                    f"{log_file}:\n{log_tail(log_file)}",
+                    service=service,
+                    log_file=log_file,
+                )
+            time.sleep(POLL_S)
 
     def wait_ready(self, timeout: float | None = None) -> dict[str, SlurmNodeInfo]:
         """Wait until every node reports ``IDLE`` (no flag) to ``scontrol show node``.
@@ -234,6 +291,15 @@ class SlurmCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _responding(node: SlurmNodeInfo | None) -> bool:
+    """slurmctld hears the node's slurmd (not NOT_RESPONDING, DOWN or UNKNOWN)."""
+    return (
+        node is not None
+        and "NOT_RESPONDING" not in node.flags
+        and node.base_state not in ("DOWN", "UNKNOWN")
+    )
 
 
 def _idle(node: SlurmNodeInfo | None) -> bool:

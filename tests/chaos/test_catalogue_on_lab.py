@@ -401,6 +401,45 @@ def test_a_checkpoint_folder_fault_fails_node1s_writes_until_reverted(
     assert helpers.write_as(pid, folder) == 0
 
 
+# ------------------------------------------------------------- the agent itself
+# Before the crashes below: killing node1's torchrun or node0's processes ends the Slurm
+# job (srun --kill-on-bad-exit), and this test reads that job back unchanged.
+def test_kill_agent_blinds_prometheus_to_node1_and_the_revert_restarts_it(chaos: Any) -> None:
+    url = chaos.node("node1").agent_url
+    prometheus = chaos.lab.prometheus()
+    slurm_job = _slurm_job(chaos)
+    before = slurm_job() if slurm_job is not None else None
+    chaos.inject(_fault("kill_agent"))
+    helpers.poll(lambda: not helpers.answers(url), 10, "node1's agent to stop answering")
+    helpers.poll(
+        lambda: [s.value for s in prometheus.query('up{node="node1"}')] == [0.0],
+        15,
+        "Prometheus to see node1's agent down",
+    )
+    chaos.revert_all(cli=True)  # the lab restarts the dead agent
+    assert helpers.answers(url)
+    helpers.poll(
+        lambda: [s.value for s in prometheus.query('up{node="node1"}')] == [1.0],
+        15,
+        "Prometheus to scrape node1's agent again",
+    )
+    # Slurm never noticed: the same job RUNNING, not requeued, and it still steps.
+    if slurm_job is not None and before is not None:
+        after = slurm_job()
+        assert (after.state, after.restarts) == ("RUNNING", before.restarts), (before, after)
+    chaos.progressing()
+
+
+def _slurm_job(chaos: Any) -> Callable[[], SlurmJobInfo] | None:
+    """Reads the catalogue job's Slurm record (``scontrol show job``) on the Slurm lab;
+    None when the lab runs its jobs directly."""
+    info, cluster = chaos.lab.job(JOB), chaos.lab.state.slurm
+    if info.slurm_job_id is None or cluster is None:
+        return None
+    commands = SlurmCommands(conf=cluster.conf)
+    return lambda: commands.job(info.slurm_job_id)
+
+
 # ---------------------------------------------------- crashes (they restart workers)
 def _exits(chaos: Any, node: str, rank: int) -> float:
     scrape = helpers.metrics(chaos.node(node).agent_url)
@@ -472,38 +511,3 @@ def test_kill_node_processes_kills_every_training_process_of_node0(chaos: Any) -
         lambda: all(helpers.status(p) == "gone" for p in ranks), 10, "node0's ranks to be gone"
     )
     chaos.revert_all()
-
-
-# ------------------------------------------------------------- the agent itself
-def test_kill_agent_blinds_prometheus_to_node1_and_the_revert_restarts_it(chaos: Any) -> None:
-    url = chaos.node("node1").agent_url
-    prometheus = chaos.lab.prometheus()
-    slurm_job = _slurm_job(chaos)
-    before = slurm_job()
-    chaos.inject(_fault("kill_agent"))
-    helpers.poll(lambda: not helpers.answers(url), 10, "node1's agent to stop answering")
-    helpers.poll(
-        lambda: [s.value for s in prometheus.query('up{node="node1"}')] == [0.0],
-        15,
-        "Prometheus to see node1's agent down",
-    )
-    chaos.revert_all(cli=True)  # the lab restarts the dead agent
-    assert helpers.answers(url)
-    helpers.poll(
-        lambda: [s.value for s in prometheus.query('up{node="node1"}')] == [1.0],
-        15,
-        "Prometheus to scrape node1's agent again",
-    )
-    # Slurm never noticed: the same job RUNNING, not requeued, and it still steps.
-    after = slurm_job()
-    assert (after.state, after.restarts) == ("RUNNING", before.restarts), (before, after)
-    chaos.progressing()
-
-
-def _slurm_job(chaos: Any) -> Callable[[], SlurmJobInfo]:
-    """Reads the catalogue job's Slurm record (``scontrol show job``) on the Slurm lab."""
-    info, cluster = chaos.lab.job(JOB), chaos.lab.state.slurm
-    if info.slurm_job_id is None or cluster is None:
-        pytest.skip("the lab runs its jobs directly, not through Slurm")
-    commands = SlurmCommands(conf=cluster.conf)
-    return lambda: commands.job(info.slurm_job_id)

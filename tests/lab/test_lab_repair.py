@@ -17,6 +17,8 @@ import pytest
 from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.netns import IpRoute2
 from stormwatch.lab.services import procs
+from stormwatch.lab.slurm.daemons import read_pid
+from stormwatch.lab.slurm.lab_cluster import lab_cluster
 from stormwatch.lab.state import ProcessRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -74,6 +76,28 @@ def test_up_repairs_dead_services_keeps_jobs_and_down_elsewhere_refuses(
     assert all(procs.is_running(p) for p in job.processes.values())
     status = run_cli("lab", "status", "--run-dir", str(run_dir), "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["healthy"] is True
+
+    # 2b. slurmctld and node1's slurmd die; `lab up` restarts them (state kept, no rebuild).
+    cluster = lab_cluster(run_dir, lab_config)
+    dead_pids = [
+        read_pid(cluster.paths.slurmctld_pid),
+        read_pid(cluster.paths.slurmd_pid("node1")),
+    ]
+    for pid in dead_pids:
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while cluster.dead_daemons() != ["slurmctld", "slurmd@node1"]:
+        assert time.monotonic() < deadline, cluster.dead_daemons()
+        time.sleep(0.1)
+    again = run_cli("lab", "up", "--run-dir", str(run_dir), *config_args(lab_config))
+    assert again.returncode == 0, again.stderr
+    assert "restarted slurmctld, slurmd@node1" in again.stderr, again.stderr
+    assert "removing the remains" not in again.stderr
+    assert cluster.dead_daemons() == []
+    assert after.job("sleeper").processes == job.processes
+    status = run_cli("lab", "status", "--run-dir", str(run_dir), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["healthy"] is True, status.stdout
 
     # 3. A node's torchrun dies for good: status says the job cannot finish.
     os.kill(job.processes["node1"].pid, signal.SIGKILL)
