@@ -162,7 +162,7 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
     with _tails_on_failure(lab):
-        info = lab.start_job(JobSpec(name="moved", steps=300, checkpoint_every=10))
+        info = lab.start_job(JobSpec(name="moved", steps=60, checkpoint_every=10))
         job_id = info.slurm_job_id
         assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
         logs_dir = Path(info.log_dir)
