@@ -125,11 +125,7 @@ class Lab:
             existing = self._store.load()
             if existing is not None and existing.phase != "down":
                 same = config is None or existing.config == config
-                if (
-                    existing.phase == "up"
-                    and self._all_running(existing)
-                    and not self._dead_slurm(existing)
-                ):
+                if existing.phase == "up" and self._all_running(existing):
                     if same:
                         report(ProgressEvent("info", "lab", f"lab already up in {self.run_dir}"))
                         self._write_target_file(existing)
@@ -274,7 +270,9 @@ class Lab:
             return dead
 
     def _all_running(self, state: LabState) -> bool:
-        return bool(state.processes) and all(procs.is_running(p) for p in state.processes.values())
+        """Every service process and every Slurm daemon of the lab runs."""
+        running = all(procs.is_running(p) for p in state.processes.values())
+        return bool(state.processes) and running and not self._dead_slurm(state)
 
     def _builder(self) -> LabBuilder:
         """The collaborator that creates and restarts this lab's parts."""
