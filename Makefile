@@ -101,8 +101,11 @@ test-fast: venv
 test-e2e: setup system-test
 	$(SUDO) $(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 
+# Two pytest-xdist workers: the end-to-end tier in order on one (tests/conftest.py groups it),
+# the fast tier beside it on the other, filling the cores while the labs wait on timers.
+PYTEST_WORKERS ?= 2
 test: setup system-test check
-	$(SUDO) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(SUDO) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
 #   agent_bench.py    the agent vs node-exporter (~2 min)

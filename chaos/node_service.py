@@ -2,9 +2,11 @@
 are reverted (:class:`NodeService`), and Slurm's (:class:`SlurmNodes`).
 
 A scheduler takes a node it cannot reach out of service by itself: Slurm sets a node that
-missed its pings for ``SlurmdTimeout`` DOWN with reason ``Not responding``, and keeps it
-DOWN once its link heals (slurmctld stops pinging a node that is DOWN and not
-responding) until ``scontrol update NodeName=N State=RESUME``. The runner's rollbacks
+missed its pings for ``SlurmdTimeout`` DOWN with reason ``Not responding``. Once its link
+heals it stays DOWN until ``scontrol update NodeName=N State=RESUME``, unless one of
+slurmctld's later pings reaches it first (with ``ReturnToService`` 1 or 2 a node that answers
+again is returned; in the lab that raced the rollback, a few seconds after the heal,
+either way). The runner's rollbacks
 (:class:`~stormwatch.chaos.execution.rollback.RollbackExecutor`) hand the nodes of the
 faults they reverted to the target's :class:`NodeService`; a node an operator drained or
 set down for any other reason is never touched.
@@ -64,9 +66,9 @@ class SlurmNodes:
     """The :class:`NodeService` of a Slurm target.
 
     A node cut off from slurmctld (a partition, a link down) is set DOWN with reason
-    ``Not responding`` after ``SlurmdTimeout``, and stays DOWN once it answers again
-    (slurmctld stops pinging a node that is DOWN and not responding): it needs
-    ``scontrol update NodeName=N State=RESUME``. Per node, as first read:
+    ``Not responding`` after ``SlurmdTimeout``; once it answers again it needs
+    ``scontrol update NodeName=N State=RESUME``, unless a later ping of slurmctld's
+    returned it first (``ReturnToService`` 1 or 2). Per node, as first read:
 
     * in service (IDLE/MIXED/ALLOCATED, no flag): nothing to do;
     * DOWN, not drained, reason ``Not responding`` stamped at or after ``since``:

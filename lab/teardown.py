@@ -231,12 +231,31 @@ def _stop_everything(
     if victims:
         report(ProgressEvent("remove", "processes", f"stopping {len(victims)} processes"))
         survivors = procs.terminate(victims.values())
+        survivors += _stop_late_children(run_dir, report)
         problems += [f"{s} survived SIGKILL" for s in survivors]
         removed += [f"process {name}" for name, tree in alive.items() if tree]
         unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
         if unrecorded > 0:
             removed.append(f"{unrecorded} unrecorded processes")
     return removed, problems
+
+
+def _stop_late_children(run_dir: Path, report: Progress, rounds: int = 3) -> list[str]:
+    """SIGKILL marked processes started while the lab's services were being stopped.
+
+    A service that runs a command when it gets SIGTERM (the responder reading Slurm
+    back with ``scontrol``) leaves that child behind it, orphaned; with slurmctld already
+    gone, ``scontrol`` would keep retrying for up to a minute. The child carries the
+    lab's marker, so it is found here; a few rounds catch a child's own children.
+    """
+    survivors: list[str] = []
+    for _ in range(rounds):
+        late = procs.processes_marked(run_dir)
+        if not late:
+            break
+        report(ProgressEvent("remove", "processes", f"stopping {len(late)} late processes"))
+        survivors = procs.terminate(late, grace=0)
+    return survivors
 
 
 def _remove_kernel_objects(

@@ -146,8 +146,8 @@ def agent(tmp_path: Path, wait_until: Any) -> Iterator[tuple[AgentEndpoint, Path
 
 
 def test_kill_rank_through_the_agent_is_ledgered_recovered_and_reverted(
+    agent: tuple[AgentEndpoint, Path],  # first: its start-up must not eat the job's steps
     torchrun_job: tuple[str, Path],
-    agent: tuple[AgentEndpoint, Path],
 ) -> None:
     job, run_dir = torchrun_job
     endpoint, token = agent
@@ -164,7 +164,7 @@ steady_state_hypothesis:
 method:
   - type: action
     name: kill-rank-1
-    when: {{step: 30}}
+    when: {{step: 60}}
     fault: {{kind: kill_rank, rank: 1, signal: SIGKILL, ttl_seconds: 60}}
   - type: probe
     name: ranks-progressing-again
@@ -192,7 +192,7 @@ rollbacks:
     action = journal.method[0]
     assert action.status == "succeeded" and isinstance(action.output, dict)
     assert action.output["node"] == "n0" and action.output["target_pid"]
-    assert isinstance(action.output["step"], int) and action.output["step"] >= 30
+    assert isinstance(action.output["step"], int) and action.output["step"] >= 60
     [entry] = Ledger(ledger_path(run_dir), create=False).entries()
     assert entry.state == "reverted" and entry.revert_reason == "rollback revert-experiment-faults"
     assert entry.target.node == "n0" and entry.injected_at is not None
@@ -212,8 +212,8 @@ rollbacks:
 
 @pytest.mark.parametrize("torchrun_job", [0], indirect=True)
 def test_a_kill_the_job_does_not_recover_from_fails_the_hypothesis_after(
+    agent: tuple[AgentEndpoint, Path],  # first: its start-up must not eat the job's steps
     torchrun_job: tuple[str, Path],
-    agent: tuple[AgentEndpoint, Path],
 ) -> None:
     # No hypothesis probe runs after the method: before this fix the after-phase passed
     # vacuously and a kill that ended the job (no restarts left) was "completed".
