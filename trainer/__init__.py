@@ -49,6 +49,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from stormwatch.telemetry.rank import RankTelemetry
 from stormwatch.trainer.config import (
     CheckpointConfig,
     DataConfig,
@@ -70,21 +71,20 @@ from stormwatch.trainer.errors import (
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.rank import RankTelemetry
 
 if TYPE_CHECKING:
+    from stormwatch.telemetry.comms import CollectiveCounter
     from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
     from stormwatch.trainer.data.batches import BatchSampler
     from stormwatch.trainer.loop import TrainResult, train
     from stormwatch.trainer.model import ByteLM
     from stormwatch.trainer.parallel.apply import parallelize
-    from stormwatch.trainer.telemetry.comms import CollectiveCounter
 
 _LAZY = {
     "BatchSampler": "stormwatch.trainer.data.batches",
     "ByteLM": "stormwatch.trainer.model",
     "Checkpointer": "stormwatch.trainer.checkpoint.checkpointer",
-    "CollectiveCounter": "stormwatch.trainer.telemetry.comms",
+    "CollectiveCounter": "stormwatch.telemetry.comms",
     "TrainResult": "stormwatch.trainer.loop",
     "parallelize": "stormwatch.trainer.parallel.apply",
     "train": "stormwatch.trainer.loop",

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from stormwatch.errors import ConfigError
+from stormwatch.telemetry.dump import flight_recorder_environ
 from stormwatch.trainer.config import (
     CheckpointConfig,
     ControlConfig,
@@ -43,7 +44,6 @@ from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, check_writable_dirs
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.dump import flight_recorder_environ
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
     values["dp"] = _shard_degree(env, given)
     config = _config(values)
     if config.tracing.otlp_endpoint is not None:
-        from stormwatch.trainer.telemetry.tracing import check_otlp_available
+        from stormwatch.telemetry.tracing import check_otlp_available
 
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(**option_values(ProgressConfig, values))  # validates --log-every

@@ -21,7 +21,7 @@ Order of operations (each rank, collectively):
    split, MFU and memory); checkpoint when due and after the last step;
    optional sleep (``step_delay``); OpenTelemetry spans around the step,
    forward, backward, optimizer and checkpoint save/load
-   (:mod:`stormwatch.trainer.telemetry.tracing`);
+   (:mod:`stormwatch.telemetry.tracing`);
 7. a final barrier, then the ``done`` record and done marker.
 """
 
@@ -40,6 +40,10 @@ import torch
 import torch.distributed as dist
 
 from stormwatch.faults.control_file import control_path
+from stormwatch.telemetry.comms import CollectiveCounter
+from stormwatch.telemetry.dump import RankDumper
+from stormwatch.telemetry.rank import RankTelemetry
+from stormwatch.telemetry.tracing import RankTracing
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
@@ -49,6 +53,9 @@ from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
+from stormwatch.trainer.instrument import (
+    model_flops_per_token,
+)
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel.apply import Parallelized, parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
@@ -56,13 +63,6 @@ from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv, distributed
 from stormwatch.trainer.steps import StepLoop, StepReport
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import RankDumper
-from stormwatch.trainer.telemetry.instrument import (
-    model_flops_per_token,
-)
-from stormwatch.trainer.telemetry.rank import RankTelemetry
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def train(
         RuntimeError: a collective failed or timed out (from torch.distributed).
 
     On any of these the rank first writes its post-mortem dump
-    (:mod:`stormwatch.trainer.telemetry.dump`).
+    (:mod:`stormwatch.telemetry.dump`).
     """
     dims = ParallelDims(
         pp=config.pp,

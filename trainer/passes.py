@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
+from stormwatch.telemetry.tracing import RankTracing
 from stormwatch.trainer.config import VOCAB_SIZE
 from stormwatch.trainer.data.batches import MicroBatch
 from stormwatch.trainer.parallel.pipeline import Pipeline
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 
 def _set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:

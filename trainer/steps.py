@@ -23,22 +23,22 @@ import time
 import torch
 import torch.distributed as dist
 
+from stormwatch.telemetry.comms import CollectiveCounter
+from stormwatch.telemetry.dump import RankDumper
+from stormwatch.telemetry.perf import mfu, peak_flops
+from stormwatch.telemetry.rank import RankTelemetry
+from stormwatch.telemetry.tracing import RankTracing
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler
 from stormwatch.trainer.errors import ControlFileError
+from stormwatch.trainer.instrument import device_name, global_grad_norm, memory_bytes
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import RankDumper
-from stormwatch.trainer.telemetry.instrument import device_name, global_grad_norm, memory_bytes
-from stormwatch.trainer.telemetry.perf import mfu, peak_flops
-from stormwatch.trainer.telemetry.rank import RankTelemetry
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class StepReport:
         config: the run's config (steps, batch shape, ``--peak-flops``).
         dims: the degrees (tokens over data-parallel ranks, devices per batch).
         device_type: ``cuda`` or ``cpu``.
-        flops_per_token: of the whole model (:func:`~stormwatch.trainer.telemetry.instrument.model_flops_per_token`).
+        flops_per_token: of the whole model (:func:`~stormwatch.trainer.instrument.model_flops_per_token`).
         accumulation: micro-batches per rank per optimizer step.
         telemetry: this rank's metrics and event log.
         progress: rank 0's progress lines, else ``None``.

@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import time
 
+from stormwatch.telemetry.tracing import RankTracing
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 
 class CheckpointCadence:

@@ -24,10 +24,10 @@ class TelemetryConfig:
         log_dir: folder for ``rank<R>.jsonl``; ``None`` disables the event log.
         metrics_dir: prometheus-client multiprocess folder; ``None`` disables metrics.
         peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
-            up in :data:`stormwatch.trainer.telemetry.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
-            the nominal :data:`~stormwatch.trainer.telemetry.perf.CPU_NOMINAL_PEAK_FLOPS`).
+            up in :data:`stormwatch.telemetry.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
+            the nominal :data:`~stormwatch.telemetry.perf.CPU_NOMINAL_PEAK_FLOPS`).
         count_collectives: count and time every collective (the
-            :class:`~stormwatch.trainer.telemetry.comms.CollectiveCounter`: collective
+            :class:`~stormwatch.telemetry.comms.CollectiveCounter`: collective
             metrics, the compute/wait split, the dump's recent collectives).
             ``False`` only for the "bare" trainer of ``benchmarks/trainer_bench.py``
             (the instrumentation-overhead baseline); no CLI option.
@@ -74,7 +74,7 @@ class TelemetryConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TracingConfig:
-    """Where OpenTelemetry spans go (:mod:`stormwatch.trainer.telemetry.tracing`).
+    """Where OpenTelemetry spans go (:mod:`stormwatch.telemetry.tracing`).
 
     Attributes:
         otlp_endpoint: OTLP/HTTP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``);

@@ -19,8 +19,8 @@ import pytest
 
 from stormwatch.errors import ConfigError
 from stormwatch.otel import OTLP_PACKAGE
+from stormwatch.telemetry.tracing import RankTracing, check_otlp_available
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.telemetry.tracing import RankTracing, check_otlp_available
 
 
 def _has_otlp() -> bool:
@@ -78,7 +78,7 @@ def test_fc07_spans_from_a_forked_child_are_exported(tmp_path):
 def test_importing_the_module_builds_no_provider():
     code = (
         "from opentelemetry import trace\n"
-        "import stormwatch.trainer.telemetry.tracing, stormwatch.trainer.loop\n"
+        "import stormwatch.telemetry.tracing, stormwatch.trainer.loop\n"
         "assert type(trace.get_tracer_provider()).__name__ == 'ProxyTracerProvider'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -94,7 +94,7 @@ def test_missing_otlp_exporter_is_a_config_error_naming_the_package():
 _STUCK_EXIT = """
 import sys, time, urllib.request
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.telemetry.tracing import RankTracing
+from stormwatch.telemetry.tracing import RankTracing
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 endpoint, use_otlp = sys.argv[1], sys.argv[2] == "1"

@@ -11,10 +11,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from stormwatch.telemetry.events import StartEvent, read_events
+from stormwatch.telemetry.metrics import CATALOGUE
 from stormwatch.trainer import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.telemetry.events import StartEvent, read_events
-from stormwatch.trainer.telemetry.metrics import CATALOGUE
 
 _RANK_PROCESS = """
 import os, sys

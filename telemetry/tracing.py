@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -37,7 +38,25 @@ from stormwatch.otel import (
     otlp_available,
     resolve_endpoint,
 )
-from stormwatch.trainer.config import TracingConfig
+
+
+class SpanDestinations(Protocol):
+    """Where one rank's spans go (the trainer's ``TracingConfig`` has these).
+
+    Attributes:
+        otlp_endpoint: OTLP/HTTP traces URL; takes precedence over ``spans_dir``.
+        spans_dir: folder for ``rank<R>.jsonl`` span files; ``None``: none.
+        flush_timeout: seconds the exit path waits for the export.
+    """
+
+    @property
+    def otlp_endpoint(self) -> str | None: ...
+
+    @property
+    def spans_dir(self) -> Path | None: ...
+
+    @property
+    def flush_timeout(self) -> float: ...
 
 
 def check_otlp_available() -> None:
@@ -66,7 +85,7 @@ class RankTracing:
 
     def __init__(
         self,
-        config: TracingConfig,
+        config: SpanDestinations,
         *,
         rank: int,
         attributes: dict[str, Any] | None = None,
@@ -104,4 +123,4 @@ class RankTracing:
         return self.dropped
 
 
-__all__ = ["RankTracing", "check_otlp_available"]
+__all__ = ["RankTracing", "SpanDestinations", "check_otlp_available"]

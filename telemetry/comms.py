@@ -2,7 +2,7 @@
 
 :class:`CollectiveCounter` observes the ``c10d`` collective ops through
 Python kernels registered on those ops alone
-(:mod:`stormwatch.trainer.telemetry.collective_ops`, which also says why this and not
+(:mod:`stormwatch.telemetry.collective_ops`, which also says why this and not
 a dispatch mode, a function mode or the flight recorder): FSDP2's
 all-gathers and reduce-scatters, DTensor's functional collectives, the
 pipeline's ``send``/``recv`` and our own ``all_reduce``; no other op enters
@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stormwatch.trainer.telemetry.collective_ops import (
+from stormwatch.telemetry.collective_ops import (
     KERNELS,
     OP_LABELS,
     OpSpec,
@@ -192,7 +192,7 @@ class CollectiveCounter:
             ``"world"`` (the default group) or ``"other"``.
         observer: receives a :class:`CollectiveRecord` per completed collective.
         recent: how many of the latest collectives :meth:`recent` keeps (for
-            the per-rank hang dump, :mod:`stormwatch.trainer.telemetry.dump`).
+            the per-rank hang dump, :mod:`stormwatch.telemetry.dump`).
         enabled: ``False`` makes entering the counter a no-op (no kernel
             installed, nothing observed, :meth:`take_wait_seconds` returns 0):
             the "bare" trainer of ``benchmarks/trainer_bench.py``.
@@ -228,6 +228,12 @@ class CollectiveCounter:
         #: issued, on the issuing thread; ``None`` (the default) costs nothing.
         #: Set by the training loop while a collective fault point is armed.
         self.interceptor: Callable[[str, str], None] | None = None
+
+    def label_groups(self, groups: Mapping[str, str]) -> None:
+        """Add process-group name -> mesh dimension labels (for collectives issued from now)."""
+        with self._lock:
+            self._groups.update(groups)
+            self._group_cache.clear()
 
     @property
     def observing(self) -> bool:

@@ -1,0 +1,490 @@
+"""One process's telemetry session: what :func:`stormwatch.telemetry.init` returns.
+
+A :class:`Session` owns the rank's :class:`~stormwatch.telemetry.rank.RankTelemetry`
+(metrics, event log, done marker), its post-mortem dumper, the collective counter once
+collectives are instrumented, and the exit hooks. Every public method keeps the API's
+promise: a bad value or a call after :meth:`Session.shutdown` is one warning per kind,
+a failure inside is one warning, and nothing raises into training.
+
+Time of a step (:meth:`Session.step`): from the previous step mark (the first: from
+:func:`init` or :meth:`Session.start`) to this one, less the time spent in phases that
+are not part of a step (``checkpoint_save``, ``checkpoint_load``, ``eval``;
+:mod:`stormwatch.telemetry.phases`). The compute/collective-wait split needs counted
+collectives and assumes the step's collectives have completed when it is marked (true
+after ``optimizer.step()`` with DDP and FSDP: both wait for their gradient reductions).
+
+The start record (``{"event": "start", ...}``) is written by :meth:`Session.start`, or
+at the first step or checkpoint mark; then ``resumed_from_step`` is the first step
+marked minus one when that is above 0 (a job numbering steps from 0 or 1 that starts
+fresh marks 0 or 1 first). No torch import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stormwatch.telemetry.dump import RankDumper
+from stormwatch.telemetry.lifecycle import checks
+from stormwatch.telemetry.lifecycle.exits import ExitHooks
+from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
+from stormwatch.telemetry.lifecycle.launch import Placement, Settings
+from stormwatch.telemetry.phases import PHASES, PhaseSpec
+from stormwatch.telemetry.rank import RankTelemetry
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One optimizer step as measured by the caller (:meth:`Session.record_step`).
+
+    Attributes:
+        step: the step that ended (>= 0).
+        seconds: its wall time, seconds.
+        loss: its loss (the global mean, if the job computes one); ``None``: not reported.
+        tokens / samples: processed by this rank's data-parallel replica in the step.
+        learning_rate: the learning rate used.
+        grad_norm: global L2 norm of the gradients before the optimizer step.
+        wait_seconds: wall time with a collective in flight (compute = seconds - wait);
+            ``None``: no compute/wait breakdown exported.
+        mfu / peak_flops: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
+        memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
+    """
+
+    step: int
+    seconds: float
+    loss: float | None = None
+    tokens: int | None = None
+    samples: int | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    wait_seconds: float | None = None
+    mfu: float | None = None
+    peak_flops: float | None = None
+    memory: Mapping[str, int] | None = None
+
+
+def rss_bytes() -> dict[str, int]:
+    """``{"rss": bytes}`` of this process (psutil), ``{}`` when it cannot be read."""
+    try:
+        import psutil
+
+        return {"rss": int(psutil.Process().memory_info().rss)}
+    except Exception:  # memory is optional: a step is recorded without it
+        return {}
+
+
+class PhaseContext:
+    """The context manager :meth:`Session.phase` returns (usable once per ``with``)."""
+
+    def __init__(self, session: Session | None, spec: PhaseSpec | None) -> None:
+        self._session = session
+        self._spec = spec
+
+    def __enter__(self) -> PhaseContext:
+        if self._session is not None and self._spec is not None:
+            self._session._enter_phase(self._spec)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._session is not None and self._spec is not None:
+            self._session._leave_phase(self._spec)
+
+
+class Session:
+    """One process's telemetry (see the module docstring); made by :func:`init`.
+
+    Args:
+        settings: the resolved job name, folders and switches.
+        where: this process's rank, local rank, world size and attempt.
+        clock: Unix time source; monotonic: interval clock (seconds).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        where: Placement,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.placement = where
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lock = threading.RLock()
+        self._telemetry = RankTelemetry(
+            settings,
+            rank=where.rank,
+            world_size=where.world_size,
+            attempt=where.attempt,
+            clock=clock,
+        )
+        self._dumper = RankDumper(
+            settings.dump_dir, rank=where.rank, attempt=where.attempt, clock=clock
+        )
+        self._counter: Any = None  # stormwatch.telemetry.comms.CollectiveCounter
+        self._counting_always = False  # instrument_collectives(): entered until shutdown
+        self._groups: dict[str, str] = {}
+        self._started = False
+        self._last_step: int | None = None
+        self._resumed: int | None = None
+        self._mark = monotonic()  # interval clock at the previous step mark
+        self._paused = 0.0  # seconds in out-of-step phases since the previous mark
+        self._pausing_since: float | None = None
+        self._phases: dict[str, int] = {}  # phase -> nesting depth
+        self._closed = False
+        self._exits = ExitHooks(self._at_exit, self._on_signal)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.placement.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
+
+    @property
+    def attempt(self) -> int:
+        return self.placement.attempt
+
+    @property
+    def job(self) -> str:
+        return self.settings.job
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`shutdown` has run."""
+        return self._closed
+
+    def _open(self, call: str) -> bool:
+        if self._closed:
+            warn_once(
+                f"{call}:after_shutdown",
+                "%s() after shutdown(): ignored (the session has ended; call init() again "
+                "for a new one)",
+                call,
+            )
+        return not self._closed
+
+    # ------------------------------------------------------------------ lifecycle
+    def _install_exits(self) -> str | None:
+        return self._exits.install(handle_signals=self.settings.handle_signals)
+
+    @never_raises()
+    def start(self, *, resumed_from_step: int | None = None) -> None:
+        """Write the start record now (rank, attempt, pid, world size, the step resumed
+        from or ``None``) and start the heartbeat. Once per session; without this call
+        the first step or checkpoint mark writes it."""
+        if not self._open("start"):
+            return
+        ok, resumed = checks.count("resumed_from_step", resumed_from_step, call="start")
+        if not ok:
+            return
+        if self._started:
+            warn_once("start:twice", "start() twice: the start record is written once; ignored")
+            return
+        with self._lock:
+            self._mark = self._monotonic()  # the first step's time runs from here
+        self._start(resumed)
+
+    def _start(self, resumed: int | None) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._resumed = resumed
+        self._telemetry.start(resumed_from_step=resumed)
+
+    def _ensure_started(self, first_step: int | None) -> None:
+        if not self._started:
+            self._start(first_step - 1 if first_step is not None and first_step > 1 else None)
+
+    # ------------------------------------------------------------------ steps
+    @never_raises()
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        tokens: int | None = None,
+        samples: int | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+    ) -> None:
+        """Mark the END of optimizer step ``step``; see :func:`stormwatch.telemetry.step`."""
+        if not self._open("step"):
+            return
+        args = checks.step_args(
+            step, loss=loss, tokens=tokens, samples=samples, lr=lr, grad_norm=grad_norm
+        )
+        if args is None:
+            return
+        self._ensure_started(args.step)
+        now = self._monotonic()
+        with self._lock:
+            seconds = max(now - self._mark - self._paused_now(now), 0.0)
+            self._mark, self._paused = now, 0.0
+            if self._pausing_since is not None:
+                self._pausing_since = now
+        self._install_if_ready()
+        wait = None
+        if self._counting_always:
+            self._counter.poll(final=True)
+            wait = min(self._counter.take_wait_seconds(), seconds)
+        self.record_step(
+            StepRecord(
+                step=args.step,
+                seconds=seconds,
+                loss=args.loss,
+                tokens=args.tokens,
+                samples=args.samples,
+                learning_rate=args.learning_rate,
+                grad_norm=args.grad_norm,
+                wait_seconds=wait,
+                memory=rss_bytes(),
+            )
+        )
+
+    def _paused_now(self, now: float) -> float:
+        since = self._pausing_since
+        return self._paused + (0.0 if since is None else now - since)
+
+    @never_raises()
+    def record_step(self, record: StepRecord) -> None:
+        """Record a step the caller measured itself (its own ``seconds``, wait, MFU).
+
+        The values are recorded as given (a NaN loss too); :meth:`step` is the checked,
+        self-timing way.
+        """
+        if not self._open("record_step"):
+            return
+        self._ensure_started(record.step)
+        telemetry = self._telemetry
+        telemetry.step(
+            step=record.step, loss=record.loss, seconds=record.seconds, tokens=record.tokens
+        )
+        wait = record.wait_seconds
+        telemetry.step_details(
+            compute_seconds=None if wait is None else record.seconds - wait,
+            wait_seconds=wait,
+            grad_norm=record.grad_norm,
+            mfu=record.mfu,
+            peak_flops=record.peak_flops,
+            memory=record.memory,
+        )
+        telemetry.extras(learning_rate=record.learning_rate, samples=record.samples)
+        with self._lock:
+            self._last_step = record.step
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step marked (``None`` before any)."""
+        return self._last_step
+
+    # ------------------------------------------------------------------ phases
+    def phase(self, name: str) -> PhaseContext:
+        """A context manager marking phase ``name`` (see :func:`stormwatch.telemetry.phase`)."""
+        spec = PHASES.get(name) if isinstance(name, str) else None
+        if spec is None:
+            warn_once(
+                "phase:name",
+                "phase(%r): unknown phase; not marked (use one of %s)",
+                name,
+                ", ".join(PHASES),
+            )
+            return PhaseContext(None, None)
+        if not self._open("phase"):
+            return PhaseContext(None, None)
+        return PhaseContext(self, spec)
+
+    @never_raises()
+    def _enter_phase(self, spec: PhaseSpec) -> None:
+        bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
+        with self._lock:
+            depth = self._phases.get(spec.name, 0)
+            self._phases[spec.name] = depth + 1
+            if not spec.in_step and self._pausing_since is None:
+                self._pausing_since = self._monotonic()
+        if depth == 0:
+            self._telemetry.phase(spec.name, deadline=self._clock() + bound)
+
+    @never_raises()
+    def _leave_phase(self, spec: PhaseSpec) -> None:
+        with self._lock:
+            depth = self._phases.get(spec.name, 0) - 1
+            self._phases[spec.name] = max(depth, 0)
+            out_of_step = any(n and not PHASES[name].in_step for name, n in self._phases.items())
+            if not out_of_step and self._pausing_since is not None:
+                self._paused += self._monotonic() - self._pausing_since
+                self._pausing_since = None
+        if depth <= 0:
+            self._telemetry.phase(spec.name, deadline=0.0)
+
+    # ------------------------------------------------------------------ checkpoints
+    @never_raises()
+    def checkpoint(self, step: int, *, error: str | BaseException | None = None) -> None:
+        """A checkpoint of ``step`` was committed, or its save failed with ``error``."""
+        if not self._open("checkpoint"):
+            return
+        if step is None:
+            warn_once("checkpoint:step", "checkpoint(None): the step is required (an int >= 0)")
+            return
+        ok, number = checks.count("step", step, call="checkpoint")
+        if not ok or number is None:
+            return
+        self._ensure_started(None)
+        if error is None:
+            self._telemetry.checkpoint(step=number)
+            return
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        if not isinstance(text, str):
+            text = repr(text)
+        self._telemetry.checkpoint_failed(step=number, error=text)
+
+    @never_raises()
+    def checkpoint_interval(self, steps: int) -> None:
+        """Export the steps between checkpoints (0: checkpointing is off)."""
+        ok, number = checks.count("steps", steps, call="checkpoint_interval")
+        if ok and number is not None and self._open("checkpoint_interval"):
+            self._telemetry.checkpoint_interval(number)
+
+    # ------------------------------------------------------------------ collectives
+    @never_raises()
+    def instrument_collectives(self) -> None:
+        """Count c10d collectives from now on (idempotent); see
+        :func:`stormwatch.telemetry.instrument_collectives`."""
+        if not self._open("instrument_collectives") or self._counting_always:
+            return
+        try:
+            from stormwatch.telemetry.lifecycle import hooks
+        except ImportError as exc:
+            warn_once(
+                "collectives:torch",
+                "instrument_collectives(): torch.distributed is not available (%s); "
+                "collectives are not counted",
+                exc,
+            )
+            return
+        hooks.when_initialised(self._install_counter)
+
+    def _install_if_ready(self) -> None:
+        """A process group made without the wrapped ``init_process_group`` (a name imported
+        before :func:`init`): install at the next step mark."""
+        if self.settings.collectives and not self._counting_always and not self._closed:
+            from stormwatch.telemetry.lifecycle import hooks
+
+            if hooks.initialised():
+                self._install_counter()
+
+    def collective_counter(self) -> Any:
+        """The session's :class:`~stormwatch.telemetry.comms.CollectiveCounter` (made on
+        first use, not entered): for a job that counts chosen blocks itself (``with
+        counter:``) instead of every collective (``init(collectives=False)``)."""
+        with self._lock:
+            if self._counter is None:
+                from stormwatch.telemetry.comms import CollectiveCounter
+
+                self._counter = CollectiveCounter(
+                    self._telemetry, groups=self._groups, observer=self._telemetry
+                )
+                self._dumper.recent = self._counter.recent
+            return self._counter
+
+    @never_raises()
+    def _install_counter(self) -> None:
+        with self._lock:
+            if self._counting_always or self._closed:
+                return
+            counter = self.collective_counter()
+            if counter.observing:  # the job counts a block itself right now
+                return
+            counter.__enter__()
+            self._counting_always = True
+        self._telemetry.progress()
+
+    @never_raises()
+    def label_mesh(self, mesh: Any) -> None:
+        """Label collectives by the dimension names of ``mesh`` (a ``DeviceMesh`` built with
+        ``mesh_dim_names``): ``mesh_dim="dp_shard"``, ``"tp"``... instead of ``world``/``other``."""
+        from stormwatch.telemetry.lifecycle import hooks
+
+        try:
+            groups = hooks.mesh_groups(mesh)
+        except (ValueError, AttributeError) as exc:
+            warn_once(
+                "label_mesh:mesh", "label_mesh(%r): %s; collectives keep their labels", mesh, exc
+            )
+            return
+        self.label_groups(groups)
+
+    @never_raises()
+    def label_groups(self, groups: Mapping[str, str]) -> None:
+        """Label collectives by process-group name -> mesh dimension name."""
+        with self._lock:
+            self._groups.update(groups)
+            if self._counter is not None:
+                self._counter.label_groups(groups)
+
+    # ------------------------------------------------------------------ chaos and errors
+    @never_raises()
+    def fault(self, point: str, step: int) -> None:
+        """A chaos fault point took effect during ``step`` (event and counter, once per
+        point and step)."""
+        if self._open("fault"):
+            self._telemetry.fault(point=point, step=step)
+
+    @never_raises()
+    def report_error(self, sink: str, exc: BaseException) -> None:
+        """Count a failure of the job's own telemetry (``sink``: ``control``, ``tracing``...)
+        in ``stormwatch_train_telemetry_errors_total``; logged like the session's own."""
+        self._telemetry.on_error(sink, exc)
+
+    @never_raises()
+    def dump(self, reason: str) -> Path | None:
+        """Write this rank's post-mortem dump now (flight recorder and the last collectives);
+        returns its path, or ``None`` (no dump folder, or it could not be written)."""
+        last = self._last_step if self._last_step is not None else self._resumed
+        self._dumper.step = (last or 0) + 1 if self._started else None
+        return self._dumper.dump(reason)
+
+    # ------------------------------------------------------------------ the end
+    @never_raises()
+    def shutdown(self, *, clean: bool = True) -> None:
+        """End the session: stop counting, write the done record and marker when
+        ``clean``, close the event log. Later calls do nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            counter, always = self._counter, self._counting_always
+            self._counting_always = False
+        if always:
+            with contextlib.suppress(Exception):  # a failed final poll is not worth a warning
+                counter.__exit__(None, None, None)
+        if clean:
+            self._ensure_started(None)
+            last = self._last_step if self._last_step is not None else self._resumed
+            self._telemetry.done(step=last)
+        self._telemetry.close()
+        self._exits.uninstall()
+
+    def _at_exit(self, clean: bool) -> None:
+        self.shutdown(clean=clean)
+
+    def _on_signal(self, signum: int) -> None:
+        import signal
+
+        self.dump(f"signal {signal.Signals(signum).name}")
+
+
+__all__ = ["PhaseContext", "Session", "StepRecord", "rss_bytes"]
