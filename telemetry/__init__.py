@@ -15,8 +15,9 @@ legitimately pauses progress (``checkpoint_save``, ``checkpoint_load``, ``eval``
 ``swt.checkpoint(step)`` when a checkpoint is committed. The functions act on one
 per-process :class:`Session` (:func:`init` makes it, :func:`session` returns it);
 :class:`Session` has the same methods and a few more for jobs that measure themselves
-(:meth:`Session.record_step`, :meth:`Session.collective_counter`, ...), which is all the
-reference trainer uses.
+(:meth:`Session.record_step`, :meth:`Session.collective_counter`, :meth:`Session.span`,
+...), plus the MFU arithmetic (:func:`flops_per_token`, :func:`mfu`, :func:`peak_flops`):
+the names of :data:`__all__` are the public API, and all the reference trainer uses.
 
 Promises: importing this package does not import torch (collective counting does, when
 asked for); nothing here raises into training: a misuse (a call before :func:`init`, a
@@ -43,9 +44,12 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
 from stormwatch.telemetry.lifecycle import launch
 from stormwatch.telemetry.lifecycle.guard import LOGGER_NAME, never_raises, warn_once
-from stormwatch.telemetry.lifecycle.session import PhaseContext, Session, StepRecord
+from stormwatch.telemetry.lifecycle.session import PhaseContext, Session
+from stormwatch.telemetry.lifecycle.steps import StepRecord
+from stormwatch.telemetry.perf import flops_per_token, mfu, peak_flops
 from stormwatch.telemetry.phases import PHASE_BOUNDS_ENV, PHASES, parse_bounds
 
 if TYPE_CHECKING:
@@ -79,6 +83,21 @@ def _flag(name: str, value: object, default: bool) -> bool:
     return default
 
 
+def _entries(value: object) -> int:
+    """``flight_recorder``: True (the default ring), False or 0 (off), or a ring size."""
+    if isinstance(value, bool):
+        return DEFAULT_FLIGHT_RECORDER_ENTRIES if value else 0
+    if isinstance(value, int) and value >= 0:
+        return value
+    warn_once(
+        "init:flight_recorder_value",
+        "init(flight_recorder=%r): must be True, False or a ring size (an int >= 0); using %d",
+        value,
+        DEFAULT_FLIGHT_RECORDER_ENTRIES,
+    )
+    return DEFAULT_FLIGHT_RECORDER_ENTRIES
+
+
 def _settings(requested: Mapping[str, Any], environ: Mapping[str, str]) -> launch.Settings:
     job, problem = launch.resolve_job(requested["job"], environ)
     if problem:
@@ -97,7 +116,7 @@ def _settings(requested: Mapping[str, Any], environ: Mapping[str, str]) -> launc
         log_dir=folders["log_dir"],
         dump_dir=folders["dump_dir"],
         collectives=_flag("collectives", requested["collectives"], True),
-        flight_recorder=_flag("flight_recorder", requested["flight_recorder"], True),
+        flight_recorder=_entries(requested["flight_recorder"]),
         handle_signals=_flag("handle_signals", requested["handle_signals"], True),
         phase_bounds=bounds,
     )
@@ -113,9 +132,9 @@ def _enable_flight_recorder(settings: launch.Settings) -> None:
             "only if TORCH_FR_BUFFER_SIZE was set before; call init() first",
         )
         return
-    from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
+    from stormwatch.telemetry.dump import flight_recorder_environ
 
-    os.environ.update(flight_recorder_environ(settings.dump_dir, DEFAULT_FLIGHT_RECORDER_ENTRIES))
+    os.environ.update(flight_recorder_environ(settings.dump_dir, settings.flight_recorder))
 
 
 def _new_session(requested: Mapping[str, Any]) -> Session:
@@ -147,7 +166,7 @@ def init(
     log_dir: str | os.PathLike[str] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
     collectives: bool = True,
-    flight_recorder: bool = True,
+    flight_recorder: bool | int = True,
     handle_signals: bool = True,
 ) -> Session:
     """Start this process's telemetry session (once; a second call returns the same one).
@@ -167,8 +186,10 @@ def init(
             :meth:`Session.dump`); default ``STORMWATCH_DUMP_DIR``.
         collectives: count every c10d collective of this thread (and autograd's), now if
             the process group exists, else as soon as ``init_process_group`` returns.
-        flight_recorder: enable PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE`` 2000
-            unless set), read into the dumps; call :func:`init` before the process group.
+        flight_recorder: enable PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``
+            :data:`DEFAULT_FLIGHT_RECORDER_ENTRIES`, or this many entries when an int,
+            unless the variable is set; ``TORCH_FR_DUMP_TEMP_FILE`` under ``dump_dir``),
+            read into the dumps; call :func:`init` before the process group exists.
         handle_signals: on SIGTERM write the dump, then hand the signal on to the
             previous handler.
 
@@ -207,7 +228,7 @@ def init(
                 exc,
             )
             made = Session(
-                launch.Settings(collectives=False, flight_recorder=False, handle_signals=False),
+                launch.Settings(collectives=False, handle_signals=False),
                 launch.Placement(),
             )
         _CURRENT.session, _CURRENT.requested = made, requested
@@ -292,6 +313,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_FLIGHT_RECORDER_ENTRIES",
     "LOGGER_NAME",
     "PHASES",
     "CollectiveCounter",
@@ -299,8 +321,11 @@ __all__ = [
     "Session",
     "StepRecord",
     "checkpoint",
+    "flops_per_token",
     "init",
     "instrument_collectives",
+    "mfu",
+    "peak_flops",
     "phase",
     "session",
     "shutdown",

@@ -20,7 +20,6 @@ from typing import Any
 import click
 
 from stormwatch.errors import ConfigError
-from stormwatch.telemetry.dump import flight_recorder_environ
 from stormwatch.trainer.config import (
     CheckpointConfig,
     ControlConfig,
@@ -32,6 +31,7 @@ from stormwatch.trainer.config import (
     TelemetryConfig,
     TracingConfig,
     TrainConfig,
+    check_otlp_available,
 )
 from stormwatch.trainer.config.options import (
     click_options,
@@ -117,15 +117,9 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
     values["dp"] = _shard_degree(env, given)
     config = _config(values)
     if config.tracing.otlp_endpoint is not None:
-        from stormwatch.telemetry.tracing import check_otlp_available
-
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(**option_values(ProgressConfig, values))  # validates --log-every
     check_writable_dirs(_dir_options(config, given, values))
-    # The flight recorder reads these when the process group is created.
-    os.environ.update(
-        flight_recorder_environ(config.debug.dump_dir, config.debug.flight_recorder_entries)
-    )
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 

@@ -1,6 +1,7 @@
 """Per-step measurements that need torch: gradient norm, memory, model FLOPs per token.
 
-The arithmetic (bandwidths, MFU, peak table) is in :mod:`stormwatch.telemetry.perf`;
+The arithmetic (MFU, peak table) is :func:`stormwatch.telemetry.mfu` and
+:func:`stormwatch.telemetry.peak_flops`;
 this module reads the numbers out of the model and the process.
 """
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from stormwatch.telemetry.perf import flops_per_token
+from stormwatch.telemetry import flops_per_token
 from stormwatch.trainer.model import ByteLM
 
 

@@ -106,7 +106,7 @@ class Settings:
         log_dir: folder of ``rank<R>.jsonl``; ``None``: off.
         dump_dir: folder of post-mortem dumps ``rank<R>.json``; ``None``: off.
         collectives: count the c10d collectives.
-        flight_recorder: enable PyTorch's flight recorder (read into dumps).
+        flight_recorder: ring size of PyTorch's flight recorder (read into dumps); 0: off.
         handle_signals: flush and dump on SIGTERM, then chain to the previous handler.
         phase_bounds: phase -> seconds it may pause progress
             (:data:`stormwatch.telemetry.phases.PHASES` with ``STORMWATCH_PHASE_BOUNDS``).
@@ -117,7 +117,7 @@ class Settings:
     log_dir: Path | None = None
     dump_dir: Path | None = None
     collectives: bool = True
-    flight_recorder: bool = True
+    flight_recorder: int = 0
     handle_signals: bool = True
     phase_bounds: Mapping[str, float] = field(default_factory=dict)
 

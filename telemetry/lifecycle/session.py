@@ -22,10 +22,10 @@ fresh marks 0 or 1 first). No torch import here.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,48 +34,9 @@ from stormwatch.telemetry.lifecycle import checks
 from stormwatch.telemetry.lifecycle.exits import ExitHooks
 from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
 from stormwatch.telemetry.lifecycle.launch import Placement, Settings
+from stormwatch.telemetry.lifecycle.steps import StepClock, StepRecord, rss_bytes
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
 from stormwatch.telemetry.rank import RankTelemetry
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepRecord:
-    """One optimizer step as measured by the caller (:meth:`Session.record_step`).
-
-    Attributes:
-        step: the step that ended (>= 0).
-        seconds: its wall time, seconds.
-        loss: its loss (the global mean, if the job computes one); ``None``: not reported.
-        tokens / samples: processed by this rank's data-parallel replica in the step.
-        learning_rate: the learning rate used.
-        grad_norm: global L2 norm of the gradients before the optimizer step.
-        wait_seconds: wall time with a collective in flight (compute = seconds - wait);
-            ``None``: no compute/wait breakdown exported.
-        mfu / peak_flops: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
-        memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
-    """
-
-    step: int
-    seconds: float
-    loss: float | None = None
-    tokens: int | None = None
-    samples: int | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    wait_seconds: float | None = None
-    mfu: float | None = None
-    peak_flops: float | None = None
-    memory: Mapping[str, int] | None = None
-
-
-def rss_bytes() -> dict[str, int]:
-    """``{"rss": bytes}`` of this process (psutil), ``{}`` when it cannot be read."""
-    try:
-        import psutil
-
-        return {"rss": int(psutil.Process().memory_info().rss)}
-    except Exception:  # memory is optional: a step is recorded without it
-        return {}
 
 
 class PhaseContext:
@@ -115,7 +76,6 @@ class Session:
         self.settings = settings
         self.placement = where
         self._clock = clock
-        self._monotonic = monotonic
         self._lock = threading.RLock()
         self._telemetry = RankTelemetry(
             settings,
@@ -133,10 +93,8 @@ class Session:
         self._started = False
         self._last_step: int | None = None
         self._resumed: int | None = None
-        self._mark = monotonic()  # interval clock at the previous step mark
-        self._paused = 0.0  # seconds in out-of-step phases since the previous mark
-        self._pausing_since: float | None = None
-        self._phases: dict[str, int] = {}  # phase -> nesting depth
+        self._steps = StepClock(monotonic)
+        self._tracing: Any = None  # stormwatch.telemetry.tracing.RankTracing, once traced
         self._closed = False
         self._exits = ExitHooks(self._at_exit, self._on_signal)
 
@@ -194,7 +152,7 @@ class Session:
             warn_once("start:twice", "start() twice: the start record is written once; ignored")
             return
         with self._lock:
-            self._mark = self._monotonic()  # the first step's time runs from here
+            self._steps.restart()  # the first step's time runs from here
         self._start(resumed)
 
     def _start(self, resumed: int | None) -> None:
@@ -230,12 +188,8 @@ class Session:
         if args is None:
             return
         self._ensure_started(args.step)
-        now = self._monotonic()
         with self._lock:
-            seconds = max(now - self._mark - self._paused_now(now), 0.0)
-            self._mark, self._paused = now, 0.0
-            if self._pausing_since is not None:
-                self._pausing_since = now
+            seconds = self._steps.lap()
         self._install_if_ready()
         wait = None
         if self._counting_always:
@@ -254,10 +208,6 @@ class Session:
                 memory=rss_bytes(),
             )
         )
-
-    def _paused_now(self, now: float) -> float:
-        since = self._pausing_since
-        return self._paused + (0.0 if since is None else now - since)
 
     @never_raises()
     def record_step(self, record: StepRecord) -> None:
@@ -311,23 +261,15 @@ class Session:
     def _enter_phase(self, spec: PhaseSpec) -> None:
         bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
         with self._lock:
-            depth = self._phases.get(spec.name, 0)
-            self._phases[spec.name] = depth + 1
-            if not spec.in_step and self._pausing_since is None:
-                self._pausing_since = self._monotonic()
-        if depth == 0:
+            outermost = self._steps.enter(spec)
+        if outermost:
             self._telemetry.phase(spec.name, deadline=self._clock() + bound)
 
     @never_raises()
     def _leave_phase(self, spec: PhaseSpec) -> None:
         with self._lock:
-            depth = self._phases.get(spec.name, 0) - 1
-            self._phases[spec.name] = max(depth, 0)
-            out_of_step = any(n and not PHASES[name].in_step for name, n in self._phases.items())
-            if not out_of_step and self._pausing_since is not None:
-                self._paused += self._monotonic() - self._pausing_since
-                self._pausing_since = None
-        if depth <= 0:
+            left = self._steps.leave(spec)
+        if left:
             self._telemetry.phase(spec.name, deadline=0.0)
 
     # ------------------------------------------------------------------ checkpoints
@@ -457,11 +399,61 @@ class Session:
         self._dumper.step = (last or 0) + 1 if self._started else None
         return self._dumper.dump(reason)
 
+    # ------------------------------------------------------------------ spans
+    @never_raises()
+    def trace(
+        self,
+        *,
+        otlp_endpoint: str | None = None,
+        spans_dir: str | os.PathLike[str] | None = None,
+        flush_timeout: float = 2.0,
+    ) -> None:
+        """Export this rank's OpenTelemetry spans (:meth:`span`): over OTLP/HTTP to
+        ``otlp_endpoint`` (else the standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; needs
+        ``opentelemetry-exporter-otlp-proto-http``), else as JSON lines to
+        ``<spans_dir>/rank<R>.jsonl``; flushed at :meth:`shutdown` within ``flush_timeout``
+        seconds (spans not exported by then are counted as ``tracing`` errors). Resource
+        attributes: ``rank``, ``job``, ``attempt``. Once per session."""
+        if not self._open("trace") or self._tracing is not None:
+            return
+        from stormwatch.telemetry.tracing import RankTracing, SpanOptions
+
+        self._tracing = RankTracing(
+            SpanOptions(
+                otlp_endpoint=otlp_endpoint,
+                spans_dir=None if spans_dir is None else Path(spans_dir),
+                flush_timeout=flush_timeout,
+            ),
+            rank=self.rank,
+            attributes={"job": self.job, "attempt": self.attempt},
+        )
+
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+        """``with session.span(name, **attributes):`` a span around the block (nested spans
+        are its children); a no-op without :meth:`trace`. The block's exceptions pass."""
+        tracing = self._tracing
+        if tracing is None:
+            return contextlib.nullcontext()
+        try:
+            return tracing.span(name, **attributes)
+        except Exception as exc:
+            warn_once("span:failed", "span(%r) failed: %s; not traced", name, exc)
+            return contextlib.nullcontext()
+
+    def _close_tracing(self) -> None:
+        tracing, self._tracing = self._tracing, None
+        if tracing is not None:
+            dropped = tracing.close()
+            if dropped:
+                self._telemetry.on_error(
+                    "tracing", RuntimeError(f"{dropped} spans not exported at exit")
+                )
+
     # ------------------------------------------------------------------ the end
     @never_raises()
     def shutdown(self, *, clean: bool = True) -> None:
         """End the session: stop counting, write the done record and marker when
-        ``clean``, close the event log. Later calls do nothing."""
+        ``clean``, flush the spans, close the event log. Later calls do nothing."""
         with self._lock:
             if self._closed:
                 return
@@ -475,6 +467,7 @@ class Session:
             self._ensure_started(None)
             last = self._last_step if self._last_step is not None else self._resumed
             self._telemetry.done(step=last)
+        self._close_tracing()
         self._telemetry.close()
         self._exits.uninstall()
 
@@ -487,4 +480,4 @@ class Session:
         self.dump(f"signal {signal.Signals(signum).name}")
 
 
-__all__ = ["PhaseContext", "Session", "StepRecord", "rss_bytes"]
+__all__ = ["PhaseContext", "Session", "StepRecord"]
