@@ -96,6 +96,7 @@ class Session:
         self._steps = StepClock(monotonic)
         self._tracing: Any = None  # stormwatch.telemetry.tracing.RankTracing, once traced
         self._closed = False
+        self._signalled = False  # SIGTERM arrived: the process does not end cleanly
         self._exits = ExitHooks(self._at_exit, self._on_signal)
 
     # ------------------------------------------------------------------ identity
@@ -472,11 +473,13 @@ class Session:
         self._exits.uninstall()
 
     def _at_exit(self, clean: bool) -> None:
-        self.shutdown(clean=clean)
+        # after SIGTERM the end is not clean, whatever the handler it chained to did
+        self.shutdown(clean=clean and not self._signalled)
 
     def _on_signal(self, signum: int) -> None:
         import signal
 
+        self._signalled = True
         self.dump(f"signal {signal.Signals(signum).name}")
 
 
