@@ -71,6 +71,10 @@ from stormwatch.telemetry.collective_ops import (
     find_work,
 )
 
+#: Completed intervals kept for :meth:`CollectiveCounter.take_wait_seconds`; beyond this
+#: many they are folded into their union (an overlap across two folds counts twice).
+_MAX_INTERVALS = 4096
+
 
 class CollectiveSink(Protocol):
     """Receives what :class:`CollectiveCounter` observes (on the threads that
@@ -220,6 +224,8 @@ class CollectiveCounter:
         self._open: list[_Issued] = []
         # (start, end) of the collectives completed since take_wait_seconds()
         self._intervals: list[tuple[float, float]] = []
+        # seconds of intervals folded early (a job that never takes its wait: no step marks)
+        self._folded = 0.0
         self._lock = threading.Lock()
         self._seq = 0
         self._recent: collections.deque[_Issued] = collections.deque(maxlen=recent)
@@ -288,7 +294,8 @@ class CollectiveCounter:
         """
         with self._lock:
             intervals, self._intervals = self._intervals, []
-        return union_seconds(intervals)
+            folded, self._folded = self._folded, 0.0
+        return folded + union_seconds(intervals)
 
     def poll(self, *, final: bool = False) -> None:
         """Report the collectives seen complete since the last call (on the calling thread).
@@ -334,6 +341,9 @@ class CollectiveCounter:
         issued.seconds = end - issued.start
         with self._lock:
             self._intervals.append((issued.start, end))
+            if len(self._intervals) > _MAX_INTERVALS:  # bounded memory without step marks
+                self._folded += union_seconds(self._intervals)
+                self._intervals = []
         self._sink.on_complete(issued.label, end - issued.start)
         if self._observer is not None:
             self._observer.on_collective(

@@ -31,6 +31,7 @@ from typing import Any
 
 from stormwatch.telemetry.dump import RankDumper
 from stormwatch.telemetry.lifecycle import checks
+from stormwatch.telemetry.lifecycle.collectives import Collectives
 from stormwatch.telemetry.lifecycle.exits import ExitHooks
 from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
 from stormwatch.telemetry.lifecycle.launch import Placement, Settings
@@ -87,9 +88,9 @@ class Session:
         self._dumper = RankDumper(
             settings.dump_dir, rank=where.rank, attempt=where.attempt, clock=clock
         )
-        self._counter: Any = None  # stormwatch.telemetry.comms.CollectiveCounter
-        self._counting_always = False  # instrument_collectives(): entered until shutdown
-        self._groups: dict[str, str] = {}
+        self._collectives = Collectives(
+            self._telemetry, on_made=self._counter_made, on_counting=self._telemetry.progress
+        )
         self._started = False
         self._last_step: int | None = None
         self._resumed: int | None = None
@@ -191,11 +192,9 @@ class Session:
         self._ensure_started(args.step)
         with self._lock:
             seconds = self._steps.lap()
-        self._install_if_ready()
-        wait = None
-        if self._counting_always:
-            self._counter.poll(final=True)
-            wait = min(self._counter.take_wait_seconds(), seconds)
+        if self.settings.collectives:
+            self._collectives.always_if_initialised()
+        wait = self._collectives.step_wait(seconds)
         self.record_step(
             StepRecord(
                 step=args.step,
@@ -306,7 +305,7 @@ class Session:
     def instrument_collectives(self) -> None:
         """Count c10d collectives from now on (idempotent); see
         :func:`stormwatch.telemetry.instrument_collectives`."""
-        if not self._open("instrument_collectives") or self._counting_always:
+        if not self._open("instrument_collectives") or self._collectives.counting_always:
             return
         try:
             from stormwatch.telemetry.lifecycle import hooks
@@ -318,42 +317,21 @@ class Session:
                 exc,
             )
             return
-        hooks.when_initialised(self._install_counter)
-
-    def _install_if_ready(self) -> None:
-        """A process group made without the wrapped ``init_process_group`` (a name imported
-        before :func:`init`): install at the next step mark."""
-        if self.settings.collectives and not self._counting_always and not self._closed:
-            from stormwatch.telemetry.lifecycle import hooks
-
-            if hooks.initialised():
-                self._install_counter()
-
-    def collective_counter(self) -> Any:
-        """The session's :class:`~stormwatch.telemetry.comms.CollectiveCounter` (made on
-        first use, not entered): for a job that counts chosen blocks itself (``with
-        counter:``) instead of every collective (``init(collectives=False)``)."""
-        with self._lock:
-            if self._counter is None:
-                from stormwatch.telemetry.comms import CollectiveCounter
-
-                self._counter = CollectiveCounter(
-                    self._telemetry, groups=self._groups, observer=self._telemetry
-                )
-                self._dumper.recent = self._counter.recent
-            return self._counter
+        hooks.when_initialised(self._count_always)
 
     @never_raises()
-    def _install_counter(self) -> None:
-        with self._lock:
-            if self._counting_always or self._closed:
-                return
-            counter = self.collective_counter()
-            if counter.observing:  # the job counts a block itself right now
-                return
-            counter.__enter__()
-            self._counting_always = True
-        self._telemetry.progress()
+    def _count_always(self) -> None:
+        if not self._closed:
+            self._collectives.always()
+
+    def _counter_made(self, counter: Any) -> None:
+        self._dumper.recent = counter.recent
+
+    def collective_counter(self) -> Any:
+        """The session's :class:`~stormwatch.telemetry.CollectiveCounter` (made on first
+        use, not entered): for a job that counts chosen blocks itself (``with counter:``)
+        instead of every collective (``init(collectives=False)``)."""
+        return self._collectives.counter()
 
     @never_raises()
     def label_mesh(self, mesh: Any) -> None:
@@ -368,15 +346,12 @@ class Session:
                 "label_mesh:mesh", "label_mesh(%r): %s; collectives keep their labels", mesh, exc
             )
             return
-        self.label_groups(groups)
+        self._collectives.label(groups)
 
     @never_raises()
     def label_groups(self, groups: Mapping[str, str]) -> None:
         """Label collectives by process-group name -> mesh dimension name."""
-        with self._lock:
-            self._groups.update(groups)
-            if self._counter is not None:
-                self._counter.label_groups(groups)
+        self._collectives.label(groups)
 
     # ------------------------------------------------------------------ chaos and errors
     @never_raises()
@@ -459,11 +434,8 @@ class Session:
             if self._closed:
                 return
             self._closed = True
-            counter, always = self._counter, self._counting_always
-            self._counting_always = False
-        if always:
-            with contextlib.suppress(Exception):  # a failed final poll is not worth a warning
-                counter.__exit__(None, None, None)
+        with contextlib.suppress(Exception):  # a failed final poll is not worth a warning
+            self._collectives.stop()
         if clean:
             self._ensure_started(None)
             last = self._last_step if self._last_step is not None else self._resumed
