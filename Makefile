@@ -87,7 +87,7 @@ game-day: setup
 check: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy stormwatch faults postmortem agent trainer chaos alerts dashboards lab plan
+	$(VENV)/bin/mypy stormwatch faults postmortem telemetry agent trainer chaos alerts dashboards lab plan
 
 lint: check
 

@@ -9,6 +9,7 @@ from setuptools import find_packages, setup
 COMPONENTS = (
     "faults",
     "postmortem",
+    "telemetry",
     "agent",
     "trainer",
     "chaos",

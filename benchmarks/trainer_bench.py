@@ -11,8 +11,8 @@ machine load. Variants:
   collective counting (``TelemetryConfig.count_collectives=False``),
   tracing and the control channel switched off;
 * ``counting``: ``bare`` plus collective counting alone (the kernels on the
-  ``c10d`` ops, ``trainer/telemetry/collective_ops.py``, and the counter of
-  ``trainer/telemetry/comms.py``; its sinks write nowhere);
+  ``c10d`` ops, ``telemetry/collective_ops.py``, and the counter of
+  ``telemetry/comms.py``; its sinks write nowhere);
 * ``instrumented``: as ``stormwatch train`` runs in the lab: prometheus
   multiprocess metrics, JSON-lines event log, span files, collective counting
   and the control channel (folder present, no file);
@@ -127,8 +127,8 @@ def _counter_cost(step_cpu_seconds: float, per_step: float) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from stormwatch.trainer.telemetry.collective_ops import KERNELS
-    from stormwatch.trainer.telemetry.comms import CollectiveCounter
+    from stormwatch.telemetry.collective_ops import KERNELS
+    from stormwatch.telemetry.comms import CollectiveCounter
 
     class NullSink:
         def on_issue(self, op: str, nbytes: int) -> None: ...

@@ -168,13 +168,13 @@ def write_expired_faults(path: Path) -> None:
 def worker(work: Path) -> int:
     """One torchrun rank: every trial of the plan, results to ``<work>/rank<R>.json``."""
     from stormwatch.faults.control_file import control_path
-    from stormwatch.trainer.progress import ConsoleProgress
-    from stormwatch.trainer.runtime import RankEnv
-    from stormwatch.trainer.telemetry.collective_ops import KERNELS
-    from stormwatch.trainer.telemetry.dump import (
+    from stormwatch.telemetry.collective_ops import KERNELS
+    from stormwatch.telemetry.dump import (
         DEFAULT_FLIGHT_RECORDER_ENTRIES,
         flight_recorder_environ,
     )
+    from stormwatch.trainer.progress import ConsoleProgress
+    from stormwatch.trainer.runtime import RankEnv
 
     env = RankEnv.from_environ(os.environ)
     plan = Plan(**json.loads((work / "plan.json").read_text()))

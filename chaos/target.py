@@ -26,7 +26,7 @@ from stormwatch.lab.jobs import launch as lab_jobs
 from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.lab import LabBackend
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.state import JobResult
 from stormwatch.lab.status import render_status
-from stormwatch.trainer.telemetry.events import parse_event
+from stormwatch.telemetry.events import parse_event
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
 #: the same default as ``stormwatch chaos``, so ``lab up`` then ``chaos run`` just work.

@@ -1,7 +1,7 @@
 """A training job's progress as the post-mortem engine reads it: who stepped when, and restarts.
 
 The engine's own view of the rank logs (the trainer writes them; its reader,
-:mod:`stormwatch.trainer.telemetry.ranklogs`, turns a job's logs into this with
+:mod:`stormwatch.telemetry.ranklogs`, turns a job's logs into this with
 ``job_progress``): per rank, the worker starts and completed steps in file order
 (:class:`RankProgress`), and the questions both post-mortems ask of them
 (:func:`restart_after`, :func:`steps_until`, :func:`last_step`). Times are Unix seconds.

@@ -17,7 +17,7 @@ reported every GPU up (``stormwatch_gpu_up 1``) from real NVML; and the trainer
 exported an MFU through the agent. It prints the GPU model, the median step
 time (from the trainer's event log, first ``--warmup`` steps left out),
 tokens/s, MFU against the peak the trainer used (``PEAK_FLOPS_BY_DEVICE`` in
-``trainer/telemetry/perf.py``, or ``--peak-flops``), and what NVML saw during the run:
+``telemetry/perf.py``, or ``--peak-flops``), and what NVML saw during the run:
 peak framebuffer use and utilisation, and the GPU memory the agent attributed to
 rank 0 (``stormwatch_rank_gpu_memory_used_bytes``; informational, since inside a
 container NVML may report host PIDs that cannot be attributed).
@@ -169,7 +169,7 @@ def watch(url: str, trainer: Any) -> dict[str, Any]:
 
 
 def step_times(work: Path, warmup: int) -> list[float]:
-    from stormwatch.trainer.telemetry.events import StepEvent, log_path, read_events
+    from stormwatch.telemetry.events import StepEvent, log_path, read_events
 
     path = log_path(work / "logs", 0)
     if not path.exists():

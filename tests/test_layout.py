@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: The component packages (``<folder>`` installs as ``stormwatch.<folder>``).
 COMPONENTS = ("agent", "trainer", "chaos", "alerts", "dashboards", "lab", "plan")
 #: Packages every component may use, besides the shared home (``stormwatch/``).
-SHARED = ("faults", "postmortem")
+SHARED = ("faults", "postmortem", "telemetry")
 #: Every package folder of the repository that exists (``postmortem`` lands later).
 PACKAGES = tuple(
     name for name in ("stormwatch", *SHARED, *COMPONENTS) if (REPO / name / "__init__.py").is_file()
@@ -159,6 +159,7 @@ IMPORT_RULES: dict[str, tuple[Importers, set[str]]] = {
     "alerts imports nothing from chaos": (_in("alerts"), {"chaos"}),
     "stormwatch.faults imports no component package": (_in("faults"), set(COMPONENTS)),
     "stormwatch.postmortem imports no component package": (_in("postmortem"), set(COMPONENTS)),
+    "stormwatch.telemetry imports no component package": (_in("telemetry"), set(COMPONENTS)),
     "the shared home (but cli.py and platforms/) imports no component package": (
         _shared_home_except_cli_and_platforms,
         set(COMPONENTS),
@@ -259,6 +260,39 @@ def test_importing_does_not_import_torch(package: str) -> None:
         cwd=REPO,
     )
     assert out.stdout.split() == [], f"importing {package} (and its modules) imports torch"
+
+
+#: The telemetry API's modules that count collectives or wait for the process group:
+#: they import torch, and only a session that instruments collectives imports them
+#: (framework integrations, ``integrations.*``, import their framework).
+TELEMETRY_TORCH_MODULES = {"collective_ops", "comms", "lifecycle.hooks"}
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "stormwatch.telemetry",
+        *(
+            f"stormwatch.telemetry.{name}"
+            for path in sorted((REPO / "telemetry").rglob("*.py"))
+            if "__pycache__" not in path.parts
+            and (name := ".".join(path.relative_to(REPO / "telemetry").with_suffix("").parts))
+            and not name.endswith("__init__")
+            and name not in TELEMETRY_TORCH_MODULES
+            and not name.startswith("integrations")
+        ),
+    ],
+)
+def test_the_telemetry_api_imports_no_torch(module: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, module, "top"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    assert out.stdout.split() == [], f"importing {module} imports torch"
 
 
 # ------------------------------------------------------------------ size limits

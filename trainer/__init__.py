@@ -5,7 +5,8 @@ library's source (:mod:`~stormwatch.trainer.data.corpus`), split into pipeline
 stages and sharded with tensor parallelism and FSDP2 (or HSDP) over a
 ``(pp, dp_replicate, dp_shard, tp)`` device mesh, checkpointed with
 DCP so that a rank killed mid-run resumes to bitwise-identical losses, and
-instrumented with the per-rank telemetry of docs/ARCHITECTURE.md.
+instrumented through the public telemetry API :mod:`stormwatch.telemetry` alone (the
+per-rank telemetry of docs/ARCHITECTURE.md, as any job gets it).
 
 Modules, one responsibility each: ``config/`` (frozen configs; every option of
 ``stormwatch train`` is declared on the field it sets), ``parallel/`` (``dims``:
@@ -14,12 +15,8 @@ stage split and schedule), ``model``, ``data/`` (``corpus``; ``batches``:
 deterministic batches), ``checkpoint/`` (``checkpointer``: DCP sync/async save
 and resume; ``state``: what a checkpoint holds; ``store``: crash-safe layout with
 checksums; ``budget``: failed saves a job trains through; ``cadence``: when the
-loop saves), ``telemetry/`` (``comms``: collective counter, mesh-dimension
-labels, wait accounting; ``collective_ops``: Python kernels on the ``c10d``
-collective ops only; ``perf``: nccl-tests bandwidths, MFU, peak FLOP/s;
-``instrument``: grad norm, memory, FLOPs; ``metrics``, ``events``, ``rank``;
-``tracing``: OpenTelemetry spans; ``dump``: post-mortem dumps with the flight
-recorder), ``control`` (fault points armed per rank through the control file of
+loop saves), ``instrument`` (grad norm, memory, the model's FLOPs per token),
+``control`` (fault points armed per rank through the control file of
 :mod:`stormwatch.faults.control_file`), ``runtime`` (rank environment, process
 group, collective timeout), ``paths`` (start-up check that output folders are writable),
 ``progress`` (rank 0's progress lines on stderr), ``loop`` (a rank's set-up and
@@ -70,7 +67,6 @@ from stormwatch.trainer.errors import (
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.rank import RankTelemetry
 
 if TYPE_CHECKING:
     from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
@@ -78,13 +74,11 @@ if TYPE_CHECKING:
     from stormwatch.trainer.loop import TrainResult, train
     from stormwatch.trainer.model import ByteLM
     from stormwatch.trainer.parallel.apply import parallelize
-    from stormwatch.trainer.telemetry.comms import CollectiveCounter
 
 _LAZY = {
     "BatchSampler": "stormwatch.trainer.data.batches",
     "ByteLM": "stormwatch.trainer.model",
     "Checkpointer": "stormwatch.trainer.checkpoint.checkpointer",
-    "CollectiveCounter": "stormwatch.trainer.telemetry.comms",
     "TrainResult": "stormwatch.trainer.loop",
     "parallelize": "stormwatch.trainer.parallel.apply",
     "train": "stormwatch.trainer.loop",
@@ -104,7 +98,6 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "Checkpointer",
-    "CollectiveCounter",
     "ConsoleProgress",
     "ControlFileError",
     "Corpus",
@@ -115,7 +108,6 @@ __all__ = [
     "OptimConfig",
     "ParallelDims",
     "RankEnv",
-    "RankTelemetry",
     "TelemetryConfig",
     "Terminated",
     "TrainConfig",

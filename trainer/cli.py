@@ -31,6 +31,7 @@ from stormwatch.trainer.config import (
     TelemetryConfig,
     TracingConfig,
     TrainConfig,
+    check_otlp_available,
 )
 from stormwatch.trainer.config.options import (
     click_options,
@@ -43,7 +44,6 @@ from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, check_writable_dirs
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.dump import flight_recorder_environ
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +117,9 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
     values["dp"] = _shard_degree(env, given)
     config = _config(values)
     if config.tracing.otlp_endpoint is not None:
-        from stormwatch.trainer.telemetry.tracing import check_otlp_available
-
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(**option_values(ProgressConfig, values))  # validates --log-every
     check_writable_dirs(_dir_options(config, given, values))
-    # The flight recorder reads these when the process group is created.
-    os.environ.update(
-        flight_recorder_environ(config.debug.dump_dir, config.debug.flight_recorder_entries)
-    )
 
     from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 

@@ -20,9 +20,13 @@ Order of operations (each rank, collectively):
    mesh dimension; telemetry (including the step's compute vs collective-wait
    split, MFU and memory); checkpoint when due and after the last step;
    optional sleep (``step_delay``); OpenTelemetry spans around the step,
-   forward, backward, optimizer and checkpoint save/load
-   (:mod:`stormwatch.trainer.telemetry.tracing`);
+   forward, backward, optimizer and checkpoint save/load;
 7. a final barrier, then the ``done`` record and done marker.
+
+All of its telemetry goes through the public API :mod:`stormwatch.telemetry` (one
+:class:`~stormwatch.telemetry.Session` per rank; nothing private of that package), as
+any job's would: metrics, event log, collective counting, spans, post-mortem dumps,
+and the phases (``checkpoint_load``, ``checkpoint_save``) that excuse a silent rank.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import stormwatch.telemetry as swt
 from stormwatch.faults.control_file import control_path
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
@@ -49,6 +54,9 @@ from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import Terminated
+from stormwatch.trainer.instrument import (
+    model_flops_per_token,
+)
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel.apply import Parallelized, parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
@@ -56,13 +64,6 @@ from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv, distributed
 from stormwatch.trainer.steps import StepLoop, StepReport
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import RankDumper
-from stormwatch.trainer.telemetry.instrument import (
-    model_flops_per_token,
-)
-from stormwatch.trainer.telemetry.rank import RankTelemetry
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def train(
         RuntimeError: a collective failed or timed out (from torch.distributed).
 
     On any of these the rank first writes its post-mortem dump
-    (:mod:`stormwatch.trainer.telemetry.dump`).
+    (:meth:`stormwatch.telemetry.Session.dump`).
     """
     dims = ParallelDims(
         pp=config.pp,
@@ -116,29 +117,42 @@ def train(
         world_size=env.world_size,
     )
     with contextlib.ExitStack() as stack:
-        telemetry = RankTelemetry(
-            config.telemetry, rank=env.rank, world_size=env.world_size, attempt=env.attempt
-        )
-        stack.callback(telemetry.close)
-        tracing = RankTracing(
-            config.tracing,
-            rank=env.rank,
-            attributes={"job": config.telemetry.job, "attempt": env.attempt},
-        )
-        stack.callback(_close_tracing, tracing, telemetry)
-        dumper = RankDumper(config.debug.dump_dir, rank=env.rank, attempt=env.attempt)
+        session = _session(config)
+        stack.callback(session.shutdown, clean=False)  # after a clean end: does nothing
         stack.enter_context(_sigterm_raises())
         timeout = config.debug.collective_timeout
         device_type = stack.enter_context(
             distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
         )
         try:
-            return _run(config, env, dims, device_type, telemetry, dumper, tracing, progress)
+            return _run(config, env, dims, device_type, session, progress)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
-            dumper.dump(f"{type(exc).__name__}: {exc}")
+            session.dump(f"{type(exc).__name__}: {exc}")
             raise
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+
+def _session(config: TrainConfig) -> swt.Session:
+    """This rank's telemetry session: metrics, event log, dumps, spans. Collectives are
+    counted per step (:class:`~stormwatch.trainer.steps.StepLoop`), not all of them; the
+    trainer turns SIGTERM into :class:`Terminated` itself (:func:`_sigterm_raises`)."""
+    session = swt.init(
+        job=config.telemetry.job,
+        metrics_dir=config.telemetry.metrics_dir,
+        log_dir=config.telemetry.log_dir,
+        dump_dir=config.debug.dump_dir,
+        collectives=False,
+        flight_recorder=config.debug.flight_recorder_entries,
+        handle_signals=False,
+    )
+    tracing = config.tracing
+    session.trace(
+        otlp_endpoint=tracing.otlp_endpoint,
+        spans_dir=tracing.spans_dir,
+        flush_timeout=tracing.flush_timeout,
+    )
+    return session
 
 
 @contextlib.contextmanager
@@ -163,19 +177,13 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _close_tracing(tracing: RankTracing, telemetry: RankTelemetry) -> None:
-    dropped = tracing.close()
-    if dropped:
-        telemetry.on_error("tracing", RuntimeError(f"{dropped} spans not exported at exit"))
-
-
-def _committed(telemetry: RankTelemetry, budget: FailureBudget, step: int) -> None:
-    telemetry.checkpoint(step=step)
+def _committed(session: swt.Session, budget: FailureBudget, step: int) -> None:
+    session.checkpoint(step)
     budget.committed()
 
 
-def _save_failed(telemetry: RankTelemetry, step: int, error: str) -> None:
-    telemetry.checkpoint_failed(step=step, error=error)
+def _save_failed(session: swt.Session, step: int, error: str) -> None:
+    session.checkpoint(step, error=error)
 
 
 def _run(
@@ -183,13 +191,12 @@ def _run(
     env: RankEnv,
     dims: ParallelDims,
     device_type: str,
-    telemetry: RankTelemetry,
-    dumper: RankDumper,
-    tracing: RankTracing,
+    session: swt.Session,
     progress: ConsoleProgress | None,
 ) -> TrainResult:
     """Steps 1-7 of the module docstring, once the process group exists."""
     dims.build_mesh(device_type)
+    session.label_groups(dims.group_names())  # collectives labelled by mesh dimension
     dp_rank = dims.dp_rank(env.rank)  # over dp_replicate x dp_shard
     device = (
         torch.device(device_type, env.local_rank) if device_type == "cuda" else torch.device("cpu")
@@ -198,7 +205,7 @@ def _run(
     sampler = BatchSampler(corpus, config=config.data, dp=dims.dp, dp_rank=dp_rank)
     built = _build_model(config, dims, device, sampler, dp_rank=dp_rank)
     budget = FailureBudget(
-        config.checkpoint.failures_allowed, functools.partial(_save_failed, telemetry)
+        config.checkpoint.failures_allowed, functools.partial(_save_failed, session)
     )
     # Fault points of the control file (stormwatch.faults.control_file): polled at the start
     # of every step, before anything of it runs; its checkpoint_kill is the checkpointer's hook.
@@ -208,17 +215,12 @@ def _run(
         else control_path(config.control.directory, env.rank),
         attempt=env.attempt,
     )
-    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, telemetry, control)
-    with tracing.span("checkpoint_load"):
+    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, session, control)
+    with session.phase("checkpoint_load"), session.span("checkpoint_load"):
         resumed = checkpointer.load_latest()
-    _announce_start(config, env, dims, telemetry, progress, resumed, checkpointer, sampler)
-    counter = CollectiveCounter(
-        telemetry,
-        groups=dims.group_names(),
-        observer=telemetry,
-        enabled=config.telemetry.count_collectives,  # False: benchmarks/trainer_bench.py's baseline
-    )
-    dumper.recent = counter.recent
+    _announce_start(config, env, dims, session, progress, resumed, checkpointer, sampler)
+    counter = session.collective_counter()
+    counter.enabled = config.telemetry.count_collectives  # False: trainer_bench.py's baseline
     steps = StepLoop(
         config,
         env,
@@ -232,33 +234,32 @@ def _run(
             built.parallel.pipeline,
             device=device,
             accumulation=sampler.accumulation_steps,
-            tracing=tracing,
+            tracing=session,
             before_backward=control.slow_step,
         ),
         counter=counter,
         control=control,
         checkpointer=checkpointer,
-        cadence=CheckpointCadence(checkpointer, budget, tracing),
+        cadence=CheckpointCadence(checkpointer, budget, session),
         report=StepReport(
             config,
             dims,
             device_type=device_type,
             flops_per_token=built.flops_per_token,
             accumulation=sampler.accumulation_steps,
-            telemetry=telemetry,
+            session=session,
             progress=progress,
         ),
-        telemetry=telemetry,
-        tracing=tracing,
+        session=session,
     )
-    last_step, final_loss = steps.run(resumed or 0, dumper)
-    _finish(config, telemetry, progress, last_step)
+    last_step, final_loss = steps.run()
+    _finish(config, session, progress, last_step)
     return TrainResult(last_step=last_step, resumed_from_step=resumed, final_loss=final_loss)
 
 
 def _finish(
     config: TrainConfig,
-    telemetry: RankTelemetry,
+    session: swt.Session,
     progress: ConsoleProgress | None,
     last_step: int,
 ) -> None:
@@ -266,7 +267,7 @@ def _finish(
     # Leave together: with the store on rank 0 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
     # an early exit of rank 0 would break the others' teardown.
     dist.barrier()
-    telemetry.done(step=last_step)
+    session.shutdown()  # the done record after the last step (or the one resumed from)
     if progress is not None:
         progress.done(
             last_step=last_step,
@@ -283,7 +284,7 @@ def _checkpointer(
     built: _Built,
     sampler: BatchSampler,
     budget: FailureBudget,
-    telemetry: RankTelemetry,
+    session: swt.Session,
     control: ControlChannel,
 ) -> Checkpointer:
     """The checkpointer of this rank's training state; a commit is recorded and resets ``budget``."""
@@ -295,7 +296,7 @@ def _checkpointer(
             sampler=sampler,
             seed=config.data.seed,
         ),
-        on_commit=functools.partial(_committed, telemetry, budget),
+        on_commit=functools.partial(_committed, session, budget),
         fault_hook=control.checkpoint_phase,
         layout=RankLayout(
             rank=env.rank,
@@ -358,7 +359,7 @@ def _announce_start(
     config: TrainConfig,
     env: RankEnv,
     dims: ParallelDims,
-    telemetry: RankTelemetry,
+    session: swt.Session,
     progress: ConsoleProgress | None,
     resumed: int | None,
     checkpointer: Checkpointer,
@@ -366,8 +367,8 @@ def _announce_start(
 ) -> None:
     """The start record and line, and the warning when the checkpoint resumed from is
     already at or past ``config.steps`` (nothing is trained then)."""
-    telemetry.start(resumed_from_step=resumed)
-    telemetry.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
+    session.start(resumed_from_step=resumed)
+    session.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
     log.info("rank %d: training steps %d..%d", env.rank, sampler.next_step, config.steps)
     if progress is not None:
         progress.start(

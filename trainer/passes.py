@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
+import stormwatch.telemetry as swt
 from stormwatch.trainer.config import VOCAB_SIZE
 from stormwatch.trainer.data.batches import MicroBatch
 from stormwatch.trainer.parallel.pipeline import Pipeline
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 
 def _set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
@@ -38,7 +38,8 @@ class ForwardBackward:
         pipeline: the stage and schedule with PP, else ``None``.
         device: where the batches go.
         accumulation: micro-batches per rank per optimizer step.
-        tracing: spans ``forward`` / ``backward`` (or ``pipeline``) per micro-batch.
+        tracing: the session whose spans ``forward`` / ``backward`` (or ``pipeline``)
+            go around each micro-batch.
         before_backward: called once per step, before the first backward (the
             chaos fault points that act there: a crash, a slow rank).
     """
@@ -50,7 +51,7 @@ class ForwardBackward:
         *,
         device: torch.device,
         accumulation: int,
-        tracing: RankTracing,
+        tracing: swt.Session,
         before_backward: Callable[[], None],
     ) -> None:
         self._model = model

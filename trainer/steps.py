@@ -23,22 +23,18 @@ import time
 import torch
 import torch.distributed as dist
 
+import stormwatch.telemetry as swt
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler
 from stormwatch.trainer.errors import ControlFileError
+from stormwatch.trainer.instrument import device_name, global_grad_norm, memory_bytes
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import RankDumper
-from stormwatch.trainer.telemetry.instrument import device_name, global_grad_norm, memory_bytes
-from stormwatch.trainer.telemetry.perf import mfu, peak_flops
-from stormwatch.trainer.telemetry.rank import RankTelemetry
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +53,16 @@ def _global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
     return float((total / dims.dp).item())
 
 
-def _poll(control: ControlChannel, telemetry: RankTelemetry) -> Armed:
+def _poll(control: ControlChannel, session: swt.Session) -> Armed:
     try:
         return control.poll()
     except ControlFileError as exc:  # a bad file arms nothing; training goes on
-        telemetry.on_error("control", exc)
+        session.report_error("control", exc)
         return control.armed
 
 
-def _fired(telemetry: RankTelemetry, step: int, point: str) -> None:
-    telemetry.fault(point=point, step=step)
+def _fired(session: swt.Session, step: int, point: str) -> None:
+    session.fault(point, step)
 
 
 class StepReport:
@@ -77,9 +73,9 @@ class StepReport:
         config: the run's config (steps, batch shape, ``--peak-flops``).
         dims: the degrees (tokens over data-parallel ranks, devices per batch).
         device_type: ``cuda`` or ``cpu``.
-        flops_per_token: of the whole model (:func:`~stormwatch.trainer.telemetry.instrument.model_flops_per_token`).
+        flops_per_token: of the whole model (:func:`~stormwatch.trainer.instrument.model_flops_per_token`).
         accumulation: micro-batches per rank per optimizer step.
-        telemetry: this rank's metrics and event log.
+        session: this rank's telemetry session.
         progress: rank 0's progress lines, else ``None``.
     """
 
@@ -91,18 +87,18 @@ class StepReport:
         device_type: str,
         flops_per_token: float,
         accumulation: int,
-        telemetry: RankTelemetry,
+        session: swt.Session,
         progress: ConsoleProgress | None,
     ) -> None:
         self._dims = dims
         self._device_type = device_type
         self._flops_per_token = flops_per_token
-        self._telemetry = telemetry
+        self._session = session
         self._progress = progress
         self._last_step = config.steps
         # Tokens this rank trains on per optimizer step (all its micro-batches).
         self._tokens = config.data.micro_batch * config.data.seq_len * accumulation
-        self._peak = peak_flops(
+        self._peak = swt.peak_flops(
             device_name(device_type),
             on_gpu=device_type == "cuda",
             override=config.telemetry.peak_flops,
@@ -118,7 +114,27 @@ class StepReport:
     ) -> None:
         """Step ``step`` took ``seconds``, ``wait`` of them in collectives."""
         dims, peak = self._dims, self._peak
-        self._telemetry.step(step=step, loss=loss, seconds=seconds, tokens=self._tokens)
+        self._session.record_step(
+            swt.StepRecord(
+                step=step,
+                seconds=seconds,
+                loss=loss,
+                tokens=self._tokens,
+                grad_norm=grad_norm,
+                wait_seconds=wait,
+                mfu=None
+                if peak is None
+                else swt.mfu(
+                    flops_per_token=self._flops_per_token,
+                    tokens=self._tokens,
+                    seconds=seconds,
+                    devices=dims.tp * dims.pp,  # the devices one data-parallel batch runs on
+                    peak=peak,
+                ),
+                peak_flops=peak,
+                memory=memory_bytes(self._device_type),
+            )
+        )
         if self._progress is not None:
             self._progress.step(
                 step=step,
@@ -127,22 +143,6 @@ class StepReport:
                 seconds=seconds,
                 tokens=self._tokens * dims.dp,
             )
-        self._telemetry.step_details(
-            compute_seconds=seconds - wait,
-            wait_seconds=wait,
-            grad_norm=grad_norm,
-            mfu=None
-            if peak is None
-            else mfu(
-                flops_per_token=self._flops_per_token,
-                tokens=self._tokens,
-                seconds=seconds,
-                devices=dims.tp * dims.pp,  # the devices one data-parallel batch runs on
-                peak=peak,
-            ),
-            peak_flops=peak,
-            memory=memory_bytes(self._device_type),
-        )
 
 
 class StepLoop:
@@ -162,11 +162,11 @@ class StepLoop:
         sampler: the batches (and the step to run next).
         model, optimizer: this rank's parallelized model and its optimizer.
         passes: forward and backward of a step.
-        counter: counts and times the step's collectives.
+        counter: counts and times the step's collectives (the session's).
         control: the chaos control channel (fault points, checkpoint requests).
         checkpointer, cadence: the async-write vote, and when to save and commit.
         report: the step's telemetry and progress line.
-        telemetry, tracing: fault events and control-file errors; the spans.
+        session: fault events, control-file errors and the spans.
     """
 
     def __init__(
@@ -180,13 +180,12 @@ class StepLoop:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         passes: ForwardBackward,
-        counter: CollectiveCounter,
+        counter: swt.CollectiveCounter,
         control: ControlChannel,
         checkpointer: Checkpointer,
         cadence: CheckpointCadence,
         report: StepReport,
-        telemetry: RankTelemetry,
-        tracing: RankTracing,
+        session: swt.Session,
     ) -> None:
         self._config = config
         self._env = env
@@ -201,23 +200,18 @@ class StepLoop:
         self._checkpointer = checkpointer
         self._cadence = cadence
         self._report = report
-        self._telemetry = telemetry
-        self._tracing = tracing
+        self._session = session
 
-    def run(self, last_step: int, dumper: RankDumper) -> tuple[int, float | None]:
-        """Train to ``config.steps``; returns the last step and its global mean loss.
-
-        Args:
-            last_step: the step resumed from (0 for a fresh start).
-            dumper: told the step in progress (for a post-mortem dump).
-        """
+    def run(self) -> tuple[int, float | None]:
+        """Train to ``config.steps``; returns the last step (the one resumed from when
+        nothing was left to train: 0 for a fresh start) and its global mean loss."""
         final_loss: float | None = None
         sampler = self._sampler
+        last_step = sampler.next_step - 1
         self._model.train()
         while sampler.next_step <= self._config.steps:
-            dumper.step = sampler.next_step
             self._arm(sampler.next_step)
-            with self._tracing.span("step", step=sampler.next_step):
+            with self._session.span("step", step=sampler.next_step):
                 last_step, final_loss = self._step()
             if self._config.step_delay > 0:
                 time.sleep(self._config.step_delay)
@@ -227,10 +221,10 @@ class StepLoop:
     def _arm(self, step: int) -> None:
         """The control file's fault points for ``step``."""
         control = self._control
-        armed = _poll(control, self._telemetry)
+        armed = _poll(control, self._session)
         self._counter.interceptor = control.before_collective if armed.touches_collectives else None
         if armed.points:
-            control.on_fire = functools.partial(_fired, self._telemetry, step)
+            control.on_fire = functools.partial(_fired, self._session, step)
         control.check_step(step)
 
     def _step(self) -> tuple[int, float]:
@@ -253,7 +247,7 @@ class StepLoop:
             ),
         )
         norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
-        with counter, self._tracing.span("optimizer"):
+        with counter, self._session.span("optimizer"):
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)
             loss = _global_mean_loss(local_loss, dims)
@@ -264,7 +258,7 @@ class StepLoop:
         self._cadence.commit_written(step, every_rank_written=writes_done == env.world_size)
         requested = requests > 0  # agreed by every rank (same all-reduce result)
         if requested and self._control.armed.checkpoint_requested_at is not None:
-            self._telemetry.fault(point="checkpoint_now", step=step)
+            self._session.fault("checkpoint_now", step)
         self._cadence.save_if_due(step, last_step=self._config.steps, requested=requested)
         return step, loss
 

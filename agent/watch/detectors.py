@@ -5,17 +5,22 @@ from the trainer's multiprocess files each scan and return *transitions*
 (a rank became hung / recovered, became a straggler / stopped being one), so they
 can be driven from recorded sequences in tests.
 
-Hang (FC-10): a running rank whose last heartbeat
-(``stormwatch_train_last_step_timestamp_seconds``) is older than
-``max(floor_seconds, factor x median step time)`` is hung. The median is over the
-last ``window`` step times of *that job's* ranks on this node, each measured as
-(heartbeat advance) ÷ (step advance) between two scans. Defaults: floor 30 s,
-factor 10 (:class:`HangSettings`); before any step time is known the floor alone
-applies. One episode lasts from detection until the heartbeat advances (or the
-rank exits); each episode counts once. A rank that has not completed its first
-step (no heartbeat, or 0) is never hung here: start-up (model build, compile,
-rendezvous) has no step time to compare with; the trainer's collective timeout
-bounds it.
+Hang (FC-10): a running rank whose last heartbeat (the later of
+``stormwatch_train_last_step_timestamp_seconds`` and the progress heartbeat
+``stormwatch_train_last_progress_timestamp_seconds``, which completed collectives,
+phase boundaries and checkpoints advance too) is older than
+``max(floor_seconds, factor x median step time)`` is hung, unless it is inside a
+phase that legitimately pauses progress and the phase's deadline
+(``stormwatch_train_phase_deadline_timestamp_seconds``: entry + the phase's bound,
+:mod:`stormwatch.telemetry.phases`) is still ahead; past the deadline it is judged by
+its heartbeat again. The median is over the last ``window`` step times of *that
+job's* ranks on this node, each measured as (step heartbeat advance) ÷ (step advance)
+between two scans. Defaults: floor 30 s, factor 10 (:class:`HangSettings`); before
+any step time is known (and for a job without step marks) the floor alone applies.
+One episode lasts from detection until the heartbeat advances (or the rank exits);
+each episode counts once. A rank without any heartbeat yet (absent, or 0) is never
+hung here: start-up (model build, compile, rendezvous) has no step time to compare
+with; the job's collective timeout bounds it.
 
 Straggler (FC-14): per new step sample of a rank (its ``stormwatch_train_step``
 advanced), ``score = compute ÷ median(peers' compute)`` with
@@ -99,12 +104,21 @@ class StragglerSettings:
 
 @dataclasses.dataclass(frozen=True)
 class RankProgress:
-    """One rank's progress at a scan: running?, last heartbeat (Unix s), last step."""
+    """One rank's progress at a scan: running?, last heartbeat (Unix s), last step.
+
+    Attributes:
+        heartbeat: the later of the step and progress heartbeats (what hangs are judged by).
+        step_heartbeat: the step heartbeat alone (step times are measured on it);
+            ``None``: use ``heartbeat``.
+        paused_until: Unix time until which a phase excuses the rank (0: none).
+    """
 
     key: RankKey
     alive: bool
     heartbeat: float | None
     step: float | None
+    step_heartbeat: float | None = None
+    paused_until: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +145,7 @@ class HangDetector:
 
     def __init__(self, settings: HangSettings | None = None) -> None:
         self.settings = settings or HangSettings()
+        # key -> (step heartbeat, step) at the previous scan
         self._last: dict[RankKey, tuple[float, float | None]] = {}
         self._times: dict[str, collections.deque[float]] = {}
         self._hung: dict[RankKey, float] = {}  # key -> heartbeat it hung at
@@ -161,16 +176,7 @@ class HangDetector:
         # 0 is a heartbeat gauge created but never set: no step completed yet.
         current = [r for r in ranks if r.heartbeat is not None and r.heartbeat > 0]
         for r in current:
-            assert r.heartbeat is not None
-            previous = self._last.get(r.key)
-            if previous is not None and r.heartbeat > previous[0]:
-                stepped = None if r.step is None or previous[1] is None else r.step - previous[1]
-                if stepped is not None and stepped > 0:
-                    times = self._times.setdefault(
-                        r.key[0], collections.deque(maxlen=self.settings.window)
-                    )
-                    times.append((r.heartbeat - previous[0]) / stepped)
-            self._last[r.key] = (r.heartbeat, r.step)
+            self._step_time(r)
         seen = {r.key for r in current}
         for r in current:
             assert r.heartbeat is not None
@@ -181,7 +187,7 @@ class HangDetector:
                     del self._hung[r.key]
                     reason = "progress" if r.alive else "exited"
                     out.append(Transition(HANG_CLEARED, r.key, {"reason": reason, "step": r.step}))
-            elif r.alive and age > limit:
+            elif r.alive and age > limit and r.paused_until <= now:
                 self._hung[r.key] = r.heartbeat
                 self._episodes[r.key] += 1
                 median = self.median_step_seconds(r.key[0])
@@ -198,6 +204,21 @@ class HangDetector:
                 del self._hung[key]
                 out.append(Transition(HANG_CLEARED, key, {"reason": "forgotten", "step": None}))
         return out
+
+    def _step_time(self, r: RankProgress) -> None:
+        """Note one step time of ``r``'s job when its step and step heartbeat advanced."""
+        beat = r.step_heartbeat if r.step_heartbeat is not None else r.heartbeat
+        if beat is None:
+            return
+        previous = self._last.get(r.key)
+        if previous is not None and beat > previous[0]:
+            stepped = None if r.step is None or previous[1] is None else r.step - previous[1]
+            if stepped is not None and stepped > 0:
+                times = self._times.setdefault(
+                    r.key[0], collections.deque(maxlen=self.settings.window)
+                )
+                times.append((beat - previous[0]) / stepped)
+        self._last[r.key] = (beat, r.step)
 
 
 class StragglerDetector:

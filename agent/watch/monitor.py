@@ -4,12 +4,14 @@ Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
 
 1. reads the per-step gauges (``stormwatch_train_step``,
    ``stormwatch_train_step_compute_seconds``,
-   ``stormwatch_train_step_collective_wait_seconds``) from the ``gauge_live*``
-   multiprocess files and ``stormwatch_collective_calls_total`` from the
-   ``counter_*`` files of the metrics dir;
+   ``stormwatch_train_step_collective_wait_seconds``), the step heartbeat and the
+   phase deadlines (``stormwatch_train_phase_deadline_timestamp_seconds``, the
+   latest of a rank's phases) from the ``gauge_live*`` multiprocess files and
+   ``stormwatch_collective_calls_total`` from the ``counter_*`` files of the metrics dir;
 2. feeds the :class:`~.health.HangDetector` with the rank watcher's running
-   ranks and heartbeats, and the :class:`~.health.StragglerDetector` with the
-   running ranks' step gauges;
+   ranks and heartbeats (the later of step and progress heartbeats) and their phase
+   deadlines, and the :class:`~.health.StragglerDetector` with the running ranks'
+   step gauges;
 3. records every transition in the :class:`~.events.EventLog`; on a hang it
    writes diagnostics for the job's running ranks (:mod:`.diagnostics`) on a
    separate thread, so a slow ``py-spy`` never delays detection.
@@ -48,7 +50,9 @@ from stormwatch.agent.watch.trainer_files import (
     CALLS_SAMPLE,
     COMPUTE_METRIC,
     COUNTERS,
+    HEARTBEAT_METRIC,
     LIVE_GAUGES,
+    PHASE_DEADLINE_METRIC,
     STEP_METRIC,
     WAIT_METRIC,
     TrainerFiles,
@@ -146,9 +150,20 @@ class RankHealth:
         progress = self._watcher.last_progress()
         running = {(r.job, r.rank): r for r in ranks if r.alive}
         now = self._clock()
+        # step and step heartbeat from one read (a step time pairs them); a dead rank's
+        # gauges are gone: the watcher's last step then
+        steps, beats = gauges[STEP_METRIC], gauges[HEARTBEAT_METRIC]
         hang_input = [
-            RankProgress((r.job, r.rank), r.alive, progress.get((r.job, r.rank)), r.last_step)
+            RankProgress(
+                key,
+                r.alive,
+                progress.get(key),
+                steps[key] if key in beats and key in steps else r.last_step,
+                step_heartbeat=beats.get(key),
+                paused_until=gauges[PHASE_DEADLINE_METRIC].get(key, 0.0),
+            )
             for r in ranks
+            for key in [(r.job, r.rank)]
         ]
         samples = [
             StepSample(key, step, gauges[COMPUTE_METRIC][key], gauges[WAIT_METRIC].get(key, 0.0))
@@ -219,7 +234,10 @@ class RankHealth:
         return diagnostics.folder_for(stamp_folder, job, now)
 
     def _read(self) -> tuple[dict[str, dict[RankKey, float]], dict[RankKey, float]]:
-        gauges = self._files.read(LIVE_GAUGES, (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC))
+        gauges = self._files.read(
+            LIVE_GAUGES,
+            (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC, HEARTBEAT_METRIC, PHASE_DEADLINE_METRIC),
+        )
         calls = self._files.read(COUNTERS, (CALLS_SAMPLE,), combine=add)[CALLS_SAMPLE]
         return gauges, calls
 

@@ -2,9 +2,10 @@
 
 Every ``interval`` seconds (0.5 s) one scan:
 
-1. reads the trainer's heartbeats (``stormwatch_train_last_step_timestamp_seconds``)
-   and steps from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks'
-   live gauges go;
+1. reads the ranks' heartbeats (the later of ``stormwatch_train_last_step_timestamp_seconds``
+   and the progress heartbeat ``stormwatch_train_last_progress_timestamp_seconds``, which
+   completed collectives advance too, so a job without step marks has one) and steps
+   from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks' live gauges go;
 2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`)
    (steps 2 and 3: :mod:`.discovery`);
 3. among their descendants, takes the topmost process per rank whose
@@ -53,6 +54,7 @@ from stormwatch.agent.watch.procs import (
 from stormwatch.agent.watch.trainer_files import (
     HEARTBEAT_METRIC,
     LIVE_GAUGES,
+    PROGRESS_METRIC,
     STEP_METRIC,
     TrainerFiles,
 )
@@ -308,16 +310,19 @@ class RankWatcher:
     def scan(self) -> None:
         """One scan (see the module docstring). Thread-safe; raises on unexpected failures."""
         with self._scan_lock:
-            samples = self._files.read(LIVE_GAUGES, (HEARTBEAT_METRIC, STEP_METRIC))
+            samples = self._files.read(
+                LIVE_GAUGES, (HEARTBEAT_METRIC, PROGRESS_METRIC, STEP_METRIC)
+            )
             table = self._finder.process_table()
             found = self._finder.discover(table)
             now = self._clock()
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
                 self._update(found, table, now)
-                for key, stamp in samples[HEARTBEAT_METRIC].items():
-                    self._progress[key] = max(stamp, self._progress.get(key, stamp))
-                    self._progress_seen[key] = now
+                for beats in (samples[HEARTBEAT_METRIC], samples[PROGRESS_METRIC]):
+                    for key, stamp in beats.items():
+                        self._progress[key] = max(stamp, self._progress.get(key, stamp))
+                        self._progress_seen[key] = now
                 self._steps.update(samples[STEP_METRIC])
                 self._forget(now)
             self._files.mark_dead(table)

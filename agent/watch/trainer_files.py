@@ -3,7 +3,7 @@
 The trainer writes prometheus-client multiprocess files into the node's metrics
 folder (docs/ARCHITECTURE.md, "Trainer -> agent telemetry"). The rank watcher reads
 the heartbeat and step gauges from them and marks dead ranks' files; the health
-monitor reads the per-step gauges and the collective counters. Both go through
+monitor reads the per-step gauges, the phase deadlines and the collective counters. Both go through
 :class:`TrainerFiles`, so a sample's rank is found, and a file that cannot be read is
 reported, in one way.
 
@@ -31,6 +31,11 @@ LIVE_GAUGES = "gauge_live*_*.db"
 COUNTERS = "counter_*.db"
 #: What the agent reads (docs/ARCHITECTURE.md lists them): live gauges of a rank ...
 HEARTBEAT_METRIC = "stormwatch_train_last_step_timestamp_seconds"
+#: the progress heartbeat (step marks, completed collectives, phase boundaries, checkpoints;
+#: a job without step marks has only this one) ...
+PROGRESS_METRIC = "stormwatch_train_last_progress_timestamp_seconds"
+#: until when a phase (checkpoint save/load, eval, data wait) may pause progress ...
+PHASE_DEADLINE_METRIC = "stormwatch_train_phase_deadline_timestamp_seconds"
 STEP_METRIC = "stormwatch_train_step"
 COMPUTE_METRIC = "stormwatch_train_step_compute_seconds"
 WAIT_METRIC = "stormwatch_train_step_collective_wait_seconds"
@@ -145,6 +150,8 @@ __all__ = [
     "COUNTERS",
     "HEARTBEAT_METRIC",
     "LIVE_GAUGES",
+    "PHASE_DEADLINE_METRIC",
+    "PROGRESS_METRIC",
     "STEP_METRIC",
     "WAIT_METRIC",
     "RankSamples",

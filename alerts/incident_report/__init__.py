@@ -95,7 +95,7 @@ def recovery_visible(pm: IncidentPostMortem, lab_run_dir: Path | None) -> bool |
     if lab_run_dir is None or pm.job is None or pm.onset_at is None:
         return None
     from stormwatch.postmortem import restart_after
-    from stormwatch.trainer.telemetry.ranklogs import job_progress, read_job_logs
+    from stormwatch.telemetry.ranklogs import job_progress, read_job_logs
 
     logs_dir = Path(lab_run_dir) / "jobs" / pm.job / "logs"
     if not logs_dir.is_dir():

@@ -3,7 +3,7 @@
 What the engine weighs (:func:`stormwatch.postmortem.find_culprit`, strongest first:
 flight recorder, rank exits, the first alert, straggler scores, heartbeats, XID
 errors) comes from files and services this source reads: the trainer's dumps
-(:class:`~stormwatch.trainer.telemetry.dump.DumpRecord` -> :func:`reduce_dump`), the
+(:class:`~stormwatch.telemetry.dump.DumpRecord` -> :func:`reduce_dump`), the
 agents' ``rank_exit`` events (:func:`exit_status` words them), the responder's first
 alert, Prometheus and the rank logs.
 """
@@ -14,7 +14,7 @@ from stormwatch.agent.watch.events import RankExitEvent
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.incident_report.sources import Inputs
 from stormwatch.postmortem import Clues, FirstAlert, RankDump, RankExit
-from stormwatch.trainer.telemetry.dump import DumpRecord
+from stormwatch.telemetry.dump import DumpRecord
 
 #: Characters of a dump's reason kept (an exception message can be a page long).
 REASON_CHARS = 300

@@ -6,9 +6,9 @@ unreadable source leaves its part empty and says why in ``Inputs.inputs``
 layout (docs/ARCHITECTURE.md):
 
 * ``<run>/jobs/<job>/logs/rank<R>.jsonl``: the trainer's rank logs (steps, restarts;
-  :mod:`stormwatch.trainer.telemetry.ranklogs`, as the engine's progress);
+  :mod:`stormwatch.telemetry.ranklogs`, as the engine's progress);
 * ``<run>/jobs/<job>/logs/dumps/rank<R>.json``: per-rank flight-recorder dumps
-  (:mod:`stormwatch.trainer.telemetry.dump`);
+  (:mod:`stormwatch.telemetry.dump`);
 * ``<run>/jobs/<job>/logs/spans/rank<R>.jsonl``: trace spans (OpenTelemetry JSON lines);
 * ``<run>/nodes/<node>/agent/events.jsonl``: the agents' rank events
   (:mod:`stormwatch.agent.watch.events`);
@@ -41,8 +41,8 @@ from stormwatch.platforms.lab import lab_placement, read_lab_target
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_history import SlurmEvent, read_slurm_history
 from stormwatch.postmortem import RankProgress
-from stormwatch.trainer.telemetry.dump import DumpRecord, read_dumps
-from stormwatch.trainer.telemetry.ranklogs import job_progress, read_job_logs
+from stormwatch.telemetry.dump import DumpRecord, read_dumps
+from stormwatch.telemetry.ranklogs import job_progress, read_job_logs
 
 log = logging.getLogger(__name__)
 

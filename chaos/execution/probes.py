@@ -33,7 +33,7 @@ from stormwatch.chaos.target import JobControl
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.contracts.journal import JobRef
 from stormwatch.platforms.endpoints import AgentEndpoint
-from stormwatch.trainer.telemetry.ranklogs import current_world_size, read_job_logs
+from stormwatch.telemetry.ranklogs import current_world_size, read_job_logs
 
 
 @dataclass(frozen=True)

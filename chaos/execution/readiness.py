@@ -21,7 +21,7 @@ from stormwatch.chaos.target import JobControl, Target
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import Placement
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 
 async def preflight(

@@ -15,7 +15,7 @@ from stormwatch.chaos.execution.reporter import Reporter
 from stormwatch.chaos.experiment.model import JobSection
 from stormwatch.chaos.target import JobControl
 from stormwatch.contracts.journal import JobRef
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 #: Seconds a baseline may take per step (after start-up): generous for a loaded two-core
 #: machine, where the demo's steps take about 0.4 s.

@@ -49,7 +49,7 @@ from stormwatch.postmortem.experiment import alert_name
 from stormwatch.postmortem.progress import StepDone, last_step, steps_until
 from stormwatch.postmortem.text import format_clock
 from stormwatch.postmortem.timeline import in_order
-from stormwatch.trainer.telemetry.ranklogs import RankLog, final_losses, job_progress
+from stormwatch.telemetry.ranklogs import RankLog, final_losses, job_progress
 
 #: Clock slack (s) when matching an alert or notification to a fault: the agent,
 #: Prometheus and the responder stamp times on the same host but at different moments.

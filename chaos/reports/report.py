@@ -26,8 +26,8 @@ from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.postmortem.plots import plot_loss
-from stormwatch.trainer.telemetry.events import log_path
-from stormwatch.trainer.telemetry.ranklogs import (
+from stormwatch.telemetry.events import log_path
+from stormwatch.telemetry.ranklogs import (
     RankLog,
     rank_progress,
     read_job_logs,

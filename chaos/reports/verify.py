@@ -36,14 +36,14 @@ from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import ExperimentExpectations, Journal
 from stormwatch.postmortem import ExperimentPostMortem
-from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
-from stormwatch.trainer.telemetry.events import log_path
-from stormwatch.trainer.telemetry.ranklogs import (
+from stormwatch.telemetry.events import log_path
+from stormwatch.telemetry.ranklogs import (
     RankLog,
     final_losses,
     read_job_logs,
     read_rank_log,
 )
+from stormwatch.trainer.checkpoint.store import checksum_mismatch, scan
 
 #: Relative loss difference allowed after an elastic resize (world size changed on
 #: restart: the data order and the reduction order change, so bitwise equality is

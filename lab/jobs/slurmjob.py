@@ -46,7 +46,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import ACTIVE_STATES, SlurmCommands
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 #: The recipe (the repository's deploy/slurm/train.sbatch, next to the installed package).
 RECIPE = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "train.sbatch"

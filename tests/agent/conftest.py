@@ -297,7 +297,7 @@ RANK_CODE = textwrap.dedent(
             ctime.labels(op="all_reduce", **lab).inc(0.001)
         # Every other metric the real trainer defines, one sample each (its catalogue
         # is data; the trainer package imports no torch at this level).
-        from stormwatch.trainer.telemetry.metrics import CATALOGUE, STEP_DURATION_BUCKETS
+        from stormwatch.telemetry.metrics import CATALOGUE, STEP_DURATION_BUCKETS
         done = {"stormwatch_train_step", "stormwatch_train_last_step_timestamp_seconds",
                 "stormwatch_train_loss", "stormwatch_train_tokens_per_second",
                 "stormwatch_train_world_size", "stormwatch_train_restart_count",

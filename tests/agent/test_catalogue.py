@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from stormwatch.agent import AgentError, FakeNvml, load_catalogue
 from stormwatch.agent.catalogue import parse_catalogue
 from stormwatch.agent.cli import agent as agent_cli
-from stormwatch.trainer.telemetry import metrics as trainer_metrics
+from stormwatch.telemetry import metrics as trainer_metrics
 
 PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "dcgm-exporter"
 
@@ -117,9 +117,9 @@ def _exposed(spec: trainer_metrics.MetricSpec) -> str:
 
 
 def test_every_trainer_metric_has_a_catalogue_row_with_its_type_and_labels() -> None:
-    """The next trainer metric cannot be forgotten: trainer/telemetry/metrics.py is the source."""
+    """The next trainer metric cannot be forgotten: telemetry/metrics.py is the source."""
     catalogue = load_catalogue()
-    assert trainer_metrics.CATALOGUE, "trainer/telemetry/metrics.py defines no metrics?"
+    assert trainer_metrics.CATALOGUE, "telemetry/metrics.py defines no metrics?"
     missing = sorted(_exposed(s) for s in trainer_metrics.CATALOGUE if _exposed(s) not in catalogue)
     assert not missing, f"trainer metrics without a row in agent/catalogue.csv: {missing}"
     for spec in trainer_metrics.CATALOGUE:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from stormwatch.trainer.telemetry.events import read_events
+from stormwatch.telemetry.events import read_events
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

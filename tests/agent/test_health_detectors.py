@@ -248,3 +248,60 @@ def test_fc10_a_rank_before_its_first_step_is_not_hung() -> None:
     progress = [RankProgress((JOB, 0), True, 0.0, 0.0), RankProgress((JOB, 1), True, None, None)]
     assert detector.observe(1000.0, progress) == []
     assert detector.hung() == {}
+
+
+# ------------------------------------------------------- phases and heartbeats
+def _beat(now: float, paused_until: float, *, heartbeat: float = 10.0) -> list[RankProgress]:
+    """Rank 1 silent since ``heartbeat``, inside a phase until ``paused_until`` (0: none)."""
+    return [
+        RankProgress((JOB, 0), True, now, now, step_heartbeat=now),
+        RankProgress(
+            (JOB, 1),
+            True,
+            heartbeat,
+            heartbeat,
+            step_heartbeat=heartbeat,
+            paused_until=paused_until,
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("paused_until", "expected"),
+    [
+        pytest.param(0.0, [(100.0, HANG, 1)], id="no-phase-hung"),
+        pytest.param(500.0, [], id="inside-the-phase-bound-not-hung"),
+        pytest.param(90.0, [(100.0, HANG, 1)], id="past-the-phase-deadline-hung-again"),
+    ],
+)
+def test_a_phase_excuses_a_silent_rank_until_its_deadline(
+    paused_until: float, expected: list[tuple[float, str, int]]
+) -> None:
+    detector = HangDetector()
+    out = []
+    for now in (20.0, 100.0):
+        progress = _beat(now, paused_until)
+        out += [(now, t.kind, t.key[1]) for t in detector.observe(now, progress)]
+    assert out == expected
+
+
+def test_a_job_without_step_marks_is_judged_by_its_progress_heartbeat() -> None:
+    """Zero-code jobs: only collectives advance the heartbeat; no step, no step heartbeat."""
+    detector = HangDetector()
+    scans = [(t, t) for t in range(0, 20)] + [(60.0, 19.0)]  # (now, progress heartbeat)
+    out = []
+    for now, beat in scans:
+        progress = [RankProgress((JOB, 0), True, float(beat), None)]
+        out += [(now, t.kind) for t in detector.observe(float(now), progress)]
+    assert out == [(60.0, HANG)]
+    assert detector.median_step_seconds(JOB) is None  # the floor alone applied
+
+
+def test_step_times_come_from_the_step_heartbeat_not_the_progress_heartbeat() -> None:
+    """Collectives advance the progress heartbeat between steps; 4 s steps stay 4 s."""
+    detector = HangDetector()
+    for n in range(0, 10):
+        now = 4.0 * n + 3.0  # scans 3 s into each step: progress at now, step heartbeat 4n
+        progress = [RankProgress((JOB, 0), True, now, float(n), step_heartbeat=4.0 * n)]
+        detector.observe(now, progress)
+    assert detector.median_step_seconds(JOB) == pytest.approx(4.0)

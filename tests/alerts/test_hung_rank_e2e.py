@@ -30,7 +30,7 @@ import pytest
 from stormwatch.faults.control_file import control_path
 from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.platforms.slurm import SlurmCommands
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -39,7 +39,7 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _dump(rank: int, at: float, *, behind: bool) -> dict[str, Any]:
-    """A trainer dump (trainer/telemetry/dump.py): rank 2 enqueued one collective fewer and waits in none."""
+    """A trainer dump (telemetry/dump.py): rank 2 enqueued one collective fewer and waits in none."""
     seq = 226 if behind else 227
     return {
         "rank": rank,

@@ -120,6 +120,26 @@ def test_fc01_case_catches_a_rule_that_judges_dead_ranks_by_heartbeat(tmp_path: 
         assert not run.ok, f"{name} passed against a rule without the up == 1 guard"
 
 
+def test_a_phase_excuses_a_silent_rank_only_until_its_deadline(tmp_path: Path) -> None:
+    """A marked phase (checkpoint save, eval, ...) mutes the stall and hang alerts within
+    its bound; without the phase clause the same inputs fire too early."""
+    cases = {
+        "ranks.yml": "a_phase_excuses_a_silent_rank_until_its_deadline",
+        "training.yml": "training_hung_waits_for_a_phase_within_its_bound",
+    }
+    for file, name in cases.items():
+        assert _run_case(tmp_path, name).ok
+        [path] = [p for p in rule_files() if p.name == file]
+        text = path.read_text()
+        clause = re.search(r"\n *unless on \(job(, rank)?\)\n.*phase_deadline.*\n", text)
+        assert clause is not None, file
+        broken = tmp_path / file
+        broken.write_text(text.replace(clause.group(0), "\n"))
+        others = [p for p in rule_files() if p.name != file]
+        run = _run_case(tmp_path, name, rules=[broken, *others])
+        assert not run.ok, f"{name} passed against rules that ignore phases"
+
+
 def _anchors(markdown: str) -> set[str]:
     anchors = set()
     for line in markdown.splitlines():
@@ -260,6 +280,7 @@ PROMTOOL_CASES = {
         "one_group_failure_is_not_a_job_crash_loop",
         "restart_storm_fires_and_resolves",
         "training_hung_fires_after_threshold_and_resolves",
+        "training_hung_waits_for_a_phase_within_its_bound",
         "throughput_drop_fires_and_resolves",
         "loss_nan_fires_and_resolves",
         "loss_spike_fires_and_resolves",

@@ -38,7 +38,7 @@ from stormwatch.contracts.journal import JobRef
 from stormwatch.faults import AnyExperimentFault
 from stormwatch.lab import Lab
 from stormwatch.lab.state import NodeState
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 NETPROBE = str(Path(__file__).with_name("netprobe.py"))

@@ -21,7 +21,7 @@ from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.chaos.target import LabJobs
 from stormwatch.contracts.journal import load_journal
 from stormwatch.lab import Lab, LabConfig
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = pytest.mark.e2e
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))

@@ -31,7 +31,7 @@ from stormwatch.chaos import (
 )
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.platforms import AgentEndpoint
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
 BIN = Path(sys.executable).parent

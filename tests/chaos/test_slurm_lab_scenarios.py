@@ -33,8 +33,8 @@ from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_readback import in_service
-from stormwatch.trainer.telemetry.events import StartEvent, read_events
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.events import StartEvent, read_events
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -26,14 +26,14 @@ from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoin
 from stormwatch.contracts.journal import JobRef, Journal, SteadyState
 from stormwatch.errors import ConfigError
 from stormwatch.postmortem import ExperimentPostMortem, LossCheck, LossMismatch
+from stormwatch.telemetry.events import RankEvent, StepEvent
+from stormwatch.telemetry.ranklogs import RankLog
 from stormwatch.trainer.checkpoint.store import (
     CompletionMarker,
     file_checksum,
     step_dir_name,
     write_marker,
 )
-from stormwatch.trainer.telemetry.events import RankEvent, StepEvent
-from stormwatch.trainer.telemetry.ranklogs import RankLog
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = ROOT / "experiments" / "suite"

@@ -36,7 +36,7 @@ import pytest
 
 from stormwatch.dashboards import build_all
 from stormwatch.lab import JobSpec, Lab, LabConfig
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from stormwatch.lab import JobSpec, Lab
+from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.checkpoint import store
-from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

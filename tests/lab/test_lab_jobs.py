@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from stormwatch.lab import JobError, JobSpec, Lab
-from stormwatch.trainer.telemetry.events import log_path, read_events
+from stormwatch.telemetry.events import log_path, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

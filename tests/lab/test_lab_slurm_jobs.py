@@ -24,7 +24,7 @@ import pytest
 from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.jobs import slurmjob
 from stormwatch.platforms.slurm import SlurmCommands
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

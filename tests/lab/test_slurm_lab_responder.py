@@ -46,7 +46,7 @@ from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.paths import RunPaths
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_readback import drained
-from stormwatch.trainer.telemetry.ranklogs import RankLog, read_job_logs
+from stormwatch.telemetry.ranklogs import RankLog, read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

@@ -20,8 +20,8 @@ from stormwatch.agent.tracing import AgentTracing, TracingSettings
 from stormwatch.chaos.execution.tracing import ExperimentTrace
 from stormwatch.errors import ConfigError
 from stormwatch.otel import OTLP_PACKAGE, Tracing, TracingOptions, resolve_endpoint
+from stormwatch.telemetry.tracing import RankTracing
 from stormwatch.trainer.config import TracingConfig
-from stormwatch.trainer.telemetry.tracing import RankTracing
 
 OTEL_VARIABLES = (
     "OTEL_SDK_DISABLED",

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from stormwatch.faults.control_file import control_path
-from stormwatch.trainer.telemetry.events import RankEvent, read_events
+from stormwatch.telemetry.events import RankEvent, read_events
 
 #: Metric samples keyed by (name, sorted label pairs).
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
+from stormwatch.telemetry.comms import CollectiveCounter
 
 
 class Sink:

@@ -101,7 +101,8 @@ def test_public_api_exports_exactly_its_all():
 
 def test_missing_otlp_exporter_is_named_before_training_starts(plain_process_env, capsys):
     pytest.importorskip("opentelemetry.sdk")
-    from stormwatch.trainer.telemetry.tracing import OTLP_PACKAGE, check_otlp_available
+    from stormwatch.otel import OTLP_PACKAGE
+    from stormwatch.trainer.config import check_otlp_available
 
     try:
         check_otlp_available()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, multiprocess
 
-from stormwatch.trainer.telemetry.events import RankEvent, read_events
+from stormwatch.telemetry.events import RankEvent, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 

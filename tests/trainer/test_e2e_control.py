@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.checkpoint import store
-from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
 

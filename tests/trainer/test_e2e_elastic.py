@@ -29,8 +29,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.checkpoint import store
-from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.trainer.telemetry.dump import dump_path
+from stormwatch.telemetry.dump import dump_path
 
 pytestmark = pytest.mark.e2e
 

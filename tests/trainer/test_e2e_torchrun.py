@@ -22,8 +22,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.checkpoint import store
-from stormwatch.trainer.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
 

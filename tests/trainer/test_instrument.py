@@ -10,12 +10,12 @@ import torch.nn.functional as F
 
 from stormwatch.trainer import ParallelDims, parallelize
 from stormwatch.trainer.config import VOCAB_SIZE, ModelConfig
-from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.telemetry.instrument import (
+from stormwatch.trainer.instrument import (
     global_grad_norm,
     memory_bytes,
     model_flops_per_token,
 )
+from stormwatch.trainer.model import ByteLM
 
 
 def test_grad_norm_of_the_sharded_model_equals_the_plain_norm(one_rank_group):

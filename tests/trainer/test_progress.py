@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from stormwatch.errors import ConfigError
+from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.config import (
     CheckpointConfig,
     DataConfig,
@@ -17,7 +18,6 @@ from stormwatch.trainer.config import (
 )
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
-from stormwatch.trainer.telemetry.events import read_events
 
 
 def _lines(stream: io.StringIO) -> list[str]:

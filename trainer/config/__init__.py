@@ -35,6 +35,7 @@ from stormwatch.trainer.config.reporting import (
     ProgressConfig,
     TelemetryConfig,
     TracingConfig,
+    check_otlp_available,
 )
 from stormwatch.trainer.config.resilience import (
     CHECKPOINT_MODES,
@@ -61,4 +62,5 @@ __all__ = [
     "TelemetryConfig",
     "TracingConfig",
     "TrainConfig",
+    "check_otlp_available",
 ]

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from stormwatch.errors import ConfigError
+from stormwatch.otel import OTLP_PACKAGE, otlp_available
 from stormwatch.trainer.config.checks import check, check_folder
 from stormwatch.trainer.config.options import option
 from stormwatch.urls import is_http_url
@@ -24,10 +26,10 @@ class TelemetryConfig:
         log_dir: folder for ``rank<R>.jsonl``; ``None`` disables the event log.
         metrics_dir: prometheus-client multiprocess folder; ``None`` disables metrics.
         peak_flops: peak FLOP/s of one device for MFU; ``None`` looks the device
-            up in :data:`stormwatch.trainer.telemetry.perf.PEAK_FLOPS_BY_DEVICE` (on CPU:
-            the nominal :data:`~stormwatch.trainer.telemetry.perf.CPU_NOMINAL_PEAK_FLOPS`).
+            up with :func:`stormwatch.telemetry.peak_flops` (a table by device name; on
+            CPU a nominal 1e11).
         count_collectives: count and time every collective (the
-            :class:`~stormwatch.trainer.telemetry.comms.CollectiveCounter`: collective
+            :class:`~stormwatch.telemetry.CollectiveCounter`: collective
             metrics, the compute/wait split, the dump's recent collectives).
             ``False`` only for the "bare" trainer of ``benchmarks/trainer_bench.py``
             (the instrumentation-overhead baseline); no CLI option.
@@ -74,7 +76,7 @@ class TelemetryConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TracingConfig:
-    """Where OpenTelemetry spans go (:mod:`stormwatch.trainer.telemetry.tracing`).
+    """Where OpenTelemetry spans go (:meth:`stormwatch.telemetry.Session.trace`).
 
     Attributes:
         otlp_endpoint: OTLP/HTTP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``);
@@ -155,4 +157,19 @@ class ProgressConfig:
         )
 
 
-__all__ = ["DEFAULT_LOG_EVERY", "ProgressConfig", "TelemetryConfig", "TracingConfig"]
+def check_otlp_available() -> None:
+    """Raise :class:`ConfigError` naming the pip package when the OTLP exporter is missing."""
+    if not otlp_available():
+        raise ConfigError(
+            f"otlp_endpoint: exporting spans over OTLP needs the package {OTLP_PACKAGE} "
+            f"(pip install {OTLP_PACKAGE}), or leave --otlp-endpoint unset to write JSON lines"
+        )
+
+
+__all__ = [
+    "DEFAULT_LOG_EVERY",
+    "ProgressConfig",
+    "TelemetryConfig",
+    "TracingConfig",
+    "check_otlp_available",
+]

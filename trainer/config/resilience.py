@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from stormwatch.telemetry import DEFAULT_FLIGHT_RECORDER_ENTRIES
 from stormwatch.trainer.config.checks import check, check_folder, check_positive_int
 from stormwatch.trainer.config.options import option
-from stormwatch.trainer.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
 
 #: ``--checkpoint-mode`` values (see :class:`CheckpointConfig`).
 CHECKPOINT_MODES = ("sync", "async")
@@ -98,7 +98,7 @@ class ControlConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DebugConfig:
-    """Bounded failure on hangs and post-mortem dumps (FC-10, :mod:`stormwatch.trainer.telemetry.dump`).
+    """Bounded failure on hangs and post-mortem dumps (FC-10, :meth:`stormwatch.telemetry.Session.dump`).
 
     Attributes:
         dump_dir: where each rank writes ``rank<R>.json`` when training ends
@@ -109,7 +109,7 @@ class DebugConfig:
             (:mod:`stormwatch.trainer.runtime`).
         flight_recorder_entries: PyTorch flight-recorder ring size (0: leave
             the recorder off unless the environment enables it; default
-            :data:`~stormwatch.trainer.telemetry.dump.DEFAULT_FLIGHT_RECORDER_ENTRIES`).
+            :data:`~stormwatch.telemetry.DEFAULT_FLIGHT_RECORDER_ENTRIES`).
     """
 
     dump_dir: Path | None = option(

@@ -25,7 +25,7 @@ prefix, which this trainer's single-module checkpoint state does not model.
 
 Activations cross stages as plain tensors (``[microbatch, seq, d_model]``
 float32) through ``c10d::send`` / ``c10d::recv_`` on the ``pp`` group, which
-gloo implements on CPU; :class:`~stormwatch.trainer.telemetry.comms.CollectiveCounter`
+gloo implements on CPU; :class:`~stormwatch.telemetry.comms.CollectiveCounter`
 counts them as ``send`` / ``recv`` with ``mesh_dim="pp"``. Shapes are given
 to :class:`~torch.distributed.pipelining.PipelineStage` up front (static
 mode), so no shape-inference messages are exchanged at the first step.

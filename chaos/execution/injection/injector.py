@@ -33,7 +33,7 @@ from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.contracts.journal import JobRef
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
-from stormwatch.trainer.telemetry.ranklogs import read_job_logs
+from stormwatch.telemetry.ranklogs import read_job_logs
 
 log = logging.getLogger(__name__)
 

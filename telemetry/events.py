@@ -3,7 +3,7 @@
 The one declaration of the file's records (:data:`RankEvent`, a union
 discriminated by ``event``), the writer (:class:`EventLog`) and the line
 parser every reader uses (:func:`parse_events`, :func:`read_events`; the
-job-level view is :mod:`stormwatch.trainer.telemetry.ranklogs`).
+job-level view is :mod:`stormwatch.telemetry.ranklogs`).
 
 Records, one JSON object per line, appended and flushed as they happen, with
 their keys in this order:
@@ -222,14 +222,14 @@ class EventLog:
             )
         )
 
-    def step(self, *, step: int, loss: float, step_seconds: float) -> None:
-        """One completed step with its global mean loss."""
+    def step(self, *, step: int, loss: float | None, step_seconds: float) -> None:
+        """One completed step with its global mean loss (``None``: not reported)."""
         self._write(
             StepEvent(
                 time=self._clock(),
                 step=step,
                 loss=loss,
-                loss_hex=float.hex(loss),
+                loss_hex=None if loss is None else float.hex(loss),
                 attempt=self._attempt,
                 step_seconds=step_seconds,
             )
@@ -245,7 +245,7 @@ class EventLog:
             CheckpointFailedEvent(time=self._clock(), step=step, attempt=self._attempt, error=error)
         )
 
-    def done(self, *, step: int) -> None:
+    def done(self, *, step: int | None) -> None:
         """Training finished cleanly after ``step``."""
         self._write(DoneEvent(time=self._clock(), step=step, attempt=self._attempt))
 

@@ -5,7 +5,7 @@ guarded: a failing sink (full disk, unwritable folder, bad value) is logged
 at WARNING (first failure per sink, then every 100th), counted in
 :attr:`RankTelemetry.errors` and in ``stormwatch_train_telemetry_errors_total``
 when metrics still work, and never raised into training. It also is the
-:class:`~stormwatch.trainer.telemetry.comms.CollectiveSink` of the collective counter.
+:class:`~stormwatch.telemetry.comms.CollectiveSink` of the collective counter.
 No torch import here.
 """
 
@@ -17,19 +17,39 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.telemetry.events import EventLog
-from stormwatch.trainer.telemetry.metrics import RankMetrics
-from stormwatch.trainer.telemetry.perf import bus_factor, collective_size
+from stormwatch.telemetry.events import EventLog
+from stormwatch.telemetry.metrics import RankMetrics
+from stormwatch.telemetry.perf import bus_factor, collective_size
 
 if TYPE_CHECKING:
-    from stormwatch.trainer.telemetry.comms import CollectiveRecord
+    from stormwatch.telemetry.comms import CollectiveRecord
 
 log = logging.getLogger(__name__)
 
 _LOG_EVERY = 100
+#: Seconds; the progress heartbeat advanced by completed collectives is written at most
+#: this often (a write per collective would cost ~2 us each for nothing: the agent scans
+#: every 0.5 s and the hang floor is 30 s).
+HEARTBEAT_RESOLUTION = 0.5
+
+
+class RankOutputs(Protocol):
+    """Where one rank's telemetry goes: the job label and the output folders (``None``: off).
+
+    The trainer's ``TelemetryConfig`` and the session's settings
+    (:class:`stormwatch.telemetry.lifecycle.launch.Settings`) both have these.
+    """
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def metrics_dir(self) -> Path | None: ...
+
+    @property
+    def log_dir(self) -> Path | None: ...
 
 
 def done_marker_path(metrics_dir: Path, rank: int) -> Path:
@@ -50,7 +70,7 @@ class RankTelemetry:
 
     def __init__(
         self,
-        config: TelemetryConfig,
+        config: RankOutputs,
         *,
         rank: int,
         world_size: int,
@@ -68,6 +88,7 @@ class RankTelemetry:
         self._lock = threading.Lock()
         self._fault_step = -1
         self._faults_seen: set[str] = set()  # points recorded in step _fault_step
+        self._progress_at = 0.0  # Unix time of the last heartbeat written
         if config.metrics_dir is not None:
             self._metrics = self._guard(
                 "metrics", RankMetrics, config.metrics_dir, job=config.job, rank=rank
@@ -129,8 +150,9 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.start, resumed_from_step=resumed_from_step)
 
-    def step(self, *, step: int, loss: float, seconds: float, tokens: int) -> None:
-        """Record a completed step (global mean ``loss``, wall ``seconds``, ``tokens``)."""
+    def step(self, *, step: int, loss: float | None, seconds: float, tokens: int | None) -> None:
+        """Record a completed step (global mean ``loss``, wall ``seconds``, ``tokens``;
+        ``None``: not reported)."""
         if self._metrics is not None:
             self._guard(
                 "metrics",
@@ -144,11 +166,38 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.step, step=step, loss=loss, step_seconds=seconds)
 
+    def progress(self, *, force: bool = True) -> None:
+        """Advance the progress heartbeat to now; with ``force=False`` at most every
+        :data:`HEARTBEAT_RESOLUTION` seconds (what each completed collective calls)."""
+        if self._metrics is None:
+            return
+        now = self._clock()
+        if not force and now - self._progress_at < HEARTBEAT_RESOLUTION:
+            return
+        self._progress_at = now
+        self._guard("metrics", self._metrics.progress, now)
+
+    def phase(self, name: str, *, deadline: float) -> None:
+        """Phase ``name`` may pause progress until Unix time ``deadline`` (0: left it);
+        a phase boundary is progress too."""
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.phase, name, deadline=deadline)
+        self.progress()
+
+    def extras(self, *, learning_rate: float | None, samples: int | None) -> None:
+        """The step's learning rate and samples (``None``: not reported)."""
+        if self._metrics is None:
+            return
+        if learning_rate is not None:
+            self._guard("metrics", self._metrics.learning_rate, learning_rate)
+        if samples is not None:
+            self._guard("metrics", self._metrics.samples, samples)
+
     def step_details(
         self,
         *,
-        compute_seconds: float,
-        wait_seconds: float,
+        compute_seconds: float | None,
+        wait_seconds: float | None,
         grad_norm: float | None = None,
         mfu: float | None = None,
         peak_flops: float | None = None,
@@ -157,26 +206,28 @@ class RankTelemetry:
         """Record the per-step breakdown; call after :meth:`step` for the same step.
 
         Args:
-            compute_seconds: step wall time outside collectives.
+            compute_seconds: step wall time outside collectives (``None`` with
+                ``wait_seconds``: collectives are not counted, no breakdown exported).
             wait_seconds: step wall time with a collective in flight.
             grad_norm: global gradient L2 norm.
             mfu: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
             memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
 
         Also sets the algbw/busbw gauges from the collectives seen since the
-        previous call (see :mod:`stormwatch.trainer.telemetry.perf`).
+        previous call (see :mod:`stormwatch.telemetry.perf`).
         """
         with self._lock:
             collectives, self._step_collectives = self._step_collectives, {}
         if self._metrics is None:
             return
         metrics = self._metrics
-        self._guard(
-            "metrics",
-            metrics.breakdown,
-            compute_seconds=compute_seconds,
-            wait_seconds=wait_seconds,
-        )
+        if compute_seconds is not None and wait_seconds is not None:
+            self._guard(
+                "metrics",
+                metrics.breakdown,
+                compute_seconds=compute_seconds,
+                wait_seconds=wait_seconds,
+            )
         for (mesh_dim, op), (size, seconds, n) in collectives.items():
             factor = bus_factor(op, int(n))
             if seconds > 0 and size > 0:
@@ -216,6 +267,7 @@ class RankTelemetry:
             self._guard("metrics", self._metrics.checkpoint_committed, timestamp=self._clock())
         if self._events is not None:
             self._guard("events", self._events.checkpoint, step=step)
+        self.progress()
 
     def checkpoint_failed(self, *, step: int, error: str) -> None:
         """Record a failed checkpoint save after ``step`` (counter and event)."""
@@ -223,13 +275,14 @@ class RankTelemetry:
             self._guard("metrics", self._metrics.checkpoint_failed)
         if self._events is not None:
             self._guard("events", self._events.checkpoint_failed, step=step, error=error)
+        self.progress()
 
     def checkpoint_interval(self, steps: int) -> None:
         """Export the checkpoint interval in steps (0 when checkpointing is off)."""
         if self._metrics is not None:
             self._guard("metrics", self._metrics.checkpoint_interval, steps)
 
-    def done(self, *, step: int) -> None:
+    def done(self, *, step: int | None) -> None:
         """Log the done record and touch ``<metrics-dir>/rank<R>.done``."""
         if self._events is not None:
             self._guard("events", self._events.done, step=step)
@@ -250,6 +303,7 @@ class RankTelemetry:
     def on_complete(self, op: str, seconds: float) -> None:
         if self._metrics is not None:
             self._guard("metrics", self._metrics.collective_completed, op, seconds)
+            self.progress(force=False)
 
     def on_error(self, where: str, exc: BaseException) -> None:
         self._failed(where, exc)
@@ -275,4 +329,4 @@ class RankTelemetry:
         )
 
 
-__all__ = ["RankTelemetry", "done_marker_path"]
+__all__ = ["HEARTBEAT_RESOLUTION", "RankOutputs", "RankTelemetry", "done_marker_path"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stormwatch.trainer.telemetry.comms import CollectiveCounter
-from stormwatch.trainer.telemetry.dump import (
+from stormwatch.telemetry.comms import CollectiveCounter
+from stormwatch.telemetry.dump import (
     RankDumper,
     dump_path,
     flight_recorder_environ,
@@ -119,7 +119,7 @@ def test_dumps_before_the_window_or_not_dumps_at_all_are_skipped(tmp_path: Path)
 def test_the_dump_model_imports_without_torch() -> None:
     code = (
         "import sys\n"
-        "import stormwatch.trainer.telemetry.dump\n"
+        "import stormwatch.telemetry.dump\n"
         "assert 'torch' not in sys.modules, 'importing the dump model imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

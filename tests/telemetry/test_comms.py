@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from stormwatch.trainer.telemetry.comms import OP_LABELS, CollectiveCounter, union_seconds
+from stormwatch.telemetry.comms import OP_LABELS, CollectiveCounter, union_seconds
 
 
 class RecordingSink:

@@ -2,7 +2,7 @@
 
 :class:`CollectiveCounter` observes the ``c10d`` collective ops through
 Python kernels registered on those ops alone
-(:mod:`stormwatch.trainer.telemetry.collective_ops`, which also says why this and not
+(:mod:`stormwatch.telemetry.collective_ops`, which also says why this and not
 a dispatch mode, a function mode or the flight recorder): FSDP2's
 all-gathers and reduce-scatters, DTensor's functional collectives, the
 pipeline's ``send``/``recv`` and our own ``all_reduce``; no other op enters
@@ -63,13 +63,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stormwatch.trainer.telemetry.collective_ops import (
+from stormwatch.telemetry.collective_ops import (
     KERNELS,
     OP_LABELS,
     OpSpec,
     completion_future,
     find_work,
 )
+
+#: Completed intervals kept for :meth:`CollectiveCounter.take_wait_seconds`; beyond this
+#: many they are folded into their union (an overlap across two folds counts twice).
+_MAX_INTERVALS = 4096
 
 
 class CollectiveSink(Protocol):
@@ -192,7 +196,7 @@ class CollectiveCounter:
             ``"world"`` (the default group) or ``"other"``.
         observer: receives a :class:`CollectiveRecord` per completed collective.
         recent: how many of the latest collectives :meth:`recent` keeps (for
-            the per-rank hang dump, :mod:`stormwatch.trainer.telemetry.dump`).
+            the per-rank hang dump, :mod:`stormwatch.telemetry.dump`).
         enabled: ``False`` makes entering the counter a no-op (no kernel
             installed, nothing observed, :meth:`take_wait_seconds` returns 0):
             the "bare" trainer of ``benchmarks/trainer_bench.py``.
@@ -220,6 +224,8 @@ class CollectiveCounter:
         self._open: list[_Issued] = []
         # (start, end) of the collectives completed since take_wait_seconds()
         self._intervals: list[tuple[float, float]] = []
+        # seconds of intervals folded early (a job that never takes its wait: no step marks)
+        self._folded = 0.0
         self._lock = threading.Lock()
         self._seq = 0
         self._recent: collections.deque[_Issued] = collections.deque(maxlen=recent)
@@ -228,6 +234,12 @@ class CollectiveCounter:
         #: issued, on the issuing thread; ``None`` (the default) costs nothing.
         #: Set by the training loop while a collective fault point is armed.
         self.interceptor: Callable[[str, str], None] | None = None
+
+    def label_groups(self, groups: Mapping[str, str]) -> None:
+        """Add process-group name -> mesh dimension labels (for collectives issued from now)."""
+        with self._lock:
+            self._groups.update(groups)
+            self._group_cache.clear()
 
     @property
     def observing(self) -> bool:
@@ -282,7 +294,8 @@ class CollectiveCounter:
         """
         with self._lock:
             intervals, self._intervals = self._intervals, []
-        return union_seconds(intervals)
+            folded, self._folded = self._folded, 0.0
+        return folded + union_seconds(intervals)
 
     def poll(self, *, final: bool = False) -> None:
         """Report the collectives seen complete since the last call (on the calling thread).
@@ -328,6 +341,9 @@ class CollectiveCounter:
         issued.seconds = end - issued.start
         with self._lock:
             self._intervals.append((issued.start, end))
+            if len(self._intervals) > _MAX_INTERVALS:  # bounded memory without step marks
+                self._folded += union_seconds(self._intervals)
+                self._intervals = []
         self._sink.on_complete(issued.label, end - issued.start)
         if self._observer is not None:
             self._observer.on_collective(

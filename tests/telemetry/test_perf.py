@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stormwatch.errors import ConfigError
-from stormwatch.trainer.telemetry.perf import (
+from stormwatch.telemetry.perf import (
     CPU_NOMINAL_PEAK_FLOPS,
     bandwidths,
     bus_factor,

@@ -11,15 +11,15 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from stormwatch.trainer import RankTelemetry
+from stormwatch.telemetry.events import StartEvent, read_events
+from stormwatch.telemetry.metrics import CATALOGUE
+from stormwatch.telemetry.rank import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
-from stormwatch.trainer.telemetry.events import StartEvent, read_events
-from stormwatch.trainer.telemetry.metrics import CATALOGUE
 
 _RANK_PROCESS = """
 import os, sys
 from pathlib import Path
-from stormwatch.trainer import RankTelemetry
+from stormwatch.telemetry.rank import RankTelemetry
 from stormwatch.trainer.config import TelemetryConfig
 
 metrics_dir, log_dir, rank, finish = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"

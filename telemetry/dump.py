@@ -20,7 +20,7 @@ the file with ``attempt`` recorded in it)::
   what a post-mortem compares across ranks to find the one that never
   joined.
 * ``collectives``: the last collectives seen by our collective counter
-  (:meth:`~stormwatch.trainer.telemetry.comms.CollectiveCounter.recent`), with mesh
+  (:meth:`~stormwatch.telemetry.comms.CollectiveCounter.recent`), with mesh
   dimension and ``seconds: null`` for those never observed complete.
 
 On GPU, NCCL's own watchdog also dumps its flight recorder on a timeout to

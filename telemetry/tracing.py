@@ -3,8 +3,8 @@
 The set-up is the shared one (:mod:`stormwatch.otel`): export through OTLP/HTTP when an
 endpoint is configured (``--otlp-endpoint``, else the standard
 ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; needs the pip package
-``opentelemetry-exporter-otlp-proto-http``, which the CLI checks before anything starts
-when the flag is given), otherwise as JSON lines (one span per line, the SDK's
+``opentelemetry-exporter-otlp-proto-http``, which the trainer's CLI checks before anything
+starts when the flag is given), otherwise as JSON lines (one span per line, the SDK's
 ``ReadableSpan.to_json``) to ``<spans-dir>/rank<R>.jsonl`` (``--spans-dir``, default
 ``<log-dir>/spans``). With neither, spans are no-ops. The other ``OTEL_*`` variables
 (``OTEL_SDK_DISABLED``, ``OTEL_SERVICE_NAME``, the sampler, the batch processor) apply as
@@ -25,28 +25,41 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from stormwatch.errors import ConfigError
-from stormwatch.otel import (
-    OTLP_PACKAGE,
-    Tracing,
-    TracingOptions,
-    otlp_available,
-    resolve_endpoint,
-)
-from stormwatch.trainer.config import TracingConfig
+from stormwatch.otel import Tracing, TracingOptions, resolve_endpoint
 
 
-def check_otlp_available() -> None:
-    """Raise :class:`ConfigError` naming the pip package when the OTLP exporter is missing."""
-    if not otlp_available():
-        raise ConfigError(
-            f"otlp_endpoint: exporting spans over OTLP needs the package {OTLP_PACKAGE} "
-            f"(pip install {OTLP_PACKAGE}), or leave --otlp-endpoint unset to write JSON lines"
-        )
+class SpanDestinations(Protocol):
+    """Where one rank's spans go (the trainer's ``TracingConfig`` has these).
+
+    Attributes:
+        otlp_endpoint: OTLP/HTTP traces URL; takes precedence over ``spans_dir``.
+        spans_dir: folder for ``rank<R>.jsonl`` span files; ``None``: none.
+        flush_timeout: seconds the exit path waits for the export.
+    """
+
+    @property
+    def otlp_endpoint(self) -> str | None: ...
+
+    @property
+    def spans_dir(self) -> Path | None: ...
+
+    @property
+    def flush_timeout(self) -> float: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpanOptions:
+    """A :class:`SpanDestinations` of one's own (what :meth:`Session.trace` builds)."""
+
+    otlp_endpoint: str | None = None
+    spans_dir: Path | None = None
+    flush_timeout: float = 2.0
 
 
 class RankTracing:
@@ -66,7 +79,7 @@ class RankTracing:
 
     def __init__(
         self,
-        config: TracingConfig,
+        config: SpanDestinations,
         *,
         rank: int,
         attributes: dict[str, Any] | None = None,
@@ -104,4 +117,4 @@ class RankTracing:
         return self.dropped
 
 
-__all__ = ["RankTracing", "check_otlp_available"]
+__all__ = ["RankTracing", "SpanDestinations", "SpanOptions"]

@@ -24,7 +24,7 @@ and 21 collectives per rank):
   entered;
 * a ``TorchFunctionMode`` sees every Python-level torch call (~1.6 µs each)
   and not what C++ issues;
-* the flight recorder (on in every run, :mod:`stormwatch.trainer.telemetry.dump`) holds
+* the flight recorder (on in every run, :mod:`stormwatch.telemetry.dump`) holds
   gloo collectives with sizes and group but, for gloo, no completion time
   (``state`` stays ``"scheduled"``), and reading it costs ~14 µs per entry
   (27 ms for a 2,000-entry ring): right for post-mortems, not per step;

@@ -1,6 +1,7 @@
 """Per-step measurements that need torch: gradient norm, memory, model FLOPs per token.
 
-The arithmetic (bandwidths, MFU, peak table) is in :mod:`stormwatch.trainer.telemetry.perf`;
+The arithmetic (MFU, peak table) is :func:`stormwatch.telemetry.mfu` and
+:func:`stormwatch.telemetry.peak_flops`;
 this module reads the numbers out of the model and the process.
 """
 
@@ -14,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from stormwatch.telemetry import flops_per_token
 from stormwatch.trainer.model import ByteLM
-from stormwatch.trainer.telemetry.perf import flops_per_token
 
 
 def model_flops_per_token(model: ByteLM, *, seq_len: int) -> int:

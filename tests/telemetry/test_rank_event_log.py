@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.trainer.telemetry.events import (
+from stormwatch.telemetry.events import (
     CheckpointEvent,
     CheckpointFailedEvent,
     DoneEvent,
@@ -23,7 +23,7 @@ from stormwatch.trainer.telemetry.events import (
     parse_event,
     read_events,
 )
-from stormwatch.trainer.telemetry.ranklogs import (
+from stormwatch.telemetry.ranklogs import (
     RankLog,
     current_world_size,
     final_losses,
@@ -159,7 +159,7 @@ def test_job_logs_answer_restarts_world_size_and_the_final_trajectory(tmp_path: 
 def test_the_rank_event_log_model_imports_without_torch() -> None:
     code = (
         "import sys\n"
-        "import stormwatch.trainer.telemetry.events, stormwatch.trainer.telemetry.ranklogs\n"
+        "import stormwatch.telemetry.events, stormwatch.telemetry.ranklogs\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

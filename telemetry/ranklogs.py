@@ -1,6 +1,6 @@
 """A job's rank logs read as a whole (``<job>/logs/rank<R>.jsonl``), for every reader.
 
-The records and the line parser are :mod:`stormwatch.trainer.telemetry.events`
+The records and the line parser are :mod:`stormwatch.telemetry.events`
 (the writer's own models); this module is the job-level view that chaos
 (probes, reports, game days) and alerts (incident post-mortems) share:
 :func:`read_job_logs` -> rank -> :class:`RankLog`, a few questions asked
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stormwatch.postmortem.progress import Mark, RankProgress, StepDone, WorkerStart
-from stormwatch.trainer.telemetry.events import (
+from stormwatch.telemetry.events import (
     DoneEvent,
     RankEvent,
     StartEvent,

@@ -3,7 +3,7 @@
 The catalogue (names, types, help) is :data:`CATALOGUE`; it follows
 docs/ARCHITECTURE.md "Trainer -> agent telemetry". Every metric carries the
 labels ``job`` and ``rank``; the collective counters also carry ``op`` (see
-:data:`stormwatch.trainer.telemetry.comms.OP_LABELS`).
+:data:`stormwatch.telemetry.comms.OP_LABELS`).
 
 Multiprocess mode is switched on here, explicitly, before any metric is
 created: :class:`RankMetrics` points ``PROMETHEUS_MULTIPROC_DIR`` at the
@@ -54,6 +54,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "gauge",
         "Unix time at which the last step completed, or the rank started (heartbeat).",
     ),
+    MetricSpec(
+        "stormwatch_train_last_progress_timestamp_seconds",
+        "gauge",
+        "Unix time of the rank's last sign of progress: a step, a completed collective, a "
+        "phase boundary or a checkpoint (heartbeat; advances without step marks too).",
+    ),
+    MetricSpec(
+        "stormwatch_train_phase_deadline_timestamp_seconds",
+        "gauge",
+        "Unix time until which the rank may pause progress in this phase without being "
+        "called hung (entry + the phase's bound); 0 when not in the phase.",
+        ("job", "rank", "phase"),
+    ),
     MetricSpec("stormwatch_train_loss", "gauge", "Loss of the last step, mean over dp ranks."),
     MetricSpec(
         "stormwatch_train_step_duration_seconds",
@@ -64,6 +77,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "stormwatch_train_tokens_per_second",
         "gauge",
         "Tokens of this rank's data-parallel replica per second in the last step.",
+    ),
+    MetricSpec(
+        "stormwatch_train_learning_rate", "gauge", "Learning rate of the last step (as reported)."
+    ),
+    MetricSpec(
+        "stormwatch_train_samples",
+        "counter",
+        "Samples (sequences, images) processed by this rank's data-parallel replica.",
     ),
     MetricSpec("stormwatch_train_world_size", "gauge", "Number of ranks in the job."),
     MetricSpec(
@@ -264,21 +285,50 @@ class RankMetrics:
         """
         self._gauge("stormwatch_train_step").set(step)
         self._gauge("stormwatch_train_last_step_timestamp_seconds").set(timestamp)
+        self.progress(timestamp)
 
     def step(
-        self, *, step: int, loss: float, seconds: float, tokens: int, timestamp: float
+        self,
+        *,
+        step: int,
+        loss: float | None,
+        seconds: float,
+        tokens: int | None,
+        timestamp: float,
     ) -> None:
-        """Record one completed step (``seconds`` > 0 wall time, ``tokens`` processed)."""
+        """Record one completed step (``seconds`` > 0 wall time, ``tokens`` processed;
+        ``None``: not reported, the loss gauge and token counters are left alone)."""
         self._gauge("stormwatch_train_step").set(step)
-        self._gauge("stormwatch_train_loss").set(loss)
+        if loss is not None:
+            self._gauge("stormwatch_train_loss").set(loss)
         self._gauge("stormwatch_train_last_step_timestamp_seconds").set(timestamp)
-        if seconds > 0:
+        self.progress(timestamp)
+        if seconds > 0 and tokens is not None:
             self._gauge("stormwatch_train_tokens_per_second").set(tokens / seconds)
         histogram = self._m["stormwatch_train_step_duration_seconds"]
         assert isinstance(histogram, Histogram)
         histogram.labels(**self._labels).observe(seconds)
         self._counter("stormwatch_train_steps").inc()
-        self._counter("stormwatch_train_tokens").inc(tokens)
+        if tokens is not None:
+            self._counter("stormwatch_train_tokens").inc(tokens)
+
+    def progress(self, timestamp: float) -> None:
+        """The rank showed progress at Unix time ``timestamp`` (the heartbeat)."""
+        self._gauge("stormwatch_train_last_progress_timestamp_seconds").set(timestamp)
+
+    def phase(self, name: str, *, deadline: float) -> None:
+        """Set phase ``name``'s deadline (Unix time; 0: not in the phase)."""
+        gauge = self._m["stormwatch_train_phase_deadline_timestamp_seconds"]
+        assert isinstance(gauge, Gauge)
+        gauge.labels(**self._labels, phase=name).set(deadline)
+
+    def learning_rate(self, value: float) -> None:
+        """Set the last step's learning rate."""
+        self._gauge("stormwatch_train_learning_rate").set(value)
+
+    def samples(self, count: int) -> None:
+        """Count ``count`` samples of the last step."""
+        self._counter("stormwatch_train_samples").inc(count)
 
     def collective_issued(self, op: str, nbytes: int) -> None:
         """Count one collective ``op`` with ``nbytes`` input bytes."""

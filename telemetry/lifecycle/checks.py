@@ -1,0 +1,114 @@
+"""Checks of the values a job hands the telemetry API: each bad value is one warning per kind
+(:func:`stormwatch.telemetry.lifecycle.guard.warn_once`) naming the argument and the fix, and the
+caller drops the call. No torch import here (a tensor is converted with ``float()``, which
+it supports, without importing torch).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import SupportsIndex
+
+from stormwatch.telemetry.lifecycle.guard import warn_once
+
+
+def count(name: str, value: object, *, call: str) -> tuple[bool, int | None]:
+    """(ok, value) of an optional integer >= 0 argument (a step, tokens, samples)."""
+    if value is None:
+        return True, None
+    if not isinstance(value, bool) and isinstance(value, SupportsIndex):
+        try:
+            number = operator.index(value)  # int, numpy and 0-d torch integers
+        except TypeError:  # a tensor of several values
+            number = -1
+        if number >= 0:
+            return True, number
+    warn_once(
+        f"{call}:{name}",
+        "%s(%s=%r): %s must be an int >= 0; this call is ignored (pass e.g. %s=int(...))",
+        call,
+        name,
+        value,
+        name,
+        name,
+    )
+    return False, None
+
+
+def real(name: str, value: object, *, call: str) -> tuple[bool, float | None]:
+    """(ok, value) of an optional real-number argument (NaN and inf pass: see :func:`finite`)."""
+    if value is None:
+        return True, None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            return True, float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many values
+            pass  # warned below
+    warn_once(
+        f"{call}:{name}",
+        "%s(%s=%r): %s must be a number (a Python float or a one-element tensor); "
+        "this call is ignored",
+        call,
+        name,
+        value,
+        name,
+    )
+    return False, None
+
+
+def finite(name: str, value: float | None, *, step: int) -> None:
+    """Warn once when ``value`` is NaN or infinite: the run diverged. The value is still
+    recorded (the ``StormwatchLossNaN`` alert reads it); only the warning is once."""
+    if value is not None and not math.isfinite(value):
+        warn_once(
+            f"step:{name}:not_finite",
+            "step(%d, %s=%r): the %s is not finite (training diverged?); it is recorded "
+            "as is, so the StormwatchLossNaN alert fires; check the learning rate and the data",
+            step,
+            name,
+            value,
+            name,
+        )
+
+
+@dataclass(frozen=True)
+class StepArgs:
+    """The checked arguments of :func:`stormwatch.telemetry.step`."""
+
+    step: int
+    loss: float | None
+    tokens: int | None
+    samples: int | None
+    learning_rate: float | None
+    grad_norm: float | None
+
+
+def step_args(
+    step: object,
+    *,
+    loss: object,
+    tokens: object,
+    samples: object,
+    lr: object,
+    grad_norm: object,
+) -> StepArgs | None:
+    """The arguments of ``step()`` checked; ``None`` (after one warning) when one is bad."""
+    if step is None:
+        warn_once("step:step", "step(None): the step number is required (an int >= 0)")
+        return None
+    ok_step, number = count("step", step, call="step")
+    ok_tokens, n_tokens = count("tokens", tokens, call="step")
+    ok_samples, n_samples = count("samples", samples, call="step")
+    ok_loss, loss_value = real("loss", loss, call="step")
+    ok_lr, lr_value = real("lr", lr, call="step")
+    ok_norm, norm_value = real("grad_norm", grad_norm, call="step")
+    if not (ok_step and ok_tokens and ok_samples and ok_loss and ok_lr and ok_norm):
+        return None
+    assert number is not None
+    finite("loss", loss_value, step=number)
+    return StepArgs(number, loss_value, n_tokens, n_samples, lr_value, norm_value)
+
+
+__all__ = ["StepArgs", "count", "finite", "real", "step_args"]

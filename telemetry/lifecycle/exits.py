@@ -1,0 +1,88 @@
+"""How a session ends: at interpreter exit (``atexit``) and on SIGTERM, chained.
+
+:class:`ExitHooks` registers ``on_exit(clean)`` with :mod:`atexit` (``clean``: no
+unhandled exception ended the program, so the done marker may be written) and, when
+asked and possible (only the main thread may set signal handlers), a SIGTERM handler
+that calls ``on_signal(signum)`` (flush, post-mortem dump) and then hands the signal to
+the handler that was there before: a Python handler is called (torchrun's workers, a
+trainer that turns SIGTERM into an exception); the default action is restored and the
+signal re-sent, so the process still ends with it (exit status 143); an ignored signal
+stays ignored. No torch import here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from stormwatch.telemetry.lifecycle.guard import logger
+
+
+def ended_cleanly() -> bool:
+    """At exit: no unhandled exception was reported (``sys.last_value`` is set by the
+    interpreter when one was)."""
+    return getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None
+
+
+class ExitHooks:
+    """The session's ``atexit`` callback and SIGTERM handler (see the module docstring).
+
+    Args:
+        on_exit: called once at interpreter exit with whether the program ended cleanly.
+        on_signal: called with the signal number before the previous handler runs.
+    """
+
+    def __init__(self, on_exit: Callable[[bool], None], on_signal: Callable[[int], None]) -> None:
+        self._on_exit = on_exit
+        self._on_signal = on_signal
+        self._previous: Any = None
+        self._installed_signal = False
+
+    def install(self, *, handle_signals: bool) -> str | None:
+        """Register the hooks; returns why the SIGTERM handler could not be set, if so."""
+        atexit.register(self._at_exit)
+        if not handle_signals:
+            return None
+        if threading.current_thread() is not threading.main_thread():
+            return "init() was called outside the main thread, where no signal handler can be set"
+        self._previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._handle)
+        self._installed_signal = True
+        return None
+
+    def uninstall(self) -> None:
+        """Unregister ``atexit``; put the previous SIGTERM handler back if ours is still set."""
+        atexit.unregister(self._at_exit)
+        if (
+            self._installed_signal
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == self._handle
+        ):
+            signal.signal(signal.SIGTERM, self._previous)
+        self._installed_signal = False
+
+    def _at_exit(self) -> None:
+        self._on_exit(ended_cleanly())
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            self._on_signal(signum)
+        except Exception:  # the signal must still reach the previous handler
+            logger.warning("stormwatch.telemetry: flushing on SIGTERM failed", exc_info=True)
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:  # SIG_DFL, or a handler not set from Python: the default action, terminate
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+__all__ = ["ExitHooks", "ended_cleanly"]

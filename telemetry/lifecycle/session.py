@@ -1,0 +1,458 @@
+"""One process's telemetry session: what :func:`stormwatch.telemetry.init` returns.
+
+A :class:`Session` owns the rank's :class:`~stormwatch.telemetry.rank.RankTelemetry`
+(metrics, event log, done marker), its post-mortem dumper, the collective counter once
+collectives are instrumented, and the exit hooks. Every public method keeps the API's
+promise: a bad value or a call after :meth:`Session.shutdown` is one warning per kind,
+a failure inside is one warning, and nothing raises into training.
+
+Time of a step (:meth:`Session.step`): from the previous step mark (the first: from
+:func:`init` or :meth:`Session.start`) to this one, less the time spent in phases that
+are not part of a step (``checkpoint_save``, ``checkpoint_load``, ``eval``;
+:mod:`stormwatch.telemetry.phases`). The compute/collective-wait split needs counted
+collectives and assumes the step's collectives have completed when it is marked (true
+after ``optimizer.step()`` with DDP and FSDP: both wait for their gradient reductions).
+
+The start record (``{"event": "start", ...}``) is written by :meth:`Session.start`, or
+at the first step or checkpoint mark; then ``resumed_from_step`` is the first step
+marked minus one when that is above 0 (a job numbering steps from 0 or 1 that starts
+fresh marks 0 or 1 first). No torch import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from stormwatch.telemetry.dump import RankDumper
+from stormwatch.telemetry.lifecycle import checks
+from stormwatch.telemetry.lifecycle.collectives import Collectives
+from stormwatch.telemetry.lifecycle.exits import ExitHooks
+from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
+from stormwatch.telemetry.lifecycle.launch import Placement, Settings
+from stormwatch.telemetry.lifecycle.steps import StepClock, StepRecord, rss_bytes
+from stormwatch.telemetry.phases import PHASES, PhaseSpec
+from stormwatch.telemetry.rank import RankTelemetry
+
+
+class PhaseContext:
+    """The context manager :meth:`Session.phase` returns (usable once per ``with``)."""
+
+    def __init__(self, session: Session | None, spec: PhaseSpec | None) -> None:
+        self._session = session
+        self._spec = spec
+
+    def __enter__(self) -> PhaseContext:
+        if self._session is not None and self._spec is not None:
+            self._session._enter_phase(self._spec)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._session is not None and self._spec is not None:
+            self._session._leave_phase(self._spec)
+
+
+class Session:
+    """One process's telemetry (see the module docstring); made by :func:`init`.
+
+    Args:
+        settings: the resolved job name, folders and switches.
+        where: this process's rank, local rank, world size and attempt.
+        clock: Unix time source; monotonic: interval clock (seconds).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        where: Placement,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.placement = where
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._telemetry = RankTelemetry(
+            settings,
+            rank=where.rank,
+            world_size=where.world_size,
+            attempt=where.attempt,
+            clock=clock,
+        )
+        self._dumper = RankDumper(
+            settings.dump_dir, rank=where.rank, attempt=where.attempt, clock=clock
+        )
+        self._collectives = Collectives(
+            self._telemetry, on_made=self._counter_made, on_counting=self._telemetry.progress
+        )
+        self._started = False
+        self._last_step: int | None = None
+        self._resumed: int | None = None
+        self._steps = StepClock(monotonic)
+        self._tracing: Any = None  # stormwatch.telemetry.tracing.RankTracing, once traced
+        self._closed = False
+        self._signalled = False  # SIGTERM arrived: the process does not end cleanly
+        self._exits = ExitHooks(self._at_exit, self._on_signal)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.placement.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
+
+    @property
+    def attempt(self) -> int:
+        return self.placement.attempt
+
+    @property
+    def job(self) -> str:
+        return self.settings.job
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`shutdown` has run."""
+        return self._closed
+
+    def _open(self, call: str) -> bool:
+        if self._closed:
+            warn_once(
+                f"{call}:after_shutdown",
+                "%s() after shutdown(): ignored (the session has ended; call init() again "
+                "for a new one)",
+                call,
+            )
+        return not self._closed
+
+    # ------------------------------------------------------------------ lifecycle
+    def _install_exits(self) -> str | None:
+        return self._exits.install(handle_signals=self.settings.handle_signals)
+
+    @never_raises()
+    def start(self, *, resumed_from_step: int | None = None) -> None:
+        """Write the start record now (rank, attempt, pid, world size, the step resumed
+        from or ``None``) and start the heartbeat. Once per session; without this call
+        the first step or checkpoint mark writes it."""
+        if not self._open("start"):
+            return
+        ok, resumed = checks.count("resumed_from_step", resumed_from_step, call="start")
+        if not ok:
+            return
+        if self._started:
+            warn_once("start:twice", "start() twice: the start record is written once; ignored")
+            return
+        with self._lock:
+            self._steps.restart()  # the first step's time runs from here
+        self._start(resumed)
+
+    def _start(self, resumed: int | None) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._resumed = resumed
+        self._telemetry.start(resumed_from_step=resumed)
+
+    def _ensure_started(self, first_step: int | None) -> None:
+        if not self._started:
+            self._start(first_step - 1 if first_step is not None and first_step > 1 else None)
+
+    # ------------------------------------------------------------------ steps
+    @never_raises()
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        tokens: int | None = None,
+        samples: int | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+    ) -> None:
+        """Mark the END of optimizer step ``step``; see :func:`stormwatch.telemetry.step`."""
+        if not self._open("step"):
+            return
+        args = checks.step_args(
+            step, loss=loss, tokens=tokens, samples=samples, lr=lr, grad_norm=grad_norm
+        )
+        if args is None:
+            return
+        self._ensure_started(args.step)
+        with self._lock:
+            seconds = self._steps.lap()
+        if self.settings.collectives:
+            self._collectives.always_if_initialised()
+        wait = self._collectives.step_wait(seconds)
+        self.record_step(
+            StepRecord(
+                step=args.step,
+                seconds=seconds,
+                loss=args.loss,
+                tokens=args.tokens,
+                samples=args.samples,
+                learning_rate=args.learning_rate,
+                grad_norm=args.grad_norm,
+                wait_seconds=wait,
+                memory=rss_bytes(),
+            )
+        )
+
+    @never_raises()
+    def record_step(self, record: StepRecord) -> None:
+        """Record a step the caller measured itself (its own ``seconds``, wait, MFU).
+
+        The values are recorded as given (a NaN loss too); :meth:`step` is the checked,
+        self-timing way.
+        """
+        if not self._open("record_step"):
+            return
+        self._ensure_started(record.step)
+        telemetry = self._telemetry
+        telemetry.step(
+            step=record.step, loss=record.loss, seconds=record.seconds, tokens=record.tokens
+        )
+        wait = record.wait_seconds
+        telemetry.step_details(
+            compute_seconds=None if wait is None else record.seconds - wait,
+            wait_seconds=wait,
+            grad_norm=record.grad_norm,
+            mfu=record.mfu,
+            peak_flops=record.peak_flops,
+            memory=record.memory,
+        )
+        telemetry.extras(learning_rate=record.learning_rate, samples=record.samples)
+        with self._lock:
+            self._last_step = record.step
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step marked (``None`` before any)."""
+        return self._last_step
+
+    # ------------------------------------------------------------------ phases
+    def phase(self, name: str) -> PhaseContext:
+        """A context manager marking phase ``name`` (see :func:`stormwatch.telemetry.phase`)."""
+        spec = PHASES.get(name) if isinstance(name, str) else None
+        if spec is None:
+            warn_once(
+                "phase:name",
+                "phase(%r): unknown phase; not marked (use one of %s)",
+                name,
+                ", ".join(PHASES),
+            )
+            return PhaseContext(None, None)
+        if not self._open("phase"):
+            return PhaseContext(None, None)
+        return PhaseContext(self, spec)
+
+    @never_raises()
+    def _enter_phase(self, spec: PhaseSpec) -> None:
+        bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
+        with self._lock:
+            outermost = self._steps.enter(spec)
+        if outermost:
+            self._telemetry.phase(spec.name, deadline=self._clock() + bound)
+
+    @never_raises()
+    def _leave_phase(self, spec: PhaseSpec) -> None:
+        with self._lock:
+            left = self._steps.leave(spec)
+        if left:
+            self._telemetry.phase(spec.name, deadline=0.0)
+
+    # ------------------------------------------------------------------ checkpoints
+    @never_raises()
+    def checkpoint(self, step: int, *, error: str | BaseException | None = None) -> None:
+        """A checkpoint of ``step`` was committed, or its save failed with ``error``."""
+        if not self._open("checkpoint"):
+            return
+        if step is None:
+            warn_once("checkpoint:step", "checkpoint(None): the step is required (an int >= 0)")
+            return
+        ok, number = checks.count("step", step, call="checkpoint")
+        if not ok or number is None:
+            return
+        self._ensure_started(None)
+        if error is None:
+            self._telemetry.checkpoint(step=number)
+            return
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        if not isinstance(text, str):
+            text = repr(text)
+        self._telemetry.checkpoint_failed(step=number, error=text)
+
+    @never_raises()
+    def checkpoint_interval(self, steps: int) -> None:
+        """Export the steps between checkpoints (0: checkpointing is off)."""
+        ok, number = checks.count("steps", steps, call="checkpoint_interval")
+        if ok and number is not None and self._open("checkpoint_interval"):
+            self._telemetry.checkpoint_interval(number)
+
+    # ------------------------------------------------------------------ collectives
+    @never_raises()
+    def instrument_collectives(self) -> None:
+        """Count c10d collectives from now on (idempotent); see
+        :func:`stormwatch.telemetry.instrument_collectives`."""
+        if not self._open("instrument_collectives") or self._collectives.counting_always:
+            return
+        try:
+            from stormwatch.telemetry.lifecycle import hooks
+        except ImportError as exc:
+            warn_once(
+                "collectives:torch",
+                "instrument_collectives(): torch.distributed is not available (%s); "
+                "collectives are not counted",
+                exc,
+            )
+            return
+        hooks.when_initialised(self._count_always)
+
+    @never_raises()
+    def _count_always(self) -> None:
+        if not self._closed:
+            self._collectives.always()
+
+    def _counter_made(self, counter: Any) -> None:
+        self._dumper.recent = counter.recent
+
+    def collective_counter(self) -> Any:
+        """The session's :class:`~stormwatch.telemetry.CollectiveCounter` (made on first
+        use, not entered): for a job that counts chosen blocks itself (``with counter:``)
+        instead of every collective (``init(collectives=False)``)."""
+        return self._collectives.counter()
+
+    @never_raises()
+    def label_mesh(self, mesh: Any) -> None:
+        """Label collectives by the dimension names of ``mesh`` (a ``DeviceMesh`` built with
+        ``mesh_dim_names``): ``mesh_dim="dp_shard"``, ``"tp"``... instead of ``world``/``other``."""
+        from stormwatch.telemetry.lifecycle import hooks
+
+        try:
+            groups = hooks.mesh_groups(mesh)
+        except (ValueError, AttributeError) as exc:
+            warn_once(
+                "label_mesh:mesh", "label_mesh(%r): %s; collectives keep their labels", mesh, exc
+            )
+            return
+        self._collectives.label(groups)
+
+    @never_raises()
+    def label_groups(self, groups: Mapping[str, str]) -> None:
+        """Label collectives by process-group name -> mesh dimension name."""
+        self._collectives.label(groups)
+
+    # ------------------------------------------------------------------ chaos and errors
+    @never_raises()
+    def fault(self, point: str, step: int) -> None:
+        """A chaos fault point took effect during ``step`` (event and counter, once per
+        point and step)."""
+        if self._open("fault"):
+            self._telemetry.fault(point=point, step=step)
+
+    @never_raises()
+    def report_error(self, sink: str, exc: BaseException) -> None:
+        """Count a failure of the job's own telemetry (``sink``: ``control``, ``tracing``...)
+        in ``stormwatch_train_telemetry_errors_total``; logged like the session's own."""
+        self._telemetry.on_error(sink, exc)
+
+    @never_raises()
+    def dump(self, reason: str) -> Path | None:
+        """Write this rank's post-mortem dump now (flight recorder and the last collectives);
+        returns its path, or ``None`` (no dump folder, or it could not be written)."""
+        last = self._last_step if self._last_step is not None else self._resumed
+        self._dumper.step = (last or 0) + 1 if self._started else None
+        return self._dumper.dump(reason)
+
+    # ------------------------------------------------------------------ spans
+    @never_raises()
+    def trace(
+        self,
+        *,
+        otlp_endpoint: str | None = None,
+        spans_dir: str | os.PathLike[str] | None = None,
+        flush_timeout: float = 2.0,
+    ) -> None:
+        """Export this rank's OpenTelemetry spans (:meth:`span`): over OTLP/HTTP to
+        ``otlp_endpoint`` (else the standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; needs
+        ``opentelemetry-exporter-otlp-proto-http``), else as JSON lines to
+        ``<spans_dir>/rank<R>.jsonl``; flushed at :meth:`shutdown` within ``flush_timeout``
+        seconds (spans not exported by then are counted as ``tracing`` errors). Resource
+        attributes: ``rank``, ``job``, ``attempt``. Once per session."""
+        if not self._open("trace") or self._tracing is not None:
+            return
+        from stormwatch.telemetry.tracing import RankTracing, SpanOptions
+
+        self._tracing = RankTracing(
+            SpanOptions(
+                otlp_endpoint=otlp_endpoint,
+                spans_dir=None if spans_dir is None else Path(spans_dir),
+                flush_timeout=flush_timeout,
+            ),
+            rank=self.rank,
+            attributes={"job": self.job, "attempt": self.attempt},
+        )
+
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+        """``with session.span(name, **attributes):`` a span around the block (nested spans
+        are its children); a no-op without :meth:`trace`. The block's exceptions pass."""
+        tracing = self._tracing
+        if tracing is None:
+            return contextlib.nullcontext()
+        try:
+            return tracing.span(name, **attributes)
+        except Exception as exc:
+            warn_once("span:failed", "span(%r) failed: %s; not traced", name, exc)
+            return contextlib.nullcontext()
+
+    def _close_tracing(self) -> None:
+        tracing, self._tracing = self._tracing, None
+        if tracing is not None:
+            dropped = tracing.close()
+            if dropped:
+                self._telemetry.on_error(
+                    "tracing", RuntimeError(f"{dropped} spans not exported at exit")
+                )
+
+    # ------------------------------------------------------------------ the end
+    @never_raises()
+    def shutdown(self, *, clean: bool = True) -> None:
+        """End the session: stop counting, write the done record and marker when
+        ``clean``, flush the spans, close the event log. Later calls do nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(Exception):  # a failed final poll is not worth a warning
+            self._collectives.stop()
+        if clean:
+            self._ensure_started(None)
+            last = self._last_step if self._last_step is not None else self._resumed
+            self._telemetry.done(step=last)
+        self._close_tracing()
+        self._telemetry.close()
+        self._exits.uninstall()
+
+    def _at_exit(self, clean: bool) -> None:
+        # after SIGTERM the end is not clean, whatever the handler it chained to did
+        self.shutdown(clean=clean and not self._signalled)
+
+    def _on_signal(self, signum: int) -> None:
+        import signal
+
+        self._signalled = True
+        self.dump(f"signal {signal.Signals(signum).name}")
+
+
+__all__ = ["PhaseContext", "Session", "StepRecord"]

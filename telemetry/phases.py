@@ -1,0 +1,95 @@
+"""Phases that legitimately pause training progress, and how long each may.
+
+A job marks such a phase with :func:`stormwatch.telemetry.phase`; while inside, the
+rank exports ``stormwatch_train_phase_deadline_timestamp_seconds{phase}`` = the Unix
+time it entered + the phase's bound. The agent's hang detector and the Prometheus
+rules do not call a rank hung while that deadline is in the future; past it, the rank
+is judged by its progress heartbeat again (docs/ARCHITECTURE.md "Trainer -> agent
+telemetry"). The bound is decided here, on the job's side, so the agent and the rules
+need no per-phase setting.
+
+Default bounds (seconds) and why:
+
+* ``checkpoint_save`` 900, ``checkpoint_load`` 900: a 70B-parameter job's ~1 TB of
+  model and optimizer state at ~2 GB/s per node to a parallel file system is several
+  minutes; 15 minutes leaves room, and is still shorter than a person's first look.
+* ``eval`` 1800: an evaluation pass of a few thousand batches at training speed.
+* ``data_wait`` 300: a data loader that has not produced a batch in 5 minutes is
+  stuck, not slow (the lab's hang floor is 30 s; a shard reopen on object storage
+  takes seconds).
+
+``STORMWATCH_PHASE_BOUNDS`` overrides them per job, e.g. ``eval=7200,data_wait=60``
+(read by :func:`stormwatch.telemetry.init`). No torch import here (the agent imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One phase a job may mark.
+
+    Attributes:
+        name: the ``phase`` label value.
+        bound_seconds: how long the phase may pause progress before it is a hang.
+        in_step: time spent in it counts towards the step it falls in (``data_wait``:
+            fetching a batch is part of a step; a checkpoint or an eval pass is not).
+    """
+
+    name: str
+    bound_seconds: float
+    in_step: bool
+
+
+#: The phases, by name (the ``phase`` label values).
+PHASES: Mapping[str, PhaseSpec] = {
+    spec.name: spec
+    for spec in (
+        PhaseSpec("checkpoint_save", 900.0, in_step=False),
+        PhaseSpec("checkpoint_load", 900.0, in_step=False),
+        PhaseSpec("eval", 1800.0, in_step=False),
+        PhaseSpec("data_wait", 300.0, in_step=True),
+    )
+}
+
+#: Environment variable holding per-phase bound overrides (``name=seconds,...``).
+PHASE_BOUNDS_ENV = "STORMWATCH_PHASE_BOUNDS"
+
+
+def parse_bounds(text: str) -> tuple[dict[str, float], list[str]]:
+    """``"eval=7200,data_wait=60"`` -> ({phase: seconds}, problems).
+
+    Each problem is one message naming the entry and the fix; bad entries are left out
+    (the default bound of that phase applies).
+    """
+    bounds: dict[str, float] = {}
+    problems: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name, sep, value = entry.partition("=")
+        name = name.strip()
+        if name not in PHASES or not sep:
+            problems.append(
+                f"{PHASE_BOUNDS_ENV}: {entry!r} is not <phase>=<seconds> with a phase of "
+                f"{', '.join(PHASES)}"
+            )
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0 or seconds == float("inf"):
+            problems.append(
+                f"{PHASE_BOUNDS_ENV}: {entry!r}: the bound must be a positive number of seconds"
+            )
+            continue
+        bounds[name] = seconds
+    return bounds, problems
+
+
+__all__ = ["PHASES", "PHASE_BOUNDS_ENV", "PhaseSpec", "parse_bounds"]

@@ -1,0 +1,160 @@
+"""The public telemetry API, used right, in a real process: the records and metrics the node
+agent reads (docs/ARCHITECTURE.md "Trainer -> agent telemetry")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+import stormwatch.telemetry as swt
+
+
+def run_job(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with the telemetry folders under ``tmp_path``."""
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STORMWATCH_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))
+    }
+    environ.update(
+        STORMWATCH_METRICS_DIR=str(tmp_path / "metrics"),
+        STORMWATCH_LOG_DIR=str(tmp_path / "logs"),
+        STORMWATCH_DUMP_DIR=str(tmp_path / "dumps"),
+        STORMWATCH_JOB="api",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def samples(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("job", "rank")))): (
+            s.value
+        )
+        for family in registry.collect()
+        for s in family.samples
+    }
+
+
+def events(tmp_path: Path, rank: int = 0) -> list[dict[str, object]]:
+    lines = (tmp_path / "logs" / f"rank{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_the_package_exports_what_its_all_lists() -> None:
+    assert sorted(swt.__all__) == sorted(set(swt.__all__))
+    for name in swt.__all__:
+        assert getattr(swt, name) is not None, name
+
+
+def test_two_lines_give_the_step_records_metrics_and_done_marker(tmp_path: Path) -> None:
+    out = run_job(
+        """
+        import time
+        import stormwatch.telemetry as swt
+        swt.init()
+        for step in range(1, 4):
+            time.sleep(0.02)
+            swt.step(step, loss=1.0 / step, tokens=64, samples=2, lr=0.1, grad_norm=0.5)
+        """,
+        tmp_path,
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        TORCHELASTIC_RESTART_COUNT="3",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not started by torchrun" not in out.stderr
+    records = events(tmp_path, rank=1)
+    assert [r["event"] for r in records] == ["start", "step", "step", "step", "done"]
+    start, *steps, done = records
+    assert (start["rank"], start["attempt"], start["world_size"]) == (1, 3, 2)
+    assert start["resumed_from_step"] is None
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert steps[1]["loss_hex"] == float.hex(0.5)
+    assert all(0.015 < r["step_seconds"] < 5 for r in steps[1:])
+    assert done["step"] == 3
+    assert (tmp_path / "metrics" / "rank1.done").exists()
+    found = samples(tmp_path / "metrics")
+    assert found[("stormwatch_train_step", ())] == 3
+    assert found[("stormwatch_train_steps_total", ())] == 3
+    assert found[("stormwatch_train_tokens_total", ())] == 192
+    assert found[("stormwatch_train_samples_total", ())] == 6
+    assert found[("stormwatch_train_learning_rate", ())] == 0.1
+    assert found[("stormwatch_train_grad_norm", ())] == 0.5
+    assert found[("stormwatch_train_world_size", ())] == 2
+    assert found[("stormwatch_train_restart_count", ())] == 3
+    beat = found[("stormwatch_train_last_step_timestamp_seconds", ())]
+    assert found[("stormwatch_train_last_progress_timestamp_seconds", ())] >= beat > 0
+
+
+def test_a_phase_exports_its_deadline_and_is_left_out_of_the_step_time(tmp_path: Path) -> None:
+    out = run_job(
+        """
+        import time
+        import stormwatch.telemetry as swt
+        swt.init()
+        swt.step(1)
+        with swt.phase("checkpoint_save"):
+            time.sleep(0.5)
+        with swt.phase("data_wait"):  # part of the step
+            time.sleep(0.2)
+        swt.step(2)
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    second = [r for r in events(tmp_path) if r["event"] == "step"][1]
+    assert 0.2 <= second["step_seconds"] < 0.45  # the save's 0.5 s is not step time
+    deadline = samples(tmp_path / "metrics")[
+        ("stormwatch_train_phase_deadline_timestamp_seconds", (("phase", "checkpoint_save"),))
+    ]
+    assert deadline == 0  # left (the value inside: the next test)
+
+
+def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> None:
+    code = """
+        import sys, time
+        import stormwatch.telemetry as swt
+        swt.init()
+        with swt.phase("eval"):
+            print(time.time(), flush=True)
+            sys.stdin.readline()
+    """
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("STORMWATCH_")}
+    environ.update(
+        STORMWATCH_METRICS_DIR=str(tmp_path / "metrics"),
+        STORMWATCH_JOB="api",
+        STORMWATCH_PHASE_BOUNDS="eval=42",
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=environ,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        entered = float(proc.stdout.readline())
+        deadline = samples(tmp_path / "metrics")[
+            ("stormwatch_train_phase_deadline_timestamp_seconds", (("phase", "eval"),))
+        ]
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert entered + 41 < deadline < entered + 43

@@ -1,0 +1,205 @@
+"""The telemetry API used wrongly never breaks the training loop: each misuse is ONE clear
+warning on the ``stormwatch.telemetry`` logger naming the argument and the fix, and the
+call is ignored (issue 16). Real processes: each case is a small training loop in a fresh
+interpreter that must run to its end."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from stormwatch.telemetry.lifecycle.checks import step_args
+from stormwatch.telemetry.lifecycle.guard import WARNINGS
+
+#: A loop of 5 steps around the misuse; it prints "loop done" when it got through.
+LOOP = """
+import logging, sys, time
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+import stormwatch.telemetry as swt
+{before}
+for step in range(1, 6):
+    {each}
+    swt.step(step, loss=1.0 / step)
+{after}
+print("loop done", flush=True)
+"""
+
+
+def run_loop(
+    tmp_path: Path, *, before: str = "swt.init()", each: str = "pass", after: str = "", **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STORMWATCH_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))
+    }
+    environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "STORMWATCH_METRICS_DIR": str(tmp_path / "metrics"),
+            "STORMWATCH_LOG_DIR": str(tmp_path / "logs"),
+            **env,
+        }
+    )
+    environ = {k: v for k, v in environ.items() if v}  # "": unset
+    code = LOOP.format(before=textwrap.dedent(before), each=each, after=after)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120
+    )
+
+
+def warnings_of(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+
+
+#: case -> (code before the loop, code in each step, words the ONE warning must hold)
+CASES = {
+    "step_before_init": (
+        "swt.step(0)\nswt.step(1)\nswt.init()",
+        "pass",
+        ["step() before init()", "call stormwatch.telemetry.init() first"],
+    ),
+    "phase_before_init": (
+        "with swt.phase('eval'): pass\nswt.init()",
+        "pass",
+        ["phase() before init()", "call stormwatch.telemetry.init() first"],
+    ),
+    "init_twice_with_other_arguments": (
+        "swt.init(job='a')\nswt.init(job='b')\nassert swt.init(job='a') is swt.session()",
+        "swt.init(job='c')",
+        ["init() called again with other arguments", "job='a'"],
+    ),
+    "negative_step": ("swt.init()", "swt.step(-step)", ["step=-1", "int >= 0"]),
+    "non_integer_step": ("swt.init()", "swt.step(step + 0.5)", ["step=1.5", "int >= 0"]),
+    "step_as_text": ("swt.init()", "swt.step(str(step))", ["step='1'", "int >= 0"]),
+    "loss_not_a_number": ("swt.init()", "swt.step(step, loss='low')", ["loss='low'", "number"]),
+    "negative_tokens": ("swt.init()", "swt.step(step, tokens=-5)", ["tokens=-5", "int >= 0"]),
+    "nan_loss": (
+        "swt.init()",
+        "swt.step(step, loss=float('nan'))",
+        ["loss=nan", "not finite", "StormwatchLossNaN"],
+    ),
+    "unknown_phase": (
+        "swt.init()",
+        "with swt.phase('evaluation'): pass",
+        ["phase('evaluation')", "unknown phase", "checkpoint_save, checkpoint_load, eval"],
+    ),
+    "checkpoint_with_a_bad_step": (
+        "swt.init()",
+        "swt.checkpoint(None)",
+        ["checkpoint(None)", "int >= 0"],
+    ),
+    "calls_after_shutdown": (
+        "swt.init()",
+        "pass",
+        ["step() after shutdown()", "init() again"],
+    ),
+    "bad_flag": (
+        "swt.init(collectives='yes')",
+        "pass",
+        ["collectives='yes'", "True or False"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_misuse_is_one_clear_warning_and_the_loop_goes_on(tmp_path: Path, case: str) -> None:
+    before, each, words = CASES[case]
+    if case == "calls_after_shutdown":
+        before = "swt.init(); swt.shutdown()"
+    done = run_loop(tmp_path, before=before, each=each)
+    assert done.returncode == 0, done.stderr
+    assert "loop done" in done.stdout
+    assert "Traceback" not in done.stderr
+    found = warnings_of(done)
+    assert len(found) == 1, found
+    assert found[0].startswith("WARNING stormwatch.telemetry: "), found
+    for word in words:
+        assert word in found[0], (word, found[0])
+
+
+def test_a_process_without_a_launcher_is_rank_0_of_1_with_one_warning(tmp_path: Path) -> None:
+    done = run_loop(tmp_path, RANK="", WORLD_SIZE="", LOCAL_RANK="")
+    assert done.returncode == 0 and "loop done" in done.stdout, done.stderr
+    [warning] = warnings_of(done)
+    assert "not started by torchrun or srun" in warning and "rank 0 of 1" in warning
+    assert (tmp_path / "logs" / "rank0.jsonl").exists()
+
+
+def test_srun_placement_is_read_when_there_is_no_torchrun(tmp_path: Path) -> None:
+    done = run_loop(
+        tmp_path,
+        RANK="",
+        WORLD_SIZE="",
+        LOCAL_RANK="",
+        SLURM_PROCID="3",
+        SLURM_LOCALID="1",
+        SLURM_NTASKS="4",
+        SLURM_RESTART_COUNT="2",
+        SLURM_JOB_NAME="slurmjob",
+    )
+    assert done.returncode == 0 and warnings_of(done) == [], done.stderr
+    start = (tmp_path / "logs" / "rank3.jsonl").read_text().splitlines()[0]
+    assert '"rank": 3, "attempt": 2' in start and '"world_size": 4' in start
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path / "metrics"))
+    labels = {
+        (s.labels["job"], s.labels["rank"])
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "stormwatch_train_step"
+    }
+    assert labels == {("slurmjob", "3")}
+
+
+def test_an_unwritable_metrics_dir_turns_metrics_off_with_one_warning(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = run_loop(tmp_path, STORMWATCH_METRICS_DIR=str(blocker / "metrics"))
+    assert done.returncode == 0 and "loop done" in done.stdout, done.stderr
+    [warning] = warnings_of(done)
+    assert "STORMWATCH_METRICS_DIR=" in warning and "cannot be written" in warning
+    assert "pass a writable folder, or unset STORMWATCH_METRICS_DIR" in warning
+    assert (tmp_path / "logs" / "rank0.jsonl").exists()  # the other outputs still work
+
+
+def test_a_bad_phase_bound_keeps_the_default_with_one_warning(tmp_path: Path) -> None:
+    done = run_loop(tmp_path, STORMWATCH_PHASE_BOUNDS="eval=-3,sleep=5")
+    assert done.returncode == 0, done.stderr
+    [warning] = warnings_of(done)
+    assert "STORMWATCH_PHASE_BOUNDS" in warning and "eval=-3" in warning
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ok"),
+    [
+        ({"step": 3}, True),
+        ({"step": 0}, True),
+        ({"step": True}, False),
+        ({"step": -1}, False),
+        ({"step": 2.0}, False),
+        ({"step": 3, "loss": math.inf}, True),  # recorded, with a warning
+        ({"step": 3, "loss": [1.0]}, False),
+        ({"step": 3, "samples": 1.5}, False),
+        ({"step": 3, "lr": "0.1"}, False),
+        ({"step": 3, "grad_norm": None}, True),
+    ],
+)
+def test_step_arguments_are_checked(kwargs: dict[str, object], ok: bool) -> None:
+    base = {"loss": None, "tokens": None, "samples": None, "lr": None, "grad_norm": None}
+    step = kwargs.pop("step")
+    try:
+        checked = step_args(step, **{**base, **kwargs})
+    finally:
+        WARNINGS.reset()
+    assert (checked is not None) == ok

@@ -1,0 +1,118 @@
+"""SIGTERM to a process using the telemetry API: the session writes its post-mortem dump
+(the flush) and hands the signal on to the handler that was there before (real processes,
+real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+JOB = """
+import signal, sys, time
+import stormwatch.telemetry as swt
+{previous}
+swt.init()
+swt.step(1, loss=0.5)
+print("ready", flush=True)
+for step in range(2, 10_000):
+    time.sleep(0.01)
+    swt.step(step)
+"""
+
+
+def start(tmp_path: Path, previous: str) -> subprocess.Popen[str]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STORMWATCH_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))
+    }
+    environ.update(
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        STORMWATCH_METRICS_DIR=str(tmp_path / "metrics"),
+        STORMWATCH_LOG_DIR=str(tmp_path / "logs"),
+        STORMWATCH_DUMP_DIR=str(tmp_path / "dumps"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", JOB.format(previous=textwrap.dedent(previous))],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_sigterm_writes_the_dump_then_chains_to_the_previous_handler(tmp_path: Path) -> None:
+    previous = """
+    def handler(signum, frame):
+        print("previous handler ran", flush=True)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, handler)
+    """
+    proc = start(tmp_path, previous)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "previous handler ran" in out
+    dump = json.loads((tmp_path / "dumps" / "rank1.json").read_text())
+    assert dump["rank"] == 1 and dump["reason"] == "signal SIGTERM"
+    assert dump["step"] >= 2  # the step in progress
+    # sys.exit(143) is not a clean end: no done record, no done marker
+    lines = (tmp_path / "logs" / "rank1.jsonl").read_text().splitlines()
+    events = [json.loads(line)["event"] for line in lines]
+    assert events[0] == "start" and "done" not in events
+    assert not (tmp_path / "metrics" / "rank1.done").exists()
+
+
+def test_sigterm_with_the_default_handler_still_ends_the_process_by_the_signal(
+    tmp_path: Path,
+) -> None:
+    proc = start(tmp_path, previous="")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert (tmp_path / "dumps" / "rank1.json").exists()
+    assert not (tmp_path / "metrics" / "rank1.done").exists()
+
+
+def test_an_ignored_sigterm_stays_ignored(tmp_path: Path) -> None:
+    proc = start(tmp_path, previous="signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        dump = tmp_path / "dumps" / "rank1.json"
+        for _ in range(200):
+            if dump.exists():
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert dump.exists()
+        assert proc.poll() is None  # still training
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+def test_a_clean_exit_writes_the_done_marker_by_itself(tmp_path: Path) -> None:
+    code = "import stormwatch.telemetry as swt\nswt.init()\nswt.step(1)\n"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("STORMWATCH_")}
+    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", STORMWATCH_METRICS_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=environ, timeout=60, check=False)
+    assert done.returncode == 0
+    assert (tmp_path / "rank0.done").exists()
+    unhandled = subprocess.run(
+        [sys.executable, "-c", code + "raise ValueError('boom')\n"],
+        env={**environ, "RANK": "1", "WORLD_SIZE": "2"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert unhandled.returncode == 1
+    assert not (tmp_path / "rank1.done").exists()  # an unhandled exception is no clean end
