@@ -177,7 +177,7 @@ def init(
     else the process is rank 0 of 1 (one warning).
 
     Args:
-        job: the ``job`` label; default ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``,
+        job: the ``job`` label; default ``STORMWATCH_JOB``, else ``TORCHELASTIC_RUN_ID``, else ``SLURM_JOB_NAME``,
             else ``"train"``. Set ``STORMWATCH_JOB`` to the name the node agent uses.
         metrics_dir: the node agent's metrics folder (prometheus-client multiprocess
             files); default ``STORMWATCH_METRICS_DIR``; ``None``: no metrics.

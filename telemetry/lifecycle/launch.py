@@ -5,7 +5,7 @@
 srun (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_RESTART_COUNT``),
 else it is a non-distributed process (rank 0 of 1). :func:`resolve_settings` picks the
 job name and folders: the argument, else the environment
-(``STORMWATCH_JOB``/``SLURM_JOB_NAME``, ``STORMWATCH_METRICS_DIR``,
+(``STORMWATCH_JOB``/``TORCHELASTIC_RUN_ID``/``SLURM_JOB_NAME``, ``STORMWATCH_METRICS_DIR``,
 ``STORMWATCH_LOG_DIR``, ``STORMWATCH_DUMP_DIR``), and probes each folder. Neither
 raises: what is wrong comes back as one message per problem, naming the variable or
 argument and the fix, for the caller to warn with. No torch import here.
@@ -162,18 +162,32 @@ def resolve_folder(
 
 
 def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """The job name: the argument, else ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``, else
-    ``"train"``; with a problem when the argument is not a non-empty string."""
-    if given is not None:
-        if isinstance(given, str) and given.strip():
-            return given, None
-        problem = f"job={given!r}: not a non-empty string; using the environment's job name"
-    else:
-        problem = None
-    for variable in ("STORMWATCH_JOB", "SLURM_JOB_NAME"):
-        if environ.get(variable):
-            return environ[variable], problem
-    return "train", problem
+    """The job name, as the node agent names this rank: the argument, else
+    ``STORMWATCH_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID`` (the agent's default,
+    :func:`stormwatch.contracts.rank_env.rank_env`), else ``SLURM_JOB_NAME``, else
+    ``"train"``; with a problem when the argument is not a non-empty string, or differs
+    from the name the agent reads from this process's environment (its metrics would
+    not join the agent's view of the rank: heartbeats, exits)."""
+    from_env = next(
+        (
+            environ[v]
+            for v in ("STORMWATCH_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_NAME")
+            if environ.get(v)
+        ),
+        "train",
+    )
+    if given is None:
+        return from_env, None
+    if not (isinstance(given, str) and given.strip()):
+        return from_env, f"job={given!r}: not a non-empty string; using {from_env!r}"
+    agent_sees = environ.get("STORMWATCH_JOB") or environ.get("TORCHELASTIC_RUN_ID")
+    if agent_sees is not None and agent_sees != given:
+        return given, (
+            f"job={given!r} differs from the name the node agent reads from this "
+            f"process's environment ({agent_sees!r}): set STORMWATCH_JOB={given} where the "
+            f"job is launched so the agent joins them"
+        )
+    return given, None
 
 
 __all__ = [

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -158,3 +159,36 @@ def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> 
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
     assert entered + 41 < deadline < entered + 43
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "job", "warned"),
+    [
+        (None, {"STORMWATCH_JOB": "a", "TORCHELASTIC_RUN_ID": "r"}, "a", False),
+        (None, {"TORCHELASTIC_RUN_ID": "r", "SLURM_JOB_NAME": "s"}, "r", False),
+        (None, {"SLURM_JOB_NAME": "s"}, "s", False),
+        (None, {}, "train", False),
+        ("a", {"STORMWATCH_JOB": "a", "TORCHELASTIC_RUN_ID": "r"}, "a", False),
+        ("x", {"TORCHELASTIC_RUN_ID": "r"}, "x", True),
+        ("x", {"STORMWATCH_JOB": "a"}, "x", True),
+        ("x", {"SLURM_JOB_NAME": "s"}, "x", False),
+        ("", {"TORCHELASTIC_RUN_ID": "r"}, "r", True),
+    ],
+)
+def test_the_job_name_is_the_one_the_node_agent_reads_or_a_warning_says_how_to_align_them(
+    given: str | None, environ: dict[str, str], job: str, warned: bool
+) -> None:
+    """The agent keys a rank by ``STORMWATCH_JOB``, else torchrun's run id
+    (:func:`stormwatch.contracts.rank_env.rank_env`): the API's default is the same, and a
+    ``job=`` that differs from it says to set ``STORMWATCH_JOB``."""
+    from stormwatch.contracts.rank_env import rank_env
+    from stormwatch.telemetry.lifecycle.launch import resolve_job
+
+    name, problem = resolve_job(given, environ)
+    assert name == job and (problem is not None) == warned, problem
+    if problem is not None and given:
+        assert f"STORMWATCH_JOB={given}" in problem
+    ranks = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    seen = rank_env({**ranks, **environ}) if "TORCHELASTIC_RUN_ID" in environ else None
+    if seen is not None and not warned:
+        assert seen.job == name
