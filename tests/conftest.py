@@ -29,20 +29,6 @@ from aiohttp import web
 GRAFANA_TEST_TOKEN = "glsa_test-token"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``), keep the end-to-end
-    tier on one worker, in collection order (labs, torchrun jobs and Slurm daemons are
-    timed against a machine of 2 cores: two at once would starve each other), and each
-    other module's tests together (its module-scoped fixtures are built once). The fast
-    tier then runs on the other worker while the end-to-end tier mostly waits."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        serial = item.get_closest_marker("e2e") is not None
-        group = "e2e" if serial else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(autouse=True)
 def _restore_environment() -> Iterator[None]:
     saved = dict(os.environ)
