@@ -6,11 +6,14 @@ Every ``interval`` seconds (0.5 s) one scan:
    and the progress heartbeat ``stormwatch_train_last_progress_timestamp_seconds``, which
    completed collectives advance too, so a job without step marks has one) and steps
    from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks' live gauges go;
-2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`)
+2. lists processes (psutil) and finds rank launchers (:func:`is_rank_launcher`:
+   torchrun agents, and Slurm step daemons for ``srun ... stormwatch run``)
    (steps 2 and 3: :mod:`.discovery`);
 3. among their descendants, takes the topmost process per rank whose
    environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
-   ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and that
+   ``TORCHELASTIC_RUN_ID`` (or srun's variables with ``STORMWATCH_RUN_ID``:
+   :func:`stormwatch.contracts.rank_env.rank_env`; job: ``STORMWATCH_JOB``, else
+   the run id) and that
    this node *claims*: its metrics folder (``--metrics-dir`` after ``train`` on
    its command line, else ``STORMWATCH_METRICS_DIR``; resolved) is this agent's
    metrics directory, or it has no metrics folder at all and the watcher claims
@@ -48,6 +51,7 @@ from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, sign
 from stormwatch.agent.watch.procs import (
     ProcEntry,
     exit_status,
+    is_rank_launcher,
     is_torchrun_agent,
     same_time,
 )
@@ -147,7 +151,7 @@ class RankWatcher:
         interval: seconds between scans in the background thread.
         forget_after: seconds after which an exited rank's series are dropped.
         clock: Unix time.
-        is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+        is_agent: ``(name, cmdline) -> bool`` recognising rank launchers.
         tracer: records a ``rank.exit`` span per exit noticed (default: no-op).
         claim_unlabelled: claim ranks that name no metrics folder at all (default
             True: on a real node one agent owns every rank of the host; the lab,
@@ -164,7 +168,7 @@ class RankWatcher:
         interval: float = 0.5,
         forget_after: float = 3600.0,
         clock: Callable[[], float] = time.time,
-        is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
+        is_agent: Callable[[str, Sequence[str]], bool] = is_rank_launcher,
         tracer: trace.Tracer | None = None,
         claim_unlabelled: bool = True,
         on_exit: Callable[[RankExit], None] | None = None,
@@ -457,5 +461,6 @@ __all__ = [
     "RankInfo",
     "RankKey",
     "RankWatcher",
+    "is_rank_launcher",
     "is_torchrun_agent",
 ]
