@@ -9,10 +9,12 @@ rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` 
 (:meth:`RankFinder.claims`). A process's name, command line, environment and claim are
 read once and kept while it runs the same program: they change only on ``exec``, which
 also changes its command name (``stormwatch run`` execs the job's command in place), so
-they are keyed by pid, start time and command name (:attr:`~.procs.ProcEntry.key`). A
-process younger than :data:`SETTLE_SECONDS` is read afresh at every scan: it may still be a
-fork of its parent that has not yet exec'd its own program (same command name, the
-parent's command line and environment).
+they are keyed by pid, start time and command name (:attr:`~.procs.ProcEntry.key`). What
+may be caught in between is read afresh at every scan instead: a process younger than
+:data:`SETTLE_SECONDS` (it may still be a fork of its parent that has not yet exec'd its
+own program: same command name, the parent's command line and environment), and one
+whose command line reads empty (inside ``exec``: the new command name, no command line
+or environment yet; kernel threads, which have none, excepted).
 """
 
 from __future__ import annotations
@@ -94,9 +96,7 @@ class RankFinder:
                     known = ("", ())
                 except psutil.Error:
                     continue  # gone, or not ours to read: not a rank this node can watch
-            if create_time < self._settled_before:
-                names[key] = known
-            table[pid] = ProcEntry(
+            entry = ProcEntry(
                 pid=pid,
                 ppid=ppid,
                 name=known[0],
@@ -105,6 +105,9 @@ class RankFinder:
                 zombie=zombie,
                 comm=comm,
             )
+            if self._settled(entry):
+                names[key] = known
+            table[pid] = entry
         self._names = names  # only live processes stay cached
         return table
 
@@ -181,7 +184,7 @@ class RankFinder:
             environ: Mapping[str, str] | None = psutil.Process(proc.pid).environ()
         except psutil.Error:
             environ = None  # gone or unreadable: not a rank this node can own
-        if proc.create_time < self._settled_before:
+        if self._settled(proc):
             self._environ[key] = environ
         return environ
 
@@ -191,9 +194,16 @@ class RankFinder:
             return self._claims[key]
         environ = self._environ_of(proc) or {}
         claimed = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
-        if proc.create_time < self._settled_before:
+        if self._settled(proc):
             self._claims[key] = claimed
         return claimed
+
+    def _settled(self, proc: ProcEntry) -> bool:
+        """Whether what was read about ``proc`` can be kept (see the module docstring)."""
+        if proc.create_time >= self._settled_before:
+            return False
+        kernel_thread = proc.pid == 2 or proc.ppid == 2
+        return bool(proc.cmdline) or proc.zombie or kernel_thread
 
 
 __all__ = ["SETTLE_SECONDS", "Found", "RankFinder"]

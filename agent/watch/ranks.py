@@ -22,7 +22,8 @@ Every ``interval`` seconds (0.5 s) one scan:
    ``--no-claim-unlabelled-ranks``);
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
-   written during that process's life;
+   written during that process's life and its exit status, when known, is 0 (the
+   API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too);
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
    their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`).
@@ -119,8 +120,9 @@ class RankExit:
 
     @property
     def reason(self) -> str:
-        """``finished`` (its ``rank<R>.done`` marker), ``signal``, ``exit_code`` or
-        ``unknown``: the ``reason`` label of ``stormwatch_rank_exits_total``."""
+        """``finished`` (its ``rank<R>.done`` marker, and status 0 when known), ``signal``,
+        ``exit_code`` or ``unknown``: the ``reason`` label of
+        ``stormwatch_rank_exits_total``."""
         if self.clean:
             return "finished"
         if self.exit_code is None:
@@ -379,7 +381,9 @@ class RankWatcher:
                 code = gone.returncode if gone is not None else None
             tracked.alive = False
             tracked.exited_at = now
-            clean = self._finished_cleanly(tracked)
+            # A done marker with a known failure (a job's sys.exit(3) passes the API's
+            # clean shutdown at exit) is not a finish.
+            clean = self._finished_cleanly(tracked) and code in (None, 0)
             if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
             else:

@@ -81,8 +81,9 @@ def _first(
 ) -> tuple[str | None, str | None]:
     """``(value, source)`` of the first candidate that is set and not empty."""
     for source, value in candidates:
-        if value is not None and str(value) != "":
-            return str(value), source
+        text = "" if value is None else os.fspath(value)
+        if text:
+            return text, source
     return None, None
 
 

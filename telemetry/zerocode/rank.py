@@ -9,10 +9,14 @@ environment names a rank. It acts only in the rank's *main* process:
   ``sys.executable``): the rank notes its pid in :data:`OWNER_ENV`, which those inherit;
   a process that finds another pid there is not the rank.
 
-In the rank it calls ``stormwatch.telemetry.init(collectives=True, flight_recorder=True)``
-(the job, folders and placement come from the environment ``stormwatch run`` prepared)
-and starts answering the node agent's dump requests (:mod:`.dumps`). It never raises:
-a failure is one warning on the ``stormwatch.telemetry`` logger and the job runs without.
+In the rank it calls ``stormwatch.telemetry.init(collectives=False, flight_recorder=True)``
+(the job, folders and placement come from the environment ``stormwatch run`` prepared),
+asks for :func:`stormwatch.telemetry.instrument_collectives` once the job has imported
+torch (:mod:`.afterimport`: ``init(collectives=True)`` would import ``torch.distributed``
+at once, before the job's own set-up), so counting is in place when the job calls
+``init_process_group``, and starts answering the node agent's dump requests
+(:mod:`.dumps`). It never raises: a failure is one warning on the ``stormwatch.telemetry``
+logger and the job runs without.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import logging
 import os
 import sys
 from collections.abc import MutableMapping, Sequence
-from pathlib import Path
 
 from stormwatch.contracts.rank_env import is_torchrun_agent
+from stormwatch.telemetry.zerocode.afterimport import after_import
+from stormwatch.telemetry.zerocode.dumps import DumpRequestWatcher
 
 log = logging.getLogger("stormwatch.telemetry")
 
@@ -53,23 +58,14 @@ def start(
     try:
         import stormwatch.telemetry as swt
 
-        session = swt.init(collectives=True, flight_recorder=True)
+        session = swt.init(collectives=False, flight_recorder=True)
+        after_import("torch", lambda _: swt.instrument_collectives())
+        if session.settings.dump_dir is not None:
+            DumpRequestWatcher(session.settings.dump_dir, session.rank, session.dump).start()
     except Exception:  # the job must run even when its telemetry cannot
         log.warning("stormwatch run: telemetry could not start in pid %d", pid, exc_info=True)
         return False
-    _answer_dump_requests(session)
     return True
-
-
-def _answer_dump_requests(session: object) -> None:
-    from stormwatch.telemetry.zerocode.dumps import DumpRequestWatcher
-
-    dump_dir = getattr(session, "dump_dir", None)
-    rank = getattr(session, "rank", None)
-    dump = getattr(session, "dump", None)
-    if dump_dir is None or rank is None or dump is None:
-        return  # dumps are off (no folder), or this session cannot dump
-    DumpRequestWatcher(Path(dump_dir), int(rank), dump).start()
 
 
 __all__ = ["OWNER_ENV", "is_rank_main_process", "start"]
