@@ -34,20 +34,24 @@ def test_a_zero_code_rank_answers_and_a_silent_one_is_reported(tmp_path: Path) -
         STORMWATCH_JOB="dumps",
         STORMWATCH_DUMP_DIR=str(tmp_path),
     )
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    job = "import time, torch; time.sleep(120)"  # its telemetry starts with the torch import
+    rank = subprocess.Popen([sys.executable, "-c", job], env=env)
     try:
         targets = [
             RankTarget(("dumps", 0), rank.pid, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)})
         ]
-        time.sleep(2.0)  # its session and watcher start with the interpreter
-        found = hangdumps.diagnose(targets, reason="hang of job dumps", now=time.time(), wait=60)
+        deadline = time.monotonic() + 120
+        while True:  # until its watcher runs (requests from before it started are stale)
+            found = hangdumps.diagnose(targets, reason="hang of job dumps", now=time.time(), wait=2)
+            if found.answered or time.monotonic() > deadline:
+                break
         assert (found.asked, found.answered) == ((0,), (0,))
         assert found.culprit is None  # one dump, not inside a collective: nothing to compare
         silent = [
             *targets,
             RankTarget(("dumps", 1), 1, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)}),
         ]
-        found = hangdumps.diagnose(silent, reason="again", now=time.time(), wait=3)
+        found = hangdumps.diagnose(silent, reason="again", now=time.time(), wait=1.5)
         assert (found.asked, found.answered) == ((0, 1), (0,))
         unasked = [RankTarget(("dumps", 2), 1, ("python", "x.py"), None, {})]  # no folder
         assert hangdumps.diagnose(unasked, reason="x", now=time.time(), wait=1).asked == ()

@@ -19,16 +19,18 @@ from stormwatch.contracts.rank_env import is_rank_launcher, rank_env
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 
-#: A Slurm task: waits for ``<dir>/exit<R>``, then exits with the code written in it.
+#: A Slurm task: waits for ``<dir>/exit<R>``, touches its done marker as the telemetry API
+#: does at any exit without an unhandled exception, then exits with the code written there.
 TASK = textwrap.dedent(
     """
-    import os, sys, time
+    import os, pathlib, sys, time
     path = os.path.join(sys.argv[1], "exit" + os.environ["SLURM_PROCID"])
     parent = os.getppid()
     while not os.path.exists(path):
         if os.getppid() != parent:
             sys.exit(1)  # the step daemon is gone
         time.sleep(0.05)
+    pathlib.Path(os.environ["STORMWATCH_METRICS_DIR"], "rank" + os.environ["SLURM_PROCID"] + ".done").touch()
     time.sleep(0.1)
     sys.exit(int(open(path).read()))
     """
@@ -99,8 +101,8 @@ def test_slurm_tasks_under_stormwatch_run_are_found_and_their_exits_reported(
         seen = tools.wait_for(lambda: (e := exits()) and len(e) == 2 and e, timeout=30)
         assert seen[1]["exit_code"] == 3 and seen[1]["reason"] == "exit_code"
         assert seen[0]["exit_code"] == 0 and seen[0]["reason"] == "finished"
-        # Both wrote their done marker at exit (sys.exit is not an unhandled exception):
-        # a known non-zero status still makes rank 1's exit unexpected.
+        # Both wrote their done marker (sys.exit is not an unhandled exception): a known
+        # non-zero status still makes rank 1's exit unexpected.
         assert (metrics / "rank1.done").exists()
         assert seen[1]["pid"] == found[1]["pid"]  # the task itself: stormwatch run exec'd it
         scrape = tools.scrape(agent.url)

@@ -1,6 +1,7 @@
 """The bootstrap ``sitecustomize`` that ``stormwatch run`` puts first on a job's PYTHONPATH, in
-real Python processes: telemetry in a rank's main process only, nothing (not even an import)
-anywhere else, and the job's own ``sitecustomize`` still runs."""
+real Python processes: telemetry in a rank's main process only, once the job imports torch
+(``hooked``: the post-import hook is waiting for it), nothing (not even an import) anywhere
+else, and the job's own ``sitecustomize`` still runs."""
 
 from __future__ import annotations
 
@@ -23,17 +24,22 @@ REPORT = textwrap.dedent(
     loaded = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("torch", "stormwatch")})
     session = None
     if "stormwatch" in sys.modules:
+        if os.environ.get("REPORT_IMPORTS_TORCH"):
+            import torch  # what a job does: the session starts then
         import stormwatch.telemetry as swt
         found = swt.session()
         session = None if found is None else {"rank": found.rank, "job": found.job}
     threads = sorted(t.name for t in __import__("threading").enumerate())
-    print(json.dumps({"loaded": loaded, "session": session, "threads": threads,
+    hooked = any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+    print(json.dumps({"loaded": loaded, "session": session, "threads": threads, "hooked": hooked,
                       "owner": os.environ.get("OWNER_ENV"), "pid": os.getpid(),
                       "shadowed": os.environ.get("SHADOWED_RAN")}))
     """
 ).replace("OWNER_ENV", OWNER_ENV)
 
 RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "r"}
+#: The reporting process imports torch, as a job does, after looking at what start-up loaded.
+TORCH = {"REPORT_IMPORTS_TORCH": "1"}
 
 
 def _environ(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -61,30 +67,36 @@ def test_a_process_that_is_not_a_rank_imports_nothing(tmp_path: Path) -> None:
     assert report["loaded"] == [] and report["session"] is None and report["owner"] is None
 
 
-def test_a_ranks_main_process_starts_telemetry_without_importing_torch(tmp_path: Path) -> None:
-    report = _report([sys.executable, "-c", REPORT], _environ(tmp_path, RANK0))
+def test_a_ranks_main_process_starts_telemetry_when_the_job_imports_torch(
+    tmp_path: Path,
+) -> None:
+    waiting = _report([sys.executable, "-c", REPORT], _environ(tmp_path, RANK0))
+    assert waiting["loaded"] == ["stormwatch"]  # no torch at start-up
+    assert waiting["hooked"] and waiting["session"] is None  # until the job imports it
+    assert waiting["owner"] == str(waiting["pid"])
+    report = _report([sys.executable, "-c", REPORT], _environ(tmp_path, {**RANK0, **TORCH}))
     assert report["session"] == {"rank": 0, "job": "boot"}
-    assert report["loaded"] == ["stormwatch"]  # torch only once the job imports it
-    assert report["owner"] == str(report["pid"])
+    assert not report["hooked"]  # the hook fired once and is gone
     assert "stormwatch-dump-requests" in report["threads"]  # the agent can ask for dumps
+    assert (tmp_path / "metrics" / "rank0.done").exists()  # a clean end, for the agent
 
 
 def test_processes_a_rank_starts_and_torchrun_itself_start_nothing(tmp_path: Path) -> None:
     child = [sys.executable, "-c", REPORT]
     parent = f"import subprocess, sys; subprocess.run({child!r}, check=True)"
     report = _report([sys.executable, "-c", parent], _environ(tmp_path, RANK0))
-    assert report["session"] is None and report["owner"] != str(report["pid"])
+    assert not report["hooked"] and report["owner"] != str(report["pid"])
     launcher = tmp_path / "torchrun"  # a torchrun whose environment names a rank
     launcher.write_text(REPORT)
     report = _report([sys.executable, str(launcher)], _environ(tmp_path, RANK0))
-    assert report["session"] is None and report["owner"] is None
+    assert not report["hooked"] and report["owner"] is None
 
 
 def test_a_slurm_task_marked_by_the_launcher_is_a_rank(tmp_path: Path) -> None:
     slurm = {"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}
     unmarked = _report([sys.executable, "-c", REPORT], _environ(tmp_path, slurm))
-    assert unmarked["session"] is None and unmarked["loaded"] == []
-    marked = {**slurm, "STORMWATCH_RUN_ID": "9.0"}
+    assert not unmarked["hooked"] and unmarked["loaded"] == []
+    marked = {**slurm, "STORMWATCH_RUN_ID": "9.0", **TORCH}
     report = _report([sys.executable, "-c", REPORT], _environ(tmp_path, marked))
     assert report["session"] == {"rank": 2, "job": "boot"}
 
@@ -102,7 +114,7 @@ def test_the_sitecustomize_it_shadows_still_runs(tmp_path: Path, fails: bool) ->
     )
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["shadowed"] == "yes"
-    assert report["session"] == {"rank": 0, "job": "boot"}  # ours ran after theirs
+    assert report["hooked"]  # ours ran after theirs
     if fails:
         assert "Error in sitecustomize" in done.stderr and "broken site" in done.stderr
 
