@@ -11,11 +11,11 @@ How (docs/instrument-your-job.md, "Zero-code mode"):
    at start-up; it chains any other ``sitecustomize`` on the path and returns at once in
    a process that is not a rank (torchrun itself, a data-loader worker, a tool), without
    importing stormwatch or torch.
-3. In a rank's main process it calls :func:`.rank.start`:
-   ``stormwatch.telemetry.init(collectives=True, flight_recorder=True)`` (collective
-   counting is installed when the job calls ``init_process_group``) and starts the
-   dump-request watcher (:mod:`.dumps`), through which the node agent asks a hung job's
-   ranks for their flight recorders.
+3. In a rank's main process it calls :func:`.rank.start`, which waits for the job to
+   import torch (:mod:`.afterimport`) and then calls ``stormwatch.telemetry.init()``
+   (collective counting is installed when the job calls ``init_process_group``; the
+   flight recorder; the SIGTERM dump) and starts the dump-request watcher (:mod:`.dumps`),
+   through which the node agent asks a hung job's ranks for their flight recorders.
 
 What a job gets this way and what needs the API (loss, tokens, step boundaries, phases)
 is in the docs. Nothing here imports torch.
