@@ -40,11 +40,8 @@ _FOLDER = click.Path(file_okay=False, path_type=Path)
 
 @click.command(
     "run",
-    context_settings={
-        "help_option_names": ["-h", "--help"],
-        "ignore_unknown_options": True,
-        "allow_interspersed_args": False,
-    },
+    # Options end at the first word of the command (or at --): its own options are its.
+    context_settings={"help_option_names": ["-h", "--help"], "allow_interspersed_args": False},
 )
 @click.option("--job", help="Job name [env STORMWATCH_JOB, else SLURM_JOB_NAME, else train].")
 @click.option(

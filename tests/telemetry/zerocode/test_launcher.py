@@ -169,6 +169,13 @@ def _run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     )  # type: ignore[call-overload,no-any-return]
 
 
+def test_options_end_where_the_command_begins(tmp_path: Path) -> None:
+    done = _run("--metrics-dir", str(tmp_path), "sh", "-c", "echo $STORMWATCH_JOB", "--job")
+    assert (done.returncode, done.stdout.strip()) == (0, "train")  # --job was sh's
+    typo = _run("--jbo", "x", "--", "true")
+    assert typo.returncode == 2 and "Did you mean '--job'?" in typo.stderr
+
+
 def test_the_commands_exit_status_is_the_launchers(tmp_path: Path) -> None:
     done = _run("--metrics-dir", str(tmp_path), "--", "sh", "-c", "exit 7")
     assert done.returncode == 7, done.stderr
