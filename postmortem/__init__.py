@@ -18,7 +18,7 @@ Modules:
   the trainer's log reader makes it), restarts after a moment, steps lost, elapsed times;
 * :mod:`.measures`: impact (``Impact``) and the loss check (``LossCheck``);
 * :mod:`.culprit`: the culprit (``Culprit``) from neutral clues (dumps, exits, alerts,
-  straggler scores, heartbeats, XIDs);
+  straggler scores, heartbeats, XIDs), and of a hang in progress from its ranks' dumps;
 * :mod:`.timeline`: ``TimelineEvent`` and how rows of many sources merge;
 * :mod:`.text`: clock times, durations and alert names as printed;
 * :mod:`.experiment`, :mod:`.incident`: the two records (their JSON is the report's
@@ -38,6 +38,7 @@ from stormwatch.postmortem.culprit import (
     RankDump,
     RankExit,
     compare_dumps,
+    culprit_from_dumps,
     find_culprit,
 )
 from stormwatch.postmortem.document import (
@@ -102,6 +103,7 @@ __all__ = [
     "WorkerStart",
     "compare_dumps",
     "compare_losses",
+    "culprit_from_dumps",
     "elapsed",
     "experiment_document",
     "find_culprit",

@@ -184,6 +184,48 @@ def _flight_recorder(dumps: Sequence[RankDump]) -> Culprit | None:
     )
 
 
+def culprit_from_dumps(dumps: Iterable[RankDump], asked: Iterable[int]) -> Culprit | None:
+    """The culprit of a hang still in progress, from the dumps of the ranks ``asked`` for
+    one (the node agent's hang diagnosis); None when the dumps name no rank.
+
+    When every rank asked answered, the flight-recorder comparison decides (a rank behind
+    its peers and inside no collective). When some did not answer, and every rank that did
+    waits inside a collective, the silent ones are what the others wait for: a rank that
+    is stopped, or hung where even a thread of it cannot run, cannot answer (a dead one
+    would have been seen exiting). Certain when exactly one rank is silent; a rank named
+    by the comparison while others are silent is uncertain.
+    """
+    compared = compare_dumps(dumps)
+    silent = sorted(set(asked) - {d.rank for d in compared})
+    if not silent or not compared:
+        return _flight_recorder(compared) if compared else None
+    if not all(d.in_flight for d in compared):
+        found = _flight_recorder(compared)
+        if found is not None:  # a silent rank might be part of it
+            found.certain = False
+            found.evidence.append(f"rank(s) {', '.join(map(str, silent))} did not answer")
+        return found
+    waiting = ", ".join(str(d.rank) for d in compared)
+    evidence = [
+        f"rank(s) {', '.join(map(str, silent))} did not answer the dump request, while "
+        f"rank(s) {waiting} wait inside a collective: they wait for the silent one(s), "
+        "which are stopped or hung where no thread of theirs runs"
+    ]
+    for dump in compared:
+        groups = ", ".join(
+            f"group {g}: last enqueued #{n}" for g, n in sorted(dump.enqueued.items())
+        )
+        evidence.append(
+            f"flight recorder, rank {dump.rank}: waiting inside a collective ({groups})"
+        )
+    return Culprit(
+        rank=silent[0] if len(silent) == 1 else None,
+        method="flight_recorder",
+        certain=len(silent) == 1,
+        evidence=evidence,
+    )
+
+
 def _rank_exit(exits: Sequence[RankExit], onset: float | None) -> Culprit | None:
     if onset is not None:
         exits = [e for e in exits if e.time >= onset - EXIT_BEFORE_ONSET_S]
@@ -330,5 +372,6 @@ __all__ = [
     "RankDump",
     "RankExit",
     "compare_dumps",
+    "culprit_from_dumps",
     "find_culprit",
 ]

@@ -21,6 +21,11 @@ from stormwatch.errors import StormwatchError
 # name -> (module, attribute, one-line help shown by `stormwatch --help`)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("stormwatch.trainer.cli", "train", "Run the reference trainer (under torchrun)."),
+    "run": (
+        "stormwatch.telemetry.zerocode.cli",
+        "run",
+        "Run an unmodified job with telemetry (zero code changes).",
+    ),
     "agent": ("stormwatch.agent.cli", "agent", "Run or inspect the per-node agent."),
     "lab": ("stormwatch.lab.cli", "lab", "Start, inspect and stop the local lab cluster."),
     "chaos": ("stormwatch.chaos.cli", "chaos", "Run and revert chaos experiments."),

@@ -8,10 +8,12 @@ For each running rank of the job on this node, one text file
 * the rank's Python stacks from ``py-spy dump --pid`` when ``py-spy`` is on
   ``PATH`` (it needs ptrace rights: root, or ``CAP_SYS_PTRACE``), otherwise the
   kernel stack ``/proc/<pid>/stack`` (root only) and ``/proc/<pid>/status``;
-* the trainer's post-mortem dump ``<dump-dir>/rank<R>.json`` when it exists
-  (written on abnormal exit, so usually only after the hang ended the rank;
-  the dump folder is ``--dump-dir`` after ``train`` on the rank's command
-  line, else ``<--log-dir>/dumps``; docs/ARCHITECTURE.md "Trainer").
+* the rank's post-mortem dump ``<dump-dir>/rank<R>.json`` when it exists (written on
+  abnormal exit, and when the agent asks a hung job's ranks for one:
+  :mod:`.hangdumps`; the dump folder is ``--dump-dir`` after ``train`` on the rank's
+  command line, else ``<--log-dir>/dumps``, else its ``STORMWATCH_DUMP_DIR``;
+  docs/ARCHITECTURE.md "Trainer -> agent telemetry");
+* the hang's culprit when the dumps name one (:func:`stormwatch.postmortem.culprit_from_dumps`).
 
 Each section that cannot be read says why instead; nothing here raises.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from stormwatch.agent.watch.procs import train_option
 from stormwatch.contracts.rank_env import RankKey
+from stormwatch.postmortem import Culprit
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +43,36 @@ MAX_DUMP_BYTES = 4 * 1024 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class RankTarget:
-    """A running rank to inspect: its key, pid, command line and working directory."""
+    """A running rank to inspect: its key, pid, command line, working directory and
+    environment."""
 
     key: RankKey
     pid: int
     cmdline: tuple[str, ...]
     cwd: str | None
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def dump_dir(self) -> Path | None:
+        """Its dump folder (:func:`dump_dir`)."""
+        return dump_dir(self.cmdline, self.cwd, self.environ)
 
 
-def dump_dir(cmdline: Sequence[str], cwd: str | None) -> Path | None:
-    """The trainer's dump folder from its command line, or None when it names none."""
+def dump_dir(
+    cmdline: Sequence[str], cwd: str | None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """A rank's dump folder: ``--dump-dir`` after ``train`` on its command line, else
+    ``<--log-dir>/dumps``, else its ``STORMWATCH_DUMP_DIR`` (what
+    :func:`stormwatch.telemetry.init` and ``stormwatch run`` use); None when it names none."""
     raw = train_option(cmdline, "--dump-dir")
     if raw is None:
         log_dir = train_option(cmdline, "--log-dir")
-        if log_dir is None:
-            return None
-        raw = str(Path(log_dir) / "dumps")
+        if log_dir is not None:
+            raw = str(Path(log_dir) / "dumps")
+        else:
+            raw = (environ or {}).get("STORMWATCH_DUMP_DIR") or None
+    if raw is None:
+        return None
     path = Path(raw)
     if not path.is_absolute() and cwd is not None:
         path = Path(cwd) / path
@@ -93,9 +110,9 @@ def _stacks(pid: int) -> str:
 
 
 def _dump(target: RankTarget) -> str:
-    folder = dump_dir(target.cmdline, target.cwd)
+    folder = target.dump_dir
     if folder is None:
-        return "## trainer dump: the rank names no --dump-dir / --log-dir\n"
+        return "## trainer dump: the rank names no --dump-dir / --log-dir / STORMWATCH_DUMP_DIR\n"
     path = folder / f"rank{target.key[1]}.json"
     try:
         with path.open("rb") as handle:
@@ -103,6 +120,16 @@ def _dump(target: RankTarget) -> str:
     except OSError as exc:
         return f"## trainer dump {path}: not available ({exc.strerror})\n"
     return f"## trainer dump {path}\n{data.decode(errors='replace')}\n"
+
+
+def _culprit_lines(culprit: Culprit | None) -> str:
+    if culprit is None:
+        return "culprit: not named by the ranks' dumps\n"
+    who = "no single rank" if culprit.rank is None else f"rank {culprit.rank}"
+    sure = "certain" if culprit.certain else "uncertain"
+    return f"culprit: {who} ({culprit.method}, {sure})\n" + "".join(
+        f"  {line}\n" for line in culprit.evidence
+    )
 
 
 def folder_for(base: Path, job: str, now: float) -> Path:
@@ -120,6 +147,7 @@ def collect(
     calls: Mapping[RankKey, float],
     lag: Mapping[RankKey, float],
     now: float,
+    culprit: Culprit | None = None,
 ) -> Path:
     """Write one diagnostics file per target; returns their folder.
 
@@ -130,6 +158,7 @@ def collect(
         hung: ranks of the job that are hung now.
         calls, lag: collective counts and lags of the job's ranks.
         now: Unix time naming the folder (UTC, ``YYYYmmddTHHMMSS.ffffffZ``).
+        culprit: what the ranks' dumps say caused the hang (:mod:`.hangdumps`), if known.
     """
     folder = folder_for(base, job, now)
     stamp = folder.name
@@ -148,7 +177,8 @@ def collect(
             f"pid: {target.pid}\ntime: {stamp}\nhung ranks: {sorted(hung)}\n"
             f"collective calls: {counts or 'none recorded'}\n"
             f"behind in the collective sequence: "
-            f"{'rank ' + str(behind[0][1]) if behind and behind[1] > 0 else 'no rank'}\n\n"
+            f"{'rank ' + str(behind[0][1]) if behind and behind[1] > 0 else 'no rank'}\n"
+            f"{_culprit_lines(culprit)}\n"
         )
         text = header + _stacks(target.pid) + "\n" + _dump(target)
         path = folder / f"rank{target.key[1]}.txt"

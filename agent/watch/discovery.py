@@ -1,17 +1,27 @@
 """Finding this node's rank processes (steps 2 and 3 of a rank-watcher scan).
 
 One scan lists every process (:meth:`RankFinder.process_table`, one ``/proc/<pid>/stat``
-read each), finds torchrun agents (``is_agent``) and, among their descendants, takes
-the topmost process per rank whose environment has ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID`` (:func:`stormwatch.contracts.rank_env.rank_env`)
-and that this node *claims* (:meth:`RankFinder.claims`). A process's name, command
-line, environment and claim are read once and kept while it lives: they do not change.
+read each), finds rank launchers (``is_agent``: torchrun agents, Slurm step daemons) and,
+among their descendants that are not launchers themselves, takes the topmost process per
+rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+``TORCHELASTIC_RUN_ID``, or srun's with ``STORMWATCH_RUN_ID``:
+:func:`stormwatch.contracts.rank_env.rank_env`) and that this node *claims*
+(:meth:`RankFinder.claims`). A process's name, command line, environment and claim are
+read once and kept while it runs the same program: they change only on ``exec``, which
+also changes its command name (``stormwatch run`` execs the job's command in place), so
+they are keyed by pid, start time and command name (:attr:`~.procs.ProcEntry.key`). What
+may be caught in between is read afresh at every scan instead: a process younger than
+:data:`SETTLE_SECONDS` (it may still be a fork of its parent that has not yet exec'd its
+own program: same command name, the parent's command line and environment), and one
+whose command line reads empty (inside ``exec``: the new command name, no command line
+or environment yet; kernel threads, which have none, excepted).
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -26,8 +36,12 @@ from stormwatch.agent.watch.procs import (
 )
 from stormwatch.contracts.rank_env import RankEnv, RankKey, rank_env
 
-#: ``(pid, create time)``: one process, even after its pid is reused.
-_ProcKey = tuple[int, float]
+#: ``(pid, create time, command name)``: one program run by one process, even after its
+#: pid is reused (:attr:`~.procs.ProcEntry.key`).
+_ProcKey = tuple[int, float, str]
+
+#: Seconds after its start before what a process's reads say is kept (fork, then exec).
+SETTLE_SECONDS = 1.0
 
 #: The rank processes one scan found: per ``(job, rank)``, its process and environment.
 Found = dict[RankKey, tuple[ProcEntry, RankEnv]]
@@ -38,7 +52,7 @@ class RankFinder:
 
     Args:
         metrics_dir: this node's metrics folder (what a rank must name to be claimed).
-        is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+        is_agent: ``(name, cmdline) -> bool`` recognising rank launchers.
         claim_unlabelled: claim ranks that name no metrics folder at all (right for one
             agent per host; the lab, several agents in one PID namespace, sets it False).
     """
@@ -56,21 +70,23 @@ class RankFinder:
         self._environ: dict[_ProcKey, Mapping[str, str] | None] = {}
         self._claims: dict[_ProcKey, bool] = {}
         self._names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
+        self._settled_before = 0.0  # processes started before this Unix time are settled
 
     def process_table(self) -> dict[int, ProcEntry]:
         """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~.procs.proc_stat`).
 
-        Name and command line (psutil) are read once per process: they do not change.
+        Name and command line (psutil) are read once per program a process runs.
         """
         table: dict[int, ProcEntry] = {}
         names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
         boot = psutil.boot_time()
+        self._settled_before = time.time() - SETTLE_SECONDS
         for pid in psutil.pids():
             stat = proc_stat(pid, boot)
             if stat is None:
                 continue  # gone since psutil.pids()
-            ppid, zombie, create_time = stat
-            key = (pid, create_time)
+            ppid, zombie, create_time, comm = stat
+            key = (pid, create_time, comm)
             known = self._names.get(key)
             if known is None:
                 try:
@@ -80,20 +96,23 @@ class RankFinder:
                     known = ("", ())
                 except psutil.Error:
                     continue  # gone, or not ours to read: not a rank this node can watch
-            names[key] = known
-            table[pid] = ProcEntry(
+            entry = ProcEntry(
                 pid=pid,
                 ppid=ppid,
                 name=known[0],
                 cmdline=known[1],
                 create_time=create_time,
                 zombie=zombie,
+                comm=comm,
             )
+            if self._settled(entry):
+                names[key] = known
+            table[pid] = entry
         self._names = names  # only live processes stay cached
         return table
 
     def discover(self, table: Mapping[int, ProcEntry]) -> Found:
-        """The topmost claimed rank process per ``(job, rank)`` under a torchrun agent
+        """The topmost claimed rank process per ``(job, rank)`` under a rank launcher
         (the earliest started one when a rank appears twice)."""
         children: dict[int, list[int]] = collections.defaultdict(list)
         for entry in table.values():
@@ -110,7 +129,7 @@ class RankFinder:
             if proc is None or pid in visited or proc.zombie:
                 continue
             visited.add(pid)
-            if not inside_rank:
+            if not inside_rank and not self._is_agent(proc.name, proc.cmdline):
                 environ = self._environ_of(proc)
                 env = rank_env(environ) if environ is not None else None
                 if env is not None:
@@ -124,7 +143,7 @@ class RankFinder:
 
     def forget_gone(self, table: Mapping[int, ProcEntry]) -> None:
         """Drop what is cached about processes not in ``table`` (they are gone)."""
-        live = {(p.pid, p.create_time) for p in table.values()}
+        live = {p.key for p in table.values()}
         self._environ = {k: v for k, v in self._environ.items() if k in live}
         self._claims = {k: v for k, v in self._claims.items() if k in live}
 
@@ -147,7 +166,7 @@ class RankFinder:
         """Re-check, from fresh reads, that ``pid`` is still the claimed rank ``key``.
 
         Returns None when it is: the same process (start time ``create_time``),
-        not a zombie, under a torchrun agent, with ``key``'s rank environment,
+        not a zombie, under a rank launcher, with ``key``'s rank environment,
         claimed by this node. Otherwise the reason it is not (for a 404).
         """
         fresh = read_rank_process(pid, create_time, key, self._is_agent)
@@ -158,20 +177,33 @@ class RankFinder:
         return None if why is None else f"pid {pid} is not this node's rank: {why}"
 
     def _environ_of(self, proc: ProcEntry) -> Mapping[str, str] | None:
-        key = (proc.pid, proc.create_time)
-        if key not in self._environ:
-            try:
-                self._environ[key] = psutil.Process(proc.pid).environ()
-            except psutil.Error:
-                self._environ[key] = None  # gone or unreadable: not a rank this node can own
-        return self._environ[key]
+        key = proc.key
+        if key in self._environ:
+            return self._environ[key]
+        try:
+            environ: Mapping[str, str] | None = psutil.Process(proc.pid).environ()
+        except psutil.Error:
+            environ = None  # gone or unreadable: not a rank this node can own
+        if self._settled(proc):
+            self._environ[key] = environ
+        return environ
 
     def _claimed(self, proc: ProcEntry) -> bool:
-        key = (proc.pid, proc.create_time)
-        if key not in self._claims:
-            environ = self._environ_of(proc) or {}
-            self._claims[key] = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
-        return self._claims[key]
+        key = proc.key
+        if key in self._claims:
+            return self._claims[key]
+        environ = self._environ_of(proc) or {}
+        claimed = self.claims(environ, proc.cmdline, process_cwd(proc.pid)) is None
+        if self._settled(proc):
+            self._claims[key] = claimed
+        return claimed
+
+    def _settled(self, proc: ProcEntry) -> bool:
+        """Whether what was read about ``proc`` can be kept (see the module docstring)."""
+        if proc.create_time >= self._settled_before:
+            return False
+        kernel_thread = proc.pid == 2 or proc.ppid == 2
+        return bool(proc.cmdline) or proc.zombie or kernel_thread
 
 
-__all__ = ["Found", "RankFinder"]
+__all__ = ["SETTLE_SECONDS", "Found", "RankFinder"]

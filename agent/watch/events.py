@@ -15,7 +15,8 @@ ranks are torchrun's children, not the agent's) or from a zombie's
 ``null``; ``reason``: ``finished``, ``exit_code``, ``signal`` or ``unknown``, the
 label of ``stormwatch_rank_exits_total``), ``rank_hang`` / ``rank_hang_cleared``
 and ``rank_straggler`` / ``rank_straggler_cleared`` (details from
-:mod:`stormwatch.agent.watch.detectors`). A line holds the keys its writer gave,
+:mod:`stormwatch.agent.watch.detectors`), ``rank_hang_culprit`` (:class:`RankHangCulpritEvent`:
+the rank a hung job's flight recorders name, :mod:`stormwatch.agent.watch.hangdumps`). A line holds the keys its writer gave,
 in the order the model declares them; details not given are left out (they are
 not written as ``null``).
 
@@ -99,6 +100,21 @@ class RankHangEvent(_RankEvent):
     diagnostics: str | None = None
 
 
+class RankHangCulpritEvent(_RankEvent):
+    """The hung job's flight recorders name ``rank`` as the culprit (``pid``: its process):
+    ``method`` (``flight_recorder``), ``certain``, the ``evidence`` lines, the ranks
+    ``asked`` for a dump and those that ``answered``, and the ``diagnostics`` folder
+    (:mod:`stormwatch.agent.watch.hangdumps`). At most one per hang of a job."""
+
+    kind: Literal["rank_hang_culprit"] = "rank_hang_culprit"
+    method: str | None = None
+    certain: bool | None = None
+    evidence: list[str] | None = None
+    asked: list[int] | None = None
+    answered: list[int] | None = None
+    diagnostics: str | None = None
+
+
 class RankHangClearedEvent(_RankEvent):
     """A hang ended: the rank stepped again (``progress``), ``exited`` or was ``forgotten``."""
 
@@ -136,6 +152,7 @@ class RankStragglerClearedEvent(_StragglerScores):
 AgentEvent = Annotated[
     RankExitEvent
     | RankHangEvent
+    | RankHangCulpritEvent
     | RankHangClearedEvent
     | RankStragglerEvent
     | RankStragglerClearedEvent,
@@ -251,6 +268,7 @@ __all__ = [
     "EventLog",
     "RankExitEvent",
     "RankHangClearedEvent",
+    "RankHangCulpritEvent",
     "RankHangEvent",
     "RankStragglerClearedEvent",
     "RankStragglerEvent",

@@ -14,7 +14,10 @@ Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
    step gauges;
 3. records every transition in the :class:`~.events.EventLog`; on a hang it
    writes diagnostics for the job's running ranks (:mod:`.diagnostics`) on a
-   separate thread, so a slow ``py-spy`` never delays detection.
+   separate thread, so a slow ``py-spy`` never delays detection; on the first hang of
+   a job (until none of its ranks is hung) that thread also asks the job's ranks for
+   their flight recorders and records the culprit they name, ``rank_hang_culprit``
+   (:mod:`.hangdumps`).
 
 Exports (through the ``ranks`` collector): ``stormwatch_rank_hung``,
 ``stormwatch_rank_hangs_total``, ``stormwatch_rank_collective_lag``,
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from stormwatch.agent.watch import diagnostics
+from stormwatch.agent.watch import diagnostics, hangdumps
 from stormwatch.agent.watch.detectors import (
     HANG,
     HangDetector,
@@ -111,6 +114,7 @@ class RankHealth:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
+        self._culprit_asked: set[str] = set()  # jobs hung now whose ranks were asked for dumps
         self._view = HealthView({}, {}, {}, {}, {})
         self.last_error: str | None = None
 
@@ -174,6 +178,7 @@ class RankHealth:
         lag = collective_lag(mine)
         transitions = self._hang.observe(now, hang_input) + self._straggler.observe(samples)
         hung_now = self._hang.hung()
+        self._culprit_asked &= {key[0] for key, hung in hung_now.items() if hung}
         for t in transitions:
             info = running.get(t.key)
             details = dict(t.details)
@@ -218,20 +223,62 @@ class RankHealth:
                 cmdline = tuple(psutil.Process(pid).cmdline())
             except psutil.Error:
                 cmdline = ()
-            targets.append(diagnostics.RankTarget(key, pid, cmdline, process_cwd(pid)))
+            targets.append(
+                diagnostics.RankTarget(key, pid, cmdline, process_cwd(pid), _environ(pid))
+            )
         job_calls = {k: v for k, v in calls.items() if k[0] == job}
         job_lag = {k: v for k, v in lag.items() if k[0] == job}
         hung_ranks = [k[1] for k, v in hung.items() if v and k[0] == job]
+        ask = job not in self._culprit_asked  # once per hang of the job
+        self._culprit_asked.add(job)
+        folder = diagnostics.folder_for(stamp_folder, job, now)
 
         def work() -> None:
+            found = None
+            if ask:
+                reason = f"hang of job {job} (ranks {hung_ranks})"
+                found = hangdumps.diagnose(targets, reason=reason, now=now)
+            culprit = None if found is None else found.culprit
             diagnostics.collect(
-                stamp_folder, job, targets, hung=hung_ranks, calls=job_calls, lag=job_lag, now=now
+                stamp_folder,
+                job,
+                targets,
+                hung=hung_ranks,
+                calls=job_calls,
+                lag=job_lag,
+                now=now,
+                culprit=culprit,
             )
+            if found is not None and culprit is not None and culprit.rank is not None:
+                self._record_culprit(job, found, running, folder)
 
         thread = threading.Thread(target=work, name="stormwatch-hang-diagnostics", daemon=True)
         thread.start()
         self._workers = [t for t in self._workers if t.is_alive()] + [thread]
-        return diagnostics.folder_for(stamp_folder, job, now)
+        return folder
+
+    def _record_culprit(
+        self,
+        job: str,
+        found: hangdumps.HangCulprit,
+        running: dict[RankKey, RankInfo],
+        folder: Path,
+    ) -> None:
+        culprit = found.culprit
+        assert culprit is not None and culprit.rank is not None
+        info = running.get((job, culprit.rank))
+        self._events.record(
+            "rank_hang_culprit",
+            job,
+            culprit.rank,
+            pid=info.pid if info else None,
+            method=culprit.method,
+            certain=culprit.certain,
+            evidence=culprit.evidence,
+            asked=list(found.asked),
+            answered=list(found.answered),
+            diagnostics=str(folder),
+        )
 
     def _read(self) -> tuple[dict[str, dict[RankKey, float]], dict[RankKey, float]]:
         gauges = self._files.read(
@@ -240,6 +287,15 @@ class RankHealth:
         )
         calls = self._files.read(COUNTERS, (CALLS_SAMPLE,), combine=add)[CALLS_SAMPLE]
         return gauges, calls
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment of ``pid`` (empty when it cannot be read: then only its command
+    line says where its dumps go)."""
+    try:
+        return dict(psutil.Process(pid).environ())
+    except psutil.Error:
+        return {}
 
 
 __all__ = ["HealthView", "RankHealth"]

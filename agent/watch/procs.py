@@ -1,8 +1,10 @@
-"""Process inspection for the rank watcher: who is a torchrun agent, who is a rank.
+"""Process inspection for the rank watcher: who is a rank launcher, who is a rank.
 
 The pure helpers that read ``/proc``, the environment and command lines; the rank
 watcher (:mod:`.ranks`, which tracks rank lives) finds ranks with them
-(:mod:`.discovery`), and re-checks one before a fault acts on it.
+(:mod:`.discovery`), and re-checks one before a fault acts on it. Who launches ranks
+(:func:`is_rank_launcher`: torchrun, or ``slurmstepd`` for the Slurm tasks ``stormwatch
+run`` marks) is the rank-environment contract's (:mod:`stormwatch.contracts.rank_env`).
 """
 
 from __future__ import annotations
@@ -11,29 +13,11 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
-from stormwatch.contracts.rank_env import RankKey, rank_env
-
-_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-
-
-def is_torchrun_agent(name: str, cmdline: Sequence[str]) -> bool:
-    """Whether a process is a torchrun (elastic agent) launcher.
-
-    True for a process named ``torchrun``, a command line whose first or second
-    word is a file named ``torchrun`` (``python /venv/bin/torchrun ...``), and
-    ``python -m torch.distributed.run|launch``.
-    """
-    if name == "torchrun":
-        return True
-    if any(Path(arg).name == "torchrun" for arg in cmdline[:2]):
-        return True
-    for i, arg in enumerate(cmdline[:3]):
-        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in _TORCHRUN_MODULES:
-            return True
-    return False
+from stormwatch.contracts.rank_env import RankKey, is_rank_launcher, is_torchrun_agent, rank_env
 
 
 def metrics_dir_argument(cmdline: Sequence[str]) -> str | None:
@@ -64,15 +48,23 @@ def train_option(cmdline: Sequence[str], option: str) -> str | None:
     return found or None
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (``fields[0]`` is the
-    state, field 3 of proc(5)); None when the process is gone."""
+def _stat(pid: int) -> tuple[bytes, list[bytes]] | None:
+    """The command name (``comm``, field 2 of proc(5)) of ``pid`` and the fields of
+    ``/proc/<pid>/stat`` after it (``fields[0]`` is the state, field 3); None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
     except OSError:  # gone: no /proc entry left
         return None
-    return data[data.rfind(b")") + 2 :].split()
+    end = data.rfind(b")")
+    return data[data.find(b"(") + 1 : end], data[end + 2 :].split()
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``fields[0]`` is the
+    state, field 3 of proc(5)); None when the process is gone."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
 
 
 def exit_status(pid: int) -> int | None:
@@ -116,7 +108,8 @@ def rank_metrics_dir(
 
 @dataclasses.dataclass(frozen=True)
 class ProcEntry:
-    """One process of the process table."""
+    """One process of the process table (``comm``: the kernel's command name, which
+    ``exec`` changes)."""
 
     pid: int
     ppid: int
@@ -124,24 +117,44 @@ class ProcEntry:
     cmdline: tuple[str, ...]
     create_time: float
     zombie: bool
+    comm: str = ""
+
+    @property
+    def key(self) -> tuple[int, float, str]:
+        """One program run by one process: ``exec`` keeps the pid and start time but
+        changes the command name (``stormwatch run`` becoming ``torchrun``), and with it
+        the command line and environment."""
+        return (self.pid, self.create_time, self.comm)
+
+
+class ProcStat(NamedTuple):
+    """What one read of ``/proc/<pid>/stat`` says (:func:`proc_stat`)."""
+
+    ppid: int
+    zombie: bool
+    create_time: float
+    comm: str
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def proc_stat(pid: int, boot_time: float) -> tuple[int, bool, float] | None:
-    """``(ppid, zombie, create time)`` of ``pid`` from ``/proc/<pid>/stat``; None when gone.
+def proc_stat(pid: int, boot_time: float) -> ProcStat | None:
+    """Parent, zombie state, create time and command name of ``pid`` from
+    ``/proc/<pid>/stat``; None when gone.
 
     The rank watcher lists every process twice a second; psutil would read this
     file twice per process and build objects for it, which costs most of a scan.
     The create time is computed as psutil computes it (boot time + start ticks),
     so it compares equal to ``psutil.Process.create_time()``.
     """
-    fields = _stat_fields(pid)
-    if fields is None:
+    stat = _stat(pid)
+    if stat is None:
         return None
+    comm, fields = stat
     try:
-        return int(fields[1]), fields[0] == b"Z", boot_time + int(fields[19]) / _CLOCK_TICKS
+        started = boot_time + int(fields[19]) / _CLOCK_TICKS
+        return ProcStat(int(fields[1]), fields[0] == b"Z", started, comm.decode(errors="replace"))
     except (IndexError, ValueError):
         return None
 
@@ -176,8 +189,8 @@ def read_rank_process(
     """Fresh ``(environ, cmdline, cwd)`` of ``pid`` if it is still rank ``key``.
 
     Still rank ``key`` means: the same process (start time ``create_time``), not a
-    zombie, a descendant of a torchrun agent (``is_agent``), whose environment
-    says ``key``. Otherwise returns why not (one sentence, for a 404).
+    zombie, a descendant of a rank launcher (``is_agent``), not a launcher itself,
+    whose environment says ``key``. Otherwise returns why not (one sentence, for a 404).
     """
     try:
         process = psutil.Process(pid)
@@ -188,22 +201,25 @@ def read_rank_process(
         environ = process.environ()
         cmdline = process.cmdline()
         cwd = process_cwd(pid)
-        under_torchrun = any(is_agent(p.name(), p.cmdline()) for p in process.parents())
+        under_launcher = any(is_agent(p.name(), p.cmdline()) for p in process.parents())
+        launcher = is_agent(process.name(), cmdline)
     except psutil.NoSuchProcess:
         return f"pid {pid} has exited"
     except psutil.Error as exc:
         return f"pid {pid} cannot be inspected ({type(exc).__name__})"
     env = rank_env(environ)
-    if env is None or env.key != key:
+    if env is None or env.key != key or launcher:
         return f"pid {pid} is not rank {key[1]} of job {key[0]}"
-    if not under_torchrun:
-        return f"pid {pid} is not under a torchrun agent"
+    if not under_launcher:
+        return f"pid {pid} is not under a rank launcher (torchrun, slurmstepd)"
     return environ, cmdline, cwd
 
 
 __all__ = [
     "ProcEntry",
+    "ProcStat",
     "exit_status",
+    "is_rank_launcher",
     "is_torchrun_agent",
     "metrics_dir_argument",
     "pid_dead",

@@ -6,11 +6,14 @@ Every ``interval`` seconds (0.5 s) one scan:
    and the progress heartbeat ``stormwatch_train_last_progress_timestamp_seconds``, which
    completed collectives advance too, so a job without step marks has one) and steps
    from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks' live gauges go;
-2. lists processes (psutil) and finds torchrun agents (:func:`is_torchrun_agent`)
+2. lists processes (psutil) and finds rank launchers (:func:`is_rank_launcher`:
+   torchrun agents, and Slurm step daemons for ``srun ... stormwatch run``)
    (steps 2 and 3: :mod:`.discovery`);
 3. among their descendants, takes the topmost process per rank whose
    environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
-   ``TORCHELASTIC_RUN_ID`` (job: ``STORMWATCH_JOB``, else the run id) and that
+   ``TORCHELASTIC_RUN_ID`` (or srun's variables with ``STORMWATCH_RUN_ID``:
+   :func:`stormwatch.contracts.rank_env.rank_env`; job: ``STORMWATCH_JOB``, else
+   the run id) and that
    this node *claims*: its metrics folder (``--metrics-dir`` after ``train`` on
    its command line, else ``STORMWATCH_METRICS_DIR``; resolved) is this agent's
    metrics directory, or it has no metrics folder at all and the watcher claims
@@ -19,7 +22,8 @@ Every ``interval`` seconds (0.5 s) one scan:
    ``--no-claim-unlabelled-ranks``);
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
-   written during that process's life;
+   written during that process's life and its exit status, when known, is 0 (the
+   API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too);
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
    their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`).
@@ -48,6 +52,7 @@ from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, sign
 from stormwatch.agent.watch.procs import (
     ProcEntry,
     exit_status,
+    is_rank_launcher,
     is_torchrun_agent,
     same_time,
 )
@@ -115,8 +120,9 @@ class RankExit:
 
     @property
     def reason(self) -> str:
-        """``finished`` (its ``rank<R>.done`` marker), ``signal``, ``exit_code`` or
-        ``unknown``: the ``reason`` label of ``stormwatch_rank_exits_total``."""
+        """``finished`` (its ``rank<R>.done`` marker, and status 0 when known), ``signal``,
+        ``exit_code`` or ``unknown``: the ``reason`` label of
+        ``stormwatch_rank_exits_total``."""
         if self.clean:
             return "finished"
         if self.exit_code is None:
@@ -147,7 +153,7 @@ class RankWatcher:
         interval: seconds between scans in the background thread.
         forget_after: seconds after which an exited rank's series are dropped.
         clock: Unix time.
-        is_agent: ``(name, cmdline) -> bool`` recognising torchrun agents.
+        is_agent: ``(name, cmdline) -> bool`` recognising rank launchers.
         tracer: records a ``rank.exit`` span per exit noticed (default: no-op).
         claim_unlabelled: claim ranks that name no metrics folder at all (default
             True: on a real node one agent owns every rank of the host; the lab,
@@ -164,7 +170,7 @@ class RankWatcher:
         interval: float = 0.5,
         forget_after: float = 3600.0,
         clock: Callable[[], float] = time.time,
-        is_agent: Callable[[str, Sequence[str]], bool] = is_torchrun_agent,
+        is_agent: Callable[[str, Sequence[str]], bool] = is_rank_launcher,
         tracer: trace.Tracer | None = None,
         claim_unlabelled: bool = True,
         on_exit: Callable[[RankExit], None] | None = None,
@@ -375,7 +381,9 @@ class RankWatcher:
                 code = gone.returncode if gone is not None else None
             tracked.alive = False
             tracked.exited_at = now
-            clean = self._finished_cleanly(tracked)
+            # A done marker with a known failure (a job's sys.exit(3) passes the API's
+            # clean shutdown at exit) is not a finish.
+            clean = self._finished_cleanly(tracked) and code in (None, 0)
             if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
             else:
@@ -457,5 +465,6 @@ __all__ = [
     "RankInfo",
     "RankKey",
     "RankWatcher",
+    "is_rank_launcher",
     "is_torchrun_agent",
 ]

@@ -3,7 +3,8 @@
 What the engine weighs (:func:`stormwatch.postmortem.find_culprit`, strongest first:
 flight recorder, rank exits, the first alert, straggler scores, heartbeats, XID
 errors) comes from files and services this source reads: the trainer's dumps
-(:class:`~stormwatch.telemetry.dump.DumpRecord` -> :func:`reduce_dump`), the
+(:class:`~stormwatch.telemetry.dump.DumpRecord` ->
+:func:`stormwatch.telemetry.culprit.reduce_dump`), the
 agents' ``rank_exit`` events (:func:`exit_status` words them), the responder's first
 alert, Prometheus and the rank logs.
 """
@@ -14,33 +15,7 @@ from stormwatch.agent.watch.events import RankExitEvent
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.incident_report.sources import Inputs
 from stormwatch.postmortem import Clues, FirstAlert, RankDump, RankExit
-from stormwatch.telemetry.dump import DumpRecord
-
-#: Characters of a dump's reason kept (an exception message can be a page long).
-REASON_CHARS = 300
-
-
-def reduce_dump(record: DumpRecord) -> RankDump:
-    """The parts of one trainer dump that compare across ranks: per process group the last
-    collective enqueued, and whether the rank was inside a collective (one enqueued but not
-    completed, or one of our own record never observed complete)."""
-    dump = RankDump(
-        rank=record.rank,
-        attempt=record.attempt,
-        time=record.time,
-        reason=record.reason[:REASON_CHARS],
-        step=record.step,
-    )
-    for name, status in record.group_status().items():
-        enqueued, completed = status.last_enqueued_collective, status.last_completed_collective
-        if enqueued is None:
-            continue
-        dump.enqueued[name] = enqueued
-        if completed is not None and completed >= 0 and enqueued > completed:
-            dump.in_flight = True
-    if record.in_collective():
-        dump.in_flight = True
-    return dump
+from stormwatch.telemetry.culprit import REASON_CHARS, reduce_dump
 
 
 def exit_status(event: RankExitEvent) -> str:

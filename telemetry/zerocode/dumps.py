@@ -1,0 +1,149 @@
+"""Post-mortem dumps on request: how the node agent reads a hung rank's flight recorder.
+
+A rank that waits inside a collective runs no Python signal handler: CPython runs them
+on the main thread between bytecodes, and a gloo or NCCL wait holds that thread in C++
+(measured: a SIGTERM handler ran only once the all-reduce it interrupted returned).
+So a hung job's ranks cannot be asked for their recorder with a signal. Instead each rank
+polls a request file from a daemon thread, which can read PyTorch's flight recorder while
+the main thread is blocked (``_dump_fr_trace_json`` needs no progress of the waiting one):
+
+* request: ``<dump-dir>/rank<R>.request``, ``{"requested_at": UNIX_SECONDS, "reason": str}``
+  (:class:`DumpRequest`), written atomically by the node agent when it detects a hang
+  (:func:`write_request`);
+* answer: the rank's dump ``<dump-dir>/rank<R>.json``
+  (:class:`~stormwatch.telemetry.dump.DumpRecord`, ``reason`` ``"requested: <reason>"``),
+  once per request newer than the last one answered. A request older than the process
+  (left from an earlier attempt) is not answered.
+
+A stopped or dead rank answers nothing: its silence, while its peers' dumps show them
+waiting, is itself the evidence (:func:`stormwatch.postmortem.culprit_from_dumps`).
+Polling costs one ``stat`` per :data:`POLL_SECONDS`. No torch import here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the request file (the agent waits a few seconds for dumps).
+POLL_SECONDS = 0.5
+
+
+class DumpRequest(BaseModel):
+    """One request for a rank's dump: when it was made (Unix s) and why."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    requested_at: float
+    reason: str = ""
+
+
+def request_path(dump_dir: Path, rank: int) -> Path:
+    """``<dump_dir>/rank<rank>.request``."""
+    return Path(dump_dir) / f"rank{rank}.request"
+
+
+def write_request(dump_dir: Path, rank: int, reason: str, now: float) -> Path:
+    """Ask rank ``rank`` for its dump (atomically: a temporary file renamed).
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    path = request_path(dump_dir, rank)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(DumpRequest(requested_at=now, reason=reason).model_dump_json())
+    os.replace(tmp, path)
+    return path
+
+
+def read_request(path: Path) -> DumpRequest | None:
+    """The request in ``path``; None when there is none or it does not parse."""
+    try:
+        return DumpRequest.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):  # none yet, or being replaced: looked at again soon
+        return None
+
+
+class DumpRequestWatcher:
+    """Answers dump requests for one rank from a daemon thread; never raises.
+
+    Args:
+        dump_dir: the rank's dump folder.
+        rank: its global rank.
+        dump: writes the dump with the reason given (e.g.
+            :meth:`stormwatch.telemetry.dump.RankDumper.dump`).
+        started_at: Unix time before which requests are stale (default: now).
+        interval: seconds between polls.
+    """
+
+    def __init__(
+        self,
+        dump_dir: Path,
+        rank: int,
+        dump: Callable[[str], object],
+        *,
+        started_at: float | None = None,
+        interval: float = POLL_SECONDS,
+    ) -> None:
+        self._path = request_path(dump_dir, rank)
+        self._dump = dump
+        self._answered = time.time() if started_at is None else started_at
+        self._interval = interval
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> bool:
+        """Look once; answer a new request. Returns whether a dump was asked for."""
+        try:
+            stat = self._path.stat()
+        except OSError:  # no request: the usual case
+            return False
+        if (stat.st_mtime_ns, stat.st_size) == self._seen:
+            return False
+        request = read_request(self._path)
+        if request is None:
+            return False
+        self._seen = (stat.st_mtime_ns, stat.st_size)
+        if request.requested_at <= self._answered:
+            return False
+        self._answered = request.requested_at
+        try:
+            self._dump(f"requested: {request.reason}" if request.reason else "requested")
+        except Exception:  # the dump's own failures are its to report; keep watching
+            log.warning("dump request %s: the dump failed", self._path, exc_info=True)
+        return True
+
+    def start(self) -> None:
+        """Poll every ``interval`` seconds on a daemon thread (it dies with the process)."""
+        self._thread = threading.Thread(
+            target=self._run, name="stormwatch-dump-requests", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.poll()
+
+
+__all__ = [
+    "POLL_SECONDS",
+    "DumpRequest",
+    "DumpRequestWatcher",
+    "read_request",
+    "request_path",
+    "write_request",
+]

@@ -1,0 +1,60 @@
+"""The agent asks a hung job's ranks for their dumps (:mod:`stormwatch.agent.watch.hangdumps`):
+a real rank process started through ``stormwatch run``'s bootstrap answers; a rank that
+does not answer is reported silent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stormwatch.agent.watch import hangdumps
+from stormwatch.agent.watch.diagnostics import RankTarget, dump_dir
+from stormwatch.telemetry.zerocode import BOOTSTRAP_DIR
+
+
+def test_a_ranks_dump_folder_comes_from_its_command_line_else_its_environment() -> None:
+    env = {"STORMWATCH_DUMP_DIR": "/d/env"}
+    assert dump_dir(["stormwatch", "train", "--dump-dir", "/d/flag"], None, env) == Path("/d/flag")
+    assert dump_dir(["stormwatch", "train", "--log-dir", "/l"], None, env) == Path("/l/dumps")
+    assert dump_dir(["python", "train.py"], None, env) == Path("/d/env")
+    assert dump_dir(["python", "train.py"], "/work", {}) is None
+
+
+def test_a_zero_code_rank_answers_and_a_silent_one_is_reported(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "SLURM_"))}
+    env.update(
+        PYTHONPATH=str(BOOTSTRAP_DIR),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="2",
+        TORCHELASTIC_RUN_ID="r",
+        STORMWATCH_JOB="dumps",
+        STORMWATCH_DUMP_DIR=str(tmp_path),
+    )
+    job = "import time, torch; time.sleep(120)"  # its telemetry starts with the torch import
+    rank = subprocess.Popen([sys.executable, "-c", job], env=env)
+    try:
+        targets = [
+            RankTarget(("dumps", 0), rank.pid, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)})
+        ]
+        deadline = time.monotonic() + 120
+        while True:  # until its watcher runs (requests from before it started are stale)
+            found = hangdumps.diagnose(targets, reason="hang of job dumps", now=time.time(), wait=2)
+            if found.answered or time.monotonic() > deadline:
+                break
+        assert (found.asked, found.answered) == ((0,), (0,))
+        assert found.culprit is None  # one dump, not inside a collective: nothing to compare
+        silent = [
+            *targets,
+            RankTarget(("dumps", 1), 1, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)}),
+        ]
+        found = hangdumps.diagnose(silent, reason="again", now=time.time(), wait=1.5)
+        assert (found.asked, found.answered) == ((0, 1), (0,))
+        unasked = [RankTarget(("dumps", 2), 1, ("python", "x.py"), None, {})]  # no folder
+        assert hangdumps.diagnose(unasked, reason="x", now=time.time(), wait=1).asked == ()
+    finally:
+        rank.kill()
+        rank.wait()

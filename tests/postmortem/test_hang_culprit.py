@@ -1,0 +1,55 @@
+"""The culprit of a hang in progress from the dumps its ranks were asked for
+(:func:`stormwatch.postmortem.culprit_from_dumps`, the node agent's hang diagnosis)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stormwatch.postmortem import RankDump, culprit_from_dumps
+
+
+def _dump(rank: int, enqueued: int, *, waiting: bool) -> RankDump:
+    return RankDump(rank=rank, enqueued={"0 default_pg": enqueued}, in_flight=waiting)
+
+
+@pytest.mark.parametrize(
+    ("dumps", "asked", "expected"),
+    [
+        # every rank answered: the one behind and inside no collective never issued it
+        ([_dump(0, 8, waiting=True), _dump(1, 7, waiting=False)], [0, 1], (1, True)),
+        (
+            [_dump(0, 8, waiting=True), _dump(1, 8, waiting=True), _dump(2, 7, waiting=False)],
+            [0, 1, 2],
+            (2, True),
+        ),
+        # one rank silent (stopped) while every rank that answered waits in a collective
+        ([_dump(0, 8, waiting=True)], [0, 1], (1, True)),
+        ([_dump(0, 8, waiting=True), _dump(2, 8, waiting=True)], [0, 1, 2], (1, True)),
+        # two silent: neither can be told from the other
+        ([_dump(0, 8, waiting=True)], [0, 1, 2], (None, False)),
+        # a silent rank, but one that answered is behind and not waiting: that one
+        ([_dump(0, 8, waiting=True), _dump(1, 7, waiting=False)], [0, 1, 2], (1, False)),
+    ],
+)
+def test_the_rank_the_others_wait_for_is_named(
+    dumps: list[RankDump], asked: list[int], expected: tuple[int | None, bool]
+) -> None:
+    culprit = culprit_from_dumps(dumps, asked)
+    assert culprit is not None and culprit.method == "flight_recorder"
+    assert (culprit.rank, culprit.certain) == expected, culprit.evidence
+
+
+def test_ranks_that_all_answer_and_all_wait_name_no_one_here() -> None:
+    # the culprit runs on another node: this node's ranks all wait and all answer
+    waiting = [_dump(0, 8, waiting=True), _dump(1, 8, waiting=True)]
+    assert culprit_from_dumps(waiting, [0, 1]) is None
+    assert culprit_from_dumps([], [0, 1]) is None  # nobody answered: nothing to compare
+
+
+def test_the_evidence_says_who_was_silent_and_who_waits() -> None:
+    culprit = culprit_from_dumps([_dump(0, 8, waiting=True)], [0, 1])
+    assert culprit is not None
+    assert culprit.evidence[0].startswith(
+        "rank(s) 1 did not answer the dump request, while rank(s) 0"
+    )
+    assert "group 0 default_pg: last enqueued #8" in culprit.evidence[1]
