@@ -142,6 +142,7 @@ class StormwatchCallback(pl.Callback):
         self._phases: dict[str, contextlib.ExitStack] = {}
         self._saving: int | None = None  # the step of a checkpoint being saved
         self._marked = -1  # the last step marked
+        self._failed: set[str] = set()  # counts whose function failed (left out since)
         self._sigterm = SigtermDump(_dump)
         self._reset_step()
         if launched_per_rank(os.environ):
@@ -164,9 +165,28 @@ class StormwatchCallback(pl.Callback):
 
     def _reset_step(self) -> None:
         self._loss: torch.Tensor | None = None
-        self._samples = 0
-        self._tokens: int | None = None
+        self._samples: int | None = 0
+        self._tokens: int | None = 0
         self._grad_norm: float | None = None
+
+    def _count(self, what: str, count: Callable[[Any], int] | None, batch: Any) -> int | None:
+        """``count(batch)`` (samples without one: Lightning's ``extract_batch_size``);
+        ``None`` once it failed (one warning; that count is then left out)."""
+        if what in self._failed:
+            return None
+        try:
+            value = count(batch) if count is not None else extract_batch_size(batch)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"returned {value!r}, not a count (an int >= 0)")
+            return value
+        except Exception as exc:
+            self._failed.add(what)
+            logger.warning(
+                "stormwatch Lightning callback: %s(batch) failed (%s: %s); %s are left out of "
+                "the step marks from now on (fix the %s= function given to StormwatchCallback)",
+                what, type(exc).__name__, exc, what, what,
+            )  # fmt: skip
+            return None
 
     # ------------------------------------------------------------------ phases
     def _enter(self, name: str) -> None:
@@ -269,11 +289,9 @@ class StormwatchCallback(pl.Callback):
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
-        self._samples += (
-            self._count_samples(batch) if self._count_samples else extract_batch_size(batch)
-        )
+        self._samples = _add(self._samples, self._count("samples", self._count_samples, batch))
         if self._count_tokens is not None:
-            self._tokens = (self._tokens or 0) + int(self._count_tokens(batch))
+            self._tokens = _add(self._tokens, self._count("tokens", self._count_tokens, batch))
         step = trainer.global_step
         if step <= self._marked:
             return  # accumulating gradients: no optimizer step yet
@@ -282,7 +300,7 @@ class StormwatchCallback(pl.Callback):
             step,
             loss=None if self._loss is None else float(self._loss),
             samples=self._samples,
-            tokens=self._tokens,
+            tokens=self._tokens if self._count_tokens is not None else None,
             lr=_learning_rate(trainer),
             grad_norm=self._grad_norm,
         )
@@ -307,6 +325,11 @@ class StormwatchCallback(pl.Callback):
         self._commit_save()  # a second save before training went on: the first returned
         self._saving = trainer.global_step
         self._enter("checkpoint_save")
+
+
+def _add(total: int | None, count: int | None) -> int | None:
+    """A step's count so far plus one batch's; unknown once one batch's is unknown."""
+    return None if total is None or count is None else total + count
 
 
 def _dump(reason: str) -> None:
