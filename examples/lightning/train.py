@@ -251,7 +251,12 @@ def build_trainer(args: argparse.Namespace) -> pl.Trainer:
         accelerator="cpu",
         devices=local,
         num_nodes=world // local,
-        strategy=DDPStrategy(process_group_backend="gloo"),
+        # find_unused_parameters: DDP then keeps its gradient buckets as first laid out
+        # (it reorders them after the first iteration of every start otherwise), so a
+        # resumed run sums each gradient over the ranks in the same order as an
+        # uninterrupted one: over more than two ranks gloo's ring sum depends on where a
+        # value sits in its bucket (measured: 4 ranks, a resumed run off by an ulp).
+        strategy=DDPStrategy(process_group_backend="gloo", find_unused_parameters=True),
         plugins=[TorchElasticEnvironment()] if elastic else None,
         max_steps=args.max_steps,
         max_epochs=-1,
