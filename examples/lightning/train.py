@@ -33,8 +33,8 @@ wall and CPU time of every step there, for the benchmark), and ``--stall-rank R
 --stall-at-step S``: rank R's batches stop coming before step S, in the first attempt only
 (no torchrun restart, no Slurm requeue yet), as when a data loader deadlocks; the rank
 then waits, alive and in no collective, while the others wait for it in their gradient
-all-reduce: a hung rank (tests/lightning/test_lightning_lab.py). What stormwatch reports
-for it: docs/instrument-your-job.md, "PyTorch Lightning".
+all-reduce: a hung rank (tests/telemetry/integrations/test_lightning_lab.py). What
+stormwatch reports for it: docs/instrument-your-job.md, "PyTorch Lightning".
 """
 
 from __future__ import annotations

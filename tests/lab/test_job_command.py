@@ -2,7 +2,7 @@
 ``stormwatch train`` and launched as the trainer is (through Slurm's recipe on the Slurm
 lab, directly otherwise), with its folders in its environment. Without a lab: the command
 lines and environments the lab hands to torchrun and to ``sbatch``. (The real run:
-tests/lightning/test_lightning_lab.py, a Lightning job on the Slurm lab.)"""
+tests/telemetry/integrations/test_lightning_lab.py, a Lightning job on the Slurm lab.)"""
 
 from __future__ import annotations
 
