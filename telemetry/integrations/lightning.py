@@ -7,7 +7,8 @@ they see the reference trainer::
     trainer = pl.Trainer(..., callbacks=[StormwatchCallback()])
 
 What each Lightning hook reports (the public API only: ``init``, ``step``, ``phase``,
-``checkpoint``, ``shutdown``, and the session's ``start``):
+``checkpoint``, ``shutdown``, and the session's ``start``, ``dump`` and
+``collective_counter``):
 
 * construction, in a process torchrun or srun started as one rank (``RANK`` and
   ``WORLD_SIZE``, or ``SLURM_PROCID`` and ``SLURM_NTASKS``): ``init()``, before Lightning
@@ -48,9 +49,10 @@ What each Lightning hook reports (the public API only: ``init``, ``step``, ``pha
 * ``teardown`` after a fit that ended normally: ``shutdown()`` (done record and marker).
 
 Only ``fit`` is reported (``validate``/``test``/``predict`` runs are not training). A
-failure inside the callback (a ``tokens`` function that raises, say) is one warning per
-hook on the ``stormwatch.telemetry`` logger and never reaches training. Overhead,
-measured on a small DDP job: docs/instrument-your-job.md, "PyTorch Lightning".
+``tokens``/``samples`` function that raises is one warning, and that count is left out
+from then on; any other failure inside the callback is one warning per hook on the
+``stormwatch.telemetry`` logger; neither reaches training. Overhead, measured on a small
+DDP job: docs/instrument-your-job.md, "PyTorch Lightning".
 """
 
 from __future__ import annotations
