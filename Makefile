@@ -116,9 +116,12 @@ test: setup system-test check
 #   agent_bench.py    the agent vs node-exporter (~2 min)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
 #                     checkpoint blocking, exposed communication (~6 min on 2 cores)
+#   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:
+#                     StormwatchCallback vs none, with an A/A row (~5 min on 2 cores)
 bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
+	$(PY) benchmarks/lightning_bench.py
 
 # Regenerate deploy/kubernetes/{base,examples} from the code (rules, dashboards, ports).
 deploy-manifests: venv

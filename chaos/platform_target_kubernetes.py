@@ -107,6 +107,12 @@ class KubernetesJobs:
                 f"cannot start job {job.name!r} on kubernetes: the target attaches to job "
                 f"{self._attached!r} (job.attach); give job.submit to start one"
             )
+        if job.command is not None:
+            raise ChaosError(
+                f"job.command: job {job.name!r} names its own program, but on kubernetes the "
+                "job.submit template's containers say what runs; remove job.command and put "
+                "the command in the template"
+            )
         run = {
             "STORMWATCH_JOB": job.name.replace("_", "-"),
             "STORMWATCH_STEPS": str(job.steps),

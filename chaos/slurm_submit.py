@@ -8,8 +8,10 @@ target's script template, one Slurm job per experiment run (and per baseline).
   deploy/slurm/train.sbatch convention: extra ``stormwatch train`` options) carrying the
   experiment's job shape: ``--job``, ``--steps``, ``--checkpoint-every``, ``--seed``,
   ``--step-delay`` and ``--global-batch``, after any ``TRAIN_ARGS`` of the parameters
-  (the last occurrence of an option wins). Elastic jobs (``min_nodes``) are refused: a
-  batch script fixes its node count.
+  (the last occurrence of an option wins); a job with a ``command`` gets it instead as
+  ``STORMWATCH_COMMAND`` (shell-quoted: the recipe runs it in place of ``stormwatch
+  train``, and ``TRAIN_ARGS`` is left as the parameters give it). Elastic jobs
+  (``min_nodes``) are refused: a batch script fixes its node count.
 * ``exited``/``ended``: the job's ``JobState`` (``scontrol show job``): ``COMPLETED`` is
   True, a failed end state False, anything else (PENDING, a requeue, RUNNING,
   COMPLETING) None.
@@ -114,7 +116,11 @@ class SubmittedSlurmJobs:
         return [*args, str(self._submit.template)]
 
     def environment(self, job: JobSection) -> dict[str, str]:
-        """The template's parameters, with the job's shape appended to ``TRAIN_ARGS``."""
+        """The template's parameters, with the job's shape appended to ``TRAIN_ARGS``, or
+        its ``command`` as ``STORMWATCH_COMMAND``."""
+        command = job.command_line()
+        if command is not None:
+            return {**self._submit.parameters, "STORMWATCH_COMMAND": shlex.join(command)}
         shape = [
             "--job", job.name,
             "--steps", str(job.steps),

@@ -182,6 +182,7 @@ class LabJobs:
                 step_delay=job.step_delay,
                 min_nodes=job.min_nodes,
                 global_batch=job.global_batch,
+                command=job.command_line(),
             )
             info = self._lab.start_job(spec)
         except StormwatchError as exc:

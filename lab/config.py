@@ -215,7 +215,8 @@ class JobSpec(_Frozen):
     """One training job on the first ``nodes`` nodes of the lab.
 
     The job runs ``stormwatch train`` under one torchrun per node (dp = nodes,
-    tp = ``nproc_per_node``), unless ``entrypoint`` replaces the trainer.
+    tp = ``nproc_per_node``), unless ``command`` (a user's own training program) or
+    ``entrypoint`` (a smoke test's stand-in) replaces the trainer.
 
     Attributes:
         name: job name; also the torchrun rendezvous id, the Slurm job name and the
@@ -230,8 +231,22 @@ class JobSpec(_Frozen):
         max_restarts: torchrun ``--max-restarts`` (worker-group restarts before failing).
         env: extra environment for the workers (added after the lab's own variables).
         extra_args: extra arguments appended to the trainer's command line.
+        command: the job's own training program (an executable and its arguments, e.g.
+            ``("python", "train.py", "--max-steps", "50")``), run by torchrun (with
+            ``--no-python``) on every node in place of ``stormwatch train``, and
+            launched as the trainer is (through Slurm's recipe on the Slurm lab, so the
+            responder's Slurm actions apply to it). It gets no trainer options
+            (``steps``, ``checkpoint_every``, ``seed``, ``step_delay`` and
+            ``extra_args`` are the trainer's; the command carries its own) and finds its
+            folders in the environment, as the telemetry API reads them:
+            ``STORMWATCH_LOG_DIR`` (the job's ``logs``), ``STORMWATCH_DUMP_DIR``
+            (``logs/dumps``), ``STORMWATCH_CHECKPOINT_DIR`` (``checkpoints``), besides
+            every job's ``STORMWATCH_JOB``, ``STORMWATCH_METRICS_DIR`` and
+            ``STORMWATCH_CONTROL_DIR``. Not with ``entrypoint``; not elastic (``min_nodes``).
         entrypoint: replaces ``stormwatch train ...`` with this command (an executable
-            and its arguments; run by torchrun with ``--no-python``), for smoke tests.
+            and its arguments; run by torchrun with ``--no-python``), for smoke tests:
+            always launched directly by the lab (never through Slurm), ``extra_args``
+            appended, no folders in its environment.
         min_nodes: makes the job elastic: torchrun ``--nnodes MIN_NODES:NODES`` (its own
             ``nodes``) and the
             trainer's dp follows the nodes present (``--dp auto``); ``None``: fixed size.
@@ -252,6 +267,7 @@ class JobSpec(_Frozen):
     max_restarts: int = Field(default=3, ge=0, le=100)
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None
     entrypoint: tuple[str, ...] | None = None
     min_nodes: int | None = Field(default=None, ge=1, le=8)
     global_batch: int | None = Field(default=None, ge=1)
@@ -266,12 +282,28 @@ class JobSpec(_Frozen):
             )
         return value
 
-    @field_validator("entrypoint")
+    @field_validator("command", "entrypoint")
     @classmethod
     def _check_entrypoint(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is not None and not value:
             raise ValueError("must name an executable when given")
         return value
+
+    @model_validator(mode="after")
+    def _command_alone(self) -> JobSpec:
+        if self.command is not None and self.entrypoint is not None:
+            raise ValueError(
+                "command and entrypoint both replace the trainer: give one (command for a "
+                "training program, entrypoint for a smoke test's stand-in)"
+            )
+        if self.command is not None and self.min_nodes is not None:
+            raise ValueError(
+                "min_nodes: an elastic job runs the trainer (--dp auto, a fixed global "
+                "batch); remove min_nodes to run a command"
+            )
+        if self.command is not None and self.extra_args:
+            raise ValueError("extra_args are trainer options; put the arguments in command instead")
+        return self
 
     def node_count(self, lab: LabConfig) -> int:
         """Nodes of this job in ``lab`` (:attr:`nodes`, default :attr:`LabConfig.job_nodes`)."""

@@ -9,6 +9,7 @@ against the job's shape: the target's when it was resolved, else the file's
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +227,9 @@ def _print_target_and_job(
         f"  {escape(name)}: {job.steps} steps, checkpoint every {job.checkpoint_every}, "
         f"seed {job.seed}, {escape(layout)}"
     )
+    command = job.command_line()
+    if command is not None:
+        p(f"  command: {escape(shlex.join(command))}")
     return shape
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stormwatch.chaos.experiment.providers import (
     HttpProvider,
@@ -54,6 +54,8 @@ from stormwatch.faults.limits import NodeName, Rank
 
 #: Placeholders a probe query may use (filled in by the runner at run time).
 PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size")
+#: Placeholders a ``job.command`` may use (filled in from the job section when it starts).
+COMMAND_PLACEHOLDERS = ("job", "steps", "checkpoint_every", "seed", "step_delay")
 _PLACEHOLDER_RE = re.compile(r"\$\{([^}]*)\}")
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -265,6 +267,18 @@ class JobSection(_Model):
     the last checkpoint. ``global_batch`` (sequences per optimizer step) keeps the
     optimisation the same at any size; see :class:`stormwatch.lab.JobSpec`.
     Probes of an elastic job expect the ranks of its latest rendezvous.
+
+    ``command`` runs the job's own training program instead of the reference trainer
+    (``stormwatch train``): an executable and its arguments, started by torchrun on
+    every node as the trainer would be (on the lab, through Slurm's recipe on a Slurm
+    lab; on a Slurm target with ``job.submit``, as the template's ``STORMWATCH_COMMAND``).
+    Its arguments may use ``${job}``, ``${steps}``, ``${checkpoint_every}``, ``${seed}``
+    and ``${step_delay}`` (this section's values; ``${job}`` is the run's job name), and
+    it finds its folders in its environment (``STORMWATCH_LOG_DIR``,
+    ``STORMWATCH_DUMP_DIR``, ``STORMWATCH_CHECKPOINT_DIR``: see
+    :class:`stormwatch.lab.JobSpec`). The probes, faults and post-mortem expect what the
+    trainer writes, so the program reports through :mod:`stormwatch.telemetry` (or
+    ``stormwatch run``). Not with ``min_nodes`` or ``global_batch`` (the trainer's).
     """
 
     name: str = Field(default="experiment", pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
@@ -278,6 +292,45 @@ class JobSection(_Model):
     nproc_per_node: int | None = Field(default=None, ge=1, le=64)
     min_nodes: int | None = Field(default=None, ge=1, le=64)
     global_batch: int | None = Field(default=None, ge=1, le=1_048_576)
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, description="the job's own training program and arguments"
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _known_placeholders(cls, value: list[str] | None) -> list[str] | None:
+        unknown = sorted(
+            {n for word in value or () for n in placeholders_in(word)} - set(COMMAND_PLACEHOLDERS)
+        )
+        if unknown:
+            allowed = ", ".join("${" + p + "}" for p in COMMAND_PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder(s) {unknown} (allowed: {allowed})")
+        return value
+
+    @model_validator(mode="after")
+    def _command_is_not_the_trainer(self) -> JobSection:
+        if self.command is not None:
+            for name in ("min_nodes", "global_batch"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} shapes the reference trainer (stormwatch train); a job.command "
+                        f"runs its own program: remove {name} or pass it in the command"
+                    )
+        return self
+
+    def command_line(self) -> list[str] | None:
+        """:attr:`command` with its placeholders filled in from this section (``None``:
+        the job runs the reference trainer)."""
+        if self.command is None:
+            return None
+        values = {
+            "job": self.name,
+            "steps": str(self.steps),
+            "checkpoint_every": str(self.checkpoint_every),
+            "seed": str(self.seed),
+            "step_delay": repr(self.step_delay),
+        }
+        return [expand(word, values) for word in self.command]
 
     @model_validator(mode="after")
     def _min_nodes_fit(self) -> JobSection:
@@ -376,6 +429,7 @@ def expand(text: str, variables: dict[str, str]) -> str:
 
 
 __all__ = [
+    "COMMAND_PLACEHOLDERS",
     "PLACEHOLDERS",
     "ROLES",
     "ActionActivity",

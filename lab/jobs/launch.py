@@ -120,7 +120,7 @@ def _launch_node(
         torchrun_command(state, spec, rank, paths, record.info.rdzv_port, rdzv_id),
         log_file=paths.job_node_log(spec.name, node.name),
         status_file=paths.job_node_status(spec.name, node.name),
-        env=job_environment(spec, node, base_env),
+        env=job_environment(spec, node, base_env, paths),
         netns=node.netns,
         cwd=paths.job_dir(spec.name),
     )

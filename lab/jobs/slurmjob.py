@@ -12,7 +12,9 @@ environment to the job; the recipe's settings, docs/deploy-slurm.md):
 * ``STORMWATCH_VENV`` (this interpreter's environment), ``STORMWATCH_MAX_RESTARTS``
   (``JobSpec.max_restarts``: torchrun restarts the workers in place, c10d rendezvous on the
   first node's address), ``STORMWATCH_RDZV_PORT``, ``STORMWATCH_TORCHRUN_LOG``
-  (``<job>/<node>.torchrun.log``), ``TRAIN_ARGS`` (:func:`~.torchrun.trainer_options`);
+  (``<job>/<node>.torchrun.log``), ``TRAIN_ARGS`` (:func:`~.torchrun.trainer_options`), or
+  for a job with a ``command`` ``STORMWATCH_COMMAND`` (the command, shell-quoted: the recipe
+  runs it instead of ``stormwatch train`` and exports the job's folders to it);
 * ``GLOO_SOCKET_IFNAME``, ``OMP_NUM_THREADS``, ``PET_MONITOR_INTERVAL`` (torchrun's
   ``--monitor-interval``) and ``JobSpec.env``.
 
@@ -61,8 +63,8 @@ READ_TIMEOUT_S = 10.0
 
 def uses_slurm(state: LabState, spec: JobSpec) -> bool:
     """Whether ``spec`` is submitted through Slurm: the lab's scheduler is ``slurm``, its
-    cluster runs, and the job is neither elastic nor a custom entrypoint (those start
-    directly: the recipe runs a fixed-size ``stormwatch train``)."""
+    cluster runs, and the job is neither elastic nor a smoke test's ``entrypoint`` (those
+    start directly: the recipe runs a fixed-size job; a ``command`` is run by it too)."""
     return (
         state.config.job_scheduler == "slurm"
         and state.slurm is not None
@@ -92,13 +94,21 @@ def environment(
         "STORMWATCH_MAX_RESTARTS": str(spec.max_restarts),
         "STORMWATCH_RDZV_PORT": str(rdzv_port),
         "STORMWATCH_TORCHRUN_LOG": str(job_dir / "%N.torchrun.log"),
-        "TRAIN_ARGS": shlex.join(trainer_options(state, spec)),
+        **program(state, spec),
         "GLOO_SOCKET_IFNAME": state.nodes[0].interface,
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "PET_MONITOR_INTERVAL": str(MONITOR_INTERVAL),
         **spec.env,
     }
+
+
+def program(state: LabState, spec: JobSpec) -> dict[str, str]:
+    """What the recipe runs: ``spec.command`` (``STORMWATCH_COMMAND``), else ``stormwatch
+    train`` with the job's options (``TRAIN_ARGS``)."""
+    if spec.command is not None:
+        return {"STORMWATCH_COMMAND": shlex.join(spec.command)}
+    return {"TRAIN_ARGS": shlex.join(trainer_options(state, spec))}
 
 
 def sbatch_args(state: LabState, spec: JobSpec, paths: RunPaths) -> list[str]:
@@ -299,6 +309,7 @@ __all__ = [
     "RECIPE",
     "environment",
     "is_running",
+    "program",
     "result",
     "sbatch_args",
     "start",

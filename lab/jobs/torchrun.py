@@ -86,7 +86,10 @@ def trainer_options(state: LabState, spec: JobSpec) -> list[str]:
 
 
 def trainer_command(state: LabState, spec: JobSpec, node: NodeState, paths: RunPaths) -> list[str]:
-    """What torchrun runs on ``node``: ``stormwatch train ...`` or ``spec.entrypoint``."""
+    """What torchrun runs on ``node``: ``stormwatch train ...``, ``spec.command`` (as
+    given), or ``spec.entrypoint`` (with ``spec.extra_args``)."""
+    if spec.command is not None:
+        return list(spec.command)
     if spec.entrypoint is not None:
         return [*spec.entrypoint, *spec.extra_args]
     options = trainer_options(state, spec)
@@ -143,10 +146,26 @@ def torchrun_command(
     ]
 
 
-def job_environment(spec: JobSpec, node: NodeState, base: dict[str, str]) -> dict[str, str]:
+def folder_environment(paths: RunPaths, job: str) -> dict[str, str]:
+    """The job's folders for a program that reads them from its environment: the
+    telemetry API (``STORMWATCH_LOG_DIR``, ``STORMWATCH_DUMP_DIR``) and a training
+    script's checkpoints (``STORMWATCH_CHECKPOINT_DIR``); the names and defaults of
+    deploy/slurm/train.sbatch, which sets them for a job launched through Slurm."""
+    logs = paths.job_logs(job)
+    return {
+        "STORMWATCH_LOG_DIR": str(logs),
+        "STORMWATCH_DUMP_DIR": str(logs / "dumps"),
+        "STORMWATCH_CHECKPOINT_DIR": str(paths.job_checkpoints(job)),
+    }
+
+
+def job_environment(
+    spec: JobSpec, node: NodeState, base: dict[str, str], paths: RunPaths
+) -> dict[str, str]:
     """Environment of one node's torchrun (inherited by its workers)."""
     return {
         **base,
+        **folder_environment(paths, spec.name),
         "STORMWATCH_JOB": spec.name,
         "STORMWATCH_METRICS_DIR": str(node.metrics_dir),
         "GLOO_SOCKET_IFNAME": node.interface,
@@ -169,6 +188,7 @@ def base_environment(marker: dict[str, str]) -> dict[str, str]:
 __all__ = [
     "MONITOR_INTERVAL",
     "base_environment",
+    "folder_environment",
     "job_environment",
     "torchrun_binary",
     "torchrun_command",

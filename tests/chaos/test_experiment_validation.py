@@ -202,6 +202,19 @@ BAD = [
     ("bad-name", _mutate("method.0.name", "kill rank!"), "method[0].name", "should match pattern"),
     ("bad-job-name", _mutate("job.name", "Bad Name"), "job.name", "should match pattern"),
     (
+        "command-placeholder",
+        _mutate("job.command", ["python", "train.py", "--steps=${step}"]),
+        "job.command",
+        "unknown placeholder(s) ['step'] (allowed: ${job}, ${steps}",
+    ),
+    ("empty-command", _mutate("job.command", []), "job.command", "at least 1 item"),
+    (
+        "elastic-command",
+        _mutate("job", {"steps": 5, "checkpoint_every": 1, "min_nodes": 1, "command": ["x"]}),
+        "job",
+        "min_nodes shapes the reference trainer (stormwatch train); a job.command runs its own",
+    ),
+    (
         "duplicate-yaml-key",
         GOOD.replace("title: t\n", "title: t\ntitle: u\n"),
         "",

@@ -110,6 +110,23 @@ def test_start_submits_the_template_with_the_jobs_shape_in_train_args(tmp_path: 
     assert jobs.exited("exp") is False
 
 
+def test_a_job_command_is_submitted_as_the_recipes_command_with_its_placeholders_filled(
+    tmp_path: Path,
+) -> None:
+    jobs = SubmittedSlurmJobs(
+        SlurmCommands(runner=Recorded()),
+        SubmitJob(template=_template(tmp_path), parameters={"TRAIN_ARGS": "--tp 2"}),
+        log_dirs=lambda name, job_id: tmp_path,
+        nproc_per_node=2,
+    )
+    command = ["python", "my train.py", "--max-steps=${steps}", "--name", "${job}"]
+    env = jobs.environment(_job(command=command, step_delay=0.5))
+    assert shlex.split(env["STORMWATCH_COMMAND"]) == [
+        "python", "my train.py", "--max-steps=30", "--name", "exp"
+    ]  # fmt: skip
+    assert env["TRAIN_ARGS"] == "--tp 2"  # the trainer's options: untouched, unused
+
+
 @pytest.mark.parametrize(
     ("fields", "field"),
     [({"min_nodes": 1}, "job.min_nodes"), ({"world_size": 6}, "job.world_size")],

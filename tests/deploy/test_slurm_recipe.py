@@ -25,6 +25,8 @@ echo "$(basename "$0") $*" >> "$FAKE_LOG"
 if [ "$(basename "$0")" = torchrun ]; then
   cat "$STORMWATCH_FILE_SD/slurm-77.json" > "$FAKE_LOG.file_sd.$SLURM_NODEID"
   echo "env STORMWATCH_JOB=$STORMWATCH_JOB CONTROL=$STORMWATCH_CONTROL_DIR" >> "$FAKE_LOG"
+  echo "folders $STORMWATCH_LOG_DIR $STORMWATCH_DUMP_DIR $STORMWATCH_CHECKPOINT_DIR" >> "$FAKE_LOG"
+  printf 'word %s\n' "$@" >> "$FAKE_LOG.words.$SLURM_NODEID"
 fi
 """
 
@@ -90,6 +92,26 @@ def test_the_recipe_starts_an_agent_and_torchrun_on_every_node(kit: Any, tmp_pat
         for i in (0, 1)
     ]
     assert f"env STORMWATCH_JOB=llm CONTROL={shared}/control" in calls
+
+
+def test_a_job_command_replaces_stormwatch_train_word_for_word_with_its_folders(
+    kit: Any, tmp_path: Path
+) -> None:
+    command = "python '/opt/my jobs/train.py' --max-steps 5 --name 'a b'"
+    done, log = _run_recipe(kit, tmp_path, {"STORMWATCH_COMMAND": command})
+    assert done.returncode == 0, done.stderr
+    for node in (0, 1):
+        words = Path(f"{log}.words.{node}").read_text().splitlines()
+        program = words[words.index("word --no-python") + 1 :]
+        assert program == [
+            "word python", "word /opt/my jobs/train.py", "word --max-steps", "word 5",
+            "word --name", "word a b",
+        ]  # fmt: skip
+    shared = tmp_path / "shared"
+    calls = log.read_text().splitlines()
+    assert f"folders {shared}/logs {shared}/logs/dumps {shared}/checkpoints" in calls
+    assert not [c for c in calls if c.startswith("stormwatch train")]
+    assert (shared / "checkpoints").is_dir() and (shared / "logs").is_dir()
 
 
 def test_with_site_agents_the_recipe_starts_no_agent_and_writes_no_file_sd(

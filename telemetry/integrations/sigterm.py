@@ -1,0 +1,127 @@
+"""The post-mortem dump at SIGTERM, written before anything that can block (for the
+integrations whose framework handles SIGTERM itself). No torch import here.
+
+The API writes the dump from its SIGTERM handler (:func:`stormwatch.telemetry.init` with
+``handle_signals``), which runs in the main thread, between bytecodes, after the handlers
+installed later than it. In a hung job that is too late, or never:
+
+* a rank waiting in a collective is in C++ until the collective returns, which, when a
+  peer hangs, it does not; no Python handler runs;
+* PyTorch Lightning's SIGTERM handler (``_SignalConnector``, 2.6) broadcasts a tensor to
+  the other ranks before calling the handler it displaced (the API's). On the hung rank
+  that broadcast is issued first, so the flight recorder shows it as one more collective,
+  level with its peers' pending all-reduce, and the rank no longer looks behind; then it
+  blocks, so the API's handler never runs.
+
+Measured with examples/lightning/train.py, 3 ranks on the CPU (gloo), rank 1's batches
+stalled, SIGTERM to every process then SIGKILL 5 s later (what Slurm, ``KillWait=5``,
+does): with the API's handler alone no rank wrote a dump; dumping from a thread alone,
+every rank's dump held 40 collectives (rank 1's last one Lightning's broadcast); with
+both ways below, rank 1's held 39 and the others' 40 (the last in flight), and the
+post-mortem named rank 1, certain, in 4 runs of 4.
+
+:class:`SigtermDump` writes the dump once per process, whichever of two ways comes first:
+
+* :meth:`SigtermDump.take_front`: a SIGTERM handler put in front of those installed (call
+  it once the framework has installed its own); it dumps, then calls the one it displaced;
+* :meth:`SigtermDump.watch`: a daemon thread woken through the interpreter's wakeup
+  descriptor (:func:`signal.set_wakeup_fd`: the C-level handler writes the signal's
+  number there at once, whatever the main thread does), for a main thread waiting in a
+  collective. Only a signal with a Python handler writes to it (the API's is one).
+  Not installed where another wakeup descriptor is set (an event loop's).
+
+Either waits for a dump the other is writing, so the snapshot is taken before the main
+thread goes on to the framework's handler. Both need the main thread to be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+
+class SigtermDump:
+    """Calls ``dump(reason)`` once, the moment SIGTERM arrives (module docstring).
+
+    Args:
+        dump: writes the post-mortem dump (``Session.dump``); must not raise.
+    """
+
+    def __init__(self, dump: Callable[[str], object]) -> None:
+        self._dump = dump
+        self._lock = threading.RLock()  # the main thread may re-enter from a nested signal
+        self._dumped = False
+        self._watching = False
+        self._displaced: Any = None
+
+    @property
+    def dumped(self) -> bool:
+        """Whether the dump was written."""
+        return self._dumped
+
+    def dump_once(self, how: str) -> None:
+        """Write the dump unless it was (waits while the other way writes it)."""
+        with self._lock:
+            if self._dumped:
+                return
+            self._dumped = True
+            self._dump(f"signal SIGTERM ({how})")
+
+    def watch(self) -> bool:
+        """Start the wakeup-descriptor thread (idempotent); whether it watches."""
+        if self._watching:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous != -1:  # someone else's descriptor: leave it in place
+            signal.set_wakeup_fd(previous)
+            os.close(read_fd)
+            os.close(write_fd)
+            return False
+        threading.Thread(
+            target=self._read, args=(read_fd,), name="stormwatch-sigterm-dump", daemon=True
+        ).start()
+        self._watching = True
+        return True
+
+    def _read(self, read_fd: int) -> None:
+        while not self._dumped:
+            try:
+                received = os.read(read_fd, 64)
+            except OSError:  # the descriptor is gone (interpreter shutdown): nothing to watch
+                return
+            if not received:
+                return
+            if signal.SIGTERM in received:
+                self.dump_once("written from a thread at once")
+
+    def take_front(self) -> bool:
+        """Put :meth:`_handle` in front of the current SIGTERM handler (idempotent while it
+        is in front); whether it is. Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        current = signal.getsignal(signal.SIGTERM)
+        if current == self._handle:
+            return True
+        self._displaced = current
+        signal.signal(signal.SIGTERM, self._handle)
+        return True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.dump_once("written before the other handlers")
+        displaced = self._displaced
+        if callable(displaced):
+            displaced(signum, frame)
+        elif displaced != signal.SIG_IGN:  # the default action: terminate with the signal
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+__all__ = ["SigtermDump"]

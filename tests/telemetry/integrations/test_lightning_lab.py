@@ -1,0 +1,400 @@
+"""End to end on the Slurm lab: a PyTorch Lightning DDP job (examples/lightning/train.py,
+gloo on the CPU, 2 nodes x 2 ranks, ``StormwatchCallback``) is watched as the reference
+trainer is. Its command replaces ``stormwatch train`` through the one general mechanism
+(an experiment's ``job.command`` / ``JobSpec.command``, run by the Slurm recipe as
+``STORMWATCH_COMMAND``); nothing here knows it is Lightning.
+
+1. The rank-kill experiment (``stormwatch chaos run``): StormwatchRankStalled names rank 1,
+   torchrun restarts the workers, the job resumes from its step-10 checkpoint, and the
+   post-mortem reports it, the loss after recovery bitwise that of a fault-free run.
+2. A hung rank: rank 1's batches stop coming (``--stall-rank``: a deadlocked data loader;
+   alive, in no collective) while its peers wait in their gradient all-reduce.
+   StormwatchTrainingHung fires, the lab's responder requeues the Slurm job, which resumes
+   from its last checkpoint, and the incident post-mortem names rank 1 from the
+   flight-recorder dumps. (Not ``freeze_rank``: Slurm sends SIGCONT before SIGTERM, so a
+   stopped rank is running again when the ranks write their dumps, and is no longer behind.)
+3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
+   expression of StormwatchStraggler (without its ``for: 2m``, as in
+   tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
+
+One lab for the module (prefix ``swpl``, 10.223.x.0/24, free loopback ports). Run under
+``flock /tmp/stormwatch-e2e.lock``. Each test prints its figures (``-s``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stormwatch.alerts.rulefiles import rules_dir
+from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
+from stormwatch.contracts.journal import load_journal
+from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.lab.netns import IpRoute2
+from stormwatch.telemetry.ranklogs import read_job_logs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lightning" / "train.py"
+#: The Lightning job, with the job section's values (placeholders of job.command).
+COMMAND = [
+    sys.executable, str(EXAMPLE), "--max-steps", "${steps}", "--checkpoint-every",
+    "${checkpoint_every}", "--seed", "${seed}", "--step-delay", "${step_delay}",
+]  # fmt: skip
+
+
+def _command(**values: object) -> tuple[str, ...]:
+    """:data:`COMMAND` with its placeholders filled in (for jobs started without chaos)."""
+    words = " ".join(COMMAND)
+    for name, value in values.items():
+        words = words.replace("${" + name + "}", str(value))
+    return tuple(words.split(" "))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    """A Slurm lab of three nodes (jobs on two, 2 ranks each), up for the module."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the lab creates network namespaces and runs Slurm's daemons")
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(_free_port())
+    prometheus, alertmanager, responder, slurmctld = sorted(ports)
+    used = [iface.network for _, iface in IpRoute2().addresses()]
+    subnet = next(
+        net
+        for net in (
+            ipaddress.IPv4Network(f"10.223.{i}.0/24") for i in random.sample(range(256), 256)
+        )
+        if not any(net.overlaps(u) for u in used)
+    )
+    config = LabConfig(
+        prefix=f"swpl{random.randrange(16**2):02x}",
+        subnet=subnet,
+        prometheus_port=prometheus,
+        alertmanager_port=alertmanager,
+        responder_port=responder,
+        slurmctld_port=slurmctld,
+        rdzv_port=29810,
+        scheduler="slurm",
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="swpl-run-"))
+    run_dir.chmod(0o755)  # munged runs as the munge user
+    the_lab = Lab(run_dir)
+    started = time.monotonic()
+    try:
+        the_lab.up(config)
+        print(f"FIGURES lab up: {time.monotonic() - started:.0f} s")
+        yield the_lab
+    finally:
+        the_lab.down(config)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _print_tails(lab: Lab) -> None:
+    """The end of the jobs' and the services' logs (shown when a test fails)."""
+    run_dir = lab.run_dir
+    for path in sorted(run_dir.glob("jobs/*/*.torchrun.log")) + sorted(run_dir.glob("logs/*.log")):
+        lines = path.read_text(errors="replace").splitlines()[-20:]
+        print(f"--- {path}\n" + "\n".join(lines))
+
+
+def _chaos_run(lab: Lab, experiment: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [STORMWATCH, "chaos", "run", str(experiment), "--run-dir", str(lab.run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+    print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
+    return done
+
+
+# --------------------------------------------------------------------------- 1. kill a rank
+KILL = f"""\
+version: 1
+title: Kill rank 1 of a Lightning DDP job; it recovers from its checkpoint
+job:
+  name: pl-kill
+  world_size: 4
+  steps: 30
+  checkpoint_every: 10
+  step_delay: 0.3
+  seed: 0
+  startup_timeout_seconds: 240
+  command: {json.dumps(COMMAND)}
+steady_state_hypothesis:
+  title: All 4 ranks make progress and the job finishes
+  probes:
+    - name: all-ranks-progressing
+      provider:
+        type: prometheus
+        query: >-
+          count(time() - max by (rank)
+          (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
+        tolerance: 4
+      timeout_seconds: 30
+    - name: job-finishes
+      provider: {{type: job, expect: finished}}
+      timeout_seconds: 300
+      phases: [after]
+method:
+  - type: action
+    name: kill-rank-1
+    when: {{step: 15, timeout_seconds: 300}}
+    fault: {{kind: kill_rank, rank: 1, signal: SIGKILL, ttl_seconds: 120}}
+  - type: probe
+    name: all-ranks-progressing-again
+    provider: {{type: job, expect: progressing, window_seconds: 15}}
+    timeout_seconds: 240
+rollbacks:
+  - {{type: revert, name: revert-experiment-faults}}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_rank_of_a_lightning_job_is_detected_restarted_resumed_and_reported(
+    lab: Lab, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    # The fault-free run the post-mortem compares the loss with (no step delay: the same
+    # losses, sooner).
+    base = _command(steps=30, checkpoint_every=10, seed=0, step_delay=0.0)
+    lab.start_job(JobSpec(name="pl-base", command=base))
+    assert lab.wait_job("pl-base", timeout=300).ok
+    baseline_s = time.monotonic() - started
+    experiment = tmp_path / "kill-lightning-rank.yaml"
+    experiment.write_text(KILL)
+    try:
+        done = _chaos_run(lab, experiment, "--baseline-job", "pl-base", "--wait-resolved", "60")
+    except BaseException:
+        _print_tails(lab)
+        raise
+    [line] = [x for x in (done.stdout + done.stderr).splitlines() if x.startswith("journal: ")]
+    journal_path = Path(line.removeprefix("journal: "))
+    journal = load_journal(journal_path)
+    if done.returncode != 0:
+        _print_tails(lab)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert journal.status == "completed" and journal.hypothesis_held and journal.rollbacks_ok
+    assert journal.job is not None and journal.job.name.startswith("pl-kill-")
+    record = lab.state.jobs[journal.job.name]
+    assert record.info.slurm_job_id is not None  # a Slurm job, as the trainer's are
+    assert record.info.spec.command is not None and str(EXAMPLE) in record.info.spec.command
+    pm = json.loads((journal_path.parent / "postmortem.json").read_text())
+    assert pm["alertname"] == "StormwatchRankStalled" and pm["detected"], pm
+    assert pm["alert_labels"].get("rank") == "1", pm
+    assert pm["recovered"] and pm["resumed_from_step"] == 10, pm
+    assert pm["steps_lost"] is not None and pm["steps_lost"] >= 5, pm
+    assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 20, pm["loss"]
+    faults = Ledger(ledger_path(lab.run_dir), create=False).entries()
+    assert [f.state for f in faults if f.kind == "kill_rank"] == ["reverted"]
+    print(
+        f"FIGURES lightning kill-rank: baseline {baseline_s:.0f} s, experiment "
+        f"{time.monotonic() - started - baseline_s:.0f} s; time to detect "
+        f"{pm['time_to_detect_seconds']:.1f} s, to recover {pm['time_to_recover_seconds']:.1f} s, "
+        f"steps lost {pm['steps_lost']}, loss identical over {pm['loss']['compared_steps']} steps"
+    )
+
+
+# --------------------------------------------------------------------------- 2. a hung rank
+def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
+    state = lab.state
+    token = Path(state.responder_token_file).read_text().strip()
+    request = urllib.request.Request(
+        f"{state.responder_url}/v1/{what}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return list(json.loads(reply.read())[what])
+
+
+@pytest.mark.timeout(900)
+def test_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flight_recorder(
+    lab: Lab, wait_for: Callable[..., Any]
+) -> None:
+    started = time.monotonic()
+    command = _command(steps=40, checkpoint_every=5, seed=0, step_delay=0.2)
+    info = lab.start_job(
+        JobSpec(name="pl-hang", command=(*command, "--stall-rank", "1", "--stall-at-step", "8"))
+    )
+    logs_dir = Path(info.log_dir)
+
+    def stalled_at() -> float | None:  # rank 0 reached step 7 and nobody stepped for 5 s
+        logs = read_job_logs(logs_dir)
+        steps = [e for log in logs.values() for e in log.steps]
+        last = max((e.time for e in steps), default=0.0)
+        reached = max((e.step or 0 for e in steps), default=0)
+        return last if reached >= 7 and time.time() - last > 5 else None
+
+    try:
+        hung_at = wait_for(stalled_at, 240, "rank 1 to stall at step 8 (no step for 5 s)", 0.5)
+        [restart] = wait_for(
+            lambda: [
+                a
+                for a in _responder(lab, "actions")
+                if a["kind"] == "restart_workers" and a["status"] in ("succeeded", "failed")
+            ],
+            180,
+            "the responder to restart the hung job",
+            1.0,
+        )
+        assert restart["status"] == "succeeded", restart
+        assert restart["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} "), restart
+        result = lab.wait_job("pl-hang", timeout=300)
+        assert result.ok, result
+        pm_root = lab.paths.responder_dir / "postmortems"
+
+        def hang_postmortem() -> dict[str, Any] | None:
+            for path in pm_root.glob("incident-*/postmortem.json"):
+                pm = json.loads(path.read_text())
+                hung = pm["alertname"] == "StormwatchTrainingHung" and pm["status"] == "closed"
+                if hung and pm["recovered_at"] is not None:
+                    return dict(pm)
+            return None
+
+        pm = wait_for(hang_postmortem, 120, "the hang incident's post-mortem", 1.0)
+    except BaseException:
+        _print_tails(lab)
+        raise
+
+    logs = read_job_logs(logs_dir)
+    restarted = logs[1].starts[1:]
+    assert restarted and restarted[0].resumed_from_step == 5, logs[1].starts
+    assert all(log.finished for log in logs.values())
+    culprit = pm["culprit"]
+    assert (culprit["rank"], culprit["node"]) == (1, "node0"), culprit
+    assert culprit["method"] == "flight_recorder" and culprit["certain"], culprit
+    assert pm["impact"]["resumed_from_step"] == 5
+    print(
+        f"FIGURES lightning hung rank: {time.monotonic() - started:.0f} s; alert -> restart "
+        f"{pm['time_to_detect_seconds']:.1f} s after the last step ({hung_at:.0f}), recovered "
+        f"after {pm['time_to_recover_seconds']:.1f} s; culprit: {culprit['evidence'][0]}"
+    )
+
+
+# --------------------------------------------------------------------------- 3. a slow rank
+SLOW = f"""\
+version: 1
+title: "Slow rank: rank 1 of a Lightning job gets a tenth of a CPU"
+job:
+  name: pl-slow
+  world_size: 4
+  steps: 100000
+  checkpoint_every: 100000
+  step_delay: 0.0
+  seed: 0
+  startup_timeout_seconds: 240
+  command: {json.dumps(COMMAND)}
+steady_state_hypothesis:
+  title: Prometheus scrapes the compute time of all 4 ranks
+  probes:
+    - name: all-ranks-scraped
+      provider:
+        type: prometheus
+        query: count(stormwatch_train_compute_seconds_total{{job="${{job}}"}})
+        tolerance: 4
+      timeout_seconds: 60
+      phases: [before]
+method:
+  - type: action
+    name: throttle-rank-1
+    when: {{step: 20, timeout_seconds: 240}}
+    fault: {{kind: cpu_throttle, rank: 1, cpu_fraction: 0.1, ttl_seconds: 240}}
+  - {{type: pause, name: hold-while-the-test-queries, seconds: 240}}
+expect: {{detect: false, loss: skip}}
+"""
+
+
+def _straggler_expr() -> str:
+    """The ``expr`` of StormwatchStraggler in alerts/rules/training.yml (without ``for``)."""
+    groups = yaml.safe_load((rules_dir() / "training.yml").read_text())["groups"]
+    [rule] = [r for g in groups for r in g["rules"] if r.get("alert") == "StormwatchStraggler"]
+    return str(rule["expr"])
+
+
+@pytest.mark.timeout(600)
+def test_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_alert(
+    lab: Lab, tmp_path: Path, wait_for: Callable[..., Any]
+) -> None:
+    started = time.monotonic()
+    straggler = _straggler_expr()
+    experiment = tmp_path / "slow-lightning-rank.yaml"
+    experiment.write_text(SLOW)
+    log = tmp_path / "chaos-run.log"
+    named: list[set[str]] = []
+    with log.open("w") as out:
+        run = [STORMWATCH, "chaos", "run", str(experiment), "--run-dir", str(lab.run_dir)]
+        controller = subprocess.Popen(
+            [*run, "--no-postmortem"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "100"},
+        )
+    try:
+        injected = wait_for(
+            lambda: next(
+                (
+                    e
+                    for e in Ledger(ledger_path(lab.run_dir)).entries()
+                    if e.kind == "cpu_throttle" and e.state == "injected"
+                ),
+                None,
+            ),
+            300,
+            "the cpu_throttle fault on rank 1",
+            0.5,
+        )
+        prometheus = lab.prometheus()
+
+        def rank_1_named_thrice() -> bool:
+            ranks = {s.labels["rank"] for s in prometheus.query(straggler)}
+            if ranks:
+                named.append(ranks)
+            return sum("1" in r for r in named) >= 3
+
+        wait_for(rank_1_named_thrice, 120, "StormwatchStraggler's expression to name rank 1", 1.0)
+        named_after = time.time() - (injected.injected_at or 0)
+    except BaseException:
+        _print_tails(lab)
+        raise
+    finally:
+        controller.send_signal(signal.SIGINT)  # the experiment reverts its fault, stops its job
+        try:
+            code = controller.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            code = controller.wait()
+        print(log.read_text()[-4000:])
+    assert named and all(ranks == {"1"} for ranks in named), named
+    assert code == 130, "chaos run ends as interrupted"
+    [entry] = [e for e in Ledger(ledger_path(lab.run_dir)).entries() if e.kind == "cpu_throttle"]
+    assert (entry.spec.target_rank(), entry.state) == (1, "reverted")
+    print(
+        f"FIGURES lightning straggler: {time.monotonic() - started:.0f} s; rank 1 named "
+        f"{named_after:.0f} s after the throttle; samples: {named}"
+    )
