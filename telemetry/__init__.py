@@ -159,6 +159,31 @@ def _new_session(requested: Mapping[str, Any]) -> Session:
     return made
 
 
+def _warn_kept(requested: dict[str, Any], first: dict[str, Any], current: Session) -> None:
+    """One warning: a later ``init()`` asked for other settings than the session has."""
+    differ = ", ".join(
+        f"{k}={v!r} (kept {first.get(k)!r})" for k, v in requested.items() if first.get(k) != v
+    )
+    if os.environ.get("STORMWATCH_RUN_RANK_PID") == str(os.getpid()):  # zerocode.rank.OWNER_ENV
+        warn_once(
+            "init:twice",
+            "init(%s) is ignored: `stormwatch run` already started this rank's session "
+            "(job=%r); give those settings to `stormwatch run` (--job, --metrics-dir, "
+            "--log-dir, --dump-dir) or run the job without it",
+            differ,
+            current.job,
+        )
+        return
+    warn_once(
+        "init:twice",
+        "init() called again with other arguments: %s; the first session is kept "
+        "(job=%r, rank %d); call init() once per process",
+        differ,
+        current.job,
+        current.rank,
+    )
+
+
 def init(
     *,
     job: str | None = None,
@@ -210,13 +235,7 @@ def init(
         current = _CURRENT.session
         if current is not None and not current.closed:
             if requested != _CURRENT.requested:
-                warn_once(
-                    "init:twice",
-                    "init() called again with other arguments: the first session is kept "
-                    "(job=%r, rank %d); call init() once per process",
-                    current.job,
-                    current.rank,
-                )
+                _warn_kept(requested, _CURRENT.requested, current)
             return current
         try:
             made = _new_session(requested)

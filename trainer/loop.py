@@ -167,7 +167,16 @@ def _sigterm_raises() -> Iterator[None]:
         yield
         return
 
+    raised = False
+
     def handler(signum: int, frame: object) -> None:
+        nonlocal raised
+        if raised:
+            # A second SIGTERM (under srun both slurmstepd and torchrun send one) while the
+            # first is handled: it must not cut the post-mortem dump short (its flight
+            # recorder read then failed, and the dumps no longer named the hung rank).
+            return
+        raised = True
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, handler)

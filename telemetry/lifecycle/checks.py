@@ -13,11 +13,29 @@ from typing import SupportsIndex
 
 from stormwatch.telemetry.lifecycle.guard import warn_once
 
+#: What happens to a call whose argument is bad: the whole call, or only that argument.
+IGNORED = "this call is ignored"
+LEFT_OUT = "it is left out of this step mark (the step itself is recorded)"
 
-def count(name: str, value: object, *, call: str) -> tuple[bool, int | None]:
+
+def _kind(value: object) -> str:
+    """The kind of a bad value, so each different mistake is warned about once."""
+    return type(value).__name__
+
+
+def _detached(value: object) -> object:
+    """A tensor without its autograd graph (``float()`` of one that requires grad warns)."""
+    detach = getattr(value, "detach", None)
+    return detach() if callable(detach) else value
+
+
+def count(
+    name: str, value: object, *, call: str, consequence: str = IGNORED
+) -> tuple[bool, int | None]:
     """(ok, value) of an optional integer >= 0 argument (a step, tokens, samples)."""
     if value is None:
         return True, None
+    kind = _kind(value)
     if not isinstance(value, bool) and isinstance(value, SupportsIndex):
         try:
             number = operator.index(value)  # int, numpy and 0-d torch integers
@@ -25,35 +43,39 @@ def count(name: str, value: object, *, call: str) -> tuple[bool, int | None]:
             number = -1
         if number >= 0:
             return True, number
+        kind = "negative" if number < 0 and kind == "int" else kind
     warn_once(
-        f"{call}:{name}",
-        "%s(%s=%r): %s must be an int >= 0; this call is ignored (pass e.g. %s=int(...))",
+        f"{call}:{name}:{kind}",
+        "%s(%s=%r): %s must be an int >= 0; %s (pass e.g. %s=int(...))",
         call,
         name,
         value,
         name,
+        consequence,
         name,
     )
     return False, None
 
 
-def real(name: str, value: object, *, call: str) -> tuple[bool, float | None]:
+def real(
+    name: str, value: object, *, call: str, consequence: str = IGNORED
+) -> tuple[bool, float | None]:
     """(ok, value) of an optional real-number argument (NaN and inf pass: see :func:`finite`)."""
     if value is None:
         return True, None
     if not isinstance(value, (bool, str, bytes)):
         try:
-            return True, float(value)  # type: ignore[arg-type]
+            return True, float(_detached(value))  # type: ignore[arg-type]
         except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many values
             pass  # warned below
     warn_once(
-        f"{call}:{name}",
-        "%s(%s=%r): %s must be a number (a Python float or a one-element tensor); "
-        "this call is ignored",
+        f"{call}:{name}:{_kind(value)}",
+        "%s(%s=%r): %s must be a number (a Python float or a one-element tensor); %s",
         call,
         name,
         value,
         name,
+        consequence,
     )
     return False, None
 
@@ -94,21 +116,22 @@ def step_args(
     lr: object,
     grad_norm: object,
 ) -> StepArgs | None:
-    """The arguments of ``step()`` checked; ``None`` (after one warning) when one is bad."""
+    """The arguments of ``step()`` checked; ``None`` (after one warning) when the step number
+    is bad. A bad optional argument is left out of the mark (one warning per argument and
+    kind of value); the step itself is still recorded."""
     if step is None:
         warn_once("step:step", "step(None): the step number is required (an int >= 0)")
         return None
     ok_step, number = count("step", step, call="step")
-    ok_tokens, n_tokens = count("tokens", tokens, call="step")
-    ok_samples, n_samples = count("samples", samples, call="step")
-    ok_loss, loss_value = real("loss", loss, call="step")
-    ok_lr, lr_value = real("lr", lr, call="step")
-    ok_norm, norm_value = real("grad_norm", grad_norm, call="step")
-    if not (ok_step and ok_tokens and ok_samples and ok_loss and ok_lr and ok_norm):
+    if not ok_step or number is None:
         return None
-    assert number is not None
+    _, n_tokens = count("tokens", tokens, call="step", consequence=LEFT_OUT)
+    _, n_samples = count("samples", samples, call="step", consequence=LEFT_OUT)
+    _, loss_value = real("loss", loss, call="step", consequence=LEFT_OUT)
+    _, lr_value = real("lr", lr, call="step", consequence=LEFT_OUT)
+    _, norm_value = real("grad_norm", grad_norm, call="step", consequence=LEFT_OUT)
     finite("loss", loss_value, step=number)
     return StepArgs(number, loss_value, n_tokens, n_samples, lr_value, norm_value)
 
 
-__all__ = ["StepArgs", "count", "finite", "real", "step_args"]
+__all__ = ["IGNORED", "LEFT_OUT", "StepArgs", "count", "finite", "real", "step_args"]

@@ -43,6 +43,7 @@ class ExitHooks:
         self._on_signal = on_signal
         self._previous: Any = None
         self._installed_signal = False
+        self._handling = False
 
     def install(self, *, handle_signals: bool) -> str | None:
         """Register the hooks; returns why the SIGTERM handler could not be set, if so."""
@@ -71,10 +72,18 @@ class ExitHooks:
         self._on_exit(ended_cleanly())
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._handling:
+            # A second SIGTERM (under srun both slurmstepd and torchrun send one) while the
+            # first is being handled: the dump in progress must finish, and the first one
+            # still reaches the previous handler afterwards.
+            return
+        self._handling = True
         try:
             self._on_signal(signum)
         except Exception:  # the signal must still reach the previous handler
             logger.warning("stormwatch.telemetry: flushing on SIGTERM failed", exc_info=True)
+        finally:
+            self._handling = False
         previous = self._previous
         if callable(previous):
             previous(signum, frame)

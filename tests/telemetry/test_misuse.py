@@ -79,6 +79,12 @@ CASES = {
         "swt.init(job='c')",
         ["init() called again with other arguments", "job='a'"],
     ),
+    "init_with_arguments_after_stormwatch_run_started_the_session": (
+        "import os\nos.environ['STORMWATCH_RUN_RANK_PID'] = str(os.getpid())\n"
+        "swt.init()\nswt.init(job='mine')",
+        "pass",
+        ["init(job='mine' (kept None)) is ignored: `stormwatch run` already started", "--job"],
+    ),
     "negative_step": ("swt.init()", "swt.step(-step)", ["step=-1", "int >= 0"]),
     "non_integer_step": ("swt.init()", "swt.step(step + 0.5)", ["step=1.5", "int >= 0"]),
     "step_as_text": ("swt.init()", "swt.step(str(step))", ["step='1'", "int >= 0"]),
@@ -181,21 +187,25 @@ def test_a_bad_phase_bound_keeps_the_default_with_one_warning(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "ok"),
+    ("kwargs", "ok", "left_out"),
     [
-        ({"step": 3}, True),
-        ({"step": 0}, True),
-        ({"step": True}, False),
-        ({"step": -1}, False),
-        ({"step": 2.0}, False),
-        ({"step": 3, "loss": math.inf}, True),  # recorded, with a warning
-        ({"step": 3, "loss": [1.0]}, False),
-        ({"step": 3, "samples": 1.5}, False),
-        ({"step": 3, "lr": "0.1"}, False),
-        ({"step": 3, "grad_norm": None}, True),
+        ({"step": 3}, True, None),
+        ({"step": 0}, True, None),
+        ({"step": True}, False, None),
+        ({"step": -1}, False, None),
+        ({"step": 2.0}, False, None),
+        ({"step": 3, "loss": math.inf}, True, None),  # recorded, with a warning
+        ({"step": 3, "loss": [1.0]}, True, "loss"),  # the step stays, the bad value goes
+        ({"step": 3, "samples": 1.5}, True, "samples"),
+        ({"step": 3, "lr": "0.1"}, True, "learning_rate"),
+        ({"step": 3, "grad_norm": None}, True, None),
     ],
 )
-def test_step_arguments_are_checked(kwargs: dict[str, object], ok: bool) -> None:
+def test_step_arguments_are_checked(
+    kwargs: dict[str, object], ok: bool, left_out: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad step number drops the mark; a bad optional argument drops only itself (a
+    ``get_last_lr()`` list must not cost every step's heartbeat), with its warning."""
     base = {"loss": None, "tokens": None, "samples": None, "lr": None, "grad_norm": None}
     step = kwargs.pop("step")
     try:
@@ -203,3 +213,36 @@ def test_step_arguments_are_checked(kwargs: dict[str, object], ok: bool) -> None
     finally:
         WARNINGS.reset()
     assert (checked is not None) == ok
+    if left_out is not None:
+        assert checked is not None and getattr(checked, left_out) is None
+        assert "left out of this step mark" in caplog.text, caplog.text
+
+
+def test_each_different_mistake_with_an_argument_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One warning per argument and kind of value: a later, different mistake is still said."""
+    try:
+        for _ in range(3):
+            assert (
+                step_args(-1, **dict.fromkeys(("loss", "tokens", "samples", "lr", "grad_norm")))
+                is None
+            )
+            assert (
+                step_args("3", **dict.fromkeys(("loss", "tokens", "samples", "lr", "grad_norm")))
+                is None
+            )
+    finally:
+        WARNINGS.reset()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "step=-1" in said[0] and "step='3'" in said[1], said
+
+
+def test_a_loss_tensor_that_requires_grad_is_read_without_autograd_warnings() -> None:
+    torch = pytest.importorskip("torch")
+    loss = (torch.ones(1, requires_grad=True) * 2.5).sum()
+    try:
+        checked = step_args(1, loss=loss, tokens=None, samples=None, lr=None, grad_norm=None)
+    finally:
+        WARNINGS.reset()
+    assert checked is not None and checked.loss == 2.5

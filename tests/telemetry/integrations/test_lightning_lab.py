@@ -16,6 +16,11 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
 3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
    expression of StormwatchStraggler (without its ``for: 2m``, as in
    tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
+4. Zero code: the unmodified plain-DDP example (examples/plain_ddp/train.py, no stormwatch
+   import) as the job's command under ``stormwatch run``: the lab's agents count its
+   collectives, and when rank 1 is stopped (SIGSTOP: no progress, no exit, no handler
+   runs) the agent's hang detection fires and names rank 1 from the flight recorders it
+   asks the ranks for while the hang lasts.
 
 One lab for the module (prefix ``swpl``, 10.223.x.0/24, free loopback ports). Run under
 ``flock /tmp/stormwatch-e2e.lock``. Each test prints its figures (``-s``).
@@ -39,6 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -397,4 +403,90 @@ def test_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_alert(
     print(
         f"FIGURES lightning straggler: {time.monotonic() - started:.0f} s; rank 1 named "
         f"{named_after:.0f} s after the throttle; samples: {named}"
+    )
+
+
+# --------------------------------------------------------------------------- 4. zero code
+PLAIN = Path(__file__).resolve().parents[3] / "examples" / "plain_ddp" / "train.py"
+
+
+def _rank_process(job: str, rank: int) -> psutil.Process | None:
+    """The live process of ``rank`` of ``job`` (its environment says so; not torchrun)."""
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            ours = env.get("STORMWATCH_JOB") == job and env.get("RANK") == str(rank)
+            if ours and str(PLAIN) in proc.cmdline():
+                return proc
+        except psutil.Error:
+            continue
+    return None
+
+
+def _agent_events(lab: Lab, kind: str, job: str) -> list[dict[str, Any]]:
+    """The ``kind`` events of ``job`` in every lab agent's event log."""
+    found = []
+    for node in lab.state.nodes:
+        path = lab.paths.node_state(node.name) / "events.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        events = (json.loads(line) for line in lines if line.strip())
+        found += [e for e in events if e.get("kind") == kind and e.get("job") == job]
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_an_unmodified_ddp_job_under_stormwatch_run_on_the_lab_is_counted_and_its_hang_named(
+    lab: Lab, wait_for: Callable[..., Any]
+) -> None:
+    started = time.monotonic()
+    command = (STORMWATCH, "run", "--", sys.executable, str(PLAIN), "--steps", "100000",
+               "--step-delay", "0.05")  # fmt: skip
+    info = lab.start_job(JobSpec(name="zc-lab", command=command))
+    job = "zc-lab"
+    node0 = lab.state.node("node0")
+    try:
+
+        def counted() -> dict[str, float] | None:  # all-reduces of rank 0 and 1 on node0
+            with urllib.request.urlopen(f"{node0.agent_url}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+            calls = {}
+            for line in text.splitlines():
+                if line.startswith("stormwatch_collective_calls_total{") and f'job="{job}"' in line:
+                    rank = line.split('rank="', 1)[1].split('"', 1)[0]
+                    calls[rank] = calls.get(rank, 0.0) + float(line.rsplit(" ", 1)[1])
+            return calls if len(calls) == 2 and min(calls.values()) >= 10 else None
+
+        calls = wait_for(counted, 180, "node0's agent to count both ranks' collectives", 1.0)
+        victim = wait_for(lambda: _rank_process(job, 1), 30, "rank 1's process", 0.5)
+        victim.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            [culprit] = wait_for(  # node0's agent: it asks ranks 0 and 1
+                lambda: [
+                    e
+                    for e in _agent_events(lab, "rank_hang_culprit", job)
+                    if 1 in (e.get("asked") or [])
+                ],
+                120,
+                "node0's agent to name the hung job's culprit",
+                1.0,
+            )
+            named_after = time.monotonic() - stopped_at
+        finally:
+            victim.send_signal(signal.SIGCONT)
+    except BaseException:
+        _print_tails(lab)
+        raise
+    finally:
+        lab.stop_job(job, grace=5.0)
+    assert culprit["rank"] == 1 and culprit["pid"] == victim.pid, culprit
+    assert culprit["method"] == "flight_recorder" and culprit["certain"], culprit
+    assert 1 not in culprit["answered"] and 0 in culprit["answered"], culprit
+    others = _agent_events(lab, "rank_hang_culprit", job)  # node1's, from ranks 2 and 3
+    assert all(e["rank"] == 1 for e in others), others
+    assert info.slurm_job_id is not None  # through the Slurm recipe, as every lab job
+    print(
+        f"FIGURES zero code on the lab: {time.monotonic() - started:.0f} s; collectives "
+        f"counted {calls}; culprit rank 1 named {named_after:.1f} s after SIGSTOP "
+        f"(asked {culprit['asked']}, answered {culprit['answered']})"
     )
