@@ -43,7 +43,7 @@ def _events(tools: Any, agent: Any, job: str, kind: str) -> list[dict[str, Any]]
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_flight_recorder(
+def test_fc10_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_flight_recorder(
     start_agent: Any, tools: Any, tmp_path: Path
 ) -> None:
     agent = start_agent(hang_floor_seconds=HANG_FLOOR, rank_scan_interval=0.2)

@@ -240,7 +240,7 @@ def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(900)
-def test_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flight_recorder(
+def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flight_recorder(
     lab: Lab, wait_for: Callable[..., Any]
 ) -> None:
     started = time.monotonic()
@@ -344,7 +344,7 @@ def _straggler_expr() -> str:
 
 
 @pytest.mark.timeout(600)
-def test_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_alert(
+def test_fc14_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_alert(
     lab: Lab, tmp_path: Path, wait_for: Callable[..., Any]
 ) -> None:
     started = time.monotonic()
@@ -435,7 +435,7 @@ def _agent_events(lab: Lab, kind: str, job: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-def test_an_unmodified_ddp_job_under_stormwatch_run_on_the_lab_is_counted_and_its_hang_named(
+def test_fc10_an_unmodified_ddp_job_under_stormwatch_run_on_the_lab_is_counted_and_its_hang_named(
     lab: Lab, wait_for: Callable[..., Any]
 ) -> None:
     started = time.monotonic()
