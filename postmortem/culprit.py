@@ -7,11 +7,15 @@
    collective the others wait in (a hang, FC-10). Ranks that wait are "in flight"; the
    one that does not wait is the cause. (PyTorch's flight recorder ``pg_status``; the
    trainer's own record gives ``seconds: null`` to a collective never completed.)
-2. rank exits (not clean) the node agents saw at the onset: the rank that died first.
-3. the first alert, when it names a rank (and fired alone first).
-4. straggler score (``stormwatch_rank_straggler_score`` >= :data:`STRAGGLER_FACTOR`, FC-14).
-5. heartbeat: the one rank whose last step before the first alert is older than all others'.
-6. XID errors on a node in the window.
+2. the node agents' own diagnosis during the hang (the same flight-recorder comparison,
+   made while the hang was in progress), when (1) could not compare every rank's dump.
+3. rank exits (not clean) the node agents saw at the onset: the rank that died first.
+   Exits from the moment the responder began to stop the job (a restart) are its own
+   doing, never the cause.
+4. the first alert, when it names a rank (and fired alone first).
+5. straggler score (``stormwatch_rank_straggler_score`` >= :data:`STRAGGLER_FACTOR`, FC-14).
+6. heartbeat: the one rank whose last step before the first alert is older than all others'.
+7. XID errors on a node in the window.
 
 The source adapters reduce what they read to the neutral :class:`Clues`
 (:class:`RankDump` per dump, :class:`RankExit` per agent exit event, ...);
@@ -101,6 +105,18 @@ class RankExit:
 
 
 @dataclass(frozen=True)
+class HangDiagnosis:
+    """A node agent named ``rank`` from its ranks' flight recorders while the hang was in
+    progress (the agent's ``rank_hang_culprit`` event; :func:`culprit_from_dumps`)."""
+
+    time: float
+    rank: int
+    node: str
+    certain: bool
+    evidence: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class FirstAlert:
     """The alert that opened the incident (``tied``: another fired at the same moment)."""
 
@@ -120,10 +136,13 @@ class Clues:
         first_alert / first_alert_at: the incident's first alert and when it fired.
         onset: when the failure began (None: unknown).
         rank_exits: unclean rank exits in the window, by time.
+        hang_diagnoses: the node agents' culprits of the hang while it lasted, by time.
         straggler_scores: ``rank=R`` -> highest straggler score in the window.
         xid_errors: ``node=N gpu=G code=C`` -> XID events in the window.
         rank_nodes: rank -> node it ran on.
         chaos_fault_ranks: the ranks chaos journals covering the incident faulted, in order.
+        stopped_at: when the responder began stopping the job's ranks (a restart), or None:
+            the rank exits from then on are the remediation's, not clues to the cause.
     """
 
     progress: JobProgress
@@ -132,10 +151,12 @@ class Clues:
     first_alert_at: float
     onset: float | None = None
     rank_exits: Sequence[RankExit] = ()
+    hang_diagnoses: Sequence[HangDiagnosis] = ()
     straggler_scores: Mapping[str, float] = field(default_factory=dict)
     xid_errors: Mapping[str, float] = field(default_factory=dict)
     rank_nodes: Mapping[int, str] = field(default_factory=dict)
     chaos_fault_ranks: Sequence[int | None] = ()
+    stopped_at: float | None = None
 
 
 def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
@@ -226,7 +247,33 @@ def culprit_from_dumps(dumps: Iterable[RankDump], asked: Iterable[int]) -> Culpr
     )
 
 
-def _rank_exit(exits: Sequence[RankExit], onset: float | None) -> Culprit | None:
+def _hang_diagnosis(diagnoses: Sequence[HangDiagnosis]) -> Culprit | None:
+    """The rank the agents named during the hang; certain when each agent that named one
+    named the same rank and at least one was certain."""
+    if not diagnoses:
+        return None
+    named = {d.rank for d in diagnoses}
+    best = next((d for d in diagnoses if d.certain), diagnoses[0])
+    return Culprit(
+        rank=best.rank,
+        node=best.node,
+        method="flight_recorder",
+        certain=len(named) == 1 and any(d.certain for d in diagnoses),
+        evidence=[
+            f"agent on {d.node} at {format_clock(d.time)}, during the hang: rank {d.rank}"
+            + (" (certain)" if d.certain else " (uncertain)")
+            + (f": {d.evidence[0]}" if d.evidence else "")
+            for d in diagnoses[:4]
+        ]
+        + [line for line in best.evidence[1:6]],
+    )
+
+
+def _rank_exit(
+    exits: Sequence[RankExit], onset: float | None, stopped_at: float | None
+) -> Culprit | None:
+    if stopped_at is not None:  # the responder's restart ended these: its doing, not a clue
+        exits = [e for e in exits if e.time < stopped_at]
     if onset is not None:
         exits = [e for e in exits if e.time >= onset - EXIT_BEFORE_ONSET_S]
     if not exits:
@@ -341,7 +388,8 @@ def find_culprit(clues: Clues) -> Culprit:
     missing = sorted(r for r in clues.progress if r not in have) if clues.dumps else []
     found = (
         (None if missing else _flight_recorder(clues.dumps))
-        or _rank_exit(clues.rank_exits, clues.onset)
+        or _hang_diagnosis(clues.hang_diagnoses)
+        or _rank_exit(clues.rank_exits, clues.onset, clues.stopped_at)
         or _alert_rank(clues.first_alert)
         or _straggler(scores)
         or _heartbeat(clues.progress, clues.first_alert_at)

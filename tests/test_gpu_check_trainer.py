@@ -61,6 +61,7 @@ def test_when_nvml_lists_no_gpu_the_reason_says_so(monkeypatch) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.untimed
 def test_sim_mode_trains_under_torchrun_and_reads_it_back_through_the_agent(tmp_path) -> None:
     out = tmp_path / "result.json"
     done = subprocess.run(

@@ -39,10 +39,14 @@ class Action(abc.ABC):
         retry_safe: True when running the action again after an interruption
             cannot do harm (read-only checks). Remedial actions (restart,
             exclude a node) must leave it False.
+        stops_ranks: True when the action ends the job's rank processes (a restart): the
+            rank exits from its start on are its doing, and the post-mortem does not take
+            them for the incident's cause.
     """
 
     kind: ClassVar[str]
     retry_safe: ClassVar[bool] = False
+    stops_ranks: ClassVar[bool] = False
 
     def guard(self, incident: IncidentRecord) -> str | None:
         """Why the action must not run for ``incident``, or None to run it.

@@ -55,6 +55,7 @@ class RestartWorkers(_BackendAction):
     """Restart the job's workers at the same world size."""
 
     kind: ClassVar[str] = "restart_workers"
+    stops_ranks: ClassVar[bool] = True
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
         return await self._on_job(incident, self.backend.restart_workers)
@@ -65,6 +66,7 @@ class ExcludeNodeRestart(_BackendAction):
     """Take the incident's node out of the job and restart at a smaller world size."""
 
     kind: ClassVar[str] = "exclude_node_restart"
+    stops_ranks: ClassVar[bool] = True
 
     def describe(self, incident: IncidentRecord) -> str:
         return f"exclude node {incident_node(incident)} from job {incident_job(incident)}"
@@ -111,7 +113,13 @@ class NotifyOnly(Action):
         return ActionOutcome(status="succeeded", detail=f"notified: {incident.alertname}")
 
 
+#: The kinds of the actions that end the job's rank processes (:attr:`Action.stops_ranks`).
+RANK_STOPPING_KINDS: frozenset[str] = frozenset(
+    a.kind for a in (RestartWorkers, ExcludeNodeRestart) if a.stops_ranks
+)
+
 __all__ = [
+    "RANK_STOPPING_KINDS",
     "CheckpointNow",
     "CollectDiagnostics",
     "ExcludeNodeRestart",

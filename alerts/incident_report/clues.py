@@ -5,16 +5,18 @@ flight recorder, rank exits, the first alert, straggler scores, heartbeats, XID
 errors) comes from files and services this source reads: the trainer's dumps
 (:class:`~stormwatch.telemetry.dump.DumpRecord` ->
 :func:`stormwatch.telemetry.culprit.reduce_dump`), the
-agents' ``rank_exit`` events (:func:`exit_status` words them), the responder's first
+agents' ``rank_exit`` events (:func:`exit_status` words them) and ``rank_hang_culprit``
+events (their diagnosis while the hang lasted), the responder's first
 alert, Prometheus and the rank logs.
 """
 
 from __future__ import annotations
 
-from stormwatch.agent.watch.events import RankExitEvent
+from stormwatch.agent.watch.events import RankExitEvent, RankHangCulpritEvent
 from stormwatch.agent.watch.proc_exits import signal_name
+from stormwatch.alerts.actions.remedial import RANK_STOPPING_KINDS
 from stormwatch.alerts.incident_report.sources import Inputs
-from stormwatch.postmortem import Clues, FirstAlert, RankDump, RankExit
+from stormwatch.postmortem import Clues, FirstAlert, HangDiagnosis, RankDump, RankExit
 from stormwatch.telemetry.culprit import REASON_CHARS, reduce_dump
 
 
@@ -43,6 +45,11 @@ def exit_status(event: RankExitEvent) -> str:
 def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
     """The engine's clues from what was read about the incident (``dumps`` compared)."""
     first = inputs.incident.first_alert
+    stops = [
+        a.started_at
+        for a in inputs.actions
+        if a.kind in RANK_STOPPING_KINDS and a.started_at is not None
+    ]
     return Clues(
         progress=inputs.progress,
         dumps=dumps,
@@ -54,10 +61,16 @@ def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clue
             for e in inputs.agent_events
             if isinstance(e, RankExitEvent) and not e.clean
         ],
+        hang_diagnoses=[
+            HangDiagnosis(e.time, e.rank, e.node, bool(e.certain), tuple(e.evidence or ()))
+            for e in inputs.agent_events
+            if isinstance(e, RankHangCulpritEvent)
+        ],
         straggler_scores=inputs.prometheus_now.get("straggler_score", {}),
         xid_errors=inputs.prometheus_now.get("xid_errors", {}),
         rank_nodes=inputs.rank_nodes,
         chaos_fault_ranks=[f.rank for j in inputs.journals for f in j.injected_faults()],
+        stopped_at=min(stops, default=None),
     )
 
 

@@ -30,7 +30,7 @@ from stormwatch.agent.watch.trainer_files import (
 from stormwatch.telemetry.events import CheckpointEvent, DoneEvent, StartEvent, StepEvent
 from stormwatch.telemetry.ranklogs import read_job_logs
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 JOB = """
 import time

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_bench.py"
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, multiprocess
 
 from stormwatch.telemetry.events import RankEvent, read_events
 
-pytestmark = [pytest.mark.e2e, pytest.mark.root]
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed, pytest.mark.root]
 
 SMALL = ["--seq-len", "16", "--d-model", "32", "--n-heads", "2", "--n-layers", "1"]
 

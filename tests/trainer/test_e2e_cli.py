@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 SMALL = ["--seq-len", "16", "--d-model", "32", "--n-heads", "2", "--n-layers", "1"]
 

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from stormwatch.trainer.checkpoint import store
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 NPROC = 4
 STEPS = 6

@@ -25,7 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from stormwatch.telemetry.events import read_events
 from stormwatch.trainer.checkpoint import store
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 NPROC = 4
 STEPS = 8

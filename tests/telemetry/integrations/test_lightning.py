@@ -71,6 +71,7 @@ def _value(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 
 
 @pytest.mark.e2e
+@pytest.mark.untimed
 @pytest.mark.timeout(600)
 def test_a_lightning_ddp_job_reports_like_the_trainer_and_resumes_from_its_last_checkpoint(
     tmp_path: Path,

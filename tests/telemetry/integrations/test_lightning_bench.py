@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "lightning_bench.py"
 
