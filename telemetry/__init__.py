@@ -236,6 +236,7 @@ def init(
         if current is not None and not current.closed:
             if requested != _CURRENT.requested:
                 _warn_kept(requested, _CURRENT.requested, current)
+            current.leave_start_to_job()  # the job took the session over: it starts it
             return current
         try:
             made = _new_session(requested)
@@ -259,6 +260,7 @@ def session() -> Session | None:
     return _CURRENT.session
 
 
+@never_raises()
 def step(
     step: int,
     *,
@@ -294,6 +296,7 @@ def phase(name: str) -> PhaseContext:
     return current.phase(name)
 
 
+@never_raises()
 def checkpoint(step: int, *, error: str | BaseException | None = None) -> None:
     """A checkpoint of ``step`` was committed (complete on disk), or its save failed with
     ``error`` (the job trained on)."""

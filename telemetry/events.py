@@ -20,7 +20,9 @@ their keys in this order:
 
 ``time`` is Unix seconds (float); ``attempt`` is TORCHELASTIC_RESTART_COUNT;
 ``loss`` is the global mean loss and ``loss_hex`` its ``float.hex`` for
-bitwise comparison (``NaN`` is written as the bare JSON extension ``NaN``);
+bitwise comparison; every line is strict JSON (jq, ``JSON.parse``): a non-finite loss is
+written as ``"loss": null`` with ``loss_hex`` ``"nan"``, ``"inf"`` or ``"-inf"``, and
+read back as that float (lines from older writers with a bare ``NaN`` still parse);
 ``resumed_from_step`` is ``null`` on a fresh start; ``pid`` (an addition to
 the contract) lets a reader map a rank to the process whose metric files it
 wrote; ``world_size`` (another, left out when unknown) is the size of the
@@ -37,12 +39,13 @@ counted, never fatal. No torch import here (a test checks it).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 
 class _Record(BaseModel):
@@ -59,7 +62,10 @@ class _Record(BaseModel):
         for key in self.omitted_when_none:
             if record.get(key) is None:
                 record.pop(key, None)
-        return json.dumps(record, allow_nan=True)
+        for key, value in record.items():  # strict JSON: a record keeps the exact value apart
+            if isinstance(value, float) and not math.isfinite(value):
+                record[key] = None
+        return json.dumps(record, allow_nan=False)
 
 
 class StartEvent(_Record):
@@ -86,6 +92,18 @@ class StepEvent(_Record):
     loss_hex: str | None = None
     attempt: int = 0
     step_seconds: float | None = None
+
+    @model_validator(mode="after")
+    def _non_finite_loss(self) -> StepEvent:
+        """A ``null`` loss with a ``loss_hex`` is the non-finite loss it spells."""
+        if self.loss is None and self.loss_hex is not None:
+            try:
+                value = float.fromhex(self.loss_hex)
+            except ValueError:  # not a float's hex: the loss stays unknown
+                return self
+            if not math.isfinite(value):
+                object.__setattr__(self, "loss", value)
+        return self
 
 
 class CheckpointEvent(_Record):

@@ -224,6 +224,28 @@ def wait_for() -> Callable[..., Any]:
     return _poll
 
 
+def _read_responder(lab: Any, what: str) -> list[dict[str, Any]]:
+    from stormwatch.clients.responder import ResponderClient
+
+    async def read() -> list[dict[str, Any]]:
+        state = lab.state
+        client = ResponderClient(
+            state.responder_url, token_file=Path(state.responder_token_file), timeout=10
+        )
+        async with client:
+            records = await getattr(client, what)()
+        return [r.model_dump() for r in records]
+
+    return asyncio.run(read())
+
+
+@pytest.fixture(scope="session")
+def lab_responder() -> Callable[[Any, str], list[dict[str, Any]]]:
+    """``lab_responder(lab, "actions" | "incidents" | "notifications")``: the lab
+    responder's records, as dicts, read through its client (``ResponderClient``)."""
+    return _read_responder
+
+
 _FAKE_AGENT = r"""
 import json, os, signal, subprocess, sys, time
 log, count = sys.argv[1], int(sys.argv[2])

@@ -14,9 +14,12 @@ collectives and assumes the step's collectives have completed when it is marked 
 after ``optimizer.step()`` with DDP and FSDP: both wait for their gradient reductions).
 
 The start record (``{"event": "start", ...}``) is written by :meth:`Session.start`, or
-at the first step or checkpoint mark; then ``resumed_from_step`` is the first step
-marked minus one when that is above 0 (a job numbering steps from 0 or 1 that starts
-fresh marks 0 or 1 first). No torch import here.
+at the first step or checkpoint mark (under ``stormwatch run`` with no API call: once
+collectives are counted). Without :meth:`Session.start`, ``resumed_from_step`` is the
+first step marked minus one when that is above 1 and the run resumes: a restart
+(attempt > 0) or a ``checkpoint_load`` phase before the first mark. A fresh run marking
+every Nth step is not taken for a resumed one; a resumed run that marks every Nth step
+and wants the exact step calls :meth:`Session.start`. No torch import here.
 """
 
 from __future__ import annotations
@@ -89,9 +92,11 @@ class Session:
             settings.dump_dir, rank=where.rank, attempt=where.attempt, clock=clock
         )
         self._collectives = Collectives(
-            self._telemetry, on_made=self._counter_made, on_counting=self._telemetry.progress
+            self._telemetry, on_made=self._counter_made, on_counting=self._counting_began
         )
         self._started = False
+        self._start_with_counting = False  # stormwatch run's session: see start_with_counting
+        self._loaded_checkpoint = False  # a checkpoint_load phase ran before the first mark
         self._last_step: int | None = None
         self._resumed: int | None = None
         self._steps = StepClock(monotonic)
@@ -166,8 +171,31 @@ class Session:
         self._telemetry.start(resumed_from_step=resumed)
 
     def _ensure_started(self, first_step: int | None) -> None:
-        if not self._started:
-            self._start(first_step - 1 if first_step is not None and first_step > 1 else None)
+        if self._started:
+            return
+        resuming = self.placement.attempt > 0 or self._loaded_checkpoint
+        if first_step is not None and first_step > 1 and resuming:
+            self._start(first_step - 1)
+        else:  # a fresh run that marks every Nth step starts at N, not resumed from N - 1
+            self._start(None)
+
+    def start_with_counting(self) -> None:
+        """Write the start record once collectives are counted (the process group is up)
+        unless the job marks something first: ``stormwatch run``'s session, whose job may
+        never call the API, starts when it does and not at exit. A job that takes the
+        session over (:func:`stormwatch.telemetry.init`) is left to start it itself."""
+        with self._lock:
+            self._start_with_counting = not self._started
+
+    def leave_start_to_job(self) -> None:
+        """Undo :meth:`start_with_counting`: the job calls the API itself."""
+        with self._lock:
+            self._start_with_counting = False
+
+    def _counting_began(self) -> None:
+        if self._start_with_counting:
+            self._ensure_started(None)
+        self._telemetry.progress()
 
     # ------------------------------------------------------------------ steps
     @never_raises()
@@ -262,6 +290,8 @@ class Session:
         bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
         with self._lock:
             outermost = self._steps.enter(spec)
+            if spec.name == "checkpoint_load" and not self._started:
+                self._loaded_checkpoint = True
         if outermost:
             self._telemetry.phase(spec.name, deadline=self._clock() + bound)
 

@@ -32,6 +32,7 @@ torchrun itself (its workers are the ranks).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 from collections.abc import Mapping, Sequence
@@ -111,7 +112,7 @@ def resolve_settings(
         raise ConfigError(
             f"--flight-recorder-entries: must be >= 0 (got {flight_recorder_entries})"
         )
-    warnings: list[str] = []
+    warnings = _no_launcher(command, environ)
     name, _ = _first(
         [
             ("--job", job),
@@ -166,6 +167,27 @@ def resolve_settings(
         sources=sources,
     )
     return settings, warnings
+
+
+_NO_LAUNCHER = (
+    "{program}: no launcher starts it (torchrun, srun) and no RANK or SLURM_PROCID is set, "
+    "so no process of it is a rank and nothing is recorded; run it under one, e.g. "
+    "stormwatch run -- torchrun --nproc-per-node 1 {args}"
+)
+
+
+def _no_launcher(command: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """The warning for a command that runs a Python program straight (``python train.py``,
+    not ``python -m torch.distributed.run``) with no launcher's rank variables around it:
+    the bootstrap then finds no rank (a script such as ``bash job.sh`` may start one
+    itself, so only a direct Python command is judged); else none."""
+    word = Path(command[0]).name
+    python = word == "python" or re.fullmatch(r"python3(\.\d+)?", word) is not None
+    if not python or is_torchrun_agent(word, command):
+        return []
+    if any(name in environ for name in ("RANK", "SLURM_PROCID")):
+        return []
+    return [_NO_LAUNCHER.format(program=" ".join(command[:2]), args=" ".join(command[1:]))]
 
 
 def prepare_folders(settings: RunSettings) -> None:

@@ -67,7 +67,10 @@ def _start_session(_: ModuleType) -> None:
     try:
         import stormwatch.telemetry as swt
 
-        session = swt.session() or swt.init()
+        session = swt.session()
+        if session is None:  # ours: started once the process group is up (the job's: left)
+            session = swt.init()
+            session.start_with_counting()
         if session.settings.dump_dir is not None:
             DumpRequestWatcher(session.settings.dump_dir, session.rank, session.dump).start()
     except Exception:  # the job must run even when its telemetry cannot

@@ -21,7 +21,7 @@ import os
 import shutil
 import socket
 import time
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +61,6 @@ def _config() -> LabConfig:
     )
 
 
-def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
-    state = lab.state
-    token = Path(state.responder_token_file).read_text().strip()
-    request = urllib.request.Request(
-        f"{state.responder_url}/v1/{what}", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return list(json.loads(reply.read())[what])
-
-
 def _print_tails(run_dir: Path) -> None:
     """The end of the job's and the responder's logs (shown when the test fails)."""
     for path in sorted(run_dir.glob("jobs/*/*.torchrun.log")) + sorted(run_dir.glob("logs/*")):
@@ -80,7 +70,7 @@ def _print_tails(run_dir: Path) -> None:
 
 @pytest.mark.timeout(900)
 def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
-    tmp_path: Path, kit: Any
+    tmp_path: Path, kit: Any, lab_responder: Callable[..., list[dict[str, Any]]]
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the lab creates network namespaces")
@@ -115,7 +105,7 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
         [restart] = kit.wait_for(
             lambda: [
                 a
-                for a in _responder(lab, "actions")
+                for a in lab_responder(lab, "actions")
                 if a["kind"] == "restart_workers" and a["status"] in ("succeeded", "failed")
             ],
             180,

@@ -109,21 +109,13 @@ def _slurm(lab: Lab) -> SlurmCommands:
     return SlurmCommands(conf=lab.state.slurm.conf)
 
 
-def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
-    state = lab.state
-    token = Path(state.responder_token_file).read_text().strip()
-    request = urllib.request.Request(
-        f"{state.responder_url}/v1/{what}", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return list(json.loads(reply.read())[what])
-
-
-def _finished_action(lab: Lab, kind: str) -> Callable[[], dict[str, Any] | None]:
+def _finished_action(
+    lab: Lab, kind: str, responder: Callable[..., list[dict[str, Any]]]
+) -> Callable[[], dict[str, Any] | None]:
     """The first action of ``kind`` in a final state (one job per kind in this module)."""
 
     def found() -> dict[str, Any] | None:
-        for action in _responder(lab, "actions"):
+        for action in responder(lab, "actions"):
             if action["kind"] == kind and action["status"] in ("succeeded", "failed", "skipped"):
                 return action
         return None
@@ -158,7 +150,10 @@ def _send_alert(lab: Lab, **labels: str) -> None:
 
 @pytest.mark.timeout(900)
 def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slurm(
-    slurm_lab: Lab, wait_for: Callable[..., Any], tmp_path: Path
+    slurm_lab: Lab,
+    wait_for: Callable[..., Any],
+    tmp_path: Path,
+    lab_responder: Callable[..., list[dict[str, Any]]],
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
     with _tails_on_failure(lab):
@@ -179,7 +174,10 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
                 severity="warning",
             )  # fmt: skip
             action = wait_for(
-                _finished_action(lab, "exclude_node_restart"), 240, "node1's exclusion", 1.0
+                _finished_action(lab, "exclude_node_restart", lab_responder),
+                240,
+                "node1's exclusion",
+                1.0,
             )
             waited = time.time() - sent_at
             print(f"\nstraggler alert -> exclusion done: {waited:.1f} s; {action['detail']}")
@@ -206,7 +204,9 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
             assert not (Path(node1.metrics_dir) / "rank2.done").exists()
 
             incident = next(
-                i for i in _responder(lab, "incidents") if i["alertname"] == "StormwatchStraggler"
+                i
+                for i in lab_responder(lab, "incidents")
+                if i["alertname"] == "StormwatchStraggler"
             )
             pm = _postmortem(lab, int(incident["id"]), tmp_path)
             slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]

@@ -192,3 +192,26 @@ def test_the_job_name_is_the_one_the_node_agent_reads_or_a_warning_says_how_to_a
     seen = rank_env({**ranks, **environ}) if "TORCHELASTIC_RUN_ID" in environ else None
     if seen is not None and not warned:
         assert seen.job == name
+
+
+@pytest.mark.parametrize(
+    ("before", "restarts", "resumed"),
+    [
+        ("", "0", None),  # a fresh run marking every 10th step starts fresh
+        ("", "1", 9),  # a restart: its first mark follows the step it resumed from
+        ("with swt.phase('checkpoint_load'):\n    pass", "0", 9),  # a resumed submission
+    ],
+    ids=["fresh", "restart", "checkpoint-loaded"],
+)
+def test_a_run_that_marks_every_nth_step_is_resumed_only_when_it_resumes(
+    tmp_path: Path, before: str, restarts: str, resumed: int | None
+) -> None:
+    code = "import stormwatch.telemetry as swt\nswt.init()\n" + before + "\n"
+    code += "for step in (10, 20, 30):\n    swt.step(step, loss=1.0)\n"
+    out = run_job(
+        code, tmp_path, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+        TORCHELASTIC_RESTART_COUNT=restarts,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    start = events(tmp_path)[0]
+    assert (start["event"], start["resumed_from_step"]) == ("start", resumed)

@@ -110,6 +110,16 @@ CASES = {
         "pass",
         ["step() after shutdown()", "init() again"],
     ),
+    "session_method_with_an_unknown_argument": (
+        "session = swt.init()",
+        "session.step(step, los=1.0)",
+        ["Session.step(step: int, *, loss:", "unexpected keyword argument 'los'", "ignored"],
+    ),
+    "module_function_without_its_step": (
+        "swt.init()",
+        "swt.checkpoint()",
+        ["stormwatch.telemetry.checkpoint(step: int", "missing a required argument"],
+    ),
     "bad_flag": (
         "swt.init(collectives='yes')",
         "pass",
@@ -130,6 +140,7 @@ def test_a_misuse_is_one_clear_warning_and_the_loop_goes_on(tmp_path: Path, case
     found = warnings_of(done)
     assert len(found) == 1, found
     assert found[0].startswith("WARNING stormwatch.telemetry: "), found
+    assert "please report" not in found[0], "a user's mistake blamed on stormwatch"
     for word in words:
         assert word in found[0], (word, found[0])
 

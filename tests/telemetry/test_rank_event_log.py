@@ -83,13 +83,27 @@ def test_every_record_the_writer_writes_round_trips_through_the_model(tmp_path: 
     assert [e.to_line() for e in events] == lines
 
 
-def test_a_nan_loss_is_written_and_read_back_as_nan(tmp_path: Path) -> None:
-    path = _write_every_kind(tmp_path, loss=float("nan"))
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_loss_is_strict_json_and_read_back_exactly(
+    tmp_path: Path, loss: float
+) -> None:
+    path = _write_every_kind(tmp_path, loss=loss)
     line = path.read_text().splitlines()[1]
-    assert '"loss": NaN, "loss_hex": "nan"' in line
+    json.loads(line, parse_constant=_refuse)  # jq and JSON.parse read it: no bare NaN
+    assert f'"loss": null, "loss_hex": "{loss.hex()}"' in line
     step = read_events(path)[1]
-    assert isinstance(step, StepEvent) and step.loss is not None and math.isnan(step.loss)
+    assert isinstance(step, StepEvent) and step.loss is not None
+    assert step.loss.hex() == loss.hex()
     assert step.to_line() == line
+
+
+def test_an_older_writers_bare_nan_still_reads() -> None:
+    step = parse_event('{"event": "step", "time": 5, "step": 3, "loss": NaN, "loss_hex": "nan"}')
+    assert isinstance(step, StepEvent) and step.loss is not None and math.isnan(step.loss)
+
+
+def _refuse(constant: str) -> float:
+    raise AssertionError(f"bare {constant} in a JSON line")
 
 
 def test_readers_ignore_unknown_keys_and_default_the_missing_ones() -> None:

@@ -229,19 +229,9 @@ def test_a_killed_rank_of_a_lightning_job_is_detected_restarted_resumed_and_repo
 
 
 # --------------------------------------------------------------------------- 2. a hung rank
-def _responder(lab: Lab, what: str) -> list[dict[str, Any]]:
-    state = lab.state
-    token = Path(state.responder_token_file).read_text().strip()
-    request = urllib.request.Request(
-        f"{state.responder_url}/v1/{what}", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return list(json.loads(reply.read())[what])
-
-
 @pytest.mark.timeout(900)
 def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flight_recorder(
-    lab: Lab, wait_for: Callable[..., Any]
+    lab: Lab, wait_for: Callable[..., Any], lab_responder: Callable[..., list[dict[str, Any]]]
 ) -> None:
     started = time.monotonic()
     command = _command(steps=40, checkpoint_every=5, seed=0, step_delay=0.2)
@@ -262,7 +252,7 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
         [restart] = wait_for(
             lambda: [
                 a
-                for a in _responder(lab, "actions")
+                for a in lab_responder(lab, "actions")
                 if a["kind"] == "restart_workers" and a["status"] in ("succeeded", "failed")
             ],
             180,

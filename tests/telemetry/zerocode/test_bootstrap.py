@@ -135,3 +135,48 @@ def test_a_python_without_stormwatch_says_so_once_and_runs_the_job(tmp_path: Pat
     assert done.returncode == 0 and done.stdout.strip() == "ran"
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"stormwatch run: {base} cannot import stormwatch (ModuleNotFoundError")
+
+
+#: A job with no API call: a one-rank gloo group, then it waits to be read before it ends.
+GROUP_UP = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
+                            rank=0, world_size=1)
+    print("group up", flush=True)
+    sys.stdin.readline()  # until the test has read the log
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_job_without_api_calls_gets_its_start_record_when_its_group_is_up(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _environ(tmp_path, {**RANK0, "PORT": str(port)})
+    env["STORMWATCH_LOG_DIR"] = str(tmp_path / "logs")
+    log = tmp_path / "logs" / "rank0.jsonl"
+    with subprocess.Popen(
+        [sys.executable, "-c", GROUP_UP], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    ) as job:  # fmt: skip
+        try:
+            assert job.stdout is not None and job.stdin is not None
+            assert job.stdout.readline().strip() == "group up"
+            lines = log.read_text().splitlines() if log.exists() else []
+            assert [json.loads(line)["event"] for line in lines] == ["start"], lines  # not at exit
+            job.stdin.write("\n")
+            job.stdin.flush()
+            assert job.wait(timeout=60) == 0
+        finally:
+            job.kill()
+    assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == [
+        "start",
+        "done",
+    ]

@@ -243,3 +243,14 @@ def test_a_mistake_is_one_line_and_exit_status_2(
     assert done.returncode == 2
     assert done.stderr.startswith(message.replace("{tmp}", str(tmp_path))), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_python_command_with_no_launcher_is_told_how_to_get_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    done = _run("--metrics-dir", str(tmp_path / "metrics"), "--", sys.executable, str(script))
+    assert done.returncode == 0 and "trained" in done.stdout  # it still runs
+    assert "no launcher starts it (torchrun, srun)" in done.stderr, done.stderr
+    assert f"stormwatch run -- torchrun --nproc-per-node 1 {script}" in done.stderr
+    under_torchrun = resolve_settings(["torchrun", str(script)], environ={"RANK": "0"})[1]
+    assert not [w for w in under_torchrun if "launcher" in w]
