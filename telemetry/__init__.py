@@ -156,6 +156,7 @@ def _new_session(requested: Mapping[str, Any]) -> Session:
         warn_once("init:signals", "init(): SIGTERM is not handled: %s", problem)
     if settings.collectives:
         made.instrument_collectives()
+    made._answer_dump_requests()
     return made
 
 

@@ -3,7 +3,7 @@
 When a job's rank hangs, the agent asks each of the job's running ranks on this node for
 its post-mortem dump: it writes ``<dump-dir>/rank<R>.request``, which a thread of the
 rank answers by writing ``<dump-dir>/rank<R>.json`` with PyTorch's flight recorder
-(:mod:`stormwatch.telemetry.zerocode.dumps`: ranks of ``stormwatch run`` answer; a thread
+(:mod:`stormwatch.telemetry.dump_requests`: every telemetry session answers; a thread
 can, while the rank's main thread waits inside a collective, where no signal handler
 runs). It waits up to :data:`DUMP_WAIT_SECONDS` for the answers, then names the culprit
 with :func:`stormwatch.postmortem.culprit_from_dumps`: the rank behind its peers and
@@ -29,12 +29,12 @@ from stormwatch.agent.watch.diagnostics import RankTarget
 from stormwatch.postmortem import Culprit, culprit_from_dumps
 from stormwatch.telemetry.culprit import reduce_dump
 from stormwatch.telemetry.dump import DumpRecord, dump_path, read_dump
-from stormwatch.telemetry.zerocode.dumps import POLL_SECONDS, write_request
+from stormwatch.telemetry.dump_requests import POLL_SECONDS, write_request
 
 log = logging.getLogger(__name__)
 
 #: Seconds the agent waits for the ranks' dumps: ranks look for a request every
-#: :data:`~stormwatch.telemetry.zerocode.dumps.POLL_SECONDS` (0.5 s) and a dump of a
+#: :data:`~stormwatch.telemetry.dump_requests.POLL_SECONDS` (0.5 s) and a dump of a
 #: 2,000-entry flight recorder takes tens of milliseconds; 5 s covers a loaded node.
 DUMP_WAIT_SECONDS = 5.0
 

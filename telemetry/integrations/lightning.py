@@ -41,9 +41,10 @@ What each Lightning hook reports (the public API only: ``init``, ``step``, ``pha
   failed with the exception; the rank writes its post-mortem dump (flight recorder and
   last collectives: a collective timeout, a peer gone); the session is left to the API's
   exit hooks (no done marker: the rank did not finish).
-* SIGTERM: the dump is written first thing (:class:`~.sigterm.SigtermDump`: a handler
-  put in front of Lightning's at ``on_sanity_check_start``/``on_train_start``, and a
-  thread for a rank waiting in a collective), because Lightning's own SIGTERM handler
+* SIGTERM: the dump is written first thing (the session's
+  :class:`~stormwatch.telemetry.lifecycle.sigterm.SigtermDump`: put in front of
+  Lightning's handler at ``on_sanity_check_start``/``on_train_start``, and its thread for
+  a rank waiting in a collective), because Lightning's own SIGTERM handler
   broadcasts to the other ranks before the API's runs: in a hung job that broadcast
   blocks, and shows in the flight recorder as one more collective of the hung rank.
 * ``teardown`` after a fit that ended normally: ``shutdown()`` (done record and marker).
@@ -70,7 +71,6 @@ from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy, SingleD
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import stormwatch.telemetry as swt
-from stormwatch.telemetry.integrations.sigterm import SigtermDump
 
 logger = logging.getLogger("stormwatch.telemetry")
 _F = TypeVar("_F", bound=Callable[..., None])
@@ -145,25 +145,25 @@ class StormwatchCallback(pl.Callback):
         self._saving: int | None = None  # the step of a checkpoint being saved
         self._marked = -1  # the last step marked
         self._failed: set[str] = set()  # counts whose function failed (left out since)
-        self._sigterm = SigtermDump(_dump)
         self._reset_step()
         if launched_per_rank(os.environ):
             self._init()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Picklable (``ddp_spawn`` sends the trainer to its processes): without the
-        SIGTERM watch and open phases, which belong to this process."""
+        """Picklable (``ddp_spawn`` sends the trainer to its processes): without the open
+        phases, which belong to this process."""
         state = dict(self.__dict__)
-        state["_phases"], state["_sigterm"] = {}, None
+        state["_phases"] = {}
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._sigterm = SigtermDump(_dump)
 
     def _init(self) -> None:
         swt.init(**self._init_args)  # the first call makes the session, later ones return it
-        self._sigterm.watch()
+
+    @staticmethod
+    def _dump_first_on_sigterm() -> None:
+        session = swt.session()
+        if session is not None:
+            session.dump_first_on_sigterm()  # Lightning has installed its handler by now
 
     def _reset_step(self) -> None:
         self._loss: torch.Tensor | None = None
@@ -224,11 +224,11 @@ class StormwatchCallback(pl.Callback):
 
     @_guarded
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sigterm.take_front()  # Lightning has installed its SIGTERM handler by now
+        self._dump_first_on_sigterm()
 
     @_guarded
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sigterm.take_front()
+        self._dump_first_on_sigterm()
         self._leave("checkpoint_load")
         session = swt.session()
         if session is not None:
@@ -249,7 +249,8 @@ class StormwatchCallback(pl.Callback):
             swt.checkpoint(step, error=exception)
         for name in list(self._phases):
             self._leave(name)
-        if not self._sigterm.dumped:  # that dump shows the moment of the signal: keep it
+        session = swt.session()
+        if session is not None and not session.dumped_on_sigterm:  # keep the signal's moment
             _dump(f"{type(exception).__name__}: {exception}"[:500])
 
     @_guarded
@@ -335,13 +336,10 @@ def _add(total: int | None, count: int | None) -> int | None:
 
 
 def _dump(reason: str) -> None:
-    """The session's post-mortem dump, if a session is open. The collectives already seen
-    complete are reported first (the counter reports them at the next collective or step
-    mark, which a hung rank never reaches), so that the last one, Lightning's per-step
-    SIGTERM broadcast, is not recorded as still in flight."""
+    """The session's post-mortem dump (:meth:`~stormwatch.telemetry.Session.dump`), if a
+    session is open."""
     session = swt.session()
     if session is not None and not session.closed:
-        session.collective_counter().poll()
         session.dump(reason)
 
 

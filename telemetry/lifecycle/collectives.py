@@ -46,6 +46,10 @@ class Collectives:
                 self._on_made(self._counter)
             return self._counter
 
+    def made(self) -> Any:
+        """The counter if it was made, else None (nothing is made)."""
+        return self._counter
+
     def always(self) -> None:
         """Enter the counter for good on this thread (once; not while the job has it entered)."""
         with self._lock:

@@ -38,26 +38,11 @@ from stormwatch.telemetry.lifecycle.collectives import Collectives
 from stormwatch.telemetry.lifecycle.exits import ExitHooks
 from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
 from stormwatch.telemetry.lifecycle.launch import Placement, Settings
-from stormwatch.telemetry.lifecycle.steps import StepClock, StepRecord, rss_bytes
+from stormwatch.telemetry.lifecycle.sigterm import SigtermDump
+from stormwatch.telemetry.lifecycle.spans import SessionSpans
+from stormwatch.telemetry.lifecycle.steps import PhaseContext, StepClock, StepRecord, rss_bytes
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
 from stormwatch.telemetry.rank import RankTelemetry
-
-
-class PhaseContext:
-    """The context manager :meth:`Session.phase` returns (usable once per ``with``)."""
-
-    def __init__(self, session: Session | None, spec: PhaseSpec | None) -> None:
-        self._session = session
-        self._spec = spec
-
-    def __enter__(self) -> PhaseContext:
-        if self._session is not None and self._spec is not None:
-            self._session._enter_phase(self._spec)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._session is not None and self._spec is not None:
-            self._session._leave_phase(self._spec)
 
 
 class Session:
@@ -100,10 +85,21 @@ class Session:
         self._last_step: int | None = None
         self._resumed: int | None = None
         self._steps = StepClock(monotonic)
-        self._tracing: Any = None  # stormwatch.telemetry.tracing.RankTracing, once traced
+        self._spans = SessionSpans(self._telemetry.on_error)
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
         self._exits = ExitHooks(self._at_exit, self._on_signal)
+        self._sigterm = SigtermDump(self._signal_dump)
+        self._requests: Any = None  # stormwatch.telemetry.dump_requests.DumpRequestWatcher
+
+    def _answer_dump_requests(self) -> None:
+        """Answer the node agent's dump requests from a daemon thread (with a dump folder)."""
+        if self.settings.dump_dir is None or self._requests is not None:
+            return
+        from stormwatch.telemetry.dump_requests import DumpRequestWatcher
+
+        self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, self.dump)
+        self._requests.start()
 
     # ------------------------------------------------------------------ identity
     @property
@@ -143,7 +139,22 @@ class Session:
 
     # ------------------------------------------------------------------ lifecycle
     def _install_exits(self) -> str | None:
-        return self._exits.install(handle_signals=self.settings.handle_signals)
+        problem = self._exits.install(handle_signals=self.settings.handle_signals)
+        if self.settings.handle_signals and problem is None:
+            self._sigterm.watch()  # the dump also comes while the main thread waits in C++
+        return problem
+
+    def dump_first_on_sigterm(self) -> bool:
+        """Put the SIGTERM dump in front of the handlers installed since :func:`init` (a
+        framework's own, such as Lightning's, which may block in a collective before the
+        API's would run); whether it is in front. Main thread only; nothing when the session
+        does not handle signals. Call it again after the framework reinstalls its handler."""
+        return self.settings.handle_signals and self._sigterm.take_front()
+
+    @property
+    def dumped_on_sigterm(self) -> bool:
+        """Whether a SIGTERM's dump was written (a later dump would hide that moment)."""
+        return self._sigterm.dumped
 
     @never_raises()
     def start(self, *, resumed_from_step: int | None = None) -> None:
@@ -400,7 +411,16 @@ class Session:
     @never_raises()
     def dump(self, reason: str) -> Path | None:
         """Write this rank's post-mortem dump now (flight recorder and the last collectives);
-        returns its path, or ``None`` (no dump folder, or it could not be written)."""
+        returns its path, or ``None`` (no dump folder, or it could not be written).
+
+        The collectives already seen complete are reported first (the counter reports them
+        at the next collective or step mark, which a hung rank never reaches), so the last
+        completed one (Lightning's per-step SIGTERM broadcast, say) is not dumped as still
+        in flight."""
+        counter = self._collectives.made()
+        if counter is not None:
+            with contextlib.suppress(Exception):  # the dump matters more than this report
+                counter.poll()
         last = self._last_step if self._last_step is not None else self._resumed
         self._dumper.step = (last or 0) + 1 if self._started else None
         return self._dumper.dump(reason)
@@ -420,16 +440,12 @@ class Session:
         ``<spans_dir>/rank<R>.jsonl``; flushed at :meth:`shutdown` within ``flush_timeout``
         seconds (spans not exported by then are counted as ``tracing`` errors). Resource
         attributes: ``rank``, ``job``, ``attempt``. Once per session."""
-        if not self._open("trace") or self._tracing is not None:
+        if not self._open("trace") or self._spans.started:
             return
-        from stormwatch.telemetry.tracing import RankTracing, SpanOptions
-
-        self._tracing = RankTracing(
-            SpanOptions(
-                otlp_endpoint=otlp_endpoint,
-                spans_dir=None if spans_dir is None else Path(spans_dir),
-                flush_timeout=flush_timeout,
-            ),
+        self._spans.start(
+            otlp_endpoint=otlp_endpoint,
+            spans_dir=None if spans_dir is None else Path(spans_dir),
+            flush_timeout=flush_timeout,
             rank=self.rank,
             attributes={"job": self.job, "attempt": self.attempt},
         )
@@ -437,23 +453,7 @@ class Session:
     def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
         """``with session.span(name, **attributes):`` a span around the block (nested spans
         are its children); a no-op without :meth:`trace`. The block's exceptions pass."""
-        tracing = self._tracing
-        if tracing is None:
-            return contextlib.nullcontext()
-        try:
-            return tracing.span(name, **attributes)
-        except Exception as exc:
-            warn_once("span:failed", "span(%r) failed: %s; not traced", name, exc)
-            return contextlib.nullcontext()
-
-    def _close_tracing(self) -> None:
-        tracing, self._tracing = self._tracing, None
-        if tracing is not None:
-            dropped = tracing.close()
-            if dropped:
-                self._telemetry.on_error(
-                    "tracing", RuntimeError(f"{dropped} spans not exported at exit")
-                )
+        return self._spans.span(name, **attributes)
 
     # ------------------------------------------------------------------ the end
     @never_raises()
@@ -466,11 +466,13 @@ class Session:
             self._closed = True
         with contextlib.suppress(Exception):  # a failed final poll is not worth a warning
             self._collectives.stop()
+        if self._requests is not None:
+            self._requests.stop(timeout=0.0)  # a daemon: it need not be waited for
         if clean:
             self._ensure_started(None)
             last = self._last_step if self._last_step is not None else self._resumed
             self._telemetry.done(step=last)
-        self._close_tracing()
+        self._spans.close()
         self._telemetry.close()
         self._exits.uninstall()
 
@@ -479,10 +481,11 @@ class Session:
         self.shutdown(clean=clean and not self._signalled)
 
     def _on_signal(self, signum: int) -> None:
-        import signal
+        self._sigterm.dump_once("written by the API's handler")
 
+    def _signal_dump(self, reason: str) -> None:
         self._signalled = True
-        self.dump(f"signal {signal.Signals(signum).name}")
+        self.dump(reason)
 
 
 __all__ = ["PhaseContext", "Session", "StepRecord"]

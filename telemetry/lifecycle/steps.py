@@ -6,7 +6,8 @@
 one, less the time spent in phases that are not part of a step (``checkpoint_save``,
 ``checkpoint_load``, ``eval``; a ``data_wait`` is, :mod:`stormwatch.telemetry.phases`).
 It also counts how deep each phase is entered (a phase entered twice is left once it is
-left twice). Not thread-safe: the session holds its lock around it. No torch import here.
+left twice). Not thread-safe: the session holds its lock around it. :class:`PhaseContext`
+is the ``with`` block :meth:`Session.phase` returns. No torch import here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
+
+
+class _PhaseOwner(Protocol):
+    def _enter_phase(self, spec: PhaseSpec) -> None: ...
+    def _leave_phase(self, spec: PhaseSpec) -> None: ...
+
+
+class PhaseContext:
+    """The context manager :meth:`Session.phase` returns (usable once per ``with``)."""
+
+    def __init__(self, session: _PhaseOwner | None, spec: PhaseSpec | None) -> None:
+        self._session = session
+        self._spec = spec
+
+    def __enter__(self) -> PhaseContext:
+        if self._session is not None and self._spec is not None:
+            self._session._enter_phase(self._spec)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._session is not None and self._spec is not None:
+            self._session._leave_phase(self._spec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,4 +131,4 @@ class StepClock:
         return depth == 0
 
 
-__all__ = ["StepClock", "StepRecord", "rss_bytes"]
+__all__ = ["PhaseContext", "StepClock", "StepRecord", "rss_bytes"]

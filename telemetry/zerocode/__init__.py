@@ -14,8 +14,9 @@ How (docs/instrument-your-job.md, "Zero-code mode"):
 3. In a rank's main process it calls :func:`.rank.start`, which waits for the job to
    import torch (:mod:`.afterimport`) and then calls ``stormwatch.telemetry.init()``
    (collective counting is installed when the job calls ``init_process_group``; the
-   flight recorder; the SIGTERM dump) and starts the dump-request watcher (:mod:`.dumps`),
-   through which the node agent asks a hung job's ranks for their flight recorders.
+   flight recorder; the SIGTERM dump; the dump-request watcher of
+   :mod:`stormwatch.telemetry.dump_requests`, through which the node agent asks a hung
+   job's ranks for their flight recorders).
 
 What a job gets this way and what needs the API (loss, tokens, step boundaries, phases)
 is in the docs. Nothing here imports torch.

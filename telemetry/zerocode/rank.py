@@ -15,8 +15,8 @@ imports no torch, which a job may configure through variables it sets before its
 folders and placement from the environment ``stormwatch run`` prepared, collectives
 counted from ``init_process_group`` on, the flight recorder, the SIGTERM dump. A job that
 calls ``init()`` itself gets that same session back (with the defaults, no warning), and
-one that called it before importing torch keeps its own. Then the session answers the node
-agent's dump requests (:mod:`.dumps`). Nothing here raises into the job: a failure is one
+one that called it before importing torch keeps its own. Either session answers the node
+agent's dump requests (:mod:`stormwatch.telemetry.dump_requests`). Nothing here raises into the job: a failure is one
 warning on the ``stormwatch.telemetry`` logger and the job runs without.
 """
 
@@ -30,7 +30,6 @@ from types import ModuleType
 
 from stormwatch.contracts.rank_env import is_torchrun_agent
 from stormwatch.telemetry.zerocode.afterimport import after_import
-from stormwatch.telemetry.zerocode.dumps import DumpRequestWatcher
 
 log = logging.getLogger("stormwatch.telemetry")
 
@@ -63,7 +62,8 @@ def start(
 
 
 def _start_session(_: ModuleType) -> None:
-    """The rank's session (the job's own if it made one already) and its dump watcher."""
+    """The rank's session (the job's own if it made one already; either answers the node
+    agent's dump requests)."""
     try:
         import stormwatch.telemetry as swt
 
@@ -71,8 +71,6 @@ def _start_session(_: ModuleType) -> None:
         if session is None:  # ours: started once the process group is up (the job's: left)
             session = swt.init()
             session.start_with_counting()
-        if session.settings.dump_dir is not None:
-            DumpRequestWatcher(session.settings.dump_dir, session.rank, session.dump).start()
     except Exception:  # the job must run even when its telemetry cannot
         log.warning(
             "stormwatch run: telemetry could not start in pid %d", os.getpid(), exc_info=True

@@ -1,6 +1,6 @@
 """The agent asks a hung job's ranks for their dumps (:mod:`stormwatch.agent.watch.hangdumps`):
-a real rank process started through ``stormwatch run``'s bootstrap answers; a rank that
-does not answer is reported silent."""
+a real rank process started through ``stormwatch run``'s bootstrap answers, and so does
+one that calls the API itself; a rank that does not answer is reported silent."""
 
 from __future__ import annotations
 
@@ -23,6 +23,29 @@ def test_a_ranks_dump_folder_comes_from_its_command_line_else_its_environment() 
     assert dump_dir(["python", "train.py"], "/work", {}) is None
 
 
+def _answered(rank: subprocess.Popen[bytes], targets: list[RankTarget]) -> hangdumps.HangCulprit:
+    """Ask until the rank's watcher runs (requests from before it started are stale)."""
+    deadline = time.monotonic() + 120
+    while True:
+        found = hangdumps.diagnose(targets, reason="hang of job dumps", now=time.time(), wait=2)
+        if found.answered or time.monotonic() > deadline or rank.poll() is not None:
+            return found
+
+
+def test_a_rank_using_the_api_answers_too(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "SLURM_"))}
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", STORMWATCH_DUMP_DIR=str(tmp_path))
+    job = "import time, stormwatch.telemetry as swt; swt.init(job='api'); time.sleep(120)"
+    rank = subprocess.Popen([sys.executable, "-c", job], env=env)
+    try:
+        target = RankTarget(("api", 0), rank.pid, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)})
+        found = _answered(rank, [target])
+        assert (found.asked, found.answered) == ((0,), (0,))
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_a_zero_code_rank_answers_and_a_silent_one_is_reported(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "SLURM_"))}
     env.update(
@@ -40,11 +63,7 @@ def test_a_zero_code_rank_answers_and_a_silent_one_is_reported(tmp_path: Path) -
         targets = [
             RankTarget(("dumps", 0), rank.pid, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)})
         ]
-        deadline = time.monotonic() + 120
-        while True:  # until its watcher runs (requests from before it started are stale)
-            found = hangdumps.diagnose(targets, reason="hang of job dumps", now=time.time(), wait=2)
-            if found.answered or time.monotonic() > deadline:
-                break
+        found = _answered(rank, targets)
         assert (found.asked, found.answered) == ((0,), (0,))
         assert found.culprit is None  # one dump, not inside a collective: nothing to compare
         silent = [

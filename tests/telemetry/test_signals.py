@@ -64,7 +64,7 @@ def test_sigterm_writes_the_dump_then_chains_to_the_previous_handler(tmp_path: P
     assert proc.returncode == 143, err
     assert "previous handler ran" in out
     dump = json.loads((tmp_path / "dumps" / "rank1.json").read_text())
-    assert dump["rank"] == 1 and dump["reason"] == "signal SIGTERM"
+    assert dump["rank"] == 1 and dump["reason"].startswith("signal SIGTERM ("), dump["reason"]
     assert dump["step"] >= 2  # the step in progress
     # sys.exit(143) is not a clean end: no done record, no done marker
     lines = (tmp_path / "logs" / "rank1.jsonl").read_text().splitlines()
@@ -116,3 +116,60 @@ def test_a_clean_exit_writes_the_done_marker_by_itself(tmp_path: Path) -> None:
     )
     assert unhandled.returncode == 1
     assert not (tmp_path / "rank1.done").exists()  # an unhandled exception is no clean end
+
+
+#: Rank 0 waits in an all-reduce that rank 1 never joins: its main thread is in gloo's C++.
+WAITING = """
+import os, sys, time
+import torch, torch.distributed as dist
+import stormwatch.telemetry as swt
+rank = int(os.environ["RANK"])
+swt.init()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
+                        rank=rank, world_size=2)
+print("ready", flush=True)
+if rank == 0:
+    dist.all_reduce(torch.ones(4))  # never completes
+time.sleep(600)
+"""
+
+
+def test_a_rank_waiting_inside_a_collective_writes_its_dump_at_sigterm(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STORMWATCH_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))
+    }
+    base.update(WORLD_SIZE="2", PORT=str(port), STORMWATCH_DUMP_DIR=str(tmp_path / "dumps"))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAITING],
+            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        for rank in ranks:
+            assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # rank 0 is inside the all-reduce by now
+        ranks[0].send_signal(signal.SIGTERM)  # no Python handler runs while it waits
+        dump = tmp_path / "dumps" / "rank0.json"
+        deadline = time.monotonic() + 30
+        while not dump.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        reason = json.loads(dump.read_text())["reason"]
+        assert reason == "signal SIGTERM (written from a thread at once)", reason
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+            if rank.stdout is not None:
+                rank.stdout.close()

@@ -15,6 +15,9 @@ the main thread is blocked (``_dump_fr_trace_json`` needs no progress of the wai
   once per request newer than the last one answered. A request older than the process
   (left from an earlier attempt) is not answered.
 
+Every telemetry session with a dump folder answers (:func:`stormwatch.telemetry.init`
+starts the watcher: the API, its integrations and ``stormwatch run`` alike).
+
 A stopped or dead rank answers nothing: its silence, while its peers' dumps show them
 waiting, is itself the evidence (:func:`stormwatch.postmortem.culprit_from_dumps`).
 Polling costs one ``stat`` per :data:`POLL_SECONDS`. No torch import here.

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from stormwatch.telemetry.dump import RankDumper, read_dump
-from stormwatch.telemetry.zerocode.dumps import DumpRequestWatcher, request_path, write_request
+from stormwatch.telemetry.dump_requests import DumpRequestWatcher, request_path, write_request
 
 
 def test_each_new_request_is_answered_once(tmp_path: Path) -> None:

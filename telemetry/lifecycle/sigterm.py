@@ -1,9 +1,10 @@
-"""The post-mortem dump at SIGTERM, written before anything that can block (for the
-integrations whose framework handles SIGTERM itself). No torch import here.
+"""The post-mortem dump at SIGTERM, written before anything that can block. No torch import.
 
-The API writes the dump from its SIGTERM handler (:func:`stormwatch.telemetry.init` with
-``handle_signals``), which runs in the main thread, between bytecodes, after the handlers
-installed later than it. In a hung job that is too late, or never:
+A session that handles signals (:func:`stormwatch.telemetry.init` with ``handle_signals``)
+owns one :class:`SigtermDump`: its SIGTERM handler (:mod:`.exits`) writes the dump
+through it, and so does the thread below. A handler alone runs in the main thread,
+between bytecodes, after the handlers installed later than it. In a hung job that is too
+late, or never:
 
 * a rank waiting in a collective is in C++ until the collective returns, which, when a
   peer hangs, it does not; no Python handler runs;
@@ -31,7 +32,10 @@ post-mortem named rank 1, certain, in 4 runs of 4.
   Not installed where another wakeup descriptor is set (an event loop's).
 
 Either waits for a dump the other is writing, so the snapshot is taken before the main
-thread goes on to the framework's handler. Both need the main thread to be installed.
+thread goes on to the framework's handler. Both need the main thread to be installed. The
+session starts the thread at :func:`~stormwatch.telemetry.init`; an integration whose
+framework installs its own handler later puts the dump in front of it
+(:meth:`stormwatch.telemetry.Session.dump_first_on_sigterm`).
 """
 
 from __future__ import annotations
