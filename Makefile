@@ -107,7 +107,7 @@ test-e2e: setup system-test
 # `untimed` end-to-end ones (torchrun jobs checked for results only). The background report
 # is printed after the foreground's; the exit status is the first failing tier's.
 test: setup system-test check
-	@$(SUDO) nice -n 10 $(VENV)/bin/pytest -m "not e2e or untimed" -p no:cacheprovider $(PYTEST_ARGS) > .pytest-fast.log 2>&1 & fast=$$!; \
+	@$(SUDO) nice -n 5 $(VENV)/bin/pytest -m "not e2e or untimed" -p no:cacheprovider $(PYTEST_ARGS) > .pytest-fast.log 2>&1 & fast=$$!; \
 	$(SUDO) $(VENV)/bin/pytest -m "e2e and not untimed" $(PYTEST_ARGS); e2e=$$?; \
 	wait $$fast; fast_rc=$$?; \
 	echo ">> the background tier (fast and untimed end-to-end tests, exit $$fast_rc):"; cat .pytest-fast.log; \

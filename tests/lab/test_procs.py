@@ -34,8 +34,12 @@ def _wait_finished(record: ProcessRecord, timeout: float = 20.0) -> None:
 
 
 def test_exit_code_and_output_are_recorded(tmp_path: Path) -> None:
-    record = _launch(tmp_path, "sh", "-c", "sleep 0.5; echo hello; exit 3")
+    go = tmp_path / "go"  # the command is alive until the launch has returned (any load)
+    record = _launch(
+        tmp_path, "sh", "-c", f"until [ -e {go} ]; do sleep 0.05; done; echo hello; exit 3"
+    )
     assert record.pid != os.getpid() and record.create_time > 0
+    go.touch()
     _wait_finished(record)
     assert procs.exit_status(record).returncode == 3
     assert "hello" in record.log_file.read_text()
