@@ -5,7 +5,10 @@ folder (docs/ARCHITECTURE.md, "Trainer -> agent telemetry"). The rank watcher re
 the heartbeat and step gauges from them and marks dead ranks' files; the health
 monitor reads the per-step gauges, the phase deadlines and the collective counters. Both go through
 :class:`TrainerFiles`, so a sample's rank is found, and a file that cannot be read is
-reported, in one way.
+reported, in one way; and both read through the folder's one owner
+(:class:`~.folder.TrainerFolder`: its lock, exact merge, and the accumulator that exited
+processes' files are folded into), so a counter file of every rank restart the node saw
+is not merged again every 0.5 s.
 
 Current-state gauges are ``livemax`` gauges, in ``gauge_live*_<pid>.db`` files: reading
 only those skips the ranks' histograms and counters, which dominate the folder.
@@ -18,8 +21,9 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import mark_process_dead
 
+from stormwatch.agent.watch.folder import TrainerFolder
 from stormwatch.agent.watch.procs import ProcEntry, pid_dead
 from stormwatch.contracts.rank_env import RankKey
 
@@ -64,14 +68,18 @@ class TrainerFiles:
     Args:
         metrics_dir: the trainer's multiprocess folder.
         reader: who reads (``rank watcher``, ``rank health``), for the log.
+        folder: the folder's owner shared by the agent's readers (default: one of its own).
 
     Attributes:
         read_errors: reads that failed (a half-written file, a file removed while it
             was read); each returns no samples, and the next read tries again.
     """
 
-    def __init__(self, metrics_dir: Path, *, reader: str) -> None:
+    def __init__(
+        self, metrics_dir: Path, *, reader: str, folder: TrainerFolder | None = None
+    ) -> None:
         self._dir = Path(metrics_dir)
+        self.folder = folder if folder is not None else TrainerFolder(self._dir)
         self._reader = reader
         self._failing = False
         self.read_errors = 0
@@ -92,9 +100,8 @@ class TrainerFiles:
         again, and counted in :attr:`read_errors`; it must not stop exit detection.
         """
         found: RankSamples = {name: {} for name in names}
-        files = [str(path) for path in self._dir.glob(pattern)]
         try:
-            families = list(MultiProcessCollector.merge(files, accumulate=False))
+            families = self.folder.merge(pattern, accumulate=False)
         except Exception:  # a half-written file: try again next time
             self.read_errors += 1
             if not self._failing:
@@ -133,15 +140,22 @@ class TrainerFiles:
         also records its exit, so a scrape never sees its gauges gone while its
         ``stormwatch_rank_up`` is still 1.
         """
-        for path in self._dir.glob(LIVE_GAUGES):
-            match = _LIVE_FILE.match(path.name)
-            if match is None:
-                continue
-            pid = int(match[1])
-            entry = table.get(pid)
-            if (entry is None or entry.zombie) and pid_dead(pid):
-                log.debug("marking pid %d dead in %s", pid, self._dir)
-                mark_process_dead(pid, str(self._dir))
+        with self.folder.lock:
+            for path in self._dir.glob(LIVE_GAUGES):
+                match = _LIVE_FILE.match(path.name)
+                if match is None:
+                    continue
+                pid = int(match[1])
+                if exited(table, pid):
+                    log.debug("marking pid %d dead in %s", pid, self._dir)
+                    mark_process_dead(pid, str(self._dir))
+
+
+def exited(table: Mapping[int, ProcEntry], pid: int) -> bool:
+    """Whether ``pid`` has exited: dead now, and gone or a zombie in ``table`` (the process
+    table of the scan that updated the ranks' states; see :meth:`TrainerFiles.mark_dead`)."""
+    entry = table.get(pid)
+    return (entry is None or entry.zombie) and pid_dead(pid)
 
 
 __all__ = [
@@ -157,5 +171,6 @@ __all__ = [
     "RankSamples",
     "TrainerFiles",
     "add",
+    "exited",
     "keep_max",
 ]
