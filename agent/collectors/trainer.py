@@ -31,12 +31,16 @@ class TrainerCollector:
         self._folder = folder
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._folder.merge()
+        with self._folder.lock:  # the series, the counts and the folded files of one moment
+            families = self._folder.merge()
+            counts = self._folder.file_counts()
+            folded_files = self._folder.folded_files
+        yield from families
         files = new_family("stormwatch_agent_multiprocess_files")
-        for job, count in sorted(self._folder.file_counts().items()):
+        for job, count in sorted(counts.items()):
             files.add_metric([job], float(count))
         folded = new_family("stormwatch_agent_multiprocess_folded_files_total")
-        folded.add_metric([], float(self._folder.folded_files))
+        folded.add_metric([], float(folded_files))
         yield from (files, folded)
 
 

@@ -1,0 +1,381 @@
+"""The multiprocess folder stays bounded (issue 17, item 4): exited processes' files are
+folded into one accumulator that keeps every total exactly, a job's fresh start drops its
+earlier start's series while an elastic restart keeps them, and the agent exports the
+folder's size and its render durations.
+
+Every file here is written by a real process through prometheus-client's multiprocess
+mode, and the process has exited (or runs) for real; the agent is the real agent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from stormwatch.agent.watch.fold import INTENT, merge
+from stormwatch.agent.watch.folder import INSTANCES_FILE, TrainerFolder
+from stormwatch.agent.watch.procs import pid_dead
+from stormwatch.agent.watch.trainer_files import TrainerFiles
+
+#: A process that writes the trainer's kinds of series with float increments spread over
+#: twelve orders of magnitude (naive float sums of them depend on the order), and with
+#: ``gauges`` one gauge per multiprocess mode; prints the values it holds, then exits (or,
+#: with ``stay``, waits for stdin to close).
+WRITER = textwrap.dedent(
+    """
+    import json, os, random, sys
+    folder, job, seed, stay = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "stay"
+    modes = ("sum", "max", "min", "mostrecent", "all", "livesum", "livemax", "liveall")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    from prometheus_client import Counter, Gauge, Histogram
+    rnd = random.Random(seed)
+    lab = dict(job=job, rank="0")
+    seconds = Counter("stormwatch_collective_duration_seconds", "t", ["job", "rank", "op"])
+    steps = Counter("stormwatch_train_steps", "s", ["job", "rank"])
+    duration = Histogram("stormwatch_train_step_duration_seconds", "d", ["job", "rank"])
+    gauges = {
+        mode: Gauge(f"g_{mode}", "g", ["job", "rank"], multiprocess_mode=mode)
+        for mode in (modes if sys.argv[5] == "gauges" else ())
+    }
+    for i in range(20):
+        x = 10 ** rnd.uniform(-6, 6)
+        seconds.labels(op="all_reduce", **lab).inc(x)
+        steps.labels(**lab).inc()
+        duration.labels(**lab).observe(x)
+    value = rnd.uniform(-100, 100)
+    for mode, gauge in gauges.items():
+        gauge.labels(**lab).set(value)
+    child = duration.labels(**lab)
+    print(json.dumps({
+        "pid": os.getpid(),
+        "seconds": seconds.labels(op="all_reduce", **lab)._value.get(),
+        "steps": steps.labels(**lab)._value.get(),
+        "duration_sum": child._sum.get(),
+        "buckets": [b.get() for b in child._buckets],
+        "gauge": value,
+    }), flush=True)
+    if stay:
+        sys.stdin.read()
+    """
+)
+
+
+def _write(
+    folder: Path, job: str, seed: int, *, stay: bool = False, gauges: bool = True
+) -> tuple[dict[str, Any], Any]:
+    """Run one writer; returns what it wrote and, with ``stay``, the running process."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    argv = [sys.executable, "-c", WRITER, str(folder), job, str(seed), "stay" if stay else "exit"]
+    argv.append("gauges" if gauges else "-")
+    if not stay:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=True)
+        return json.loads(done.stdout.splitlines()[0]), None
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    return json.loads(proc.stdout.readline()), proc
+
+
+def _finish(proc: Any) -> None:
+    """End a writer started with ``stay``."""
+    proc.communicate(timeout=30)
+
+
+def _samples(families: list[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in families
+        for s in family.samples
+    }
+
+
+def _maintain(folder: TrainerFolder, instances: dict[str, set[str]] | None = None) -> None:
+    """The rank watcher's upkeep: live gauges of exited pids go, then the fold."""
+    TrainerFiles(folder.path, reader="test", folder=folder).mark_dead({})
+    folder.maintain(pid_dead, instances or {})
+
+
+def test_a_fold_keeps_every_total_and_bucket_to_the_last_bit(metrics_dir: Path) -> None:
+    """Counters, histogram buckets and sums read identically before and after each fold
+    (Prometheus takes any decrease, even one ulp, for a counter reset)."""
+    folder = TrainerFolder(metrics_dir)
+    _, running = _write(metrics_dir, "j", 0, stay=True)
+    previous: dict[Any, float] = {}
+    try:
+        for seed in range(1, 13):
+            _write(metrics_dir, "j", seed)
+            before = _samples(folder.merge())
+            _maintain(folder)
+            after = _samples(folder.merge())
+            sums = {k: v for k, v in before.items() if not k[0].startswith("g_")}
+            assert sums == {k: v for k, v in after.items() if k in sums}
+            for key, value in sums.items():
+                assert value >= previous.get(key, 0.0), key  # never backwards
+            previous = sums
+        left = {p.name for p in metrics_dir.glob("*_[0-9]*.db")} - {
+            f"{kind}_{running.pid}.db" for kind in ("counter", "histogram")
+        }
+        assert {n for n in left if n.startswith(("counter_", "histogram_"))} == set(), left
+    finally:
+        _finish(running)
+
+
+def test_counters_never_go_backwards_across_folds_and_equal_the_exact_totals(
+    start_agent: Any, tools: Any, metrics_dir: Path
+) -> None:
+    """The real agent renders while processes exit and get folded: every scrape's counter
+    is at least the previous one, and once folded it is the exact sum (``math.fsum``) of
+    what every process wrote, running ones included."""
+    agent = start_agent()
+    wrote = [_write(metrics_dir, "j", 100, stay=True, gauges=False)]
+    running = wrote[0][1]
+    last = {"seconds": 0.0, "sum": 0.0}
+    try:
+        for seed in range(101, 109):
+            wrote.append(_write(metrics_dir, "j", seed, gauges=False))
+            exited = len(wrote) - 1
+
+            def folded(exited: int = exited) -> Any:
+                scrape = tools.scrape(agent.url)
+                seconds = scrape.value(
+                    "stormwatch_collective_duration_seconds_total",
+                    job="j",
+                    rank="0",
+                    op="all_reduce",
+                )
+                total = scrape.value(
+                    "stormwatch_train_step_duration_seconds_sum", job="j", rank="0"
+                )
+                if seconds is None and not last["seconds"]:
+                    return None  # not rendered yet
+                assert seconds is not None and seconds >= last["seconds"]
+                assert total is not None and total >= last["sum"]
+                last.update(seconds=seconds, sum=total)
+                done = scrape.value("stormwatch_agent_multiprocess_folded_files_total")
+                return scrape if done is not None and done >= 2 * exited else None
+
+            scrape = tools.wait_for(folded)
+            values = [w for w, _ in wrote]
+            assert scrape.value(
+                "stormwatch_collective_duration_seconds_total", job="j", rank="0", op="all_reduce"
+            ) == math.fsum(w["seconds"] for w in values)
+            assert scrape.value(
+                "stormwatch_train_step_duration_seconds_sum", job="j", rank="0"
+            ) == math.fsum(w["duration_sum"] for w in values)
+            assert scrape.value("stormwatch_train_steps_total", job="j", rank="0") == 20 * len(
+                values
+            )
+            # The running writer's two files (and the accumulator's), not two per exit.
+            assert scrape.value("stormwatch_agent_multiprocess_files", job="j") == 2
+    finally:
+        _finish(running)
+
+
+def test_gauges_of_exited_processes_follow_their_multiprocess_mode(metrics_dir: Path) -> None:
+    """``sum``/``max``/``min``/``mostrecent`` keep exited processes' last values through the
+    fold, ``all`` keeps one series per pid, ``live*`` drop exited processes."""
+    folder = TrainerFolder(metrics_dir)
+    first, _ = _write(metrics_dir, "j", 1)
+    second, running = _write(metrics_dir, "j", 2, stay=True)
+    try:
+        before = _samples(folder.merge())
+        _maintain(folder)
+        after = _samples(folder.merge())
+        lab = (("job", "j"), ("rank", "0"))
+        for mode in ("sum", "max", "min", "mostrecent"):
+            assert after[(f"g_{mode}", lab)] == before[(f"g_{mode}", lab)]
+        assert after[("g_sum", lab)] == first["gauge"] + second["gauge"]
+        assert after[("g_max", lab)] == max(first["gauge"], second["gauge"])
+        assert after[("g_min", lab)] == min(first["gauge"], second["gauge"])
+        for mode in ("all", "liveall"):
+            pids = {dict(k[1]).get("pid") for k in after if k[0] == f"g_{mode}"}
+            expected = (
+                {str(first["pid"]), str(second["pid"])} if mode == "all" else {str(second["pid"])}
+            )
+            assert pids == expected, mode
+        for mode in ("livesum", "livemax"):
+            assert after[(f"g_{mode}", lab)] == second["gauge"]
+    finally:
+        _finish(running)
+
+
+CRASHING_FOLD = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from stormwatch.agent.watch import fold
+    from stormwatch.agent.watch.folder import TrainerFolder
+    from stormwatch.agent.watch.procs import pid_dead
+    def crash(self, intent):  # the agent dies right after the intent is on disk
+        os._exit(9)
+    fold.Accumulator._apply = crash
+    TrainerFolder(Path(sys.argv[1])).maintain(pid_dead, {})
+    """
+)
+
+
+def test_a_fold_cut_short_by_a_crash_is_finished_once_and_never_counted_twice(
+    metrics_dir: Path,
+) -> None:
+    folder = TrainerFolder(metrics_dir)
+    for seed in range(3):
+        _write(metrics_dir, "j", seed)
+    _maintain(folder)
+    for seed in range(3, 6):
+        _write(metrics_dir, "j", seed)
+    expected = _samples(folder.merge())
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_FOLD, str(metrics_dir)], check=False)
+    assert crashed.returncode == 9
+    assert (metrics_dir / INTENT).exists()  # new accumulator written, exited files still there
+    reopened = TrainerFolder(metrics_dir)  # a restarted agent
+    assert not (metrics_dir / INTENT).exists()
+    assert _samples(reopened.merge()) == expected
+    assert not list(metrics_dir.glob("counter_[0-9]*.db"))
+    assert _samples(merge(reopened.paths(), accumulate=True)) == expected
+
+
+RESTARTING_RANK = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ["STORMWATCH_METRICS_DIR"]
+    from prometheus_client import Counter, Gauge, Histogram
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    lab = dict(job=os.environ["STORMWATCH_JOB"], rank=os.environ["RANK"])
+    Counter("stormwatch_train_steps", "s", ["job", "rank"]).labels(**lab).inc(5)
+    Histogram("stormwatch_train_step_duration_seconds", "d", ["job", "rank"]).labels(
+        **lab).observe(0.01)
+    Gauge("stormwatch_train_step", "s", ["job", "rank"], multiprocess_mode="livemax").labels(
+        **lab).set(attempt)
+    if attempt < int(os.environ["RESTARTS"]):
+        sys.exit(1)  # the launcher restarts it, as torchrun does
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    while True:
+        time.sleep(60)
+    """
+)
+
+
+def test_the_file_count_stays_bounded_after_many_rank_restarts(
+    start_agent: Any, fake_torchrun: Any, tools: Any, metrics_dir: Path
+) -> None:
+    restarts = 12
+    agent = start_agent()
+    launcher = fake_torchrun(
+        [0, 1], restart=True, env={"RESTARTS": str(restarts)}, rank_code=RESTARTING_RANK
+    )
+    launcher.wait_pid(0, count=restarts + 1, timeout=120)
+    launcher.wait_pid(1, count=restarts + 1, timeout=120)
+
+    def settled() -> Any:
+        scrape = tools.scrape(agent.url)
+        folded = scrape.value("stormwatch_agent_multiprocess_folded_files_total")
+        steps = {
+            scrape.value("stormwatch_train_steps_total", job=launcher.job, rank=rank)
+            for rank in ("0", "1")
+        }
+        # counter + histogram of each exited process folded; every attempt's steps counted
+        return scrape if folded == 2 * 2 * restarts and steps == {5 * (restarts + 1)} else None
+
+    scrape = tools.wait_for(settled, timeout=30)
+    for rank in ("0", "1"):
+        assert (
+            scrape.value(
+                "stormwatch_train_step_duration_seconds_count", job=launcher.job, rank=rank
+            )
+            == restarts + 1
+        )
+        assert scrape.value("stormwatch_train_step", job=launcher.job, rank=rank) == restarts
+    # Each running rank's three files; the accumulator's few aside.
+    assert scrape.value("stormwatch_agent_multiprocess_files", job=launcher.job) == 6
+    files = list(metrics_dir.glob("*.db"))
+    assert len(files) <= 6 + 4, sorted(p.name for p in files)
+
+
+def _steps(tools: Any, agent: Any, job: str) -> float | None:
+    return tools.scrape(agent.url).value("stormwatch_train_steps_total", job=job, rank="0")
+
+
+def test_a_fresh_job_start_clears_the_jobs_series_while_an_elastic_restart_keeps_them(
+    tmp_path: Path, fake_torchrun: Any, tools: Any, metrics_dir: Path
+) -> None:
+    """Same job name, same node folder: a restart within the job (another attempt, same
+    instance) adds up; a new submission (another instance) starts again from its own
+    values, also when the agent restarted in between (the instance is on disk)."""
+    agent = tools.make_agent(tmp_path)
+    try:
+        first = fake_torchrun(
+            [0],
+            job="train",
+            restart=True,
+            env={"RESTARTS": "1", "STORMWATCH_JOB_INSTANCE": "submit-1"},
+            rank_code=RESTARTING_RANK,
+        )
+        first.wait_pid(0, count=2)
+        tools.wait_for(lambda: _steps(tools, agent, "train") == 10)  # attempt 0 + attempt 1
+        tools.wait_for(
+            lambda: tools.scrape(agent.url).value(
+                "stormwatch_agent_multiprocess_folded_files_total"
+            )
+        )
+        assert _steps(tools, agent, "train") == 10
+        first.stop()
+        tools.wait_for(lambda: not list(metrics_dir.glob("counter_[0-9]*.db")))
+        assert _steps(tools, agent, "train") == 10  # all folded now: kept
+    finally:
+        agent.stop()
+    recorded = json.loads((metrics_dir / INSTANCES_FILE).read_text())
+    assert recorded["instances"] == {"train": "submit-1"}
+    agent = tools.make_agent(tmp_path)
+    try:
+        assert _steps(tools, agent, "train") == 10
+        second = fake_torchrun(
+            [0],
+            job="train",
+            env={"RESTARTS": "0", "STORMWATCH_JOB_INSTANCE": "submit-2"},
+            rank_code=RESTARTING_RANK,
+        )
+        second.wait_pid(0)
+        tools.wait_for(lambda: _steps(tools, agent, "train") == 5)
+        second.stop()
+    finally:
+        agent.stop()
+    recorded = json.loads((metrics_dir / INSTANCES_FILE).read_text())
+    assert recorded["instances"] == {"train": "submit-2"}
+
+
+def test_agent_exports_its_folder_size_and_render_durations_which_promtool_accepts(
+    start_agent: Any, fake_torchrun: Any, tools: Any
+) -> None:
+    agent = start_agent()
+    launcher = fake_torchrun([0, 1])
+    launcher.wait_pid(0)
+    launcher.wait_pid(1)
+    scrape = tools.wait_for(
+        lambda: (
+            (s := tools.scrape(agent.url)).value(
+                "stormwatch_agent_multiprocess_files", job=launcher.job
+            )
+            == 6
+            and s
+        )
+    )
+    assert scrape.families["stormwatch_agent_multiprocess_files"] == "gauge"
+    assert scrape.families["stormwatch_agent_multiprocess_folded_files_total"] == "counter"
+    assert scrape.families["stormwatch_agent_render_duration_seconds"] == "histogram"
+    count = scrape.value("stormwatch_agent_render_duration_seconds_count")
+    assert count is not None and count >= 1
+    assert scrape.value("stormwatch_agent_render_duration_seconds_bucket", le="+Inf") == count
+    out = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=scrape.text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    findings = (out.stdout + out.stderr).splitlines()
+    assert not [line for line in findings if line.startswith("stormwatch_agent_")], findings
