@@ -143,16 +143,20 @@ def merge(files: Sequence[str], *, accumulate: bool) -> list[Metric]:
         if not _sums(metric):
             continue
         gauge = metric.type == "gauge"
-        groups: dict[tuple[object, ...], list[float]] = {}
-        first: dict[tuple[object, ...], Sample] = {}
+        index: dict[tuple[object, ...], int] = {}
+        kept: list[Sample] = []
+        several: dict[int, list[float]] = {}  # only series written by more than one file
         for sample in metric.samples:
             labels = tuple(x for x in sample.labels if x[0] != "pid") if gauge else sample.labels
-            key = (sample.name, labels)
-            groups.setdefault(key, []).append(sample.value)
-            first.setdefault(key, sample)
-        metric.samples = [
-            first[key]._replace(value=exact_sum(values)) for key, values in groups.items()
-        ]
+            at = index.setdefault((sample.name, labels), len(kept))
+            if at == len(kept):
+                kept.append(sample)
+            else:
+                several.setdefault(at, [kept[at].value]).append(sample.value)
+        if several:
+            for at, values in several.items():
+                kept[at] = kept[at]._replace(value=exact_sum(values))
+            metric.samples = kept
     return list(MultiProcessCollector._accumulate_metrics(metrics, accumulate))
 
 
