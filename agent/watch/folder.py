@@ -117,7 +117,9 @@ class TrainerFolder:
         ``exited(pid)`` is true, drop what a fresh start or the retention ends.
 
         Args:
-            exited: whether a pid's process has exited (it writes no more).
+            exited: whether a pid's process has exited (it writes no more); asked only
+                after the folder was listed, so a file's writer existed when it is asked
+                (:class:`~.trainer_files.Exited`).
             instances: per job, the instances its running ranks on this node carry.
 
         A failure (the folder cannot be listed, the accumulator cannot be written: a full

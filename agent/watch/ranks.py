@@ -66,8 +66,8 @@ from stormwatch.agent.watch.trainer_files import (
     LIVE_GAUGES,
     PROGRESS_METRIC,
     STEP_METRIC,
+    Exited,
     TrainerFiles,
-    exited,
 )
 from stormwatch.contracts.rank_env import RankEnv, RankKey
 
@@ -340,7 +340,7 @@ class RankWatcher:
                 self._steps.update(samples[STEP_METRIC])
                 self._forget(now)
             self._files.mark_dead(table)
-            self.folder.maintain(lambda pid: exited(table, pid), self._instances())
+            self.folder.maintain(Exited(table), self._instances())
             self._finder.forget_gone(table)
             self._last_scan_at = now
             self._last_error = None

@@ -24,7 +24,7 @@ from pathlib import Path
 from prometheus_client.multiprocess import mark_process_dead
 
 from stormwatch.agent.watch.folder import TrainerFolder
-from stormwatch.agent.watch.procs import ProcEntry, pid_dead
+from stormwatch.agent.watch.procs import ProcEntry, nested_pids, pid_dead
 from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
@@ -141,21 +141,37 @@ class TrainerFiles:
         ``stormwatch_rank_up`` is still 1.
         """
         with self.folder.lock:
+            exited = Exited(table)
             for path in self._dir.glob(LIVE_GAUGES):
                 match = _LIVE_FILE.match(path.name)
                 if match is None:
                     continue
                 pid = int(match[1])
-                if exited(table, pid):
+                if exited(pid):
                     log.debug("marking pid %d dead in %s", pid, self._dir)
                     mark_process_dead(pid, str(self._dir))
 
 
-def exited(table: Mapping[int, ProcEntry], pid: int) -> bool:
-    """Whether ``pid`` has exited: dead now, and gone or a zombie in ``table`` (the process
-    table of the scan that updated the ranks' states; see :meth:`TrainerFiles.mark_dead`)."""
-    entry = table.get(pid)
-    return (entry is None or entry.zombie) and pid_dead(pid)
+class Exited:
+    """Whether the writer of a multiprocess file named by ``pid`` has exited: dead now, gone
+    or a zombie in ``table`` (the process table of the scan that updated the ranks' states;
+    see :meth:`TrainerFiles.mark_dead`), and no process has that pid inside a nested PID
+    namespace (a rank in a pod names its files by its pid there: :func:`.procs.nested_pids`,
+    read at the first pid that passes the other two tests, so after the files were listed).
+    Make one per listing of the folder.
+    """
+
+    def __init__(self, table: Mapping[int, ProcEntry]) -> None:
+        self._table = table
+        self._nested: frozenset[int] | None = None
+
+    def __call__(self, pid: int) -> bool:
+        entry = self._table.get(pid)
+        if not ((entry is None or entry.zombie) and pid_dead(pid)):
+            return False
+        if self._nested is None:
+            self._nested = nested_pids()
+        return pid not in self._nested
 
 
 __all__ = [
@@ -168,9 +184,9 @@ __all__ = [
     "PROGRESS_METRIC",
     "STEP_METRIC",
     "WAIT_METRIC",
+    "Exited",
     "RankSamples",
     "TrainerFiles",
     "add",
-    "exited",
     "keep_max",
 ]

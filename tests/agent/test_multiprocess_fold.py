@@ -12,11 +12,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+
+import psutil
+import pytest
 
 from stormwatch.agent.watch.fold import INTENT, merge
 from stormwatch.agent.watch.folder import INSTANCES_FILE, TrainerFolder
@@ -274,22 +279,21 @@ def test_the_file_count_stays_bounded_after_many_rank_restarts(
     def settled() -> Any:
         scrape = tools.scrape(agent.url)
         folded = scrape.value("stormwatch_agent_multiprocess_folded_files_total")
-        steps = {
-            scrape.value("stormwatch_train_steps_total", job=launcher.job, rank=rank)
+        per_rank = {
+            (
+                scrape.value("stormwatch_train_steps_total", job=launcher.job, rank=rank),
+                scrape.value(
+                    "stormwatch_train_step_duration_seconds_count", job=launcher.job, rank=rank
+                ),
+                scrape.value("stormwatch_train_step", job=launcher.job, rank=rank),
+            )
             for rank in ("0", "1")
         }
-        # counter + histogram of each exited process folded; every attempt's steps counted
-        return scrape if folded == 2 * 2 * restarts and steps == {5 * (restarts + 1)} else None
+        # counter + histogram of each exited process folded, every attempt counted once
+        expected = {(5.0 * (restarts + 1), float(restarts + 1), float(restarts))}
+        return scrape if folded == 2 * 2 * restarts and per_rank == expected else None
 
     scrape = tools.wait_for(settled, timeout=30)
-    for rank in ("0", "1"):
-        assert (
-            scrape.value(
-                "stormwatch_train_step_duration_seconds_count", job=launcher.job, rank=rank
-            )
-            == restarts + 1
-        )
-        assert scrape.value("stormwatch_train_step", job=launcher.job, rank=rank) == restarts
     # Each running rank's three files; the accumulator's few aside.
     assert scrape.value("stormwatch_agent_multiprocess_files", job=launcher.job) == 6
     files = list(metrics_dir.glob("*.db"))
@@ -379,3 +383,47 @@ def test_agent_exports_its_folder_size_and_render_durations_which_promtool_accep
     )
     findings = (out.stdout + out.stderr).splitlines()
     assert not [line for line in findings if line.startswith("stormwatch_agent_")], findings
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+def test_a_running_writer_in_its_own_pid_namespace_is_never_folded(
+    start_agent: Any, tools: Any, metrics_dir: Path
+) -> None:
+    """A rank in a pod names its files by its pid in the pod's namespace, a pid no host
+    process has: the agent must not take it for exited (its later writes would be lost)."""
+    agent = start_agent()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    writer = shlex.join([sys.executable, "-c", WRITER, str(metrics_dir), "pod", "7", "stay", "-"])
+    script = f"echo 3999990 > /proc/sys/kernel/ns_last_pid; {writer}"
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    pid = json.loads(proc.stdout.readline())["pid"]
+    try:
+        assert pid > 3999990 and not psutil.pid_exists(pid)  # no host process has it
+        tools.wait_for(
+            lambda: tools.scrape(agent.url).value(
+                "stormwatch_train_steps_total", job="pod", rank="0"
+            )
+        )
+        scanned = agent.agent.watcher.last_scan_at
+        tools.wait_for(lambda: (agent.agent.watcher.last_scan_at or 0) > (scanned or 0) + 0.5)
+        assert (metrics_dir / f"counter_{pid}.db").exists()
+        assert (
+            tools.scrape(agent.url).value("stormwatch_agent_multiprocess_folded_files_total") == 0
+        )
+    finally:
+        _finish(proc)
+    tools.wait_for(
+        lambda: (
+            tools.scrape(agent.url).value("stormwatch_agent_multiprocess_folded_files_total") == 2
+        )
+    )
+    assert tools.scrape(agent.url).value("stormwatch_train_steps_total", job="pod", rank="0") == 20
