@@ -26,7 +26,9 @@ What a fold keeps, by the file's type, as prometheus-client merges it
   ``mark_process_dead``: the rank watcher's job) and ``all`` gauges (the writer's pid is
   their ``pid`` label, part of the series: an ``all`` gauge's file stays as it is).
 
-A fold is crash-safe: the new accumulator files are written beside the old ones
+A fold is crash-safe, and one process at a time folds a folder (``flock`` on
+``.stormwatch-fold.lock``; a second agent pointed at the same folder skips its folds
+instead of racing the first): the new accumulator files are written beside the old ones
 (``*.fold-tmp``), then an intent file names the renames and the exited files to delete
 (with their inodes), then both are done and the intent removed. An agent that died in
 between rolls the intent forward when it next opens the folder; without an intent the
@@ -37,13 +39,15 @@ sees a fold half done.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +76,8 @@ PROCESS_FILE = re.compile(rf"^({_PREFIXES})_(\d+)\.db$")
 FOLD_FILE = re.compile(rf"^({_PREFIXES})_fold(?:\.(\d+))?\.db$")
 #: Written while a fold is committed (see the module docstring).
 INTENT = ".stormwatch-fold-intent.json"
+#: Held (``flock``) by whoever folds or recovers: one process at a time per folder.
+LOCK = ".stormwatch-fold.lock"
 TMP_SUFFIX = ".fold-tmp"
 
 #: One series' state: exact partials (sum kinds) or ``(value, timestamp)``.
@@ -220,6 +226,7 @@ class Accumulator:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
+        self._busy_logged = False
         self.recover()
         self.jobs: frozenset[str] = self._read_jobs()
 
@@ -250,14 +257,42 @@ class Accumulator:
         return state
 
     # ------------------------------------------------------------------- fold
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """Whether this process holds the folder's fold lock (:data:`LOCK`) for the block."""
+        fd = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
     def fold(self, exited: Collection[Path], *, drop_jobs: Collection[str] = ()) -> FoldResult:
         """Fold the files of exited processes in, and remove the series of ``drop_jobs``
         (from the accumulator and from the files folded now).
 
         ``exited`` must name files whose process has exited (:data:`PROCESS_FILE`); a file
         that cannot be read is left in place (reported in the result) and retried by the
-        next fold.
+        next fold. Another process folding the folder now: nothing is done (logged).
+
+        Raises:
+            OSError: the folder cannot be written.
         """
+        with self._exclusive() as mine:
+            if not mine:
+                if not self._busy_logged:
+                    log.warning("another process folds %s: this agent's folds wait", self.folder)
+                self._busy_logged = True
+                return FoldResult()
+            self._busy_logged = False
+            self.recover_locked()
+            return self._fold(exited, drop_jobs)
+
+    def _fold(self, exited: Collection[Path], drop_jobs: Collection[str]) -> FoldResult:
         drop = frozenset(drop_jobs)
         by_prefix: dict[str, list[Path]] = {}
         for path in exited:
@@ -373,7 +408,15 @@ class Accumulator:
 
     def recover(self) -> None:
         """Finish a fold that a crash interrupted (its intent file is there), else discard
-        its temporary files."""
+        its temporary files; nothing while another process folds the folder."""
+        if not self.folder.is_dir():
+            return
+        with self._exclusive() as mine:
+            if mine:
+                self.recover_locked()
+
+    def recover_locked(self) -> None:
+        """:meth:`recover`, the fold lock held."""
         intent_path = self.folder / INTENT
         try:
             intent = json.loads(intent_path.read_text(encoding="utf-8"))
