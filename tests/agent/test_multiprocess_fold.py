@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.agent.watch.fold import INTENT, merge
+from stormwatch.agent.watch.fold import INTENT, LOCK, merge
 from stormwatch.agent.watch.folder import INSTANCES_FILE, TrainerFolder
 from stormwatch.agent.watch.procs import pid_dead
 from stormwatch.agent.watch.trainer_files import TrainerFiles
@@ -427,3 +427,39 @@ def test_a_running_writer_in_its_own_pid_namespace_is_never_folded(
         )
     )
     assert tools.scrape(agent.url).value("stormwatch_train_steps_total", job="pod", rank="0") == 20
+
+
+def test_a_folder_another_process_is_folding_is_left_to_it(metrics_dir: Path) -> None:
+    """Two agents pointed at one folder must not both fold it (each would add the same
+    exited files to its own accumulator): the second waits while the first holds the lock."""
+    for seed in range(2):
+        _write(metrics_dir, "j", seed, gauges=False)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(metrics_dir / LOCK)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    folder = TrainerFolder(metrics_dir)
+    try:
+        before = _samples(folder.merge())
+        _maintain(folder)
+        assert folder.folded_files == 0
+        assert len(list(metrics_dir.glob("counter_[0-9]*.db"))) == 2
+    finally:
+        holder.communicate(timeout=30)
+    _maintain(folder)
+    assert folder.folded_files == 4
+    assert _samples(folder.merge()) == before
+
+
+HOLD_LOCK = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.read()
+    """
+)
