@@ -27,6 +27,7 @@ from stormwatch.agent.watch.fold import INTENT, LOCK, merge
 from stormwatch.agent.watch.folder import INSTANCES_FILE, TrainerFolder
 from stormwatch.agent.watch.procs import pid_dead
 from stormwatch.agent.watch.trainer_files import TrainerFiles
+from stormwatch.contracts.rank_env import rank_env
 
 #: A process that writes the trainer's kinds of series with float increments spread over
 #: twelve orders of magnitude (naive float sums of them depend on the order), and with
@@ -463,3 +464,22 @@ HOLD_LOCK = textwrap.dedent(
     sys.stdin.read()
     """
 )
+
+
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "rdzv"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "instance"),
+    [
+        ({}, "rdzv"),  # torchrun's --rdzv-id: the same across restarts of the agent's group
+        ({"SLURM_JOB_ID": "81"}, "81"),  # a requeue keeps the job id, the rendezvous may not
+        ({"SLURM_JOB_ID": "81", "STORMWATCH_JOB_INSTANCE": "lab@1"}, "lab@1"),  # the launcher's
+        ({"TORCHELASTIC_RESTART_COUNT": "3"}, "rdzv"),  # a restart is the same start
+    ],
+)
+def test_a_ranks_job_instance_is_its_launchers_else_the_slurm_job_else_the_run_id(
+    extra: dict[str, str], instance: str
+) -> None:
+    env = rank_env({**TORCHRUN_ENV, **extra})
+    assert env is not None and env.instance == instance
