@@ -27,11 +27,13 @@ target is ``restarted / fresh <= 1.5`` for the render; the table says whether it
 
 Usage::
 
-    .venv/bin/python benchmarks/scrape_bench.py [--quick] [--reps 7] [--renders 30]
+    .venv/bin/python benchmarks/scrape_bench.py [--quick] [--reps 5] [--renders 20]
         [--ranks 8] [--restarts 1000] [--json F]
 
-Takes about a minute on 2 shared cores (``--quick``: 50 restarts and short repetitions,
-seconds, for the test). Everything runs in a temporary directory that is removed afterwards.
+A trial renders ``--renders`` times, or fewer (3 at least) once it took 1 s. Takes about 2
+minutes on 2 idle cores, most of it forking the thousand rank lives and rendering the
+unfolded folder (``--quick``: 50 restarts and short trials, well under a minute, for the
+test). Everything runs in a temporary directory that is removed afterwards.
 """
 
 from __future__ import annotations
@@ -70,14 +72,15 @@ TARGET_RATIO = 1.5
 class Plan:
     """What the benchmark runs."""
 
-    reps: int = 7
-    renders: int = 30  # per variant and repetition
+    reps: int = 5
+    renders: int = 20  # at most, per variant and repetition ...
+    trial_seconds: float = 1.0  # ... or fewer once a trial took this long (3 at least)
     ranks: int = 8
     restarts: int = 1000
 
 
 #: ``--quick``: every path once, fast (the test).
-QUICK = Plan(reps=2, renders=5, ranks=4, restarts=50)
+QUICK = Plan(reps=2, renders=5, trial_seconds=0.2, ranks=4, restarts=50)
 
 
 def rank_life(folder: Path, rank: int, attempt: int) -> None:
@@ -111,7 +114,8 @@ def fork_life(folder: Path, rank: int, attempt: int, *, stay: bool) -> int:
             os.close(read)
             rank_life(folder, rank, attempt)
             os.write(write, b"1")
-            if stay:
+            if stay:  # a SIGTERM before the mask ends the child as well
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
                 signal.sigwait({signal.SIGTERM})
         except BaseException:
             code = 1
@@ -131,11 +135,9 @@ def fork_life(folder: Path, rank: int, attempt: int, *, stay: bool) -> int:
 def running_ranks() -> Iterator[list[int]]:
     """Pids of the ranks left running; all stopped at the end."""
     pids: list[int] = []
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # children sigwait for it
     try:
         yield pids
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -145,15 +147,18 @@ def running_ranks() -> Iterator[list[int]]:
 
 
 def build(work: Path, plan: Plan, pids: list[int]) -> dict[str, TrainerFolder]:
-    """The four folders (module docstring), their running ranks added to ``pids``."""
-    folders: dict[str, TrainerFolder] = {}
-    for variant in VARIANTS:
-        path = work / variant
+    """The four folders (module docstring), their running ranks added to ``pids``. The
+    exited ranks' files are written once, into ``unfolded``, and copied to ``restarted``."""
+    paths = {variant: work / variant for variant in VARIANTS}
+    for path in paths.values():
         path.mkdir()
-        if variant in ("restarted", "unfolded"):
-            for n in range(plan.restarts):
-                exited = fork_life(path, n % plan.ranks, 1 + n // plan.ranks, stay=False)
-                mark_process_dead(exited, str(path))
+    for n in range(plan.restarts):
+        exited = fork_life(paths["unfolded"], n % plan.ranks, 1 + n // plan.ranks, stay=False)
+        mark_process_dead(exited, str(paths["unfolded"]))
+    for path in paths["unfolded"].iterdir():
+        shutil.copyfile(path, paths["restarted"] / path.name)
+    folders: dict[str, TrainerFolder] = {}
+    for variant, path in paths.items():
         restarted = variant in ("restarted", "unfolded")
         attempt = 1 + plan.restarts // plan.ranks if restarted else 0
         pids += [fork_life(path, r, attempt, stay=True) for r in range(plan.ranks)]
@@ -162,9 +167,11 @@ def build(work: Path, plan: Plan, pids: list[int]) -> dict[str, TrainerFolder]:
     return folders
 
 
-def timed(call: Callable[[], object], times: int) -> list[float]:
-    out = []
-    for _ in range(times):
+def timed(call: Callable[[], object], plan: Plan) -> list[float]:
+    """Seconds per call: ``plan.renders`` calls, or fewer (3 at least) once they took
+    ``plan.trial_seconds`` (the unfolded folder's renders take seconds each)."""
+    out: list[float] = []
+    while len(out) < plan.renders and (len(out) < 3 or sum(out) < plan.trial_seconds):
         started = time.perf_counter()
         call()
         out.append(time.perf_counter() - started)
@@ -179,10 +186,9 @@ def measure(plan: Plan, folders: dict[str, TrainerFolder]) -> dict[str, Any]:
     for rep in range(plan.reps):
         shift = rep % len(VARIANTS)
         for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-            render = timed(renders[variant].render, plan.renders)
+            render = timed(renders[variant].render, plan)
             read = timed(
-                lambda v=variant: readers[v].read(COUNTERS, (CALLS_SAMPLE,), combine=add),
-                plan.renders,
+                lambda v=variant: readers[v].read(COUNTERS, (CALLS_SAMPLE,), combine=add), plan
             )
             per["render"].setdefault(variant, []).append(median(render))
             per["counters"].setdefault(variant, []).append(median(read))
@@ -254,9 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reps, --renders and --ranks must be >= 1, --restarts >= 0")
     for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
         os.environ.pop(name, None)
+    # Stopped by a signal, the running ranks are still ended (the finally blocks below),
+    # also when started in the background, where SIGINT is ignored.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(
         f">> {plan.ranks} running ranks per folder, {plan.restarts} rank restarts, "
-        f"{plan.reps} x {len(VARIANTS)} interleaved trials of {plan.renders} renders",
+        f"{plan.reps} x {len(VARIANTS)} interleaved trials of up to {plan.renders} renders",
         flush=True,
     )
     work = Path(tempfile.mkdtemp(prefix="stormwatch-scrape-bench-"))
@@ -272,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"The agent's render of the ranks' multiprocess files: {plan.ranks} running ranks, "
         f"after {plan.restarts:,} rank restarts vs a fresh node; {plan.reps} interleaved "
-        f"repetition(s) of {plan.renders} renders (set-up {built:.0f} s, "
+        f"repetition(s) of up to {plan.renders} renders (set-up {built:.0f} s, "
         f"total {time.monotonic() - started:.0f} s)"
     )
     report(title, plan, figures, host)
