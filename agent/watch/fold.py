@@ -40,6 +40,7 @@ sees a fold half done.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import fcntl
 import json
@@ -132,37 +133,100 @@ def _sums(metric: Metric) -> bool:
     return metric.type != "gauge" or mode in ("sum", "livesum")
 
 
-def merge(files: Sequence[str], *, accumulate: bool) -> list[Metric]:
+def _series(sample: Sample, gauge: bool) -> tuple[object, ...]:
+    """One series of a family: sample name and labels (a gauge's ``pid`` label aside)."""
+    labels = tuple(x for x in sample.labels if x[0] != "pid") if gauge else sample.labels
+    return (sample.name, labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Folded:
+    """Files read once, ready to merge with others (:func:`prepare`; the accumulator's,
+    which change only at a fold).
+
+    Attributes:
+        families: metric name -> the family as prometheus-client reads it (samples: one
+            per file and series).
+        sums: for the families whose series add up: one sample per series (value: its exact
+            total), the series' index in that list, and every value read for it.
+    """
+
+    families: dict[str, Metric]
+    sums: dict[str, tuple[list[Sample], dict[tuple[object, ...], int], list[tuple[float, ...]]]]
+
+
+def prepare(files: Sequence[str]) -> Folded:
+    """Read ``files`` for :func:`merge`'s ``extra``.
+
+    Raises:
+        OSError, RuntimeError, ValueError: a file cannot be read.
+    """
+    families = dict(MultiProcessCollector._read_metrics(files))
+    sums = {}
+    for name, family in families.items():
+        if not _sums(family):
+            continue
+        gauge = family.type == "gauge"
+        index: dict[tuple[object, ...], int] = {}
+        kept: list[Sample] = []
+        values: list[list[float]] = []
+        for sample in family.samples:
+            at = index.setdefault(_series(sample, gauge), len(kept))
+            if at == len(kept):
+                kept.append(sample)
+                values.append([])
+            values[at].append(sample.value)
+        totals = [
+            s._replace(value=exact_sum(v)) if len(v) > 1 else s
+            for s, v in zip(kept, values, strict=True)
+        ]
+        sums[name] = (totals, index, [tuple(v) for v in values])
+    return Folded(families, sums)
+
+
+def merge(files: Sequence[str], *, accumulate: bool, extra: Folded | None = None) -> list[Metric]:
     """``MultiProcessCollector.merge(files, accumulate)`` with exact sums.
 
     The library reads the files and accumulates; before it does, the samples of one
     series that it would add up one by one (counters, histogram buckets and sums,
     ``sum`` gauges) are replaced by their ``math.fsum``, so the result does not depend
-    on the order of the files nor on how an accumulator split a total.
+    on the order of the files nor on how an accumulator split a total. ``extra``: files
+    read before (:func:`prepare`), merged as if they were among ``files`` (and left
+    unchanged): a render reads only the running processes' files again.
 
     Raises:
         OSError, RuntimeError, ValueError: a file cannot be read (half-written, or
             removed while read), as ``MultiProcessCollector.merge`` raises them.
     """
     metrics = MultiProcessCollector._read_metrics(files)
-    for metric in metrics.values():
+    known = extra or Folded({}, {})
+    for name, family in known.families.items():
+        if name not in metrics:
+            metrics[name] = copy.copy(family)
+            metrics[name].samples = []
+    for name, metric in metrics.items():
         if not _sums(metric):
+            if name in known.families:
+                metric.samples = [*metric.samples, *known.families[name].samples]
             continue
         gauge = metric.type == "gauge"
-        index: dict[tuple[object, ...], int] = {}
-        kept: list[Sample] = []
-        several: dict[int, list[float]] = {}  # only series written by more than one file
+        totals, where, read_values = known.sums.get(name, ([], {}, []))
+        kept, index, base = list(totals), dict(where), len(totals)
+        several: dict[int, list[float]] = {}  # series written by more than one file
         for sample in metric.samples:
-            labels = tuple(x for x in sample.labels if x[0] != "pid") if gauge else sample.labels
-            at = index.setdefault((sample.name, labels), len(kept))
-            if at == len(kept):
+            key = _series(sample, gauge)
+            at = index.get(key)
+            if at is None:
+                index[key] = len(kept)
                 kept.append(sample)
-            else:
-                several.setdefault(at, [kept[at].value]).append(sample.value)
-        if several:
-            for at, values in several.items():
-                kept[at] = kept[at]._replace(value=exact_sum(values))
-            metric.samples = kept
+                continue
+            values = several.get(at)
+            if values is None:
+                values = several[at] = list(read_values[at]) if at < base else [kept[at].value]
+            values.append(sample.value)
+        for at, values in several.items():
+            kept[at] = kept[at]._replace(value=exact_sum(values))
+        metric.samples = kept
     return list(MultiProcessCollector._accumulate_metrics(metrics, accumulate))
 
 
@@ -440,10 +504,12 @@ __all__ = [
     "PROCESS_FILE",
     "Accumulator",
     "FoldResult",
+    "Folded",
     "exact_sum",
     "file_jobs",
     "grow",
     "key_job",
     "merge",
+    "prepare",
     "split_total",
 ]

@@ -40,7 +40,15 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
-from stormwatch.agent.watch.fold import PROCESS_FILE, Accumulator, file_jobs, merge
+from stormwatch.agent.watch.fold import (
+    FOLD_FILE,
+    PROCESS_FILE,
+    Accumulator,
+    Folded,
+    file_jobs,
+    merge,
+    prepare,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,10 @@ class TrainerFolder:
         self._jobs_of: dict[tuple[str, int], frozenset[str]] = {}
         self._active: dict[str, float] = {}
         self._counts: dict[str, int] = {}
+        #: Per list of accumulator files: their (name, inode, mtime, size) and samples.
+        self._folded_cache: dict[
+            tuple[str, ...], tuple[list[tuple[str, int, int, int]], Folded]
+        ] = {}
         with self.lock:
             self.accumulator = Accumulator(self.path)
             self._instances = self._load_instances()
@@ -99,7 +111,24 @@ class TrainerFolder:
             OSError, RuntimeError, ValueError: a file cannot be read.
         """
         with self.lock:
-            return merge(self.paths(pattern), accumulate=accumulate)
+            paths = self.paths(pattern)
+            folded = [p for p in paths if FOLD_FILE.match(os.path.basename(p))]
+            others = [p for p in paths if not FOLD_FILE.match(os.path.basename(p))]
+            return merge(others, accumulate=accumulate, extra=self._read_folded(folded))
+
+    def _read_folded(self, files: list[str]) -> Folded:
+        """The accumulator's files, read once per fold (they change only when a fold
+        replaces them, under the lock; a render then reads only the running processes')."""
+        stamp = []
+        for name in files:
+            st = os.stat(name)
+            stamp.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+        cached = self._folded_cache.get(tuple(files))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        folded = prepare(files)
+        self._folded_cache[tuple(files)] = (stamp, folded)
+        return folded
 
     def file_counts(self) -> dict[str, int]:
         """Per job: the folder's process files holding its series, as of the last

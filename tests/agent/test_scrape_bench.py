@@ -28,11 +28,11 @@ def test_quick_benchmark_prints_the_render_ratio_after_restarts_with_the_noise_f
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     for row in (
-        "render after 50 restarts, folded / fresh node",
-        "render after 50 restarts, unfolded (before the fold) / fresh",
-        "noise floor (A/A): render, fresh again / fresh",
-        "rank-health counter read after 50 restarts, folded / fresh",
-        "target: render after 50 restarts within 1.5x of a fresh node: ratio ",
+        "render CPU after 50 restarts, folded / fresh node",
+        "render CPU after 50 restarts, unfolded (before the fold) / fresh",
+        "noise floor (A/A): render CPU, fresh again / fresh",
+        "rank-health counter read CPU after 50 restarts, folded / fresh",
+        "target: render after 50 restarts within 1.5x of a fresh node (CPU time): ratio ",
         "machine: ",
     ):
         assert row in done.stdout, row
