@@ -90,10 +90,8 @@ class TrainerFolder:
         self._jobs_of: dict[tuple[str, int], frozenset[str]] = {}
         self._active: dict[str, float] = {}
         self._counts: dict[str, int] = {}
-        #: Per list of accumulator files: their (name, inode, mtime, size) and samples.
-        self._folded_cache: dict[
-            tuple[str, ...], tuple[list[tuple[str, int, int, int]], Folded]
-        ] = {}
+        #: Per pattern read: the accumulator's files (name, inode, mtime, size), prepared.
+        self._folded_cache: dict[str, tuple[list[tuple[str, int, int, int]], Folded]] = {}
         with self.lock:
             self.accumulator = Accumulator(self.path)
             self._instances = self._load_instances()
@@ -114,20 +112,22 @@ class TrainerFolder:
             paths = self.paths(pattern)
             folded = [p for p in paths if FOLD_FILE.match(os.path.basename(p))]
             others = [p for p in paths if not FOLD_FILE.match(os.path.basename(p))]
-            return merge(others, accumulate=accumulate, extra=self._read_folded(folded))
+            extra = self._read_folded(pattern, folded)
+            return merge(others, accumulate=accumulate, extra=extra)
 
-    def _read_folded(self, files: list[str]) -> Folded:
-        """The accumulator's files, read once per fold (they change only when a fold
-        replaces them, under the lock; a render then reads only the running processes')."""
+    def _read_folded(self, pattern: str, files: list[str]) -> Folded:
+        """The accumulator's files, read once per fold and pattern (they change only when a
+        fold replaces them, under the lock; a render then reads only the running
+        processes' files)."""
         stamp = []
         for name in files:
             st = os.stat(name)
             stamp.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
-        cached = self._folded_cache.get(tuple(files))
+        cached = self._folded_cache.get(pattern)
         if cached is not None and cached[0] == stamp:
             return cached[1]
         folded = prepare(files)
-        self._folded_cache[tuple(files)] = (stamp, folded)
+        self._folded_cache[pattern] = (stamp, folded)
         return folded
 
     def file_counts(self) -> dict[str, int]:
