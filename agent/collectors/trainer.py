@@ -3,7 +3,7 @@
 The files are read through the folder's owner (:class:`~stormwatch.agent.watch.folder.
 TrainerFolder`): the running processes' files plus the accumulator that exited
 processes' files were folded into, merged as ``MultiProcessCollector`` merges them but
-with exact sums (:func:`stormwatch.agent.watch.fold.merge`), under the folder's lock.
+with exact sums (:func:`stormwatch.agent.watch.merge.merge`), under the folder's lock.
 Dead ranks' ``live*`` gauges are removed by the rank watcher (``mark_process_dead``), so
 they disappear here; counters and histograms stay (FC-01) until their job is gone for the
 retention, or starts afresh.

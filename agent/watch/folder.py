@@ -40,15 +40,8 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
-from stormwatch.agent.watch.fold import (
-    FOLD_FILE,
-    PROCESS_FILE,
-    Accumulator,
-    Folded,
-    file_jobs,
-    merge,
-    prepare,
-)
+from stormwatch.agent.watch.fold import FOLD_FILE, PROCESS_FILE, Accumulator
+from stormwatch.agent.watch.merge import Folded, file_jobs, merge, prepare
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +96,7 @@ class TrainerFolder:
 
     def merge(self, pattern: str = "*.db", *, accumulate: bool = True) -> list[Metric]:
         """The metric families of the files matching ``pattern``, exactly merged
-        (:func:`.fold.merge`), under the lock.
+        (:func:`.merge.merge`), under the lock.
 
         Raises:
             OSError, RuntimeError, ValueError: a file cannot be read.

@@ -23,8 +23,9 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.agent.watch.fold import INTENT, LOCK, merge
+from stormwatch.agent.watch.fold import INTENT, LOCK
 from stormwatch.agent.watch.folder import INSTANCES_FILE, TrainerFolder
+from stormwatch.agent.watch.merge import merge
 from stormwatch.agent.watch.procs import pid_dead
 from stormwatch.agent.watch.trainer_files import TrainerFiles
 from stormwatch.contracts.rank_env import rank_env
