@@ -119,10 +119,13 @@ test: setup system-test check
 #                     checkpoint blocking, exposed communication (~6 min on 2 cores)
 #   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:
 #                     StormwatchCallback vs none, with an A/A row (~5 min on 2 cores)
+#   scrape_bench.py   the agent's render after 1,000 rank restarts vs a fresh node
+#                     (target <= 1.5x), with the unfolded folder and an A/A row (~4 min)
 bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
 	$(PY) benchmarks/lightning_bench.py
+	$(PY) benchmarks/scrape_bench.py
 
 # Regenerate deploy/kubernetes/{base,examples} from the code (rules, dashboards, ports).
 deploy-manifests: venv

@@ -316,7 +316,7 @@ def build_collectors(
     if cfg.enabled("ranks"):
         collectors.append(RanksCollector(watcher, clock=clock, health=health, export_age=False))
     if cfg.enabled("trainer"):
-        collectors.append(TrainerCollector(cfg.metrics_dir))
+        collectors.append(TrainerCollector(watcher.folder))
     if cfg.enabled("faults"):
         collectors.append(FaultsCollector(ledger))
     return collectors

@@ -29,7 +29,10 @@ period and a scrape serves the cached bytes:
 - age gauges (``stormwatch_gpu_snapshot_age_seconds``,
   ``stormwatch_rank_watcher_scan_age_seconds``) are *not* cached: they are
   rendered per scrape by :class:`LiveAges` (a few microseconds) so they stay
-  exact.
+  exact; nor is ``stormwatch_agent_render_duration_seconds`` (histogram of every
+  render's wall time, background or in a scrape): a scrape that finds the cache
+  stale waits one render, so it is what brings a scrape near its timeout
+  (alert ``StormwatchAgentRenderSlow``).
 
 OpenMetrics is not cached: the agent always answers text 0.0.4, which every
 Prometheus accepts (it lists it in its ``Accept`` header).
@@ -49,8 +52,10 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
+from prometheus_client.metrics import Histogram
+from prometheus_client.utils import floatToGoString
 
-from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.collectors.base import new_family, new_histogram
 from stormwatch.agent.gpu.sampler import GpuSampler
 from stormwatch.agent.watch.ranks import RankWatcher
 
@@ -60,6 +65,36 @@ log = logging.getLogger(__name__)
 MAX_EXPOSITION_AGE = 1.0
 #: Scrape times kept to estimate the scrape interval.
 SCRAPES_KEPT = 6
+#: Buckets (seconds) of ``stormwatch_agent_render_duration_seconds``: prometheus-client's
+#: defaults (5 ms .. 10 s), which span a few-ms render to one past a 10 s scrape timeout.
+RENDER_BUCKETS: tuple[float, ...] = tuple(b for b in Histogram.DEFAULT_BUCKETS if b != math.inf)
+
+
+class RenderDurations:
+    """The histogram of render wall times (seconds); thread-safe."""
+
+    def __init__(self, buckets: tuple[float, ...] = RENDER_BUCKETS) -> None:
+        self._bounds = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf only)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            index = next((i for i, b in enumerate(self._bounds) if seconds <= b), -1)
+            self._counts[index] += 1
+            self._sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, n in zip((*self._bounds, math.inf), counts, strict=True):
+            cumulative += n
+            buckets.append((floatToGoString(bound), float(cumulative)))
+        family = new_histogram("stormwatch_agent_render_duration_seconds")
+        family.add_metric([], buckets=buckets, sum_value=total)
+        yield family
 
 
 class LiveAges:
@@ -131,6 +166,8 @@ class ExpositionCache:
         self._rendered_generation = -1
         self.renders = 0
         self._render_seconds = 0.0
+        self.durations = RenderDurations()
+        self._live.register(self.durations)
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scrapes: collections.deque[float] = collections.deque(maxlen=SCRAPES_KEPT)
@@ -167,6 +204,7 @@ class ExpositionCache:
         body = self._render()
         self._body, self._snapshot = body, snapshot
         self._render_seconds = self._monotonic() - started
+        self.durations.observe(self._render_seconds)
         self._rendered_generation = generation
         self._rendered_at = self._monotonic()
         self.renders += 1
@@ -267,4 +305,4 @@ class ExpositionCache:
             self._loop = self._wake = None
 
 
-__all__ = ["MAX_EXPOSITION_AGE", "ExpositionCache", "LiveAges"]
+__all__ = ["MAX_EXPOSITION_AGE", "RENDER_BUCKETS", "ExpositionCache", "LiveAges", "RenderDurations"]

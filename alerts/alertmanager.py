@@ -195,7 +195,7 @@ class AlertmanagerSettings:
 #: Alerts about a node or its hardware rather than a training job (grouped by node).
 NODE_SCOPED_ALERTS = (
     "StormwatchNodeDown|StormwatchAgentDown|StormwatchAgentFlapping|StormwatchScrapeSlow"
-    "|StormwatchGpu.*|StormwatchNvlink.*"
+    "|StormwatchAgentRenderSlow|StormwatchGpu.*|StormwatchNvlink.*"
 )
 #: The alert whose incidents the responder remediates (``confirm_restart``).
 REMEDIATION_ALERTS = ("StormwatchRankStalled",)

@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
@@ -51,7 +52,7 @@ def new_family(name: str, catalogue: Catalogue | None = None) -> Family:
     Raises:
         KeyError: ``name`` is not in the catalogue (so an uncatalogued metric
             cannot be exported by accident).
-        ValueError: ``name`` is a histogram (only the trainer's files have those).
+        ValueError: ``name`` is a histogram (:func:`new_histogram`).
     """
     spec = (catalogue or load_catalogue())[name]
     labels = list(spec.labels)
@@ -61,7 +62,21 @@ def new_family(name: str, catalogue: Catalogue | None = None) -> Family:
         return CounterMetricFamily(spec.name, spec.help, labels=labels)
     if spec.type == "untyped":
         return UnknownMetricFamily(spec.name, spec.help, labels=labels)
-    raise ValueError(f"{name}: the agent builds no {spec.type} families itself")
+    raise ValueError(f"{name}: a {spec.type}, made with new_histogram")
+
+
+def new_histogram(name: str, catalogue: Catalogue | None = None) -> HistogramMetricFamily:
+    """An empty histogram family, documented from the catalogue; add samples with
+    ``family.add_metric(labels, buckets=[(le, cumulative count)...], sum_value=s)``.
+
+    Raises:
+        KeyError: ``name`` is not in the catalogue.
+        ValueError: ``name`` is not a histogram there.
+    """
+    spec = (catalogue or load_catalogue())[name]
+    if spec.type != "histogram":
+        raise ValueError(f"{name}: a {spec.type}, made with new_family")
+    return HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
 
 
 class _Families:
@@ -208,4 +223,4 @@ class CollectorSet:
         yield from (up, errors, duration)
 
 
-__all__ = ["Collector", "CollectorSet", "new_family"]
+__all__ = ["Collector", "CollectorSet", "new_family", "new_histogram"]

@@ -103,7 +103,8 @@ class RankHealth:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._watcher = watcher
-        self._files = TrainerFiles(metrics_dir, reader="rank health")
+        # The watcher's folder: one lock and one accumulator for every reader.
+        self._files = TrainerFiles(metrics_dir, reader="rank health", folder=watcher.folder)
         self._events = events
         self._diag_dir = Path(diagnostics_dir)
         self._hang = HangDetector(hang)

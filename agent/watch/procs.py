@@ -172,6 +172,27 @@ def pid_dead(pid: int) -> bool:
         return False
 
 
+def nested_pids() -> frozenset[int]:
+    """The pids that processes have inside nested PID namespaces (containers, pods): every
+    entry of ``NSpid`` in ``/proc/<pid>/status`` after the first (proc(5)).
+
+    A rank in a pod names its multiprocess files by its pid *there*, which the agent (in
+    the host's namespace) cannot tell from a host pid: such a file's writer is taken for
+    exited only when no process has that pid in any namespace.
+    """
+    found: set[int] = set()
+    for pid in psutil.pids():
+        try:
+            with open(f"/proc/{pid}/status", "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"NSpid:"):
+                        found.update(int(x) for x in line.split()[2:])
+                        break
+        except (OSError, ValueError):
+            continue  # gone since the listing, or unreadable: no nested pid to add
+    return frozenset(found)
+
+
 def process_cwd(pid: int) -> str | None:
     """Working directory of ``pid``; None when it cannot be read."""
     try:
@@ -222,6 +243,7 @@ __all__ = [
     "is_rank_launcher",
     "is_torchrun_agent",
     "metrics_dir_argument",
+    "nested_pids",
     "pid_dead",
     "proc_stat",
     "process_cwd",

@@ -26,7 +26,11 @@ Every ``interval`` seconds (0.5 s) one scan:
    API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too);
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
-   their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`).
+   their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
+6. keeps the folder bounded (:meth:`.folder.TrainerFolder.maintain`): the other files
+   of exited processes are folded into one accumulator (counters keep their totals),
+   a job's fresh start drops its earlier start's series, and jobs gone for
+   ``forget_after`` are dropped.
 
 The last heartbeat of a rank is kept after it dies (so that it goes stale and
 a "no progress" alert fires) until a restarted rank reports a newer one. A rank
@@ -48,6 +52,7 @@ import psutil
 from opentelemetry import trace
 
 from stormwatch.agent.watch.discovery import Found, RankFinder
+from stormwatch.agent.watch.folder import TrainerFolder
 from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
 from stormwatch.agent.watch.procs import (
     ProcEntry,
@@ -61,6 +66,7 @@ from stormwatch.agent.watch.trainer_files import (
     LIVE_GAUGES,
     PROGRESS_METRIC,
     STEP_METRIC,
+    Exited,
     TrainerFiles,
 )
 from stormwatch.contracts.rank_env import RankEnv, RankKey
@@ -183,7 +189,9 @@ class RankWatcher:
         self._listeners: list[Callable[[], None]] = []
         self._on_exit = on_exit
         self._finder = RankFinder(metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled)
-        self._files = TrainerFiles(metrics_dir, reader="rank watcher")
+        #: The multiprocess folder's owner, shared with rank health and the render.
+        self.folder = TrainerFolder(metrics_dir, retention=forget_after, clock=clock)
+        self._files = TrainerFiles(metrics_dir, reader="rank watcher", folder=self.folder)
         self._interval = interval
         self._forget_after = forget_after
         self._clock = clock
@@ -332,12 +340,22 @@ class RankWatcher:
                 self._steps.update(samples[STEP_METRIC])
                 self._forget(now)
             self._files.mark_dead(table)
+            self.folder.maintain(Exited(table), self._instances())
             self._finder.forget_gone(table)
             self._last_scan_at = now
             self._last_error = None
         if before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
             for listener in self._listeners:
                 listener()  # outside the locks
+
+    def _instances(self) -> dict[str, set[str]]:
+        """Per job, the instances its running ranks carry (:attr:`RankEnv.instance`)."""
+        with self._lock:
+            found: dict[str, set[str]] = {}
+            for key, tracked in self._tracked.items():
+                if tracked.alive:
+                    found.setdefault(key[0], set()).add(tracked.env.instance)
+            return found
 
     def claims(
         self, environ: Mapping[str, str], cmdline: Sequence[str], cwd: str | None

@@ -5,7 +5,10 @@ folder (docs/ARCHITECTURE.md, "Trainer -> agent telemetry"). The rank watcher re
 the heartbeat and step gauges from them and marks dead ranks' files; the health
 monitor reads the per-step gauges, the phase deadlines and the collective counters. Both go through
 :class:`TrainerFiles`, so a sample's rank is found, and a file that cannot be read is
-reported, in one way.
+reported, in one way; and both read through the folder's one owner
+(:class:`~.folder.TrainerFolder`: its lock, exact merge, and the accumulator that exited
+processes' files are folded into), so a counter file of every rank restart the node saw
+is not merged again every 0.5 s.
 
 Current-state gauges are ``livemax`` gauges, in ``gauge_live*_<pid>.db`` files: reading
 only those skips the ranks' histograms and counters, which dominate the folder.
@@ -18,9 +21,10 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import mark_process_dead
 
-from stormwatch.agent.watch.procs import ProcEntry, pid_dead
+from stormwatch.agent.watch.folder import TrainerFolder
+from stormwatch.agent.watch.procs import ProcEntry, nested_pids, pid_dead
 from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
@@ -64,14 +68,18 @@ class TrainerFiles:
     Args:
         metrics_dir: the trainer's multiprocess folder.
         reader: who reads (``rank watcher``, ``rank health``), for the log.
+        folder: the folder's owner shared by the agent's readers (default: one of its own).
 
     Attributes:
         read_errors: reads that failed (a half-written file, a file removed while it
             was read); each returns no samples, and the next read tries again.
     """
 
-    def __init__(self, metrics_dir: Path, *, reader: str) -> None:
+    def __init__(
+        self, metrics_dir: Path, *, reader: str, folder: TrainerFolder | None = None
+    ) -> None:
         self._dir = Path(metrics_dir)
+        self.folder = folder if folder is not None else TrainerFolder(self._dir)
         self._reader = reader
         self._failing = False
         self.read_errors = 0
@@ -92,9 +100,8 @@ class TrainerFiles:
         again, and counted in :attr:`read_errors`; it must not stop exit detection.
         """
         found: RankSamples = {name: {} for name in names}
-        files = [str(path) for path in self._dir.glob(pattern)]
         try:
-            families = list(MultiProcessCollector.merge(files, accumulate=False))
+            families = self.folder.merge(pattern, accumulate=False)
         except Exception:  # a half-written file: try again next time
             self.read_errors += 1
             if not self._failing:
@@ -133,15 +140,38 @@ class TrainerFiles:
         also records its exit, so a scrape never sees its gauges gone while its
         ``stormwatch_rank_up`` is still 1.
         """
-        for path in self._dir.glob(LIVE_GAUGES):
-            match = _LIVE_FILE.match(path.name)
-            if match is None:
-                continue
-            pid = int(match[1])
-            entry = table.get(pid)
-            if (entry is None or entry.zombie) and pid_dead(pid):
-                log.debug("marking pid %d dead in %s", pid, self._dir)
-                mark_process_dead(pid, str(self._dir))
+        with self.folder.lock:
+            exited = Exited(table)
+            for path in self._dir.glob(LIVE_GAUGES):
+                match = _LIVE_FILE.match(path.name)
+                if match is None:
+                    continue
+                pid = int(match[1])
+                if exited(pid):
+                    log.debug("marking pid %d dead in %s", pid, self._dir)
+                    mark_process_dead(pid, str(self._dir))
+
+
+class Exited:
+    """Whether the writer of a multiprocess file named by ``pid`` has exited: dead now, gone
+    or a zombie in ``table`` (the process table of the scan that updated the ranks' states;
+    see :meth:`TrainerFiles.mark_dead`), and no process has that pid inside a nested PID
+    namespace (a rank in a pod names its files by its pid there: :func:`.procs.nested_pids`,
+    read at the first pid that passes the other two tests, so after the files were listed).
+    Make one per listing of the folder.
+    """
+
+    def __init__(self, table: Mapping[int, ProcEntry]) -> None:
+        self._table = table
+        self._nested: frozenset[int] | None = None
+
+    def __call__(self, pid: int) -> bool:
+        entry = self._table.get(pid)
+        if not ((entry is None or entry.zombie) and pid_dead(pid)):
+            return False
+        if self._nested is None:
+            self._nested = nested_pids()
+        return pid not in self._nested
 
 
 __all__ = [
@@ -154,6 +184,7 @@ __all__ = [
     "PROGRESS_METRIC",
     "STEP_METRIC",
     "WAIT_METRIC",
+    "Exited",
     "RankSamples",
     "TrainerFiles",
     "add",

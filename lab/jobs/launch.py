@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from stormwatch.contracts.rank_env import JOB_INSTANCE_ENV
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.errors import JobError, JobTimeoutError
 from stormwatch.lab.jobs import slurmjob
@@ -120,7 +121,12 @@ def _launch_node(
         torchrun_command(state, spec, rank, paths, record.info.rdzv_port, rdzv_id),
         log_file=paths.job_node_log(spec.name, node.name),
         status_file=paths.job_node_status(spec.name, node.name),
-        env=job_environment(spec, node, base_env, paths),
+        # One start of the job: rejoins and relaunches (a fresh rendezvous id) keep it, so
+        # the node agents keep the job's folded counters (stormwatch.agent.watch.folder).
+        env={
+            **job_environment(spec, node, base_env, paths),
+            JOB_INSTANCE_ENV: f"{spec.name}@{record.info.started_at:.6f}",
+        },
         netns=node.netns,
         cwd=paths.job_dir(spec.name),
     )

@@ -4,7 +4,9 @@ them by their environment (the agent's rank watcher, the lab platform backend).
 
 A rank has torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID``
 (plus ``TORCHELASTIC_RESTART_COUNT``); stormwatch adds ``STORMWATCH_JOB`` (the job's name,
-default the run id) and ``STORMWATCH_METRICS_DIR`` (docs/ARCHITECTURE.md, "Agent").
+default the run id), ``STORMWATCH_METRICS_DIR`` (docs/ARCHITECTURE.md, "Agent") and,
+from launchers that know it, ``STORMWATCH_JOB_INSTANCE`` (one submission of the job:
+:attr:`RankEnv.instance`).
 
 A Slurm task that is a rank itself (``srun ... stormwatch run -- python train.py``: no
 torchrun in between) has srun's ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``
@@ -39,12 +41,21 @@ _IDENTITIES = (
     (RANK_ENV_VARIABLES[3], RANK_ENV_VARIABLES[:3], "TORCHELASTIC_RESTART_COUNT"),
     (RUN_ID_ENV, SRUN_RANK_VARIABLES, "SLURM_RESTART_COUNT"),
 )
+#: One submission of a job, the same across its restarts (:attr:`RankEnv.instance`).
+JOB_INSTANCE_ENV = "STORMWATCH_JOB_INSTANCE"
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 
 @dataclasses.dataclass(frozen=True)
 class RankEnv:
-    """What a rank's environment says about it."""
+    """What a rank's environment says about it.
+
+    ``instance``: one submission (start) of the job, the same across torchrun restarts,
+    elastic membership changes and Slurm requeues, another for a fresh start:
+    ``STORMWATCH_JOB_INSTANCE`` when the launcher sets it (the lab does: a relaunch under a
+    fresh rendezvous id is still the same start), else ``SLURM_JOB_ID`` (a requeue keeps
+    it), else the run id (torchrun's ``--rdzv-id``).
+    """
 
     job: str
     rank: int
@@ -53,6 +64,7 @@ class RankEnv:
     run_id: str
     restart_count: int | None
     metrics_dir: str | None = None
+    instance: str = ""
 
     @property
     def key(self) -> RankKey:
@@ -81,6 +93,9 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv | None:
             run_id=environ[run_id_name],
             restart_count=int(restart) if restart is not None else None,
             metrics_dir=environ.get("STORMWATCH_METRICS_DIR") or None,
+            instance=environ.get(JOB_INSTANCE_ENV)
+            or environ.get("SLURM_JOB_ID")
+            or environ[run_id_name],
         )
     except ValueError:
         return None
@@ -111,6 +126,7 @@ def is_rank_launcher(name: str, cmdline: Sequence[str]) -> bool:
 
 
 __all__ = [
+    "JOB_INSTANCE_ENV",
     "RANK_ENV_VARIABLES",
     "RUN_ID_ENV",
     "SRUN_RANK_VARIABLES",

@@ -104,6 +104,13 @@ def test_fc10_live_rank_with_stale_heartbeat_fires(tmp_path: Path) -> None:
     assert run.ok, run.output
 
 
+def test_slow_agent_render_alerts_before_a_scrape_reaches_its_timeout(tmp_path: Path) -> None:
+    """Renders at 0.6 s (the lab's scrape timeout is 1 s) fire StormwatchAgentRenderSlow
+    while scrapes still succeed; fast renders again resolve it."""
+    run = _run_case(tmp_path, "render_slow_fires_before_the_scrape_timeout_and_resolves")
+    assert run.ok, run.output
+
+
 def test_fc01_case_catches_a_rule_that_judges_dead_ranks_by_heartbeat(tmp_path: Path) -> None:
     """The FC-01 unit tests have teeth: without the `up == 1` guard they fail."""
     [path] = [p for p in rule_files() if p.name == "ranks.yml"]
@@ -267,6 +274,7 @@ def test_metric_name_extraction_skips_functions_labels_and_keywords() -> None:
 #: Every promtool case of the rule pack (test_shipped_rules_pass_their_promtool_unit_tests
 #: runs them all; the FC cases below also run alone).
 PROMTOOL_CASES = {
+    "agent_test.yml": ["render_slow_fires_before_the_scrape_timeout_and_resolves"],
     "nodes_test.yml": [
         "node_down_fires_after_1m_and_resolves",
         "agent_target_vanishes_from_discovery_fires_and_resolves_when_back",

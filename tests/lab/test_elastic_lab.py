@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from stormwatch.lab import JobSpec, Lab
 from stormwatch.telemetry.events import read_events
@@ -38,6 +40,19 @@ def _wait_for(what: str, predicate: Callable[[], object], timeout: float = 180.0
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _node0(lab: Lab, name: str, **labels: str) -> float | None:
+    """The sum of ``name``'s samples with ``labels`` on node0's agent; None when it has none."""
+    with urllib.request.urlopen(f"{lab.state.nodes[0].agent_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
+    return sum(found) if found else None
+
+
 def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     lab: Lab, run_cli: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
@@ -50,10 +65,17 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     info = lab.job("elastic")
     ckpt = info.checkpoint_dir
     _wait_for("a checkpoint at world size 4", lambda: (4, 4) in _world_sizes(ckpt))
+    first = _wait_for(
+        "node0's agent to count steps",
+        lambda: _node0(lab, "stormwatch_train_steps_total", job="elastic"),
+        timeout=20,
+    )
+    steps = [float(first)]
     os.kill(info.node_pids["node1"], signal.SIGKILL)  # node1 lost (its supervisor stops the rest)
     shrunk = _wait_for(
         "a checkpoint at world size 2", lambda: [s for s, w in _world_sizes(ckpt) if w == 2]
     )
+    steps.append(_node0(lab, "stormwatch_train_steps_total", job="elastic") or 0.0)
     assert isinstance(shrunk, list)
     assert lab.status().jobs[0].problem is None  # an elastic job that lost a node is not stranded
     rejoined = run_cli("lab", "rejoin", "--run-dir", run_dir, "--job", "elastic", "--node", "node1")
@@ -68,6 +90,17 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     assert (starts[2].resumed_from_step or 0) >= shrunk[0], (starts, shrunk)
     assert all("RendezvousClosedError" not in text for text in logs.values())
     assert lab.job("elastic").relaunches == 0
+    # Issue 17, item 4: node0's agent folded the files of every process the restarts ended
+    # into its accumulator, and an elastic restart (same job instance) keeps the job's
+    # counters: the steps counted on node0 never went down and none of the job's files is left.
+    _wait_for(
+        "node0's agent to fold the finished job's files",
+        lambda: _node0(lab, "stormwatch_agent_multiprocess_files", job="elastic") is None,
+        timeout=20,
+    )
+    steps.append(_node0(lab, "stormwatch_train_steps_total", job="elastic") or 0.0)
+    assert 0 < steps[0] <= steps[1] <= steps[2], steps
+    assert (_node0(lab, "stormwatch_agent_multiprocess_folded_files_total") or 0) >= 3 * 4
 
 
 def test_fc09_a_job_whose_rendezvous_closed_is_relaunched_under_a_fresh_id(lab: Lab) -> None:
