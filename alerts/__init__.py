@@ -72,7 +72,6 @@ from stormwatch.alerts.errors import (
     ToolError,
     UnknownIncident,
 )
-from stormwatch.alerts.inventory import INVENTORY_METRIC, render_inventory, write_inventory
 from stormwatch.alerts.policy import Guards, Policy, Rule, default_policy, load_policy, parse_policy
 from stormwatch.alerts.responder.audit import AuditEntry, AuditLog
 from stormwatch.alerts.responder.guards import Guardrails
@@ -87,6 +86,7 @@ from stormwatch.alerts.rulefiles import (
     rules_dir,
     run_rule_tests,
 )
+from stormwatch.contracts.inventory import INVENTORY_METRIC, render_inventory, write_inventory
 
 __all__ = [
     "INVENTORY_METRIC",

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from stormwatch.contracts import inventory
 from stormwatch.dashboards import render as dashboards
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError
@@ -164,18 +165,16 @@ def write_prometheus_config(
 
 def write_inventory(state: LabState, paths: RunPaths) -> Path:
     """Write the expected inventory, every node of the lab, to
-    ``<run>/prometheus/inventory.yml`` with ``stormwatch alerts config inventory``: the
-    rules of ``targets.yml`` alert for a node whose agent is not a target, however long.
+    ``<run>/prometheus/inventory.yml`` (:mod:`stormwatch.contracts.inventory`, what
+    ``stormwatch alerts config inventory`` writes): the rules of ``targets.yml`` alert for
+    a node whose agent is not a target, however long.
 
     Raises:
-        LabError: the command failed or wrote no file.
+        ConfigError: the file cannot be written.
     """
     paths.prometheus_dir.mkdir(parents=True, exist_ok=True)
-    nodes = [arg for node in state.nodes for arg in ("--node", node.name)]
-    _alerts_cli("config", "inventory", *nodes, "--output", str(paths.prometheus_inventory))
-    if not paths.prometheus_inventory.is_file():
-        raise LabError("`stormwatch alerts config inventory` wrote no file")
-    return paths.prometheus_inventory
+    nodes = [node.name for node in state.nodes]
+    return inventory.write_inventory(nodes, paths.prometheus_inventory)
 
 
 def write_grafana_files(state: LabState, paths: RunPaths) -> Path:
