@@ -4,6 +4,8 @@
   ``tests/*.yml`` with promtool (:func:`check_rules`, :func:`run_rule_tests`).
 * :func:`render_alertmanager_config` / :func:`write_alertmanager_config`:
   ``alertmanager.yml`` routing to the responder (typed models, PyYAML).
+* :func:`render_inventory` / :func:`write_inventory`: the expected inventory, the nodes
+  that must run an agent, as a rule file (``rules/targets.yml`` compares it with ``up``).
 * :class:`Responder`: Alertmanager webhook receiver with durable, deduplicated
   incidents, one per Alertmanager alert group (``IncidentRecord`` with its
   ``IncidentMember`` alerts; SQLite), and background actions
@@ -84,8 +86,10 @@ from stormwatch.alerts.rulefiles import (
     rules_dir,
     run_rule_tests,
 )
+from stormwatch.contracts.inventory import INVENTORY_METRIC, render_inventory, write_inventory
 
 __all__ = [
+    "INVENTORY_METRIC",
     "RANK_STALLED",
     "Action",
     "ActionOutcome",
@@ -125,10 +129,12 @@ __all__ = [
     "parse_policy",
     "playbook_from_policy",
     "render_alertmanager_config",
+    "render_inventory",
     "rule_files",
     "rule_test_files",
     "rules_dir",
     "run_rule_tests",
     "serve",
     "write_alertmanager_config",
+    "write_inventory",
 ]

@@ -195,7 +195,7 @@ class AlertmanagerSettings:
 #: Alerts about a node or its hardware rather than a training job (grouped by node).
 NODE_SCOPED_ALERTS = (
     "StormwatchNodeDown|StormwatchAgentDown|StormwatchAgentFlapping|StormwatchScrapeSlow"
-    "|StormwatchAgentRenderSlow|StormwatchGpu.*|StormwatchNvlink.*"
+    "|StormwatchAgentRenderSlow|StormwatchAgentUnavailable|StormwatchGpu.*|StormwatchNvlink.*"
 )
 #: The alert whose incidents the responder remediates (``confirm_restart``).
 REMEDIATION_ALERTS = ("StormwatchRankStalled",)
@@ -241,6 +241,8 @@ def build_inhibit_rules() -> list[InhibitRule]:
       (same ``node`` and ``gpu``).
     * ``StormwatchTrainingHung`` mutes ``StormwatchThroughputDrop`` of the job;
       ``StormwatchLossNaN`` mutes ``StormwatchLossSpike`` of the job.
+    * ``StormwatchAgentDown`` mutes ``StormwatchAgentUnavailable`` of the node (an agent
+      gone from discovery is unavailable too; the first says more).
     """
     return [
         InhibitRule(
@@ -265,6 +267,11 @@ def build_inhibit_rules() -> list[InhibitRule]:
             source_matchers=['alertname="StormwatchLossNaN"'],
             target_matchers=['alertname="StormwatchLossSpike"'],
             equal=["job"],
+        ),
+        InhibitRule(
+            source_matchers=['alertname="StormwatchAgentDown"'],
+            target_matchers=['alertname="StormwatchAgentUnavailable"'],
+            equal=["node"],
         ),
     ]
 

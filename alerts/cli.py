@@ -22,6 +22,7 @@ from stormwatch.alerts.alertmanager import (
 from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.incident_report.cli import postmortem_cmd
 from stormwatch.alerts.incidents_table import incidents_table, read_store
+from stormwatch.alerts.inventory import inventory_cmd
 from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.responder.auth import read_token
 from stormwatch.alerts.responder.service import serve
@@ -50,6 +51,7 @@ def alerts() -> None:
     stormwatch alerts check                 promtool check + unit tests of the shipped rules
     stormwatch alerts rules-path            folder of the shipped rule files (for Prometheus)
     stormwatch alerts config alertmanager   write alertmanager.yml pointing at the responder
+    stormwatch alerts config inventory      write the expected inventory (nodes with agents)
     stormwatch alerts serve                 run the responder (webhook receiver + actions)
     stormwatch alerts incidents             list the responder's incidents
     stormwatch alerts approve ACTION_ID     approve an action waiting for approval
@@ -151,6 +153,9 @@ def alertmanager_cmd(
     else:
         write_alertmanager_config(settings, output)
         click.echo(f"wrote {output}", err=True)
+
+
+config_group.add_command(inventory_cmd)
 
 
 @alerts.command("serve")

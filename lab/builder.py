@@ -105,7 +105,8 @@ class LabBuilder:
         """
         self._prepare_files(state)
         rules = services.rules_dir()
-        services.write_prometheus_config(state, self._paths, rules)
+        inventory = services.write_inventory(state, self._paths)
+        services.write_prometheus_config(state, self._paths, rules, inventory)
         services.check_prometheus_config(self._paths.prometheus_config)
         services.write_alertmanager_config(state, self._paths)
         services.write_grafana_files(state, self._paths)

@@ -98,6 +98,11 @@ class RunPaths:
         return self.prometheus_dir / "prometheus.yml"
 
     @property
+    def prometheus_inventory(self) -> Path:
+        """The expected inventory, the lab's nodes (``stormwatch alerts config inventory``)."""
+        return self.prometheus_dir / "inventory.yml"
+
+    @property
     def prometheus_data(self) -> Path:
         return self.prometheus_dir / "data"
 

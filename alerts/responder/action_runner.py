@@ -3,7 +3,10 @@
 The web handler only stores the notification and hands new action ids to
 :class:`ActionRunner`; the runner claims each action in the database
 (pending -> running) before running it, so a duplicate submission, a second
-responder or a restart cannot run it twice.
+responder or a restart cannot run it twice. Its final status and the audit entry
+of how it ended are written in one transaction, so a SIGKILL between the two
+cannot leave an action audited as finished but still ``running`` (which a restart
+would run again).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pydantic import JsonValue
 
 from stormwatch.alerts.actions.base import ActionOutcome
 from stormwatch.alerts.actions.playbook import Playbook
+from stormwatch.alerts.responder.audit import AuditEntry
+from stormwatch.alerts.responder.crashpoints import CrashPoints
 from stormwatch.alerts.responder.guards import Guardrails
 from stormwatch.alerts.responder.store import Store
 from stormwatch.dashboards.annotations import Annotator
@@ -53,6 +58,7 @@ class ActionRunner:
         clock: Unix time source (seconds).
         guardrails: guards and audit log every run goes through (None: run unguarded).
         annotator: posts one Grafana annotation per finished action (None: none).
+        crash: test-only crash points (:mod:`~stormwatch.alerts.responder.crashpoints`).
     """
 
     def __init__(
@@ -63,8 +69,10 @@ class ActionRunner:
         clock: Callable[[], float] = time.time,
         guardrails: Guardrails | None = None,
         annotator: Annotator | None = None,
+        crash: CrashPoints | None = None,
     ) -> None:
         self._db = db
+        self._crash = crash or CrashPoints()
         self._annotator = annotator or Annotator(None)
         self._playbook = playbook
         self._clock = clock
@@ -114,6 +122,7 @@ class ActionRunner:
         status: str
         detail: str
         data: dict[str, JsonValue]
+        entry: AuditEntry | None = None
         if action is None:
             status, detail, data = (
                 "failed",
@@ -124,7 +133,13 @@ class ActionRunner:
             status, detail, data = "skipped", reason, {}
         elif self._guardrails is not None:
             log.info("action %d (%s) for incident %d: guarded", action_id, record.kind, incident.id)
-            status, detail, data = await self._guardrails.run(action, action_id, incident)
+            decision = await self._guardrails.run(action, action_id, incident)
+            status, detail, data, entry = (
+                decision.status,
+                decision.detail,
+                decision.data,
+                decision.audit,
+            )
         else:
             log.info("action %d (%s) for incident %d: started", action_id, record.kind, incident.id)
             try:
@@ -136,11 +151,14 @@ class ActionRunner:
                 outcome = ActionOutcome(status="failed", detail=f"{type(exc).__name__}: {exc}")
             status, detail, data = outcome.status, outcome.detail, dict(outcome.data)
         finished = self._clock()
+        self._crash.reach("outcome", record.kind)
         await self._db.run(
             lambda s: s.finish_action(
-                action_id, status=status, detail=detail, data=data, now=finished
+                action_id, status=status, detail=detail, data=data, now=finished, audit=entry
             )
         )
+        if self._guardrails is not None:
+            await asyncio.to_thread(self._guardrails.audit.sync_mirror)
         log.info("action %d (%s): %s: %s", action_id, record.kind, status, detail)
         self._annotator.annotate(
             f"action {action_id} ({record.kind}) for incident {incident.id}: {status}: {detail}",

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -222,8 +223,8 @@ class ResponderApi:
                 409,
                 f"action {action_id} ({record.kind}, {record.status}) is not waiting for approval",
             )
-        await asyncio.to_thread(
-            audit.record,
+        stored = await asyncio.to_thread(
+            partial(audit.record, once=True),  # two approvals at once: one is recorded
             AuditEntry(
                 time=self._clock(),
                 actor=actor,
@@ -234,6 +235,8 @@ class ResponderApi:
                 reason="approved by an operator",
             ),
         )
+        if stored is None:
+            return _json_error(409, f"action {action_id} ({record.kind}) is approved already")
         log.info("action %d approved by %s", action_id, actor)
         return web.json_response({"action_id": action_id, "approved": True})
 

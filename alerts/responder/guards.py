@@ -16,7 +16,10 @@
 A refusal makes the action ``skipped`` with the reason. Read-only kinds
 (``confirm_restart``, ``collect_diagnostics``, ``notify_only``) are not
 limited. Every decision and outcome goes to the :class:`AuditLog`; budgets,
-rate limit and breaker are computed from it, so they survive restarts.
+rate limit and breaker are computed from it, so they survive restarts. The
+decisions that end an action (a refusal, a dry run, the outcome) are not written
+here: :meth:`Guardrails.run` returns them as a :class:`Decision` whose audit entry
+the runner stores with the action's final status, in one transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import JsonValue
@@ -33,6 +37,7 @@ from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.alerts.actions.remedial import incident_job, incident_node
 from stormwatch.alerts.policy import REMEDIAL_KINDS, RESTART_KINDS, Policy
 from stormwatch.alerts.responder.audit import AuditEntry, AuditEvent, AuditLog
+from stormwatch.alerts.responder.crashpoints import CrashPoints
 from stormwatch.contracts.responder import IncidentRecord
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,25 @@ APPROVAL_POLL_S = 0.2
 Status = Literal["succeeded", "failed", "skipped"]
 
 
+@dataclass(frozen=True)
+class Decision:
+    """How a guarded action ended, and the audit entry to store with that status.
+
+    Attributes:
+        status: the action's final status.
+        detail: why (the guard's reason, the outcome's detail).
+        data: the outcome's data.
+        audit: the entry (``skipped``, ``dry_run``, ``succeeded`` or ``failed``) the runner
+            writes in the transaction that sets ``status``
+            (:meth:`~stormwatch.alerts.responder.store.Store.finish_action`).
+    """
+
+    status: Status
+    detail: str
+    data: dict[str, JsonValue]
+    audit: AuditEntry
+
+
 class Guardrails:
     """Applies a policy's guards and writes the audit log.
 
@@ -49,17 +73,24 @@ class Guardrails:
         policy: the validated policy (its ``guards`` and ``dry_run``).
         audit: the audit log (also the guards' durable state).
         clock: Unix time source (seconds).
+        crash: test-only crash points (:mod:`~stormwatch.alerts.responder.crashpoints`).
     """
 
     def __init__(
-        self, policy: Policy, audit: AuditLog, *, clock: Callable[[], float] = time.time
+        self,
+        policy: Policy,
+        audit: AuditLog,
+        *,
+        clock: Callable[[], float] = time.time,
+        crash: CrashPoints | None = None,
     ) -> None:
         self.policy = policy
         self.audit = audit
         self._clock = clock
+        self._crash = crash or CrashPoints()
         self._running = 0
 
-    async def _record(
+    def entry(
         self,
         event: AuditEvent,
         kind: str,
@@ -67,8 +98,9 @@ class Guardrails:
         incident: IncidentRecord,
         reason: str,
         actor: str = "responder",
-    ) -> None:
-        entry = AuditEntry(
+    ) -> AuditEntry:
+        """The audit entry of ``event`` for action ``action_id`` of ``incident``, now."""
+        return AuditEntry(
             time=self._clock(),
             actor=actor,
             event=event,
@@ -79,7 +111,19 @@ class Guardrails:
             node=incident_node(incident),
             reason=reason,
         )
-        await asyncio.to_thread(self.audit.record, entry)
+
+    async def _record(
+        self,
+        event: AuditEvent,
+        kind: str,
+        action_id: int,
+        incident: IncidentRecord,
+        reason: str,
+        *,
+        once: bool = False,
+    ) -> None:
+        entry = self.entry(event, kind, action_id, incident, reason)
+        await asyncio.to_thread(self.audit.record, entry, once=once)
 
     def refusal(self, kind: str, job: str | None, now: float) -> str | None:
         """Why a remedial ``kind`` for ``job`` must not start now, or None (checks 1-3)."""
@@ -122,17 +166,25 @@ class Guardrails:
             await asyncio.sleep(APPROVAL_POLL_S)
         return False
 
-    async def run(
-        self, action: Action, action_id: int, incident: IncidentRecord
-    ) -> tuple[Status, str, dict[str, JsonValue]]:
-        """Run ``action`` for ``incident`` under the guards; returns (status, detail, data).
+    async def run(self, action: Action, action_id: int, incident: IncidentRecord) -> Decision:
+        """Run ``action`` for ``incident`` under the guards; returns how it ended.
 
-        An exception of the action is a ``failed`` outcome.
+        Records ``awaiting_approval`` and ``started`` (once per action: a resumed action
+        is not started again in the log); the ending is the returned decision's entry,
+        for the caller to store with the status. An exception of the action is a
+        ``failed`` outcome.
         """
         kind = action.kind
         describe = action.describe(incident)
         remedial = kind in REMEDIAL_KINDS
         job = incident_job(incident)
+
+        def end(
+            status: Status, event: AuditEvent, detail: str, data: dict[str, JsonValue] | None = None
+        ) -> Decision:
+            entry = self.entry(event, kind, action_id, incident, detail)
+            return Decision(status, detail, dict(data or {}), entry)
+
         if remedial:
             if kind in self.policy.guards.approval_required:
                 await self._record(
@@ -144,22 +196,20 @@ class Guardrails:
                 )
                 if not await self._approved(action_id):
                     late = f"not approved within {self.policy.guards.approval_timeout:g} s"
-                    await self._record("skipped", kind, action_id, incident, late)
-                    return "skipped", late, {}
+                    return end("skipped", "skipped", late)
             reason: str | None = await asyncio.to_thread(self.refusal, kind, job, self._clock())
             limit = self.policy.guards.max_concurrent
             if reason is None and self._running >= limit:  # no await between check and count
                 reason = f"max concurrent actions: {self._running} running (max {limit})"
             if reason is not None:
-                await self._record("skipped", kind, action_id, incident, reason)
-                return "skipped", reason, {}
+                return end("skipped", "skipped", reason)
             if self.policy.dry_run:
-                detail = f"dry-run: would {describe}"
-                await self._record("dry_run", kind, action_id, incident, detail)
-                return "succeeded", detail, {"dry_run": True}
+                return end("succeeded", "dry_run", f"dry-run: would {describe}", {"dry_run": True})
             self._running += 1
         try:
-            await self._record("started", kind, action_id, incident, f"alert {incident.alertname}")
+            started = f"alert {incident.alertname}"
+            await self._record("started", kind, action_id, incident, started, once=True)
+            self._crash.reach("started", kind)
             try:
                 outcome = await action.run(incident)
             except asyncio.CancelledError:
@@ -167,11 +217,10 @@ class Guardrails:
             except Exception as exc:
                 log.exception("action %d (%s) raised", action_id, kind)
                 outcome = ActionOutcome(status="failed", detail=f"{type(exc).__name__}: {exc}")
-            await self._record(outcome.status, kind, action_id, incident, outcome.detail)
-            return outcome.status, outcome.detail, dict(outcome.data)
+            return end(outcome.status, outcome.status, outcome.detail, dict(outcome.data))
         finally:
             if remedial:
                 self._running -= 1
 
 
-__all__ = ["APPROVAL_POLL_S", "Guardrails"]
+__all__ = ["APPROVAL_POLL_S", "Decision", "Guardrails"]

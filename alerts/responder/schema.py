@@ -11,9 +11,12 @@ Steps (``PRAGMA user_version`` = steps applied, :mod:`stormwatch.sqlite`):
    allows one, so the earliest stays open and the others are closed at migration time
    (their alerts keep their state and still resolve; no action runs again);
 3. the append-only ``audit`` table (:mod:`stormwatch.alerts.responder.audit`), which the
-   audit log used to create on its own, outside the versioned layout.
+   audit log used to create on its own, outside the versioned layout;
+4. at most one audit entry per action and event (``resumed`` excepted): a trigger refuses
+   a second one, so a bug that would audit an action twice aborts its transaction instead.
+   Entries written before (older responders could repeat one after a crash) stay.
 
-A new database takes the three steps in turn; a database of an older version takes the
+A new database takes the four steps in turn; a database of an older version takes the
 ones it lacks when the responder (or ``stormwatch alerts postmortem``) opens it. A file that
 is not the responder's (another program's SQLite, the agent's fault ledger) is refused
 with :class:`NotAResponderDatabase` and left untouched.
@@ -152,6 +155,15 @@ BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 """
 
 
+_V4_AUDIT_ONCE = """
+CREATE INDEX IF NOT EXISTS audit_action_event ON audit (action_id, event);
+CREATE TRIGGER IF NOT EXISTS audit_once_per_action BEFORE INSERT ON audit
+WHEN NEW.action_id IS NOT NULL AND NEW.event != 'resumed' AND EXISTS (
+    SELECT 1 FROM audit WHERE action_id = NEW.action_id AND event = NEW.event)
+BEGIN SELECT RAISE(ABORT, 'the audit log has this event of this action already'); END;
+"""
+
+
 def _group_incidents(conn: sqlite3.Connection) -> None:
     """Schema 1 -> 2: incidents per alert group, each old incident's alert its member."""
     for statement in statements(_V2_GROUPED):
@@ -180,6 +192,7 @@ SCHEMA = Schema(
             rebuilds_tables=True,
         ),
         Migration(3, "append-only audit table", _V3_AUDIT),
+        Migration(4, "one audit entry per action and event", _V4_AUDIT_ONCE),
     ),
     fix=_OTHER_DB,
 )

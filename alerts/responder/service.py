@@ -23,6 +23,7 @@ from stormwatch.alerts.responder.action_runner import ActionRunner, StoreWorker
 from stormwatch.alerts.responder.api import ResponderApi
 from stormwatch.alerts.responder.audit import AuditLog
 from stormwatch.alerts.responder.auth import read_token
+from stormwatch.alerts.responder.crashpoints import CrashPoints
 from stormwatch.alerts.responder.guards import Guardrails
 from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.alerts.responder.store import Store
@@ -44,6 +45,10 @@ class Responder:
             (default :meth:`Annotator.from_env`: off unless ``STORMWATCH_GRAFANA_URL``
             is set); closed on exit.
 
+    Raises:
+        ConfigError: a bad test-only crash point (``STORMWATCH_RESPONDER_CRASH_AT``,
+            :mod:`~stormwatch.alerts.responder.crashpoints`).
+
     Raises (on enter):
         ConfigError: unreadable token file, or a bad Prometheus URL.
         StoreError: the database cannot be opened.
@@ -63,6 +68,7 @@ class Responder:
         self._playbook = playbook
         self._clock = clock
         self._token = read_token(settings.token_file, "token_file")
+        self._crash = CrashPoints.from_env()
         self._stack = AsyncExitStack()
         self.url = ""
 
@@ -85,10 +91,15 @@ class Responder:
         self._stack.callback(db.close)
         audit = AuditLog(settings.db_path, settings.audit_path)
         self._stack.callback(audit.close)
-        guardrails = Guardrails(settings.policy, audit, clock=self._clock)
+        guardrails = Guardrails(settings.policy, audit, clock=self._clock, crash=self._crash)
         self._stack.push_async_callback(asyncio.to_thread, self.annotator.close)
         runner = ActionRunner(
-            db, playbook, clock=self._clock, guardrails=guardrails, annotator=self.annotator
+            db,
+            playbook,
+            clock=self._clock,
+            guardrails=guardrails,
+            annotator=self.annotator,
+            crash=self._crash,
         )
         self._stack.push_async_callback(runner.aclose)
         postmortems = None
@@ -111,8 +122,11 @@ class Responder:
         )
         await self._listen(api.application())
         pending = await db.run(
-            lambda s: s.recover(now=self._clock(), retry_safe=playbook.retry_safe)
+            lambda s: s.recover(
+                now=self._clock(), retry_safe=playbook.retry_safe, entry=guardrails.entry
+            )
         )
+        await asyncio.to_thread(audit.sync_mirror)  # the recovery's entries
         for action_id in pending:
             runner.submit(action_id)
         log.info("responder listening on %s (%d actions resumed)", self.url, len(pending))

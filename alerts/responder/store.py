@@ -10,7 +10,11 @@ Deduplication (FC-12) lives here, inside one transaction per notification:
 * an incident's actions are created with it (or when a member with another
   alert name joins), unique per (incident, kind), and are claimed
   (pending -> running) atomically, so no action runs twice, also across
-  responder restarts (the database is the only state).
+  responder restarts (the database is the only state);
+* an action's final status and its audit entry are written in one transaction
+  (:meth:`Store.finish_action`), and so are the recovery's decisions after a restart
+  with theirs (:meth:`Store.recover`): a SIGKILL leaves both or neither, so no action is
+  audited twice or run again after it finished.
 
 The layout is versioned (:mod:`stormwatch.alerts.responder.schema`): an older
 database is migrated in place when it is opened, a newer one is refused with a
@@ -30,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from stormwatch.alerts.errors import NotAResponderDatabase, StoreError
+from stormwatch.alerts.responder.audit import (
+    OUTCOME_EVENTS,
+    AuditEntry,
+    AuditEvent,
+    insert_entry,
+)
 from stormwatch.alerts.responder.incidents import (
     Ingested,
     apply_deliveries,
@@ -40,6 +50,11 @@ from stormwatch.alerts.responder.payload import WebhookAlert, WebhookMessage
 from stormwatch.alerts.responder.schema import EXPECTED, open_responder_db
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord, NotificationRecord
 from stormwatch.sqlite import transaction
+
+#: Builds the audit entry of a recovery decision: (event, kind, action id, incident, reason).
+EntryFor = Callable[[AuditEvent, str, int, IncidentRecord, str], AuditEntry]
+#: Final action status for an outcome event an older responder audited but did not store.
+_OUTCOME_STATUS = {"succeeded": "succeeded", "dry_run": "succeeded", "failed": "failed"}
 
 
 class Store:
@@ -169,30 +184,54 @@ class Store:
             raise StoreError(f"{self.path}: cannot claim action {action_id}: {exc}") from exc
 
     def finish_action(
-        self, action_id: int, *, status: str, detail: str, data: dict[str, Any], now: float
-    ) -> None:
-        """Record a running action's final state (``succeeded``, ``failed`` or ``skipped``).
+        self,
+        action_id: int,
+        *,
+        status: str,
+        detail: str,
+        data: dict[str, Any],
+        now: float,
+        audit: AuditEntry | None = None,
+    ) -> bool:
+        """Record a running action's final state (``succeeded``, ``failed`` or ``skipped``)
+        and its audit entry, in one transaction; False when it was not running (nothing
+        written).
 
         Raises:
-            StoreError: the database could not be updated.
+            StoreError: the database could not be updated (nothing was written).
         """
         try:
             with self._transaction() as db:
-                db.execute(
+                cur = db.execute(
                     "UPDATE actions SET status = ?, detail = ?, data = ?, finished_at = ?"
                     " WHERE id = ? AND status = 'running'",
                     (status, detail, json.dumps(data), now, action_id),
                 )
+                if cur.rowcount != 1:
+                    return False
+                if audit is not None:
+                    insert_entry(db, audit)
+                return True
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot finish action {action_id}: {exc}") from exc
 
-    def recover(self, *, now: float, retry_safe: Callable[[str], bool]) -> list[int]:
+    def recover(
+        self, *, now: float, retry_safe: Callable[[str], bool], entry: EntryFor | None = None
+    ) -> list[int]:
         """After a restart: decide what happens to actions a previous run left unfinished.
 
-        A ``running`` action was interrupted. If its kind is retry-safe (read-only,
-        e.g. ``confirm_restart``) it goes back to ``pending``; otherwise it is
-        marked ``failed`` and never re-run (at most once). Returns the ids of all
-        ``pending`` actions, to be started.
+        A ``running`` action was interrupted. What its audit entries say decides:
+
+        * an outcome entry (written by an older responder, which stored it apart from
+          the status): the action finished; its status is set from the entry, nothing
+          runs or is audited again;
+        * a retry-safe kind (read-only, e.g. ``confirm_restart``): back to ``pending``,
+          audited ``resumed`` when it had started (it runs on, its ``started`` entry is
+          not repeated);
+        * otherwise ``failed``, audited ``failed``, never re-run (at most once).
+
+        Each decision and its audit entry (built by ``entry``; None: no audit) are one
+        transaction. Returns the ids of all ``pending`` actions, to be started.
 
         Raises:
             StoreError: the database could not be updated.
@@ -200,19 +239,10 @@ class Store:
         try:
             with self._transaction() as db:
                 rows = db.execute(
-                    "SELECT id, kind FROM actions WHERE status = 'running'"
+                    "SELECT id, kind, incident_id FROM actions WHERE status = 'running'"
                 ).fetchall()
                 for row in rows:
-                    if retry_safe(row["kind"]):
-                        db.execute(
-                            "UPDATE actions SET status = 'pending' WHERE id = ?", (row["id"],)
-                        )
-                    else:
-                        db.execute(
-                            "UPDATE actions SET status = 'failed', finished_at = ?, detail = ?"
-                            " WHERE id = ?",
-                            (now, "interrupted by a responder restart; not retried", row["id"]),
-                        )
+                    _recover_one(db, row, now=now, retry_safe=retry_safe, entry=entry)
                 pending = db.execute(
                     "SELECT id FROM actions WHERE status = 'pending' ORDER BY id"
                 ).fetchall()
@@ -279,6 +309,50 @@ class Store:
         return rows[::-1]
 
 
+def _recover_one(
+    db: sqlite3.Connection,
+    row: sqlite3.Row,
+    *,
+    now: float,
+    retry_safe: Callable[[str], bool],
+    entry: EntryFor | None,
+) -> None:
+    """:meth:`Store.recover` for one interrupted action, inside its transaction."""
+    action_id, kind = int(row["id"]), str(row["kind"])
+    events = [
+        (r["event"], r["reason"])
+        for r in db.execute(
+            "SELECT event, reason FROM audit WHERE action_id = ? ORDER BY id", (action_id,)
+        ).fetchall()
+    ]
+    outcomes = [(event, reason) for event, reason in events if event in OUTCOME_EVENTS]
+    if outcomes:
+        event, reason = outcomes[-1]
+        db.execute(
+            "UPDATE actions SET status = ?, detail = ?, finished_at = ? WHERE id = ?",
+            (_OUTCOME_STATUS.get(event, "skipped"), reason, now, action_id),
+        )
+        return
+    started = any(event == "started" for event, _ in events)
+    audit: tuple[AuditEvent, str] | None
+    if retry_safe(kind):
+        db.execute("UPDATE actions SET status = 'pending' WHERE id = ?", (action_id,))
+        audit = ("resumed", "interrupted by a responder restart; resumed") if started else None
+    else:
+        when = "while running" if started else "before it started"
+        detail = f"interrupted by a responder restart {when}; not retried"
+        db.execute(
+            "UPDATE actions SET status = 'failed', finished_at = ?, detail = ? WHERE id = ?",
+            (now, detail, action_id),
+        )
+        audit = ("failed", detail)
+    if audit is not None and entry is not None:
+        [incident] = incident_records(
+            db, read_incidents(db, "id = ?", (row["incident_id"],)), min_id=row["incident_id"]
+        )
+        insert_entry(db, entry(audit[0], kind, action_id, incident, audit[1]))
+
+
 def _rowid(cur: sqlite3.Cursor) -> int:
     rowid = cur.lastrowid
     if rowid is None:  # pragma: no cover - sqlite always sets it after an INSERT
@@ -292,4 +366,4 @@ def _action(row: sqlite3.Row) -> ActionRecord:
     return ActionRecord(**data)
 
 
-__all__ = ["Ingested", "Store"]
+__all__ = ["EntryFor", "Ingested", "Store"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from stormwatch.contracts import inventory
 from stormwatch.dashboards import render as dashboards
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.errors import LabError
@@ -29,6 +30,13 @@ AGENT_SCRAPE_JOB = "stormwatch-agent"
 PROMETHEUS_BINARY = "prometheus"
 ALERTMANAGER_BINARY = "prometheus-alertmanager"
 PROMTOOL_BINARY = "promtool"
+#: Prometheus' ``--rules.alert.for-grace-period``: no longer than the shortest ``for`` of the
+#: shipped rules (StormwatchTrainingHung, 30 s), so that after a Prometheus restart every
+#: pending or firing alert has its ``for`` state restored from ``ALERTS_FOR_STATE``
+#: (Prometheus skips alerts whose ``for`` is shorter than the grace period: they start
+#: pending again); the default 10 m restores none of ours. docs/runbooks.md, "Prometheus
+#: restarts".
+ALERT_FOR_GRACE_PERIOD = "30s"
 
 
 @dataclass(frozen=True)
@@ -95,23 +103,29 @@ def rules_dir() -> Path:
     return path
 
 
-def prometheus_config(state: LabState, rules: Path | None) -> dict[str, Any]:
+def prometheus_config(
+    state: LabState, rules: Path | None, inventory: Path | None = None
+) -> dict[str, Any]:
     """The lab's ``prometheus.yml`` as data.
 
     Scrapes every agent (one static target per node, labelled ``node``, with
     ``honor_labels`` so trainer series keep their ``job`` label) and
-    Prometheus itself every ``scrape_interval``; evaluates ``rules/*.yml``;
-    sends alerts to the lab's Alertmanager.
+    Prometheus itself every ``scrape_interval``; evaluates ``rules/*.yml`` and the
+    expected inventory ``inventory`` (:func:`write_inventory`); sends alerts to the
+    lab's Alertmanager.
     """
     config = state.config
     interval = go_duration(config.scrape_interval)
+    rule_files = [str(rules / "*.yml")] if rules is not None else []
+    if inventory is not None:
+        rule_files.append(str(inventory))
     return {
         "global": {
             "scrape_interval": interval,
             "scrape_timeout": interval,
             "evaluation_interval": interval,
         },
-        "rule_files": [str(rules / "*.yml")] if rules is not None else [],
+        "rule_files": rule_files,
         "alerting": {
             "alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{config.alertmanager_port}"]}]}
@@ -139,12 +153,28 @@ def prometheus_config(state: LabState, rules: Path | None) -> dict[str, Any]:
     }
 
 
-def write_prometheus_config(state: LabState, paths: RunPaths, rules: Path | None) -> Path:
+def write_prometheus_config(
+    state: LabState, paths: RunPaths, rules: Path | None, inventory: Path | None = None
+) -> Path:
     """Write ``<run>/prometheus/prometheus.yml`` and return its path."""
     paths.prometheus_dir.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(prometheus_config(state, rules), sort_keys=False)
+    text = yaml.safe_dump(prometheus_config(state, rules, inventory), sort_keys=False)
     paths.prometheus_config.write_text(text)
     return paths.prometheus_config
+
+
+def write_inventory(state: LabState, paths: RunPaths) -> Path:
+    """Write the expected inventory, every node of the lab, to
+    ``<run>/prometheus/inventory.yml`` (:mod:`stormwatch.contracts.inventory`, what
+    ``stormwatch alerts config inventory`` writes): the rules of ``targets.yml`` alert for
+    a node whose agent is not a target, however long.
+
+    Raises:
+        ConfigError: the file cannot be written.
+    """
+    paths.prometheus_dir.mkdir(parents=True, exist_ok=True)
+    nodes = [node.name for node in state.nodes]
+    return inventory.write_inventory(nodes, paths.prometheus_inventory)
 
 
 def write_grafana_files(state: LabState, paths: RunPaths) -> Path:
@@ -259,6 +289,7 @@ def prometheus_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Serv
         f"--web.listen-address=127.0.0.1:{config.prometheus_port}",
         "--web.enable-lifecycle",
         "--storage.tsdb.retention.time=2d",
+        f"--rules.alert.for-grace-period={ALERT_FOR_GRACE_PERIOD}",
     )
     return ServiceSpec("prometheus", cmd, f"{state.prometheus_url}/-/ready")
 
@@ -328,6 +359,7 @@ def service_specs(state: LabState, paths: RunPaths) -> list[ServiceSpec]:
 
 __all__ = [
     "AGENT_SCRAPE_JOB",
+    "ALERT_FOR_GRACE_PERIOD",
     "ROOT_SERVICES",
     "ServiceSpec",
     "agent_spec",
@@ -345,5 +377,6 @@ __all__ = [
     "stormwatch_command",
     "write_alertmanager_config",
     "write_grafana_files",
+    "write_inventory",
     "write_prometheus_config",
 ]

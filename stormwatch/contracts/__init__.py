@@ -8,6 +8,8 @@ another reads, declared once.
   read by the experiment and incident post-mortems.
 * :mod:`.fault_ledger`: a row of the controller's fault ledger, written by the chaos
   ledger, embedded in every journal.
+* :mod:`.inventory`: the expected inventory of agents (a Prometheus rule file), written by
+  ``stormwatch alerts config inventory`` and the lab, read by Prometheus for the alert rules.
 
 Each module's docstring names its writer; every reader uses the model.
 """

@@ -1,4 +1,5 @@
-"""Fixtures for the alerts tests: a real responder process, a Prometheus stand-in, HTTP helpers.
+"""Fixtures for the alerts tests: a real responder process, a lab run directory for its lab
+backend, a Prometheus stand-in, HTTP helpers.
 
 Everything listens on 127.0.0.1 with ports chosen by the kernel, and is
 stopped at the end of the test.
@@ -28,6 +29,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+
+from stormwatch.lab import Lab
+from stormwatch.lab.config import LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore, plan_state
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 
@@ -82,6 +88,8 @@ class ResponderProcess:
     args: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
+    #: Extra environment of the next start (e.g. a test-only crash point).
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self, timeout: float = 30.0) -> ResponderProcess:
         cmd = [
@@ -98,7 +106,9 @@ class ResponderProcess:
             *self.args,
         ]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log)
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, **self.env}
+            )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
@@ -159,10 +169,13 @@ def token_file(tmp_path: Path) -> tuple[str, Path]:
 def start_responder(
     tmp_path: Path, token_file: tuple[str, Path]
 ) -> Iterator[Callable[..., ResponderProcess]]:
-    """Start a responder: ``start_responder(*extra_args, db=None)``; all are stopped afterwards."""
+    """Start a responder: ``start_responder(*extra_args, db=None, env=None)``; all are stopped
+    afterwards."""
     started: list[ResponderProcess] = []
 
-    def start(*args: str, db: Path | None = None) -> ResponderProcess:
+    def start(
+        *args: str, db: Path | None = None, env: dict[str, str] | None = None
+    ) -> ResponderProcess:
         if "--postmortem-dir" not in args:  # post-mortems only where a test looks at them
             args = (*args, "--no-postmortems")
         token, path = token_file
@@ -172,6 +185,7 @@ def start_responder(
             token_file=path,
             log=tmp_path / f"responder-{len(started)}.log",
             args=args,
+            env=dict(env or {}),
         )
         started.append(proc)
         return proc.start()
@@ -179,6 +193,19 @@ def start_responder(
     yield start
     for proc in started:
         proc.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Path:
+    """A lab run directory with lab.json and the lab's target file naming two nodes and
+    their metrics dirs."""
+    paths = RunPaths.of(tmp_path / "run")
+    state = plan_state(paths, LabConfig(nodes=2))
+    for node in state.nodes:  # <run>/nodes/<name>/metrics
+        node.metrics_dir.mkdir(parents=True)
+    StateStore(paths).save(state)
+    Lab(paths.run_dir)._write_target_file(state)  # what the responder reads
+    return paths.run_dir
 
 
 @pytest.fixture(scope="module")

@@ -202,6 +202,12 @@ ROUTING_CASES = [
         id="warning-node-alert-grouped-by-node",
     ),
     pytest.param(
+        {"alertname": "StormwatchAgentUnavailable", "severity": "warning", "node": "n0"},
+        "stormwatch-responder-warning",
+        'StormwatchNvlink.*",severity="warning"',
+        id="flapping-agent-grouped-by-node",
+    ),
+    pytest.param(
         {"alertname": "StormwatchTrainingHung", "severity": "critical", "job": "j"},
         "stormwatch-responder-critical",
         '{severity="critical"}',
@@ -272,3 +278,10 @@ def test_inhibitions_mute_a_down_nodes_alerts_and_a_lost_gpus_other_alerts(gener
     gpu_lost = by_source[('alertname="StormwatchGpuLost"',)]
     assert gpu_lost["equal"] == ["node", "gpu"]
     assert 'alertname!="StormwatchGpuLost"' in gpu_lost["target_matchers"]
+
+
+def test_an_agent_gone_from_discovery_mutes_its_unavailability(generated: Path) -> None:
+    rules = yaml.safe_load(generated.read_text())["inhibit_rules"]
+    [rule] = [r for r in rules if r["source_matchers"] == ['alertname="StormwatchAgentDown"']]
+    assert rule["target_matchers"] == ['alertname="StormwatchAgentUnavailable"']
+    assert rule["equal"] == ["node"]

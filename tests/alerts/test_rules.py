@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from stormwatch.alerts import RANK_STALLED, check_rules, rule_files, rule_test_files, run_rule_tests
+from stormwatch.alerts import (
+    INVENTORY_METRIC,
+    RANK_STALLED,
+    check_rules,
+    rule_files,
+    rule_test_files,
+    run_rule_tests,
+)
 from stormwatch.alerts.durations import parse_duration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,6 +182,9 @@ AWAITING_CATALOGUE: dict[str, str] = {}
 
 #: Series Prometheus writes itself (per scrape target, or for alerts).
 PROMETHEUS_INTERNAL = frozenset({"up", "scrape_duration_seconds", "ALERTS", "ALERTS_FOR_STATE"})
+#: Series from outside the agents the rules compare them with: the expected inventory
+#: (the rule file of `stormwatch alerts config inventory`) and kube-state-metrics.
+EXTERNAL_INPUTS = frozenset({INVENTORY_METRIC, "kube_daemonset_status_desired_number_scheduled"})
 
 _PROMQL_WORDS = frozenset(
     {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
@@ -248,6 +258,7 @@ def test_every_metric_the_rules_use_is_catalogued_recorded_or_internal(
         _catalogue_names()
         | {r["record"] for r in _rules() if "record" in r}
         | PROMETHEUS_INTERNAL
+        | EXTERNAL_INPUTS
         | set(AWAITING_CATALOGUE)
     )
     unknown = _metric_names(rule["expr"]) - known
@@ -277,8 +288,6 @@ PROMTOOL_CASES = {
     "agent_test.yml": ["render_slow_fires_before_the_scrape_timeout_and_resolves"],
     "nodes_test.yml": [
         "node_down_fires_after_1m_and_resolves",
-        "agent_target_vanishes_from_discovery_fires_and_resolves_when_back",
-        "no_agent_target_at_all_fires_absent_and_resolves",
         "agent_flapping_fires_without_node_down_and_resolves",
         "scrape_slow_fires_and_resolves",
     ],
@@ -296,6 +305,16 @@ PROMTOOL_CASES = {
         "checkpoint_failing_fires_on_a_failed_save_and_resolves",
         "collective_bus_bandwidth_drop_fires_and_resolves",
         "fc14_straggler_fires_and_resolves",
+    ],
+    "targets_test.yml": [
+        "agent_expected_by_the_inventory_alerts_until_it_is_back_even_after_hours",
+        "agent_gone_without_inventory_alerts_for_an_hour_from_memory",
+        "agent_target_down_is_not_gone_from_discovery",
+        "no_agent_target_at_all_fires_absent_and_resolves",
+        "prometheus_restarted_without_its_data_still_alerts_for_a_gone_agent",
+        "agent_away_45s_of_every_5m_fires_unavailable_and_resolves",
+        "daemonset_wants_more_agents_than_discovery_returns_fires_and_resolves",
+        "ranks_of_a_running_job_no_agent_shows_fire_and_resolve",
     ],
     "gpu_test.yml": [
         "fc03_xid_fires_once_by_class_and_resolves_by_itself",
@@ -355,3 +374,53 @@ def test_fc03_xid_case_catches_a_rule_blind_to_counters_created_at_one(tmp_path:
 
 def test_the_playbook_alert_is_a_shipped_alert() -> None:
     assert RANK_STALLED in {a["alert"] for a in _alerts()}
+
+
+# -- targets against the expected inventory (targets.yml) ------------------------------
+
+_TARGET_CASES = {
+    "vanish": "agent_expected_by_the_inventory_alerts_until_it_is_back_even_after_hours",
+    "flap": "agent_away_45s_of_every_5m_fires_unavailable_and_resolves",
+    "restart": "prometheus_restarted_without_its_data_still_alerts_for_a_gone_agent",
+}
+
+
+def test_agent_gone_from_discovery_alerts_until_it_is_back_however_long(tmp_path: Path) -> None:
+    run = _run_case(tmp_path, _TARGET_CASES["vanish"])
+    assert run.ok, run.output
+
+
+def test_agent_away_45s_of_every_5m_fires_the_availability_alert(tmp_path: Path) -> None:
+    run = _run_case(tmp_path, _TARGET_CASES["flap"])
+    assert run.ok, run.output
+
+
+def test_prometheus_restarted_without_its_data_still_alerts_for_a_gone_agent(
+    tmp_path: Path,
+) -> None:
+    run = _run_case(tmp_path, _TARGET_CASES["restart"])
+    assert run.ok, run.output
+
+
+def test_target_cases_catch_rules_that_ignore_the_inventory(tmp_path: Path) -> None:
+    """Without the inventory (what the rules were before), the vanish, flap and restart
+    cases fail: the alert ended an hour after the target left, a target away 45 s of
+    every 5 m fired nothing, a restart without data forgot the gone target."""
+    [path] = [p for p in rule_files() if p.name == "targets.yml"]
+    text = path.read_text()
+    branch = (
+        "            max by (node) (stormwatch_inventory_agent_expected)\n"
+        '            unless on (node) up{job="stormwatch-agent"}\n'
+    )
+    expected = "          0 * max by (node) (stormwatch_inventory_agent_expected)\n"
+    assert branch in text and expected in text
+    broken = tmp_path / "targets.yml"
+    broken.write_text(
+        text.replace(branch, "            absent(nothing_at_all)\n").replace(
+            expected, "          absent(nothing_at_all)\n"
+        )
+    )
+    assert check_rules([broken]).ok
+    for name in _TARGET_CASES.values():
+        run = _run_case(tmp_path, name, rules=[broken])
+        assert not run.ok, f"{name} passed against rules without the inventory"

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 FAKE_SRUN = """#!/bin/bash
 # Drop srun's own options, then run the step once per node (in order, like one task per node).
 while [[ "$1" == --* ]]; do shift; done
@@ -161,3 +163,16 @@ def test_the_scrape_config_is_accepted_by_promtool(kit: Any, tmp_path: Path) -> 
         ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_slurm_scrape_job_is_the_one_the_agent_rules_select(kit: Any) -> None:
+    """The rules select the agents by `up{job="stormwatch-agent"}`: a scrape job named
+    otherwise (it was `stormwatch-agents`) leaves every agent and target alert blind."""
+    from stormwatch.alerts import rule_files
+
+    document = yaml.safe_load((kit.deploy / "slurm" / "prometheus-scrape.yml").read_text())
+    [job] = document["scrape_configs"]
+    selector = f'job="{job["job_name"]}"'
+    for name in ("nodes.yml", "targets.yml"):
+        [path] = [p for p in rule_files() if p.name == name]
+        assert selector in path.read_text(), (name, selector)

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.policy import load_policy
 from stormwatch.dashboards import build_all
 from stormwatch.lab import LabConfig
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import (
     AGENT_SCRAPE_JOB,
+    ALERT_FOR_GRACE_PERIOD,
     agent_spec,
     check_prometheus_config,
     go_duration,
@@ -26,6 +28,7 @@ from stormwatch.lab.services.definitions import (
     stormwatch_command,
     write_alertmanager_config,
     write_grafana_files,
+    write_inventory,
     write_prometheus_config,
 )
 from stormwatch.lab.state import plan_state
@@ -39,7 +42,9 @@ def test_generated_prometheus_config_passes_promtool_with_shipped_rules(tmp_path
     state = plan_state(paths, LabConfig())
     rules = rules_dir()
     assert list(rules.glob("*.yml")), "stormwatch alerts ships no rule files"
-    path = write_prometheus_config(state, paths, rules)
+    inventory = write_inventory(state, paths)
+    path = write_prometheus_config(state, paths, rules, inventory)
+    assert yaml.safe_load(path.read_text())["rule_files"] == [f"{rules}/*.yml", str(inventory)]
     out = subprocess.run(
         ["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60
     )
@@ -160,3 +165,32 @@ def test_the_responder_acts_with_the_labs_target_file(tmp_path: Path) -> None:
     assert command[command.index("--target") + 1] == str(paths.target_file)
     assert "--lab-run-dir" not in command and "--platform" not in command
     assert "--prometheus-url" not in command  # the target file's
+
+
+def test_lab_inventory_expects_an_agent_on_every_node(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    state = plan_state(paths, LabConfig(nodes=3))
+    document = yaml.safe_load(write_inventory(state, paths).read_text())
+    [group] = document["groups"]
+    assert [(r["record"], r["expr"], r["labels"]) for r in group["rules"]] == [
+        ("stormwatch_inventory_agent_expected", "vector(1)", {"node": f"node{i}"}) for i in range(3)
+    ]
+
+
+def test_alert_state_of_every_shipped_rule_survives_a_prometheus_restart(tmp_path: Path) -> None:
+    """Prometheus restores an alert's `for` state after a restart only when the `for` is at
+    least --rules.alert.for-grace-period: the lab's is no longer than any shipped `for`."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("needs the prometheus binary")
+    fors = [
+        parse_duration(rule["for"], "for")
+        for path in rules_dir().glob("*.yml")
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "for" in rule
+    ]
+    assert parse_duration(ALERT_FOR_GRACE_PERIOD, "grace") <= min(fors)
+    paths = RunPaths.of(tmp_path)
+    config = LabConfig()
+    cmd = prometheus_spec(config, plan_state(paths, config), paths).cmd
+    assert f"--rules.alert.for-grace-period={ALERT_FOR_GRACE_PERIOD}" in cmd
