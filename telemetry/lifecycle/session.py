@@ -54,7 +54,7 @@ class PhaseContext:
 
     def __exit__(self, *exc_info: object) -> None:
         if self._session is not None and self._spec is not None:
-            self._session._leave_phase(self._spec)
+            self._session._leave_phase(self._spec, failed=exc_info[0] is not None)
 
 
 class Session:
@@ -98,6 +98,9 @@ class Session:
         self._tracing: Any = None  # stormwatch.telemetry.tracing.RankTracing, once traced
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
+        # the innermost phase an exception left since the last step mark or phase entry:
+        # what a dump written after the exception unwound names
+        self._failed_phase: str | None = None
         self._exits = ExitHooks(self._at_exit, self._on_signal)
 
     # ------------------------------------------------------------------ identity
@@ -192,6 +195,7 @@ class Session:
         self._ensure_started(args.step)
         with self._lock:
             seconds = self._steps.lap()
+            self._failed_phase = None
         if self.settings.collectives:
             self._collectives.always_if_initialised()
         wait = self._collectives.step_wait(seconds)
@@ -262,12 +266,15 @@ class Session:
         bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
         with self._lock:
             outermost = self._steps.enter(spec)
+            self._failed_phase = None
         if outermost:
             self._telemetry.phase(spec.name, deadline=self._clock() + bound)
 
     @never_raises()
-    def _leave_phase(self, spec: PhaseSpec) -> None:
+    def _leave_phase(self, spec: PhaseSpec, *, failed: bool = False) -> None:
         with self._lock:
+            if failed and self._failed_phase is None:
+                self._failed_phase = spec.name
             left = self._steps.leave(spec)
         if left:
             self._telemetry.phase(spec.name, deadline=0.0)
@@ -317,7 +324,14 @@ class Session:
                 exc,
             )
             return
+        hooks.around_init(self._rendezvous)  # a heartbeat, and a stage, before the group
         hooks.when_initialised(self._count_always)
+
+    def _rendezvous(self) -> contextlib.AbstractContextManager[Any]:
+        """The ``rendezvous`` phase around ``init_process_group`` (nothing once shut down)."""
+        if self._closed:
+            return contextlib.nullcontext()
+        return self.phase("rendezvous")
 
     @never_raises()
     def _count_always(self) -> None:
@@ -373,6 +387,8 @@ class Session:
         returns its path, or ``None`` (no dump folder, or it could not be written)."""
         last = self._last_step if self._last_step is not None else self._resumed
         self._dumper.step = (last or 0) + 1 if self._started else None
+        with self._lock:
+            self._dumper.phase = self._steps.innermost() or self._failed_phase
         return self._dumper.dump(reason)
 
     # ------------------------------------------------------------------ spans
