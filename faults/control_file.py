@@ -64,14 +64,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from stormwatch.telemetry.phases import STARTUP_STAGES
-
 log = logging.getLogger(__name__)
 
 #: Phases of a save at which ``checkpoint_kill`` may fire, in the order a save passes them.
 CHECKPOINT_PHASES = ("before_shards", "before_metadata", "before_marker")
-#: Start-up stages at which ``stage_hang``/``stage_kill``/``stage_freeze`` may fire, in order.
-STAGES = STARTUP_STAGES
+#: Start-up stages at which ``stage_hang``/``stage_kill``/``stage_freeze`` may fire, in order:
+#: :data:`stormwatch.telemetry.phases.STARTUP_STAGES` (not imported: telemetry reaches this
+#: package through the shared contracts; a test checks they are the same).
+STAGES = ("rendezvous", "mesh", "parallelize", "checkpoint_load")
 Stage = Literal["rendezvous", "mesh", "parallelize", "checkpoint_load"]
 #: Seconds a frozen rank stays stopped (``seconds`` of the freeze points): None = until killed.
 FreezeSeconds = Annotated[float | None, Field(default=None, gt=0, le=3600)]
