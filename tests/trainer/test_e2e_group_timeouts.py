@@ -14,7 +14,9 @@ faults armed on rank 3 through its control file:
   the fix those groups had torch's 30 minutes, the peers simply waited for the frozen
   rank to resume and the attempt finished without a restart;
 * attempt 1: the rank is killed (SIGKILL) before the first collective of another group;
-  its peers fail within the detection budget;
+  its peers fail within the timeout plus the budget (at once when the dead rank's
+  connections close; by the timeout when they wait in the store for a group it never
+  joined, where torchrun's SIGTERM handler cannot run until the wait returns);
 * attempt 2 (torchrun's second restart): trains to the end.
 
 Checks the outcome and bounds generous enough for the niced background tier (``untimed``).
@@ -87,12 +89,17 @@ def _fault_time(run: Any, point: str, attempt: int) -> float:
     return float(event.time)
 
 
-def _last_group(dump: DumpRecord) -> str:
-    """The description of the process group of the dump's last flight-recorder entry."""
+def _waiting_in(dump: DumpRecord) -> str:
+    """The mesh dimension of the collective the rank was waiting in: the last of the
+    trainer's own record never completed (collectives of a step), else the group of the
+    flight recorder's last entry (set-up; gloo's recorder has no send/recv)."""
+    pending = [c for c in dump.collectives if isinstance(c, dict) and c.get("seconds", 0) is None]
+    if pending:
+        return str(pending[-1].get("mesh_dim"))
     recorder = dump.flight_recorder if isinstance(dump.flight_recorder, dict) else {}
     entries = recorder.get("entries") or [{}]
     group = entries[-1].get("process_group") or ["", ""]
-    return str(group[1])
+    return str(group[1]).removeprefix("mesh_")
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -119,7 +126,8 @@ def test_a_frozen_or_killed_rank_fails_every_layout_within_the_timeout_and_is_re
     assert first.time is not None
     print(f"frozen: a peer timed out {first.time - frozen_at:.1f} s after the freeze")
     assert first.time - frozen_at <= TIMEOUT_SECONDS + DETECTION_BUDGET
-    assert _last_group(first).startswith("mesh_"), _last_group(first)  # not the default group
+    # a sub-group's collective (torch gave the default group the timeout already)
+    assert _waiting_in(first) in ("tp", "pp", "dp_shard", "dp_replicate"), _waiting_in(first)
 
     # attempt 1: every survivor of the killed rank failed within the budget
     killed_at = _fault_time(run, kill["point"], 1)
@@ -127,4 +135,9 @@ def test_a_frozen_or_killed_rank_fails_every_layout_within_the_timeout_and_is_re
     late = [(d.rank, d.time and round(d.time - killed_at, 1)) for d in survivors]
     print(f"killed: the survivors dumped after {late} s")
     assert len(survivors) == 3
-    assert all(d.time is not None and d.time - killed_at <= DETECTION_BUDGET for d in survivors)
+    # a survivor blocked in C++ (a store wait, a collective) runs torchrun's SIGTERM handler
+    # only when that call returns: by the timeout at the latest
+    assert all(
+        d.time is not None and d.time - killed_at <= TIMEOUT_SECONDS + DETECTION_BUDGET
+        for d in survivors
+    )
