@@ -19,7 +19,9 @@ from stormwatch.postmortem import (
     RankHang,
     find_culprit,
 )
+from stormwatch.postmortem.experiment import EXPERIMENT_ALERT_KEYS
 from stormwatch.postmortem.incident import summary_rows
+from stormwatch.postmortem.text import alert_label
 
 AT = 1000.0
 
@@ -70,3 +72,14 @@ def test_a_hang_in_no_phase_names_none() -> None:
     culprit = find_culprit(_clues([RankHang(AT, 1, "node1", None)], [RankDump(rank=1)]))
     assert culprit.phase is None
     assert not any("stage" in line for line in culprit.evidence)
+
+
+def test_both_post_mortems_show_the_stage_label_of_the_hang_alert() -> None:
+    labels = {"job": "j", "rank": "1", "phase": "mesh", "severity": "critical", "node": "n1"}
+    incident = alert_label("StormwatchRankHungInPhase", labels)
+    experiment = alert_label("StormwatchRankHungInPhase", labels, EXPERIMENT_ALERT_KEYS)
+    assert (
+        incident
+        == "StormwatchRankHungInPhase{job=j, rank=1, node=n1, phase=mesh, severity=critical}"
+    )
+    assert experiment == "StormwatchRankHungInPhase{job=j, rank=1, phase=mesh, severity=critical}"
