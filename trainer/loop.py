@@ -10,10 +10,10 @@ Order of operations (each rank, collectively):
    (stage ``parallelize``: PP split, TP, then FSDP2 / HSDP: :func:`parallelize`),
    AdamW over this rank's parameters (its pipeline stage's, with PP);
 4. the CPU RNG re-seeded per data-parallel rank (dropout); ranks of one TP
-   group share the stream, so their dropout masks agree; then a check that
-   every process group of the rank has the collective timeout;
-5. resume from the latest complete checkpoint (stage ``checkpoint_load``;
-   restores step, sampler, RNG);
+   group share the stream, so their dropout masks agree;
+5. the checkpointer (its own process group in async mode), a check that every
+   process group of the rank has the collective timeout, and the resume from the
+   latest complete checkpoint (stage ``checkpoint_load``; restores step, sampler, RNG);
 6. steps (:mod:`stormwatch.trainer.steps`): forward, backward (with PP: the
    pipeline schedule, micro-batches sent between stages), the global gradient norm over every stage (one
    world all-reduce, not counted with the step's collectives), optimizer
@@ -258,13 +258,13 @@ def _run(
     budget = FailureBudget(
         config.checkpoint.failures_allowed, functools.partial(_save_failed, session)
     )
-    checkpointer = _checkpointer(
-        config, env, dims, built, sampler, budget, session, control, group.timeout
-    )
-    # Every group exists now (the mesh's, the pipeline's, the async checkpoint's): each
-    # must time out like the default group, or a lost peer blocks it for 30 minutes.
-    check_group_timeouts(group.timeout)
     with _stage("checkpoint_load", session, control), session.span("checkpoint_load"):
+        checkpointer = _checkpointer(  # async mode: makes its own process group
+            config, env, dims, built, sampler, budget, session, control, group.timeout
+        )
+        # Every group exists now (the mesh's, the pipeline's, the async checkpoint's): each
+        # must time out like the default group, or a lost peer blocks it for 30 minutes.
+        check_group_timeouts(group.timeout)
         resumed = checkpointer.load_latest()
     _announce_start(config, env, dims, session, progress, resumed, checkpointer, sampler)
     counter = session.collective_counter()
