@@ -13,7 +13,11 @@ atomically (a temporary file, then a rename)::
       {"point": "error_at_step", "step": 12},
       {"point": "checkpoint_now", "requested_at": 1767225000.0},
       {"point": "kill_at_step", "step": 6, "attempt": 0},
-      {"point": "checkpoint_kill", "phase": "before_marker", "step": 4, "attempt": 0}
+      {"point": "checkpoint_kill", "phase": "before_marker", "step": 4, "attempt": 0},
+      {"point": "freeze_at_step", "step": 1, "seconds": 8, "attempt": 0},
+      {"point": "stage_hang", "stage": "mesh", "attempt": 0},
+      {"point": "stage_kill", "stage": "parallelize", "attempt": 1},
+      {"point": "stage_freeze", "stage": "checkpoint_load", "seconds": 8, "attempt": 2}
     ]}
 
 Fault points (:data:`POINTS`):
@@ -35,6 +39,14 @@ Fault points (:data:`POINTS`):
   ``before_metadata``: on rank 0, after every shard and before ``.metadata``;
   ``before_marker``: on rank 0, before the completion marker). In async mode the
   first two fire on the writer thread while training goes on.
+* ``freeze_at_step``: SIGSTOP the rank at the start of ``step`` (before its first
+  collective), SIGCONT after ``seconds`` (by a helper process; without ``seconds`` it
+  stays stopped until killed): a rank that neither progresses, answers nor exits.
+* ``stage_hang``, ``stage_kill``, ``stage_freeze``: at the start of the start-up stage
+  ``stage`` (:data:`STAGES`: ``rendezvous``, before the process group exists; ``mesh``;
+  ``parallelize``; ``checkpoint_load``), inside it (the stage is marked): block until
+  the entry expires or is removed, SIGKILL, or SIGSTOP as ``freeze_at_step``. Read from
+  the file once at each stage: write it before the job starts.
 
 Every entry may carry ``expires_at`` (Unix time: disarmed from then on) and
 ``attempt`` (armed only in that torchrun attempt, ``TORCHELASTIC_RESTART_COUNT``:
@@ -56,6 +68,13 @@ log = logging.getLogger(__name__)
 
 #: Phases of a save at which ``checkpoint_kill`` may fire, in the order a save passes them.
 CHECKPOINT_PHASES = ("before_shards", "before_metadata", "before_marker")
+#: Start-up stages at which ``stage_hang``/``stage_kill``/``stage_freeze`` may fire, in order:
+#: :data:`stormwatch.telemetry.phases.STARTUP_STAGES` (not imported: telemetry reaches this
+#: package through the shared contracts; a test checks they are the same).
+STAGES = ("rendezvous", "mesh", "parallelize", "checkpoint_load")
+Stage = Literal["rendezvous", "mesh", "parallelize", "checkpoint_load"]
+#: Seconds a frozen rank stays stopped (``seconds`` of the freeze points): None = until killed.
+FreezeSeconds = Annotated[float | None, Field(default=None, gt=0, le=3600)]
 
 
 class _Entry(BaseModel):
@@ -120,6 +139,28 @@ class CheckpointKill(_Entry):
         return data
 
 
+class FreezeAtStep(_Entry):
+    point: Literal["freeze_at_step"]
+    step: int = Field(ge=1)
+    seconds: FreezeSeconds = None
+
+
+class StageHang(_Entry):
+    point: Literal["stage_hang"]
+    stage: Stage
+
+
+class StageKill(_Entry):
+    point: Literal["stage_kill"]
+    stage: Stage
+
+
+class StageFreeze(_Entry):
+    point: Literal["stage_freeze"]
+    stage: Stage
+    seconds: FreezeSeconds = None
+
+
 ControlEntry = Annotated[
     SlowStep
     | CollectiveDelay
@@ -127,7 +168,11 @@ ControlEntry = Annotated[
     | ErrorAtStep
     | CheckpointNow
     | KillAtStep
-    | CheckpointKill,
+    | CheckpointKill
+    | FreezeAtStep
+    | StageHang
+    | StageKill
+    | StageFreeze,
     Field(discriminator="point"),
 ]
 
@@ -148,6 +193,10 @@ POINTS = (
     "checkpoint_now",
     "kill_at_step",
     "checkpoint_kill",
+    "freeze_at_step",
+    "stage_hang",
+    "stage_kill",
+    "stage_freeze",
 )
 
 ENTRY: TypeAdapter[ControlEntry] = TypeAdapter(ControlEntry)
@@ -246,6 +295,7 @@ __all__ = [
     "CHECKPOINT_PHASES",
     "ENTRY",
     "POINTS",
+    "STAGES",
     "CheckpointKill",
     "CheckpointNow",
     "CollectiveDelay",
@@ -253,8 +303,12 @@ __all__ = [
     "ControlEntry",
     "ControlFile",
     "ErrorAtStep",
+    "FreezeAtStep",
     "KillAtStep",
     "SlowStep",
+    "StageFreeze",
+    "StageHang",
+    "StageKill",
     "arm",
     "control_path",
     "disarm",

@@ -19,7 +19,10 @@
 
 The source adapters reduce what they read to the neutral :class:`Clues`
 (:class:`RankDump` per dump, :class:`RankExit` per agent exit event, ...);
-:func:`find_culprit` weighs them.
+:func:`find_culprit` weighs them. It also names the phase the hang was stuck in
+(:attr:`Culprit.phase`; before the first step a start-up stage: ``rendezvous``, ``mesh``,
+``parallelize``, ``checkpoint_load``): the culprit's own, else the first, of the agents'
+hang events that name one (:class:`RankHang`), else of the dumps (:attr:`RankDump.phase`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class RankDump(BaseModel):
 
     Attributes:
         rank / attempt / time / reason / step: from the trainer's dump file.
+        phase: the phase the rank was in (e.g. a start-up stage), from the dump file.
         enqueued: process group (``name ranks``) -> last enqueued collective seq.
         behind: groups where this rank enqueued fewer collectives than a peer, with
             how many fewer (:func:`compare_dumps`).
@@ -65,6 +69,7 @@ class RankDump(BaseModel):
     time: float | None = None
     reason: str = ""
     step: int | None = None
+    phase: str | None = None
     enqueued: dict[str, int] = Field(default_factory=dict)
     behind: dict[str, int] = Field(default_factory=dict)
     in_flight: bool = False
@@ -81,6 +86,8 @@ class Culprit(BaseModel):
         evidence: human-readable lines, strongest first.
         chaos_fault_rank: the rank a chaos experiment faulted, when a journal
             covers the incident (a cross-check; never used to name the culprit).
+        phase: the phase the hang was stuck in (a start-up stage before the first
+            step: ``rendezvous``, ``mesh``, ``parallelize``, ``checkpoint_load``), or None.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -91,6 +98,18 @@ class Culprit(BaseModel):
     certain: bool = False
     evidence: list[str] = Field(default_factory=list)
     chaos_fault_rank: int | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class RankHang:
+    """A node agent found ``rank`` hung (its ``rank_hang`` event), inside ``phase`` past the
+    phase's deadline (``None``: in no phase)."""
+
+    time: float
+    rank: int
+    node: str
+    phase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,7 @@ class Clues:
         chaos_fault_ranks: the ranks chaos journals covering the incident faulted, in order.
         stopped_at: when the responder began stopping the job's ranks (a restart), or None:
             the rank exits from then on are the remediation's, not clues to the cause.
+        rank_hangs: the node agents' hang events in the window, by time.
     """
 
     progress: JobProgress
@@ -157,6 +177,7 @@ class Clues:
     rank_nodes: Mapping[int, str] = field(default_factory=dict)
     chaos_fault_ranks: Sequence[int | None] = ()
     stopped_at: float | None = None
+    rank_hangs: Sequence[RankHang] = ()
 
 
 def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
@@ -409,7 +430,41 @@ def find_culprit(clues: Clues) -> Culprit:
         )
     if clues.chaos_fault_ranks:
         found.chaos_fault_rank = clues.chaos_fault_ranks[-1]
+    stuck = stuck_phase(clues.rank_hangs, clues.dumps, found.rank)
+    if stuck is not None:
+        found.phase, line = stuck
+        found.evidence.append(line)
     return found
+
+
+def stuck_phase(
+    hangs: Sequence[RankHang], dumps: Sequence[RankDump], rank: int | None
+) -> tuple[str, str] | None:
+    """``(phase, evidence line)``: where the hang was stuck. The hang event of ``rank`` (the
+    culprit) naming a phase, else the first naming one; else the dump of ``rank`` naming
+    one, else the first; None when nothing names a phase."""
+    named = [h for h in hangs if h.phase]
+    hang = next((h for h in named if h.rank == rank), named[0] if named else None)
+    if hang is not None and hang.phase is not None:
+        return hang.phase, (
+            f"agent on {hang.node} at {format_clock(hang.time)}: rank {hang.rank} hung in "
+            f"{_phase_words(hang.phase)}, past its bound"
+        )
+    with_phase = [d for d in dumps if d.phase]
+    dump = next((d for d in with_phase if d.rank == rank), with_phase[0] if with_phase else None)
+    if dump is not None and dump.phase is not None:
+        return dump.phase, f"rank {dump.rank}'s dump: it was in {_phase_words(dump.phase)}"
+    return None
+
+
+#: The start-up stages (:data:`stormwatch.telemetry.phases.STARTUP_STAGES`, not imported:
+#: the engine imports no rank-side package), as the evidence words them.
+_STARTUP_STAGES = ("rendezvous", "mesh", "parallelize", "checkpoint_load")
+
+
+def _phase_words(phase: str) -> str:
+    """``start-up stage mesh`` or ``phase eval``."""
+    return f"start-up stage {phase}" if phase in _STARTUP_STAGES else f"phase {phase}"
 
 
 __all__ = [
@@ -419,7 +474,9 @@ __all__ = [
     "FirstAlert",
     "RankDump",
     "RankExit",
+    "RankHang",
     "compare_dumps",
     "culprit_from_dumps",
     "find_culprit",
+    "stuck_phase",
 ]

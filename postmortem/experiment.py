@@ -34,7 +34,7 @@ from stormwatch.postmortem.text import (
 from stormwatch.postmortem.timeline import TimelineEvent, timeline_table
 
 #: The labels an experiment's alert is named by (its node is the fault's, shown apart).
-EXPERIMENT_ALERT_KEYS = ("job", "rank", "severity")
+EXPERIMENT_ALERT_KEYS = ("job", "rank", "phase", "severity")
 RecoveredBy = Literal["restart", "fault removed"]
 
 

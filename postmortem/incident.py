@@ -110,6 +110,7 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
             f"{who or 'unknown'} — {culprit.method.replace('_', ' ')}"
             + ("" if culprit.certain else " (uncertain)"),
         ),
+        ("hung in (phase or start-up stage)", culprit.phase or MISSING),
         ("onset", f"{format_clock(pm.onset_at)} ({pm.onset_source or MISSING})"),
         ("time to detect (onset → alert firing)", format_seconds(pm.time_to_detect_seconds)),
         (

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 #: Labels that name where an alert points, in the order they are printed.
-ALERT_LABEL_KEYS = ("job", "rank", "node", "severity")
+ALERT_LABEL_KEYS = ("job", "rank", "node", "phase", "severity")
 #: What is shown for a value that was not observed.
 MISSING = "—"
 

@@ -289,7 +289,10 @@ def step(
 def phase(name: str) -> PhaseContext:
     """``with phase(name):`` marks work that legitimately pauses progress (``name``: one of
     :data:`PHASES`). Inside, neither the agent nor the rules call the rank hung, up to the
-    phase's bound; past it the rank is judged by its heartbeat again."""
+    phase's bound; past it the rank is judged by its heartbeat again, and a hang is named
+    by the phase. Before the first step, mark the start-up stages ``rendezvous`` (done by
+    itself around ``init_process_group`` when collectives are counted), ``mesh``,
+    ``parallelize`` and ``checkpoint_load``: entering one starts the heartbeat."""
     current = _CURRENT.session
     if current is None:
         _before_init("phase")

@@ -25,6 +25,7 @@ def reduce_dump(record: DumpRecord) -> RankDump:
         time=record.time,
         reason=record.reason[:REASON_CHARS],
         step=record.step,
+        phase=record.phase,
     )
     for name, status in record.group_status().items():
         enqueued, completed = status.last_enqueued_collective, status.last_completed_collective

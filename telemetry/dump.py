@@ -4,9 +4,13 @@ When a rank's training ends abnormally it writes ``<dump-dir>/rank<R>.json``
 (``--dump-dir``, default ``<log-dir>/dumps``; a restarted attempt overwrites
 the file with ``attempt`` recorded in it)::
 
-    {"rank", "attempt", "pid", "time", "reason", "step",
+    {"rank", "attempt", "pid", "time", "reason", "step", "phase",
      "flight_recorder": {...} | null, "flight_recorder_error": str | null,
      "collectives": [...]}
+
+* ``phase``: the phase the rank was in when it dumped (the innermost of those
+  entered), e.g. the start-up stage ``mesh`` of a rank that never reached its
+  first step; ``null`` outside every phase (addition).
 
 * ``flight_recorder``: PyTorch's flight recorder
   (``torch._C._distributed_c10d._dump_fr_trace_json``), parsed. In torch
@@ -87,6 +91,8 @@ class DumpRecord(BaseModel):
         time: when (Unix seconds).
         reason: why (the exception or signal that ended training).
         step: the step in progress, if any.
+        phase: the phase (e.g. a start-up stage: ``rendezvous``, ``mesh``, ``parallelize``,
+            ``checkpoint_load``) the rank was in, if any.
         flight_recorder: PyTorch's flight recorder JSON as dumped (None when unavailable).
         flight_recorder_error: why it is unavailable.
         collectives: our own record of the last collectives (``seconds`` None: never
@@ -101,6 +107,7 @@ class DumpRecord(BaseModel):
     time: float | None = None
     reason: LenientText = ""
     step: LenientInt = None
+    phase: str | None = None
     flight_recorder: Any = None
     flight_recorder_error: str | None = None
     collectives: list[Any] = Field(default_factory=list)
@@ -209,6 +216,7 @@ class RankDumper:
         self._clock = clock
         self.recent = recent
         self.step: int | None = None  # set by the loop: the step in progress
+        self.phase: str | None = None  # set by the session: the phase the rank is in
 
     def dump(self, reason: str) -> Path | None:
         """Write ``rank<R>.json`` with ``reason``; returns its path, or ``None``."""
@@ -227,6 +235,7 @@ class RankDumper:
                 time=self._clock(),
                 reason=reason,
                 step=self.step,
+                phase=self.phase,
                 flight_recorder=recorder,
                 flight_recorder_error=recorder_error,
                 collectives=collectives,

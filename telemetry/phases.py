@@ -8,8 +8,29 @@ is judged by its progress heartbeat again (docs/ARCHITECTURE.md "Trainer -> agen
 telemetry"). The bound is decided here, on the job's side, so the agent and the rules
 need no per-phase setting.
 
+The start-up stages (:data:`STARTUP_STAGES`) are phases too: a job marks each of
+them, in this order, before its first step, so a rank has a heartbeat (set at every
+phase boundary) before its process group exists, and a rank stuck in one is named by
+the stage it is stuck in (the ``phase`` label, the agent's ``rank_hang`` event, the
+post-mortem):
+
+* ``rendezvous``: ``torch.distributed.init_process_group`` (every rank of the job
+  must reach it; ``stormwatch.telemetry`` marks it by itself when it counts
+  collectives);
+* ``mesh``: the device mesh and its process groups;
+* ``parallelize``: building, sharding and wrapping the model (TP, FSDP, pipeline);
+* ``checkpoint_load``: resuming from the latest checkpoint.
+
 Default bounds (seconds) and why:
 
+* ``rendezvous`` 600: the workers' group waits for the slowest process to start
+  (imports, CUDA initialisation); torchrun has gathered the nodes already. 10
+  minutes is torchrun's own rendezvous ``join_timeout`` default.
+* ``mesh`` 300: a mesh's sub-groups are made through the store, one round per
+  group: seconds even at thousands of ranks (NCCL communicators are made lazily,
+  at the first collective, not here).
+* ``parallelize`` 600: materialising and sharding a 70B-parameter model takes a
+  few minutes; 10 leaves room.
 * ``checkpoint_save`` 900, ``checkpoint_load`` 900: a 70B-parameter job's ~1 TB of
   model and optimizer state at ~2 GB/s per node to a parallel file system is several
   minutes; 15 minutes leaves room, and is still shorter than a person's first look.
@@ -48,12 +69,18 @@ class PhaseSpec:
 PHASES: Mapping[str, PhaseSpec] = {
     spec.name: spec
     for spec in (
+        PhaseSpec("rendezvous", 600.0, in_step=False),
+        PhaseSpec("mesh", 300.0, in_step=False),
+        PhaseSpec("parallelize", 600.0, in_step=False),
         PhaseSpec("checkpoint_save", 900.0, in_step=False),
         PhaseSpec("checkpoint_load", 900.0, in_step=False),
         PhaseSpec("eval", 1800.0, in_step=False),
         PhaseSpec("data_wait", 300.0, in_step=True),
     )
 }
+
+#: The start-up stages, in the order a job passes them before its first step.
+STARTUP_STAGES = ("rendezvous", "mesh", "parallelize", "checkpoint_load")
 
 #: Environment variable holding per-phase bound overrides (``name=seconds,...``).
 PHASE_BOUNDS_ENV = "STORMWATCH_PHASE_BOUNDS"
@@ -92,4 +119,4 @@ def parse_bounds(text: str) -> tuple[dict[str, float], list[str]]:
     return bounds, problems
 
 
-__all__ = ["PHASES", "PHASE_BOUNDS_ENV", "PhaseSpec", "parse_bounds"]
+__all__ = ["PHASES", "PHASE_BOUNDS_ENV", "STARTUP_STAGES", "PhaseSpec", "parse_bounds"]

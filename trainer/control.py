@@ -10,9 +10,13 @@ applies the points:
   ``checkpoint_now``: as documented there (the ranks agree on ``checkpoint_now``
   through the gradient-norm all-reduce, so a request written to any one rank's file
   is enough and costs no extra collective);
-* ``kill_at_step``: SIGKILL at the start of the step (:meth:`ControlChannel.check_step`);
+* ``kill_at_step`` / ``freeze_at_step``: SIGKILL / SIGSTOP at the start of the step
+  (:meth:`ControlChannel.check_step`);
 * ``checkpoint_kill``: SIGKILL at a phase of a save (:meth:`ControlChannel.checkpoint_phase`,
-  the checkpointer's fault hook).
+  the checkpointer's fault hook);
+* ``stage_hang``, ``stage_kill``, ``stage_freeze``: at the start of a start-up stage
+  (:meth:`ControlChannel.stage`, called by the loop inside each stage before the first
+  step; the file is polled there too).
 
 An entry with ``attempt`` arms only in that torchrun attempt; one with ``expires_at``
 is disarmed from then on; deleting the file, or removing the entry, disarms at once
@@ -28,10 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -40,10 +46,15 @@ from stormwatch.faults.control_file import (
     CheckpointNow,
     CollectiveDelay,
     CollectiveHang,
+    ControlEntry,
     ControlFile,
     ErrorAtStep,
+    FreezeAtStep,
     KillAtStep,
     SlowStep,
+    StageFreeze,
+    StageHang,
+    StageKill,
 )
 from stormwatch.trainer.errors import ControlFileError, InjectedFault
 
@@ -66,6 +77,22 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _freeze_self(seconds: float | None) -> None:
+    """SIGSTOP this process; with ``seconds``, a detached helper sends SIGCONT that much later
+    (the stopped process cannot). A signal sent meanwhile (torchrun's SIGTERM) stays pending
+    until then; SIGKILL ends it at once."""
+    pid = os.getpid()
+    if seconds is not None:
+        subprocess.Popen(
+            ["/bin/sh", "-c", f"sleep {seconds:.3f}; kill -CONT {pid}"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    os.kill(pid, signal.SIGSTOP)
+
+
 @dataclass(frozen=True)
 class Armed:
     """The fault points armed for one step (a snapshot taken by :meth:`ControlChannel.poll`)."""
@@ -76,6 +103,7 @@ class Armed:
     error_steps: frozenset[int] = frozenset()
     checkpoint_requested_at: float | None = None
     kill_steps: frozenset[int] = frozenset()
+    freezes: tuple[FreezeAtStep, ...] = ()
     checkpoint_kills: frozenset[tuple[str, int]] = frozenset()
     points: frozenset[str] = field(default_factory=frozenset)
 
@@ -98,6 +126,8 @@ class ControlChannel:
         clock: Unix time source (default :func:`time.time`).
         sleep: sleep function (default :func:`time.sleep`).
         kill: ends this process at once (default: SIGKILL to itself).
+        freeze: stops this process, called with the seconds until it is resumed or
+            ``None`` (default: SIGSTOP to itself, SIGCONT from a helper process).
         on_fire: called with a point's name each time it takes effect
             (settable attribute: the loop binds the current step).
     """
@@ -110,6 +140,7 @@ class ControlChannel:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         kill: Callable[[], None] = _kill_self,
+        freeze: Callable[[float | None], None] = _freeze_self,
         on_fire: Callable[[str], None] | None = None,
     ) -> None:
         self._path = path
@@ -117,6 +148,7 @@ class ControlChannel:
         self._clock = clock
         self._sleep = sleep
         self._kill = kill
+        self._freeze = freeze
         self.on_fire = on_fire
         self._stamp: tuple[int, int] | None = None
         self._parsed = ControlFile()
@@ -152,14 +184,18 @@ class ControlChannel:
         self.armed = self._snapshot()
         return self.armed
 
-    def _snapshot(self) -> Armed:
+    def _live(self) -> list[ControlEntry]:
+        """The entries armed now: not expired, and for this attempt (or every one)."""
         now = self._clock()
-        live = [
+        return [
             f
             for f in self._parsed.faults
             if (f.expires_at is None or f.expires_at > now)
             and (f.attempt is None or f.attempt == self._attempt)
         ]
+
+    def _snapshot(self) -> Armed:
+        live = self._live()
         requested = [f.requested_at for f in live if isinstance(f, CheckpointNow)]
         return Armed(
             slow_seconds=sum(f.seconds for f in live if isinstance(f, SlowStep)),
@@ -168,6 +204,7 @@ class ControlChannel:
             error_steps=frozenset(f.step for f in live if isinstance(f, ErrorAtStep)),
             checkpoint_requested_at=max(requested) if requested else None,
             kill_steps=frozenset(f.step for f in live if isinstance(f, KillAtStep)),
+            freezes=tuple(f for f in live if isinstance(f, FreezeAtStep)),
             checkpoint_kills=frozenset(
                 (f.phase, f.step) for f in live if isinstance(f, CheckpointKill)
             ),
@@ -179,15 +216,63 @@ class ControlChannel:
             self.on_fire(point)
 
     def check_step(self, step: int) -> None:
-        """At the start of ``step``: SIGKILL this process (``kill_at_step``), or raise
-        :class:`InjectedFault` (``error_at_step``), if armed for it."""
+        """At the start of ``step``: SIGKILL this process (``kill_at_step``), SIGSTOP it
+        (``freeze_at_step``), or raise :class:`InjectedFault` (``error_at_step``), if armed
+        for it."""
         if step in self.armed.kill_steps:
             self._fired("kill_at_step")
             log.warning("fault point: SIGKILL at the start of step %d (pid %d)", step, os.getpid())
             self._kill()
+        for freeze in self.armed.freezes:
+            if freeze.step == step:
+                self._fired("freeze_at_step")
+                log.warning(
+                    "fault point: SIGSTOP at the start of step %d (pid %d) for %s",
+                    step,
+                    os.getpid(),
+                    "ever" if freeze.seconds is None else f"{freeze.seconds:g} s",
+                )
+                self._freeze(freeze.seconds)
         if step in self.armed.error_steps:
             self._fired("error_at_step")
             raise InjectedFault(f"fault point error_at_step fired at step {step}")
+
+    def stage(self, name: str) -> None:
+        """At the start of start-up stage ``name`` (inside it): poll the file, then apply the
+        ``stage_kill``, ``stage_freeze`` and ``stage_hang`` entries armed for it.
+
+        Raises:
+            ControlFileError: the file changed and does not parse (nothing is applied).
+        """
+        self.poll()
+        live = [f for f in self._live() if getattr(f, "stage", None) == name]
+        for fault in live:
+            if isinstance(fault, StageKill):
+                self._fired("stage_kill")
+                log.warning("fault point: SIGKILL at stage %s (pid %d)", name, os.getpid())
+                self._kill()
+        for fault in live:
+            if isinstance(fault, StageFreeze):
+                self._fired("stage_freeze")
+                log.warning("fault point: SIGSTOP at stage %s (pid %d)", name, os.getpid())
+                self._freeze(fault.seconds)
+        for fault in live:
+            if isinstance(fault, StageHang):
+                self._fired("stage_hang")
+                log.warning("fault point: stage_hang at stage %s", name)
+                self._block(fault, lambda hang: hang in self._parsed.faults)
+
+    def _block(self, fault: StageHang | CollectiveHang, armed: Callable[[Any], bool]) -> None:
+        """Block until ``fault`` expires, or until a re-read of the file (one ``stat`` when
+        unchanged) no longer has it (``armed``: a chaos revert removed the entry)."""
+        while fault.expires_at is None or self._clock() < fault.expires_at:
+            self._sleep(HANG_POLL_SECONDS)
+            try:
+                self.poll()
+            except ControlFileError:
+                return  # a file that does not parse drops every fault (see poll)
+            if not armed(fault):
+                return
 
     def checkpoint_phase(self, phase: str, step: int) -> None:
         """The checkpointer's fault hook: SIGKILL this process if ``(phase, step)`` is armed
@@ -209,22 +294,11 @@ class ControlChannel:
             if _matches(hang, op, mesh_dim):
                 self._fired("collective_hang")
                 log.warning("fault point: collective_hang in %s over %s", op, mesh_dim)
-                while hang.expires_at is None or self._clock() < hang.expires_at:
-                    self._sleep(HANG_POLL_SECONDS)
-                    if not self._still_armed(hang):
-                        break  # its entry was removed (a chaos revert): the hang ends now
+                self._block(hang, lambda h: h in self.armed.hangs)
         for delay in self.armed.delays:
             if _matches(delay, op, mesh_dim):
                 self._fired("collective_delay")
                 self._sleep(delay.seconds)
-
-    def _still_armed(self, hang: CollectiveHang) -> bool:
-        """Re-read the file (one ``stat`` when unchanged): is ``hang`` still armed?"""
-        try:
-            self.poll()
-        except ControlFileError:
-            return False  # a file that does not parse drops every fault (see poll)
-        return hang in self.armed.hangs
 
     def checkpoint_wanted(self, last_save_started_at: float | None) -> bool:
         """True when a ``checkpoint_now`` request is newer than the last save's start."""

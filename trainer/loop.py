@@ -2,15 +2,18 @@
 
 Order of operations (each rank, collectively):
 
-1. process group, then the ``(pp, dp_replicate, dp_shard, tp)`` mesh
-   (:class:`ParallelDims`; ``pp`` and ``dp_replicate`` only when > 1);
+1. process group (start-up stage ``rendezvous``), then the ``(pp, dp_replicate,
+   dp_shard, tp)`` mesh (stage ``mesh``; :class:`ParallelDims`; ``pp`` and
+   ``dp_replicate`` only when > 1), every group with the collective timeout;
 2. corpus and batch sampler for this rank's data-parallel index;
 3. model built under a fixed seed (identical on every rank), parallelized
-   (PP split, TP, then FSDP2 / HSDP: :func:`parallelize`), AdamW over this
-   rank's parameters (its pipeline stage's, with PP);
+   (stage ``parallelize``: PP split, TP, then FSDP2 / HSDP: :func:`parallelize`),
+   AdamW over this rank's parameters (its pipeline stage's, with PP);
 4. the CPU RNG re-seeded per data-parallel rank (dropout); ranks of one TP
    group share the stream, so their dropout masks agree;
-5. resume from the latest complete checkpoint (restores step, sampler, RNG);
+5. the checkpointer (its own process group in async mode), a check that every
+   process group of the rank has the collective timeout, and the resume from the
+   latest complete checkpoint (stage ``checkpoint_load``; restores step, sampler, RNG);
 6. steps (:mod:`stormwatch.trainer.steps`): forward, backward (with PP: the
    pipeline schedule, micro-batches sent between stages), the global gradient norm over every stage (one
    world all-reduce, not counted with the step's collectives), optimizer
@@ -26,7 +29,10 @@ Order of operations (each rank, collectively):
 All of its telemetry goes through the public API :mod:`stormwatch.telemetry` (one
 :class:`~stormwatch.telemetry.Session` per rank; nothing private of that package), as
 any job's would: metrics, event log, collective counting, spans, post-mortem dumps,
-and the phases (``checkpoint_load``, ``checkpoint_save``) that excuse a silent rank.
+and the phases that excuse a silent rank up to their bounds: the start-up stages
+``rendezvous``, ``mesh``, ``parallelize`` and ``checkpoint_load`` (the heartbeat starts
+before the process group, and a rank stuck in one is named by it; saves are not a
+phase: see :mod:`stormwatch.trainer.checkpoint.cadence`).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
-from stormwatch.trainer.errors import Terminated
+from stormwatch.trainer.errors import ControlFileError, Terminated
 from stormwatch.trainer.instrument import (
     model_flops_per_token,
 )
@@ -62,7 +68,7 @@ from stormwatch.trainer.parallel.apply import Parallelized, parallelize
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
-from stormwatch.trainer.runtime import RankEnv, distributed
+from stormwatch.trainer.runtime import Distributed, RankEnv, check_group_timeouts, distributed
 from stormwatch.trainer.steps import StepLoop, StepReport
 
 log = logging.getLogger(__name__)
@@ -120,17 +126,48 @@ def train(
         session = _session(config)
         stack.callback(session.shutdown, clean=False)  # after a clean end: does nothing
         stack.enter_context(_sigterm_raises())
-        timeout = config.debug.collective_timeout
-        device_type = stack.enter_context(
-            distributed(env, timeout=None if timeout is None else timedelta(seconds=timeout))
+        # Fault points of the control file (stormwatch.faults.control_file): at each start-up
+        # stage, then polled at the start of every step, before anything of it runs; its
+        # checkpoint_kill is the checkpointer's hook.
+        control = ControlChannel(
+            None
+            if config.control.directory is None
+            else control_path(config.control.directory, env.rank),
+            attempt=env.attempt,
         )
+        timeout = config.debug.collective_timeout
         try:
-            return _run(config, env, dims, device_type, session, progress)
+            with _stage("rendezvous", session, control):  # the heartbeat starts here
+                group = stack.enter_context(
+                    distributed(
+                        env, timeout=None if timeout is None else timedelta(seconds=timeout)
+                    )
+                )
+            return _run(config, env, dims, group, session, progress, control)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             session.dump(f"{type(exc).__name__}: {exc}")
             raise
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+
+@contextlib.contextmanager
+def _stage(name: str, session: swt.Session, control: ControlChannel) -> Iterator[None]:
+    """Start-up stage ``name`` (``rendezvous``, ``mesh``, ``parallelize``,
+    ``checkpoint_load``): a telemetry phase, so the rank has a heartbeat and a deadline
+    before its first step and a hang or dump names the stage; its fault points
+    (``stage_*``) fire inside it, first."""
+    with session.phase(name):
+        control.on_fire = functools.partial(_fired, session, 0)  # step 0: before any step
+        try:
+            control.stage(name)
+        except ControlFileError as exc:  # a bad file arms nothing; training goes on
+            session.report_error("control", exc)
+        yield
+
+
+def _fired(session: swt.Session, step: int, point: str) -> None:
+    session.fault(point, step)
 
 
 def _session(config: TrainConfig) -> swt.Session:
@@ -199,33 +236,35 @@ def _run(
     config: TrainConfig,
     env: RankEnv,
     dims: ParallelDims,
-    device_type: str,
+    group: Distributed,
     session: swt.Session,
     progress: ConsoleProgress | None,
+    control: ControlChannel,
 ) -> TrainResult:
     """Steps 1-7 of the module docstring, once the process group exists."""
-    dims.build_mesh(device_type)
+    with _stage("mesh", session, control):
+        dims.build_mesh(group.device_type, group_options=group.group_options)
     session.label_groups(dims.group_names())  # collectives labelled by mesh dimension
     dp_rank = dims.dp_rank(env.rank)  # over dp_replicate x dp_shard
     device = (
-        torch.device(device_type, env.local_rank) if device_type == "cuda" else torch.device("cpu")
+        torch.device(group.device_type, env.local_rank)
+        if group.device_type == "cuda"
+        else torch.device("cpu")
     )
     corpus = load_stdlib_corpus(config.data.corpus_max_bytes)
     sampler = BatchSampler(corpus, config=config.data, dp=dims.dp, dp_rank=dp_rank)
-    built = _build_model(config, dims, device, sampler, dp_rank=dp_rank)
+    with _stage("parallelize", session, control):
+        built = _build_model(config, dims, device, sampler, dp_rank=dp_rank)
     budget = FailureBudget(
         config.checkpoint.failures_allowed, functools.partial(_save_failed, session)
     )
-    # Fault points of the control file (stormwatch.faults.control_file): polled at the start
-    # of every step, before anything of it runs; its checkpoint_kill is the checkpointer's hook.
-    control = ControlChannel(
-        None
-        if config.control.directory is None
-        else control_path(config.control.directory, env.rank),
-        attempt=env.attempt,
-    )
-    checkpointer = _checkpointer(config, env, dims, built, sampler, budget, session, control)
-    with session.phase("checkpoint_load"), session.span("checkpoint_load"):
+    with _stage("checkpoint_load", session, control), session.span("checkpoint_load"):
+        checkpointer = _checkpointer(  # async mode: makes its own process group
+            config, env, dims, built, sampler, budget, session, control, group.timeout
+        )
+        # Every group exists now (the mesh's, the pipeline's, the async checkpoint's): each
+        # must time out like the default group, or a lost peer blocks it for 30 minutes.
+        check_group_timeouts(group.timeout)
         resumed = checkpointer.load_latest()
     _announce_start(config, env, dims, session, progress, resumed, checkpointer, sampler)
     counter = session.collective_counter()
@@ -253,7 +292,7 @@ def _run(
         report=StepReport(
             config,
             dims,
-            device_type=device_type,
+            device_type=group.device_type,
             flops_per_token=built.flops_per_token,
             accumulation=sampler.accumulation_steps,
             session=session,
@@ -295,6 +334,7 @@ def _checkpointer(
     budget: FailureBudget,
     session: swt.Session,
     control: ControlChannel,
+    group_timeout: timedelta,
 ) -> Checkpointer:
     """The checkpointer of this rank's training state; a commit is recorded and resets ``budget``."""
     return Checkpointer(
@@ -307,6 +347,7 @@ def _checkpointer(
         ),
         on_commit=functools.partial(_committed, session, budget),
         fault_hook=control.checkpoint_phase,
+        group_timeout=group_timeout,
         layout=RankLayout(
             rank=env.rank,
             world_size=env.world_size,

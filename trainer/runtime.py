@@ -1,4 +1,4 @@
-"""Process-level setup: where this rank is (from torchrun's environment) and the process group.
+"""Process-level setup: where this rank is (from torchrun's environment) and the process groups.
 
 :class:`RankEnv` is parsed from the environment once, at the CLI edge
 (``torch`` is not imported for that). :func:`distributed` initialises and
@@ -6,6 +6,15 @@ tears down the default process group: NCCL (plus gloo for CPU tensors) when
 CUDA is available, gloo otherwise. Outside torchrun (no ``WORLD_SIZE``) it
 builds a one-rank group over an in-memory store, so ``stormwatch train``
 runs as world size 1 without any network setup.
+
+Every process group has the collective timeout (:class:`Distributed`):
+torch gives it to the default group only; a group made later without one
+(``new_group``, or a DeviceMesh's sub-groups from ``init_device_mesh``)
+falls back to torch's default of 30 minutes (10 on NCCL), so a collective on
+a sub-group with a frozen peer would block that long. Every group the
+trainer makes passes :meth:`Distributed.group_options` (the mesh) or
+:attr:`Distributed.timeout` (``new_group``), and :func:`check_group_timeouts`
+verifies, once the set-up is done, that no group of the rank has another.
 
 torchrun restarts: since torch 2.5 torchrun's c10d rendezvous shares its TCP
 store with the workers, and the store outlives a restart, so a restarted
@@ -25,8 +34,10 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from stormwatch.errors import ConfigError
+from stormwatch.trainer.errors import TrainerError
 
 log = logging.getLogger(__name__)
 
@@ -111,19 +122,99 @@ class RankEnv:
         return env
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """The default process group as :func:`distributed` made it.
+
+    Attributes:
+        device_type: ``"cuda"`` or ``"cpu"``.
+        timeout: the collective timeout every process group of the job must have.
+    """
+
+    device_type: str
+    timeout: timedelta
+
+    def group_options(self) -> Any:
+        """Fresh backend options carrying :attr:`timeout`, for one new group (e.g. one
+        DeviceMesh dimension: ``init_device_mesh(..., backend_override={dim: options})``,
+        whose sub-groups otherwise get torch's default timeout).
+
+        ``ProcessGroupNCCL.Options`` on GPU (the CPU side of ``cuda:nccl,cpu:gloo`` takes
+        the timeout from the same options), ``ProcessGroupGloo._Options`` on CPU. A fresh
+        object per group: torch writes the group's name and ranks into it.
+        """
+        import torch.distributed as dist
+
+        if self.device_type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+        else:
+            # the class gloo groups carry; the stub calls it Options (a different class here)
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = self.timeout
+        return options
+
+
+def group_timeouts() -> dict[str, timedelta]:
+    """The collective timeout of every process group this rank is in, by
+    ``"<description> (<name>)"`` (e.g. ``"mesh_tp (3)"``), per backend device when the
+    group has several (``"default_pg (0) cuda"``).
+
+    Reads torch's group registry (``distributed_c10d._world.pg_map``) and each backend's
+    options: torch has no public API for either.
+    """
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    found: dict[str, timedelta] = {}
+    for group in list(c10d._world.pg_map):
+        devices = list(group._device_types)
+        for device in devices:
+            backend = group._get_backend(device)
+            key = f"{group.group_desc} ({group.group_name})"
+            if len(devices) > 1:
+                key += f" {torch.device(device).type}"
+            found[key] = backend.options._timeout
+    return found
+
+
+def check_group_timeouts(expected: timedelta) -> dict[str, timedelta]:
+    """Verify that every process group of this rank has the collective timeout ``expected``.
+
+    Returns:
+        :func:`group_timeouts` (all equal to ``expected``).
+
+    Raises:
+        TrainerError: a group has another timeout (names each group and its timeout):
+            a group was made without the trainer's options, and a collective on it
+            with a lost peer would block for that long.
+    """
+    found = group_timeouts()
+    wrong = {name: t for name, t in found.items() if t != expected}
+    if wrong:
+        shown = ", ".join(f"{name}: {t.total_seconds():g} s" for name, t in sorted(wrong.items()))
+        raise TrainerError(
+            f"process groups without the collective timeout of "
+            f"{expected.total_seconds():g} s: {shown}; make every group with "
+            "Distributed.group_options() or timeout=Distributed.timeout"
+        )
+    return found
+
+
 @contextlib.contextmanager
-def distributed(env: RankEnv, *, timeout: timedelta | None = None) -> Iterator[str]:
-    """Initialise the default process group for ``env``; yields the device type.
+def distributed(env: RankEnv, *, timeout: timedelta | None = None) -> Iterator[Distributed]:
+    """Initialise the default process group for ``env``; yields it as :class:`Distributed`.
 
     Args:
-        timeout: collective timeout of every process group (sub-groups of
-            the mesh inherit it); a collective that does not complete within
-            it raises (gloo) or aborts the communicator (NCCL). Default
-            :data:`GPU_COLLECTIVE_TIMEOUT` on GPU, :data:`PROCESS_GROUP_TIMEOUT`
-            on CPU.
+        timeout: collective timeout of every process group; a collective that
+            does not complete within it raises (gloo) or aborts the
+            communicator (NCCL). Default :data:`GPU_COLLECTIVE_TIMEOUT` on GPU,
+            :data:`PROCESS_GROUP_TIMEOUT` on CPU. The default group gets it
+            here; groups made later get it from :class:`Distributed` (torch
+            does not pass it on).
 
     Yields:
-        ``"cuda"`` (after ``torch.cuda.set_device(local_rank)``) or ``"cpu"``.
+        The device type (``"cuda"`` after ``torch.cuda.set_device(local_rank)``,
+        or ``"cpu"``) and the resolved timeout.
     """
     import torch
     import torch.distributed as dist
@@ -180,9 +271,17 @@ def distributed(env: RankEnv, *, timeout: timedelta | None = None) -> Iterator[s
         pg_timeout.total_seconds(),
     )
     try:
-        yield device_type
+        yield Distributed(device_type, pg_timeout)
     finally:
         dist.destroy_process_group()
 
 
-__all__ = ["GPU_COLLECTIVE_TIMEOUT", "PROCESS_GROUP_TIMEOUT", "RankEnv", "distributed"]
+__all__ = [
+    "GPU_COLLECTIVE_TIMEOUT",
+    "PROCESS_GROUP_TIMEOUT",
+    "Distributed",
+    "RankEnv",
+    "check_group_timeouts",
+    "distributed",
+    "group_timeouts",
+]

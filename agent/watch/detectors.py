@@ -13,13 +13,19 @@ phase boundaries and checkpoints advance too) is older than
 phase that legitimately pauses progress and the phase's deadline
 (``stormwatch_train_phase_deadline_timestamp_seconds``: entry + the phase's bound,
 :mod:`stormwatch.telemetry.phases`) is still ahead; past the deadline it is judged by
-its heartbeat again. The median is over the last ``window`` step times of *that
+its heartbeat again, and its hang is named by the phase (``phase`` of the event: e.g.
+the start-up stage ``mesh`` of a rank that never reached its first step). Entering a
+phase is a heartbeat, so a rank that marks the start-up stages (``rendezvous``,
+``mesh``, ``parallelize``, ``checkpoint_load``) is judged from before its process
+group exists: a rank stuck in a stage is hung once the stage's deadline has passed
+and its heartbeat is older than the threshold (at the deadline when the stage's bound
+is at least the floor). The median is over the last ``window`` step times of *that
 job's* ranks on this node, each measured as (step heartbeat advance) ÷ (step advance)
 between two scans. Defaults: floor 30 s, factor 10 (:class:`HangSettings`); before
 any step time is known (and for a job without step marks) the floor alone applies.
 One episode lasts from detection until the heartbeat advances (or the rank exits);
-each episode counts once. A rank without any heartbeat yet (absent, or 0) is never
-hung here: start-up (model build, compile, rendezvous) has no step time to compare
+each episode counts once. A rank without any heartbeat yet (absent, or 0: it marked
+no stage) is never hung here: its start-up has no step time or deadline to compare
 with; the job's collective timeout bounds it.
 
 Straggler (FC-14): per new step sample of a rank (its ``stormwatch_train_step``
@@ -111,6 +117,7 @@ class RankProgress:
         step_heartbeat: the step heartbeat alone (step times are measured on it);
             ``None``: use ``heartbeat``.
         paused_until: Unix time until which a phase excuses the rank (0: none).
+        phase: the phase whose deadline that is (``None``: in no phase).
     """
 
     key: RankKey
@@ -119,6 +126,7 @@ class RankProgress:
     step: float | None
     step_heartbeat: float | None = None
     paused_until: float = 0.0
+    phase: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +199,15 @@ class HangDetector:
                 self._hung[r.key] = r.heartbeat
                 self._episodes[r.key] += 1
                 median = self.median_step_seconds(r.key[0])
-                details = {
+                details: dict[str, float | int | str | None] = {
                     "heartbeat": r.heartbeat,
                     "age_seconds": round(age, 3),
                     "threshold_seconds": round(limit, 3),
                     "median_step_seconds": median,
                     "step": r.step,
                 }
+                if r.phase is not None:
+                    details.update(phase=r.phase, phase_deadline=r.paused_until)
                 out.append(Transition(HANG, r.key, details))
         for key in list(self._hung):
             if key not in seen:  # the rank and its heartbeat are gone

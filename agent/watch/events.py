@@ -86,7 +86,9 @@ class RankExitEvent(_RankEvent):
 
 
 class RankHangEvent(_RankEvent):
-    """A running rank's heartbeat is older than its threshold (seconds; FC-10)."""
+    """A running rank's heartbeat is older than its threshold (seconds; FC-10); ``phase``:
+    the phase it was stuck in past ``phase_deadline`` (Unix s), e.g. a start-up stage
+    (``rendezvous``, ``mesh``, ``parallelize``, ``checkpoint_load``), or none."""
 
     kind: Literal["rank_hang"] = "rank_hang"
     heartbeat: float | None = None
@@ -94,6 +96,8 @@ class RankHangEvent(_RankEvent):
     threshold_seconds: float | None = None
     median_step_seconds: float | None = None
     step: float | None = None
+    phase: str | None = None
+    phase_deadline: float | None = None
     collective_calls: float | None = None
     collective_lag: float | None = None
     behind_rank: int | None = None

@@ -5,8 +5,9 @@ Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
 1. reads the per-step gauges (``stormwatch_train_step``,
    ``stormwatch_train_step_compute_seconds``,
    ``stormwatch_train_step_collective_wait_seconds``), the step heartbeat and the
-   phase deadlines (``stormwatch_train_phase_deadline_timestamp_seconds``, the
-   latest of a rank's phases) from the ``gauge_live*`` multiprocess files and
+   phase deadlines (``stormwatch_train_phase_deadline_timestamp_seconds``; a rank's
+   phase is the one with the latest deadline, which names its hang) from the
+   ``gauge_live*`` multiprocess files and
    ``stormwatch_collective_calls_total`` from the ``counter_*`` files of the metrics dir;
 2. feeds the :class:`~.health.HangDetector` with the rank watcher's running
    ranks and heartbeats (the later of step and progress heartbeats) and their phase
@@ -150,7 +151,7 @@ class RankHealth:
 
     def evaluate(self) -> None:
         """One evaluation (see the module docstring)."""
-        gauges, calls = self._read()
+        gauges, calls, phases = self._read()
         ranks = self._watcher.ranks()
         progress = self._watcher.last_progress()
         running = {(r.job, r.rank): r for r in ranks if r.alive}
@@ -165,7 +166,8 @@ class RankHealth:
                 progress.get(key),
                 steps[key] if key in beats and key in steps else r.last_step,
                 step_heartbeat=beats.get(key),
-                paused_until=gauges[PHASE_DEADLINE_METRIC].get(key, 0.0),
+                paused_until=phases.get(key, (None, 0.0))[1],
+                phase=phases.get(key, (None, 0.0))[0],
             )
             for r in ranks
             for key in [(r.job, r.rank)]
@@ -281,13 +283,25 @@ class RankHealth:
             diagnostics=str(folder),
         )
 
-    def _read(self) -> tuple[dict[str, dict[RankKey, float]], dict[RankKey, float]]:
+    def _read(
+        self,
+    ) -> tuple[
+        dict[str, dict[RankKey, float]], dict[RankKey, float], dict[RankKey, tuple[str, float]]
+    ]:
+        """The per-step gauges and heartbeat, the collective calls, and per rank the phase
+        it is in with its deadline (the latest non-zero deadline)."""
         gauges = self._files.read(
-            LIVE_GAUGES,
-            (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC, HEARTBEAT_METRIC, PHASE_DEADLINE_METRIC),
+            LIVE_GAUGES, (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC, HEARTBEAT_METRIC)
         )
         calls = self._files.read(COUNTERS, (CALLS_SAMPLE,), combine=add)[CALLS_SAMPLE]
-        return gauges, calls
+        deadlines = self._files.read_by_label(LIVE_GAUGES, PHASE_DEADLINE_METRIC, "phase")
+        phases = {}
+        for key, by_phase in deadlines.items():
+            inside = [(deadline, phase) for phase, deadline in by_phase.items() if deadline > 0]
+            if inside:  # 0: left that phase
+                deadline, phase = max(inside)
+                phases[key] = (phase, deadline)
+        return gauges, calls, phases
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -100,6 +101,30 @@ class TrainerFiles:
         again, and counted in :attr:`read_errors`; it must not stop exit detection.
         """
         found: RankSamples = {name: {} for name in names}
+        for sample, key in self._samples(pattern, found):
+            target = found[sample.name]
+            old = target.get(key)
+            target[key] = sample.value if old is None else combine(old, sample.value)
+        return found
+
+    def read_by_label(self, pattern: str, name: str, label: str) -> dict[RankKey, dict[str, float]]:
+        """The samples named ``name`` of the files matching ``pattern``, per ``(job, rank)``
+        and value of ``label`` (e.g. each phase's deadline); samples without that label are
+        skipped, values of one rank and label value merged with :func:`keep_max`. A read
+        that fails returns nothing, as :meth:`read`."""
+        found: dict[RankKey, dict[str, float]] = {}
+        for sample, key in self._samples(pattern, {name}):
+            value = sample.labels.get(label)
+            if value is None:
+                continue
+            per_rank = found.setdefault(key, {})
+            old = per_rank.get(value)
+            per_rank[value] = sample.value if old is None else keep_max(old, sample.value)
+        return found
+
+    def _samples(self, pattern: str, names: Collection[str]) -> Iterator[tuple[Any, RankKey]]:
+        """``(sample, (job, rank))`` of every sample named in ``names`` in the merged files
+        matching ``pattern`` (none when the read fails: logged once, counted)."""
         try:
             families = self.folder.merge(pattern, accumulate=False)
         except Exception:  # a half-written file: try again next time
@@ -113,22 +138,19 @@ class TrainerFiles:
                     exc_info=True,
                 )
             self._failing = True
-            return found
+            return
         if self._failing:
             log.info("%s: reading the trainer's files works again", self._reader)
         self._failing = False
         for family in families:
             for sample in family.samples:
-                target = found.get(sample.name)
-                if target is None:
+                if sample.name not in names:
                     continue
                 try:
                     key = (sample.labels["job"], int(sample.labels["rank"]))
                 except (KeyError, ValueError):
                     continue  # not a rank's sample (the trainer labels every one it writes)
-                old = target.get(key)
-                target[key] = sample.value if old is None else combine(old, sample.value)
-        return found
+                yield sample, key
 
     def mark_dead(self, table: Mapping[int, ProcEntry]) -> None:
         """``mark_process_dead`` for every dead pid that still has live-gauge files, so dead

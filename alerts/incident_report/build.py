@@ -124,7 +124,8 @@ def _summary(pm: IncidentPostMortem) -> str:
         f"{pm.alertname} on job {pm.job or '?'}: likely culprit {who} "
         f"({pm.culprit.method.replace('_', ' ')}"
         + ("" if pm.culprit.certain else ", uncertain")
-        + ")."
+        + ")"
+        + (f", hung in {pm.culprit.phase}." if pm.culprit.phase else ".")
     ]
     if pm.time_to_detect_seconds is not None:
         parts.append(f"Detected {pm.time_to_detect_seconds:.0f} s after the onset")

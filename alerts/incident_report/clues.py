@@ -5,18 +5,19 @@ flight recorder, rank exits, the first alert, straggler scores, heartbeats, XID
 errors) comes from files and services this source reads: the trainer's dumps
 (:class:`~stormwatch.telemetry.dump.DumpRecord` ->
 :func:`stormwatch.telemetry.culprit.reduce_dump`), the
-agents' ``rank_exit`` events (:func:`exit_status` words them) and ``rank_hang_culprit``
+agents' ``rank_exit`` events (:func:`exit_status` words them), ``rank_hang`` events (the
+phase a rank hung in) and ``rank_hang_culprit``
 events (their diagnosis while the hang lasted), the responder's first
 alert, Prometheus and the rank logs.
 """
 
 from __future__ import annotations
 
-from stormwatch.agent.watch.events import RankExitEvent, RankHangCulpritEvent
+from stormwatch.agent.watch.events import RankExitEvent, RankHangCulpritEvent, RankHangEvent
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.actions.remedial import RANK_STOPPING_KINDS
 from stormwatch.alerts.incident_report.sources import Inputs
-from stormwatch.postmortem import Clues, FirstAlert, HangDiagnosis, RankDump, RankExit
+from stormwatch.postmortem import Clues, FirstAlert, HangDiagnosis, RankDump, RankExit, RankHang
 from stormwatch.telemetry.culprit import REASON_CHARS, reduce_dump
 
 
@@ -71,6 +72,11 @@ def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clue
         rank_nodes=inputs.rank_nodes,
         chaos_fault_ranks=[f.rank for j in inputs.journals for f in j.injected_faults()],
         stopped_at=min(stops, default=None),
+        rank_hangs=[
+            RankHang(e.time, e.rank, e.node, e.phase)
+            for e in inputs.agent_events
+            if isinstance(e, RankHangEvent)
+        ],
     )
 
 

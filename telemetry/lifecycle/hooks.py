@@ -4,13 +4,15 @@ and :meth:`Session.label_mesh` import this module).
 
 ``torch.distributed.init_process_group`` is wrapped once per process so that whoever
 waits (:func:`when_initialised`) is called as soon as it returns, on the thread that
-created the group (the training thread, whose collectives are then counted). Code that
-created the group through a name imported before the wrapping is caught by
-:func:`initialised` checks at the next step mark instead.
+created the group (the training thread, whose collectives are then counted), and so that
+the call itself runs inside the contexts registered with :func:`around_init` (the
+session's ``rendezvous`` phase). Code that created the group through a name imported
+before the wrapping is caught by :func:`initialised` checks at the next step mark instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 _waiting: list[Callable[[], None]] = []
+_around: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
 _wrapped = False
 
 
@@ -36,6 +39,15 @@ def when_initialised(callback: Callable[[], None]) -> None:
     _wrap()
 
 
+def around_init(context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+    """Run the next ``torch.distributed.init_process_group`` call inside ``context()``
+    (once; nothing when the process group exists already)."""
+    if initialised():
+        return
+    _around.append(context)
+    _wrap()
+
+
 def _wrap() -> None:
     global _wrapped
     if _wrapped or not dist.is_available():
@@ -44,7 +56,10 @@ def _wrap() -> None:
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            while _around:
+                stack.enter_context(_around.pop(0)())
+            out = original(*args, **kwargs)
         while _waiting:
             _waiting.pop(0)()
         return out
@@ -65,4 +80,4 @@ def mesh_groups(mesh: Any) -> dict[str, str]:
     return {mesh.get_group(name).group_name: name for name in names}
 
 
-__all__ = ["initialised", "mesh_groups", "when_initialised"]
+__all__ = ["around_init", "initialised", "mesh_groups", "when_initialised"]

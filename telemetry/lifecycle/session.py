@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stormwatch.telemetry.dump import RankDumper
+from stormwatch.telemetry.dump_requests import DumpRequestWatcher
 from stormwatch.telemetry.lifecycle import checks
 from stormwatch.telemetry.lifecycle.collectives import Collectives
 from stormwatch.telemetry.lifecycle.exits import ExitHooks
@@ -88,16 +89,17 @@ class Session:
         self._spans = SessionSpans(self._telemetry.on_error)
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
+        # the innermost phase an exception left since the last step mark or phase entry:
+        # what a dump written after the exception unwound names
+        self._failed_phase: str | None = None
         self._exits = ExitHooks(self._at_exit, self._on_signal)
         self._sigterm = SigtermDump(self._signal_dump)
-        self._requests: Any = None  # stormwatch.telemetry.dump_requests.DumpRequestWatcher
+        self._requests: DumpRequestWatcher | None = None
 
     def _answer_dump_requests(self) -> None:
         """Answer the node agent's dump requests from a daemon thread (with a dump folder)."""
         if self.settings.dump_dir is None or self._requests is not None:
             return
-        from stormwatch.telemetry.dump_requests import DumpRequestWatcher
-
         self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, self.dump)
         self._requests.start()
 
@@ -195,13 +197,11 @@ class Session:
         unless the job marks something first: ``stormwatch run``'s session, whose job may
         never call the API, starts when it does and not at exit. A job that takes the
         session over (:func:`stormwatch.telemetry.init`) is left to start it itself."""
-        with self._lock:
-            self._start_with_counting = not self._started
+        self._start_with_counting = not self._started
 
     def leave_start_to_job(self) -> None:
         """Undo :meth:`start_with_counting`: the job calls the API itself."""
-        with self._lock:
-            self._start_with_counting = False
+        self._start_with_counting = False
 
     def _counting_began(self) -> None:
         if self._start_with_counting:
@@ -231,6 +231,7 @@ class Session:
         self._ensure_started(args.step)
         with self._lock:
             seconds = self._steps.lap()
+            self._failed_phase = None
         if self.settings.collectives:
             self._collectives.always_if_initialised()
         wait = self._collectives.step_wait(seconds)
@@ -303,12 +304,15 @@ class Session:
             outermost = self._steps.enter(spec)
             if spec.name == "checkpoint_load" and not self._started:
                 self._loaded_checkpoint = True
+            self._failed_phase = None
         if outermost:
             self._telemetry.phase(spec.name, deadline=self._clock() + bound)
 
     @never_raises()
-    def _leave_phase(self, spec: PhaseSpec) -> None:
+    def _leave_phase(self, spec: PhaseSpec, *, failed: bool = False) -> None:
         with self._lock:
+            if failed and self._failed_phase is None:
+                self._failed_phase = spec.name
             left = self._steps.leave(spec)
         if left:
             self._telemetry.phase(spec.name, deadline=0.0)
@@ -358,7 +362,14 @@ class Session:
                 exc,
             )
             return
+        hooks.around_init(self._rendezvous)  # a heartbeat, and a stage, before the group
         hooks.when_initialised(self._count_always)
+
+    def _rendezvous(self) -> contextlib.AbstractContextManager[Any]:
+        """The ``rendezvous`` phase around ``init_process_group`` (nothing once shut down)."""
+        if self._closed:
+            return contextlib.nullcontext()
+        return self.phase("rendezvous")
 
     @never_raises()
     def _count_always(self) -> None:
@@ -410,19 +421,17 @@ class Session:
 
     @never_raises()
     def dump(self, reason: str) -> Path | None:
-        """Write this rank's post-mortem dump now (flight recorder and the last collectives);
-        returns its path, or ``None`` (no dump folder, or it could not be written).
-
-        The collectives already seen complete are reported first (the counter reports them
-        at the next collective or step mark, which a hung rank never reaches), so the last
-        completed one (Lightning's per-step SIGTERM broadcast, say) is not dumped as still
-        in flight."""
+        """Write this rank's post-mortem dump now (flight recorder and the last collectives,
+        those seen complete reported first: a hung rank reaches no later mark that would);
+        returns its path, or ``None`` (no dump folder, or it could not be written)."""
         counter = self._collectives.made()
         if counter is not None:
             with contextlib.suppress(Exception):  # the dump matters more than this report
                 counter.poll()
         last = self._last_step if self._last_step is not None else self._resumed
         self._dumper.step = (last or 0) + 1 if self._started else None
+        with self._lock:
+            self._dumper.phase = self._steps.innermost() or self._failed_phase
         return self._dumper.dump(reason)
 
     # ------------------------------------------------------------------ spans

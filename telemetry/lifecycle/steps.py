@@ -22,7 +22,7 @@ from stormwatch.telemetry.phases import PHASES, PhaseSpec
 
 class _PhaseOwner(Protocol):
     def _enter_phase(self, spec: PhaseSpec) -> None: ...
-    def _leave_phase(self, spec: PhaseSpec) -> None: ...
+    def _leave_phase(self, spec: PhaseSpec, *, failed: bool = False) -> None: ...
 
 
 class PhaseContext:
@@ -39,7 +39,7 @@ class PhaseContext:
 
     def __exit__(self, *exc_info: object) -> None:
         if self._session is not None and self._spec is not None:
-            self._session._leave_phase(self._spec)
+            self._session._leave_phase(self._spec, failed=exc_info[0] is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +95,7 @@ class StepClock:
         self._paused = 0.0  # seconds in out-of-step phases since the mark
         self._pausing_since: float | None = None  # an out-of-step phase is open
         self._depth: dict[str, int] = {}  # phase -> how deep it is entered
+        self._stack: list[str] = []  # phases entered, in order (one item per entry)
 
     def restart(self) -> None:
         """The next step's time runs from now."""
@@ -116,14 +117,21 @@ class StepClock:
         """Phase ``spec`` entered; True when it was not entered already (outermost)."""
         depth = self._depth.get(spec.name, 0)
         self._depth[spec.name] = depth + 1
+        self._stack.append(spec.name)
         if not spec.in_step and self._pausing_since is None:
             self._pausing_since = self._monotonic()
         return depth == 0
+
+    def innermost(self) -> str | None:
+        """The phase entered last among those still entered (None: in no phase)."""
+        return self._stack[-1] if self._stack else None
 
     def leave(self, spec: PhaseSpec) -> bool:
         """Phase ``spec`` left; True when it is no longer entered at all."""
         depth = max(self._depth.get(spec.name, 0) - 1, 0)
         self._depth[spec.name] = depth
+        if spec.name in self._stack:  # the latest entry of it
+            del self._stack[len(self._stack) - 1 - self._stack[::-1].index(spec.name)]
         paused = any(n and not PHASES[name].in_step for name, n in self._depth.items())
         if not paused and self._pausing_since is not None:
             self._paused += self._monotonic() - self._pausing_since

@@ -285,6 +285,26 @@ def test_a_phase_excuses_a_silent_rank_until_its_deadline(
     assert out == expected
 
 
+@pytest.mark.parametrize("stage", ["rendezvous", "mesh", "parallelize", "checkpoint_load"])
+def test_a_rank_stuck_in_a_start_up_stage_is_hung_at_its_deadline_and_named_by_it(
+    stage: str,
+) -> None:
+    """No step yet: the stage's entry is the heartbeat, its deadline entry + bound (60 s)."""
+    detector = HangDetector(HangSettings(floor_seconds=30.0))
+    entered, deadline = 10.0, 70.0
+    out = []
+    for now in (30.0, 69.0, 71.0):
+        progress = [
+            RankProgress((JOB, 0), True, now, None),  # a peer that moved on
+            RankProgress((JOB, 1), True, entered, None, paused_until=deadline, phase=stage),
+        ]
+        out += [(now, t.kind, t.key[1], t.details) for t in detector.observe(now, progress)]
+    assert [(now, kind, rank) for now, kind, rank, _ in out] == [(71.0, HANG, 1)]
+    details = out[0][3]
+    assert details["phase"] == stage and details["phase_deadline"] == deadline
+    assert details["step"] is None
+
+
 def test_a_job_without_step_marks_is_judged_by_its_progress_heartbeat() -> None:
     """Zero-code jobs: only collectives advance the heartbeat; no step, no step heartbeat."""
     detector = HangDetector()

@@ -134,6 +134,13 @@ def test_fc01_case_catches_a_rule_that_judges_dead_ranks_by_heartbeat(tmp_path: 
         assert not run.ok, f"{name} passed against a rule without the up == 1 guard"
 
 
+def test_a_rank_hung_in_a_start_up_stage_alerts_named_by_the_stage(tmp_path: Path) -> None:
+    """Past its stage's deadline without progress: StormwatchRankHungInPhase{phase="mesh"};
+    a peer past its own deadline that still completes collectives does not fire."""
+    run = _run_case(tmp_path, "rank_hung_in_a_start_up_stage_is_named_by_the_stage_and_resolves")
+    assert run.ok, run.output
+
+
 def test_a_phase_excuses_a_silent_rank_only_until_its_deadline(tmp_path: Path) -> None:
     """A marked phase (checkpoint save, eval, ...) mutes the stall and hang alerts within
     its bound; without the phase clause the same inputs fire too early."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import typing
 from pathlib import Path
 
 import pytest
@@ -12,14 +13,17 @@ from pydantic import ValidationError
 from stormwatch.faults.control_file import (
     ENTRY,
     POINTS,
+    STAGES,
     CheckpointNow,
     ControlFile,
+    Stage,
     arm,
     control_path,
     disarm,
     read_entries,
     write_entries,
 )
+from stormwatch.telemetry.phases import STARTUP_STAGES
 
 
 def _raw(path: Path) -> dict:
@@ -94,6 +98,10 @@ def test_every_point_is_one_model_and_the_file_forbids_unknown_keys() -> None:
         "checkpoint_now": {"requested_at": 1.0},
         "kill_at_step": {"step": 6, "attempt": 0},
         "checkpoint_kill": {"phase": "before_shards", "step": 4},
+        "freeze_at_step": {"step": 1, "seconds": 8.0},
+        "stage_hang": {"stage": "rendezvous"},
+        "stage_kill": {"stage": "parallelize"},
+        "stage_freeze": {"stage": "mesh", "seconds": 8.0},
     }
     assert set(examples) == set(POINTS)
     for point, fields in examples.items():
@@ -102,3 +110,11 @@ def test_every_point_is_one_model_and_the_file_forbids_unknown_keys() -> None:
         ControlFile.model_validate({"faults": [], "extra": 1})
     with pytest.raises(ValidationError):
         ENTRY.validate_python({"point": "kill_at_step", "step": 1, "attempt": -1})
+
+
+def test_stage_points_name_exactly_the_start_up_stages_of_the_telemetry_api() -> None:
+    assert typing.get_args(Stage) == STAGES == STARTUP_STAGES
+    with pytest.raises(ValidationError):
+        ENTRY.validate_python({"point": "stage_hang", "stage": "training"})
+    with pytest.raises(ValidationError):
+        ENTRY.validate_python({"point": "stage_freeze", "stage": "mesh", "seconds": 0})

@@ -161,6 +161,76 @@ def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> 
     assert entered + 41 < deadline < entered + 43
 
 
+def test_the_heartbeat_starts_before_the_process_group_in_the_rendezvous_stage(
+    tmp_path: Path,
+) -> None:
+    """init(collectives=True) marks rendezvous around init_process_group: inside it the rank
+    has a heartbeat and the stage's deadline, before any step or collective."""
+    out = run_job(
+        """
+        import json, threading, time
+        from datetime import timedelta
+        import torch.distributed as dist
+        import stormwatch.telemetry as swt
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+        swt.init()
+        seen = {}
+        def look():  # the rank's gauges while it waits in init_process_group for rank 1
+            time.sleep(1.0)
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(swt.session().settings.metrics_dir))
+            seen.update({
+                s.labels.get("phase", s.name): s.value
+                for f in registry.collect() for s in f.samples
+                if "phase_deadline" in s.name or "progress" in s.name
+            })
+            seen["now"] = time.time()
+        looking = threading.Thread(target=look)
+        looking.start()
+        try:  # rank 1 never comes
+            dist.init_process_group(
+                "gloo", store=dist.HashStore(), rank=0, world_size=2, timeout=timedelta(seconds=3)
+            )
+        except Exception as exc:
+            seen["failed"] = type(exc).__name__
+        looking.join()
+        print(json.dumps(seen))
+        """,
+        tmp_path,
+        STORMWATCH_PHASE_BOUNDS="rendezvous=42",
+    )
+    assert out.returncode == 0, out.stderr
+    inside = json.loads(out.stdout.splitlines()[-1])
+    now = inside["now"]
+    assert "failed" in inside  # the rendezvous never completed
+    assert now - 5 < inside["stormwatch_train_last_progress_timestamp_seconds"] <= now
+    assert now + 35 < inside["rendezvous"] < now + 43  # entry + its bound
+    after = samples(tmp_path / "metrics")
+    assert (
+        after[("stormwatch_train_phase_deadline_timestamp_seconds", (("phase", "rendezvous"),))]
+        == 0
+    )
+
+
+def test_a_dump_after_an_exception_left_a_stage_names_that_stage(tmp_path: Path) -> None:
+    out = run_job(
+        """
+        import stormwatch.telemetry as swt
+        session = swt.init(collectives=False)
+        try:
+            with swt.phase("parallelize"):
+                raise RuntimeError("out of memory")
+        except RuntimeError as exc:
+            session.dump(f"RuntimeError: {exc}")
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    dump = json.loads((tmp_path / "dumps" / "rank0.json").read_text())
+    assert dump["phase"] == "parallelize" and dump["step"] is None
+
+
 @pytest.mark.parametrize(
     ("given", "environ", "job", "warned"),
     [

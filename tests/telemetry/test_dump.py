@@ -73,15 +73,17 @@ def test_every_key_of_a_dump_reads_back_through_its_model(tmp_path: Path) -> Non
     recent = [{"seq": 226, "op": "all_reduce", "seconds": None}]
     dumper = RankDumper(tmp_path, rank=2, attempt=1, recent=lambda: recent, clock=lambda: 50.0)
     dumper.step = 21
+    dumper.phase = "checkpoint_load"
     path = dumper.dump("Terminated")
     assert path is not None
     written = json.loads(path.read_text())
     assert list(written) == [
-        "rank", "attempt", "pid", "time", "reason", "step",
+        "rank", "attempt", "pid", "time", "reason", "step", "phase",
         "flight_recorder", "flight_recorder_error", "collectives",
     ]  # fmt: skip
     record = read_dump(path)
     assert (record.rank, record.attempt, record.time, record.step) == (2, 1, 50.0, 21)
+    assert record.phase == "checkpoint_load"
     assert record.reason == "Terminated" and record.collectives == recent
     assert record.in_collective()  # our record has a collective never observed complete
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ def arm_control_file() -> Callable[..., Path]:
     return arm_control
 
 
-def run_torchrun(
+def torchrun_command(
     root: Path,
     train_args: Sequence[str],
     *,
@@ -112,12 +113,8 @@ def run_torchrun(
     extra_env: dict[str, str] | None = None,
     max_restarts: int = 0,
     control: Mapping[int, Sequence[Mapping[str, object]]] | None = None,
-) -> TorchrunRun:
-    """Run ``stormwatch train *train_args`` on ``nproc`` local CPU ranks under torchrun.
-
-    ``control`` (rank -> entries) is written to ``<root>/metrics/control`` (the trainer's
-    default control folder) before torchrun starts, so it holds from step 1.
-    """
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of :func:`run_torchrun` (``control`` written now)."""
     root.mkdir(parents=True, exist_ok=True)
     for rank, entries in (control or {}).items():
         arm_control(root / "metrics" / "control", rank, *entries)
@@ -131,11 +128,58 @@ def run_torchrun(
         "--log-dir", str(root / "logs"),
         "--metrics-dir", str(root / "metrics"),
     ]  # fmt: skip
-    started = time.monotonic()
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=root
+    return command, env
+
+
+def run_torchrun(
+    root: Path,
+    train_args: Sequence[str],
+    *,
+    nproc: int,
+    extra_env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    control: Mapping[int, Sequence[Mapping[str, object]]] | None = None,
+    on_poll: Callable[[], None] | None = None,
+) -> TorchrunRun:
+    """Run ``stormwatch train *train_args`` on ``nproc`` local CPU ranks under torchrun.
+
+    ``control`` (rank -> entries) is written to ``<root>/metrics/control`` (the trainer's
+    default control folder) before torchrun starts, so it holds from step 1. ``on_poll``
+    is called every 0.1 s while the job runs, and once after it ended (to read what a
+    restarted rank overwrites, e.g. its dump).
+    """
+    command, env = torchrun_command(
+        root,
+        train_args,
+        nproc=nproc,
+        extra_env=extra_env,
+        max_restarts=max_restarts,
+        control=control,
     )
-    return TorchrunRun(root, done.returncode, done.stdout + done.stderr, time.monotonic() - started)
+    started = time.monotonic()
+    if on_poll is None:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=root
+        )
+        output, code = done.stdout + done.stderr, done.returncode
+    else:
+        with subprocess.Popen(
+            command, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        ) as proc:
+            chunks: list[bytes] = []
+            stdout = proc.stdout
+            assert stdout is not None
+            reader = threading.Thread(target=lambda: chunks.append(stdout.read()))
+            reader.start()  # the pipe must not fill up while we poll
+            while proc.poll() is None and time.monotonic() - started < 300:
+                on_poll()
+                time.sleep(0.1)
+            proc.kill()
+            reader.join(10)
+            code = proc.wait()
+        on_poll()
+        output = b"".join(chunks).decode(errors="replace")
+    return TorchrunRun(root, code, output, time.monotonic() - started)
 
 
 @pytest.fixture(scope="session")

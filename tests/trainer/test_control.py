@@ -6,6 +6,8 @@ tests/trainer/conftest.py), as the agent and the platforms write them.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,80 @@ def test_checkpoint_kill_names_the_phases(tmp_path, arm_control_file, entry):
     with pytest.raises(ControlFileError) as caught:
         ControlChannel(control_path(tmp_path, 0)).poll()
     assert "before_shards, before_metadata, before_marker" in str(caught.value)
+
+
+def _recording(tmp_path: Path, fake: FakeTime, attempt: int = 0) -> tuple[ControlChannel, list]:
+    """A channel whose kill and freeze are recorded instead of done."""
+    done: list = []
+    channel = ControlChannel(
+        control_path(tmp_path, 3),
+        attempt=attempt,
+        clock=fake.clock,
+        sleep=fake.sleep,
+        kill=lambda: done.append("SIGKILL"),
+        freeze=lambda seconds: done.append(("SIGSTOP", seconds)),
+        on_fire=done.append,
+    )
+    return channel, done
+
+
+def test_stage_points_fire_at_the_start_of_their_stage_only(tmp_path, arm_control_file):
+    fake = FakeTime()
+    arm_control_file(
+        tmp_path,
+        3,
+        {"point": "stage_kill", "stage": "mesh"},
+        {"point": "stage_freeze", "stage": "parallelize", "seconds": 8},
+        {"point": "stage_hang", "stage": "checkpoint_load", "expires_at": 1002.0},
+        {"point": "stage_kill", "stage": "rendezvous", "attempt": 1},  # another attempt
+    )
+    channel, done = _recording(tmp_path, fake)
+    channel.stage("rendezvous")
+    assert done == []
+    channel.stage("mesh")
+    assert done == ["stage_kill", "SIGKILL"]
+    channel.stage("parallelize")
+    assert done[2:] == ["stage_freeze", ("SIGSTOP", 8.0)]
+    channel.stage("checkpoint_load")  # blocks until the entry expires
+    assert done[4:] == ["stage_hang"] and fake.now >= 1002.0
+
+
+def test_a_stage_hang_ends_when_its_entry_is_removed(tmp_path, arm_control_file):
+    fake = FakeTime()
+    arm_control_file(tmp_path, 3, {"point": "stage_hang", "stage": "mesh"})
+    channel, done = _recording(tmp_path, fake)
+    sleep = fake.sleep
+
+    def revert_after_a_second(seconds: float) -> None:
+        sleep(seconds)
+        if fake.now >= 1001.0:
+            control_path(tmp_path, 3).unlink(missing_ok=True)
+
+    channel._sleep = revert_after_a_second
+    channel.stage("mesh")
+    assert done == ["stage_hang"] and 1001.0 <= fake.now < 1002.0
+
+
+def test_freeze_at_step_stops_the_rank_at_the_start_of_its_step(tmp_path, arm_control_file):
+    arm_control_file(tmp_path, 3, {"point": "freeze_at_step", "step": 2, "attempt": 0})
+    channel, done = _recording(tmp_path, FakeTime())
+    channel.poll()
+    channel.check_step(1)
+    assert done == []
+    channel.check_step(2)
+    assert done == ["freeze_at_step", ("SIGSTOP", None)]
+    other, done_later = _recording(tmp_path, FakeTime(), attempt=1)
+    other.poll()
+    other.check_step(2)
+    assert done_later == []
+
+
+def test_a_frozen_process_is_resumed_after_its_seconds(tmp_path):
+    """The real freeze: SIGSTOP, and SIGCONT from the helper it started."""
+    code = (
+        "import time; from stormwatch.trainer.control import _freeze_self; "
+        "t = time.monotonic(); _freeze_self(1.0); print(round(time.monotonic() - t, 1))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert 0.9 <= float(done.stdout) < 30

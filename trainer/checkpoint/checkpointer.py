@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,6 +96,9 @@ class Checkpointer:
         config: folder, interval, how many to keep; ``directory=None`` disables it.
         state: the objects to save and restore.
         layout: this rank's position (rank, degrees, attempt).
+        group_timeout: collective timeout of the async mode's own gloo group (the job's
+            ``--collective-timeout``; ``None``: torch's default, 30 minutes, which a
+            save with a frozen peer would wait for).
 
     All public methods are collective: every rank must call them in the same order.
     """
@@ -107,6 +111,7 @@ class Checkpointer:
         layout: RankLayout,
         on_commit: Callable[[int], None] | None = None,
         fault_hook: FaultHook | None = None,
+        group_timeout: timedelta | None = None,
     ) -> None:
         self._config = config
         self._state = SavedState(state, layout)
@@ -116,7 +121,7 @@ class Checkpointer:
         self._pending: _Pending | None = None
         # async_save runs its collectives on a background thread: give it its own group.
         self._group = (
-            dist.new_group(backend="gloo")
+            dist.new_group(backend="gloo", timeout=group_timeout, group_desc="checkpoint_async")
             if self.enabled and config.mode == "async" and layout.world_size > 1
             else None
         )

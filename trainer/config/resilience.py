@@ -105,8 +105,11 @@ class DebugConfig:
             abnormally; ``None`` disables dumps (the CLI defaults it to
             ``<log-dir>/dumps``).
         collective_timeout: seconds after which a collective that has not
-            completed fails the rank; ``None``: 120 s on GPU, 300 s on CPU
-            (:mod:`stormwatch.trainer.runtime`).
+            completed fails the rank, in every process group (the default group, the
+            mesh's sub-groups, the async checkpoint's group; gloo also bounds
+            connecting a new group by it); ``None``: 120 s on GPU, 300 s on CPU
+            (:mod:`stormwatch.trainer.runtime`). The start-up stages have bounds of
+            their own (``STORMWATCH_PHASE_BOUNDS``, :mod:`stormwatch.telemetry.phases`).
         flight_recorder_entries: PyTorch flight-recorder ring size (0: leave
             the recorder off unless the environment enables it; default
             :data:`~stormwatch.telemetry.DEFAULT_FLIGHT_RECORDER_ENTRIES`).
@@ -123,7 +126,7 @@ class DebugConfig:
         default=None,
         metavar="SECONDS",
         default_text="120 on GPU, 300 on CPU",
-        help="A collective not complete after this fails the rank.",
+        help="A collective of any process group not complete after this fails the rank.",
     )
     flight_recorder_entries: int = option(
         "--flight-recorder-entries",

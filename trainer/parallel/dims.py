@@ -23,8 +23,9 @@ mesh is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stormwatch.errors import ConfigError
 from stormwatch.trainer.errors import TrainerError
@@ -136,7 +137,9 @@ class ParallelDims:
         coords = self.coordinate(rank)
         return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
+    def build_mesh(
+        self, device_type: str, *, group_options: Callable[[], Any] | None = None
+    ) -> DeviceMesh:
         """Create (once) and return the N-D mesh named by :attr:`mesh_degrees`.
 
         The default process group must already be initialised with
@@ -144,6 +147,13 @@ class ParallelDims:
 
         Args:
             device_type: ``"cpu"`` or ``"cuda"``.
+            group_options: makes the backend options of one new process group
+                (:meth:`stormwatch.trainer.runtime.Distributed.group_options`, which carry
+                the collective timeout). Every dimension that needs groups of its own
+                gets them made with fresh options; without them torch gives the
+                sub-groups its default timeout (30 minutes), not the default group's.
+                A dimension over every rank reuses the default group (its timeout
+                is set already). ``None``: torch's defaults.
 
         Raises:
             TrainerError: the mesh was already built for another device type.
@@ -158,7 +168,18 @@ class ParallelDims:
             return self._mesh
         names = tuple(name for name, _ in self.mesh_degrees)
         shape = tuple(degree for _, degree in self.mesh_degrees)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        override: dict[int | str, Any] | None = (
+            None
+            if group_options is None
+            else {
+                name: group_options()
+                for name, degree in self.mesh_degrees
+                if degree != self.world_size
+            }
+        )
+        mesh = init_device_mesh(
+            device_type, shape, mesh_dim_names=names, backend_override=override or None
+        )
         object.__setattr__(self, "_mesh", mesh)  # frozen: the mesh is set exactly once
         return mesh
 
