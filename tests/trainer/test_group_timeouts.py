@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -76,6 +77,12 @@ def _rank(rank: int, port: int, degrees: dict[str, int], root: str, out: Any) ->
 
 
 def _run_layout(degrees: dict[str, int], root: Path) -> dict[int, Any]:
+    # the ranks unpickle _rank by this module's name (tests.trainer...): the forkserver,
+    # which takes this process's sys.path when the first start() below starts it, must
+    # find the repository's root there (pytest's importlib mode does not put it)
+    repo = str(Path(__file__).resolve().parents[2])
+    if repo not in sys.path:
+        sys.path.append(repo)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["stormwatch.trainer.loop"])
     out = context.Queue()
