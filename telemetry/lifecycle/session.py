@@ -89,7 +89,7 @@ class Session:
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
         self._exits = ExitHooks(self._at_exit, self._on_signal)
-        self._sigterm = SigtermDump(self._signal_dump)
+        self._sigterm = SigtermDump(self._signal_dump, self._end_unanswered)
         self._requests: Any = None  # stormwatch.telemetry.dump_requests.DumpRequestWatcher
 
     def _answer_dump_requests(self) -> None:
@@ -481,7 +481,12 @@ class Session:
         self.shutdown(clean=clean and not self._signalled)
 
     def _on_signal(self, signum: int) -> None:
+        self._sigterm.answered()
         self._sigterm.dump_once("written by the API's handler")
+
+    def _end_unanswered(self) -> None:
+        # SIGTERM's dump is written and the main thread waits in C++ (exits.end_unanswered)
+        self._exits.end_unanswered(lambda: self.shutdown(clean=False))
 
     def _signal_dump(self, reason: str) -> None:
         self._signalled = True
