@@ -63,6 +63,8 @@ class _Current:
         self.lock = threading.Lock()
         self.session: Session | None = None
         self.requested: dict[str, Any] = {}
+        self.fork_hook = False  # _after_fork_in_child is registered
+        self.owner_by_init = False  # init() set OWNER_ENV (else `stormwatch run` had set it)
 
 
 _CURRENT = _Current()
@@ -137,7 +139,41 @@ def _enable_flight_recorder(settings: launch.Settings) -> None:
     os.environ.update(flight_recorder_environ(settings.dump_dir, settings.flight_recorder))
 
 
+def _disabled() -> Session:
+    """A session with no outputs, handlers or threads (its calls do nothing)."""
+    return Session(launch.Settings(collectives=False, handle_signals=False), launch.Placement())
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a ``multiprocessing`` fork worker, a ``Pool``'s) inherits the rank's
+    session, its SIGTERM handler and wakeup pipe: it is not the rank, so all are dropped
+    (no done record, no dumps, no ``atexit`` writes); its own ``init()`` gets a disabled
+    session. (No lock taken: another thread may have held it at the fork.)"""
+    inherited = _CURRENT.session
+    if inherited is not None and not inherited.closed:
+        inherited._forget_in_child()
+        _CURRENT.session = _disabled()
+
+
 def _new_session(requested: Mapping[str, Any]) -> Session:
+    owner = launch.rank_owner(os.environ, os.getpid())
+    if owner is not None:
+        warn_once(
+            "init:not_the_rank",
+            "init() in pid %d: this is a process the rank (pid %d, %s) started (a data-loader "
+            "worker, a helper), not the rank: its telemetry is off (no files, no handlers); "
+            "only the rank's main process records",
+            os.getpid(),
+            owner,
+            launch.OWNER_ENV,
+        )
+        return _disabled()
+    if os.environ.get(launch.OWNER_ENV) != str(os.getpid()):
+        os.environ[launch.OWNER_ENV] = str(os.getpid())  # inherited by what it starts
+        _CURRENT.owner_by_init = True
+    if not _CURRENT.fork_hook:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _CURRENT.fork_hook = True
     where, problems = launch.placement(os.environ)
     for problem in problems:
         warn_once("init:placement", "init(): %s", problem)
@@ -165,7 +201,7 @@ def _warn_kept(requested: dict[str, Any], first: dict[str, Any], current: Sessio
     differ = ", ".join(
         f"{k}={v!r} (kept {first.get(k)!r})" for k, v in requested.items() if first.get(k) != v
     )
-    if os.environ.get("STORMWATCH_RUN_RANK_PID") == str(os.getpid()):  # zerocode.rank.OWNER_ENV
+    if os.environ.get(launch.OWNER_ENV) == str(os.getpid()) and not _CURRENT.owner_by_init:
         warn_once(
             "init:twice",
             "init(%s) is ignored: `stormwatch run` already started this rank's session "
@@ -248,10 +284,7 @@ def init(
                 type(exc).__name__,
                 exc,
             )
-            made = Session(
-                launch.Settings(collectives=False, handle_signals=False),
-                launch.Placement(),
-            )
+            made = _disabled()
         _CURRENT.session, _CURRENT.requested = made, requested
         return made
 

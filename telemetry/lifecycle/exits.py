@@ -71,6 +71,11 @@ class ExitHooks:
             signal.signal(signal.SIGTERM, self._previous)
         self._installed_signal = False
 
+    def forget_in_child(self) -> None:
+        """In a forked child: no ``atexit`` end, and the SIGTERM handler the session
+        displaced back (the child is not the rank; it must not act on the rank's behalf)."""
+        self.uninstall()
+
     def ends_at_default(self) -> bool:
         """Whether a SIGTERM now would end at the default action through our handler: it
         is still the one installed (no framework replaced it) and the handler it displaced

@@ -122,6 +122,31 @@ class Settings:
     phase_bounds: Mapping[str, float] = field(default_factory=dict)
 
 
+#: The pid of the rank's main process: set by the first process to start a session
+#: (``init()``, or ``stormwatch run``'s bootstrap when the rank imports torch) and inherited
+#: by the processes it starts (spawn/forkserver data-loader workers, helper subprocesses),
+#: which then know they are not the rank although they see its ``RANK``/``STORMWATCH_*``.
+OWNER_ENV = "STORMWATCH_RUN_RANK_PID"
+
+
+def rank_owner(environ: Mapping[str, str], pid: int) -> int | None:
+    """The live pid, other than ``pid``, that :data:`OWNER_ENV` names (this process was
+    started by the rank); ``None`` when it names this process, nothing, or a dead one."""
+    try:
+        owner = int(environ.get(OWNER_ENV, ""))
+    except ValueError:
+        return None
+    if owner == pid or owner <= 0:
+        return None
+    try:
+        os.kill(owner, 0)
+    except PermissionError:  # alive, another user's
+        return owner
+    except OSError:  # gone (a stale variable from a finished launcher): not an owner
+        return None
+    return owner
+
+
 def probe_folder(path: Path) -> str | None:
     """Create ``path`` and write a hidden probe file in it; the reason it fails, else None."""
     probe = path / f".stormwatch-probe-{os.getpid()}"
@@ -192,10 +217,12 @@ def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | N
 
 __all__ = [
     "FOLDER_ENV",
+    "OWNER_ENV",
     "Placement",
     "Settings",
     "placement",
     "probe_folder",
+    "rank_owner",
     "resolve_folder",
     "resolve_job",
 ]

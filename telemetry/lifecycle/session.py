@@ -89,7 +89,10 @@ class Session:
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
         self._exits = ExitHooks(self._at_exit, self._on_signal)
-        self._sigterm = SigtermDump(self._signal_dump, self._end_unanswered)
+        self._sigterm = SigtermDump(  # the main thread waits in C++: exits.end_unanswered
+            self._signal_dump,
+            lambda: self._exits.end_unanswered(lambda: self.shutdown(clean=False)),
+        )
         self._requests: Any = None  # stormwatch.telemetry.dump_requests.DumpRequestWatcher
 
     def _answer_dump_requests(self) -> None:
@@ -476,6 +479,11 @@ class Session:
         self._telemetry.close()
         self._exits.uninstall()
 
+    def _forget_in_child(self) -> None:  # a forked child is not the rank: nothing from it
+        self._closed = True
+        self._sigterm.forget_in_child()
+        self._exits.forget_in_child()
+
     def _at_exit(self, clean: bool) -> None:
         # after SIGTERM the end is not clean, whatever the handler it chained to did
         self.shutdown(clean=clean and not self._signalled)
@@ -483,10 +491,6 @@ class Session:
     def _on_signal(self, signum: int) -> None:
         self._sigterm.answered()
         self._sigterm.dump_once("written by the API's handler")
-
-    def _end_unanswered(self) -> None:
-        # SIGTERM's dump is written and the main thread waits in C++ (exits.end_unanswered)
-        self._exits.end_unanswered(lambda: self.shutdown(clean=False))
 
     def _signal_dump(self, reason: str) -> None:
         self._signalled = True

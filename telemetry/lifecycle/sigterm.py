@@ -134,6 +134,20 @@ class SigtermDump:
         if self._on_unanswered is not None and not self._answered.wait(MAIN_THREAD_GRACE_S):
             self._on_unanswered()
 
+    def forget_in_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): no wakeup descriptor (the child's
+        signals would be written into the parent's pipe, its thread does not exist here),
+        no dumps, and the handler :meth:`take_front` displaced back."""
+        self._dumped = True  # nothing more is written from this process
+        self._on_unanswered = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._watching:
+            signal.set_wakeup_fd(-1)
+            self._watching = False
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, self._displaced)
+
     def take_front(self) -> bool:
         """Put :meth:`_handle` in front of the current SIGTERM handler (idempotent while it
         is in front); whether it is. Main thread only."""
