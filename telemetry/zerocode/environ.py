@@ -232,7 +232,9 @@ def child_environ(settings: RunSettings, environ: Mapping[str, str]) -> dict[str
     """
     env = dict(environ)
     bootstrap = str(BOOTSTRAP_DIR)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != bootstrap]
+    # an empty entry ("a::b", a leading or trailing ":") means the current folder: kept
+    given = env.get("PYTHONPATH", "")
+    paths = [p for p in given.split(os.pathsep) if p != bootstrap] if given else []
     env["PYTHONPATH"] = os.pathsep.join([bootstrap, *paths])
     env["STORMWATCH_JOB"] = settings.job
     for name, variable in (

@@ -89,6 +89,11 @@ CASES = {
     "non_integer_step": ("swt.init()", "swt.step(step + 0.5)", ["step=1.5", "int >= 0"]),
     "step_as_text": ("swt.init()", "swt.step(str(step))", ["step='1'", "int >= 0"]),
     "loss_not_a_number": ("swt.init()", "swt.step(step, loss='low')", ["loss='low'", "number"]),
+    "loss_beyond_a_float": (
+        "swt.init()",
+        "swt.step(step, loss=10**400)",
+        ["loss=<int of 401 digits>", "too large for a float"],
+    ),
     "negative_tokens": ("swt.init()", "swt.step(step, tokens=-5)", ["tokens=-5", "int >= 0"]),
     "nan_loss": (
         "swt.init()",

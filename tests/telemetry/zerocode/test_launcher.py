@@ -79,6 +79,12 @@ def test_a_nested_launcher_does_not_put_the_bootstrap_twice(tmp_path: Path) -> N
     assert twice["PYTHONPATH"] == str(BOOTSTRAP_DIR)
 
 
+def test_empty_path_entries_which_mean_the_current_folder_are_kept(tmp_path: Path) -> None:
+    env = _env({"PYTHONPATH": ":/opt/site::"}, metrics_dir=tmp_path)
+    assert env["PYTHONPATH"] == os.pathsep.join([str(BOOTSTRAP_DIR), "", "/opt/site", "", ""])
+    assert _env({"PYTHONPATH": ""}, metrics_dir=tmp_path)["PYTHONPATH"] == str(BOOTSTRAP_DIR)
+
+
 @pytest.mark.parametrize(
     ("environ", "options", "expected"),
     [
