@@ -109,6 +109,11 @@ def _settings(requested: Mapping[str, Any], environ: Mapping[str, str]) -> launc
         folders[name], problem = launch.resolve_folder(name, requested[name], environ)
         if problem:
             warn_once(f"init:{name}", "init(): %s", problem)
+    if folders["metrics_dir"] is not None:
+        problem = launch.metrics_space_problem(folders["metrics_dir"])
+        if problem:
+            warn_once("init:metrics_dir", "init(): %s", problem)
+            folders["metrics_dir"] = None
     bounds, problems = parse_bounds(environ.get(PHASE_BOUNDS_ENV, ""))
     for problem in problems:
         warn_once("init:phase_bounds", "init(): %s; that phase keeps its default bound", problem)

@@ -186,6 +186,33 @@ def resolve_folder(
     return path, None
 
 
+#: Free bytes the metrics folder needs at init(): prometheus-client's multiprocess files
+#: are memory-mapped, each created at 64 KiB (``prometheus_client.mmap_dict``'s
+#: ``_INITIAL_MMAP_SIZE``) and doubled when full; a rank writes up to 8 (counter,
+#: histogram, the gauge modes), and the collective series (per op and mesh dimension) grow
+#: them a few times over: 64 KiB x 8 files x 8 = 4 MiB. A write into a mapped file on a
+#: full filesystem is a SIGBUS, which kills the process.
+MIN_METRICS_FREE_BYTES = 4 << 20
+
+
+def metrics_space_problem(path: Path) -> str | None:
+    """Why the metrics folder ``path`` is too full to use (below
+    :data:`MIN_METRICS_FREE_BYTES` free, by ``os.statvfs``), else None."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:  # not measurable (no statvfs there): the folder was writable, use it
+        return None
+    free = stats.f_bavail * stats.f_frsize
+    if free >= MIN_METRICS_FREE_BYTES:
+        return None
+    return (
+        f"metrics_dir={str(path)!r} has {free // 1024} KiB free, under the "
+        f"{MIN_METRICS_FREE_BYTES >> 20} MiB its memory-mapped files need (a full folder "
+        "kills training with SIGBUS); metrics are off (free space there or make it larger, "
+        "e.g. the tmpfs's size=)"
+    )
+
+
 def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | None]:
     """The job name, as the node agent names this rank: the argument, else
     ``STORMWATCH_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID`` (the agent's default,
@@ -217,9 +244,11 @@ def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | N
 
 __all__ = [
     "FOLDER_ENV",
+    "MIN_METRICS_FREE_BYTES",
     "OWNER_ENV",
     "Placement",
     "Settings",
+    "metrics_space_problem",
     "placement",
     "probe_folder",
     "rank_owner",

@@ -111,3 +111,33 @@ def test_a_fork_pool_worker_signalled_does_not_signal_the_rank(tmp_path: Path) -
     assert "signalled False" in done.stdout, done.stdout + done.stderr
     assert not (tmp_path / "d" / "rank0.json").exists(), done.stderr
     assert (tmp_path / "m" / "rank0.done").exists()
+
+
+def test_a_nearly_full_metrics_folder_turns_metrics_off_and_training_runs_on(
+    tmp_path: Path,
+) -> None:
+    """prometheus-client mmaps its files: on a full tmpfs a write is a SIGBUS."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(folder)], check=True)
+    try:
+        environ = {**_environ(tmp_path), "STORMWATCH_METRICS_DIR": str(folder)}
+        code = (
+            "import stormwatch.telemetry as swt\nswt.init(collectives=False)\n"
+            "for step in range(1, 201):\n    swt.step(step, loss=1.0, tokens=step)\n"
+            "print('steps done', flush=True)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+    assert done.returncode == 0, done.stderr
+    assert "steps done" in done.stdout
+    assert f"metrics_dir={str(folder)!r} has" in done.stderr
+    assert done.stderr.count("metrics are off") == 1
