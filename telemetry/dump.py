@@ -36,9 +36,11 @@ module does not import torch (a test checks it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -233,9 +235,19 @@ class RankDumper:
             )
             self._dir.mkdir(parents=True, exist_ok=True)
             path = dump_path(self._dir, self._rank)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record.model_dump(), default=str), encoding="utf-8")
-            os.replace(tmp, path)
+            text = json.dumps(record.model_dump(), default=str)
+            # a temp name of its own per write (two dumps at once in one process: the
+            # SIGTERM thread and a dump request), so no reader sees a torn file
+            handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self._dir)
+            os.fchmod(handle, 0o644)  # readable as before (mkstemp makes it 0600)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):  # already replaced or gone: nothing left
+                    os.unlink(tmp)
+                raise
             log.warning("rank %d: post-mortem dump (%s) written to %s", self._rank, reason, path)
             return path
         except Exception:
