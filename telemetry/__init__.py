@@ -44,7 +44,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
+from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, MAX_FLIGHT_RECORDER_ENTRIES
 from stormwatch.telemetry.lifecycle import launch
 from stormwatch.telemetry.lifecycle.guard import LOGGER_NAME, never_raises, warn_once
 from stormwatch.telemetry.lifecycle.session import PhaseContext, Session
@@ -89,6 +89,16 @@ def _entries(value: object) -> int:
     """``flight_recorder``: True (the default ring), False or 0 (off), or a ring size."""
     if isinstance(value, bool):
         return DEFAULT_FLIGHT_RECORDER_ENTRIES if value else 0
+    if isinstance(value, int) and value > MAX_FLIGHT_RECORDER_ENTRIES:
+        warn_once(
+            "init:flight_recorder_value",
+            "init(flight_recorder=%d): above the largest ring, %d entries (torch would fail "
+            "to allocate it or hang); using %d",
+            value,
+            MAX_FLIGHT_RECORDER_ENTRIES,
+            MAX_FLIGHT_RECORDER_ENTRIES,
+        )
+        return MAX_FLIGHT_RECORDER_ENTRIES
     if isinstance(value, int) and value >= 0:
         return value
     warn_once(

@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 
 #: Flight-recorder ring size: ~60 steps of the default model's ~33 collectives.
 DEFAULT_FLIGHT_RECORDER_ENTRIES = 2000
+#: The largest ring accepted: PyTorch keeps every entry in host memory (a few hundred
+#: bytes to ~1 KiB each, with its stack) and reads them all into the SIGTERM dump, so
+#: 1,000,000 entries (~1 GiB, ~30,000 steps of the default model) is far past any use;
+#: sizes near 2**63 make torch fail to allocate or hang.
+MAX_FLIGHT_RECORDER_ENTRIES = 1_000_000
 
 
 def _int_or_none(value: object) -> int | None:
@@ -257,6 +262,7 @@ class RankDumper:
 
 __all__ = [
     "DEFAULT_FLIGHT_RECORDER_ENTRIES",
+    "MAX_FLIGHT_RECORDER_ENTRIES",
     "DumpRecord",
     "GroupStatus",
     "RankDumper",

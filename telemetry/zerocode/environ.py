@@ -41,7 +41,11 @@ from pathlib import Path
 
 from stormwatch.contracts.rank_env import RUN_ID_ENV, is_torchrun_agent
 from stormwatch.errors import ConfigError
-from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
+from stormwatch.telemetry.dump import (
+    DEFAULT_FLIGHT_RECORDER_ENTRIES,
+    MAX_FLIGHT_RECORDER_ENTRIES,
+    flight_recorder_environ,
+)
 
 #: The folder whose ``sitecustomize.py`` starts telemetry in each rank (first on PYTHONPATH).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -101,16 +105,18 @@ def resolve_settings(
     """The run's settings, and warnings to show (one line each). Nothing is created here.
 
     Raises:
-        ConfigError: no command, or a negative ``flight_recorder_entries`` (names the option).
+        ConfigError: no command, or ``flight_recorder_entries`` outside 0 to
+            ``MAX_FLIGHT_RECORDER_ENTRIES`` (names the option).
     """
     if not command:
         raise ConfigError(
             "no command to run: put the job's command after --, e.g. "
             "stormwatch run -- torchrun --nproc-per-node 2 train.py"
         )
-    if flight_recorder_entries < 0:
+    if not 0 <= flight_recorder_entries <= MAX_FLIGHT_RECORDER_ENTRIES:
         raise ConfigError(
-            f"--flight-recorder-entries: must be >= 0 (got {flight_recorder_entries})"
+            f"--flight-recorder-entries: must be 0 to {MAX_FLIGHT_RECORDER_ENTRIES} "
+            f"(got {flight_recorder_entries})"
         )
     warnings = _no_launcher(command, environ)
     name, _ = _first(

@@ -125,6 +125,11 @@ CASES = {
         "swt.checkpoint()",
         ["stormwatch.telemetry.checkpoint(step: int", "missing a required argument"],
     ),
+    "flight_recorder_beyond_the_largest_ring": (
+        "swt.init(flight_recorder=10**20)",
+        "pass",
+        ["flight_recorder=100000000000000000000", "largest ring, 1000000 entries"],
+    ),
     "bad_flag": (
         "swt.init(collectives='yes')",
         "pass",

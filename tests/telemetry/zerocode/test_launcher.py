@@ -251,6 +251,13 @@ def test_a_mistake_is_one_line_and_exit_status_2(
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+def test_a_flight_recorder_beyond_the_largest_ring_is_refused(tmp_path: Path) -> None:
+    done = _run("--metrics-dir", str(tmp_path), "--flight-recorder-entries", str(10**20), "true")
+    assert done.returncode == 2
+    assert "'--flight-recorder-entries': 100000000000000000000 is not in the range" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_python_command_with_no_launcher_is_told_how_to_get_ranks(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('trained')\n")
