@@ -114,6 +114,9 @@ def _settings(requested: Mapping[str, Any], environ: Mapping[str, str]) -> launc
     job, problem = launch.resolve_job(requested["job"], environ)
     if problem:
         warn_once("init:job", "init(): %s", problem)
+    job, problem = launch.encodable_job(job, "job")
+    if problem:
+        warn_once("init:job_encoding", "init(): %s", problem)
     folders = {}
     for name in launch.FOLDER_ENV:
         folders[name], problem = launch.resolve_folder(name, requested[name], environ)

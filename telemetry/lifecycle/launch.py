@@ -213,6 +213,21 @@ def metrics_space_problem(path: Path) -> str | None:
     )
 
 
+def encodable_job(job: str, source: str) -> tuple[str, str | None]:
+    """``job`` with characters UTF-8 cannot encode (lone surrogates: an environment that
+    was not UTF-8) written as backslash escapes, and a problem naming ``source`` when any
+    were; the node agent's exposition must encode every label as UTF-8."""
+    try:
+        job.encode("utf-8")
+    except UnicodeEncodeError:
+        fixed = job.encode("utf-8", "backslashreplace").decode("utf-8")
+        return fixed, (
+            f"{source}: the job name cannot be encoded as UTF-8 (an environment that is not "
+            f"UTF-8?); using {fixed!r} (set the job name in UTF-8)"
+        )
+    return job, None
+
+
 def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | None]:
     """The job name, as the node agent names this rank: the argument, else
     ``STORMWATCH_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID`` (the agent's default,
@@ -248,6 +263,7 @@ __all__ = [
     "OWNER_ENV",
     "Placement",
     "Settings",
+    "encodable_job",
     "metrics_space_problem",
     "placement",
     "probe_folder",

@@ -46,6 +46,7 @@ from stormwatch.telemetry.dump import (
     MAX_FLIGHT_RECORDER_ENTRIES,
     flight_recorder_environ,
 )
+from stormwatch.telemetry.lifecycle.launch import encodable_job
 
 #: The folder whose ``sitecustomize.py`` starts telemetry in each rank (first on PYTHONPATH).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -119,13 +120,17 @@ def resolve_settings(
             f"(got {flight_recorder_entries})"
         )
     warnings = _no_launcher(command, environ)
-    name, _ = _first(
+    name, name_source = _first(
         [
             ("--job", job),
             ("STORMWATCH_JOB", environ.get("STORMWATCH_JOB")),
             ("SLURM_JOB_NAME", environ.get("SLURM_JOB_NAME")),
         ]
     )
+    if name:
+        name, problem = encodable_job(name, name_source or "--job")
+        if problem:
+            warnings.append(problem)
     raw_metrics, metrics_source = _first(
         [
             ("--metrics-dir", metrics_dir),

@@ -141,3 +141,36 @@ def test_a_nearly_full_metrics_folder_turns_metrics_off_and_training_runs_on(
     assert "steps done" in done.stdout
     assert f"metrics_dir={str(folder)!r} has" in done.stderr
     assert done.stderr.count("metrics are off") == 1
+
+
+#: A rank whose job name came from an environment that is not UTF-8, and the node agent's
+#: trainer collector reading the folder it shares with another job's rank.
+SURROGATE_JOB = """
+import sys
+from pathlib import Path
+import stormwatch.telemetry as swt
+from stormwatch.agent.collectors.base import CollectorSet
+from stormwatch.agent.collectors.trainer import TrainerCollector
+swt.init(collectives=False)
+swt.step(1)
+text = CollectorSet([TrainerCollector(Path(sys.argv[1]))]).render().decode()
+print([line for line in text.splitlines() if line.startswith("stormwatch_collector_up")])
+"""
+
+
+def test_a_job_name_that_is_not_utf8_is_escaped_and_the_agent_still_reads_it(
+    tmp_path: Path,
+) -> None:
+    environ = {**_environ(tmp_path), "STORMWATCH_JOB": "job\udcff"}  # b"job\xff" in the env
+    done = subprocess.run(
+        [sys.executable, "-c", SURROGATE_JOB, str(tmp_path / "m")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("cannot be encoded as UTF-8") == 1, done.stderr
+    assert "using 'job\\\\udcff'" in done.stderr, done.stderr
+    assert 'stormwatch_collector_up{collector="trainer"} 1.0' in done.stdout, done.stdout

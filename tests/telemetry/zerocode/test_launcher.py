@@ -251,6 +251,16 @@ def test_a_mistake_is_one_line_and_exit_status_2(
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+def test_a_job_name_that_is_not_utf8_is_escaped_with_one_warning(tmp_path: Path) -> None:
+    environ = {"STORMWATCH_JOB": "job\udcff", "STORMWATCH_METRICS_DIR": str(tmp_path)}
+    settings, warnings = resolve_settings(["true"], environ=environ)
+    assert settings.job == "job\\udcff"
+    assert [w for w in warnings if "cannot be encoded as UTF-8" in w] == [
+        "STORMWATCH_JOB: the job name cannot be encoded as UTF-8 (an environment that is not "
+        "UTF-8?); using 'job\\\\udcff' (set the job name in UTF-8)"
+    ]
+
+
 def test_a_flight_recorder_beyond_the_largest_ring_is_refused(tmp_path: Path) -> None:
     done = _run("--metrics-dir", str(tmp_path), "--flight-recorder-entries", str(10**20), "true")
     assert done.returncode == 2
