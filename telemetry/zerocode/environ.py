@@ -93,6 +93,21 @@ def _first(
     return None, None
 
 
+def _job_name(job: str | None, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The job name (``--job``, else ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``, else
+    ``train``), escaped where UTF-8 cannot encode it, and that problem if so."""
+    name, source = _first(
+        [
+            ("--job", job),
+            ("STORMWATCH_JOB", environ.get("STORMWATCH_JOB")),
+            ("SLURM_JOB_NAME", environ.get("SLURM_JOB_NAME")),
+        ]
+    )
+    if not name:
+        return "train", None
+    return encodable_job(name, source or "--job")
+
+
 def resolve_settings(
     command: Sequence[str],
     *,
@@ -120,17 +135,9 @@ def resolve_settings(
             f"(got {flight_recorder_entries})"
         )
     warnings = _no_launcher(command, environ)
-    name, name_source = _first(
-        [
-            ("--job", job),
-            ("STORMWATCH_JOB", environ.get("STORMWATCH_JOB")),
-            ("SLURM_JOB_NAME", environ.get("SLURM_JOB_NAME")),
-        ]
-    )
-    if name:
-        name, problem = encodable_job(name, name_source or "--job")
-        if problem:
-            warnings.append(problem)
+    name, problem = _job_name(job, environ)
+    if problem:
+        warnings.append(problem)
     raw_metrics, metrics_source = _first(
         [
             ("--metrics-dir", metrics_dir),
@@ -170,7 +177,7 @@ def resolve_settings(
     }
     settings = RunSettings(
         command=tuple(command),
-        job=name or "train",
+        job=name,
         metrics_dir=metrics,
         log_dir=logs,
         dump_dir=Path(raw_dump) if raw_dump else None,
