@@ -44,7 +44,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
+from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, MAX_FLIGHT_RECORDER_ENTRIES
 from stormwatch.telemetry.lifecycle import launch
 from stormwatch.telemetry.lifecycle.guard import LOGGER_NAME, never_raises, warn_once
 from stormwatch.telemetry.lifecycle.session import PhaseContext, Session
@@ -63,6 +63,8 @@ class _Current:
         self.lock = threading.Lock()
         self.session: Session | None = None
         self.requested: dict[str, Any] = {}
+        self.fork_hook = False  # _after_fork_in_child is registered
+        self.owner_by_init = False  # init() set OWNER_ENV (else `stormwatch run` had set it)
 
 
 _CURRENT = _Current()
@@ -87,6 +89,16 @@ def _entries(value: object) -> int:
     """``flight_recorder``: True (the default ring), False or 0 (off), or a ring size."""
     if isinstance(value, bool):
         return DEFAULT_FLIGHT_RECORDER_ENTRIES if value else 0
+    if isinstance(value, int) and value > MAX_FLIGHT_RECORDER_ENTRIES:
+        warn_once(
+            "init:flight_recorder_value",
+            "init(flight_recorder=%d): above the largest ring, %d entries (torch would fail "
+            "to allocate it or hang); using %d",
+            value,
+            MAX_FLIGHT_RECORDER_ENTRIES,
+            MAX_FLIGHT_RECORDER_ENTRIES,
+        )
+        return MAX_FLIGHT_RECORDER_ENTRIES
     if isinstance(value, int) and value >= 0:
         return value
     warn_once(
@@ -102,11 +114,19 @@ def _settings(requested: Mapping[str, Any], environ: Mapping[str, str]) -> launc
     job, problem = launch.resolve_job(requested["job"], environ)
     if problem:
         warn_once("init:job", "init(): %s", problem)
+    job, problem = launch.encodable_job(job, "job")
+    if problem:
+        warn_once("init:job_encoding", "init(): %s", problem)
     folders = {}
     for name in launch.FOLDER_ENV:
         folders[name], problem = launch.resolve_folder(name, requested[name], environ)
         if problem:
             warn_once(f"init:{name}", "init(): %s", problem)
+    if folders["metrics_dir"] is not None:
+        problem = launch.metrics_space_problem(folders["metrics_dir"])
+        if problem:
+            warn_once("init:metrics_dir", "init(): %s", problem)
+            folders["metrics_dir"] = None
     bounds, problems = parse_bounds(environ.get(PHASE_BOUNDS_ENV, ""))
     for problem in problems:
         warn_once("init:phase_bounds", "init(): %s; that phase keeps its default bound", problem)
@@ -137,7 +157,41 @@ def _enable_flight_recorder(settings: launch.Settings) -> None:
     os.environ.update(flight_recorder_environ(settings.dump_dir, settings.flight_recorder))
 
 
+def _disabled() -> Session:
+    """A session with no outputs, handlers or threads (its calls do nothing)."""
+    return Session(launch.Settings(collectives=False, handle_signals=False), launch.Placement())
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a ``multiprocessing`` fork worker, a ``Pool``'s) inherits the rank's
+    session, its SIGTERM handler and wakeup pipe: it is not the rank, so all are dropped
+    (no done record, no dumps, no ``atexit`` writes); its own ``init()`` gets a disabled
+    session. (No lock taken: another thread may have held it at the fork.)"""
+    inherited = _CURRENT.session
+    if inherited is not None and not inherited.closed:
+        inherited._forget_in_child()
+        _CURRENT.session = _disabled()
+
+
 def _new_session(requested: Mapping[str, Any]) -> Session:
+    owner = launch.rank_owner(os.environ, os.getpid())
+    if owner is not None:
+        warn_once(
+            "init:not_the_rank",
+            "init() in pid %d: this is a process the rank (pid %d, %s) started (a data-loader "
+            "worker, a helper), not the rank: its telemetry is off (no files, no handlers); "
+            "only the rank's main process records",
+            os.getpid(),
+            owner,
+            launch.OWNER_ENV,
+        )
+        return _disabled()
+    if os.environ.get(launch.OWNER_ENV) != str(os.getpid()):
+        os.environ[launch.OWNER_ENV] = str(os.getpid())  # inherited by what it starts
+        _CURRENT.owner_by_init = True
+    if not _CURRENT.fork_hook:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _CURRENT.fork_hook = True
     where, problems = launch.placement(os.environ)
     for problem in problems:
         warn_once("init:placement", "init(): %s", problem)
@@ -165,7 +219,7 @@ def _warn_kept(requested: dict[str, Any], first: dict[str, Any], current: Sessio
     differ = ", ".join(
         f"{k}={v!r} (kept {first.get(k)!r})" for k, v in requested.items() if first.get(k) != v
     )
-    if os.environ.get("STORMWATCH_RUN_RANK_PID") == str(os.getpid()):  # zerocode.rank.OWNER_ENV
+    if os.environ.get(launch.OWNER_ENV) == str(os.getpid()) and not _CURRENT.owner_by_init:
         warn_once(
             "init:twice",
             "init(%s) is ignored: `stormwatch run` already started this rank's session "
@@ -248,10 +302,7 @@ def init(
                 type(exc).__name__,
                 exc,
             )
-            made = Session(
-                launch.Settings(collectives=False, handle_signals=False),
-                launch.Placement(),
-            )
+            made = _disabled()
         _CURRENT.session, _CURRENT.requested = made, requested
         return made
 

@@ -40,9 +40,11 @@ module does not import torch (a test checks it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +56,11 @@ log = logging.getLogger(__name__)
 
 #: Flight-recorder ring size: ~60 steps of the default model's ~33 collectives.
 DEFAULT_FLIGHT_RECORDER_ENTRIES = 2000
+#: The largest ring accepted: PyTorch keeps every entry in host memory (a few hundred
+#: bytes to ~1 KiB each, with its stack) and reads them all into the SIGTERM dump, so
+#: 1,000,000 entries (~1 GiB, ~30,000 steps of the default model) is far past any use;
+#: sizes near 2**63 make torch fail to allocate or hang.
+MAX_FLIGHT_RECORDER_ENTRIES = 1_000_000
 
 
 def _int_or_none(value: object) -> int | None:
@@ -242,9 +249,19 @@ class RankDumper:
             )
             self._dir.mkdir(parents=True, exist_ok=True)
             path = dump_path(self._dir, self._rank)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record.model_dump(), default=str), encoding="utf-8")
-            os.replace(tmp, path)
+            text = json.dumps(record.model_dump(), default=str)
+            # a temp name of its own per write (two dumps at once in one process: the
+            # SIGTERM thread and a dump request), so no reader sees a torn file
+            handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self._dir)
+            os.fchmod(handle, 0o644)  # readable as before (mkstemp makes it 0600)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):  # already replaced or gone: nothing left
+                    os.unlink(tmp)
+                raise
             log.warning("rank %d: post-mortem dump (%s) written to %s", self._rank, reason, path)
             return path
         except Exception:
@@ -254,6 +271,7 @@ class RankDumper:
 
 __all__ = [
     "DEFAULT_FLIGHT_RECORDER_ENTRIES",
+    "MAX_FLIGHT_RECORDER_ENTRIES",
     "DumpRecord",
     "GroupStatus",
     "RankDumper",

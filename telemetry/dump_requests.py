@@ -20,13 +20,17 @@ starts the watcher: the API, its integrations and ``stormwatch run`` alike).
 
 A stopped or dead rank answers nothing: its silence, while its peers' dumps show them
 waiting, is itself the evidence (:func:`stormwatch.postmortem.culprit_from_dumps`).
-Polling costs one ``stat`` per :data:`POLL_SECONDS`. No torch import here.
+Polling costs one ``stat`` per :data:`POLL_SECONDS`. A request dated more than
+:data:`MAX_FUTURE_SECONDS` ahead is ignored with a warning (answering it would silence
+every later request until that time), and a request path that is not a regular file (a
+FIFO, a device) is never read (opening a FIFO would block the thread). No torch import here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat as stat_mode
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at the request file (the agent waits a few seconds for dumps).
 POLL_SECONDS = 0.5
+#: How far ahead of this host's clock a request may be dated: the agent and the rank share
+#: a node's clock, so more than a minute ahead is a bad request, not skew.
+MAX_FUTURE_SECONDS = 60.0
 
 
 class DumpRequest(BaseModel):
@@ -68,11 +75,21 @@ def write_request(dump_dir: Path, rank: int, reason: str, now: float) -> Path:
 
 
 def read_request(path: Path) -> DumpRequest | None:
-    """The request in ``path``; None when there is none or it does not parse."""
+    """The request in ``path``; None when there is none, it does not parse, or ``path`` is
+    not a regular file (opened without blocking, so a FIFO never holds the reader)."""
     try:
-        return DumpRequest.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):  # none yet, or being replaced: looked at again soon
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # none yet, or being replaced: looked at again soon
         return None
+    try:
+        if not stat_mode.S_ISREG(os.fstat(handle).st_mode):
+            return None
+        with os.fdopen(handle, "rb", closefd=False) as source:
+            return DumpRequest.model_validate_json(source.read())
+    except (OSError, ValidationError):  # being replaced, or not a request: looked at again
+        return None
+    finally:
+        os.close(handle)
 
 
 class DumpRequestWatcher:
@@ -112,10 +129,24 @@ class DumpRequestWatcher:
             return False
         if (stat.st_mtime_ns, stat.st_size) == self._seen:
             return False
+        if not stat_mode.S_ISREG(stat.st_mode):
+            self._seen = (stat.st_mtime_ns, stat.st_size)
+            log.warning("dump request %s is not a regular file: not read", self._path)
+            return False
         request = read_request(self._path)
         if request is None:
             return False
         self._seen = (stat.st_mtime_ns, stat.st_size)
+        now = time.time()
+        if request.requested_at > now + MAX_FUTURE_SECONDS:
+            log.warning(
+                "dump request %s is dated %.0f s ahead of this host's clock (more than %.0f "
+                "s): ignored",
+                self._path,
+                request.requested_at - now,
+                MAX_FUTURE_SECONDS,
+            )
+            return False
         if request.requested_at <= self._answered:
             return False
         self._answered = request.requested_at
@@ -143,6 +174,7 @@ class DumpRequestWatcher:
 
 
 __all__ = [
+    "MAX_FUTURE_SECONDS",
     "POLL_SECONDS",
     "DumpRequest",
     "DumpRequestWatcher",

@@ -10,16 +10,24 @@ retention, or starts afresh.
 
 Also exports the folder's size: ``stormwatch_agent_multiprocess_files{job}`` (process
 files holding the job's series) and ``stormwatch_agent_multiprocess_folded_files_total``.
+
+A sample whose labels cannot be encoded as UTF-8 (a job name with lone surrogates, from a
+rank's environment that was not UTF-8) is left out and counted
+(:attr:`TrainerCollector.unencodable`, one warning each time more are seen); the text
+exposition would otherwise fail, and with it every job's metrics on the node.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.watch.folder import TrainerFolder
+
+log = logging.getLogger(__name__)
 
 
 class TrainerCollector:
@@ -29,19 +37,48 @@ class TrainerCollector:
 
     def __init__(self, folder: TrainerFolder) -> None:
         self._folder = folder
+        #: Samples left out so far because their labels cannot be encoded as UTF-8.
+        self.unencodable = 0
 
     def collect(self) -> Iterator[Metric]:
         with self._folder.lock:  # the series, the counts and the folded files of one moment
             families = self._folder.merge()
             counts = self._folder.file_counts()
             folded_files = self._folder.folded_files
-        yield from families
+        yield from self._encodable_only(families)
         files = new_family("stormwatch_agent_multiprocess_files")
         for job, count in sorted(counts.items()):
-            files.add_metric([job], float(count))
+            if _encodable({"job": job}):
+                files.add_metric([job], float(count))
         folded = new_family("stormwatch_agent_multiprocess_folded_files_total")
         folded.add_metric([], float(folded_files))
         yield from (files, folded)
+
+    def _encodable_only(self, families: list[Metric]) -> list[Metric]:
+        dropped = 0
+        for family in families:
+            kept = [s for s in family.samples if _encodable(s.labels)]
+            dropped += len(family.samples) - len(kept)
+            family.samples = kept
+        if dropped:
+            self.unencodable += dropped
+            log.warning(
+                "trainer: %d samples left out (%d so far): labels not encodable as UTF-8 (a "
+                "job name with lone surrogates?)",
+                dropped,
+                self.unencodable,
+            )
+        return families
+
+
+def _encodable(labels: dict[str, str]) -> bool:
+    try:
+        for name, value in labels.items():
+            name.encode("utf-8")
+            str(value).encode("utf-8")
+    except UnicodeEncodeError:  # left out and counted by the caller
+        return False
+    return True
 
 
 __all__ = ["TrainerCollector"]

@@ -39,8 +39,10 @@ What each Lightning hook reports (the public API only: ``init``, ``step``, ``pha
   the save has returned by then.
 * ``on_exception``: the phases end; a checkpoint still being saved is recorded as
   failed with the exception; the rank writes its post-mortem dump (flight recorder and
-  last collectives: a collective timeout, a peer gone); the session is left to the API's
-  exit hooks (no done marker: the rank did not finish).
+  last collectives: a collective timeout, a peer gone); the session ends unclean (no done
+  marker: the rank did not finish). Ending it here matters for a ``KeyboardInterrupt``
+  (SIGINT): Lightning then leaves through ``sys.exit(1)`` with no exception, which the
+  API's exit hooks would take for a clean end.
 * SIGTERM: the dump is written first thing (the session's
   :class:`~stormwatch.telemetry.lifecycle.sigterm.SigtermDump`: put in front of
   Lightning's handler at ``on_sanity_check_start``/``on_train_start``, and its thread for
@@ -252,6 +254,8 @@ class StormwatchCallback(pl.Callback):
         session = swt.session()
         if session is not None and not session.dumped_on_sigterm:  # keep the signal's moment
             _dump(f"{type(exception).__name__}: {exception}"[:500])
+        if session is not None:
+            session.shutdown(clean=False)  # not the exit hooks: sys.exit(1) looks clean there
 
     @_guarded
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -68,6 +68,17 @@ def real(
             return True, float(_detached(value))  # type: ignore[arg-type]
         except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many values
             pass  # warned below
+        except OverflowError:  # an int beyond a float's range (10**400)
+            warn_once(
+                f"{call}:{name}:overflow",
+                "%s(%s=<int of %d digits>): %s is too large for a float (above 1.8e308); %s",
+                call,
+                name,
+                len(str(abs(value))) if isinstance(value, int) else 0,
+                name,
+                consequence,
+            )
+            return False, None
     warn_once(
         f"{call}:{name}:{_kind(value)}",
         "%s(%s=%r): %s must be a number (a Python float or a one-element tensor); %s",

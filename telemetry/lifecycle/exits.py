@@ -7,7 +7,9 @@ that calls ``on_signal(signum)`` (flush, post-mortem dump) and then hands the si
 the handler that was there before: a Python handler is called (torchrun's workers, a
 trainer that turns SIGTERM into an exception); the default action is restored and the
 signal re-sent, so the process still ends with it (exit status 143); an ignored signal
-stays ignored. No torch import here.
+stays ignored. When the main thread cannot run the handler (it waits in C++, a hung
+collective), the wakeup thread's :meth:`ExitHooks.end_unanswered` ends the process in its
+place. No torch import here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 from stormwatch.telemetry.lifecycle.guard import logger
+from stormwatch.telemetry.lifecycle.sigterm import MAIN_THREAD_GRACE_S
 
 
 def ended_cleanly() -> bool:
@@ -67,6 +70,42 @@ class ExitHooks:
         ):
             signal.signal(signal.SIGTERM, self._previous)
         self._installed_signal = False
+
+    def forget_in_child(self) -> None:
+        """In a forked child: no ``atexit`` end, and the SIGTERM handler the session
+        displaced back (the child is not the rank; it must not act on the rank's behalf)."""
+        self.uninstall()
+
+    def ends_at_default(self) -> bool:
+        """Whether a SIGTERM now would end at the default action through our handler: it
+        is still the one installed (no framework replaced it) and the handler it displaced
+        was ``SIG_DFL``. Any thread."""
+        return (
+            self._installed_signal
+            and self._previous == signal.SIG_DFL
+            and signal.getsignal(signal.SIGTERM) == self._handle
+        )
+
+    def end_unanswered(self, close: Callable[[], None]) -> None:
+        """SIGTERM arrived, its dump is written, and the main thread has not run our handler
+        within the grace (it waits in C++: a hung collective). Where the chain ends at the
+        default action (:meth:`ends_at_default`), end the process as it would: ``close()``
+        (the session, unclean: no done marker), then ``os._exit(143)`` (a thread cannot
+        restore ``SIG_DFL``). A Python handler in the chain (a framework's, the trainer's)
+        is left to run when it can: without stormwatch it would be as stuck."""
+        if not self.ends_at_default():
+            return
+        logger.warning(
+            "stormwatch.telemetry: SIGTERM: the main thread did not run its handler within "
+            "%.1f s (it waits in C++, a collective?); the dump is written, ending the process "
+            "as SIGTERM's default action would (exit status 143)",
+            MAIN_THREAD_GRACE_S,
+        )
+        try:
+            close()
+        except Exception:  # the process must still end
+            logger.warning("stormwatch.telemetry: closing on SIGTERM failed", exc_info=True)
+        os._exit(128 + signal.SIGTERM)
 
     def _at_exit(self) -> None:
         self._on_exit(ended_cleanly())

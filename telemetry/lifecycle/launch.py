@@ -122,6 +122,31 @@ class Settings:
     phase_bounds: Mapping[str, float] = field(default_factory=dict)
 
 
+#: The pid of the rank's main process: set by the first process to start a session
+#: (``init()``, or ``stormwatch run``'s bootstrap when the rank imports torch) and inherited
+#: by the processes it starts (spawn/forkserver data-loader workers, helper subprocesses),
+#: which then know they are not the rank although they see its ``RANK``/``STORMWATCH_*``.
+OWNER_ENV = "STORMWATCH_RUN_RANK_PID"
+
+
+def rank_owner(environ: Mapping[str, str], pid: int) -> int | None:
+    """The live pid, other than ``pid``, that :data:`OWNER_ENV` names (this process was
+    started by the rank); ``None`` when it names this process, nothing, or a dead one."""
+    try:
+        owner = int(environ.get(OWNER_ENV, ""))
+    except ValueError:
+        return None
+    if owner == pid or owner <= 0:
+        return None
+    try:
+        os.kill(owner, 0)
+    except PermissionError:  # alive, another user's
+        return owner
+    except OSError:  # gone (a stale variable from a finished launcher): not an owner
+        return None
+    return owner
+
+
 def probe_folder(path: Path) -> str | None:
     """Create ``path`` and write a hidden probe file in it; the reason it fails, else None."""
     probe = path / f".stormwatch-probe-{os.getpid()}"
@@ -161,6 +186,48 @@ def resolve_folder(
     return path, None
 
 
+#: Free bytes the metrics folder needs at init(): prometheus-client's multiprocess files
+#: are memory-mapped, each created at 64 KiB (``prometheus_client.mmap_dict``'s
+#: ``_INITIAL_MMAP_SIZE``) and doubled when full; a rank writes up to 8 (counter,
+#: histogram, the gauge modes), and the collective series (per op and mesh dimension) grow
+#: them a few times over: 64 KiB x 8 files x 8 = 4 MiB. A write into a mapped file on a
+#: full filesystem is a SIGBUS, which kills the process.
+MIN_METRICS_FREE_BYTES = 4 << 20
+
+
+def metrics_space_problem(path: Path) -> str | None:
+    """Why the metrics folder ``path`` is too full to use (below
+    :data:`MIN_METRICS_FREE_BYTES` free, by ``os.statvfs``), else None."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:  # not measurable (no statvfs there): the folder was writable, use it
+        return None
+    free = stats.f_bavail * stats.f_frsize
+    if free >= MIN_METRICS_FREE_BYTES:
+        return None
+    return (
+        f"metrics_dir={str(path)!r} has {free // 1024} KiB free, under the "
+        f"{MIN_METRICS_FREE_BYTES >> 20} MiB its memory-mapped files need (a full folder "
+        "kills training with SIGBUS); metrics are off (free space there or make it larger, "
+        "e.g. the tmpfs's size=)"
+    )
+
+
+def encodable_job(job: str, source: str) -> tuple[str, str | None]:
+    """``job`` with characters UTF-8 cannot encode (lone surrogates: an environment that
+    was not UTF-8) written as backslash escapes, and a problem naming ``source`` when any
+    were; the node agent's exposition must encode every label as UTF-8."""
+    try:
+        job.encode("utf-8")
+    except UnicodeEncodeError:
+        fixed = job.encode("utf-8", "backslashreplace").decode("utf-8")
+        return fixed, (
+            f"{source}: the job name cannot be encoded as UTF-8 (an environment that is not "
+            f"UTF-8?); using {fixed!r} (set the job name in UTF-8)"
+        )
+    return job, None
+
+
 def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | None]:
     """The job name, as the node agent names this rank: the argument, else
     ``STORMWATCH_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID`` (the agent's default,
@@ -192,10 +259,15 @@ def resolve_job(given: object, environ: Mapping[str, str]) -> tuple[str, str | N
 
 __all__ = [
     "FOLDER_ENV",
+    "MIN_METRICS_FREE_BYTES",
+    "OWNER_ENV",
     "Placement",
     "Settings",
+    "encodable_job",
+    "metrics_space_problem",
     "placement",
     "probe_folder",
+    "rank_owner",
     "resolve_folder",
     "resolve_job",
 ]

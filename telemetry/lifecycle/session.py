@@ -6,20 +6,15 @@ collectives are instrumented, and the exit hooks. Every public method keeps the 
 promise: a bad value or a call after :meth:`Session.shutdown` is one warning per kind,
 a failure inside is one warning, and nothing raises into training.
 
-Time of a step (:meth:`Session.step`): from the previous step mark (the first: from
-:func:`init` or :meth:`Session.start`) to this one, less the time spent in phases that
-are not part of a step (``checkpoint_save``, ``checkpoint_load``, ``eval``;
-:mod:`stormwatch.telemetry.phases`). The compute/collective-wait split needs counted
-collectives and assumes the step's collectives have completed when it is marked (true
-after ``optimizer.step()`` with DDP and FSDP: both wait for their gradient reductions).
+Step time (:meth:`Session.step`): since the previous mark, less the phases that are not
+part of a step (:mod:`.steps`); its collective wait assumes the step's collectives have
+completed when it is marked (true after ``optimizer.step()`` with DDP and FSDP).
 
-The start record (``{"event": "start", ...}``) is written by :meth:`Session.start`, or
-at the first step or checkpoint mark (under ``stormwatch run`` with no API call: once
-collectives are counted). Without :meth:`Session.start`, ``resumed_from_step`` is the
-first step marked minus one when that is above 1 and the run resumes: a restart
-(attempt > 0) or a ``checkpoint_load`` phase before the first mark. A fresh run marking
-every Nth step is not taken for a resumed one; a resumed run that marks every Nth step
-and wants the exact step calls :meth:`Session.start`. No torch import here.
+The start record is written by :meth:`Session.start`, else at the first step or
+checkpoint mark (under ``stormwatch run`` with no API call: once collectives are
+counted); then ``resumed_from_step`` is the first step marked minus one only when that
+is above 1 and the run resumes (attempt > 0, or a ``checkpoint_load`` phase came first).
+No torch import here.
 """
 
 from __future__ import annotations
@@ -93,7 +88,10 @@ class Session:
         # what a dump written after the exception unwound names
         self._failed_phase: str | None = None
         self._exits = ExitHooks(self._at_exit, self._on_signal)
-        self._sigterm = SigtermDump(self._signal_dump)
+        self._sigterm = SigtermDump(  # the main thread waits in C++: exits.end_unanswered
+            self._signal_dump,
+            lambda: self._exits.end_unanswered(lambda: self.shutdown(clean=False)),
+        )
         self._requests: DumpRequestWatcher | None = None
 
     def _answer_dump_requests(self) -> None:
@@ -485,11 +483,17 @@ class Session:
         self._telemetry.close()
         self._exits.uninstall()
 
+    def _forget_in_child(self) -> None:  # a forked child is not the rank: nothing from it
+        self._closed = True
+        self._sigterm.forget_in_child()
+        self._exits.forget_in_child()
+
     def _at_exit(self, clean: bool) -> None:
         # after SIGTERM the end is not clean, whatever the handler it chained to did
         self.shutdown(clean=clean and not self._signalled)
 
     def _on_signal(self, signum: int) -> None:
+        self._sigterm.answered()
         self._sigterm.dump_once("written by the API's handler")
 
     def _signal_dump(self, reason: str) -> None:

@@ -32,7 +32,13 @@ post-mortem named rank 1, certain, in 4 runs of 4.
   Not installed where another wakeup descriptor is set (an event loop's).
 
 Either waits for a dump the other is writing, so the snapshot is taken before the main
-thread goes on to the framework's handler. Both need the main thread to be installed. The
+thread goes on to the framework's handler.
+
+After the thread's dump, the main thread has :data:`MAIN_THREAD_GRACE_S` to run a Python
+SIGTERM handler (it then calls :meth:`SigtermDump.answered`). When it does not (it waits in
+C++), ``on_unanswered`` is called from the thread: the session ends the process as the
+default action would when that is where its handler chain ends (a rank hung in a
+collective would otherwise live until SIGKILL; without stormwatch SIGTERM kills it at once). Both need the main thread to be installed. The
 session starts the thread at :func:`~stormwatch.telemetry.init`; an integration whose
 framework installs its own handler later puts the dump in front of it
 (:meth:`stormwatch.telemetry.Session.dump_first_on_sigterm`).
@@ -47,16 +53,32 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+#: Seconds the main thread gets, after the thread's dump, to run its Python SIGTERM handler
+#: before ``on_unanswered`` is called. A main thread running Python code runs the handler
+#: within one bytecode (microseconds) and one in ``time.sleep`` or a ``select`` at once; one
+#: in a C call that releases the GIL (a collective) never does. 1.5 s leaves room for a
+#: loaded node's scheduling delay and stays well inside Slurm's default KillWait (30 s).
+MAIN_THREAD_GRACE_S = 1.5
+
 
 class SigtermDump:
     """Calls ``dump(reason)`` once, the moment SIGTERM arrives (module docstring).
 
     Args:
         dump: writes the post-mortem dump (``Session.dump``); must not raise.
+        on_unanswered: called from the thread when the main thread has not run a Python
+            SIGTERM handler (:meth:`answered`) within :data:`MAIN_THREAD_GRACE_S` of the
+            thread's dump; it may end the process.
     """
 
-    def __init__(self, dump: Callable[[str], object]) -> None:
+    def __init__(
+        self,
+        dump: Callable[[str], object],
+        on_unanswered: Callable[[], object] | None = None,
+    ) -> None:
         self._dump = dump
+        self._on_unanswered = on_unanswered
+        self._answered = threading.Event()
         self._lock = threading.RLock()  # the main thread may re-enter from a nested signal
         self._dumped = False
         self._watching = False
@@ -66,6 +88,10 @@ class SigtermDump:
     def dumped(self) -> bool:
         """Whether the dump was written."""
         return self._dumped
+
+    def answered(self) -> None:
+        """The main thread is running a Python SIGTERM handler (it will act on the signal)."""
+        self._answered.set()
 
     def dump_once(self, how: str) -> None:
         """Write the dump unless it was (waits while the other way writes it)."""
@@ -105,6 +131,22 @@ class SigtermDump:
                 return
             if signal.SIGTERM in received:
                 self.dump_once("written from a thread at once")
+        if self._on_unanswered is not None and not self._answered.wait(MAIN_THREAD_GRACE_S):
+            self._on_unanswered()
+
+    def forget_in_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): no wakeup descriptor (the child's
+        signals would be written into the parent's pipe, its thread does not exist here),
+        no dumps, and the handler :meth:`take_front` displaced back."""
+        self._dumped = True  # nothing more is written from this process
+        self._on_unanswered = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._watching:
+            signal.set_wakeup_fd(-1)
+            self._watching = False
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, self._displaced)
 
     def take_front(self) -> bool:
         """Put :meth:`_handle` in front of the current SIGTERM handler (idempotent while it
@@ -119,6 +161,7 @@ class SigtermDump:
         return True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.answered()
         self.dump_once("written before the other handlers")
         displaced = self._displaced
         if callable(displaced):
@@ -128,4 +171,4 @@ class SigtermDump:
             os.kill(os.getpid(), signum)
 
 
-__all__ = ["SigtermDump"]
+__all__ = ["MAIN_THREAD_GRACE_S", "SigtermDump"]

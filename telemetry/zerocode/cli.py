@@ -21,7 +21,7 @@ from typing import NoReturn
 import click
 
 from stormwatch.errors import ConfigError
-from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES
+from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, MAX_FLIGHT_RECORDER_ENTRIES
 from stormwatch.telemetry.zerocode.environ import (
     child_environ,
     prepare_folders,
@@ -60,10 +60,10 @@ _FOLDER = click.Path(file_okay=False, path_type=Path)
 )
 @click.option(
     "--flight-recorder-entries",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_FLIGHT_RECORDER_ENTRIES),
     default=DEFAULT_FLIGHT_RECORDER_ENTRIES,
     show_default=True,
-    help="PyTorch flight-recorder ring size (0: off; TORCH_FR_BUFFER_SIZE wins).",
+    help="PyTorch flight-recorder ring size (0: off; at most 1000000; TORCH_FR_BUFFER_SIZE wins).",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(

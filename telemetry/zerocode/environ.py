@@ -41,7 +41,12 @@ from pathlib import Path
 
 from stormwatch.contracts.rank_env import RUN_ID_ENV, is_torchrun_agent
 from stormwatch.errors import ConfigError
-from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, flight_recorder_environ
+from stormwatch.telemetry.dump import (
+    DEFAULT_FLIGHT_RECORDER_ENTRIES,
+    MAX_FLIGHT_RECORDER_ENTRIES,
+    flight_recorder_environ,
+)
+from stormwatch.telemetry.lifecycle.launch import encodable_job
 
 #: The folder whose ``sitecustomize.py`` starts telemetry in each rank (first on PYTHONPATH).
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -88,6 +93,21 @@ def _first(
     return None, None
 
 
+def _job_name(job: str | None, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The job name (``--job``, else ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``, else
+    ``train``), escaped where UTF-8 cannot encode it, and that problem if so."""
+    name, source = _first(
+        [
+            ("--job", job),
+            ("STORMWATCH_JOB", environ.get("STORMWATCH_JOB")),
+            ("SLURM_JOB_NAME", environ.get("SLURM_JOB_NAME")),
+        ]
+    )
+    if not name:
+        return "train", None
+    return encodable_job(name, source or "--job")
+
+
 def resolve_settings(
     command: Sequence[str],
     *,
@@ -101,25 +121,23 @@ def resolve_settings(
     """The run's settings, and warnings to show (one line each). Nothing is created here.
 
     Raises:
-        ConfigError: no command, or a negative ``flight_recorder_entries`` (names the option).
+        ConfigError: no command, or ``flight_recorder_entries`` outside 0 to
+            ``MAX_FLIGHT_RECORDER_ENTRIES`` (names the option).
     """
     if not command:
         raise ConfigError(
             "no command to run: put the job's command after --, e.g. "
             "stormwatch run -- torchrun --nproc-per-node 2 train.py"
         )
-    if flight_recorder_entries < 0:
+    if not 0 <= flight_recorder_entries <= MAX_FLIGHT_RECORDER_ENTRIES:
         raise ConfigError(
-            f"--flight-recorder-entries: must be >= 0 (got {flight_recorder_entries})"
+            f"--flight-recorder-entries: must be 0 to {MAX_FLIGHT_RECORDER_ENTRIES} "
+            f"(got {flight_recorder_entries})"
         )
     warnings = _no_launcher(command, environ)
-    name, _ = _first(
-        [
-            ("--job", job),
-            ("STORMWATCH_JOB", environ.get("STORMWATCH_JOB")),
-            ("SLURM_JOB_NAME", environ.get("SLURM_JOB_NAME")),
-        ]
-    )
+    name, problem = _job_name(job, environ)
+    if problem:
+        warnings.append(problem)
     raw_metrics, metrics_source = _first(
         [
             ("--metrics-dir", metrics_dir),
@@ -159,7 +177,7 @@ def resolve_settings(
     }
     settings = RunSettings(
         command=tuple(command),
-        job=name or "train",
+        job=name,
         metrics_dir=metrics,
         log_dir=logs,
         dump_dir=Path(raw_dump) if raw_dump else None,
@@ -232,7 +250,9 @@ def child_environ(settings: RunSettings, environ: Mapping[str, str]) -> dict[str
     """
     env = dict(environ)
     bootstrap = str(BOOTSTRAP_DIR)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != bootstrap]
+    # an empty entry ("a::b", a leading or trailing ":") means the current folder: kept
+    given = env.get("PYTHONPATH", "")
+    paths = [p for p in given.split(os.pathsep) if p != bootstrap] if given else []
     env["PYTHONPATH"] = os.pathsep.join([bootstrap, *paths])
     env["STORMWATCH_JOB"] = settings.job
     for name, variable in (

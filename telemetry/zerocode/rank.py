@@ -29,12 +29,10 @@ from collections.abc import MutableMapping, Sequence
 from types import ModuleType
 
 from stormwatch.contracts.rank_env import is_torchrun_agent
+from stormwatch.telemetry.lifecycle.launch import OWNER_ENV
 from stormwatch.telemetry.zerocode.afterimport import after_import
 
 log = logging.getLogger("stormwatch.telemetry")
-
-#: The pid of the rank's main process, inherited by the processes it starts.
-OWNER_ENV = "STORMWATCH_RUN_RANK_PID"
 
 
 def is_rank_main_process(environ: MutableMapping[str, str], argv: Sequence[str], pid: int) -> bool:

@@ -112,3 +112,26 @@ def test_every_collector_can_be_switched_off(start_agent: Any, tools: Any) -> No
 def test_config_errors_name_the_field(tmp_path: Path, values: dict[str, Any], field: str) -> None:
     with pytest.raises(AgentConfigError, match=field):
         AgentConfig.build(metrics_dir=tmp_path, **values)
+
+
+def test_the_trainer_collector_leaves_out_labels_it_cannot_encode(tmp_path: Path) -> None:
+    """A rank that wrote a job name with lone surrogates must not take every job's
+    metrics on the node down with it (real prometheus-client multiprocess files)."""
+    import subprocess
+    import sys
+
+    from stormwatch.agent.collectors.base import CollectorSet
+    from stormwatch.agent.collectors.trainer import TrainerCollector
+
+    code = (
+        "import sys\nfrom prometheus_client import Gauge\n"
+        "Gauge('g', 'g', ['job'], multiprocess_mode='livemax').labels(job=sys.argv[1]).set(1)\n"
+    )
+    environ = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for job in ("good", "bad\udcff"):
+        subprocess.run([sys.executable, "-c", code, job], env=environ, check=True, timeout=60)
+    collector = TrainerCollector(tmp_path)
+    text = CollectorSet([collector]).render().decode()
+    assert 'g{job="good"} 1.0' in text
+    assert 'stormwatch_collector_up{collector="trainer"} 1.0' in text
+    assert collector.unencodable == 1

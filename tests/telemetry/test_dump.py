@@ -125,3 +125,40 @@ def test_the_dump_model_imports_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'importing the dump model imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_dumps_at_once_in_one_process_all_land_and_no_reader_sees_a_torn_file(
+    tmp_path: Path,
+) -> None:
+    """The SIGTERM thread and a dump request may dump at the same moment."""
+    import threading
+
+    dumper = RankDumper(tmp_path, rank=0, attempt=0)
+    results: list[Path | None] = []
+    torn: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                json.loads(dump_path(tmp_path, 0).read_text())
+            except FileNotFoundError:
+                continue
+            except ValueError as exc:
+                torn.append(str(exc))
+
+    def write() -> None:
+        results.extend(dumper.dump("at once") for _ in range(40))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write) for _ in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    stop.set()
+    reader.join()
+    assert results == [dump_path(tmp_path, 0)] * 160
+    assert not torn
+    assert list(tmp_path.iterdir()) == [dump_path(tmp_path, 0)]  # no temporary file left

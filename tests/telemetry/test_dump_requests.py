@@ -7,7 +7,12 @@ import time
 from pathlib import Path
 
 from stormwatch.telemetry.dump import RankDumper, read_dump
-from stormwatch.telemetry.dump_requests import DumpRequestWatcher, request_path, write_request
+from stormwatch.telemetry.dump_requests import (
+    DumpRequestWatcher,
+    read_request,
+    request_path,
+    write_request,
+)
 
 
 def test_each_new_request_is_answered_once(tmp_path: Path) -> None:
@@ -54,3 +59,28 @@ def test_the_thread_writes_the_ranks_dump_when_asked(tmp_path: Path) -> None:
     record = read_dump(tmp_path / "rank0.json")
     assert (record.rank, record.attempt, record.reason) == (0, 2, "requested: hang of job j")
     assert record.time is not None and record.time >= asked
+
+
+def test_a_request_dated_far_ahead_is_ignored_and_later_ones_are_answered(tmp_path: Path) -> None:
+    reasons: list[str] = []
+    watcher = DumpRequestWatcher(tmp_path, 0, reasons.append, started_at=time.time() - 10)
+    write_request(tmp_path, 0, "from the future", now=time.time() + 3600)
+    assert not watcher.poll() and reasons == []
+    write_request(tmp_path, 0, "now", now=time.time())
+    assert watcher.poll() and reasons == ["requested: now"]
+
+
+def test_a_request_path_that_is_a_fifo_is_never_read(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    os.mkfifo(request_path(tmp_path, 0))
+    watcher = DumpRequestWatcher(tmp_path, 0, lambda reason: None, started_at=0.0)
+    results: list[object] = []
+    looking = threading.Thread(
+        target=lambda: results.extend([watcher.poll(), read_request(request_path(tmp_path, 0))]),
+        daemon=True,  # before the fix it blocks in open() for ever
+    )
+    looking.start()
+    looking.join(5)
+    assert results == [False, None]

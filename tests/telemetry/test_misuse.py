@@ -89,6 +89,11 @@ CASES = {
     "non_integer_step": ("swt.init()", "swt.step(step + 0.5)", ["step=1.5", "int >= 0"]),
     "step_as_text": ("swt.init()", "swt.step(str(step))", ["step='1'", "int >= 0"]),
     "loss_not_a_number": ("swt.init()", "swt.step(step, loss='low')", ["loss='low'", "number"]),
+    "loss_beyond_a_float": (
+        "swt.init()",
+        "swt.step(step, loss=10**400)",
+        ["loss=<int of 401 digits>", "too large for a float"],
+    ),
     "negative_tokens": ("swt.init()", "swt.step(step, tokens=-5)", ["tokens=-5", "int >= 0"]),
     "nan_loss": (
         "swt.init()",
@@ -119,6 +124,11 @@ CASES = {
         "swt.init()",
         "swt.checkpoint()",
         ["stormwatch.telemetry.checkpoint(step: int", "missing a required argument"],
+    ),
+    "flight_recorder_beyond_the_largest_ring": (
+        "swt.init(flight_recorder=10**20)",
+        "pass",
+        ["flight_recorder=100000000000000000000", "largest ring, 1000000 entries"],
     ),
     "bad_flag": (
         "swt.init(collectives='yes')",

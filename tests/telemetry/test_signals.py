@@ -12,6 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from stormwatch.telemetry.lifecycle.sigterm import MAIN_THREAD_GRACE_S
+
 JOB = """
 import signal, sys, time
 import stormwatch.telemetry as swt
@@ -121,9 +125,12 @@ def test_a_clean_exit_writes_the_done_marker_by_itself(tmp_path: Path) -> None:
 #: Rank 0 waits in an all-reduce that rank 1 never joins: its main thread is in gloo's C++.
 WAITING = """
 import os, sys, time
+import signal
 import torch, torch.distributed as dist
 import stormwatch.telemetry as swt
 rank = int(os.environ["RANK"])
+if os.environ.get("TRAINER_HANDLER"):  # the trainer's own handler, there before init()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 swt.init()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
                         rank=rank, world_size=2)
@@ -134,7 +141,13 @@ time.sleep(600)
 """
 
 
-def test_a_rank_waiting_inside_a_collective_writes_its_dump_at_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer_handler", [False, True], ids=["default", "trainer"])
+def test_a_rank_waiting_inside_a_collective_dumps_and_dies_at_sigterm(
+    tmp_path: Path, trainer_handler: bool
+) -> None:
+    """The dump comes from the thread; where the chain ends at the default action the
+    process then ends with 143 (as without stormwatch), unclean; a trainer's handler is
+    left to run (the process waits as it would without stormwatch)."""
     import socket
     import time
 
@@ -146,7 +159,14 @@ def test_a_rank_waiting_inside_a_collective_writes_its_dump_at_sigterm(tmp_path:
         for k, v in os.environ.items()
         if not k.startswith(("STORMWATCH_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))
     }
-    base.update(WORLD_SIZE="2", PORT=str(port), STORMWATCH_DUMP_DIR=str(tmp_path / "dumps"))
+    base.update(
+        WORLD_SIZE="2",
+        PORT=str(port),
+        STORMWATCH_DUMP_DIR=str(tmp_path / "dumps"),
+        STORMWATCH_METRICS_DIR=str(tmp_path / "metrics"),
+    )
+    if trainer_handler:
+        base["TRAINER_HANDLER"] = "1"
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", WAITING],
@@ -167,6 +187,12 @@ def test_a_rank_waiting_inside_a_collective_writes_its_dump_at_sigterm(tmp_path:
             time.sleep(0.1)
         reason = json.loads(dump.read_text())["reason"]
         assert reason == "signal SIGTERM (written from a thread at once)", reason
+        if trainer_handler:
+            time.sleep(MAIN_THREAD_GRACE_S + 1.0)
+            assert ranks[0].poll() is None  # the trainer's handler is left to run
+        else:
+            assert ranks[0].wait(timeout=MAIN_THREAD_GRACE_S + 5) == 128 + signal.SIGTERM
+            assert not (tmp_path / "metrics" / "rank0.done").exists()
     finally:
         for rank in ranks:
             rank.kill()

@@ -170,6 +170,29 @@ def test_a_fit_that_raises_leaves_a_dump_and_no_done_marker_and_a_bad_count_only
     assert "RuntimeError: the data went bad at step 4" in dump
 
 
+@pytest.mark.timeout(300)
+def test_a_fit_interrupted_by_ctrl_c_writes_no_done_marker(tmp_path: Path) -> None:
+    """Lightning turns a KeyboardInterrupt into sys.exit(1) without an exception."""
+    script = tmp_path / "interrupted.py"
+    failing = FAILING.format(example_dir=str(EXAMPLE.parent))
+    failing = failing.replace(
+        'raise RuntimeError("the data went bad at step 4")', "raise KeyboardInterrupt"
+    )
+    script.write_text(textwrap.dedent(failing).replace("tokens=lambda batch: 1 // 0", ""))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=_environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-4000:]
+    [log] = read_job_logs(tmp_path / "logs").values()
+    assert [e.step for e in log.steps] == [1, 2, 3] and not log.finished
+    assert not list((tmp_path / "metrics").glob("rank*.done"))
+
+
 @pytest.mark.parametrize(
     ("environ", "per_rank"),
     [

@@ -79,6 +79,12 @@ def test_a_nested_launcher_does_not_put_the_bootstrap_twice(tmp_path: Path) -> N
     assert twice["PYTHONPATH"] == str(BOOTSTRAP_DIR)
 
 
+def test_empty_path_entries_which_mean_the_current_folder_are_kept(tmp_path: Path) -> None:
+    env = _env({"PYTHONPATH": ":/opt/site::"}, metrics_dir=tmp_path)
+    assert env["PYTHONPATH"] == os.pathsep.join([str(BOOTSTRAP_DIR), "", "/opt/site", "", ""])
+    assert _env({"PYTHONPATH": ""}, metrics_dir=tmp_path)["PYTHONPATH"] == str(BOOTSTRAP_DIR)
+
+
 @pytest.mark.parametrize(
     ("environ", "options", "expected"),
     [
@@ -243,6 +249,23 @@ def test_a_mistake_is_one_line_and_exit_status_2(
     assert done.returncode == 2
     assert done.stderr.startswith(message.replace("{tmp}", str(tmp_path))), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_job_name_that_is_not_utf8_is_escaped_with_one_warning(tmp_path: Path) -> None:
+    environ = {"STORMWATCH_JOB": "job\udcff", "STORMWATCH_METRICS_DIR": str(tmp_path)}
+    settings, warnings = resolve_settings(["true"], environ=environ)
+    assert settings.job == "job\\udcff"
+    assert [w for w in warnings if "cannot be encoded as UTF-8" in w] == [
+        "STORMWATCH_JOB: the job name cannot be encoded as UTF-8 (an environment that is not "
+        "UTF-8?); using 'job\\\\udcff' (set the job name in UTF-8)"
+    ]
+
+
+def test_a_flight_recorder_beyond_the_largest_ring_is_refused(tmp_path: Path) -> None:
+    done = _run("--metrics-dir", str(tmp_path), "--flight-recorder-entries", str(10**20), "true")
+    assert done.returncode == 2
+    assert "'--flight-recorder-entries': 100000000000000000000 is not in the range" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_python_command_with_no_launcher_is_told_how_to_get_ranks(tmp_path: Path) -> None:
