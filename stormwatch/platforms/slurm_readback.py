@@ -165,10 +165,9 @@ def requeue_and_start(
     :func:`wait_old_run_gone`: PENDING (not COMPLETING) with no step left, within the
     ``stop``'s grace period + ``wait.timeout_s``, and its ``leftovers(job_id)`` (processes
     of the old run that Slurm no longer tracks, stopped and confirmed gone: the lab's);
-    only then add
-    ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=<the requeue's
-    SubmitTime + CREDENTIAL_GAP_S>`` (``now`` without a SubmitTime; sent again each second
-    while it still waits: a requeued job otherwise waits for its ``BeginTime``,
+    only then add ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=<the
+    requeue's SubmitTime + CREDENTIAL_GAP_S>`` (``now`` without a SubmitTime; sent again
+    each second while it still waits: a requeued job otherwise waits for its ``BeginTime``,
     ``cred_expire + 1`` s); then wait for RUNNING with a restart more (or a new start
     time) on nodes without ``exclude``, its batch step launched (``<id>.batch`` in
     ``squeue --steps``: a slurmd that refuses the launch fails the job instead).

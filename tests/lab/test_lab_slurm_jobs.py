@@ -172,8 +172,17 @@ class _Watch:
         self._thread.join(5)
 
 
+def _untracked(caplog: pytest.LogCaptureFixture, pid: int) -> bool:
+    """Whether the lab stopped ``pid`` as a process of a Slurm job that Slurm no longer
+    tracked (so Slurm alone would have left it running)."""
+    return any(
+        "processes Slurm no longer tracked" in r.getMessage() and str(pid) in r.getMessage()
+        for r in caplog.records
+    )
+
+
 def test_a_slurm_requeue_sigkills_what_ignores_sigterm_and_starts_the_job_only_once_it_is_gone(
-    lab: Lab,
+    lab: Lab, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The responder's restart of a Slurm job on the lab (its backend, from the lab's target
     file): Slurm SIGKILLs the ranks after KillWait (the lab's grace period); the helper
@@ -200,16 +209,17 @@ def test_a_slurm_requeue_sigkills_what_ignores_sigterm_and_starts_the_job_only_o
         )
     finally:
         watch.close()
-        lab.stop_job("stubborn-requeue")
+        lab.stop_job("stubborn-requeue", grace=0)  # what is left: SIGKILL at once
     assert detail.startswith(f"requeued Slurm job {info.slurm_job_id} (stubborn-requeue): RUNNING")
     assert sorted(watch.gone) == sorted(old), "a process of the old run outlived the requeue"
     # SIGTERM did not stop them: they went only at the grace period (KillWait, then the lab).
     assert min(watch.gone.values()) >= requeued + STOP_GRACE_S - 0.5
     assert max(watch.gone.values()) < min(r["time"] for r in fresh)
+    assert _untracked(caplog, old[-1])  # the helper: Slurm's requeue alone left it running
 
 
 def test_a_chaos_run_stopping_its_job_returns_only_once_every_process_of_it_is_gone(
-    lab: Lab,
+    lab: Lab, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What a chaos run does with the job it started when it aborts or fails (its
     rollback's end, :class:`~stormwatch.chaos.target.LabJobs`): ``scancel``, Slurm's SIGKILL
@@ -224,4 +234,5 @@ def test_a_chaos_run_stopping_its_job_returns_only_once_every_process_of_it_is_g
     assert not [p.pid for p in old if running(p)], "a process of the job outlived its stop"
     assert slurm_job_processes(str(info.slurm_job_id)) == []
     assert took >= STOP_GRACE_S
+    assert _untracked(caplog, helper)  # scancel alone left it running
     assert _slurm(lab).job(str(info.slurm_job_id)).state == "CANCELLED"
