@@ -146,9 +146,8 @@ class Session:
 
     def dump_first_on_sigterm(self) -> bool:
         """Put the SIGTERM dump in front of the handlers installed since :func:`init` (a
-        framework's own, such as Lightning's, which may block in a collective before the
-        API's would run); whether it is in front. Main thread only; nothing when the session
-        does not handle signals. Call it again after the framework reinstalls its handler."""
+        framework's, e.g. Lightning's, which may block in a collective first); whether it
+        is in front. Main thread only; nothing when the session does not handle signals."""
         return self.settings.handle_signals and self._sigterm.take_front()
 
     @property
@@ -184,17 +183,12 @@ class Session:
     def _ensure_started(self, first_step: int | None) -> None:
         if self._started:
             return
-        resuming = self.placement.attempt > 0 or self._loaded_checkpoint
-        if first_step is not None and first_step > 1 and resuming:
-            self._start(first_step - 1)
-        else:  # a fresh run that marks every Nth step starts at N, not resumed from N - 1
-            self._start(None)
+        resuming = self.placement.attempt > 0 or self._loaded_checkpoint  # not every Nth step
+        self._start(first_step - 1 if first_step and first_step > 1 and resuming else None)
 
     def start_with_counting(self) -> None:
-        """Write the start record once collectives are counted (the process group is up)
-        unless the job marks something first: ``stormwatch run``'s session, whose job may
-        never call the API, starts when it does and not at exit. A job that takes the
-        session over (:func:`stormwatch.telemetry.init`) is left to start it itself."""
+        """Write the start record once collectives are counted, unless the job marks first
+        (``stormwatch run``'s session: its job may never call the API)."""
         self._start_with_counting = not self._started
 
     def leave_start_to_job(self) -> None:
