@@ -32,7 +32,10 @@ def test_check_runs_promtool_check_and_test(kit: Any) -> None:
     out = _run(kit, "alerts", "check")
     assert "promtool check rules" in out.stdout
     assert "promtool test rules" in out.stdout
-    assert "ok: rules agent.yml, gpu.yml, nodes.yml, ranks.yml, targets.yml, training.yml" in out.stdout
+    assert (
+        "ok: rules agent.yml, gpu.yml, nodes.yml, ranks.yml, targets.yml, training.yml"
+        in out.stdout
+    )
 
 
 def test_incidents_lists_incidents_with_their_actions(kit: Any, start_responder: Any) -> None:
