@@ -122,6 +122,7 @@ def test_the_trainer_collector_leaves_out_labels_it_cannot_encode(tmp_path: Path
 
     from stormwatch.agent.collectors.base import CollectorSet
     from stormwatch.agent.collectors.trainer import TrainerCollector
+    from stormwatch.agent.watch.folder import TrainerFolder
 
     code = (
         "import sys\nfrom prometheus_client import Gauge\n"
@@ -130,7 +131,7 @@ def test_the_trainer_collector_leaves_out_labels_it_cannot_encode(tmp_path: Path
     environ = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for job in ("good", "bad\udcff"):
         subprocess.run([sys.executable, "-c", code, job], env=environ, check=True, timeout=60)
-    collector = TrainerCollector(tmp_path)
+    collector = TrainerCollector(TrainerFolder(tmp_path))
     text = CollectorSet([collector]).render().decode()
     assert 'g{job="good"} 1.0' in text
     assert 'stormwatch_collector_up{collector="trainer"} 1.0' in text

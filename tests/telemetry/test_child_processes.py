@@ -151,9 +151,10 @@ from pathlib import Path
 import stormwatch.telemetry as swt
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.collectors.trainer import TrainerCollector
+from stormwatch.agent.watch.folder import TrainerFolder
 swt.init(collectives=False)
 swt.step(1)
-text = CollectorSet([TrainerCollector(Path(sys.argv[1]))]).render().decode()
+text = CollectorSet([TrainerCollector(TrainerFolder(Path(sys.argv[1])))]).render().decode()
 print([line for line in text.splitlines() if line.startswith("stormwatch_collector_up")])
 """
 
