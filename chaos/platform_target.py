@@ -38,7 +38,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.platforms.endpoints import AgentEndpoint
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, parse_oneliner
-from stormwatch.platforms.slurm_readback import SlurmWait
+from stormwatch.platforms.slurm_readback import SlurmStop, SlurmWait
 from stormwatch.platforms.targets import AgentsSection, TargetFile, load_target_file
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ def _slurm_backend(commands: SlurmCommands, target: TargetFile, run_dir: Path) -
         control_dir=target.slurm.control_dir,
         commands=commands,
         wait=SlurmWait(timeout_s=target.slurm.readback_timeout_s),
+        stop=SlurmStop(grace_s=target.grace_period_s),
     )
 
 
@@ -230,7 +231,8 @@ def slurm_target(
             submit,
             log_dirs=log_dirs,
             nproc_per_node=target.slurm.nproc_per_node,
-            stop_timeout_s=target.slurm.readback_timeout_s,
+            # Slurm's SIGKILL comes KillWait (<= grace_period_s) after scancel's SIGTERM.
+            stop_timeout_s=target.grace_period_s + target.slurm.readback_timeout_s,
         )
         world_size, attached = jobs.world_size, None
         words = (

@@ -160,19 +160,22 @@ class KubernetesJobs:
             return False
 
     def stop(self, name: str) -> None:
-        """Delete the workload this run created (its pods go with it).
+        """Delete the workload this run created (its pods go with it, ``gracePeriodSeconds``
+        = the target's grace period) and wait until none of its pods runs
+        (:meth:`KubernetesBackend.wait_pods_gone`).
 
         Raises:
-            ChaosError: the job was not started by this run, or the API refused.
+            ChaosError: the job was not started by this run, the API refused, or a pod
+                still ran after the grace period and its margin.
         """
         from stormwatch.platforms.kubernetes import delete_workload
 
         if name not in self._started:
             raise ChaosError(f"cannot stop job {name!r}: it was not started by stormwatch chaos")
+        backend, workload = self._backend, self._workload(name)
         try:
-            delete_workload(
-                self._backend.api, self._workload(name), grace_period_s=self._backend.grace_period_s
-            )
+            delete_workload(backend.api, workload, grace_period_s=backend.grace_period_s)
+            backend.wait_pods_gone(workload, did=f"deleted {workload.describe()}")
         except BackendError as exc:
             raise ChaosError(f"could not stop job {name!r}: {exc}") from exc
 
@@ -188,7 +191,7 @@ def _connect(target: TargetFile, run_dir: Path) -> KubernetesBackend:
             job_label=kube.job_label,
             control_dir=kube.control_dir,
             workload=kube.workload,
-            grace_period_s=kube.grace_period_s,
+            grace_period_s=target.grace_period_s,
         )
     except BackendError as exc:
         raise LabNotReady(str(exc)) from exc

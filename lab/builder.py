@@ -25,7 +25,7 @@ from pathlib import Path
 
 from stormwatch.lab import teardown
 from stormwatch.lab.config import NODE_INTERFACE, LabConfig
-from stormwatch.lab.errors import LabError
+from stormwatch.lab.errors import LabError, ServiceFailedError
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.progress import Progress, ProgressEvent
@@ -127,15 +127,22 @@ class LabBuilder:
         """Start the services named in ``dead`` again and wait until they are healthy and scraped.
 
         Raises:
-            ServiceFailedError: a restarted service did not become healthy in time.
+            ServiceFailedError: a restarted service did not become healthy in time, or
+                its earlier processes were not gone after SIGKILL (not started again).
         """
         checks = []
         for spec in services.service_specs(state, self._paths):
             if spec.name not in dead:
                 continue
             earlier = state.processes.get(spec.name)
-            if earlier is not None:
-                procs.terminate(procs.tree(earlier))
+            left = [] if earlier is None else procs.terminate(procs.tree(earlier))
+            if left and earlier is not None:  # never two of a service (its port, its lock)
+                raise ServiceFailedError(
+                    f"{spec.name}: {', '.join(left)} of the earlier one still running after "
+                    "SIGKILL; not started again",
+                    service=spec.name,
+                    log_file=earlier.log_file,
+                )
             report(ProgressEvent("start", spec.name, f"restarting {spec.name}"))
             checks.append(health.HealthCheck(self._launch(state, spec), spec.health_url))
         self._wait(state, checks, report)

@@ -72,6 +72,12 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         "How jobs start: sbatch of deploy/slurm/train.sbatch, or one torchrun per node "
         "[default: slurm with --slurm].",
     ),
+    (
+        "--grace-period",
+        "grace_period_s",
+        int,
+        "Seconds every stop gives processes between SIGTERM and SIGKILL (Slurm's KillWait).",
+    ),
 )
 
 
@@ -463,12 +469,12 @@ def rejoin(run_dir: Path, name: str, node: str) -> None:
 @click.option(
     "--grace",
     type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
+    default=None,
+    help="Seconds between SIGTERM and SIGKILL [default: the lab's --grace-period].",
 )
-def stop(run_dir: Path, name: str, grace: float) -> None:
-    """Stop a running job (SIGTERM to torchrun and its workers, then SIGKILL)."""
+def stop(run_dir: Path, name: str, grace: float | None) -> None:
+    """Stop a running job (SIGTERM to torchrun and its workers, SIGKILL after the grace
+    period, until every process of it is gone)."""
     result = Lab(run_dir).stop_job(name, grace=grace)
     _report(result, _console())
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stormwatch.errors import ConfigError
+from stormwatch.platforms.stopping import GracePeriod
 from stormwatch.trainer.config import SEED_LIMIT
 
 #: Host offset of node 0 inside the subnet (10.213.0.10); node i gets offset + i.
@@ -95,6 +96,12 @@ class LabConfig(_Frozen):
             per node started by the lab); ``None``: ``slurm`` when the lab runs Slurm
             (:attr:`job_scheduler`). Elastic jobs and jobs with an ``entrypoint`` always
             start directly.
+        grace_period_s: seconds every stop of the lab's processes gives them between
+            SIGTERM and SIGKILL before confirming them gone (:mod:`stormwatch.platforms.
+            stopping`): the responder's restarts (written to the lab's target file), ``lab
+            stop``, a chaos run stopping its job, and the Slurm cluster's ``KillWait``. 5 s:
+            torchrun and the trainer stop in well under that; Slurm's default 30 s would
+            hold every restart and ``lab down``.
     """
 
     nodes: int = Field(default=3, ge=1, le=8)
@@ -115,6 +122,7 @@ class LabConfig(_Frozen):
     slurm: bool = True
     slurmctld_port: int = Field(default=16817, ge=1, le=65535)
     scheduler: Literal["slurm", "direct"] | None = None
+    grace_period_s: GracePeriod = 5
 
     @field_validator("prefix")
     @classmethod

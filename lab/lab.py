@@ -385,9 +385,16 @@ class Lab:
                 return record
         return None
 
-    def stop_job(self, name: str, grace: float = 10.0) -> JobResult:
-        """SIGTERM the job's torchruns and workers (SIGKILL after ``grace`` seconds)."""
-        result = launch.stop(self.state.job(name), grace=grace)
+    def stop_job(self, name: str, grace: float | None = None) -> JobResult:
+        """SIGTERM the job's torchruns and workers, SIGKILL after ``grace`` seconds (default
+        the lab's :attr:`LabConfig.grace_period_s`), until every process of it is gone.
+
+        Raises:
+            JobError: some process of the job is still running after SIGKILL.
+        """
+        state = self.state
+        grace = state.config.grace_period_s if grace is None else grace
+        result = launch.stop(state.job(name), grace=grace)
         with self._store.transaction() as state:
             state.job(name).stopped = True
         return result

@@ -14,6 +14,7 @@ What ``lab up`` writes (before the services start: the responder reads it, ``ale
   directories, ranks per node) that says this cluster is a stormwatch lab: chaos starts
   its experiment jobs through the lab (``Lab.start_job``, ``sbatch``) and readers take
   lab-only facts from it (:func:`stormwatch.platforms.read_lab_target`). No ``job:``.
+  ``grace_period_s`` is the lab's (:attr:`LabConfig.grace_period_s`, its ``KillWait``).
 * ``direct``: a ``lab`` target (:func:`~stormwatch.platforms.targets.lab_target_file`): the
   responder's backend is then the lab's processes.
 
@@ -58,6 +59,7 @@ def lab_target(paths: RunPaths, state: LabState | None) -> TargetFile:
             prometheus_url=state.prometheus_url,
             nodes=nodes,
             nproc_per_node=config.nproc_per_node,
+            grace_period_s=config.grace_period_s,
         )
     slurm = SlurmSettings(
         nproc_per_node=config.nproc_per_node,
@@ -67,6 +69,7 @@ def lab_target(paths: RunPaths, state: LabState | None) -> TargetFile:
     )
     return TargetFile(
         platform="slurm",
+        grace_period_s=config.grace_period_s,
         prometheus=PrometheusSection(url=state.prometheus_url) if state.prometheus_url else None,
         agents=AgentsSection(
             port=config.agent_port, fault_port=config.agent_fault_port, host="{addr}"

@@ -12,6 +12,7 @@
     │   └── ResponderClientError    the responder's HTTP API
     ├── stormwatch.platforms.PlatformError
     │   ├── BackendError            a platform backend could not act (no such worker, ...)
+    │   │   └── NotStopped          a stop's processes, steps or pods not confirmed gone
     │   ├── InvalidTargetFile       (a ConfigError too) a target file is not valid
     │   └── InvalidManifest         (a ConfigError too) a Kubernetes job manifest is not valid
     ├── stormwatch.faults.FaultError    a fault could not be placed, applied or undone (HTTP 500)

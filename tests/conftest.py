@@ -11,7 +11,6 @@ import datetime
 import ipaddress
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from aiohttp import web
 
@@ -248,7 +248,7 @@ def lab_responder() -> Callable[[Any, str], list[dict[str, Any]]]:
 
 _FAKE_AGENT = r"""
 import json, os, signal, subprocess, sys, time
-log, count = sys.argv[1], int(sys.argv[2])
+log, count, respawn = sys.argv[1], int(sys.argv[2]), sys.argv[4] == "1"
 env_base = json.loads(sys.argv[3])
 first = env_base.pop("_FIRST_RANK")
 def note(what):
@@ -261,13 +261,15 @@ worker = (
     "open(sys.argv[1], 'a').write(f'worker-ready {os.getpid()}\\n')\n"
     "while True: time.sleep(1)\n"
 )
-children = []
-for rank in range(count):
+def start(rank):
     env = dict(os.environ, **env_base, RANK=str(first + rank), LOCAL_RANK=str(rank))
-    children.append(subprocess.Popen([sys.executable, "-c", worker, log], env=env))
+    return subprocess.Popen([sys.executable, "-c", worker, log], env=env)
+children = [start(rank) for rank in range(count)]
 print(" ".join(str(c.pid) for c in children), flush=True)
 while True:
-    time.sleep(1)
+    time.sleep(0.1)
+    if respawn:  # as torchrun does: a worker that died is started again
+        children = [start(rank) if c.poll() is not None else c for rank, c in enumerate(children)]
 """
 
 
@@ -292,10 +294,14 @@ class FakeJob:
         return sum(line.startswith("worker-ready") for line in self.log.read_text().splitlines())
 
     def kill(self) -> None:
-        for pid in self.worker_pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.agent.kill()
+        self.agent.kill()  # first: a respawning agent starts no worker after this
+        ready = self.log.read_text().splitlines() if self.log.exists() else []
+        started = [int(line.split()[1]) for line in ready if line.startswith("worker-ready")]
+        for pid in {*self.worker_pids, *started}:
+            with contextlib.suppress(psutil.Error):  # gone already: nothing to kill
+                proc = psutil.Process(pid)
+                if any("worker-ready" in arg for arg in proc.cmdline()):  # never a reused pid
+                    proc.kill()
         self.agent.wait(10)
         if self.agent.stdout is not None:
             self.agent.stdout.close()
@@ -303,10 +309,13 @@ class FakeJob:
 
 @pytest.fixture
 def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
-    """``fake_job(job, node_metrics_dir, workers=2, first_rank=0)`` -> :class:`FakeJob`."""
+    """``fake_job(job, node_metrics_dir, workers=2, first_rank=0, respawn=False)`` ->
+    :class:`FakeJob` (``respawn``: the agent starts a worker that died again, as torchrun)."""
     jobs: list[FakeJob] = []
 
-    def start(job: str, metrics_dir: Path, workers: int = 2, first_rank: int = 0) -> FakeJob:
+    def start(
+        job: str, metrics_dir: Path, workers: int = 2, first_rank: int = 0, respawn: bool = False
+    ) -> FakeJob:
         log = tmp_path / f"{job}-{metrics_dir.name}-{len(jobs)}.signals"
         env = {
             "_FIRST_RANK": first_rank,
@@ -317,7 +326,15 @@ def fake_job(tmp_path: Path) -> Iterator[Callable[..., FakeJob]]:
             "STORMWATCH_METRICS_DIR": str(metrics_dir),
         }
         agent = subprocess.Popen(
-            [sys.executable, "-c", _FAKE_AGENT, str(log), str(workers), json.dumps(env)],
+            [
+                sys.executable,
+                "-c",
+                _FAKE_AGENT,
+                str(log),
+                str(workers),
+                json.dumps(env),
+                "1" if respawn else "0",
+            ],
             stdout=subprocess.PIPE,
         )
         assert agent.stdout is not None

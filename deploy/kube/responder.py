@@ -74,7 +74,8 @@ def _platform_config() -> Obj:
         "metadata": meta("stormwatch-responder", RESPONDER_LABELS),
         "data": {
             "platform.yaml": yaml.safe_dump(
-                platform.model_dump(mode="json", include={"kubernetes"}), sort_keys=True
+                platform.model_dump(mode="json", include={"grace_period_s", "kubernetes"}),
+                sort_keys=True,
             ),
         },
     }

@@ -174,7 +174,7 @@ def relaunch_closed(
     """
     if not rendezvous_closed(record) or record.info.relaunches >= MAX_RELAUNCHES:
         return False
-    stop(record)
+    stop(record, grace=state.config.grace_period_s)  # raises unless every process is gone
     record.info.relaunches += 1
     rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
     for rank in range(record.info.spec.node_count(state.config)):
@@ -302,11 +302,18 @@ def wait(
 
 
 def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
-    """SIGTERM every node's torchrun and workers, SIGKILL after ``grace`` seconds, then report."""
+    """SIGTERM every node's torchrun and workers, SIGKILL after ``grace`` seconds, confirm
+    every one gone (:mod:`stormwatch.platforms.stopping`), then report.
+
+    Raises:
+        JobError: a process of the job is still running after SIGKILL.
+    """
     if record.info.slurm_job_id is not None:
         return slurmjob.stop(record, grace)
     victims = [proc for p in record.processes.values() for proc in procs.tree(p)]
-    procs.terminate(victims, grace=grace)
+    left = procs.terminate(victims, grace=grace)
+    if left:
+        raise JobError(f"job {record.info.name!r}: {', '.join(left)} still running after SIGKILL")
     # The supervisors write the exit status right after their command is gone.
     deadline = time.monotonic() + 10.0
     while is_running(record) and time.monotonic() < deadline:

@@ -33,6 +33,7 @@ the others get the job's exit status (``-signal`` when a signal ended it).
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 import time
@@ -46,9 +47,12 @@ from stormwatch.lab.jobs.elastic import check_elastic
 from stormwatch.lab.jobs.torchrun import MONITOR_INTERVAL, trainer_options
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState
-from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.errors import BackendError, NotStopped
+from stormwatch.platforms.lab_slurm import stop_slurm_job_leftovers
 from stormwatch.platforms.slurm import ACTIVE_STATES, SlurmCommands
 from stormwatch.telemetry.ranklogs import read_job_logs
+
+log = logging.getLogger(__name__)
 
 #: The recipe (the repository's deploy/slurm/train.sbatch, next to the installed package).
 RECIPE = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "train.sbatch"
@@ -59,6 +63,9 @@ ACTIVE = ACTIVE_STATES
 START_TIMEOUT_S = 60.0
 #: Seconds one Slurm read of the lab may take (a dead slurmctld must not hold ``lab down``).
 READ_TIMEOUT_S = 10.0
+#: Seconds beyond the grace period (``KillWait``) a cancelled job may stay COMPLETING:
+#: slurmd's kill, its epilog and its message to slurmctld (well under a second on the lab).
+STOP_MARGIN_S = 10.0
 
 
 def uses_slurm(state: LabState, spec: JobSpec) -> bool:
@@ -153,7 +160,10 @@ def start(
         info.node_logs = {n: paths.job_node_log(spec.name, n) for n in nodes}
         info.node_pids = _wait_torchruns(job_id, nodes, START_TIMEOUT_S)
     except BaseException as exc:  # Ctrl-C included: leave no job queued behind
-        stop(record, grace=0.0)
+        try:
+            stop(record, grace=0.0)
+        except JobError:  # said in the log; the start's own failure is the one to raise
+            log.exception("could not stop Slurm job %s after its failed start", job_id)
         if isinstance(exc, Exception):
             raise JobError(f"job {spec.name!r} (Slurm job {job_id}) did not start: {exc}") from exc
         raise
@@ -273,17 +283,33 @@ def _lines(record: JobRecord, node: str) -> str:
 
 
 def stop(record: JobRecord, grace: float = 10.0) -> JobResult:
-    """``scancel`` the job (Slurm sends SIGTERM, SIGKILL after ``KillWait``) and wait up to
-    ``grace`` + 10 s for it to leave its nodes; then report."""
+    """``scancel`` the job (Slurm sends SIGTERM, SIGKILL after ``KillWait``, the lab's grace
+    period), wait up to ``grace`` + :data:`STOP_MARGIN_S` for Slurm to let it go, then stop
+    what is left of it that Slurm no longer tracks (SIGTERM, SIGKILL after ``grace``:
+    :func:`~stormwatch.platforms.lab_slurm.stop_slurm_job_leftovers`); then report.
+
+    Raises:
+        JobError: Slurm still holds the job after that wait, or one of its processes is
+            still running after SIGKILL.
+    """
     job_id = record.info.slurm_job_id
     assert job_id is not None
     try:
         commands(record)(["scancel", job_id])
     except BackendError:  # Slurm gone: the lab's teardown stops what is left
         return result(record)
-    deadline = time.monotonic() + grace + 10.0
-    while is_running(record) and time.monotonic() < deadline:
+    deadline = time.monotonic() + grace + STOP_MARGIN_S
+    while is_running(record):
+        if time.monotonic() >= deadline:
+            raise JobError(
+                f"job {record.info.name!r}: Slurm job {job_id} still {slurm_state(record)[0]} "
+                f"{grace + STOP_MARGIN_S:g} s after scancel (see slurmd's log on its nodes)"
+            )
         time.sleep(0.2)
+    try:
+        stop_slurm_job_leftovers(job_id, grace_s=grace)
+    except NotStopped as exc:
+        raise JobError(f"job {record.info.name!r}: {exc}") from exc
     return result(record)
 
 
@@ -307,6 +333,7 @@ def wait(record: JobRecord, timeout: float) -> JobResult:
 __all__ = [
     "ACTIVE",
     "RECIPE",
+    "STOP_MARGIN_S",
     "environment",
     "is_running",
     "program",

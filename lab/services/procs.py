@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,14 +24,14 @@ import psutil
 
 from stormwatch.lab.errors import LabError
 from stormwatch.lab.state import ProcessRecord
-
-log = logging.getLogger(__name__)
+from stormwatch.platforms.errors import NotStopped
+from stormwatch.platforms.stopping import stop_processes
 
 SUPERVISOR = Path(__file__).with_name("supervise.py")
 #: Environment variable naming the run directory, set on every process the lab starts.
 LAB_MARKER_ENV = "STORMWATCH_LAB_RUN_DIR"
-#: Seconds a process gets between SIGTERM and SIGKILL (Prometheus flushes its head
-#: block in well under a second; torchrun forwards SIGTERM to its workers).
+#: Seconds a lab service gets between SIGTERM and SIGKILL (Prometheus flushes its head
+#: block in well under a second); a job's stops use the lab's ``grace_period_s``.
 DEFAULT_GRACE = 5.0
 
 
@@ -205,55 +203,20 @@ def processes_marked(run_dir: Path) -> list[psutil.Process]:
 
 
 def terminate(procs: Iterable[psutil.Process], grace: float = DEFAULT_GRACE) -> list[str]:
-    """SIGTERM ``procs`` together, SIGKILL those alive after ``grace`` seconds (0: at once).
+    """SIGTERM ``procs`` together, SIGKILL those alive after ``grace`` seconds (0: at once),
+    then wait until they are gone (:func:`stormwatch.platforms.stopping.stop_processes`).
 
     Returns:
         Descriptions of processes that survived SIGKILL (should be empty).
+
+    Raises:
+        LabError: not allowed to signal one of them.
     """
-    alive = [p for p in {p.pid: p for p in procs}.values() if p.pid != os.getpid()]
-    if not alive:
-        return []
-    for proc in alive:
-        _signal(proc, signal.SIGTERM)
-    alive = _wait_gone(alive, grace)
-    for proc in alive:
-        if grace > 0:  # grace 0: the caller asked for SIGKILL, nothing to warn about
-            log.warning(
-                "pid %d did not exit %.0f s after SIGTERM; sending SIGKILL", proc.pid, grace
-            )
-        _signal(proc, signal.SIGKILL)
-    return [f"pid {p.pid}" for p in _wait_gone(alive, 5.0)]
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``procs`` still running after up to ``timeout`` seconds.
-
-    A zombie counts as gone: this process's own children are reaped here (by
-    ``wait_procs``), but an orphan (a daemon, a Slurm step) stays a zombie until init
-    reaps it, which took seconds on the lab machine.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        _, alive = psutil.wait_procs(procs, timeout=0.05 if timeout > 0 else 0)
-        procs = [p for p in alive if _still_there(p)]
-        if not procs or time.monotonic() >= deadline:
-            return procs
-
-
-def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
     try:
-        proc.send_signal(sig)
-    except psutil.NoSuchProcess:  # gone already: nothing to signal
-        pass
-    except psutil.AccessDenied as exc:
-        raise LabError(f"not allowed to signal pid {proc.pid}: {exc}") from exc
-
-
-def _still_there(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+        stopped = stop_processes(procs, grace_s=grace)
+    except NotStopped as exc:
+        raise LabError(str(exc)) from exc
+    return [f"pid {pid}" for pid in stopped.left]
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stormwatch.errors import ConfigError
 from stormwatch.lab.paths import RunPaths
+from stormwatch.platforms.stopping import MAX_GRACE_PERIOD_S
 
 #: A Slurm node name that is also a valid hostname (it becomes the namespace's hostname).
 _HOSTNAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -83,6 +84,8 @@ class SlurmClusterConfig:
         cred_expire_s: munge credential lifetime (``AuthInfo=cred_expire``); a requeued
             job waits ``cred_expire_s + 1`` s before it may start again. 10 s is the issue's
             measured working value (Slurm's default is 120 s).
+        kill_wait_s: ``KillWait``: seconds from SIGTERM to SIGKILL of a cancelled or
+            requeued job's processes (the lab's ``grace_period_s``, 5 s by default).
         ready_timeout_s: seconds :meth:`SlurmCluster.start` waits for every node idle
             (cold start measured well under 1 s on the lab machine).
         runtime_dir: where munged's folder and the slurmd spools live instead of under
@@ -101,6 +104,7 @@ class SlurmClusterConfig:
     slurmctld_port: int = DEFAULT_SLURMCTLD_PORT
     slurmd_port: int = DEFAULT_SLURMD_PORT
     cred_expire_s: int = 10
+    kill_wait_s: int = 5
     ready_timeout_s: float = 30.0
     runtime_dir: Path | None = None
 
@@ -129,6 +133,11 @@ class SlurmClusterConfig:
             port = getattr(self, what)
             if not 1 <= port <= 65535:
                 raise ConfigError(f"SlurmClusterConfig.{what}: must be 1-65535 (got {port})")
+        if not 0 <= self.kill_wait_s <= MAX_GRACE_PERIOD_S:
+            raise ConfigError(
+                f"SlurmClusterConfig.kill_wait_s: must be 0..{MAX_GRACE_PERIOD_S} "
+                f"(got {self.kill_wait_s})"
+            )
         if self.cred_expire_s < 1 or self.ready_timeout_s <= 0:
             raise ConfigError(
                 "SlurmClusterConfig.cred_expire_s / ready_timeout_s: must be positive "

@@ -47,6 +47,7 @@ def cluster_config(run_dir: Path, config: LabConfig) -> SlurmClusterConfig:
         nodes=nodes,
         controller_address=config.bridge_interface.ip,
         slurmctld_port=config.slurmctld_port,
+        kill_wait_s=config.grace_period_s,
         runtime_dir=runtime_dir(config),
     )
 

@@ -37,9 +37,6 @@ _FIXED = (
     "SchedulerType=sched/backfill",
     "SchedulerParameters=batch_sched_delay=0",
     "GresTypes=gpu",
-    # Seconds between a cancelled step's SIGTERM and SIGKILL (Slurm's default 30 s would
-    # hold `lab stop` and `lab down`; torchrun and the trainer stop in well under 5 s).
-    "KillWait=5",
     # Seconds slurmctld remembers a finished job (default 300 s): the lab reads its jobs'
     # end states back from Slurm for as long as the lab is up.
     "MinJobAge=86400",
@@ -62,6 +59,10 @@ def render_slurm_conf(config: SlurmClusterConfig) -> str:
         f"SlurmdPort={config.slurmd_port}",
         f"AuthInfo=socket={paths.munge_socket},cred_expire={config.cred_expire_s}",
         *_FIXED,
+        # Seconds between a cancelled or requeued job's SIGTERM and SIGKILL: the lab's
+        # grace period (LabConfig.grace_period_s; Slurm's default 30 s would hold every
+        # restart, `lab stop` and `lab down`).
+        f"KillWait={config.kill_wait_s}",
         f"StateSaveLocation={paths.state_dir}",
         f"SlurmctldPidFile={paths.slurmctld_pid}",
         f"SlurmctldLogFile={paths.slurmctld_log}",

@@ -29,6 +29,7 @@ Exceptions (:mod:`.errors`, drawn in :mod:`stormwatch.errors`)::
 
     PlatformError                   a platform backend failed
     ├── BackendError                a backend could not carry out an action or find the job
+    │   └── NotStopped              a stop's processes, steps or pods not confirmed gone
     ├── InvalidTargetFile           a target file is not valid (a ConfigError too)
     └── InvalidManifest             a Kubernetes job manifest is not valid (a ConfigError too)
 """
@@ -53,6 +54,7 @@ from stormwatch.platforms.errors import (
     BackendError,
     InvalidManifest,
     InvalidTargetFile,
+    NotStopped,
     PlatformError,
     TargetIssue,
 )
@@ -141,12 +143,12 @@ def make_backend(
             workload=kube.workload,
             control_dir=kube.control_dir,
             drain_node=kube.drain_node,
-            grace_period_s=kube.grace_period_s,
+            grace_period_s=settings.grace_period_s,
             log_tail_lines=kube.log_tail_lines,
         )
     if platform == "slurm":
         from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
-        from stormwatch.platforms.slurm_readback import SlurmWait
+        from stormwatch.platforms.slurm_readback import SlurmStop, SlurmWait
 
         slurm = settings.slurm
         return SlurmBackend(
@@ -155,6 +157,7 @@ def make_backend(
             control_dir=slurm.control_dir,
             commands=SlurmCommands(conf=slurm.conf),
             wait=SlurmWait(timeout_s=slurm.readback_timeout_s),
+            stop=SlurmStop(grace_s=settings.grace_period_s),
         )
     raise ConfigError(f"--platform: {platform!r} has no factory here; use kubernetes or slurm")
 
@@ -170,6 +173,7 @@ __all__ = [
     "KubernetesSettings",
     "LabBackend",
     "LabSlurmBackend",
+    "NotStopped",
     "Platform",
     "PlatformBackend",
     "PlatformError",

@@ -5,6 +5,7 @@
     StormwatchError
     └── PlatformError               a platform backend failed
         ├── BackendError            a backend could not carry out an action or find the job
+        │   └── NotStopped          processes (steps, pods) of a stop not confirmed gone
         ├── InvalidTargetFile       a target file is not valid (a ConfigError too)
         └── InvalidManifest         a Kubernetes job manifest is not valid (a ConfigError too)
 """
@@ -24,6 +25,12 @@ class PlatformError(StormwatchError):
 class BackendError(PlatformError):
     """A platform backend could not carry out an action (e.g. no worker of the job found,
     the platform refused, a command failed); the message names the job, node or command."""
+
+
+class NotStopped(BackendError):
+    """A stop could not confirm that the processes (a Slurm job's steps, a job's pods) it
+    stopped are gone within its bound; nothing was started in their place. The message
+    names what is left (:mod:`stormwatch.platforms.stopping`)."""
 
 
 @dataclass(frozen=True)
@@ -75,4 +82,11 @@ class InvalidManifest(PlatformError, ConfigError):
         super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")
 
 
-__all__ = ["BackendError", "InvalidManifest", "InvalidTargetFile", "PlatformError", "TargetIssue"]
+__all__ = [
+    "BackendError",
+    "InvalidManifest",
+    "InvalidTargetFile",
+    "NotStopped",
+    "PlatformError",
+    "TargetIssue",
+]

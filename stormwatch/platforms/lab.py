@@ -4,11 +4,14 @@ The lab backend finds a job's workers the way the agent's rank watcher does
 (their environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``TORCHELASTIC_RUN_ID``, job = ``STORMWATCH_JOB``; see docs/ARCHITECTURE.md):
 
-* restart workers: SIGTERM to every worker of the job; torchrun sees the worker
-  group fail and restarts it (within ``--max-restarts``);
-* exclude a node: SIGTERM to the job's torchrun agents on that node; the
-  remaining agents re-rendezvous at the smaller world size (needs torchrun
-  ``--nnodes MIN:MAX`` with MIN below the current node count);
+* restart workers: SIGTERM to every worker of the job, SIGKILL to what of them (and their
+  children) still runs after the grace period, and the answer only once every one is gone
+  (:mod:`.stopping`); torchrun sees the worker group fail and restarts it (within
+  ``--max-restarts``; it starts the new group only after the old one exited);
+* exclude a node: SIGTERM to the job's torchrun agents on that node (they stop their
+  workers), SIGKILL to the agents and workers still running after the grace period, until
+  all are gone; the remaining agents re-rendezvous at the smaller world size (needs
+  torchrun ``--nnodes MIN:MAX`` with MIN below the current node count);
 * checkpoint now: the trainer's control channel, ``<control-dir>/rank<R>.json``
   (``STORMWATCH_CONTROL_DIR``, default ``<STORMWATCH_METRICS_DIR>/control``):
   adds ``{"point": "checkpoint_now", "requested_at": T}`` to the file's
@@ -32,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -45,6 +47,7 @@ import psutil
 from stormwatch.contracts.rank_env import rank_env
 from stormwatch.platforms.base import arm_checkpoint, report_diagnostics
 from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.stopping import DEFAULT_GRACE_PERIOD_S, require_gone, stop_processes
 from stormwatch.platforms.targets import LabSection, TargetFile, load_target_file
 
 log = logging.getLogger(__name__)
@@ -114,21 +117,22 @@ class LabBackend:
         node_metrics_dirs: node name -> its metrics directory (``LabState``
             nodes), to tell which node a worker runs on; a worker whose
             ``STORMWATCH_METRICS_DIR`` is not listed has no node.
-        stop_signal: signal sent to workers and agents (default SIGTERM: torchrun
-            and the trainer shut down cleanly on it).
+        grace_period_s: seconds from SIGTERM to SIGKILL of a restart or exclusion
+            (:mod:`.stopping`; :meth:`for_lab`: the lab's target file's).
         clock: Unix time source (seconds), for ``requested_at``.
     """
 
     diagnostics_dir: Path
     node_metrics_dirs: Mapping[str, Path] = field(default_factory=dict)
-    stop_signal: int = signal.SIGTERM
+    grace_period_s: float = DEFAULT_GRACE_PERIOD_S
     clock: Callable[[], float] = time.time
 
     @classmethod
     def for_lab(cls, run_dir: Path, *, diagnostics_dir: Path) -> LabBackend:
         """The backend of the lab in ``run_dir``: node -> metrics directory from the ``lab:``
         section of the target file ``lab up`` wrote there (:func:`read_lab_target`; a ``lab``
-        or the Slurm lab's ``slurm`` target); no node map without one.
+        or the Slurm lab's ``slurm`` target), and its ``grace_period_s``; no node map (and
+        the default grace period) without one.
 
         Raises:
             InvalidTargetFile: the lab's target file is not readable or not valid.
@@ -136,7 +140,8 @@ class LabBackend:
         target = read_lab_target(run_dir)
         lab = target.lab if target is not None else None
         nodes = {} if lab is None else {n.name: n.metrics_dir for n in lab.nodes}
-        return cls(diagnostics_dir=diagnostics_dir, node_metrics_dirs=nodes)
+        grace = DEFAULT_GRACE_PERIOD_S if target is None else target.grace_period_s
+        return cls(diagnostics_dir=diagnostics_dir, node_metrics_dirs=nodes, grace_period_s=grace)
 
     def workers(self, job: str) -> list[Worker]:
         """The job's live workers, by rank."""
@@ -169,34 +174,55 @@ class LabBackend:
             raise BackendError(f"no live worker of job {job!r} found")
         return workers
 
-    def _signal(self, pids: list[int]) -> list[int]:
-        sent = []
-        for pid in pids:
+    def _stop(self, first: list[int], what: str) -> tuple[list[int], str]:
+        """SIGTERM the processes ``first``, SIGKILL them and their descendants still running
+        after the grace period, until all are gone; (pids signalled, what was done).
+
+        Raises:
+            NotStopped: one is still running after SIGKILL (nothing is started in its place).
+        """
+        term: list[psutil.Process] = []
+        every: dict[int, psutil.Process] = {}
+        for pid in first:
             if pid <= 1 or pid == os.getpid():  # never init, never ourselves
                 log.warning("refusing to signal pid %d", pid)
                 continue
             try:
-                os.kill(pid, self.stop_signal)
-                sent.append(pid)
-            except ProcessLookupError:
+                proc = psutil.Process(pid)
+                children = proc.children(recursive=True)
+            except psutil.NoSuchProcess:
                 log.info("process %d exited before the signal", pid)
-        return sent
+                continue
+            term.append(proc)
+            every.update({p.pid: p for p in [proc, *children]})
+        stopped = stop_processes(every.values(), grace_s=self.grace_period_s, term=term)
+        require_gone(stopped, what)
+        return [p.pid for p in term], stopped.describe()
 
     def restart_workers(self, job: str) -> str:
-        """SIGTERM every worker of ``job`` (torchrun restarts the group)."""
-        pids = self._signal([w.pid for w in self._require(job)])
-        name = signal.Signals(self.stop_signal).name
-        return f"sent {name} to {len(pids)} workers of job {job} (pids {pids})"
+        """SIGTERM every worker of ``job``, SIGKILL after the grace period, until all are
+        gone (torchrun restarts the group).
+
+        Raises:
+            BackendError: the job has no live worker; NotStopped: one survived SIGKILL.
+        """
+        workers = [w.pid for w in self._require(job)]
+        pids, done = self._stop(workers, f"the workers of job {job}")
+        return f"sent SIGTERM to {len(pids)} workers of job {job} (pids {pids}); {done}"
 
     def exclude_node_and_restart(self, job: str, node: str) -> str:
-        """SIGTERM the torchrun agents of ``job`` on ``node``."""
+        """SIGTERM the torchrun agents of ``job`` on ``node``, SIGKILL them and their workers
+        after the grace period, until all are gone.
+
+        Raises:
+            BackendError: no live worker on ``node``; NotStopped: one survived SIGKILL.
+        """
         workers = [w for w in self._require(job) if w.node == node]
         if not workers:
             raise BackendError(f"job {job!r} has no live worker on node {node!r}")
         agents = sorted({w.ppid for w in workers})
-        pids = self._signal(agents)
-        name = signal.Signals(self.stop_signal).name
-        return f"sent {name} to the torchrun agents {pids} of job {job} on {node}"
+        pids, done = self._stop(agents, f"the torchrun agents of job {job} on {node}")
+        return f"sent SIGTERM to the torchrun agents {pids} of job {job} on {node}; {done}"
 
     def request_checkpoint(self, job: str) -> str:
         """Arm ``checkpoint_now`` in the control file of the job's lowest rank."""

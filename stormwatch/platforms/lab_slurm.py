@@ -10,6 +10,12 @@ by the lab itself, one torchrun per node (the recipe runs a fixed-size ``stormwa
 train``): Slurm does not know them, so their actions go to :class:`~.lab.LabBackend`
 (signals to the job's processes, its control files), and each answer says so.
 
+A requeue on the lab confirms more than Slurm can: the lab shares one PID namespace, so
+before the requeued job starts again every process that still carries the job's
+``SLURM_JOB_ID`` (:func:`slurm_job_processes`: a rank orphaned when its torchrun died,
+which ``proctrack/linuxproc`` no longer finds under the step) is stopped like the lab's
+own (:mod:`.stopping`) and confirmed gone.
+
 Which backend a job gets is decided per call: Slurm when slurmctld holds a job of that
 name in an active state (:data:`~.slurm.ACTIVE_STATES`: pending, running, completing,
 requeued ...), else the lab's processes when the job has live workers there, else Slurm
@@ -18,17 +24,65 @@ again, whose error names what it looked for ("no running Slurm job").
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+import psutil
+
 from stormwatch.platforms.lab import LabBackend
 from stormwatch.platforms.slurm import ACTIVE_STATES, SlurmBackend
+from stormwatch.platforms.slurm_readback import SlurmStop
+from stormwatch.platforms.stopping import require_gone, stop_processes
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 #: How an action's answer says that the lab's processes, not Slurm, carried it out.
 DIRECT_NOTE = "not a Slurm job (launched directly by the lab): "
+#: Slurm's own daemons: they may carry a job's variables but are Slurm's to stop.
+SLURM_DAEMONS = frozenset({"slurmstepd", "slurmd", "slurmctld"})
+
+
+def slurm_job_processes(job_id: str) -> list[psutil.Process]:
+    """Every process on this machine whose environment has ``SLURM_JOB_ID=<job_id>`` (the
+    job's batch script, ``srun``, torchrun, ranks; Slurm's daemons left out): on the lab,
+    whose nodes share one PID namespace, what is left of the job wherever it ran."""
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in SLURM_DAEMONS:
+            continue
+        try:
+            if proc.environ().get("SLURM_JOB_ID") == job_id:
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read: not one of the job's
+            continue
+    return found
+
+
+def stop_slurm_job_leftovers(job_id: str, *, grace_s: float) -> str:
+    """Stop what is left of Slurm job ``job_id`` on this machine (:func:`slurm_job_processes`)
+    and confirm it gone: SIGTERM, SIGKILL after ``grace_s``; what was done, in words.
+
+    Raises:
+        NotStopped: a process survived SIGKILL.
+    """
+    left = slurm_job_processes(job_id)
+    if not left:
+        return f"no process of Slurm job {job_id} left"
+    stopped = stop_processes(left, grace_s=grace_s)
+    log.warning(
+        "Slurm job %s: %d processes Slurm no longer tracked (pids %s): %s",
+        job_id,
+        len(left),
+        [p.pid for p in left],
+        stopped.describe(),
+    )
+    require_gone(stopped, f"the processes left of Slurm job {job_id}")
+    return f"stopped {len(left)} processes left of Slurm job {job_id}: {stopped.describe()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +96,17 @@ class LabSlurmBackend:
 
     slurm: SlurmBackend
     lab: LabBackend
+
+    def _requeuing(self) -> SlurmBackend:
+        """:attr:`slurm` whose requeues also stop what of the old run Slurm lost track of
+        (module docstring), with the lab's grace period."""
+        grace = self.lab.grace_period_s
+
+        def leftovers(job_id: str) -> str:
+            return stop_slurm_job_leftovers(job_id, grace_s=grace)
+
+        stop = SlurmStop(grace_s=self.slurm.stop.grace_s, leftovers=leftovers)
+        return dataclasses.replace(self.slurm, stop=stop)
 
     def is_slurm_job(self, job: str) -> bool:
         """Whether slurmctld holds a job named ``job`` in an active state.
@@ -64,7 +129,7 @@ class LabSlurmBackend:
         """Slurm: requeue and start at once; a direct job: SIGTERM its workers."""
         return self._route(
             job,
-            lambda: self.slurm.restart_workers(job),
+            lambda: self._requeuing().restart_workers(job),
             lambda: DIRECT_NOTE + self.lab.restart_workers(job),
         )
 
@@ -73,7 +138,7 @@ class LabSlurmBackend:
         job: SIGTERM its torchrun agents on ``node`` (it re-rendezvous smaller)."""
         return self._route(
             job,
-            lambda: self.slurm.exclude_node_and_restart(job, node),
+            lambda: self._requeuing().exclude_node_and_restart(job, node),
             lambda: DIRECT_NOTE + self.lab.exclude_node_and_restart(job, node),
         )
 
@@ -94,4 +159,10 @@ class LabSlurmBackend:
         )
 
 
-__all__ = ["DIRECT_NOTE", "LabSlurmBackend"]
+__all__ = [
+    "DIRECT_NOTE",
+    "SLURM_DAEMONS",
+    "LabSlurmBackend",
+    "slurm_job_processes",
+    "stop_slurm_job_leftovers",
+]

@@ -12,11 +12,11 @@ wait (:mod:`.slurm_readback`), a :class:`BackendError` naming the state last see
 the job is found by name, then addressed by its id (never by a step number):
 
 * find the job: ``squeue --noheader --name=<job> --states=RUNNING --format=%i|%N``;
-* restart workers: ``scontrol requeue <jobid>`` (the job needs ``--requeue``); once it is
-  PENDING, ``scontrol update JobId=<jobid> StartTime=<requeue + 2 s>`` (not at once: the
+* restart workers: ``scontrol requeue <jobid>`` (the job needs ``--requeue``; Slurm sends
+  SIGTERM, SIGKILL after ``KillWait``); once it is PENDING with no step left (the old run
+  gone, :mod:`.stopping`), ``scontrol update JobId=<jobid> StartTime=<requeue + 2 s>`` (the
   requeue revoked the job's credential for that second, :data:`.slurm_readback.CREDENTIAL_GAP_S`);
-  read back RUNNING with one restart more (``Restarts``, ``StartTime``) and its batch
-  step launched (``squeue --steps``: a node that refuses the launch fails the job);
+  read back RUNNING with one restart more and its batch step launched (``squeue --steps``);
 * exclude a node: ``scontrol update NodeName=<node> State=DRAIN Reason=<why>`` (read back:
   the DRAIN flag and that reason), then requeue, and while PENDING ``scontrol update
   JobId=<jobid> ExcNodeList=<node>`` and ``StartTime``; read back RUNNING on nodes
@@ -51,6 +51,7 @@ from pathlib import Path
 from stormwatch.platforms.base import control_dir_for, request_checkpoint_in, write_diagnostics
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm_readback import (
+    SlurmStop,
     SlurmWait,
     drained,
     in_service,
@@ -363,6 +364,7 @@ class SlurmBackend:
         commands: the Slurm command client (default: the environment's ``slurm.conf``).
         wait: how long and how often an action reads Slurm back (:class:`SlurmWait`).
         clock: Unix time source (seconds), for the control file and diagnostics.
+        stop: how a requeue confirms the old run gone (:class:`SlurmStop`, :mod:`.stopping`).
     """
 
     diagnostics_dir: Path
@@ -371,6 +373,7 @@ class SlurmBackend:
     commands: SlurmCommands = field(default_factory=SlurmCommands)
     wait: SlurmWait = field(default_factory=SlurmWait)
     clock: Callable[[], float] = field(default=time.time)
+    stop: SlurmStop = field(default_factory=SlurmStop)
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -401,12 +404,12 @@ class SlurmBackend:
         """Requeue the job and start it at once; read back RUNNING again (a restart more).
 
         Raises:
-            BackendError: no running job, a command failed, or the job was not PENDING
-                and then RUNNING again within the wait (the state seen in the message).
+            BackendError: no running job, a command failed, the old run was not confirmed
+                gone (NotStopped) or the job not RUNNING again within the wait.
         """
         found = self.find(job)
         started = self.wait.clock()
-        running = requeue_and_start(self.commands, self.wait, found.job_id)
+        running = requeue_and_start(self.commands, self.wait, found.job_id, stop=self.stop)
         return (
             f"requeued Slurm job {found.job_id} ({job}): RUNNING again on {running.nodes} "
             f"(restart {running.restarts}) after {self.wait.elapsed_since(started):.1f} s"
@@ -432,7 +435,7 @@ class SlurmBackend:
             lambda n: drained(n) and n.reason_text == reason,
             f"drained with reason {reason!r}",
         )
-        running = requeue_and_start(self.commands, self.wait, found.job_id, exclude=node)
+        running = requeue_and_start(self.commands, self.wait, found.job_id, node, self.stop)
         return (
             f"drained {node} and requeued Slurm job {found.job_id} ({job}): RUNNING on "
             f"{running.nodes} without {node} after {self.wait.elapsed_since(started):.1f} s"

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.errors import BackendError, NotStopped
+from stormwatch.platforms.stopping import DEFAULT_GRACE_PERIOD_S
 
 if TYPE_CHECKING:
     from stormwatch.platforms.slurm import SlurmCommands, SlurmJobInfo, SlurmNodeInfo
@@ -131,13 +132,40 @@ class SlurmWait:
         return self.clock() - start
 
 
-def requeue_and_start(
-    commands: SlurmCommands, wait: SlurmWait, job_id: str, *, exclude: str | None = None
-) -> SlurmJobInfo:
-    """Requeue job ``job_id`` and start it at once, read back RUNNING again.
+@dataclass(frozen=True, kw_only=True)
+class SlurmStop:
+    """How a requeue confirms the job's old run gone before it starts again (:mod:`.stopping`).
 
-    ``scontrol requeue``; once the job is PENDING (an update while it is still COMPLETING
-    is lost), add ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=<the
+    Attributes:
+        grace_s: the grace period (s): the wait for the old run to go is this plus
+            :attr:`SlurmWait.timeout_s` (Slurm's own SIGKILL comes after ``KillWait``,
+            which a target file's check keeps within it).
+        leftovers: ``leftovers(job_id)`` stops and confirms gone the processes of the old
+            run that Slurm no longer tracks (orphans re-parented away from their step; the
+            lab, which sees every process, passes one); returns what it did, raises
+            :class:`~.errors.NotStopped`. None: Slurm's word is taken.
+    """
+
+    grace_s: float = DEFAULT_GRACE_PERIOD_S
+    leftovers: Callable[[str], str] | None = None
+
+
+def requeue_and_start(
+    commands: SlurmCommands,
+    wait: SlurmWait,
+    job_id: str,
+    exclude: str | None = None,
+    stop: SlurmStop | None = None,
+) -> SlurmJobInfo:
+    """Requeue job ``job_id``, confirm its old processes gone, start it at once, read back
+    RUNNING again.
+
+    ``scontrol requeue`` (slurmd sends the job's processes SIGTERM, SIGKILL after
+    ``KillWait``, and reports the job complete once they are gone); then
+    :func:`wait_old_run_gone`: PENDING (not COMPLETING) with no step left, within the
+    ``stop``'s grace period + ``wait.timeout_s``, and its ``leftovers(job_id)`` (processes
+    of the old run that Slurm no longer tracks, stopped and confirmed gone: the lab's);
+    only then add ``exclude`` to its ``ExcNodeList`` and ``scontrol update StartTime=<the
     requeue's SubmitTime + CREDENTIAL_GAP_S>`` (``now`` without a SubmitTime; sent again
     each second while it still waits: a requeued job otherwise waits for its ``BeginTime``,
     ``cred_expire + 1`` s); then wait for RUNNING with a restart more (or a new start
@@ -148,8 +176,9 @@ def requeue_and_start(
         The job as last read (RUNNING).
 
     Raises:
-        BackendError: a command failed, or the job was not PENDING, then RUNNING again,
-            within ``wait.timeout_s`` each (the state seen in the message).
+        NotStopped: the old run's processes were not confirmed gone (nothing was started).
+        BackendError: a command failed, or the job was not RUNNING again within
+            ``wait.timeout_s`` (the state seen in the message).
     """
     before = commands.job(job_id)
     commands.requeue(job_id)
@@ -157,12 +186,10 @@ def requeue_and_start(
     def restarted(info: SlurmJobInfo) -> bool:
         return info.restarts > before.restarts or info.start_time != before.start_time
 
-    pending = wait.job(
-        commands,
-        job_id,
-        lambda i: i.state == "PENDING" or (i.state == "RUNNING" and restarted(i)),
-        "PENDING after the requeue",
-    )
+    stop = stop or SlurmStop()
+    pending = wait_old_run_gone(commands, wait, job_id, restarted, grace_s=stop.grace_s)
+    if stop.leftovers is not None and pending.state == "PENDING":
+        stop.leftovers(job_id)
     requeued = pending.submit_time
     begin = "now" if requeued is None else _slurm_stamp(requeued + CREDENTIAL_GAP_S)
     if pending.state == "PENDING":
@@ -190,6 +217,46 @@ def requeue_and_start(
     )
 
 
+def wait_old_run_gone(
+    commands: SlurmCommands,
+    wait: SlurmWait,
+    job_id: str,
+    restarted: Callable[[SlurmJobInfo], bool],
+    *,
+    grace_s: float,
+) -> SlurmJobInfo:
+    """Read a requeued job until its old run is gone: PENDING (slurmd reported every
+    process of it gone: the job leaves COMPLETING only then) and no step of it left in
+    ``squeue --steps``; or RUNNING again already (``restarted``), which Slurm allows
+    only after the same. An update sent while it is still COMPLETING is lost.
+
+    Returns:
+        The job as last read.
+
+    Raises:
+        NotStopped: not so within ``grace_s`` (Slurm's SIGKILL comes after ``KillWait``)
+            plus ``wait.timeout_s`` (slurmd's kill, its epilog and its message); the last
+            state read and the steps left are in the message.
+    """
+    bound = grace_s + wait.timeout_s
+    deadline = wait.clock() + bound
+    while True:
+        info = commands.job(job_id)
+        if info.state == "RUNNING" and restarted(info):
+            return info
+        steps = commands.step_ids(job_id) if info.state == "PENDING" else []
+        if info.state == "PENDING" and not steps:
+            return info
+        if wait.clock() >= deadline:
+            left = f"; steps left: {', '.join(steps)}" if steps else ""
+            raise NotStopped(
+                f"Slurm job {job_id}: its processes not confirmed gone {bound:g} s after the "
+                f"requeue (grace period {grace_s:g} s; last read: {describe_job(info)}{left}); "
+                "not started again. Check slurmd's log on its nodes (unkillable processes?)"
+            )
+        wait.sleep(wait.poll_s)
+
+
 def _slurm_stamp(at: float) -> str:
     """``at`` (Unix s) as Slurm reads a time: ``2026-12-02T03:42:25``, local time."""
     return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%dT%H:%M:%S")
@@ -212,10 +279,12 @@ __all__ = [
     "NUDGE_S",
     "READBACK_POLL_S",
     "READBACK_TIMEOUT_S",
+    "SlurmStop",
     "SlurmWait",
     "describe_job",
     "describe_node",
     "drained",
     "in_service",
     "requeue_and_start",
+    "wait_old_run_gone",
 ]

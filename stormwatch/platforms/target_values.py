@@ -8,7 +8,8 @@ fix (pydantic turns it into the field's :class:`~stormwatch.platforms.errors.Tar
 * ``job.submit.parameters``: environment variable names and values an environment can
   carry, and (Slurm, :func:`reserved_parameter_issues`) no name stormwatch or Slurm sets;
 * files: a token file, a job template readable as UTF-8 text, and (:func:`slurm_issues`,
-  not on a lab's target: the lab writes it) ``slurm.conf``.
+  not on a lab's target: the lab writes it) ``slurm.conf``, whose ``KillWait`` must not
+  be longer than the target's ``grace_period_s`` (:mod:`stormwatch.platforms.stopping`).
 """
 
 from __future__ import annotations
@@ -145,9 +146,36 @@ def slurm_issues(target: TargetFile) -> list[TargetIssue]:
         what = "a folder, not a file" if conf.is_dir() else "not a file"
         fix = "give the cluster's slurm.conf, or leave slurm.conf out (SLURM_CONF, the system's)"
         issues.append(TargetIssue("slurm.conf", f"{conf} is {what}; {fix}"))
+    kill_wait = None if conf is None or not conf.is_file() else slurm_kill_wait(conf)
+    if kill_wait is not None and kill_wait > target.grace_period_s:
+        issues.append(
+            TargetIssue(
+                "grace_period_s",
+                f"{target.grace_period_s} s is shorter than KillWait={kill_wait} in {conf} "
+                "(Slurm sends SIGKILL only KillWait seconds after SIGTERM): give "
+                f"grace_period_s: {kill_wait} or more, or lower the cluster's KillWait",
+            )
+        )
     if target.job is not None and target.job.submit is not None:
         issues.extend(reserved_parameter_issues(target.job.submit.parameters))
     return issues
+
+
+#: ``KillWait=<seconds>`` in ``slurm.conf`` (keys are case-insensitive, slurm.conf(5)).
+_KILL_WAIT = re.compile(r"^\s*KillWait\s*=\s*(\d+)\s*(?:#.*)?$", re.IGNORECASE | re.MULTILINE)
+#: Slurm's ``KillWait`` when ``slurm.conf`` does not set it (slurm.conf(5)).
+SLURM_DEFAULT_KILL_WAIT = 30
+
+
+def slurm_kill_wait(conf: Path) -> int | None:
+    """``KillWait`` of ``conf`` (the last one given; :data:`SLURM_DEFAULT_KILL_WAIT` when
+    unset), None when the file cannot be read as text (its other checks say so)."""
+    try:
+        text = conf.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _KILL_WAIT.findall(text)
+    return int(found[-1]) if found else SLURM_DEFAULT_KILL_WAIT
 
 
 def check_file(path: Path | None, fix: str) -> Path | None:
@@ -183,6 +211,7 @@ __all__ = [
     "LOG_DIR_FIELDS",
     "RESERVED_PARAMETERS",
     "RESERVED_PREFIXES",
+    "SLURM_DEFAULT_KILL_WAIT",
     "check_agent_host",
     "check_file",
     "check_parameters",
@@ -190,4 +219,5 @@ __all__ = [
     "check_text_file",
     "reserved_parameter_issues",
     "slurm_issues",
+    "slurm_kill_wait",
 ]

@@ -24,11 +24,12 @@ from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stormwatch.clients.http import HttpOptions, check_http_url
 from stormwatch.platforms.base import control_dir_for
 from stormwatch.platforms.errors import BackendError, InvalidTargetFile, TargetIssue
+from stormwatch.platforms.stopping import DEFAULT_GRACE_PERIOD_S, GracePeriod
 from stormwatch.platforms.target_issues import validation_issue
 from stormwatch.platforms.target_values import (
     LOG_DIR_FIELDS,
@@ -59,17 +60,27 @@ class _Strict(BaseModel):
 
 
 class KubernetesSettings(_Strict):
-    """``kubernetes:`` section (see :class:`~.kubernetes.KubernetesBackend`)."""
+    """``kubernetes:`` section (:class:`~.kubernetes.KubernetesBackend`; grace: top level)."""
 
     #: A DNS-1123 label, as Kubernetes requires of namespace names.
     namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     job_label: str = Field(default="stormwatch.io/job", min_length=1)
     control_dir: Path | None = None
     drain_node: bool = False
-    grace_period_s: int = Field(default=30, ge=0)
     log_tail_lines: int = Field(default=200, ge=1)
     #: auto: a Job named like the job, else a JobSet, else pods by ``job_label``.
     workload: Literal["auto", "Job", "JobSet", "label"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "grace_period_s" in data:
+            raise ValueError(
+                "grace_period_s moved out of the kubernetes section: give it at the top "
+                f"level, grace_period_s: {data['grace_period_s']} (one grace period, "
+                "SIGTERM to SIGKILL, for every platform)"
+            )
+        return data
 
 
 class SlurmSettings(_Strict):
@@ -102,10 +113,20 @@ class SlurmSettings(_Strict):
 
 class PlatformSettings(_Strict):
     """The ``--platform-config`` file: per-platform settings (all optional); the same
-    sections of a target file (:class:`TargetFile` extends it)."""
+    sections of a target file (:class:`TargetFile` extends it).
+
+    Attributes:
+        grace_period_s: seconds every stop or restart gives a job's processes between
+            SIGTERM and SIGKILL, on every platform (:mod:`.stopping`): the lab's signals,
+            Kubernetes' ``gracePeriodSeconds`` of deleted and evicted pods, and on Slurm
+            the bound on a requeue's wait for the old steps to go (Slurm's own is
+            ``KillWait``, which must not be longer: a target file's ``slurm.conf`` is
+            checked). Default :data:`~.stopping.DEFAULT_GRACE_PERIOD_S`.
+    """
 
     kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())
     slurm: SlurmSettings = Field(default_factory=lambda: SlurmSettings())
+    grace_period_s: GracePeriod = DEFAULT_GRACE_PERIOD_S
 
 
 class PrometheusSection(_Strict):
@@ -242,8 +263,11 @@ class TargetFile(PlatformSettings):
     lab: LabSection | None = None
 
     def platform_settings(self) -> PlatformSettings:
-        """The ``slurm:``/``kubernetes:`` sections as the responder's backend takes them."""
-        return PlatformSettings(kubernetes=self.kubernetes, slurm=self.slurm)
+        """The ``slurm:``/``kubernetes:`` sections and the grace period, as the responder's
+        backend takes them."""
+        return PlatformSettings(
+            kubernetes=self.kubernetes, slurm=self.slurm, grace_period_s=self.grace_period_s
+        )
 
 
 def lab_target_file(
@@ -252,17 +276,19 @@ def lab_target_file(
     prometheus_url: str | None = None,
     nodes: Mapping[str, Path] | None = None,
     nproc_per_node: int = 1,
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S,
 ) -> TargetFile:
     """The ``lab`` target file of the lab in ``run_dir`` (what ``lab up`` writes for its
     ``direct`` scheduler; a Slurm lab's is :func:`stormwatch.lab.target_file.lab_target`):
     its Prometheus (none when ``prometheus_url`` is None or empty), node name -> metrics
-    directory in node-rank order, and ranks per node.
+    directory in node-rank order, ranks per node, and its stops' grace period (s).
 
     Raises:
         pydantic.ValidationError: a value is not valid (a Prometheus URL that is not http(s)).
     """
     return TargetFile(
         platform="lab",
+        grace_period_s=grace_period_s,
         lab=lab_section(run_dir, nodes=nodes, nproc_per_node=nproc_per_node),
         prometheus=PrometheusSection(url=prometheus_url) if prometheus_url else None,
     )
@@ -386,7 +412,7 @@ def platform_issues(target: TargetFile) -> list[TargetIssue]:
     if target.platform == "lab":
         if target.lab is None:
             issues.append(TargetIssue("lab", "required for platform lab: lab: {run_dir: run}"))
-        for name in sorted(given - {"platform", "lab", "prometheus"}):
+        for name in sorted(given - {"platform", "lab", "prometheus", "grace_period_s"}):
             issues.append(
                 TargetIssue(name, "not used by platform lab (the lab's lab.json has it); remove it")
             )

@@ -200,7 +200,8 @@ def lab(tmp_path: Path) -> Path:
     """A lab run directory with lab.json and the lab's target file naming two nodes and
     their metrics dirs."""
     paths = RunPaths.of(tmp_path / "run")
-    state = plan_state(paths, LabConfig(nodes=2))
+    # grace 1 s: the stand-in workers ignore SIGTERM, a restart SIGKILLs them after it
+    state = plan_state(paths, LabConfig(nodes=2, grace_period_s=1))
     for node in state.nodes:  # <run>/nodes/<name>/metrics
         node.metrics_dir.mkdir(parents=True)
     StateStore(paths).save(state)

@@ -78,7 +78,7 @@ def test_kubernetes_without_a_cluster_configuration_is_a_clear_error(
             "slurm.nodes: unknown key (valid keys: nproc_per_node, control_dir, conf, "
             "readback_timeout_s)",
         ),
-        ("lab: {}\n", "lab: unknown key (valid keys: kubernetes, slurm)"),
+        ("lab: {}\n", "lab: unknown key (valid keys: kubernetes, slurm, grace_period_s)"),
         (
             "kubernetes: {namespace: Bad_NS!}\n",
             "kubernetes.namespace: 'Bad_NS!' is not a Kubernetes namespace name",
@@ -130,7 +130,7 @@ state="{log}.state"
 if [ -f "$state" ]; then read -r s r < "$state"; else s=RUNNING; r=0; fi
 case "$(basename "$0") $1 $2" in
   "squeue --noheader --name=train") echo "4242|gpu-[1-2]" ;;
-  "squeue --noheader --steps") [ "$s" = RUNNING ] && echo "4242.batch" ;;
+  "squeue --noheader --steps") [ "$s" = RUNNING ] && echo "4242.batch" || true ;;
   "scontrol show hostnames") printf 'gpu-1\\ngpu-2\\n' ;;
   "scontrol requeue 4242") echo "PENDING $((r + 1))" > "$state" ;;
   "scontrol update JobId=4242") echo "RUNNING $r" > "$state" ;;

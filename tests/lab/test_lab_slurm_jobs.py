@@ -9,24 +9,38 @@ Runs on its own names (prefix ``swlj``, 10.218.1.0/24, free ports): no
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from stormwatch.chaos.target import LabJobs
 from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.jobs import slurmjob
-from stormwatch.platforms.slurm import SlurmCommands
+from stormwatch.lab.state import JobInfo
+from stormwatch.platforms import LabBackend, LabSlurmBackend, make_backend, read_lab_target
+from stormwatch.platforms.lab_slurm import slurm_job_processes
+from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands
+from stormwatch.platforms.stopping import running
 from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+#: The lab's grace period (s): Slurm's KillWait, the responder's and ``lab stop``'s.
+STOP_GRACE_S = 2
+#: A job's rank that ignores SIGTERM, rank 0 with a helper Slurm loses track of.
+STUBBORN = Path(__file__).with_name("stubborn_rank.py")
 
 
 def _free_port() -> int:
@@ -51,6 +65,7 @@ def lab(lab_possible: None) -> Iterator[Lab]:
         slurmctld_port=slurmctld,
         rdzv_port=29610,
         scheduler="slurm",
+        grace_period_s=STOP_GRACE_S,  # KillWait too
     )
     run_dir = Path(tempfile.mkdtemp(prefix="swlj-run-"))
     run_dir.chmod(0o755)
@@ -112,3 +127,112 @@ def test_a_killed_rank_is_restarted_by_torchrun_inside_the_slurm_job(lab: Lab) -
     logs = read_job_logs(log_dir)
     assert logs[1].latest_attempt == 1 and logs[1].finished
     assert not psutil.pid_exists(info.node_pids["node0"])
+
+
+def _stubborn_job(lab: Lab, name: str) -> tuple[JobInfo, list[dict[str, Any]]]:
+    """Start a job of :data:`STUBBORN` ranks; its info and first run's records (rank 0's
+    has its helper's pid)."""
+    info = lab.start_job(JobSpec(name=name, command=(sys.executable, str(STUBBORN))))
+    records = _poll(lambda: len(r := _stubborn_records(info)) == 4 and r, 30, "4 stubborn ranks")
+    return info, records
+
+
+def _stubborn_records(info: JobInfo) -> list[dict[str, Any]]:
+    path = Path(info.log_dir) / "stubborn.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return value
+
+
+class _Watch:
+    """When each of ``pids`` was first seen gone (Unix s), polled every 50 ms in a thread."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.gone: dict[int, float] = {}
+        self._procs = {pid: psutil.Process(pid) for pid in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for pid, proc in self._procs.items():
+                if pid not in self.gone and not running(proc):
+                    self.gone[pid] = time.time()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _untracked(caplog: pytest.LogCaptureFixture, pid: int) -> bool:
+    """Whether the lab stopped ``pid`` as a process of a Slurm job that Slurm no longer
+    tracked (so Slurm alone would have left it running)."""
+    return any(
+        "processes Slurm no longer tracked" in r.getMessage() and str(pid) in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_a_slurm_requeue_sigkills_what_ignores_sigterm_and_starts_the_job_only_once_it_is_gone(
+    lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The responder's restart of a Slurm job on the lab (its backend, from the lab's target
+    file): Slurm SIGKILLs the ranks after KillWait (the lab's grace period); the helper
+    Slurm lost track of is stopped by the lab before the job may start again; every old
+    process is gone before the first rank of the next run starts."""
+    info, records = _stubborn_job(lab, "stubborn-requeue")
+    old = [r["pid"] for r in records] + [next(r["helper"] for r in records if r["rank"] == 0)]
+    target = read_lab_target(lab.run_dir)
+    assert target is not None and target.grace_period_s == STOP_GRACE_S
+    diagnostics = lab.run_dir / "responder" / "diagnostics"
+    slurm = make_backend("slurm", target.platform_settings(), diagnostics_dir=diagnostics)
+    assert isinstance(slurm, SlurmBackend)
+    backend = LabSlurmBackend(
+        slurm=slurm, lab=LabBackend.for_lab(lab.run_dir, diagnostics_dir=diagnostics)
+    )
+    watch = _Watch(old)
+    try:
+        requeued = time.time()
+        detail = backend.restart_workers("stubborn-requeue")
+        print(f"requeue to RUNNING again: {time.time() - requeued:.1f} s")
+        watch.close()
+        fresh = _poll(
+            lambda: [r for r in _stubborn_records(info) if r["restart"] == 1], 30, "the new run"
+        )
+    finally:
+        watch.close()
+        lab.stop_job("stubborn-requeue", grace=0)  # what is left: SIGKILL at once
+    assert detail.startswith(f"requeued Slurm job {info.slurm_job_id} (stubborn-requeue): RUNNING")
+    assert sorted(watch.gone) == sorted(old), "a process of the old run outlived the requeue"
+    # SIGTERM did not stop them: they went only at the grace period (KillWait, then the lab).
+    assert min(watch.gone.values()) >= requeued + STOP_GRACE_S - 0.5
+    assert max(watch.gone.values()) < min(r["time"] for r in fresh)
+    assert _untracked(caplog, old[-1])  # the helper: Slurm's requeue alone left it running
+
+
+def test_a_chaos_run_stopping_its_job_returns_only_once_every_process_of_it_is_gone(
+    lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a chaos run does with the job it started when it aborts or fails (its
+    rollback's end, :class:`~stormwatch.chaos.target.LabJobs`): ``scancel``, Slurm's SIGKILL
+    after KillWait, and the lab's own stop of what Slurm no longer tracks."""
+    info, records = _stubborn_job(lab, "stubborn-stop")
+    helper = next(r["helper"] for r in records if r["rank"] == 0)
+    old = [psutil.Process(pid) for pid in [r["pid"] for r in records] + [helper]]
+    started = time.monotonic()
+    LabJobs(lab, world_size=4).stop("stubborn-stop")
+    took = time.monotonic() - started
+    print(f"stop: {took:.1f} s")
+    assert not [p.pid for p in old if running(p)], "a process of the job outlived its stop"
+    assert slurm_job_processes(str(info.slurm_job_id)) == []
+    assert took >= STOP_GRACE_S
+    assert _untracked(caplog, helper)  # scancel alone left it running
+    assert _slurm(lab).job(str(info.slurm_job_id)).state == "CANCELLED"

@@ -11,10 +11,12 @@ from rich.console import Console
 
 from stormwatch.chaos.errors import LabNotReady
 from stormwatch.chaos.platform_target import resolve_target
+from stormwatch.errors import ConfigError
 from stormwatch.lab import JobSpec, Lab, LabConfig
 from stormwatch.lab.jobs import slurmjob
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.slurm.lab_cluster import cluster_config
+from stormwatch.lab.slurm.render import render_slurm_conf
 from stormwatch.lab.state import LabState, StateStore, plan_state
 from stormwatch.lab.status import LabStatus, render_status
 from stormwatch.platforms.base import control_dir_for
@@ -71,7 +73,18 @@ def test_the_direct_scheduler_lab_writes_a_lab_target(tmp_path: Path) -> None:
     _planned(tmp_path, LabConfig(scheduler="direct"))
     target = load_target_file(RunPaths.of(tmp_path).target_file)
     assert target.platform == "lab" and target.lab is not None
-    assert target.model_fields_set == {"platform", "lab", "prometheus"}
+    assert target.model_fields_set == {"platform", "lab", "prometheus", "grace_period_s"}
+    assert target.grace_period_s == 5  # the lab's, what its responder's stops use
+
+
+def test_the_labs_grace_period_is_its_target_files_and_its_slurm_kill_wait(tmp_path: Path) -> None:
+    config = LabConfig(grace_period_s=12)
+    _planned(tmp_path, config)
+    assert load_target_file(RunPaths.of(tmp_path).target_file).grace_period_s == 12
+    conf = render_slurm_conf(cluster_config(tmp_path, config)).splitlines()
+    assert "KillWait=12" in conf and not any(line.startswith("KillWait=5") for line in conf)
+    with pytest.raises(ConfigError, match=r"LabConfig.grace_period_s: Input should be less than"):
+        LabConfig(grace_period_s=7200)
 
 
 def test_lab_up_keeps_the_runs_own_responder_policy(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from stormwatch.platforms import BackendError, LabBackend
@@ -19,9 +20,20 @@ def nodes(tmp_path: Path) -> dict[str, Path]:
     return dirs
 
 
+def _gone(pid: int) -> bool:
+    """Exited (a zombie its stand-in parent has not reaped yet has exited)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _backend(tmp_path: Path, nodes: dict[str, Path]) -> LabBackend:
     return LabBackend(
-        diagnostics_dir=tmp_path / "diag", node_metrics_dirs=nodes, clock=lambda: 1234.5
+        diagnostics_dir=tmp_path / "diag",
+        node_metrics_dirs=nodes,
+        clock=lambda: 1234.5,
+        grace_period_s=1,  # the stand-ins ignore SIGTERM: SIGKILL after 1 s
     )
 
 
@@ -52,8 +64,11 @@ def test_restart_workers_signals_every_worker_of_the_job_only(
     kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
     detail = backend.restart_workers("train")
     assert "SIGTERM to 2 workers of job train" in detail
-    kit.wait_for(lambda: train.terms("worker") == 2, 20, "2 worker SIGTERMs")
+    assert train.terms("worker") == 2  # handled, and ignored: SIGKILL after the grace period
+    assert "SIGKILL to 2 still running 1 s after SIGTERM" in detail
+    assert all(_gone(pid) for pid in train.worker_pids)  # gone when the action answers
     assert other.terms("worker") == 0 and train.terms("agent") == 0
+    assert not _gone(train.agent.pid) and len(backend.workers("other")) == 1
 
 
 def test_exclude_node_signals_the_torchrun_agent_on_that_node(
@@ -63,9 +78,16 @@ def test_exclude_node_signals_the_torchrun_agent_on_that_node(
     on1 = fake_job("train", nodes["node1"], workers=1, first_rank=1)
     backend = _backend(tmp_path, nodes)
     kit.wait_for(lambda: len(backend.workers("train")) == 2, 20, "workers")
-    assert f"[{on1.agent.pid}]" in backend.exclude_node_and_restart("train", "node1")
-    kit.wait_for(lambda: on1.terms("agent") == 1, 20, "agent SIGTERM")
-    assert on0.terms("agent") == 0 and on1.terms("worker") == 0
+    detail = backend.exclude_node_and_restart("train", "node1")
+    assert f"the torchrun agents [{on1.agent.pid}] of job train on node1" in detail
+    assert on1.terms("agent") == 1 and on1.terms("worker") == 0  # SIGTERM to torchrun only
+    # it ignored it: it and its worker are SIGKILLed after the grace period, gone on return
+    assert (
+        f"SIGKILL to 2 still running 1 s after SIGTERM (pids {sorted([on1.agent.pid, *on1.worker_pids])})"
+        in detail
+    )
+    assert _gone(on1.agent.pid) and _gone(on1.worker_pids[0])
+    assert on0.terms("agent") == 0 and not _gone(on0.agent.pid)
     with pytest.raises(BackendError, match="no live worker on node 'node9'"):
         backend.exclude_node_and_restart("train", "node9")
 

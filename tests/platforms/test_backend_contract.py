@@ -112,10 +112,10 @@ def platform(
             nodes = {n: tmp_path / n / "metrics" for n in ("node-a", "node-b")}
             for path in nodes.values():
                 path.mkdir(parents=True, exist_ok=True)
-            backend = LabBackend(diagnostics_dir=diag, node_metrics_dirs=nodes)
-            if running:
-                fake_job("llm", nodes["node-a"], workers=2, first_rank=0)
-                fake_job("llm", nodes["node-b"], workers=2, first_rank=2)
+            backend = LabBackend(diagnostics_dir=diag, node_metrics_dirs=nodes, grace_period_s=1)
+            if running:  # torchrun's stand-ins start a killed worker again
+                fake_job("llm", nodes["node-a"], workers=2, first_rank=0, respawn=True)
+                fake_job("llm", nodes["node-b"], workers=2, first_rank=2, respawn=True)
                 kit.wait_for(lambda: len(backend.workers("llm")) == 4, 20, "4 workers")
             return backend
         if request.param == "kubernetes":
@@ -172,17 +172,21 @@ def test_every_backend_places_the_same_job_the_same_way(
 
 
 def test_every_action_answers_one_line_and_diagnostics_land_in_the_same_file(
-    platform: Callable[[bool], PlatformBackend], tmp_path: Path
+    platform: Callable[[bool], PlatformBackend], tmp_path: Path, kit: Any
 ) -> None:
     backend = platform(True)
-    for call in (
-        lambda: backend.restart_workers("llm"),
-        lambda: backend.exclude_node_and_restart("llm", "node-b"),
-        lambda: backend.request_checkpoint("llm"),
-        lambda: backend.collect_diagnostics("llm", 5),
+    # (action, the lab's live workers after it: a restart kills them, torchrun starts them
+    # again; excluding node-b kills its torchrun too)
+    for call, workers in (
+        (lambda: backend.restart_workers("llm"), 4),
+        (lambda: backend.exclude_node_and_restart("llm", "node-b"), 2),
+        (lambda: backend.request_checkpoint("llm"), 2),
+        (lambda: backend.collect_diagnostics("llm", 5), 2),
     ):
         detail = call()
         assert isinstance(detail, str) and detail and "\n" not in detail
+        if isinstance(backend, LabBackend):
+            kit.wait_for(lambda n=workers: len(backend.workers("llm")) == n, 20, "workers")
     report = json.loads((tmp_path / "diag" / "incident-5.json").read_text())
     assert report["job"] == "llm"
 

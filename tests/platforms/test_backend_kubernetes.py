@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
-from stormwatch.platforms import BackendError
+from stormwatch.platforms import BackendError, NotStopped
 from stormwatch.platforms.kubernetes import (
     COMPLETION_INDEX,
     KubernetesBackend,
@@ -162,6 +162,50 @@ def test_restart_deletes_every_live_pod_and_reads_back_new_uids_running(
         "propagationPolicy": "Background",
     }
     assert api.requests("GET").count(LLM_PODS) == 3  # found, then read back twice
+
+
+def _deletes(api: RecordedKubeApi) -> None:
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-0-x7k2p", "pod-llm-0-deleting.json")
+    api.answer(f"DELETE /api/v1/namespaces/{NS}/pods/llm-1-q9z4m", "pod-llm-1-deleting.json")
+
+
+def test_restart_answers_only_once_the_deleted_pods_are_gone_not_while_one_terminates(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    # The replacements run while the old llm-0 is still terminating (its rank blocked in a
+    # collective, SIGTERM not handled): its processes may still run until the kubelet's
+    # SIGKILL at the grace period; only the next read finds it gone.
+    api.answer(
+        LLM_PODS,
+        "pods-llm-running.json",
+        "pods-llm-replaced-old-terminating.json",
+        "pods-llm-replaced.json",
+    )
+    _deletes(api)
+    backend = _backend(api, tmp_path, grace_period_s=10)
+    detail = backend.restart_workers("llm")
+    assert detail.endswith("2 new pods Running (llm-0-m3n4b, llm-1-v5c6x)")
+    assert api.requests("GET").count(LLM_PODS) == 3  # found; old one terminating; gone
+    deletes = [body for line, body in api.calls if line.startswith("DELETE")]
+    assert all(body["gracePeriodSeconds"] == 10 for body in deletes)
+
+
+def test_a_deleted_pod_still_running_after_the_grace_period_is_not_stopped(
+    api: RecordedKubeApi, tmp_path: Path
+) -> None:
+    api.answer(LLM_PODS, "pods-llm-running.json", "pods-llm-replaced-old-terminating.json")
+    _deletes(api)
+    backend = _backend(api, tmp_path, grace_period_s=10)
+    with pytest.raises(NotStopped) as caught:
+        backend.restart_workers("llm")
+    message = str(caught.value)
+    assert message.startswith(
+        "deleted 2 pods of job llm (llm-0-x7k2p, llm-1-q9z4m), but after 70 s"
+    )
+    assert "SIGKILL 10 s after SIGTERM" in message
+    assert "llm-0-x7k2p (uid 0a1e0b5c, Running, node gpu-a)" in message
+    assert "llm-0-m3n4b" not in message  # a replacement is not what failed to stop
+    assert backend.clock() >= 50.0 + 70  # waited out the grace period and its margin
 
 
 def test_restart_whose_replacements_never_run_says_what_it_saw(

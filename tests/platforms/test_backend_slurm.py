@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.platforms import BackendError
+from stormwatch.platforms import BackendError, NotStopped
 from stormwatch.platforms.slurm import SlurmBackend, SlurmCommands, run_command
-from stormwatch.platforms.slurm_readback import SlurmWait
+from stormwatch.platforms.slurm_readback import SlurmStop, SlurmWait
 
 SQUEUE = ["squeue", "--noheader", "--name=llm", "--states=RUNNING", "--format=%i|%N"]
 HOSTS = {
@@ -37,12 +37,17 @@ class Slurm:
         self.job = {"state": "RUNNING", "nodes": "gpu-[07-08]", "restarts": 0, "excluded": ""}
         self.job["start"] = "2026-12-02T03:00:00"
         self.completing_reads = 2
+        #: reads of ``squeue --steps`` that still list the old run's step once PENDING
+        self.stale_steps = 0
         self.nodes = {n: ["MIXED", ""] for n in ("gpu-07", "gpu-08")} | {"gpu-09": ["IDLE", ""]}
 
     def __call__(self, argv: Sequence[str]) -> str:
         argv = list(argv)
         self.calls.append(argv)
         if argv[:3] == ["squeue", "--noheader", "--steps"]:
+            if self.job["state"] == "PENDING" and self.stale_steps > 0:
+                self.stale_steps -= 1
+                return "4242.0\n"
             return "4242.batch\n4242.0\n" if self.job["state"] == "RUNNING" else ""
         if argv[0] == "squeue" and "--steps" not in argv:
             if self.running is not None:
@@ -148,6 +153,48 @@ def test_a_restart_that_does_not_run_again_names_the_state_seen(tmp_path: Path) 
     assert "last read: JobState=PENDING Reason=BeginTime Restarts=1 NodeList=(null)" in str(
         err.value
     )
+
+
+def test_a_requeued_job_starts_again_only_once_its_old_steps_are_gone(tmp_path: Path) -> None:
+    slurm = Slurm()
+    slurm.stale_steps = 3  # PENDING, but squeue --steps still lists the old run's step
+    _backend(slurm, tmp_path).restart_workers("llm")
+    update = slurm.calls.index(
+        ["scontrol", "update", "JobId=4242", "StartTime=2026-12-02T03:00:01"]
+    )
+    listed = [c for c in slurm.calls[:update] if c[:3] == ["squeue", "--noheader", "--steps"]]
+    assert len(listed) == 4  # three still listed a step; the fourth found none: then started
+    assert slurm.stale_steps == 0
+
+
+def test_a_requeue_whose_old_run_never_goes_is_not_stopped_and_not_started(
+    tmp_path: Path,
+) -> None:
+    slurm = Slurm()
+    slurm.completing_reads = 10**6  # slurmd never reports the processes gone
+    backend = _backend(slurm, tmp_path, stop=SlurmStop(grace_s=0.2))
+    with pytest.raises(NotStopped) as err:
+        backend.restart_workers("llm")
+    message = str(err.value)
+    assert message.startswith("Slurm job 4242: its processes not confirmed gone 0.7 s after the ")
+    assert "(grace period 0.2 s; last read: JobState=COMPLETING" in message
+    assert "not started again" in message
+    assert slurm.actions() == [["scontrol", "requeue", "4242"]]  # no StartTime: not started
+
+
+def test_a_requeue_stops_what_of_the_old_run_slurm_lost_track_of_before_starting_it(
+    tmp_path: Path,
+) -> None:
+    stopped: list[tuple[str, str]] = []
+
+    def leftovers(job_id: str) -> str:
+        stopped.append((job_id, " ".join(slurm.actions()[-1])))
+        return "stopped 1 process"
+
+    slurm = Slurm()
+    _backend(slurm, tmp_path, stop=SlurmStop(leftovers=leftovers)).restart_workers("llm")
+    assert stopped == [("4242", "scontrol requeue 4242")]  # after the requeue, before StartTime
+    assert slurm.actions()[-1][3].startswith("StartTime=")
 
 
 def test_exclude_node_drains_it_with_a_reason_then_requeues_without_it(tmp_path: Path) -> None:

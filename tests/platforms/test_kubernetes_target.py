@@ -53,10 +53,23 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def _target(tmp_path: Path, text: str, api: RecordedKubeApi) -> Target:
+class Clock:
+    """Unix time that moves only when the backend sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _target(tmp_path: Path, text: str, api: RecordedKubeApi, **backend: Any) -> Target:
     api.answer(AGENTS, "pods-agents.json")
-    backend = KubernetesBackend(api=api, namespace=NS, diagnostics_dir=tmp_path)
-    return kubernetes_target(load_target_file(_write(tmp_path, text)), tmp_path, backend=backend)
+    made = KubernetesBackend(api=api, namespace=NS, diagnostics_dir=tmp_path, **backend)
+    return kubernetes_target(load_target_file(_write(tmp_path, text)), tmp_path, backend=made)
 
 
 def _job(name: str = "llm_run") -> JobSection:
@@ -130,11 +143,55 @@ def test_the_run_creates_the_indexed_job_under_its_name_and_stops_it(
     assert "--steps=100" in sent["spec"]["template"]["spec"]["containers"][0]["args"]
     assert jobs.exited("llm-run") is None  # created, no terminal condition yet
     jobs.stop("llm-run")
-    assert api.calls[-1] == (
+    assert api.calls[-2] == (
         f"DELETE {JOBS}/llm-run",
         {"gracePeriodSeconds": 30, "propagationPolicy": "Background"},
     )
+    assert api.calls[-1] == (f"GET /api/v1/namespaces/{NS}/pods?labelSelector={RUN_CTRL}", None)
     assert jobs.ended("llm-run") is True
+
+
+def _started_run(tmp_path: Path, *pod_lists: str) -> tuple[Any, RecordedKubeApi, Clock]:
+    """The run's Job ``llm-run`` started, its pods listed as ``pod_lists`` from then on."""
+    api = RecordedKubeApi(RECORDINGS)
+    api.answer(f"POST {JOBS}", "job-llm-run-created.json")
+    api.answer(f"DELETE {JOBS}/llm-run", "status-200-job-llm-run-deleted.json")
+    api.answer(f"GET /api/v1/namespaces/{NS}/pods?labelSelector={RUN_CTRL}", *pod_lists)
+    clock = Clock()
+    backend = {"clock": clock, "sleep": clock.sleep, "grace_period_s": 5, "poll_s": 1.0}
+    jobs = _target(tmp_path, _submit("templates/training-job.yaml"), api, **backend).jobs
+    jobs.start(_job())
+    return jobs, api, clock
+
+
+def test_stopping_the_runs_job_returns_once_its_pods_are_gone_not_when_deleted(
+    tmp_path: Path,
+) -> None:
+    # What a run that aborts (or a baseline that fails) does with the job it started: the
+    # pods terminate for a while (a rank blocked in a collective is SIGKILLed only at the
+    # grace period), and the next run must not start beside them.
+    jobs, api, clock = _started_run(
+        tmp_path, "pods-llm-terminating.json", "pods-llm-terminating.json", "pods-llm-none.json"
+    )
+    jobs.stop("llm-run")
+    delete = [n for n, (line, _) in enumerate(api.calls) if line.startswith("DELETE")]
+    assert api.calls[delete[0]][1] == {"gracePeriodSeconds": 5, "propagationPolicy": "Background"}
+    listed = [line for line, _ in api.calls[delete[0] :] if line.startswith("GET")]
+    assert len(listed) == 3 and clock.now == 102.0  # terminating, terminating, gone
+
+
+def test_a_runs_job_whose_pods_outlive_the_grace_period_is_not_stopped(tmp_path: Path) -> None:
+    jobs, _, clock = _started_run(tmp_path, "pods-llm-terminating.json")
+    with pytest.raises(ChaosError) as caught:
+        jobs.stop("llm-run")
+    message = str(caught.value)
+    assert "could not stop job 'llm-run': deleted Job llm-run in namespace training, but" in (
+        message
+    )
+    assert "after 65 s these pods still run" in message  # grace 5 s + the kubelet's margin
+    assert "llm-0-x7k2p (uid 0a1e0b5c, Running, node gpu-a)" in message
+    assert "llm-1-a1b2c" not in message  # an earlier try's Failed pod has no process left
+    assert clock.now >= 165.0
 
 
 def test_the_run_posts_a_jobset_template_to_the_jobset_api(
@@ -150,8 +207,11 @@ def test_the_run_posts_a_jobset_template_to_the_jobset_api(
     kube_validate(sent)  # against the JobSet CRD's schema
     rdzv = sent["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert "--rdzv-endpoint=pt-run-workers-0-0.pt-run:29500" in rdzv["containers"][0]["args"]
+    pods = f"GET /api/v1/namespaces/{NS}/pods?labelSelector=jobset.sigs.k8s.io/jobset-name=pt-run"
+    api.answer(pods, "pods-llm-none.json")
     jobs.stop("pt-run")
     assert api.requests("DELETE") == [f"DELETE {JOBSETS}/pt-run"]
+    assert api.requests("GET")[-1] == pods  # waited for its pods to be gone
 
 
 def test_a_refused_create_names_the_rbac_grant_the_launcher_needs(tmp_path: Path) -> None:

@@ -57,7 +57,9 @@ def _backend(slurm: Jobs, tmp_path: Path, nodes: dict[str, Path]) -> LabSlurmBac
             nproc_per_node=2,
             commands=SlurmCommands(runner=slurm),
         ),
-        lab=LabBackend(diagnostics_dir=tmp_path / "diag", node_metrics_dirs=nodes),
+        lab=LabBackend(
+            diagnostics_dir=tmp_path / "diag", node_metrics_dirs=nodes, grace_period_s=1
+        ),
     )
 
 

@@ -101,13 +101,30 @@ def test_the_shipped_example_is_valid(tmp_path: Path) -> None:
         (
             ("slurm:\n", "colour: red\nslurm:\n"),
             "colour",
-            "valid keys: kubernetes, slurm, platform",
+            "valid keys: kubernetes, slurm, grace_period_s, platform",
         ),
         (("agents:", "lab: {run_dir: run}\nagents:"), "lab", "only for platform lab"),
         (
             ("  nproc_per_node: 2", "  nproc_per_node: 2\n  control_dir: /s/{host}/control"),
             "slurm.control_dir",
             "only {job}, {jobid}, {node} may be substituted",
+        ),
+        (
+            ("slurm:\n", "grace_period_s: -1\nslurm:\n"),
+            "grace_period_s",
+            "greater than or equal to 0",
+        ),
+        (
+            ("slurm:\n", "grace_period_s: 86400\nslurm:\n"),
+            "grace_period_s",
+            "less than or equal to 3600",
+        ),
+        (("slurm:\n", "grace_period_s: soon\nslurm:\n"), "grace_period_s", "valid integer"),
+        (
+            ("slurm:\n", "kubernetes: {grace_period_s: 45}\nslurm:\n"),
+            "kubernetes",
+            "grace_period_s moved out of the kubernetes section: give it at the top level, "
+            "grace_period_s: 45",
         ),
     ],
 )
@@ -170,6 +187,35 @@ def test_the_lab_target_file_round_trips(tmp_path: Path) -> None:
     target = load_target_file(path)
     assert target.platform == "lab"
     assert target.lab is not None and target.lab.run_dir == tmp_path / "run"
+
+
+def test_the_grace_period_is_one_top_level_setting_every_platform_reads(tmp_path: Path) -> None:
+    path = tmp_path / "target.yaml"
+    path.write_text(dump_target_file(lab_target_file(tmp_path / "run", grace_period_s=7)))
+    assert load_target_file(path).grace_period_s == 7  # a lab target may carry it
+    assert load_target_file(_write(tmp_path, GOOD)).grace_period_s == 30  # the default
+    target = load_target_file(_write(tmp_path, "grace_period_s: 0\n" + GOOD))
+    assert target.platform_settings().grace_period_s == 0  # what the responder's backend gets
+
+
+@pytest.mark.parametrize(
+    ("kill_wait", "ok"), [("", True), ("KillWait=20", True), ("killwait=60", False)]
+)
+def test_a_slurm_conf_whose_kill_wait_outlasts_the_grace_period_is_refused(
+    tmp_path: Path, kill_wait: str, ok: bool
+) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=c\n{kill_wait}\nSlurmctldHost=h\n")
+    text = GOOD.replace("slurm:\n", f"slurm:\n  conf: {conf}\n") + "grace_period_s: 30\n"
+    if ok:  # Slurm's default KillWait is 30 s
+        load_target_file(_write(tmp_path, text))
+        return
+    with pytest.raises(InvalidTargetFile) as caught:
+        load_target_file(_write(tmp_path, text))
+    [issue] = caught.value.issues
+    assert issue.path == "grace_period_s" and issue.line == 14
+    assert "30 s is shorter than KillWait=60" in issue.message
+    assert "give grace_period_s: 60 or more, or lower the cluster's KillWait" in issue.message
 
 
 class _FakeSlurm(SlurmCommands):

@@ -5,14 +5,19 @@ or pods by label); every call goes through the :class:`~.api.KubeApi` seam.
 
 Actions, each read back from the API before it reports success:
 
-* restart workers: delete the job's pods (``V1DeleteOptions``, background
-  propagation); the Job controller recreates them and torchrun rendezvous again.
-  Read back: as many live pods as before, all Running, none with an old UID;
+* restart workers: delete the job's pods (``V1DeleteOptions`` with ``gracePeriodSeconds``
+  = the grace period, background propagation: the kubelet sends SIGTERM, SIGKILL after
+  it); the Job controller recreates them and torchrun rendezvous again. Read back: the
+  old pods gone (no longer listed, or finished: their processes have exited; not merely
+  marked for deletion) within the grace period + :data:`POD_GONE_MARGIN_S`
+  (:class:`~stormwatch.platforms.errors.NotStopped` otherwise, :mod:`..stopping`), then as
+  many live pods as before, all Running, none with an old UID;
 * exclude a node: cordon it (patch ``spec.unschedulable``; read back: the node says
   unschedulable), then evict the job's pods on it with ``policy/v1`` Evictions
   (honours PodDisruptionBudgets; a refusal leaves the node cordoned and says so).
   ``drain_node`` evicts the node's other pods too (``kubectl drain`` semantics:
-  DaemonSet and mirror pods stay). Read back: replacements Running, none on the node;
+  DaemonSet and mirror pods stay). Read back: the evicted pods gone (as above), then
+  replacements Running, none on the node;
 * checkpoint now: the trainer's control file on a volume the responder shares with
   the job (``control_dir``); without one it raises;
 * collect diagnostics: the workload, each pod's phase, node, ranks, conditions and log
@@ -35,15 +40,22 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from stormwatch.platforms.base import request_checkpoint_in, write_diagnostics
-from stormwatch.platforms.errors import BackendError
+from stormwatch.platforms.errors import BackendError, NotStopped
 from stormwatch.platforms.kubernetes.api import ClientKubeApi, KubeApi, api_error, refusal
 from stormwatch.platforms.kubernetes.workers import (
+    DONE_PHASES,
     Workload,
     WorkloadKind,
     find_workload,
     is_live,
     pod_ranks,
 )
+from stormwatch.platforms.stopping import DEFAULT_GRACE_PERIOD_S
+
+#: Seconds beyond the grace period for a deleted pod to be gone: the kubelet reports the
+#: containers' end at its next pod sync (about 10 s), the Job controller drops its
+#: tracking finalizer, the API server removes the object.
+POD_GONE_MARGIN_S = 60.0
 
 
 def _name(pod: k8s.V1Pod) -> str:
@@ -60,6 +72,12 @@ def _node(pod: k8s.V1Pod) -> str | None:
 
 def _phase(pod: k8s.V1Pod) -> str | None:
     return pod.status.phase if pod.status else None
+
+
+def _running_of(pods: list[k8s.V1Pod], uids: set[str] | None) -> list[k8s.V1Pod]:
+    """Those of ``pods`` (with a UID in ``uids``; all when None) whose processes may still
+    run: listed and not finished, being deleted or not."""
+    return [p for p in pods if (uids is None or _uid(p) in uids) and _phase(p) not in DONE_PHASES]
 
 
 def _seen(pods: list[k8s.V1Pod]) -> str:
@@ -84,7 +102,8 @@ class KubernetesBackend:
         control_dir: the trainer's control directory as the responder sees it (a
             shared volume); None: ``request_checkpoint`` raises.
         drain_node: ``exclude_node_and_restart`` also evicts the node's other pods.
-        grace_period_s: termination grace period for deleted and evicted pods.
+        grace_period_s: termination grace period (s) of deleted and evicted pods: the
+            kubelet's SIGTERM to SIGKILL (:mod:`..stopping`).
         log_tail_lines: log lines per pod in the diagnostics.
         readback_timeout_s: how long an action waits for the replacement pods to run
             (300 s: scheduling plus an image pull of a multi-GB training image).
@@ -99,7 +118,7 @@ class KubernetesBackend:
     workload: WorkloadKind = "auto"
     control_dir: Path | None = None
     drain_node: bool = False
-    grace_period_s: int = 30
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     log_tail_lines: int = 200
     readback_timeout_s: float = 300.0
     poll_s: float = 2.0
@@ -134,9 +153,8 @@ class KubernetesBackend:
             self.api, job, self.namespace, kind=self.workload, job_label=self.job_label
         )
 
-    def live_pods(self, workload: Workload) -> list[k8s.V1Pod]:
-        """The live pods (not finished, not being deleted) of ``workload``, by name; empty
-        once every pod has gone.
+    def listed_pods(self, workload: Workload) -> list[k8s.V1Pod]:
+        """Every pod of ``workload`` the API lists (finished and terminating ones too).
 
         Raises:
             BackendError: the API refused the list.
@@ -146,7 +164,37 @@ class KubernetesBackend:
         except ApiException as exc:
             what = f"listing the pods of {workload.describe()}"
             raise api_error(what, "list_pods", exc, namespace=self.namespace) from exc
-        return sorted((p for p in listed.items or [] if is_live(p)), key=_name)
+        return sorted(listed.items or [], key=_name)
+
+    def live_pods(self, workload: Workload) -> list[k8s.V1Pod]:
+        """The live pods (not finished, not being deleted) of ``workload``, by name; empty
+        once every pod has gone.
+
+        Raises:
+            BackendError: the API refused the list.
+        """
+        return [p for p in self.listed_pods(workload) if is_live(p)]
+
+    def wait_pods_gone(self, workload: Workload, *, did: str) -> None:
+        """Poll until no pod of ``workload`` may still run (:func:`_running_of`), within the
+        grace period + :data:`POD_GONE_MARGIN_S`.
+
+        Raises:
+            NotStopped: some still listed and not finished then (named with ``did``).
+            BackendError: the API refused the list.
+        """
+        bound = self.grace_period_s + POD_GONE_MARGIN_S
+        deadline = self.clock() + bound
+        while left := _running_of(self.listed_pods(workload), None):
+            if self.clock() >= deadline:
+                raise NotStopped(f"{did}, but {self._not_gone(left, bound)}")
+            self.sleep(self.poll_s)
+
+    def _not_gone(self, pods: list[k8s.V1Pod], bound: float) -> str:
+        return (
+            f"after {bound:g} s these pods still run (the kubelet sends SIGKILL "
+            f"{self.grace_period_s} s after SIGTERM; is their node answering?): {_seen(pods)}"
+        )
 
     def pods(self, job: str) -> tuple[Workload, list[k8s.V1Pod]]:
         """The job's workload and its live pods (not finished, not being deleted), by name.
@@ -199,10 +247,23 @@ class KubernetesBackend:
     def _await(
         self, workload: Workload, gone: set[str], count: int, *, avoid: str | None, did: str
     ) -> list[k8s.V1Pod]:
-        """Poll until ``count`` live pods run, none with a UID in ``gone``, none on ``avoid``."""
-        deadline = self.clock() + self.readback_timeout_s
+        """Poll until the pods with a UID in ``gone`` are gone (:func:`_running_of`, within the
+        grace period + :data:`POD_GONE_MARGIN_S`, NotStopped otherwise), then until ``count``
+        live pods run, none with a UID in ``gone``, none on ``avoid`` (within
+        :attr:`readback_timeout_s` of the old ones being gone)."""
+        bound = self.grace_period_s + POD_GONE_MARGIN_S
+        gone_by = self.clock() + bound
+        deadline: float | None = None
         while True:
-            pods = self.live_pods(workload)
+            listed = self.listed_pods(workload)
+            pods = [p for p in listed if is_live(p)]
+            if old := _running_of(listed, gone):
+                if self.clock() >= gone_by:
+                    raise NotStopped(f"{did}, but {self._not_gone(old, bound)}")
+                self.sleep(self.poll_s)
+                continue
+            if deadline is None:
+                deadline = self.clock() + self.readback_timeout_s
             fresh = [p for p in pods if _uid(p) not in gone]
             if (
                 len(fresh) == len(pods) == count
@@ -355,4 +416,4 @@ class KubernetesBackend:
         return f"diagnostics of {len(report)} pods of job {job} in {path}"
 
 
-__all__ = ["KubernetesBackend"]
+__all__ = ["POD_GONE_MARGIN_S", "KubernetesBackend"]
