@@ -60,7 +60,7 @@ system-test:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo ">> installing test packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && \
+	  { [ -n "$$(find /var/lib/apt/lists -maxdepth 0 -mmin -60 2>/dev/null)" ] || $(SUDO) apt-get update -qq; } && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo ">> test packages present"; fi
 
@@ -105,12 +105,18 @@ test-e2e: setup system-test
 # daemons, detection within deadlines), which two at once would starve on 2 cores. In the
 # background, niced so that the timed tier keeps the CPU it waits on: the fast tests and the
 # `untimed` end-to-end ones (torchrun jobs checked for results only). The background report
-# is printed after the foreground's; the exit status is the first failing tier's.
-test: setup system-test check
-	@$(SUDO) nice -n 5 $(VENV)/bin/pytest -m "not e2e or untimed" -p no:cacheprovider $(PYTEST_ARGS) > .pytest-fast.log 2>&1 & fast=$$!; \
+# is printed after the foreground's; the exit status is the first failing tier's. The static
+# checks (ruff, mypy: a minute or two without a cache) run first in the background tier, off
+# the foreground's path.
+test: setup system-test
+	@{ $(MAKE) --no-print-directory check; checks=$$?; \
+	  $(SUDO) nice -n 5 $(VENV)/bin/pytest -m "not e2e or untimed" -p no:cacheprovider $(PYTEST_ARGS); \
+	  tests=$$?; [ $$checks -ne 0 ] && exit $$checks; exit $$tests; \
+	} > .pytest-fast.log 2>&1 & fast=$$!; \
 	$(SUDO) $(VENV)/bin/pytest -m "e2e and not untimed" $(PYTEST_ARGS); e2e=$$?; \
 	wait $$fast; fast_rc=$$?; \
-	echo ">> the background tier (fast and untimed end-to-end tests, exit $$fast_rc):"; cat .pytest-fast.log; \
+	echo ">> the background tier (ruff, mypy, fast and untimed end-to-end tests, exit $$fast_rc):"; \
+	cat .pytest-fast.log; \
 	if [ $$e2e -ne 0 ]; then exit $$e2e; fi; exit $$fast_rc
 
 # Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
