@@ -224,6 +224,35 @@ def wait_for() -> Callable[..., Any]:
     return _poll
 
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _quick_benchmark(
+    script: str, tmp_path: Path, rows: tuple[str, ...], timeout: float
+) -> tuple[str, dict[str, Any]]:
+    """Run ``benchmarks/<script> --quick --json``; fail unless it exits 0 and prints every
+    row of ``rows``. Returns its standard output and its figures (the JSON file)."""
+    figures = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(figures)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    missing = [row for row in rows if row not in done.stdout]
+    assert not missing, f"rows missing from the output: {missing}\n{done.stdout[-4000:]}"
+    return done.stdout, json.loads(figures.read_text())
+
+
+@pytest.fixture(scope="session")
+def quick_benchmark() -> Callable[..., tuple[str, dict[str, Any]]]:
+    """``quick_benchmark(script, tmp_path, rows, timeout)``: run a benchmark's quick mode
+    end to end, check its exit status and printed rows, return (stdout, figures)."""
+    return _quick_benchmark
+
+
 def _read_responder(lab: Any, what: str) -> list[dict[str, Any]]:
     from stormwatch.clients.responder import ResponderClient
 

@@ -2,40 +2,32 @@
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_bench.py"
 
-
-def test_quick_benchmark_prints_every_measure_with_the_machine(tmp_path) -> None:
-    figures = tmp_path / "figures.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(figures)],
-        capture_output=True,
-        text=True,
+def test_quick_benchmark_prints_every_measure_with_the_machine(
+    tmp_path: Path, quick_benchmark: Any
+) -> None:
+    _, result = quick_benchmark(
+        "trainer_bench.py",
+        tmp_path,
+        (
+            "instrumentation overhead: step wall time, instrumented / bare",
+            "disarmed fault points",
+            "checkpoint: loop blocked per save, async / sync",
+            "exposed communication: collective wait / step time",
+            "noise floor (A/A): bare again / bare",
+            "control channel work per step",
+            "machine: ",
+        ),
         timeout=150,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    for row in (
-        "instrumentation overhead: step wall time, instrumented / bare",
-        "disarmed fault points",
-        "checkpoint: loop blocked per save, async / sync",
-        "exposed communication: collective wait / step time",
-        "noise floor (A/A): bare again / bare",
-        "control channel work per step",
-        "machine: ",
-    ):
-        assert row in done.stdout, row
-    result = json.loads(figures.read_text())
     ratios = [
         *result["wall_ratio"]["instrumented"],
         *result["cpu_ratio"]["instrumented"],
