@@ -91,7 +91,7 @@ def rank_life(folder: Path, rank: int, attempt: int) -> None:
 
     metrics = RankMetrics(folder, job=JOB, rank=rank)
     now = time.time()
-    metrics.job_info(world_size=8, restart_count=attempt)
+    metrics.job_info(world_size=8, node_restarts=attempt)
     metrics.started(step=0, timestamp=now)
     for step in range(1, 4):
         metrics.step(step=step, loss=2.0 / step, seconds=0.1, tokens=4096, timestamp=now + step)

@@ -91,11 +91,18 @@ def _health() -> list[PanelBuilder]:
         ),
         timeseries_panel(
             "Restarts and unexpected exits",
-            "torchrun restart count per job (job:stormwatch_train_restart_count:max) and "
-            "rank exits without a done marker in the last 15 minutes, per job.",
+            "Restarts of each job (its attempt, agreed by every rank: "
+            "job:stormwatch_train_job_restarts:max), each node's own torchrun count "
+            "(job_node:stormwatch_train_node_restarts:max; a node restarted because a peer "
+            "failed does not count it) and rank exits without a done marker in the last 15 "
+            "minutes, per job.",
             "none",
             [
-                Query(f"job:stormwatch_train_restart_count:max{{{JOB}}}", "{{job}} restarts"),
+                Query(f"job:stormwatch_train_job_restarts:max{{{JOB}}}", "{{job}} restarts"),
+                Query(
+                    f"job_node:stormwatch_train_node_restarts:max{{{JOB}}}",
+                    "{{job}} {{node}} node restarts",
+                ),
                 Query(
                     f"sum by (job) (job_rank_node:stormwatch_rank_unexpected_exits:increase15m{{{JOB}}})",
                     "{{job}} unexpected exits (15m)",

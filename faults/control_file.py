@@ -49,8 +49,11 @@ Fault points (:data:`POINTS`):
   the file once at each stage: write it before the job starts.
 
 Every entry may carry ``expires_at`` (Unix time: disarmed from then on) and
-``attempt`` (armed only in that torchrun attempt, ``TORCHELASTIC_RESTART_COUNT``:
-``attempt: 0`` crashes once, then the restarted workers resume). A file written
+``attempt`` (armed only in that attempt of the job: the job-wide restart count the ranks
+agree at start-up, :mod:`stormwatch.telemetry.restarts`, so a node restarted only because
+a peer failed counts it too; the node's ``TORCHELASTIC_RESTART_COUNT`` in the
+``rendezvous`` stage, before the agreement: ``attempt: 0`` crashes once, then the
+restarted workers resume). A file written
 before the job starts is honoured from step 1 (and for the saves of step 1).
 """
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 from pathlib import Path
 
 from stormwatch.lab.config import LabConfig
@@ -16,6 +14,7 @@ from stormwatch.lab.services.definitions import (
     find_binary,
 )
 from stormwatch.lab.slurm import daemons
+from stormwatch.ports import port_is_free  # the one home of ports; re-exported here
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
@@ -63,19 +62,6 @@ def require_binaries(config: LabConfig | None = None) -> None:
     if config is not None and config.slurm:
         daemons.require_tools()
         daemons.munge_account()
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind ``host:port`` now (SO_REUSEADDR, like Go's listeners)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
 
 
 def require_free_ports(config: LabConfig) -> None:

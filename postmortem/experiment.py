@@ -53,6 +53,8 @@ class ExperimentPostMortem(BaseModel):
             recovery.
         last_step_before_fault / resumed_from_step / first_step_after_resume / steps_lost:
             the steps computed again.
+        restart_count: the restart's job attempt beside the node-local counts, and the
+            nodes whose failure caused it.
         loss: the loss after recovery against the baseline; ``loss_plot``: its figure.
         faults_left_open: ledger entries of the experiment not reverted.
     """
@@ -86,6 +88,7 @@ class ExperimentPostMortem(BaseModel):
     resumed_from_step: int | None = None
     first_step_after_resume: int | None = None
     steps_lost: int | None = None
+    restart_count: str | None = None
     loss: LossCheck = Field(default_factory=LossCheck)
     loss_plot: str | None = None
     faults_left_open: list[str] = Field(default_factory=list)
@@ -137,6 +140,7 @@ def _summary(pm: ExperimentPostMortem) -> KeyValues:
                 format_seconds(pm.time_to_recover_seconds, "not recovered"),
             ),
             ("last step before the fault", format_optional(pm.last_step_before_fault)),
+            ("restart count (job; node-local)", pm.restart_count or "—"),
             ("resumed from step", format_optional(pm.resumed_from_step)),
             ("steps lost", format_optional(pm.steps_lost)),
             ("loss identical to baseline after recovery", compared),

@@ -46,6 +46,8 @@ class Impact(BaseModel):
             "Revisiting reliability in large-scale ML research clusters", 2024).
         goodput: share of the incident's wall time (onset -> incident closed)
             spent on new steps: ``new steps x median_step_seconds / duration``, 0..1.
+        restart_count: the restart's job attempt, the node-local counts and the nodes
+            that failed (:meth:`~stormwatch.postmortem.progress.Restart.counts`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +60,7 @@ class Impact(BaseModel):
     time_lost_seconds: float | None = None
     gpu_hours_lost: float | None = None
     goodput: float | None = None
+    restart_count: str | None = None
 
 
 def measure_impact(
@@ -66,7 +69,11 @@ def measure_impact(
     """The :class:`Impact` of a failure at ``onset`` that the job answered with ``restart``
     (``resolved_at``: when the incident closed, for goodput). Steps before the restart (or
     the onset, without one) count as done before the failure."""
-    impact = Impact(world_size=len(progress) or None, resumed_from_step=restart.resumed_from_step)
+    impact = Impact(
+        world_size=len(progress) or None,
+        resumed_from_step=restart.resumed_from_step,
+        restart_count=restart.counts(),
+    )
     if onset is None or not progress:
         return impact
     cut = restart.started_at if restart.started_at is not None else onset

@@ -8,7 +8,9 @@ The engine's own view of the rank logs (the trainer writes them; its reader,
 
 A restart is read from ``start`` marks, never from ``attempt``: torchrun counts restarts
 per node, so a node whose workers restarted because *another* node failed keeps its
-count (torchrun re-rendezvous without spending a restart).
+count (torchrun re-rendezvous without spending a restart). The job-wide count is the
+start's ``job_attempt`` (every rank agreed it, :mod:`stormwatch.telemetry.restarts`),
+shown beside the node counts by :meth:`Restart.counts`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class WorkerStart:
     time: float
     attempt: int = 0
     resumed_from_step: int | None = None
+    job_attempt: int | None = None
+    restarted_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,19 @@ class Restart:
             self, "starts", tuple(m for m in self.marks if isinstance(m, WorkerStart))
         )
         object.__setattr__(self, "steps", tuple(m for m in self.marks if isinstance(m, StepDone)))
+
+    def counts(self) -> str | None:
+        """Both restart counts of the restart, as shown: ``job attempt 2 (node-local counts
+        1, 1); restarted by a failure on nodeB``; ``None`` without a start."""
+        if not self.starts:
+            return None
+        first = self.starts[0]
+        nodes = ", ".join(str(c) for c in sorted({s.attempt for s in self.starts}))
+        job = "unknown" if first.job_attempt is None else str(first.job_attempt)
+        text = f"job attempt {job} (node-local counts {nodes})"
+        if first.restarted_by:
+            text += f"; restarted by a failure on {', '.join(first.restarted_by)}"
+        return text
 
     @property
     def started_at(self) -> float | None:

@@ -7,6 +7,7 @@
     │   └── stormwatch.trainer.UnwritableDirError   an output folder cannot be written
     ├── DatabaseError               stormwatch.sqlite: a database cannot be opened or migrated
     │   └── SchemaTooNewError       written by a newer stormwatch (names the file and the fix)
+    ├── PortConflictError           stormwatch.ports: a port stayed in use through every retry
     ├── stormwatch.clients.ClientError   a service's HTTP API failed (attribute ``status``)
     │   ├── PrometheusAPIError      the Prometheus HTTP API
     │   └── ResponderClientError    the responder's HTTP API
@@ -132,4 +133,22 @@ class SchemaTooNewError(DatabaseError):
         self.known = known
 
 
-__all__ = ["ConfigError", "DatabaseError", "SchemaTooNewError", "StormwatchError"]
+class PortConflictError(StormwatchError):
+    """A port stayed in use (``EADDRINUSE``) through every retry of :mod:`stormwatch.ports`.
+
+    Attributes:
+        port: the port, when known.
+    """
+
+    def __init__(self, message: str, *, port: int | None = None) -> None:
+        super().__init__(message)
+        self.port = port
+
+
+__all__ = [
+    "ConfigError",
+    "DatabaseError",
+    "PortConflictError",
+    "SchemaTooNewError",
+    "StormwatchError",
+]

@@ -8,7 +8,8 @@ job-level view is :mod:`stormwatch.telemetry.ranklogs`).
 Records, one JSON object per line, appended and flushed as they happen, with
 their keys in this order:
 
-* ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size"}``
+* ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size",
+  "job_attempt", "restarted_by"}``
 * ``{"event": "step", "time", "step", "loss", "loss_hex", "attempt", "step_seconds"}``
 * ``{"event": "checkpoint", "time", "step", "attempt"}``
 * ``{"event": "checkpoint_failed", "time", "step", "attempt", "error"}``: the save
@@ -23,6 +24,9 @@ their keys in this order:
 bitwise comparison; every line is strict JSON (jq, ``JSON.parse``): a non-finite loss is
 written as ``"loss": null`` with ``loss_hex`` ``"nan"``, ``"inf"`` or ``"-inf"``, and
 read back as that float (lines from older writers with a bare ``NaN`` still parse);
+``job_attempt`` (left out when not agreed) is the job-wide restart count every rank
+agreed at start-up and ``restarted_by`` the nodes whose own workers failed before it
+(:mod:`stormwatch.telemetry.restarts`; ``attempt`` is node-local);
 ``resumed_from_step`` is ``null`` on a fresh start; ``pid`` (an addition to
 the contract) lets a reader map a rank to the process whose metric files it
 wrote; ``world_size`` (another, left out when unknown) is the size of the
@@ -71,7 +75,9 @@ class _Record(BaseModel):
 class StartEvent(_Record):
     """The rank is ready to train (after any resume)."""
 
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"world_size"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {"world_size", "job_attempt", "restarted_by"}
+    )
 
     event: Literal["start"] = "start"
     time: float
@@ -80,6 +86,8 @@ class StartEvent(_Record):
     resumed_from_step: int | None = None
     pid: int | None = None
     world_size: int | None = None
+    job_attempt: int | None = None
+    restarted_by: list[str] | None = None
 
 
 class StepEvent(_Record):
@@ -220,6 +228,8 @@ class EventLog:
         self._attempt = attempt
         self._world_size = world_size
         self._clock = clock
+        self._job_attempt: int | None = None
+        self._restarted_by: list[str] | None = None
         self._file: TextIO = self.path.open("a", encoding="utf-8")
 
     def _write(self, record: _Record) -> None:
@@ -237,8 +247,15 @@ class EventLog:
                 resumed_from_step=resumed_from_step,
                 pid=os.getpid(),
                 world_size=self._world_size,
+                job_attempt=self._job_attempt,
+                restarted_by=self._restarted_by,
             )
         )
+
+    def job_attempt(self, attempt: int, *, failed_nodes: tuple[str, ...] = ()) -> None:
+        """The agreed job attempt and the nodes that failed before it, for the start record."""
+        self._job_attempt = attempt
+        self._restarted_by = list(failed_nodes) if attempt > 0 else None
 
     def step(self, *, step: int, loss: float | None, step_seconds: float) -> None:
         """One completed step with its global mean loss (``None``: not reported)."""

@@ -88,9 +88,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("stormwatch_train_world_size", "gauge", "Number of ranks in the job."),
     MetricSpec(
-        "stormwatch_train_restart_count",
+        "stormwatch_train_node_restarts",
         "gauge",
-        "torchrun restart count of this worker group (TORCHELASTIC_RESTART_COUNT).",
+        "Restarts of this node's worker group (TORCHELASTIC_RESTART_COUNT; node-local: a "
+        "node restarted only because a peer failed does not count it).",
+    ),
+    MetricSpec(
+        "stormwatch_train_job_restarts",
+        "gauge",
+        "Restarts of the whole job so far, agreed by every rank at start-up "
+        "(stormwatch.telemetry.restarts); the node count until agreed.",
     ),
     MetricSpec("stormwatch_train_steps", "counter", "Training steps completed by this rank."),
     MetricSpec(
@@ -272,10 +279,16 @@ class RankMetrics:
         assert isinstance(metric, Counter)
         return metric.labels(**self._labels, **extra)
 
-    def job_info(self, *, world_size: int, restart_count: int) -> None:
-        """Set the gauges that describe the job (once per process)."""
+    def job_info(self, *, world_size: int, node_restarts: int) -> None:
+        """Set the gauges that describe the job (once per process); the job attempt is
+        the node's count until :meth:`job_attempt` sets the agreed one."""
         self._gauge("stormwatch_train_world_size").set(world_size)
-        self._gauge("stormwatch_train_restart_count").set(restart_count)
+        self._gauge("stormwatch_train_node_restarts").set(node_restarts)
+        self._gauge("stormwatch_train_job_restarts").set(node_restarts)
+
+    def job_attempt(self, attempt: int) -> None:
+        """The job attempt every rank agreed (:mod:`stormwatch.telemetry.restarts`)."""
+        self._gauge("stormwatch_train_job_restarts").set(attempt)
 
     def started(self, *, step: int, timestamp: float) -> None:
         """The rank is ready to train from ``step`` (0 or the resumed step).

@@ -64,7 +64,8 @@ class RankTelemetry:
         config: job name and output folders (``None`` folders disable that output).
         rank: global rank.
         world_size: ranks in the job.
-        attempt: torchrun restart count (TORCHELASTIC_RESTART_COUNT).
+        attempt: torchrun restart count (TORCHELASTIC_RESTART_COUNT; node-local, the job's
+            attempt is :meth:`job_attempt`'s).
         clock: Unix time source.
     """
 
@@ -98,7 +99,7 @@ class RankTelemetry:
                     "metrics",
                     self._metrics.job_info,
                     world_size=world_size,
-                    restart_count=attempt,
+                    node_restarts=attempt,
                 )
         if config.log_dir is not None:
             self._events = self._guard(
@@ -149,6 +150,14 @@ class RankTelemetry:
             )
         if self._events is not None:
             self._guard("events", self._events.start, resumed_from_step=resumed_from_step)
+
+    def job_attempt(self, attempt: int, *, failed_nodes: tuple[str, ...] = ()) -> None:
+        """The job attempt every rank agreed (:mod:`stormwatch.telemetry.restarts`) and the
+        nodes whose failure caused it: into the metric and the coming start record."""
+        if self._metrics is not None:
+            self._guard("metrics", self._metrics.job_attempt, attempt)
+        if self._events is not None:
+            self._events.job_attempt(attempt, failed_nodes=failed_nodes)
 
     def step(self, *, step: int, loss: float | None, seconds: float, tokens: int | None) -> None:
         """Record a completed step (global mean ``loss``, wall ``seconds``, ``tokens``;

@@ -155,6 +155,8 @@ def rank_progress(log: RankLog) -> RankProgress:
                     time=event.time,
                     attempt=event.attempt,
                     resumed_from_step=event.resumed_from_step,
+                    job_attempt=event.job_attempt,
+                    restarted_by=tuple(event.restarted_by or ()),
                 )
             )
         elif isinstance(event, StepEvent):

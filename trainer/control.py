@@ -18,7 +18,9 @@ applies the points:
   (:meth:`ControlChannel.stage`, called by the loop inside each stage before the first
   step; the file is polled there too).
 
-An entry with ``attempt`` arms only in that torchrun attempt; one with ``expires_at``
+An entry with ``attempt`` arms only in that attempt of the job (the job-wide count every
+rank agreed, :mod:`stormwatch.telemetry.restarts`, once the process group exists: before
+it, in the ``rendezvous`` stage, the node's ``TORCHELASTIC_RESTART_COUNT``); one with ``expires_at``
 is disarmed from then on; deleting the file, or removing the entry, disarms at once
 (at the next poll). :meth:`ControlChannel.poll` runs once per step, before anything
 else of the step; it costs one ``stat`` when the file is missing or unchanged, and a
@@ -121,8 +123,9 @@ class ControlChannel:
 
     Args:
         path: the rank's control file; ``None`` disables the channel.
-        attempt: this process's torchrun attempt (``TORCHELASTIC_RESTART_COUNT``); entries
-            for another attempt are not armed.
+        attempt: the job's attempt (settable attribute :attr:`attempt`: the node's
+            ``TORCHELASTIC_RESTART_COUNT`` until the ranks agree the job's); entries for
+            another attempt are not armed.
         clock: Unix time source (default :func:`time.time`).
         sleep: sleep function (default :func:`time.sleep`).
         kill: ends this process at once (default: SIGKILL to itself).
@@ -144,7 +147,7 @@ class ControlChannel:
         on_fire: Callable[[str], None] | None = None,
     ) -> None:
         self._path = path
-        self._attempt = attempt
+        self.attempt = attempt
         self._clock = clock
         self._sleep = sleep
         self._kill = kill
@@ -191,7 +194,7 @@ class ControlChannel:
             f
             for f in self._parsed.faults
             if (f.expires_at is None or f.expires_at > now)
-            and (f.attempt is None or f.attempt == self._attempt)
+            and (f.attempt is None or f.attempt == self.attempt)
         ]
 
     def _snapshot(self) -> Armed:

@@ -38,6 +38,7 @@ phase: see :mod:`stormwatch.trainer.checkpoint.cadence`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import signal
@@ -143,12 +144,31 @@ def train(
                         env, timeout=None if timeout is None else timedelta(seconds=timeout)
                     )
                 )
+                env = _agree_attempt(env, session, control)
             return _run(config, env, dims, group, session, progress, control)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             session.dump(f"{type(exc).__name__}: {exc}")
             raise
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+
+def _agree_attempt(env: RankEnv, session: swt.Session, control: ControlChannel) -> RankEnv:
+    """The job's attempt agreed by every rank (collective; :mod:`stormwatch.telemetry.restarts`):
+    fault points and checkpoints of this attempt are keyed by it from here on."""
+    agreed = session.agree_attempt()
+    if agreed is None:  # warned; the node's count stands in
+        return env
+    if agreed.attempt != env.attempt:
+        log.info(
+            "rank %d: job attempt %d (this node's restart count %d; restarted by %s)",
+            env.rank,
+            agreed.attempt,
+            env.attempt,
+            ", ".join(agreed.failed_nodes) or "a peer",
+        )
+    control.attempt = agreed.attempt
+    return dataclasses.replace(env, attempt=agreed.attempt, node_restarts=env.attempt)
 
 
 @contextlib.contextmanager

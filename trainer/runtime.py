@@ -59,8 +59,12 @@ class RankEnv:
         rank: global rank (``RANK``).
         local_rank: rank on this node (``LOCAL_RANK``), selects the GPU.
         world_size: ranks in the job (``WORLD_SIZE``).
-        attempt: restarts of this node's worker group so far
-            (``TORCHELASTIC_RESTART_COUNT``; node-local, see :func:`distributed`).
+        attempt: restarts so far: of this node's worker group
+            (``TORCHELASTIC_RESTART_COUNT``; node-local, see :func:`distributed`) as
+            parsed, of the whole job once the ranks agreed it (the loop replaces it:
+            :mod:`stormwatch.telemetry.restarts`).
+        node_restarts: ``TORCHELASTIC_RESTART_COUNT`` (node-local), kept when
+            ``attempt`` becomes the job's.
         under_torchrun: False when none of the variables is set (a plain process).
         nodes: torchrun agents in the job (``GROUP_WORLD_SIZE``).
         max_restarts: ``TORCHELASTIC_MAX_RESTARTS``.
@@ -74,6 +78,7 @@ class RankEnv:
     local_rank: int = 0
     world_size: int = 1
     attempt: int = 0
+    node_restarts: int = 0
     under_torchrun: bool = False
     nodes: int = 1
     max_restarts: int = 0
@@ -108,6 +113,7 @@ class RankEnv:
             local_rank=number("LOCAL_RANK", 0),
             world_size=number("WORLD_SIZE", 1),
             attempt=number("TORCHELASTIC_RESTART_COUNT", 0),
+            node_restarts=number("TORCHELASTIC_RESTART_COUNT", 0),
             under_torchrun=under,
             nodes=number("GROUP_WORLD_SIZE", 1),
             max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0),

@@ -3,8 +3,12 @@
 The action for :data:`StormwatchRankStalled`: after a rank died, torchrun
 should restart the worker group. The action polls Prometheus until
 
-* the job's ``stormwatch_train_restart_count`` is above its value before the
-  incident (``TORCHELASTIC_RESTART_COUNT`` of the next attempt), and
+* the job's attempt ``stormwatch_train_job_restarts`` (restarts of the whole job, agreed
+  by every rank at start-up: :mod:`stormwatch.telemetry.restarts`) is above its value
+  before the incident. Not torchrun's ``TORCHELASTIC_RESTART_COUNT``
+  (``stormwatch_train_node_restarts``): that is per node, and a node restarted only
+  because a peer failed does not count it, so its max can stay where it was after a
+  restart. Each node's own count is reported beside the job's (before and after), and
 * every rank of the job (``0 .. stormwatch_train_world_size - 1``, or every rank
   with a heartbeat when the world size is unknown) has a
   ``stormwatch_rank_last_progress_timestamp_seconds`` later than the incident's
@@ -26,6 +30,10 @@ from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.clients import AsyncPrometheusAPI, PrometheusAPIError, promql_string
 from stormwatch.contracts.responder import IncidentRecord
 from stormwatch.errors import ConfigError
+
+#: The job's attempt, agreed by every rank (job-wide), and each node's own count.
+JOB_ATTEMPT = "stormwatch_train_job_restarts"
+NODE_RESTARTS = "stormwatch_train_node_restarts"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +73,8 @@ class _Observation:
     restart_before: float | None = None
     baseline_known: bool = False
     restart_now: float | None = None
+    nodes_before: dict[str, float] = field(default_factory=dict)
+    nodes_now: dict[str, float] = field(default_factory=dict)
     world_size: int | None = None
     progressed: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
@@ -84,6 +94,8 @@ class _Observation:
         return {
             "restart_count_before": self.restart_before,
             "restart_count_after": self.restart_now,
+            "node_restarts_before": dict(self.nodes_before),
+            "node_restarts_after": dict(self.nodes_now),
             "world_size": self.world_size,
             "ranks_progressed": list(self.progressed),
             "ranks_waiting": list(self.waiting),
@@ -144,8 +156,8 @@ class ConfirmRestart(Action):
                     status="succeeded",
                     detail=(
                         f"job {job} restarted (restart count {_fmt(seen.restart_before)} -> "
-                        f"{_fmt(seen.restart_now)}) and all {len(seen.progressed)} ranks made "
-                        "progress after the alert started"
+                        f"{_fmt(seen.restart_now)} for the job; {_nodes(seen)}) and all "
+                        f"{len(seen.progressed)} ranks made progress after the alert started"
                     ),
                     data={**seen.data(), "confirmed_at": now, "polls": polls},
                 )
@@ -154,7 +166,8 @@ class ConfirmRestart(Action):
                 detail = (
                     f"not confirmed within {self.settings.timeout_s:g} s: restart count "
                     f"{_fmt(seen.restart_before)} -> {_fmt(seen.restart_now)} "
-                    f"({'increased' if seen.restarted else 'not increased'}); "
+                    f"({'increased' if seen.restarted else 'not increased'}) for the job; "
+                    f"{_nodes(seen)}; "
                     f"ranks without progress since the alert: {waiting}"
                 )
                 if seen.error:
@@ -171,18 +184,25 @@ class ConfirmRestart(Action):
         prom = self._prometheus
         selector = f"{{job={promql_string(job)}}}"
         seen = _Observation(
-            restart_before=previous.restart_before, baseline_known=previous.baseline_known
+            restart_before=previous.restart_before,
+            baseline_known=previous.baseline_known,
+            nodes_before=previous.nodes_before,
         )
         try:
             if not seen.baseline_known:
-                before = await prom.query(
-                    f"max(max_over_time(stormwatch_train_restart_count{selector}[60s]))",
-                    at=since - self.settings.baseline_offset_s,
+                at = since - self.settings.baseline_offset_s
+                before, nodes = await asyncio.gather(
+                    prom.query(f"max(max_over_time({JOB_ATTEMPT}{selector}[60s]))", at=at),
+                    prom.query(
+                        f"max by (node) (max_over_time({NODE_RESTARTS}{selector}[60s]))", at=at
+                    ),
                 )
                 seen.restart_before = before[0].value if before else None
+                seen.nodes_before = {s.labels.get("node", ""): s.value for s in nodes}
                 seen.baseline_known = True
-            restart, world, progress = await asyncio.gather(
-                prom.query(f"max(stormwatch_train_restart_count{selector})"),
+            restart, nodes_now, world, progress = await asyncio.gather(
+                prom.query(f"max({JOB_ATTEMPT}{selector})"),
+                prom.query(f"max by (node) ({NODE_RESTARTS}{selector})"),
                 prom.query(f"max(stormwatch_train_world_size{selector})"),
                 prom.query(
                     f"max by (rank) (stormwatch_rank_last_progress_timestamp_seconds{selector})"
@@ -192,6 +212,7 @@ class ConfirmRestart(Action):
             seen.error = str(exc)
             return seen
         seen.restart_now = restart[0].value if restart else None
+        seen.nodes_now = {s.labels.get("node", ""): s.value for s in nodes_now}
         seen.world_size = int(world[0].value) if world and world[0].value >= 1 else None
         last = {s.labels.get("rank", ""): s.value for s in progress}
         expected = (
@@ -204,6 +225,19 @@ class ConfirmRestart(Action):
                 rank
             )
         return seen
+
+
+def _nodes(seen: _Observation) -> str:
+    """Each node's own (torchrun) restart count, before -> now: ``node restarts node0 1 -> 1,
+    node1 0 -> 1``."""
+    names = sorted(set(seen.nodes_before) | set(seen.nodes_now))
+    if not names:
+        return "node restarts unknown"
+    shown = ", ".join(
+        f"{name or '?'} {_fmt(seen.nodes_before.get(name))} -> {_fmt(seen.nodes_now.get(name))}"
+        for name in names
+    )
+    return f"node restarts {shown}"
 
 
 def _fmt(value: float | None) -> str:

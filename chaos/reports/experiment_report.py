@@ -105,6 +105,7 @@ def _restart(pm: ExperimentPostMortem, progress: JobProgress) -> None:
     pm.last_step_before_fault = last_step(steps_until(progress, pm.fault_at))
     restart = restart_after(progress, pm.fault_at)
     pm.workers_restarted_at = restart.started_at
+    pm.restart_count = restart.counts()
     pm.resumed_from_step = restart.resumed_from_step
     first = restart.first_step
     if first is not None:

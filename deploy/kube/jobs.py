@@ -73,6 +73,8 @@ def _container(run: _Trainer) -> Obj:
                 },
             },
             {"name": "STORMWATCH_JOB", "value": run.name},
+            # the node's name in the job attempt's records (stormwatch.telemetry.restarts)
+            {"name": "STORMWATCH_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "STORMWATCH_METRICS_DIR", "value": METRICS_HOST_DIR},
             {"name": "STORMWATCH_CONTROL_DIR", "value": f"/shared/control/{run.name}"},
         ],

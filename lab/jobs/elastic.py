@@ -95,6 +95,20 @@ def rendezvous_closed(record: JobRecord) -> list[str]:
     return sorted(closed)
 
 
+def port_conflicted(record: JobRecord) -> list[str]:
+    """Nodes whose torchrun has ended because a port was in use (its rendezvous store could
+    not listen: ``DistNetworkError ... EADDRINUSE``), matched by
+    :func:`stormwatch.ports.says_port_conflict` (case-insensitive)."""
+    from stormwatch.ports import says_port_conflict
+
+    found = []
+    for node, process in record.processes.items():
+        code = procs.exit_status(process).returncode
+        if code not in (None, 0) and says_port_conflict(log_tail(process.log_file, 16384)):
+            found.append(node)
+    return sorted(found)
+
+
 def log_tail(log_file: Path, tail_bytes: int) -> str:
     """The last ``tail_bytes`` of a log ("" when it cannot be read)."""
     try:

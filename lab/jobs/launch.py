@@ -19,11 +19,18 @@ from stormwatch.contracts.rank_env import JOB_INSTANCE_ENV
 from stormwatch.lab.config import JobSpec
 from stormwatch.lab.errors import JobError, JobTimeoutError
 from stormwatch.lab.jobs import slurmjob
-from stormwatch.lab.jobs.elastic import MAX_RELAUNCHES, check_elastic, log_tail, rendezvous_closed
+from stormwatch.lab.jobs.elastic import (
+    MAX_RELAUNCHES,
+    check_elastic,
+    log_tail,
+    port_conflicted,
+    rendezvous_closed,
+)
 from stormwatch.lab.jobs.torchrun import job_environment, torchrun_command
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import procs
 from stormwatch.lab.state import JobInfo, JobRecord, JobResult, LabState
+from stormwatch.ports import Backoff, says_port_conflict
 
 #: Seconds between two looks at a running job's status files.
 POLL_INTERVAL = 0.5
@@ -164,17 +171,28 @@ def rejoin(
 def relaunch_closed(
     state: LabState, record: JobRecord, paths: RunPaths, base_env: dict[str, str]
 ) -> bool:
-    """FC-09 remedy: when a node's torchrun ended with ``RendezvousClosedError``, stop the
-    rest and start every node again under a fresh rendezvous id (``<job>-r<N>``); the
+    """FC-09 remedy, and a port conflict's: when a node's torchrun ended with
+    ``RendezvousClosedError``, or because its rendezvous port was in use
+    (:func:`~.elastic.port_conflicted`), stop the rest, wait until every process of the job
+    is gone (:func:`stop` confirms it, so no old process still holds a port), and start
+    every node again under a fresh rendezvous id (``<job>-r<N>``); after a port conflict
+    on a fresh rendezvous port, after :class:`~stormwatch.ports.Backoff`'s wait. The
     trainer resumes from the last complete checkpoint.
 
     Returns:
-        True if the job was relaunched; False when no rendezvous was closed, or after
+        True if the job was relaunched; False when neither happened, or after
         :data:`MAX_RELAUNCHES` relaunches (the job then fails as it is).
     """
-    if not rendezvous_closed(record) or record.info.relaunches >= MAX_RELAUNCHES:
+    conflict = bool(port_conflicted(record))
+    if record.info.relaunches >= MAX_RELAUNCHES:
+        return False
+    if not (conflict or rendezvous_closed(record)):
         return False
     stop(record, grace=state.config.grace_period_s)  # raises unless every process is gone
+    if conflict:
+        delays = Backoff(attempts=MAX_RELAUNCHES + 1).delays()
+        time.sleep(delays[min(record.info.relaunches, len(delays) - 1)])
+        record.info.rdzv_port = allocate_rdzv_port(state)
     record.info.relaunches += 1
     rdzv_id = f"{record.info.name}-r{record.info.relaunches}"
     for rank in range(record.info.spec.node_count(state.config)):
@@ -250,9 +268,7 @@ def stranded(record: JobRecord) -> str | None:
 #: Lines of a torchrun log that say why it failed: exception lines (``ValueError: boom``,
 #: ``torch.distributed.DistNetworkError: ... EADDRINUSE``), glog-style ERROR lines
 #: (``E1130 12:52:00.183 ... failed (exitcode: 3)``), socket errors.
-_MEANINGFUL = re.compile(
-    r"^[\w.]*(Error|Exception|Interrupt)\b:?\s*\S|^E\d{4} |EADDRINUSE|address already in use"
-)
+_MEANINGFUL = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b:?\s*\S|^E\d{4} ")
 
 
 def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> list[str]:
@@ -260,7 +276,7 @@ def failure_lines(log_file: Path, limit: int = 3, tail_bytes: int = 65536) -> li
     non-empty lines when none match; empty when the file cannot be read."""
     text = log_tail(log_file, tail_bytes)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    meaningful = [line for line in lines if _MEANINGFUL.search(line)]
+    meaningful = [line for line in lines if _MEANINGFUL.search(line) or says_port_conflict(line)]
     meaningful = [line for i, line in enumerate(meaningful) if line not in meaningful[:i]]
     chosen = (meaningful or lines)[-limit:]
     return [line[:300] for line in chosen]
@@ -285,7 +301,7 @@ def wait(
         return slurmjob.wait(record, timeout)
     deadline = time.monotonic() + timeout
     while True:
-        if relaunch is not None and rendezvous_closed(record):
+        if relaunch is not None and (rendezvous_closed(record) or port_conflicted(record)):
             fresh = relaunch()
             if fresh is not None:
                 record = fresh

@@ -167,6 +167,7 @@ def job_environment(
         **base,
         **folder_environment(paths, spec.name),
         "STORMWATCH_JOB": spec.name,
+        "STORMWATCH_NODE": node.name,  # the node's name in the job attempt's records
         "STORMWATCH_METRICS_DIR": str(node.metrics_dir),
         "GLOO_SOCKET_IFNAME": node.interface,
         "OMP_NUM_THREADS": "1",

@@ -145,4 +145,12 @@ def step_args(
     return StepArgs(number, loss_value, n_tokens, n_samples, lr_value, norm_value)
 
 
-__all__ = ["IGNORED", "LEFT_OUT", "StepArgs", "count", "finite", "real", "step_args"]
+def error_text(error: object) -> str:
+    """A failure as recorded: ``"<Type>: <message>"`` for an exception, the text as given,
+    else its ``repr``."""
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return error if isinstance(error, str) else repr(error)
+
+
+__all__ = ["IGNORED", "LEFT_OUT", "StepArgs", "count", "error_text", "finite", "real", "step_args"]

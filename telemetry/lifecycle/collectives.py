@@ -88,6 +88,21 @@ class Collectives:
             if self._counter is not None:
                 self._counter.label_groups(groups)
 
+    def label_mesh(self, mesh: Any) -> None:
+        """Label by the dimension names of ``mesh`` (a ``DeviceMesh``); one warning, and
+        the labels kept, when it is not one."""
+        from stormwatch.telemetry.lifecycle import hooks
+        from stormwatch.telemetry.lifecycle.guard import warn_once
+
+        try:
+            groups = hooks.mesh_groups(mesh)
+        except (ValueError, AttributeError) as exc:
+            warn_once(
+                "label_mesh:mesh", "label_mesh(%r): %s; collectives keep their labels", mesh, exc
+            )
+            return
+        self.label(groups)
+
     def stop(self) -> None:
         """Leave the counter entered for good (a final poll first)."""
         with self._lock:

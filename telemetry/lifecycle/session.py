@@ -39,6 +39,7 @@ from stormwatch.telemetry.lifecycle.spans import SessionSpans
 from stormwatch.telemetry.lifecycle.steps import PhaseContext, StepClock, StepRecord, rss_bytes
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
 from stormwatch.telemetry.rank import RankTelemetry
+from stormwatch.telemetry.restarts import JobAttempt, agree_job_attempt
 
 
 class Session:
@@ -93,6 +94,7 @@ class Session:
             lambda: self._exits.end_unanswered(lambda: self.shutdown(clean=False)),
         )
         self._requests: DumpRequestWatcher | None = None
+        self.job_attempt: JobAttempt | None = None  # agree_attempt()'s, once agreed
 
     def _answer_dump_requests(self) -> None:
         """Answer the node agent's dump requests from a daemon thread (with a dump folder)."""
@@ -117,6 +119,17 @@ class Session:
     @property
     def attempt(self) -> int:
         return self.placement.attempt
+
+    @never_raises()
+    def agree_attempt(self) -> JobAttempt | None:
+        """Agree the job-wide attempt with every rank (collective: every rank, once the
+        default process group exists; :mod:`stormwatch.telemetry.restarts`), export it and
+        put it in the start record; ``None`` when it failed (warned)."""
+        where = self.settings.log_dir or self.settings.dump_dir or self.settings.metrics_dir
+        agreed = agree_job_attempt(job=self.job, node_restarts=self.attempt, folder=where)
+        self._telemetry.job_attempt(agreed.attempt, failed_nodes=agreed.failed_nodes)
+        self.job_attempt = agreed
+        return agreed
 
     @property
     def job(self) -> str:
@@ -325,10 +338,7 @@ class Session:
         if error is None:
             self._telemetry.checkpoint(step=number)
             return
-        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
-        if not isinstance(text, str):
-            text = repr(text)
-        self._telemetry.checkpoint_failed(step=number, error=text)
+        self._telemetry.checkpoint_failed(step=number, error=checks.error_text(error))
 
     @never_raises()
     def checkpoint_interval(self, steps: int) -> None:
@@ -381,16 +391,7 @@ class Session:
     def label_mesh(self, mesh: Any) -> None:
         """Label collectives by the dimension names of ``mesh`` (a ``DeviceMesh`` built with
         ``mesh_dim_names``): ``mesh_dim="dp_shard"``, ``"tp"``... instead of ``world``/``other``."""
-        from stormwatch.telemetry.lifecycle import hooks
-
-        try:
-            groups = hooks.mesh_groups(mesh)
-        except (ValueError, AttributeError) as exc:
-            warn_once(
-                "label_mesh:mesh", "label_mesh(%r): %s; collectives keep their labels", mesh, exc
-            )
-            return
-        self._collectives.label(groups)
+        self._collectives.label_mesh(mesh)
 
     @never_raises()
     def label_groups(self, groups: Mapping[str, str]) -> None:

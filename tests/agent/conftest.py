@@ -273,7 +273,7 @@ RANK_CODE = textwrap.dedent(
         loss = Gauge("stormwatch_train_loss", "loss", labels, **live)
         tps = Gauge("stormwatch_train_tokens_per_second", "tps", labels, **live)
         world = Gauge("stormwatch_train_world_size", "ws", labels, **live)
-        restarts = Gauge("stormwatch_train_restart_count", "rc", labels, **live)
+        restarts = Gauge("stormwatch_train_node_restarts", "rc", labels, **live)
         dur = Histogram("stormwatch_train_step_duration_seconds", "d", labels)
         steps = Counter("stormwatch_train_steps", "s", labels)
         tokens = Counter("stormwatch_train_tokens", "t", labels)
@@ -300,7 +300,7 @@ RANK_CODE = textwrap.dedent(
         from stormwatch.telemetry.metrics import CATALOGUE, STEP_DURATION_BUCKETS
         done = {"stormwatch_train_step", "stormwatch_train_last_step_timestamp_seconds",
                 "stormwatch_train_loss", "stormwatch_train_tokens_per_second",
-                "stormwatch_train_world_size", "stormwatch_train_restart_count",
+                "stormwatch_train_world_size", "stormwatch_train_node_restarts",
                 "stormwatch_train_step_duration_seconds", "stormwatch_train_steps",
                 "stormwatch_train_tokens", "stormwatch_collective_calls",
                 "stormwatch_collective_bytes", "stormwatch_collective_duration_seconds"}

@@ -285,8 +285,10 @@ class FakePrometheus:
     the values below, which a test changes while the responder polls.
     """
 
-    restart_before: float | None = 0.0
+    restart_before: float | None = 0.0  # the job's attempt
     restart_now: float | None = 0.0
+    nodes_before: dict[str, float] = field(default_factory=dict)  # node -> its own count
+    nodes_now: dict[str, float] = field(default_factory=dict)
     world_size: float | None = 2.0
     progress: dict[str, float] = field(default_factory=dict)
     fail: bool = False
@@ -300,9 +302,13 @@ class FakePrometheus:
                 [] if value is None else [{"metric": labels, "value": [time.time(), repr(value)]}]
             )
 
-        if "max_over_time(stormwatch_train_restart_count" in query:
+        if "max_over_time(stormwatch_train_node_restarts" in query:
+            return [s for n, v in sorted(self.nodes_before.items()) for s in sample(v, node=n)]
+        if "stormwatch_train_node_restarts" in query:
+            return [s for n, v in sorted(self.nodes_now.items()) for s in sample(v, node=n)]
+        if "max_over_time(stormwatch_train_job_restarts" in query:
             return sample(self.restart_before)
-        if "stormwatch_train_restart_count" in query:
+        if "stormwatch_train_job_restarts" in query:
             return sample(self.restart_now)
         if "stormwatch_train_world_size" in query:
             return sample(self.world_size)

@@ -60,7 +60,7 @@ class StandInAgent:
                 "stormwatch_rank_unexpected_exits", "exits", labels=["job", "rank"]
             )
             restarts = GaugeMetricFamily(
-                "stormwatch_train_restart_count", "restarts", labels=["job", "rank"]
+                "stormwatch_train_job_restarts", "restarts", labels=["job", "rank"]
             )
             world = GaugeMetricFamily("stormwatch_train_world_size", "ws", labels=["job", "rank"])
             for rank in RANKS:

@@ -226,7 +226,9 @@ def test_fc12_replays_slow_call_and_restart_give_one_incident_and_one_action(
     fake_prometheus.restart_now = 1.0
     fake_prometheus.progress = {"0": time.time(), "1": time.time()}
     kit.wait_for(lambda: responder.get("actions")[0]["status"] == "succeeded", 20, "action success")
-    baseline_queries = sum("max_over_time" in q for q, _ in fake_prometheus.queries)
+    baseline_queries = sum(
+        "max_over_time(stormwatch_train_job_restarts" in q for q, _ in fake_prometheus.queries
+    )
 
     # A crash and restart of the responder; Alertmanager resends once it is back.
     responder.restart(signal.SIGKILL)
@@ -251,7 +253,11 @@ def test_fc12_replays_slow_call_and_restart_give_one_incident_and_one_action(
     assert actions[0]["status"] == "succeeded"
     assert actions[0]["attempts"] == 1
     # The action did not run again after the restart.
-    assert sum("max_over_time" in q for q, _ in fake_prometheus.queries) == baseline_queries == 1
+    assert (
+        sum("max_over_time(stormwatch_train_job_restarts" in q for q, _ in fake_prometheus.queries)
+        == baseline_queries
+        == 1
+    )
 
 
 def test_resolve_closes_the_incident_once(start_responder: Any, kit: Any) -> None:
@@ -390,9 +396,9 @@ def test_fc12_group_replayed_joined_and_restarted_runs_confirm_restart_once(
     [action] = responder.get("actions")
     assert action["status"] == "succeeded" and action["attempts"] == 1
     # The baseline query runs once per run of the action: it ran once.
-    assert sum("max_over_time" in q for q, _ in fake_prometheus.queries) == 1
+    assert sum(q.startswith("max(max_over_time(") for q, _ in fake_prometheus.queries) == 1
     # The queries watch the incident's job from its first alert's startsAt.
-    [(_, at)] = [(q, at) for q, at in fake_prometheus.queries if "max_over_time" in q]
+    [(_, at)] = [(q, at) for q, at in fake_prometheus.queries if q.startswith("max(max_over_time(")]
     assert float(at) == pytest.approx(t - 5, abs=0.01)
 
 
@@ -432,8 +438,37 @@ def test_confirm_restart_succeeds_once_restarted_and_every_rank_progresses(
     # The queries select the alert's job (label value escaped for PromQL).
     assert all('{job="tr\\"ain"}' in q for q, _ in fake_prometheus.queries)
     # The "before" value is read 5 s before the alert started.
-    [(_, at)] = [(q, t) for q, t in fake_prometheus.queries if "max_over_time" in q]
-    assert float(at) == pytest.approx(starts_at - 5, abs=0.01)
+    before = [t for q, t in fake_prometheus.queries if "max_over_time" in q]
+    assert len(before) == 2  # the job's attempt and each node's count
+    assert all(float(at) == pytest.approx(starts_at - 5, abs=0.01) for at in before)
+
+
+def test_confirm_restart_reports_the_job_restart_count_when_a_peer_node_did_not_count_it(
+    start_responder: Any, fake_prometheus: Any, kit: Any
+) -> None:
+    """The second restart of a job, caused by node1 after node0 caused the first: torchrun's
+    node-local counts are 1 and 0 -> 1 and 1 (their max stays 1: "1 -> 1 (not increased)"
+    before), the job's attempt goes 1 -> 2, and the confirmation says so, with both."""
+    starts_at = time.time() - 2
+    fake_prometheus.restart_before = 1.0
+    fake_prometheus.restart_now = 1.0
+    fake_prometheus.nodes_before = {"node0": 1.0, "node1": 0.0}
+    fake_prometheus.nodes_now = {"node0": 1.0, "node1": 0.0}
+    fake_prometheus.progress = {"0": starts_at - 1, "1": starts_at - 1}
+    responder = start_responder("--prometheus-url", fake_prometheus.url)
+    responder.post(kit.payload(kit.alert(starts_at=starts_at)))
+    kit.wait_for(lambda: responder.get("actions")[0]["status"] == "running", 15, "start")
+    fake_prometheus.restart_now = 2.0
+    fake_prometheus.nodes_now = {"node0": 1.0, "node1": 1.0}
+    fake_prometheus.progress = {"0": time.time(), "1": time.time()}
+    [action] = kit.wait_for(
+        lambda: [a for a in responder.get("actions") if a["status"] == "succeeded"], 15, "success"
+    )
+    assert "restart count 1 -> 2 for the job" in action["detail"], action["detail"]
+    assert "node restarts node0 1 -> 1, node1 0 -> 1" in action["detail"], action["detail"]
+    assert action["data"]["restart_count_before"] == 1
+    assert action["data"]["restart_count_after"] == 2
+    assert action["data"]["node_restarts_after"] == {"node0": 1, "node1": 1}
 
 
 def test_confirm_restart_fails_after_its_timeout(

@@ -303,6 +303,7 @@ PROMTOOL_CASES = {
         "job_crash_loop_fires_and_resolves",
         "one_group_failure_is_not_a_job_crash_loop",
         "restart_storm_fires_and_resolves",
+        "restart_storm_fires_on_restarts_alternating_between_nodes",
         "training_hung_fires_after_threshold_and_resolves",
         "training_hung_waits_for_a_phase_within_its_bound",
         "throughput_drop_fires_and_resolves",
@@ -340,6 +341,29 @@ def test_promtool_case_table_matches_the_test_file(file: str) -> None:
     [path] = [p for p in rule_test_files() if p.name == file]
     names = [case["name"] for case in yaml.safe_load(path.read_text())["tests"]]
     assert names == PROMTOOL_CASES[file]
+
+
+def test_four_restarts_in_twenty_minutes_alternating_between_nodes_raise_a_restart_storm(
+    tmp_path: Path,
+) -> None:
+    run = _run_case(tmp_path, "restart_storm_fires_on_restarts_alternating_between_nodes")
+    assert run.ok, run.output
+
+
+def test_restart_storm_case_catches_a_rule_on_the_highest_node_count(tmp_path: Path) -> None:
+    """The storm rule as it was (the max of the node-local counts, whose max moves by 2
+    when four restarts alternate between two nodes) fails the alternating case."""
+    [path] = [p for p in rule_files() if p.name == "training.yml"]
+    text = path.read_text()
+    job_wide = "expr: max by (job) (stormwatch_train_job_restarts)"
+    assert job_wide in text
+    broken = tmp_path / "training.yml"
+    broken.write_text(text.replace(job_wide, "expr: max by (job) (stormwatch_train_node_restarts)"))
+    assert check_rules([broken]).ok
+    run = _run_case(
+        tmp_path, "restart_storm_fires_on_restarts_alternating_between_nodes", rules=[broken]
+    )
+    assert not run.ok, "the alternating restarts fired a storm on the node-local max"
 
 
 def test_one_killed_rank_is_not_a_job_crash_loop(tmp_path: Path) -> None:

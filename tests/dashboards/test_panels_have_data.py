@@ -194,7 +194,7 @@ def test_every_panel_shows_data_after_a_short_lab_run(
         )
         wait_for(
             lambda: (
-                _query(url, f'job:stormwatch_train_restart_count:max{{job="{JOB}"}} >= 1')
+                _query(url, f'job:stormwatch_train_job_restarts:max{{job="{JOB}"}} >= 1')
                 and _query(
                     url, f'rate(stormwatch_train_steps_total{{job="{JOB}", rank="1"}}[15s]) > 0'
                 )

@@ -99,7 +99,7 @@ def test_two_lines_give_the_step_records_metrics_and_done_marker(tmp_path: Path)
     assert found[("stormwatch_train_learning_rate", ())] == 0.1
     assert found[("stormwatch_train_grad_norm", ())] == 0.5
     assert found[("stormwatch_train_world_size", ())] == 2
-    assert found[("stormwatch_train_restart_count", ())] == 3
+    assert found[("stormwatch_train_node_restarts", ())] == 3
     beat = found[("stormwatch_train_last_step_timestamp_seconds", ())]
     assert found[("stormwatch_train_last_progress_timestamp_seconds", ())] >= beat > 0
 

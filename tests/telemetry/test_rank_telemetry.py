@@ -87,7 +87,8 @@ def test_fc01_dead_rank_gauges_disappear(tmp_path):
 
     before = _samples(metrics)
     assert _value(before, "stormwatch_train_step", job="unit", rank="1") == 2
-    assert _value(before, "stormwatch_train_restart_count", job="unit", rank="1") == 1
+    assert _value(before, "stormwatch_train_node_restarts", job="unit", rank="1") == 1
+    assert _value(before, "stormwatch_train_job_restarts", job="unit", rank="1") == 1
 
     mark_process_dead(dead_pid, path=str(metrics))
     after = _samples(metrics)

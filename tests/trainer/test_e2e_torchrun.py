@@ -144,7 +144,8 @@ def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
     }
     before = _collect(metrics)
     assert _value(before, "stormwatch_train_step", job="e2e", rank=str(FAULT_RANK)) == STEPS
-    assert _value(before, "stormwatch_train_restart_count", job="e2e", rank=str(FAULT_RANK)) == 1
+    assert _value(before, "stormwatch_train_node_restarts", job="e2e", rank=str(FAULT_RANK)) == 1
+    assert _value(before, "stormwatch_train_job_restarts", job="e2e", rank=str(FAULT_RANK)) == 1
 
     for pid in pids[FAULT_RANK]:  # both processes that ever were rank 1 have exited
         mark_process_dead(pid, path=str(metrics))
@@ -155,7 +156,8 @@ def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
         "stormwatch_train_loss",
         "stormwatch_train_last_step_timestamp_seconds",
         "stormwatch_train_world_size",
-        "stormwatch_train_restart_count",
+        "stormwatch_train_node_restarts",
+        "stormwatch_train_job_restarts",
         "stormwatch_train_tokens_per_second",
     ):
         assert _value(after, name, job="e2e", rank=rank) is None, name
