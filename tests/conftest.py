@@ -28,6 +28,16 @@ import pytest
 from aiohttp import web
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--leftover-kernel-objects",
+        choices=("yes", "no"),
+        default="yes",
+        help="judge network namespaces, mounts and iptables chains left behind (no: a "
+        "session beside another that makes them; processes are always judged)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register the leftover check (``tests/leftovers.py``; loaded by path: the tests run
     in importlib mode, where ``tests/`` is not importable)."""

@@ -13,11 +13,13 @@ sessions at once, other users run jobs on the same machine):
   of its own). Leftovers get a short grace to finish exiting
   (:data:`SETTLE_S`), are reported, then stopped (SIGTERM, SIGKILL:
   :func:`stormwatch.platforms.stopping.stop_processes`) so that the machine is clean.
-* network namespaces (``/run/netns``) and mount points (``/proc/self/mountinfo``) are listed
-  before and after every test (a directory listing and one file read); iptables chains
-  (``iptables-save``, root only) before and after the tests that may make them (marked
-  ``e2e`` or ``root``). One that appeared during a test of this session and is still there
-  at its end is a leftover of that test.
+* network namespaces (``/run/netns``), mount points (``/proc/self/mountinfo``) and iptables
+  chains (``iptables-save``, root only) are listed before and after each test that may make
+  them (marked ``e2e`` or ``root``). One that appeared during such a test of this session
+  and is still there at its end is a leftover of that test. Kernel objects carry no mark of
+  who made them: a session that runs beside another one making namespaces (``make test``'s
+  background tier, beside the foreground's labs) turns this half off with
+  ``--leftover-kernel-objects=no`` and leaves it to the session that makes them.
 
 A leftover fails the session (exit status 1) and is listed in a ``leftovers`` section of
 the terminal summary: what it is, and the test that started it.
@@ -83,11 +85,11 @@ def _chains() -> set[str]:
     return chains
 
 
-#: What is listed around a test: kind -> (lister, whether it runs around every test).
-_KERNEL_OBJECTS: dict[str, tuple[Callable[[], set[str]], bool]] = {
-    "network namespace": (_netns, True),
-    "mount": (_mounts, True),
-    "iptables chain": (_chains, False),
+#: What is listed around a test that may make kernel objects: kind -> lister.
+_KERNEL_OBJECTS: dict[str, Callable[[], set[str]]] = {
+    "network namespace": _netns,
+    "mount": _mounts,
+    "iptables chain": _chains,
 }
 
 
@@ -96,6 +98,8 @@ class Leftovers:
     """The plugin (registered by ``tests/conftest.py``)."""
 
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Whether kernel objects are judged (``--leftover-kernel-objects``).
+    kernel_objects: bool = True
     #: kind -> name -> node id of the test during which it appeared.
     appeared: dict[str, dict[str, str]] = field(default_factory=dict)
     found: list[str] = field(default_factory=list)
@@ -103,12 +107,13 @@ class Leftovers:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         os.environ[SESSION_ENV] = self.session_id
+        option = session.config.getoption("--leftover-kernel-objects", default="yes")
+        self.kernel_objects = option != "no"
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        every_test = {k: v for k, (v, always) in _KERNEL_OBJECTS.items() if always}
-        if item.get_closest_marker("e2e") or item.get_closest_marker("root"):
-            every_test = {k: v for k, (v, _) in _KERNEL_OBJECTS.items()}
+        may_make = item.get_closest_marker("e2e") or item.get_closest_marker("root")
+        every_test = _KERNEL_OBJECTS if may_make and self.kernel_objects else {}
         before = {kind: lister() for kind, lister in every_test.items()}
         previous = os.environ.get(NODEID_ENV)
         os.environ[NODEID_ENV] = item.nodeid
@@ -175,7 +180,7 @@ class Leftovers:
 
     def _kernel_objects(self) -> list[str]:
         lines = []
-        for kind, (lister, _) in _KERNEL_OBJECTS.items():
+        for kind, lister in _KERNEL_OBJECTS.items():
             appeared = self.appeared.get(kind, {})
             if not appeared:
                 continue

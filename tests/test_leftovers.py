@@ -119,6 +119,9 @@ def test_a_network_namespace_left_behind_fails_the_session(tmp_path: Path) -> No
             f"""
             import subprocess
 
+            import pytest
+
+            @pytest.mark.root  # a test that may make kernel objects: listed around it
             def test_makes_a_namespace():
                 subprocess.run(["ip", "netns", "add", "{name}"], check=True)
             """,
