@@ -58,10 +58,12 @@ from stormwatch.agent.tracing import AgentTracing, TracingSettings
 from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
 from stormwatch.agent.watch.events import EventLog
 from stormwatch.agent.watch.monitor import RankHealth
+from stormwatch.agent.watch.orphans import OrphanInfo
 from stormwatch.agent.watch.proc_exits import open_exit_source
 from stormwatch.agent.watch.procs import is_torchrun_agent
 from stormwatch.agent.watch.ranks import RankExit, RankWatcher
 from stormwatch.faults import FaultContext, FaultError, SimulatedGpus
+from stormwatch.platforms.stopping import stop_processes
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,8 @@ def start_rank_watch(
     tracer: trace.Tracer,
     clock: Callable[[], float],
 ) -> RankWatcher:
-    """The rank watcher, scanning; each exit it notices is recorded in ``events``.
+    """The rank watcher, scanning; each exit and each rank orphaned by its launcher's death
+    that it notices is recorded in ``events``.
 
     Exit statuses come from the proc connector when the ``ranks`` collector is on.
     """
@@ -152,6 +155,16 @@ def start_rank_watch(
             reason=gone.reason,
         )
 
+    def on_orphan(orphan: OrphanInfo) -> None:
+        events.record(
+            "rank_orphaned",
+            orphan.job,
+            orphan.rank,
+            pid=orphan.pid,
+            parent_pid=orphan.ppid,
+            started_at=orphan.create_time,
+        )
+
     watcher = RankWatcher(
         cfg.metrics_dir,
         interval=cfg.rank_scan_interval,
@@ -160,6 +173,7 @@ def start_rank_watch(
         tracer=tracer,
         claim_unlabelled=cfg.claim_unlabelled_ranks,
         on_exit=on_exit,
+        on_orphan=on_orphan,
         exits=exits,
     )
     return _started(stack, watcher)
@@ -218,6 +232,7 @@ def start_fault_manager(
             state_dir=Path(cfg.resolved_state_dir),
             gpu=gpu,
             simulated_gpus=simulated_gpus,
+            stop_processes=stop_processes,
         ),
         clock=clock,
         tracer=tracer,

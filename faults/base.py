@@ -84,8 +84,13 @@ class Fault(abc.ABC, Generic[RequestT]):
         """
 
     @abc.abstractmethod
-    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection | None) -> Mapping[str, Any] | None:
         """Undo the fault, then :meth:`verify`. Idempotent; works from the ledger entry alone.
+
+        Returns:
+            What the revert did, when there is something to tell (JSON-serialisable; the
+            ledger keeps it under the record's ``details["revert"]``): e.g. the processes a
+            kill left behind that the revert had to stop. None: nothing to tell.
 
         Raises:
             FaultError: it could not be undone, or is still in force (the agent retries later).

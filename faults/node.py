@@ -3,7 +3,9 @@
 The agent passes its real objects (its rank watcher, its NVML backend, its folders,
 ``is_torchrun_agent``); tests pass their own. Nothing here imports the agent.
 
-* :class:`RankDirectory`: the ranks of this node (the agent's ``RankWatcher``);
+* :class:`RankDirectory`: the ranks of this node (the agent's ``RankWatcher``), with those
+  whose launcher is gone (:class:`Orphans`);
+* :class:`StopProcesses`: the one stop sequence (SIGTERM, grace, SIGKILL, confirmed gone);
 * :class:`SimulatedGpus`: the simulated GPU backend the GPU kinds act on (the agent's
   ``FakeNvml``), with the :class:`SimulatedGpu` and :class:`SimulatedLink` it holds;
 * :class:`FaultContext`: all of it, handed to every ``prepare``/``inject``/``revert``.
@@ -12,7 +14,7 @@ The agent passes its real objects (its rank watcher, its NVML backend, its folde
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,8 +42,54 @@ class RankSeen(Protocol):
         ...
 
 
+class OrphanSeen(Protocol):
+    """A rank process that outlived its launcher (the agent's ``OrphanInfo``)."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def create_time(self) -> float: ...
+
+
+class Orphans(Protocol):
+    """The rank processes of this node no launcher is above (the agent's ``OrphanTracker``)."""
+
+    def orphans(self) -> Sequence[OrphanSeen]: ...
+
+
+class StopResult(Protocol):
+    """What one stop did (:class:`stormwatch.platforms.stopping.Stopped`)."""
+
+    @property
+    def killed(self) -> tuple[int, ...]: ...
+
+    @property
+    def left(self) -> tuple[int, ...]: ...
+
+    def describe(self) -> str: ...
+
+
+class StopProcesses(Protocol):
+    """SIGTERM, the grace period, SIGKILL, confirmed gone
+    (:func:`stormwatch.platforms.stopping.stop_processes`, which the agent passes)."""
+
+    def __call__(self, procs: Iterable[psutil.Process], *, grace_s: float) -> StopResult: ...
+
+
 class RankDirectory(Protocol):
     """What faults need from the rank watcher."""
+
+    @property
+    def orphaned(self) -> Orphans:
+        """The ranks whose launcher is gone, as of the last :meth:`scan`."""
+        ...
 
     def alive(
         self, rank: int, job: str | None = None
@@ -123,6 +171,9 @@ class FaultContext:
             it is open or without GPU collectors.
         simulated_gpus: returns the simulated GPU backend when the NVML backend is one,
             else None.
+        stop_processes: how processes are stopped (the one stop sequence of
+            :mod:`stormwatch.platforms.stopping`); None: a fault that must stop processes
+            (reaping a kill's orphans) fails with a :class:`~.errors.FaultError`.
     """
 
     node: str
@@ -132,13 +183,18 @@ class FaultContext:
     state_dir: Path | None = None
     gpu: Callable[[], Any] = _no_gpu
     simulated_gpus: Callable[[], SimulatedGpus | None] = _no_simulation
+    stop_processes: StopProcesses | None = None
 
 
 __all__ = [
     "FaultContext",
+    "OrphanSeen",
+    "Orphans",
     "RankDirectory",
     "RankSeen",
     "SimulatedGpu",
     "SimulatedGpus",
     "SimulatedLink",
+    "StopProcesses",
+    "StopResult",
 ]

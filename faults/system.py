@@ -79,6 +79,17 @@ def job_ranks(ctx: FaultContext, job: str | None) -> list[RankSeen]:
     return found
 
 
+def job_orphans(ctx: FaultContext, job: str | None) -> list[psutil.Process]:
+    """This node's rank processes (of ``job``) that outlived their launcher, as of the last
+    scan, that still run (pid and start time)."""
+    found = []
+    for orphan in ctx.ranks.orphaned.orphans():
+        process = same_process([orphan.pid, orphan.create_time])
+        if process is not None and (job is None or orphan.job == job):
+            found.append(process)
+    return found
+
+
 def rank_process(ctx: FaultContext, rank: int, job: str | None) -> psutil.Process:
     """The process of ``rank`` (of ``job``) on this node, after a fresh scan.
 
@@ -161,6 +172,7 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
 
 __all__ = [
     "COMMAND_TIMEOUT_S",
+    "job_orphans",
     "job_ranks",
     "option_value",
     "process_ref",

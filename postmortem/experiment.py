@@ -57,6 +57,8 @@ class ExperimentPostMortem(BaseModel):
             nodes whose failure caused it.
         loss: the loss after recovery against the baseline; ``loss_plot``: its figure.
         faults_left_open: ledger entries of the experiment not reverted.
+        processes_reaped: processes a fault left behind (``kill_torchrun``'s orphaned
+            ranks) and what removed each (their exit, or the revert's stop), per fault.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -92,6 +94,7 @@ class ExperimentPostMortem(BaseModel):
     loss: LossCheck = Field(default_factory=LossCheck)
     loss_plot: str | None = None
     faults_left_open: list[str] = Field(default_factory=list)
+    processes_reaped: list[str] = Field(default_factory=list)
     timeline: list[TimelineEvent] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -183,6 +186,15 @@ def _loss(pm: ExperimentPostMortem) -> list[Block]:
     return blocks
 
 
+def _reaped(pm: ExperimentPostMortem) -> list[Block]:
+    if not pm.processes_reaped:
+        return []
+    return [
+        Paragraph("Processes the faults left behind, and what removed them:"),
+        Bullets(pm.processes_reaped),
+    ]
+
+
 def experiment_document(pm: ExperimentPostMortem) -> Document:
     """The experiment's report: Summary, Timeline, Loss after recovery, Faults (and Notes)."""
     faults: Block = (
@@ -194,7 +206,7 @@ def experiment_document(pm: ExperimentPostMortem) -> Document:
         Section("Summary", [_summary(pm)]),
         Section("Timeline", [timeline_table(pm.timeline, pm.fault_at, "fault")]),
         Section("Loss after recovery", _loss(pm)),
-        Section("Faults", [faults]),
+        Section("Faults", [faults, *_reaped(pm)]),
     ]
     if pm.notes:
         sections.append(Section("Notes", [Bullets(pm.notes)]))

@@ -1,13 +1,15 @@
 """Shared pytest set-up: tests restore the environment they change; a stand-in Grafana;
 stand-ins for a torchrun job's processes (``fake_job``: the platform backends and the
 responder's guards find and signal them); a self-signed test certificate (``tls_pair``:
-the agent's TLS and the clients' TLS tests)."""
+the agent's TLS and the clients' TLS tests); the leftover check (``leftovers.py``: a
+session that leaves a process, namespace, mount or iptables chain behind fails)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime
+import importlib.util
 import ipaddress
 import json
 import os
@@ -24,6 +26,32 @@ from typing import Any
 import psutil
 import pytest
 from aiohttp import web
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--leftover-kernel-objects",
+        choices=("yes", "no"),
+        default="yes",
+        help="judge network namespaces, mounts and iptables chains left behind (no: a "
+        "session beside another that makes them; processes are always judged)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the leftover check (``tests/leftovers.py``; loaded by path: the tests run
+    in importlib mode, where ``tests/`` is not importable)."""
+    if config.pluginmanager.has_plugin("stormwatch-leftovers"):
+        return
+    spec = importlib.util.spec_from_file_location(
+        "stormwatch_test_leftovers", Path(__file__).with_name("leftovers.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    config.pluginmanager.register(module.Leftovers(), "stormwatch-leftovers")
+
 
 #: The Bearer token the stand-in Grafana (``grafana`` fixture) accepts.
 GRAFANA_TEST_TOKEN = "glsa_test-token"

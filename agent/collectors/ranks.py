@@ -1,5 +1,5 @@
-"""``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress)
-and, with a :class:`~stormwatch.agent.watch.monitor.RankHealth`, hangs, collective lag
+"""``ranks`` collector: the rank watcher's view (up, unexpected exits, last progress,
+ranks orphaned by their launcher's death) and, with a :class:`~stormwatch.agent.watch.monitor.RankHealth`, hangs, collective lag
 and stragglers."""
 
 from __future__ import annotations
@@ -61,9 +61,16 @@ class RanksCollector:
         progress = new_family("stormwatch_rank_last_progress_timestamp_seconds")
         for (job, rank), stamp in sorted(self._watcher.last_progress().items()):
             progress.add_metric([job, str(rank)], stamp)
+        orphaned = new_family("stormwatch_rank_orphaned_seconds")
+        longest: dict[tuple[str, int], float] = {}
+        for orphan in self._watcher.orphaned.orphans():
+            key = (orphan.job, orphan.rank)
+            longest[key] = max(longest.get(key, 0.0), self._clock() - orphan.orphaned_at)
+        for (job, rank), seconds in sorted(longest.items()):
+            orphaned.add_metric([job, str(rank)], max(0.0, seconds))
         age = new_family("stormwatch_rank_watcher_scan_age_seconds")
         age.add_metric([], max(0.0, self._clock() - scanned))
-        yield from (up, exits, by_reason, last_code, connector, progress)
+        yield from (up, exits, by_reason, last_code, connector, progress, orphaned)
         if self._export_age:
             yield age
         if self._health is not None:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -191,9 +191,17 @@ class FaultLedger:
             db.execute("UPDATE faults SET state='failed', error=? WHERE id=?", (error, id))
         return self._require(id)
 
-    def mark_reverted(self, id: str, *, at: float, reason: str) -> FaultRecord:
-        """The fault was undone (or, for irreversible kinds, completed)."""
+    def mark_reverted(
+        self, id: str, *, at: float, reason: str, outcome: Mapping[str, Any] | None = None
+    ) -> FaultRecord:
+        """The fault was undone (or, for irreversible kinds, completed); ``outcome``: what
+        the revert did (:meth:`stormwatch.faults.Fault.revert`), kept under ``details``'
+        ``revert`` key."""
         with self._tx() as db:
+            if outcome:
+                row = db.execute("SELECT details FROM faults WHERE id=?", (id,)).fetchone()
+                details = {**json.loads(row["details"] or "{}"), "revert": dict(outcome)}
+                db.execute("UPDATE faults SET details=? WHERE id=?", (json.dumps(details), id))
             db.execute(
                 "UPDATE faults SET state='reverted', reverted_at=?, revert_reason=?, error=NULL WHERE id=?",
                 (at, reason, id),

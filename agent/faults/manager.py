@@ -180,13 +180,15 @@ class FaultManager:
                 )
             fault = self._bind(definition.request.model_validate(record.spec))
             try:
-                fault.revert(self._ctx, record.injection)
+                outcome = fault.revert(self._ctx, record.injection)
             except Exception as exc:
                 self._ledger.note_error(fault_id, f"revert: {type(exc).__name__}: {exc}")
                 if isinstance(exc, FaultError):
                     raise
                 raise FaultError(f"reverting {fault_id!r} failed: {exc}") from exc
-            reverted = self._ledger.mark_reverted(fault_id, at=self._clock(), reason=reason)
+            reverted = self._ledger.mark_reverted(
+                fault_id, at=self._clock(), reason=reason, outcome=outcome
+            )
             log.warning("fault %s (%s) reverted: %s", fault_id, record.kind, reason)
             return reverted
 

@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -45,6 +46,13 @@ SETTLE_SECONDS = 1.0
 
 #: The rank processes one scan found: per ``(job, rank)``, its process and environment.
 Found = dict[RankKey, tuple[ProcEntry, RankEnv]]
+
+
+class Orphan(NamedTuple):
+    """A rank process that outlived its launcher (:meth:`RankFinder.discover_all`)."""
+
+    proc: ProcEntry
+    env: RankEnv
 
 
 class RankFinder:
@@ -114,6 +122,18 @@ class RankFinder:
     def discover(self, table: Mapping[int, ProcEntry]) -> Found:
         """The topmost claimed rank process per ``(job, rank)`` under a rank launcher
         (the earliest started one when a rank appears twice)."""
+        return self.discover_all(table)[0]
+
+    def discover_all(self, table: Mapping[int, ProcEntry]) -> tuple[Found, list[Orphan]]:
+        """:meth:`discover`'s ranks, and the claimed rank processes no launcher is above.
+
+        An *orphan* is recognised by what identifies it as a job's rank (its environment,
+        and its metrics folder for the claim), not by its parent: a process with a rank
+        environment that descends from no live launcher (torchrun or the step daemon died
+        hard and it was re-parented to init or a subreaper) and whose parent is not a rank
+        of the same ``(job, rank)`` (a rank's data-loader workers are part of the rank;
+        once the rank is gone, they are orphans of their own).
+        """
         children: dict[int, list[int]] = collections.defaultdict(list)
         for entry in table.values():
             children[entry.ppid].append(entry.pid)
@@ -139,7 +159,26 @@ class RankFinder:
                     ):
                         found[env.key] = (proc, env)
             stack.extend((child, inside_rank) for child in children[pid])
-        return found
+        return found, self._orphans(table, visited)
+
+    def _orphans(self, table: Mapping[int, ProcEntry], under: set[int]) -> list[Orphan]:
+        orphans: list[Orphan] = []
+        own = os.getpid()
+        for proc in table.values():
+            if proc.pid in under or proc.zombie or proc.pid == own:
+                continue
+            environ = self._environ_of(proc)
+            env = rank_env(environ) if environ else None
+            if env is None or self._is_agent(proc.name, proc.cmdline):
+                continue
+            parent = table.get(proc.ppid)
+            parent_environ = self._environ_of(parent) if parent is not None else None
+            parent_env = rank_env(parent_environ) if parent_environ else None
+            if parent_env is not None and parent_env.key == env.key:
+                continue  # a child of the rank's own process: part of that rank
+            if self._claimed(proc):
+                orphans.append(Orphan(proc, env))
+        return orphans
 
     def forget_gone(self, table: Mapping[int, ProcEntry]) -> None:
         """Drop what is cached about processes not in ``table`` (they are gone)."""
@@ -206,4 +245,4 @@ class RankFinder:
         return bool(proc.cmdline) or proc.zombie or kernel_thread
 
 
-__all__ = ["SETTLE_SECONDS", "Found", "RankFinder"]
+__all__ = ["SETTLE_SECONDS", "Found", "Orphan", "RankFinder"]

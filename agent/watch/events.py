@@ -7,7 +7,8 @@ One JSON object per line, appended as events happen::
 The one declaration of its records is :data:`AgentEvent` (a union discriminated
 by ``kind``), used by the writer (:class:`EventLog`), the API and every reader
 outside the agent (incident post-mortems, tests: :func:`read_agent_events`).
-Kinds: ``rank_exit`` (:class:`RankExitEvent`: ``pid``, ``clean``, ``replaced``,
+Kinds: ``rank_orphaned`` (:class:`RankOrphanedEvent`: a rank's process outlived its launcher),
+``rank_exit`` (:class:`RankExitEvent`: ``pid``, ``clean``, ``replaced``,
 ``exit_code``: as in ``subprocess``, the exit code or minus the killing signal's
 number, from the Linux proc connector (:mod:`stormwatch.agent.watch.proc_exits`;
 ranks are torchrun's children, not the agent's) or from a zombie's
@@ -119,6 +120,16 @@ class RankHangCulpritEvent(_RankEvent):
     diagnostics: str | None = None
 
 
+class RankOrphanedEvent(_RankEvent):
+    """A process of the rank (``pid``) runs without its launcher (torchrun, the step
+    daemon): adopted by ``parent_pid`` (1: init), started at ``started_at`` (Unix s)
+    (:mod:`stormwatch.agent.watch.orphans`). Its end is the rank's ``rank_exit``."""
+
+    kind: Literal["rank_orphaned"] = "rank_orphaned"
+    parent_pid: int | None = None
+    started_at: float | None = None
+
+
 class RankHangClearedEvent(_RankEvent):
     """A hang ended: the rank stepped again (``progress``), ``exited`` or was ``forgotten``."""
 
@@ -155,6 +166,7 @@ class RankStragglerClearedEvent(_StragglerScores):
 #: One line of ``events.jsonl`` (one event of ``/v1/events``), by its ``kind``.
 AgentEvent = Annotated[
     RankExitEvent
+    | RankOrphanedEvent
     | RankHangEvent
     | RankHangCulpritEvent
     | RankHangClearedEvent
@@ -274,6 +286,7 @@ __all__ = [
     "RankHangClearedEvent",
     "RankHangCulpritEvent",
     "RankHangEvent",
+    "RankOrphanedEvent",
     "RankStragglerClearedEvent",
     "RankStragglerEvent",
     "parse_agent_event",

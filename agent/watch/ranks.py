@@ -18,8 +18,8 @@ Every ``interval`` seconds (0.5 s) one scan:
    its command line, else ``STORMWATCH_METRICS_DIR``; resolved) is this agent's
    metrics directory, or it has no metrics folder at all and the watcher claims
    unlabelled ranks (``claim_unlabelled``: right for one agent per host, wrong in
-   the lab, where all nodes share one PID namespace and must pass
-   ``--no-claim-unlabelled-ranks``);
+   the lab, where all nodes share one PID namespace: ``--no-claim-unlabelled-ranks``);
+   claimed rank processes under no launcher are *orphans* (:mod:`.orphans`), still ranks;
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
    written during that process's life and its exit status, when known, is 0 (the
@@ -53,6 +53,7 @@ from opentelemetry import trace
 
 from stormwatch.agent.watch.discovery import Found, RankFinder
 from stormwatch.agent.watch.folder import TrainerFolder
+from stormwatch.agent.watch.orphans import OrphanInfo, OrphanTracker
 from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
 from stormwatch.agent.watch.procs import (
     ProcEntry,
@@ -167,6 +168,8 @@ class RankWatcher:
         on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed.
         exits: where exit statuses come from (:func:`~.proc_exits.open_exit_source`);
             None: only from zombies a scan catches.
+        on_orphan: called (on the scan thread) per rank process newly seen without its
+            launcher (:mod:`.orphans`).
     """
 
     def __init__(
@@ -181,6 +184,7 @@ class RankWatcher:
         claim_unlabelled: bool = True,
         on_exit: Callable[[RankExit], None] | None = None,
         exits: ExitSource | None = None,
+        on_orphan: Callable[[OrphanInfo], None] | None = None,
     ) -> None:
         self._dir = Path(metrics_dir)
         self.exits: ExitSource = exits or UnavailableExits("not configured")
@@ -188,6 +192,8 @@ class RankWatcher:
         self._last_exit_code: dict[RankKey, int] = {}
         self._listeners: list[Callable[[], None]] = []
         self._on_exit = on_exit
+        #: Claimed rank processes no live launcher is above, as of the last scan.
+        self.orphaned = OrphanTracker(on_orphan)
         self._finder = RankFinder(metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled)
         #: The multiprocess folder's owner, shared with rank health and the render.
         self.folder = TrainerFolder(metrics_dir, retention=forget_after, clock=clock)
@@ -328,11 +334,14 @@ class RankWatcher:
                 LIVE_GAUGES, (HEARTBEAT_METRIC, PROGRESS_METRIC, STEP_METRIC)
             )
             table = self._finder.process_table()
-            found = self._finder.discover(table)
+            found, orphans = self._finder.discover_all(table)
+            for orphan in orphans:  # still the job's rank (e.g. found after an agent restart)
+                found.setdefault(orphan.env.key, orphan)
             now = self._clock()
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
                 self._update(found, table, now)
+                orphaned = self.orphaned.update(orphans, now)
                 for beats in (samples[HEARTBEAT_METRIC], samples[PROGRESS_METRIC]):
                     for key, stamp in beats.items():
                         self._progress[key] = max(stamp, self._progress.get(key, stamp))
@@ -344,7 +353,7 @@ class RankWatcher:
             self._finder.forget_gone(table)
             self._last_scan_at = now
             self._last_error = None
-        if before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
+        if orphaned or before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
             for listener in self._listeners:
                 listener()  # outside the locks
 

@@ -32,6 +32,7 @@ from stormwatch.chaos.ledger.tokens import agent_token
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
+from stormwatch.faults.kinds.orphans import describe_orphans
 
 #: How long revert keeps trying an agent it cannot reach (a flapping link comes back), seconds.
 UNREACHABLE_RETRY_S = 6.0
@@ -170,8 +171,9 @@ async def _delete(
             await asyncio.sleep(0.5)
     if record is None:
         return f"{part.node}: not held"
-    if record.state in _CLOSED:
-        return f"{part.node}: {record.state.value}"
+    if record.state in _CLOSED:  # with what a kill's revert had to stop (its orphans)
+        reaped = describe_orphans(record.details) if "revert" in record.details else ""
+        return f"{part.node}: {record.state.value}" + (f" ({reaped})" if reaped else "")
     raise FaultError(
         f"fault {fault_id}: agent {part.node} still reports it {record.state.value} "
         f"({record.error})"

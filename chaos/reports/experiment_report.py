@@ -76,6 +76,11 @@ def analyze(
     pm.faults_left_open = [
         f"{f.id} ({f.kind} {_where(f.spec)}, {f.state})" for f in journal.faults if f.open
     ]
+    pm.processes_reaped = [
+        f"{f.id} ({f.kind}): {f.revert_detail}"
+        for f in journal.faults
+        if f.revert_detail and "orphaned " in f.revert_detail
+    ]
     progress = job_progress(logs)
     _fault(pm, journal)
     _restart(pm, progress)

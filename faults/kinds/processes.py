@@ -4,10 +4,12 @@ and freezing (SIGSTOP) ranks with SIGCONT at the TTL.
 What each models in production:
 
 * ``kill_torchrun``: the node's torchrun (elastic agent) dies, e.g. OOM-killed on
-  the host; its workers are orphaned and the rendezvous loses a member.
+  the host; its workers are orphaned and the rendezvous loses a member. The ranks it
+  orphans are recorded, and its revert stops what is left of them (:mod:`.orphans`).
 * ``kill_node_processes``: every training process of the node dies at once
-  (torchrun and all its descendants): a node lost to a kernel panic or a
-  preemption, as far as the job can tell.
+  (torchrun and all its descendants, and the job's ranks whose launcher was gone
+  already, with theirs): a node lost to a kernel panic or a preemption, as far as the
+  job can tell.
 * ``kill_rdzv_host``: the torchrun that serves the c10d rendezvous store (the
   one listening on ``--rdzv-endpoint``'s port, ``is_host=1``) dies: every other
   node loses the store. Only the host node's agent accepts it (404 elsewhere).
@@ -21,7 +23,8 @@ What each models in production:
   the freeze ends even if the controller died; revert checks that no frozen
   process is still stopped and fails loudly otherwise.
 
-Kills are final: their ``revert`` only records completion. Every process is
+Kills are final: their ``revert`` only records completion (``kill_torchrun``'s also stops
+the ranks it orphaned). Every process is
 identified by ``[pid, create_time]`` in the ledger, so a reused pid is never
 signalled.
 """
@@ -40,13 +43,16 @@ from pydantic import Field
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
 from stormwatch.faults.kind import Blast, FaultKind, Placement, Target, Traits
+from stormwatch.faults.kinds import orphans
 from stormwatch.faults.limits import JobName, Rank, Signal
-from stormwatch.faults.node import FaultContext
+from stormwatch.faults.node import FaultContext, RankSeen
 from stormwatch.faults.system import (
+    job_orphans,
     job_ranks,
     option_value,
     process_ref,
     same_process,
+    torchrun_of,
     torchruns,
     wait_until,
 )
@@ -54,6 +60,9 @@ from stormwatch.faults.targeting import AgentDirectory, NodeOrRank, NoTarget
 
 #: How long revert waits for SIGCONT to show (process state leaves ``T``), seconds.
 CONTINUE_TIMEOUT_S = 2.0
+#: How long ``kill_node_processes`` waits to see its SIGKILLed processes gone, seconds
+#: (:data:`stormwatch.platforms.stopping.CONFIRM_TIMEOUT_S`).
+KILL_CONFIRM_S = 5.0
 
 
 class _JobKillRequest(FaultRequest):
@@ -151,34 +160,74 @@ class _KillFault(Fault[_KillT]):
         sent = _signal_all(self._targets, name)
         return Injection(target_pid=int(sent[0][0]), details={"signal": name, "processes": sent})
 
-    def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
+    def revert(self, ctx: FaultContext, injection: Injection | None) -> dict[str, Any] | None:
         """Nothing to undo: a kill is final."""
         return None
 
 
 class KillTorchrun(_KillFault[KillTorchrunRequest]):
-    """Kill the node's torchrun agent of one job."""
+    """Kill the node's torchrun agent of one job; its ranks are left running, orphaned, and
+    recorded (:mod:`.orphans`); the revert stops what is left of them."""
+
+    def __init__(self, request: KillTorchrunRequest) -> None:
+        super().__init__(request)
+        self._ranks: list[RankSeen] = []
 
     def prepare(self, ctx: FaultContext) -> None:
         self._targets = _single_job(ctx, self.request.job)
+        agents = {a.pid for a in self._targets}
+        ranks = job_ranks(ctx, self.request.job)
+        self._ranks = [r for r in ranks if getattr(torchrun_of(ctx, r.pid), "pid", 0) in agents]
+
+    def inject(self, ctx: FaultContext) -> Injection:
+        left = orphans.process_refs(self._ranks)  # before the kill: then they are init's
+        done = super().inject(ctx)
+        details = {
+            **done.details,
+            "job": self._ranks[0].job if self._ranks else self.request.job,
+            "orphans": orphans.orphan_entries(self._ranks),
+            "orphaned_processes": left,
+        }
+        return Injection(target_pid=done.target_pid, details=details)
+
+    def revert(self, ctx: FaultContext, injection: Injection | None) -> dict[str, Any] | None:
+        """Stop what is left of the ranks the kill orphaned (and of any other orphan of the
+        job on this node): SIGTERM, :data:`.orphans.REAP_GRACE_S`, SIGKILL, confirmed gone;
+        returns each orphan with what removed it.
+
+        Raises:
+            FaultError: one is still running after SIGKILL.
+        """
+        return None if injection is None else orphans.reap(ctx, injection.details)
 
 
 class KillNodeProcesses(_KillFault[KillNodeProcessesRequest]):
-    """Kill every torchrun agent of the node, then all their descendants."""
+    """Kill every torchrun agent of the node, then all their descendants, the ranks whose
+    launcher is gone already (orphans) and theirs; a SIGKILL is confirmed (all gone)."""
+
+    def __init__(self, request: KillNodeProcessesRequest) -> None:
+        super().__init__(request)
+        self._orphans: list[psutil.Process] = []
 
     def prepare(self, ctx: FaultContext) -> None:
         ranks = job_ranks(ctx, self.request.job)
         agents = torchruns(ctx, ranks)
-        everything: dict[int, psutil.Process] = {}
-        for agent in agents:
-            with contextlib.suppress(psutil.Error):  # a torchrun gone meanwhile: no children
-                for child in agent.children(recursive=True):
-                    everything[child.pid] = child
+        ranks_procs = []
         for info in ranks:  # ranks not under a found torchrun still count
             with contextlib.suppress(psutil.Error):  # gone meanwhile: nothing to stop
-                everything.setdefault(info.pid, psutil.Process(info.pid))
+                ranks_procs.append(psutil.Process(info.pid))
+        self._orphans = job_orphans(ctx, self.request.job)
+        rest = orphans.descendants([*agents, *ranks_procs, *self._orphans])
         # torchrun first: killed, it cannot restart the workers killed next
-        self._targets = agents + [everything[pid] for pid in sorted(everything)]
+        self._targets = agents + [p for p in rest if p.pid not in {a.pid for a in agents}]
+
+    def inject(self, ctx: FaultContext) -> Injection:
+        done = super().inject(ctx)
+        details: dict[str, Any] = {**done.details, "orphans": [p.pid for p in self._orphans]}
+        if self.request.signal == "SIGKILL":  # confirmed gone (not reaped: not our children)
+            wait_until(lambda: not any(_alive(p) for p in self._targets), KILL_CONFIRM_S)
+            details["left"] = [p.pid for p in self._targets if _alive(p)]
+        return Injection(target_pid=done.target_pid, details=details)
 
 
 class KillRdzvHost(_KillFault[KillRdzvHostRequest]):
@@ -300,6 +349,13 @@ def _recorded(injection: Injection | None) -> list[psutil.Process]:
     if injection is None:
         return []
     return [p for ref in injection.details.get("processes", []) if (p := same_process(ref))]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False  # gone
 
 
 def _stopped(process: psutil.Process) -> bool:

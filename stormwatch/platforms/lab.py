@@ -9,7 +9,8 @@ The lab backend finds a job's workers the way the agent's rank watcher does
   (:mod:`.stopping`); torchrun sees the worker group fail and restarts it (within
   ``--max-restarts``; it starts the new group only after the old one exited);
 * exclude a node: SIGTERM to the job's torchrun agents on that node (they stop their
-  workers), SIGKILL to the agents and workers still running after the grace period, until
+  workers) and to its workers that outlived their torchrun (adopted by init), SIGKILL to
+  the agents and workers (and their children) still running after the grace period, until
   all are gone; the remaining agents re-rendezvous at the smaller world size (needs
   torchrun ``--nnodes MIN:MAX`` with MIN below the current node count);
 * checkpoint now: the trainer's control channel, ``<control-dir>/rank<R>.json``
@@ -220,9 +221,16 @@ class LabBackend:
         workers = [w for w in self._require(job) if w.node == node]
         if not workers:
             raise BackendError(f"job {job!r} has no live worker on node {node!r}")
-        agents = sorted({w.ppid for w in workers})
-        pids, done = self._stop(agents, f"the torchrun agents of job {job} on {node}")
-        return f"sent SIGTERM to the torchrun agents {pids} of job {job} on {node}; {done}"
+        pids = {w.pid for w in workers}
+        tops = [w for w in workers if w.ppid not in pids]  # a rank's own workers go with it
+        agents = sorted({w.ppid for w in tops if w.ppid > 1})
+        # A worker whose torchrun died was adopted by init: it is stopped itself.
+        orphans = sorted(w.pid for w in tops if w.ppid <= 1)
+        sent, done = self._stop(agents + orphans, f"the torchrun agents of job {job} on {node}")
+        said = f"sent SIGTERM to the torchrun agents {[p for p in sent if p in agents]}"
+        if orphans:
+            said += f" and to the workers {orphans} that outlived theirs"
+        return f"{said} of job {job} on {node}; {done}"
 
     def request_checkpoint(self, job: str) -> str:
         """Arm ``checkpoint_now`` in the control file of the job's lowest rank."""

@@ -139,14 +139,14 @@ def stop_processes(
     first = list(every.values()) if term is None else [p for p in term if p.pid in every]
     for proc in first:
         _signal(proc, signal.SIGTERM)
-    alive = _wait_gone(list(every.values()), grace_s)
+    alive = wait_gone(list(every.values()), grace_s)
     for proc in alive:
         if grace_s > 0:  # grace 0: the caller asked for SIGKILL, nothing to warn about
             log.warning(
                 "pid %d did not exit %g s after SIGTERM; sending SIGKILL", proc.pid, grace_s
             )
         _signal(proc, signal.SIGKILL)
-    left = _wait_gone(alive, confirm_s)
+    left = wait_gone(alive, confirm_s)
     for proc in left:
         log.error("pid %d still running %g s after SIGKILL", proc.pid, confirm_s)
     return Stopped(
@@ -182,8 +182,26 @@ def running(proc: psutil.Process) -> bool:
         return False
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``procs`` still running after up to ``timeout`` seconds.
+def with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """``procs`` and every live descendant of each (a rank's data-loader workers), by pid.
+
+    Collect them *before* the first signal: a rank killed first leaves its workers to init,
+    where no later walk from the rank finds them.
+    """
+    found: dict[int, psutil.Process] = {}
+    for proc in procs:
+        found.setdefault(proc.pid, proc)
+        try:
+            for child in proc.children(recursive=True):
+                found.setdefault(child.pid, child)
+        except psutil.Error:  # gone meanwhile: no children to collect
+            continue
+    return [found[pid] for pid in sorted(found)]
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after up to ``timeout`` seconds (step 4 alone, e.g.
+    after a kill that a fault sent itself).
 
     This process's own children are reaped here (``wait_procs``); an orphan stays a
     zombie until init reaps it (seconds on the lab machine), and counts as gone.
@@ -216,4 +234,6 @@ __all__ = [
     "require_gone",
     "running",
     "stop_processes",
+    "wait_gone",
+    "with_descendants",
 ]

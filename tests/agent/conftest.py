@@ -25,10 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stormwatch.agent import Agent, AgentConfig, FakeNvml
+from stormwatch.platforms.stopping import stop_processes
 
 TOKEN = "test-token-0123456789"
 
@@ -394,6 +396,8 @@ class FakeTorchrun:
         return self.pids[rank][count - 1]
 
     def stop(self) -> None:
+        """Stop the launcher, then whatever of its job outlived it (ranks orphaned by a
+        killed launcher, their data-loader workers): nothing of the job is left."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -403,6 +407,19 @@ class FakeTorchrun:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        stop_processes(job_processes(self.job), grace_s=5.0)
+
+
+def job_processes(job: str) -> list[psutil.Process]:
+    """The running processes whose environment says they belong to ``job``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("STORMWATCH_JOB") == job and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read: not one of the job's
+            continue
+    return found
 
 
 @pytest.fixture
@@ -574,6 +591,7 @@ def tools() -> Any:
         make_agent = staticmethod(make_agent)
         dcgm_counters = staticmethod(dcgm_counters)
         stop_process_group = staticmethod(stop_process_group)
+        job_processes = staticmethod(job_processes)
         peers = PEERS
         token = TOKEN
 

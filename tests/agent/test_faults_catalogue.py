@@ -250,10 +250,13 @@ def test_kill_torchrun_kills_the_launcher_and_kill_node_processes_everything(
 ) -> None:
     agent = start_agent()
     first = fake_torchrun([0])
-    first.wait_pid(0)
+    orphan = first.wait_pid(0)
     body = {"id": "kill-tr", "kind": "kill_torchrun", "job": first.job, "ttl_seconds": 5}
     assert _post_when_ranks_seen(tools, agent, body).status == 201
     assert first.proc.wait(10) == -9
+    assert _status(orphan) not in ("gone", psutil.STATUS_ZOMBIE)  # its rank runs on
+    _delete(tools, agent, "kill-tr")  # the revert stops the rank the kill orphaned
+    assert _status(orphan) in ("gone", psutil.STATUS_ZOMBIE)
     second = fake_torchrun([2, 3])
     ranks = [second.wait_pid(2), second.wait_pid(3)]
     body = {"id": "kill-node", "kind": "kill_node_processes", "job": second.job, "ttl_seconds": 5}

@@ -91,6 +91,13 @@ def test_rank_exit_fires_when_the_exit_counter_appears_at_one(tmp_path: Path) ->
     assert run.ok, run.output
 
 
+def test_a_rank_that_outlives_its_launcher_alerts_after_five_minutes_and_resolves(
+    tmp_path: Path,
+) -> None:
+    run = _run_case(tmp_path, "rank_orphaned_past_five_minutes_fires_and_resolves_when_it_is_gone")
+    assert run.ok, run.output
+
+
 def test_fc03_rank_stalled_fires_once_and_resolves_by_itself(tmp_path: Path) -> None:
     run = _run_case(tmp_path, "kill_then_restart_fires_once_and_resolves")
     assert run.ok, run.output

@@ -530,3 +530,51 @@ def test_postmortem_of_a_journal_that_is_not_one_is_a_one_line_error(
     assert "not a journal written by `stormwatch chaos run`" in cli.stderr
     assert "title: Field required" in cli.stderr
     assert not (experiment_dir / "postmortem.md").exists()
+
+
+def test_the_processes_a_kill_torchrun_left_behind_are_listed_with_what_removed_them(
+    tmp_path: Path,
+) -> None:
+    """The revert's answer as the agent gives it (``details["revert"]``), turned into the
+    ledger's revert detail by the chaos side, lands in the post-mortem's Faults section."""
+    from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
+    from stormwatch.contracts.journal import load_journal
+    from stormwatch.faults import REGISTRY
+    from stormwatch.faults.kinds.orphans import describe_orphans
+
+    log_dir = tmp_path / "logs"
+    _slowed_logs(log_dir, stall=(FAULT_AT, FAULT_AT + 20.0))
+    exp_dir = _journal(tmp_path / "run", log_dir)
+    journal = load_journal(exp_dir / "journal.json")
+    orphans = [
+        {"job": "experiment", "rank": 2, "pid": 4343, "removed_by": "the revert: SIGTERM"},
+        {"job": "experiment", "rank": 3, "pid": 4344, "removed_by": "exited before the revert"},
+    ]
+    detail = "node1: reverted (" + describe_orphans({"revert": {"orphans": orphans}}) + ")"
+    journal.faults = [
+        LedgerEntry(
+            id="exp-1.kill-tr",
+            experiment_id="exp-1",
+            kind="kill_torchrun",
+            spec=REGISTRY["kill_torchrun"].experiment(kind="kill_torchrun", node="node1"),
+            target=FaultTarget(job="experiment", node="node1"),
+            state="reverted",
+            recorded_at=FAULT_AT - 1,
+            expires_at=FAULT_AT + 60,
+            injected_at=FAULT_AT,
+            reverted_at=FAULT_AT + 30,
+            revert_detail=detail,
+            controller_pid=1,
+            controller_started_at=T0,
+        )
+    ]
+    write_journal(journal, exp_dir / "journal.json")
+
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
+
+    [line] = pm.processes_reaped
+    assert "rank 2 of job experiment (pid 4343): the revert: SIGTERM" in line
+    assert "rank 3 of job experiment (pid 4344): exited before the revert" in line
+    md = _markdown(pm)
+    assert "Processes the faults left behind, and what removed them:" in md
+    assert "exp-1.kill-tr (kill_torchrun)" in md

@@ -127,3 +127,23 @@ def test_actions_on_a_job_without_workers_raise(tmp_path: Path, nodes: dict[str,
     for call in (backend.restart_workers, backend.request_checkpoint):
         with pytest.raises(BackendError, match="no live worker of job 'ghost'"):
             call("ghost")
+
+
+def test_exclude_node_also_stops_workers_that_outlived_their_torchrun(
+    tmp_path: Path, nodes: dict[str, Path], fake_job: Any, kit: Any
+) -> None:
+    """Issue 21: the node's torchrun died hard; its worker, adopted by init, is found by its
+    environment and stopped itself (SIGTERM, SIGKILL after the grace period), confirmed gone."""
+    on1 = fake_job("train", nodes["node1"], workers=1, first_rank=1)
+    backend = _backend(tmp_path, nodes)
+    kit.wait_for(lambda: len(backend.workers("train")) == 1, 20, "workers")
+    on1.agent.kill()
+    on1.agent.wait(10)
+    [orphan] = on1.worker_pids
+    kit.wait_for(lambda: psutil.Process(orphan).ppid() != on1.agent.pid, 10, "re-parented")
+    if psutil.Process(orphan).ppid() != 1:
+        pytest.skip("a subreaper adopts orphans here, not init")
+    detail = backend.exclude_node_and_restart("train", "node1")
+    assert f"and to the workers [{orphan}] that outlived theirs" in detail, detail
+    assert on1.terms("worker") == 1  # SIGTERM to the worker itself, then SIGKILL
+    assert _gone(orphan)

@@ -37,6 +37,7 @@ from stormwatch.chaos.ledger.tokens import agent_token
 from stormwatch.chaos.ledger.undo import same_process
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
+from stormwatch.faults.kinds.orphans import describe_orphans
 from stormwatch.platforms.endpoints import AgentEndpoint
 
 log = logging.getLogger(__name__)
@@ -291,11 +292,17 @@ async def _send_parts(
         applied.append(part)
     now = time.time()
     nodes = ", ".join(p.node for p in target.requests)
+    # What a kill left running (kill_torchrun's orphaned ranks), per node, for the journal.
+    left = [
+        f"{part.node}: {said}"
+        for part, answer in zip(target.requests, answers, strict=True)
+        if (said := describe_orphans(answer.details))
+    ]
     return InjectionResult(
         applied_at=min((a.applied_at for a in answers if a.applied_at is not None), default=now),
         expires_at=max(a.expires_at for a in answers),
         target_pid=answers[0].target_pid,
-        detail=f"{spec.kind} applied by the agent(s) of {nodes}",
+        detail=f"{spec.kind} applied by the agent(s) of {nodes}" + "".join(f"; {x}" for x in left),
     )
 
 
