@@ -30,10 +30,11 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 import stormwatch
+from stormwatch.agent import textformat
 from stormwatch.agent.collectors import (
     Collector,
     CollectorSet,
@@ -54,6 +55,7 @@ from stormwatch.agent.faults import FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+from stormwatch.agent.kube import KubeletPodResources, PodAttribution
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
 from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
 from stormwatch.agent.watch.events import EventLog
@@ -305,19 +307,26 @@ def build_collectors(
     """The enabled collectors, GPU ones first, in :data:`GPU_COLLECTORS` order."""
     collectors: list[Collector] = []
     if sampler is not None:
+        pods = (
+            None
+            if cfg.pod_resources_socket is None
+            else PodAttribution(KubeletPodResources(cfg.pod_resources_socket))
+        )
         builders: dict[str, Callable[[], Collector]] = {
             "gpu": lambda: GpuCollector(
                 sampler,
                 hostname=cfg.node,
+                pods=pods,
                 clock=clock,
                 events_window_seconds=cfg.clock_events_window_seconds,
                 xid_window_seconds=cfg.xid_window_seconds if cfg.enabled("xid") else None,
                 export_age=False,
             ),
-            "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node),
+            "nvlink": lambda: NvlinkCollector(sampler, hostname=cfg.node, pods=pods),
             "xid": lambda: XidCollector(
                 sampler,
                 hostname=cfg.node,
+                pods=pods,
                 window_seconds=cfg.xid_window_seconds,
                 clock=clock,
             ),
@@ -387,8 +396,11 @@ def build_exposition(
     registry.register(info)
     registry.register(collector_set)
 
-    def render() -> bytes:
-        return generate_latest(info_registry) + collector_set.render()
+    def render(openmetrics_format: bool) -> bytes:
+        info_text = textformat.render(
+            info_registry.collect(), openmetrics_format=openmetrics_format
+        )
+        return info_text + collector_set.render(openmetrics_format=openmetrics_format)
 
     cache = ExpositionCache(
         render,

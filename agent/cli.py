@@ -172,6 +172,13 @@ def agent() -> None:
     envvar="STORMWATCH_AGENT_STRAGGLER_SAMPLES",
     help="Consecutive slow steps before a rank is flagged as a straggler.",
 )
+@click.option(
+    "--pod-resources-socket",
+    default=None,
+    envvar="STORMWATCH_AGENT_POD_RESOURCES_SOCKET",
+    help="The kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock): "
+    "GPU series get namespace, pod and container labels, like dcgm-exporter's. Unset: off.",
+)
 def run(
     listen: str,
     node: str | None,
@@ -192,6 +199,7 @@ def run(
     hang_factor: float,
     straggler_factor: float,
     straggler_samples: int,
+    pod_resources_socket: str | None,
 ) -> int:
     """Serve /metrics, /healthz, /v1/ranks, /v1/events (and, when enabled, the fault API
     on its own listener) until SIGTERM or SIGINT.
@@ -233,6 +241,7 @@ def run(
         "hang_factor": hang_factor,
         "straggler_factor": straggler_factor,
         "straggler_samples": straggler_samples,
+        "pod_resources_socket": pod_resources_socket,
     }
     if fault_api_listen:
         fault_host, fault_port = parse_listen(

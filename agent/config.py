@@ -125,6 +125,8 @@ class AgentConfig(BaseModel):
         straggler_factor, straggler_samples: a rank is a compute straggler after
             ``straggler_samples`` consecutive steps with compute >= ``straggler_factor``
             x its peers' median while they wait longer in collectives (1.2, 3).
+        pod_resources_socket: the kubelet's pod-resources socket; set on Kubernetes
+            so that DCGM series carry ``namespace``/``pod``/``container`` (None: off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -155,6 +157,7 @@ class AgentConfig(BaseModel):
     hang_factor: float = Field(default=10.0, gt=0)
     straggler_factor: float = Field(default=1.2, gt=1.0)
     straggler_samples: int = Field(default=3, ge=1)
+    pod_resources_socket: str | None = None
 
     @field_validator("otlp_endpoint")
     @classmethod

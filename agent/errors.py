@@ -48,6 +48,10 @@ class DeviceDown(AgentError):
     device is reported down for this sample (``stormwatch_gpu_up 0``), never raised out of it."""
 
 
+class PodResourcesError(AgentError):
+    """The kubelet's pod-resources API did not answer (socket missing, refused, timeout)."""
+
+
 class LedgerError(AgentError):
     """The fault ledger (SQLite under ``--state-dir``) cannot be opened or written."""
 
@@ -61,5 +65,6 @@ __all__ = [
     "FaultNotFound",
     "LedgerError",
     "NvmlUnavailable",
+    "PodResourcesError",
     "WebConfigError",
 ]

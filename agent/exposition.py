@@ -34,8 +34,10 @@ period and a scrape serves the cached bytes:
   stale waits one render, so it is what brings a scrape near its timeout
   (alert ``StormwatchAgentRenderSlow``).
 
-OpenMetrics is not cached: the agent always answers text 0.0.4, which every
-Prometheus accepts (it lists it in its ``Accept`` header).
+Formats: the server negotiates with prometheus-client's ``choose_encoder`` (text
+0.0.4 or OpenMetrics 1.0) and ``gzip_accepted``; the cache keeps one body per
+format a scraper has asked for (:mod:`stormwatch.agent.textformat`), rendered
+together, so a Prometheus that prefers OpenMetrics is served from the cache too.
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.metrics import Histogram
 from prometheus_client.utils import floatToGoString
 
 from stormwatch.agent.collectors.base import new_family, new_histogram
 from stormwatch.agent.gpu.sampler import GpuSampler
+from stormwatch.agent.textformat import close, render
 from stormwatch.agent.watch.ranks import RankWatcher
 
 log = logging.getLogger(__name__)
@@ -134,7 +137,8 @@ class ExpositionCache:
     """Holds the last rendered exposition; see the module docstring.
 
     Args:
-        render: ``() -> bytes``, the full (cacheable) exposition; blocking.
+        render: ``(openmetrics_format) -> bytes``, the full (cacheable) exposition in
+            the text format 0.0.4 or OpenMetrics without ``# EOF``; blocking.
         live: the per-scrape part (:class:`LiveAges`), appended to the cached bytes.
         sampler: whose ``latest`` snapshot the cache must hold (None: no GPUs).
         period: seconds between background renders (> 0).
@@ -143,7 +147,7 @@ class ExpositionCache:
 
     def __init__(
         self,
-        render: Callable[[], bytes],
+        render: Callable[[bool], bytes],
         *,
         live: LiveAges,
         sampler: GpuSampler | None,
@@ -159,7 +163,9 @@ class ExpositionCache:
         self.period = period
         self._monotonic = monotonic
         self._lock = threading.Lock()  # one render at a time
-        self._body: bytes | None = None
+        self._body: bytes | None = None  # the text format's, for staleness
+        self._bodies: dict[bool, bytes] = {}  # OpenMetrics? -> body
+        self._formats: set[bool] = {False}  # the formats scrapers asked for
         self._snapshot: object = None
         self._rendered_at = float("-inf")
         self._generation = 0  # bumped by invalidate()
@@ -185,30 +191,34 @@ class ExpositionCache:
         self.notify()
 
     def refresh(self) -> bytes:
-        """Render now and keep the result (blocking; thread-safe)."""
+        """Render now (every format asked for so far) and keep the result; returns
+        the text format's body (blocking; thread-safe)."""
         with self._lock:
-            return self._refresh_locked()
+            return self._refresh_locked()[False]
 
-    def _refresh_if_stale(self) -> bytes:
+    def _refresh_if_stale(self, openmetrics_format: bool) -> bytes:
         """Render unless a render that finished while we waited for the lock (the
         background's, or another scrape's) already made the cache fresh."""
         with self._lock:
-            if self._body is not None and not self.stale():
-                return self._body
-            return self._refresh_locked()
+            self._formats.add(openmetrics_format)
+            cached = self._bodies.get(openmetrics_format)
+            if cached is not None and not self.stale():
+                return cached
+            return self._refresh_locked()[openmetrics_format]
 
-    def _refresh_locked(self) -> bytes:
+    def _refresh_locked(self) -> dict[bool, bytes]:
         generation = self._generation
         snapshot = self._sampler.latest if self._sampler is not None else None
         started = self._monotonic()
-        body = self._render()
-        self._body, self._snapshot = body, snapshot
+        bodies = {fmt: self._render(fmt) for fmt in sorted(self._formats)}
+        self._bodies = bodies
+        self._body, self._snapshot = bodies[False], snapshot
         self._render_seconds = self._monotonic() - started
         self.durations.observe(self._render_seconds)
         self._rendered_generation = generation
         self._rendered_at = self._monotonic()
         self.renders += 1
-        return body
+        return bodies
 
     def stale(self) -> bool:
         """Whether a scrape must render instead of serving the cache."""
@@ -258,14 +268,20 @@ class ExpositionCache:
         last render's duration plus 20 ms."""
         return 2 * self._render_seconds + 0.02
 
-    def body(self) -> bytes:
+    def body(self, openmetrics_format: bool = False) -> bytes:
         """What ``/metrics`` serves: the cached (or, when stale, fresh) exposition
-        followed by the live age gauges. Blocking only when stale."""
+        followed by the live age gauges, in the text format 0.0.4 or OpenMetrics 1.0.
+        Blocking only when stale (or on the first scrape asking for a format)."""
         self._scrapes.append(self._monotonic())
-        cached = self._body
+        cached = self._bodies.get(openmetrics_format)
         if cached is None or self.stale():
-            cached = self._refresh_if_stale()
-        return cached + generate_latest(self._live)
+            cached = self._refresh_if_stale(openmetrics_format)
+        live = render(self._live.collect(), openmetrics_format=openmetrics_format)
+        return close(cached + live, openmetrics_format=openmetrics_format)
+
+    def stale_for(self, openmetrics_format: bool) -> bool:
+        """Whether a scrape in this format must render (stale, or never rendered)."""
+        return openmetrics_format not in self._bodies or self.stale()
 
     def notify(self) -> None:
         """A new GPU snapshot was published: render now (thread-safe; a no-op until

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import hmac
 import json
 import logging
@@ -42,11 +43,13 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from stormwatch.agent.collectors.base import CollectorSet
 from stormwatch.agent.exposition import ExpositionCache
 from stormwatch.agent.faults import FaultManager
+from stormwatch.agent.textformat import close, render
 from stormwatch.agent.watch.events import EventLog
 from stormwatch.agent.watch.ranks import RankWatcher
 from stormwatch.agent.webconfig import BasicAuth
@@ -106,7 +109,7 @@ class ApiDeps:
         unsupported_metrics: ``() -> {gpu index: {DCGM metric: reason}}`` for
             ``/healthz`` (what ``stormwatch_metric_supported 0`` means, and why).
         exposition: the cached exposition ``/metrics`` serves (None:
-            ``generate_latest(registry)`` per scrape).
+            the registry rendered per scrape).
         events: the rank event log ``/v1/events`` serves (None: an empty list).
         basic_auth: users of the read-only listener (None or empty: no auth).
         headers: extra response headers (web config ``http_server_config.headers``).
@@ -208,14 +211,23 @@ class _Api:
 
     # ------------------------------------------------------------ read-only
     async def metrics(self, request: web.Request) -> web.Response:
+        """The exposition in the format the ``Accept`` header prefers (prometheus-client's
+        ``choose_encoder``: OpenMetrics 1.0 or the text format), gzipped when
+        ``Accept-Encoding`` allows it (its ``gzip_accepted``)."""
+        _, content_type = choose_encoder(request.headers.get("Accept", ""))
+        om = content_type.startswith("application/openmetrics-text")
         cache = self._deps.exposition
         if cache is None:
-            body = await self._blocking(generate_latest, self._deps.registry)
-        elif cache.stale():
-            body = await self._blocking(cache.body)
+            body = await self._blocking(_render_registry, self._deps.registry, om)
+        elif cache.stale_for(om):
+            body = await self._blocking(cache.body, om)
         else:  # the cached bytes plus the live age gauges: microseconds, no executor hop
-            body = cache.body()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+            body = cache.body(om)
+        headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+        if gzip_accepted(request.headers.get("Accept-Encoding", "")):
+            body = await self._blocking(gzip.compress, body, 6)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -321,6 +333,12 @@ class _Api:
         """A fault changed: the next scrape must show it (not the cached exposition)."""
         if self._deps.exposition is not None:
             self._deps.exposition.invalidate()
+
+
+def _render_registry(registry: CollectorRegistry, openmetrics_format: bool) -> bytes:
+    """Every family of ``registry`` in one format (the uncached path)."""
+    body = render(registry.collect(), openmetrics_format=openmetrics_format)
+    return close(body, openmetrics_format=openmetrics_format)
 
 
 __all__ = ["MAX_JSON_DEPTH", "ApiDeps", "build_app", "build_fault_app"]

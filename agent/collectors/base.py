@@ -16,10 +16,9 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from opentelemetry import trace
-from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,6 +28,7 @@ from prometheus_client.core import (
 )
 
 from stormwatch.agent.catalogue import Catalogue, load_catalogue
+from stormwatch.agent.textformat import DcgmFamily, render_openmetrics, render_text
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,16 @@ class Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
 
-Family = GaugeMetricFamily | CounterMetricFamily | UnknownMetricFamily
+Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily | UnknownMetricFamily | DcgmFamily
 
 
 def new_family(name: str, catalogue: Catalogue | None = None) -> Family:
     """An empty metric family typed, labelled and documented from the catalogue.
 
     Add samples with ``family.add_metric([label values in catalogue order], value)``.
+    A dcgm-exporter name (``DCGM_*``) gets a :class:`DcgmFamily`: its counters keep
+    dcgm-exporter's name without ``_total`` and its series may carry extra labels
+    (MIG instance, pod), as dcgm-exporter's do.
 
     Raises:
         KeyError: ``name`` is not in the catalogue (so an uncatalogued metric
@@ -56,6 +59,9 @@ def new_family(name: str, catalogue: Catalogue | None = None) -> Family:
     """
     spec = (catalogue or load_catalogue())[name]
     labels = list(spec.labels)
+    if spec.name.startswith("DCGM_") and spec.type != "histogram":
+        typ = {"untyped": "unknown"}.get(spec.type, spec.type)
+        return DcgmFamily(spec.name, spec.help, typ, labels)
     if spec.type == "gauge":
         return GaugeMetricFamily(spec.name, spec.help, labels=labels)
     if spec.type == "counter":
@@ -77,16 +83,6 @@ def new_histogram(name: str, catalogue: Catalogue | None = None) -> HistogramMet
     if spec.type != "histogram":
         raise ValueError(f"{name}: a {spec.type}, made with new_family")
     return HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-
-
-class _Families:
-    """Adapter so ``generate_latest`` can render a list of families (validation only)."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
 
 
 class CollectorSet:
@@ -113,8 +109,8 @@ class CollectorSet:
         self._errors: collections.Counter[str] = collections.Counter(dict.fromkeys(names, 0))
         self._up: dict[str, bool] = dict.fromkeys(names, True)
         self._duration: dict[str, float] = dict.fromkeys(names, 0.0)
-        # Per collector: family content -> its rendered text, from the last render.
-        self._texts: dict[str, dict[tuple[object, ...], bytes]] = {name: {} for name in names}
+        # Per (collector, OpenMetrics?): family content -> its rendered text, from the last render.
+        self._texts: dict[tuple[str, bool], dict[tuple[object, ...], bytes]] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -133,24 +129,28 @@ class CollectorSet:
             yield from families
         yield from self._health_families()
 
-    def render(self) -> bytes:
-        """The text exposition (format 0.0.4) of every collector, then collector health.
+    def render(self, *, openmetrics_format: bool = False) -> bytes:
+        """The exposition of every collector, then collector health: the text format
+        0.0.4, or OpenMetrics without its closing ``# EOF`` (:mod:`..textformat`).
 
         What ``/metrics`` serves: each collector is rendered once, inside its
         guard, and the bytes are joined (the same text as ``generate_latest``
         of a registry holding this set, at half the cost).
         """
-        parts = [self._run(collector)[1] for collector in self._collectors]
-        parts.append(generate_latest(_Families(list(self._health_families()))))
+        parts = [self._run(c, openmetrics_format)[1] for c in self._collectors]
+        encode = render_openmetrics if openmetrics_format else render_text
+        parts.extend(encode(family) for family in self._health_families())
         return b"".join(parts)
 
-    def _run(self, collector: Collector) -> tuple[list[Metric], bytes]:
+    def _run(
+        self, collector: Collector, openmetrics_format: bool = False
+    ) -> tuple[list[Metric], bytes]:
         started = time.perf_counter()
         try:
             families = list(collector.collect())
             # Render inside the guard: a family the exposition cannot encode (bad
             # label value type, NaN label...) fails here, not in the whole scrape.
-            text = self._render(collector.name, families)
+            text = self._render(collector.name, families, openmetrics_format)
         except Exception as exc:
             with self._lock:
                 was_up = self._up[collector.name]
@@ -183,14 +183,16 @@ class CollectorSet:
             ).end()
         return families, text
 
-    def _render(self, name: str, families: Sequence[Metric]) -> bytes:
-        """``generate_latest`` of ``families``, one family at a time, reusing the text
+    def _render(self, name: str, families: Sequence[Metric], openmetrics_format: bool) -> bytes:
+        """``families`` in one format, one family at a time, reusing the text
         of a family whose content is the same as at the last render (most GPU
         counters, identity and support flags do not change from one sample to the
         next; rendering is ~25 us a sample line, comparing ~1 us; labels in the
         collector's order, so a reordering only costs a miss)."""
-        previous = self._texts.get(name, {})
+        slot = (name, openmetrics_format)
+        previous = self._texts.get(slot, {})
         current: dict[tuple[object, ...], bytes] = {}
+        encode = render_openmetrics if openmetrics_format else render_text
         parts = []
         for family in families:
             key = (
@@ -205,10 +207,10 @@ class CollectorSet:
             )
             text = previous.get(key)
             if text is None:
-                text = generate_latest(_Families([family]))
+                text = encode(family)
             current[key] = text
             parts.append(text)
-        self._texts[name] = current
+        self._texts[slot] = current
         return b"".join(parts)
 
     def _health_families(self) -> Iterator[Metric]:

@@ -19,12 +19,14 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.catalogue import load_catalogue
 from stormwatch.agent.collectors.base import Family, new_family
+from stormwatch.agent.collectors.dcgm_series import DcgmSeries
 from stormwatch.agent.collectors.gpu_health import health
 from stormwatch.agent.errors import CollectorError
 from stormwatch.agent.gpu.identity import INFO_FIELDS
 from stormwatch.agent.gpu.model import DCGM_LABELS, DeviceReading, GpuSnapshot
 from stormwatch.agent.gpu.queries import CLOCK_EVENT_REASONS, CLOCK_REASONS
 from stormwatch.agent.gpu.sampler import CLOCK_EVENTS_COUNT, HEALTH_STATUS, GpuSampler
+from stormwatch.agent.kube.podresources import PodAttribution
 
 
 def latest_snapshot(sampler: GpuSampler) -> GpuSnapshot:
@@ -48,6 +50,10 @@ class GpuCollector:
             None when XIDs are not watched (``xid`` collector off).
         export_age: export ``stormwatch_gpu_snapshot_age_seconds`` (False when the
             agent renders it per scrape, :class:`~stormwatch.agent.exposition.LiveAges`).
+        pods: Kubernetes pod attribution (None: off Kubernetes). With it, every GPU
+            (or MIG instance) says whether a pod holds it in
+            ``stormwatch_gpu_pod_attributed``, and the kubelet's answer is
+            ``stormwatch_kubelet_pod_resources_up``.
 
     Raises (from ``collect``):
         CollectorError: no sample yet, or ``nvmlDeviceGetCount`` failed in the last sample.
@@ -64,10 +70,12 @@ class GpuCollector:
         events_window_seconds: float = 300.0,
         xid_window_seconds: float | None = 300.0,
         export_age: bool = True,
+        pods: PodAttribution | None = None,
     ) -> None:
         self._sampler = sampler
         self._export_age = export_age
         self._hostname = hostname
+        self._series = DcgmSeries(hostname, pods)
         self._clock = clock
         self._events_window = events_window_seconds
         self._xid_window = xid_window_seconds
@@ -102,18 +110,28 @@ class GpuCollector:
         status = new_family(HEALTH_STATUS)
         clock_counts = self._window_counts(snapshot.clock_events, now, self._events_window)
         xids = self._recent_xids(snapshot, now)
+        pods = self._series.pods
+        self._series.refresh()
+        attributed = new_family("stormwatch_gpu_pod_attributed")
+        pods_up = new_family("stormwatch_kubelet_pod_resources_up")
         for device in snapshot.devices:
             up.add_metric([str(device.index)], 1.0 if device.up else 0.0)
             if not device.up:
                 continue
             gpu = str(device.index)
-            labels = device.dcgm_label_values(self._hostname)
+            targets = self._series.of(device)
+            labels = targets[0].labels
             for name, family in families.items():
-                value = device.values.get(name)
-                if value is not None:
-                    family.add_metric(labels, float(value))
+                for series in targets:
+                    value = series.value(device, name)
+                    if value is not None:
+                        family.add_metric(series.labels, float(value), series.extra)
+            if pods is not None:
+                for series in targets:
+                    instance = "" if series.mig is None else str(series.mig.gpu_instance_id)
+                    attributed.add_metric([gpu, instance], 0.0 if series.pod is None else 1.0)
             self._support(supported, device)
-            info.add_metric(labels + [device.info.get(field, "") for field in INFO_FIELDS], 1.0)
+            info.add_metric(labels + [device.info.get(field, "") for field in INFO_FIELDS[1:]], 1.0)
             if CLOCK_REASONS in device.values:
                 mask = int(device.values[CLOCK_REASONS])
                 for bit, reason in CLOCK_EVENT_REASONS:
@@ -129,6 +147,9 @@ class GpuCollector:
         yield from (duration, count, up, errors)
         yield from families.values()
         yield from (events, status, info, supported, active)
+        if pods is not None:
+            pods_up.add_metric([], 1.0 if pods.up else 0.0)
+            yield from (pods_up, attributed)
 
     def _support(self, family: Family, device: DeviceReading) -> None:
         """Only the unsupported metrics: a series per supported one would double the scrape."""

@@ -16,11 +16,13 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.catalogue import load_catalogue
 from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.collectors.dcgm_series import DcgmSeries
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.model import DCGM_LABELS
 from stormwatch.agent.gpu.nvlink_errors import LINK_COUNTERS
 from stormwatch.agent.gpu.p2p import status_name
 from stormwatch.agent.gpu.sampler import P2P_STATUS, GpuSampler
+from stormwatch.agent.kube.podresources import PodAttribution
 
 
 class NvlinkCollector:
@@ -29,13 +31,16 @@ class NvlinkCollector:
     Args:
         sampler: the running sampler (sampling NVLink).
         hostname: dcgm-exporter ``Hostname`` label.
+        pods: Kubernetes pod attribution (None: off Kubernetes).
     """
 
     name = "nvlink"
 
-    def __init__(self, sampler: GpuSampler, *, hostname: str) -> None:
+    def __init__(
+        self, sampler: GpuSampler, *, hostname: str, pods: PodAttribution | None = None
+    ) -> None:
         self._sampler = sampler
-        self._hostname = hostname
+        self._series = DcgmSeries(hostname, pods)
         self._dcgm_names = tuple(
             spec.name
             for spec in load_catalogue().by_source("nvlink")
@@ -51,15 +56,18 @@ class NvlinkCollector:
         families = {name: new_family(name) for name in self._dcgm_names}
         p2p = new_family(P2P_STATUS)
         labels_of = {}
+        self._series.refresh()
         for device in snapshot.devices:
             if not device.up or device.nvlink is None:
                 continue
             gpu = str(device.index)
-            labels = labels_of[device.index] = device.dcgm_label_values(self._hostname)
+            targets = self._series.of(device)
+            labels_of[device.index] = targets[0].labels
             for name, family in families.items():
-                value = device.values.get(name)
-                if value is not None:
-                    family.add_metric(labels, value)
+                for series in targets:
+                    value = series.value(device, name)
+                    if value is not None:
+                        family.add_metric(series.labels, value, series.extra)
             if not device.nvlink.present:
                 supported.add_metric([gpu, "all"], 0.0)
                 continue

@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.collectors.dcgm_series import DcgmSeries
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.sampler import GpuSampler
+from stormwatch.agent.kube.podresources import PodAttribution
 
 
 class XidCollector:
@@ -30,6 +32,7 @@ class XidCollector:
         hostname: dcgm-exporter ``Hostname`` label.
         window_seconds: how long the last XID stays visible in ``DCGM_FI_DEV_XID_ERRORS``.
         clock: Unix time.
+        pods: Kubernetes pod attribution (None: off Kubernetes).
     """
 
     name = "xid"
@@ -41,9 +44,10 @@ class XidCollector:
         hostname: str,
         window_seconds: float,
         clock: Callable[[], float] = time.time,
+        pods: PodAttribution | None = None,
     ) -> None:
         self._sampler = sampler
-        self._hostname = hostname
+        self._series = DcgmSeries(hostname, pods)
         self._window = window_seconds
         self._clock = clock
 
@@ -58,16 +62,17 @@ class XidCollector:
         recent = collections.Counter(
             (gpu, code) for gpu, code, seen in snapshot.xid_events if now - seen <= self._window
         )
+        self._series.refresh()
         for device in snapshot.devices:
             if not device.up or "DCGM_FI_DEV_XID_ERRORS" in device.unsupported:
                 continue
-            labels = device.dcgm_label_values(self._hostname)
             seen = snapshot.last_xid.get(device.index)
             value = seen[0] if seen is not None and now - seen[1] <= self._window else 0
-            last.add_metric(labels, float(value))
-            for (gpu, code), n in sorted(recent.items()):
-                if gpu == device.index:
-                    windowed.add_metric([*labels, str(code)], float(n))
+            for series in self._series.of(device):
+                last.add_metric(series.labels, float(value), series.extra)
+                for (gpu, code), n in sorted(recent.items()):
+                    if gpu == device.index:
+                        windowed.add_metric([*series.labels, str(code)], float(n), series.extra)
         yield from (counts, last, windowed)
 
 

@@ -7,8 +7,43 @@ from collections.abc import Mapping
 
 from stormwatch.agent.gpu.nvml_errors import Unsupported
 
-#: dcgm-exporter's per-GPU label names, in the order the agent emits them.
-DCGM_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+#: dcgm-exporter's per-GPU label names, in the order the agent emits them: its
+#: template's six, then its default *label* field (default-counters.csv,
+#: ``DCGM_FI_DRIVER_VERSION, label``), which dcgm-exporter puts on every series.
+DCGM_LABELS: tuple[str, ...] = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+)
+
+#: dcgm-exporter's labels of a MIG GPU instance's series (on top of :data:`DCGM_LABELS`).
+MIG_LABELS: tuple[str, ...] = ("GPU_I_PROFILE", "GPU_I_ID")
+
+
+@dataclasses.dataclass(frozen=True)
+class MigReading:
+    """One MIG GPU instance of a GPU in MIG mode (dcgm-exporter exports such a GPU
+    per instance, never as a whole).
+
+    Attributes:
+        gpu_instance_id: ``nvmlDeviceGetGpuInstanceId`` (the ``GPU_I_ID`` label).
+        profile: the instance profile, e.g. ``1g.10gb`` (the ``GPU_I_PROFILE`` label).
+        uuid: the MIG device's ``MIG-...`` UUID (what the kubelet lists for it).
+        values: instance-scoped DCGM metrics (framebuffer) -> value.
+    """
+
+    gpu_instance_id: int
+    profile: str
+    uuid: str
+    values: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def label_values(self) -> dict[str, str]:
+        """``GPU_I_PROFILE`` and ``GPU_I_ID``, as dcgm-exporter writes them."""
+        return {"GPU_I_PROFILE": self.profile, "GPU_I_ID": str(self.gpu_instance_id)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +117,7 @@ class DeviceReading:
         memory_total_bytes: framebuffer size, None when unknown.
         nvlink: None when not sampled (collector off or GPU down).
         processes: None when not sampled or the query failed.
+        mig: the GPU's MIG instances (empty: MIG off or not supported).
     """
 
     index: int
@@ -96,16 +132,23 @@ class DeviceReading:
     memory_total_bytes: int | None = None
     nvlink: NvlinkReading | None = None
     processes: tuple[ProcessEntry, ...] | None = None
+    mig: tuple[MigReading, ...] = ()
+
+    @property
+    def device(self) -> str:
+        """dcgm-exporter's ``device`` label, the device node name: ``nvidia<index>``."""
+        return f"nvidia{self.index}"
 
     def dcgm_label_values(self, hostname: str) -> list[str]:
-        """Values for :data:`DCGM_LABELS`; ``device`` is ``nvidia<index>`` as in dcgm-exporter."""
+        """Values for :data:`DCGM_LABELS`."""
         return [
             str(self.index),
             self.uuid,
             self.pci_bus_id,
-            f"nvidia{self.index}",
+            self.device,
             self.name,
             hostname,
+            self.info.get("DCGM_FI_DRIVER_VERSION", ""),
         ]
 
 
@@ -144,9 +187,11 @@ class GpuSnapshot:
 
 __all__ = [
     "DCGM_LABELS",
+    "MIG_LABELS",
     "DeviceReading",
     "GpuSnapshot",
     "LinkReading",
+    "MigReading",
     "NvlinkReading",
     "ProcessEntry",
 ]

@@ -12,9 +12,11 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -30,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stormwatch.agent import Agent, AgentConfig, FakeNvml
+from stormwatch.agent.kube.testing import KubeletServer
 from stormwatch.platforms.stopping import stop_processes
 
 TOKEN = "test-token-0123456789"
@@ -92,10 +95,11 @@ def http(
     token: str | None = None,
     raw: bytes | None = None,
     content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
 ) -> Reply:
     """One HTTP request; non-2xx answers are returned, not raised."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     if data is not None:
@@ -117,11 +121,17 @@ class Scrape:
         self.samples: dict[str, list[tuple[dict[str, str], float]]] = {}
         self.family_labels: dict[str, set[str]] = {}
         for family in text_string_to_metric_families(text):
-            exposed = family.name + "_total" if family.type == "counter" else family.name
+            # A counter typed under its own name (dcgm-exporter's, no _total): the
+            # parser renames its samples <name>_total; keep the exposed names.
+            bare = family.type == "counter" and f"# TYPE {family.name} counter\n" in text
+            exposed = (
+                family.name + "_total" if family.type == "counter" and not bare else family.name
+            )
             self.families[exposed] = "untyped" if family.type == "unknown" else family.type
             labels = self.family_labels.setdefault(exposed, set())
             for sample in family.samples:
-                self.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+                name = family.name if bare else sample.name
+                self.samples.setdefault(name, []).append((dict(sample.labels), sample.value))
                 labels.update(sample.labels)
 
     def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
@@ -237,6 +247,18 @@ def make_agent(base: Path, fake: FakeNvml | None = None, **overrides: Any) -> Ag
     return AgentThread(
         AgentConfig.build(**values), fake if fake is not None else FakeNvml(2)
     ).start()
+
+
+@pytest.fixture
+def kubelet() -> Iterator[KubeletServer]:
+    """A kubelet pod-resources gRPC server on a unix socket (short path: sun_path is 108 bytes)."""
+    folder = tempfile.mkdtemp(prefix="kubelet-")
+    server = KubeletServer(os.path.join(folder, "kubelet.sock"))
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

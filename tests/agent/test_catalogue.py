@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from stormwatch.agent import AgentError, FakeNvml, load_catalogue
 from stormwatch.agent.catalogue import parse_catalogue
 from stormwatch.agent.cli import agent as agent_cli
+from stormwatch.agent.kube.testing import FakePod, KubeletServer
 from stormwatch.telemetry import metrics as trainer_metrics
 
 PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "dcgm-exporter"
@@ -38,13 +39,16 @@ TRAINER_CONTRACT = {
 }
 
 
-def _everything_exported(start_agent: Any, fake_torchrun: Any, tools: Any) -> Any:
-    """An agent with every collector producing data; returns its scrape."""
+def _everything_exported(
+    start_agent: Any, fake_torchrun: Any, tools: Any, kubelet: KubeletServer
+) -> Any:
+    """An agent with every collector producing data (on Kubernetes); returns its scrape."""
     fake = FakeNvml(3)
     fake.gpus[2].links = []  # a GPU without NVLink
     for link in fake.gpus[1].links:
         link.throughput_supported = False
-    agent = start_agent(fake)
+    kubelet.pods = [FakePod("ml", "trainer-0", {"main": [("nvidia.com/gpu", [fake.gpus[0].uuid])]})]
+    agent = start_agent(fake, pod_resources_socket=kubelet.socket)
     launcher = fake_torchrun([0, 1, 2])
     rank0 = launcher.wait_pid(0)
     launcher.wait_pid(1), launcher.wait_pid(2)
@@ -80,9 +84,9 @@ def _everything_exported(start_agent: Any, fake_torchrun: Any, tools: Any) -> An
 
 
 def test_every_exported_metric_is_in_the_catalogue_with_its_type(
-    start_agent: Any, fake_torchrun: Any, tools: Any
+    start_agent: Any, fake_torchrun: Any, tools: Any, kubelet: KubeletServer
 ) -> None:
-    scrape = _everything_exported(start_agent, fake_torchrun, tools)
+    scrape = _everything_exported(start_agent, fake_torchrun, tools, kubelet)
     catalogue = load_catalogue()
     missing = sorted(set(scrape.families) - {spec.name for spec in catalogue})
     assert not missing, f"exported but not in agent/catalogue.csv: {missing}"
@@ -96,6 +100,8 @@ def test_every_exported_metric_is_in_the_catalogue_with_its_type(
         allowed = set(catalogue[name].labels) | (
             {"le"} if catalogue[name].type == "histogram" else set()
         )
+        if name.startswith("DCGM_"):  # dcgm-exporter's per-series labels: MIG instance, pod
+            allowed |= {"GPU_I_PROFILE", "GPU_I_ID", "namespace", "pod", "container"}
         assert labels <= allowed, f"{name} has labels {labels - allowed} not in the catalogue"
     # And the other way: no catalogue row is dead (every metric appears in this scrape).
     never = sorted({spec.name for spec in catalogue} - set(scrape.families))
@@ -139,16 +145,25 @@ def test_every_trainer_metric_has_a_catalogue_row_with_its_type_and_labels() -> 
 DCGM_EXTRA_FIELDS = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "gauge"}
 
 
+#: dcgm-exporter's own fields it types counter although they go down (windowed counts,
+#: health and P2P codes; none is in its default set): exported untyped.
+DCGM_EXP_NOT_MONOTONIC = {
+    "DCGM_EXP_CLOCK_EVENTS_COUNT",
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_EXP_GPU_HEALTH_STATUS",
+    "DCGM_EXP_P2P_STATUS",
+}
+
+
 def test_dcgm_names_keep_dcgm_exporter_types(tools: Any) -> None:
-    """Gauges stay gauges; dcgm counters are untyped (prometheus-client would add _total)."""
+    """Gauges stay gauges and counters counters (named without _total, as dcgm-exporter)."""
     peer = {name: row.type for name, row in tools.dcgm_counters().items()}
     peer.update(DCGM_EXTRA_FIELDS)
     for spec in load_catalogue():
         if spec.name.startswith("DCGM_"):
             assert spec.name in peer, f"{spec.name} is not a dcgm-exporter field"
-            assert spec.type == {"counter": "untyped"}.get(peer[spec.name], peer[spec.name]), (
-                spec.name
-            )
+            expected = "untyped" if spec.name in DCGM_EXP_NOT_MONOTONIC else peer[spec.name]
+            assert spec.type == expected, spec.name
 
 
 @pytest.mark.parametrize(
@@ -227,8 +242,9 @@ def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, too
 
     The only findings allowed are dcgm-exporter's camelCase labels (``modelName``,
     ``UUID``), kept verbatim for its dashboards (also on ``stormwatch_gpu_info``,
-    which carries them for joins), and its metric names containing "counter"
-    (``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``), kept verbatim too.
+    which carries them for joins), its metric names containing "counter"
+    (``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``), and its counters named without
+    ``_total``, all kept verbatim too.
     """
     agent = start_agent(FakeNvml(2))
     text = tools.http("GET", agent.url + "/metrics").text
@@ -241,4 +257,5 @@ def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, too
     for line in findings:
         camel = line.startswith(("DCGM_", "stormwatch_gpu_info ")) and "camelCase" in line
         dcgm_name = line.startswith("DCGM_") and "should not include type 'counter'" in line
-        assert camel or dcgm_name, line
+        dcgm_counter = line.startswith("DCGM_") and 'should have "_total" suffix' in line
+        assert camel or dcgm_name or dcgm_counter, line

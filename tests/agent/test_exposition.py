@@ -32,7 +32,7 @@ class Clock:
 def _cache(clock: Clock, sampler: GpuSampler | None = None) -> tuple[ExpositionCache, list[int]]:
     rendered: list[int] = []
 
-    def render() -> bytes:
+    def render(openmetrics_format: bool) -> bytes:
         rendered.append(1)
         return b"# rendered %d\n" % len(rendered)
 

@@ -39,7 +39,15 @@ DCGM_DEVICE = {
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "DCGM_FI_PROF_PCIE_TX_BYTES",
 }
-DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+DCGM_LABELS = {
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+}
 
 #: Per-device call sites whose failure costs exactly these metrics.
 VALUE_SITES: dict[str, set[str]] = {

@@ -1,0 +1,122 @@
+"""Series for series, the agent exports what dcgm-exporter exports for its default counters.
+
+The expected exposition is derived from dcgm-exporter itself: its
+``default-counters.csv`` (the enabled rows: name and Prometheus type; the
+``label`` rows become labels of every series) and its GPU template
+(``internal/pkg/rendermetrics/render_metrics.go`` in releases up to 4.5.3-4.8.2:
+``gpu, UUID, pci_bus_id, device, modelName, Hostname``, then the label fields,
+then the pod mapper's ``namespace, pod, container`` on a GPU a container holds).
+"""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+
+from stormwatch.agent import FakeNvml
+from stormwatch.agent.kube.testing import FakePod, KubeletServer
+
+#: dcgm-exporter's GPU template labels (render_metrics.go, gpuMetricsFormat).
+TEMPLATE_LABELS = frozenset({"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"})
+POD_LABELS = frozenset({"namespace", "pod", "container"})
+
+
+def _expected(tools: Any, fake: FakeNvml, pods: dict[int, tuple[str, str, str]]) -> dict:
+    """(name, gpu) -> (type, label set, pod label values) that dcgm-exporter would expose."""
+    rows = {n: r for n, r in tools.dcgm_counters().items() if r.enabled}
+    label_fields = frozenset(n for n, r in rows.items() if r.type == "label")
+    assert label_fields == {"DCGM_FI_DRIVER_VERSION"}, "the peer file's label rows changed"
+    out = {}
+    for name, row in rows.items():
+        if row.type == "label":
+            continue
+        for gpu in fake.gpus:
+            held = gpu.index in pods
+            labels = TEMPLATE_LABELS | label_fields | (POD_LABELS if held else frozenset())
+            out[(name, str(gpu.index))] = (row.type, labels, pods.get(gpu.index))
+    return out
+
+
+def test_exposition_matches_dcgm_exporter_default_set_series_for_series(
+    start_agent: Any, tools: Any, kubelet: KubeletServer
+) -> None:
+    fake = FakeNvml(3)
+    fake.emit_xid(2, 31)
+    kubelet.pods = [
+        # By UUID (the device plugin's default) and by device name (DEVICE_ID_STRATEGY=index).
+        FakePod("ml", "llama-0", {"trainer": [("nvidia.com/gpu", [fake.gpus[0].uuid])]}),
+        FakePod("ml", "llama-1", {"trainer": [("nvidia.com/gpu", ["nvidia1"])]}),
+        FakePod("web", "nginx", {"nginx": [("example.com/nic", ["eth1"])]}),
+    ]
+    agent = start_agent(fake, pod_resources_socket=kubelet.socket)
+    agent.sample()
+    scrape = tools.scrape(agent.url)
+    pods = {0: ("ml", "llama-0", "trainer"), 1: ("ml", "llama-1", "trainer")}
+    expected = _expected(tools, fake, pods)
+    assert len(expected) == 3 * 25  # 25 enabled fields in the peer file
+    for (name, gpu), (kind, labels, pod) in expected.items():
+        assert scrape.families.get(name) == kind, f"{name}: type {scrape.families.get(name)}"
+        series = scrape.series(name, gpu=gpu)
+        assert len(series) == 1, f"{name}{{gpu={gpu}}}: {len(series)} series"
+        (got, _), *_ = series
+        assert set(got) == labels, (name, gpu, set(got) ^ labels)
+        assert got["device"] == f"nvidia{gpu}" and got["UUID"] == fake.gpus[int(gpu)].uuid
+        assert got["DCGM_FI_DRIVER_VERSION"] == fake.driver_version
+        if pod is not None:
+            assert (got["namespace"], got["pod"], got["container"]) == pod
+    # The text format types counters under dcgm-exporter's names (no _total).
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in scrape.text
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in scrape.text
+    # GPU 2 is held by no container: said by a metric, not by blank labels.
+    assert scrape.value("stormwatch_gpu_pod_attributed", gpu="2", GPU_I_ID="") == 0
+    assert scrape.value("stormwatch_gpu_pod_attributed", gpu="0", GPU_I_ID="") == 1
+    assert scrape.value("stormwatch_kubelet_pod_resources_up") == 1
+    assert 'pod=""' not in scrape.text and 'namespace=""' not in scrape.text
+
+
+def test_an_unreachable_kubelet_attributes_nothing_and_says_so(
+    start_agent: Any, tools: Any, kubelet: KubeletServer
+) -> None:
+    fake = FakeNvml(1)
+    kubelet.pods = [FakePod("ml", "a", {"c": [("nvidia.com/gpu", [fake.gpus[0].uuid])]})]
+    kubelet.available = False
+    agent = start_agent(fake, pod_resources_socket=kubelet.socket)
+    scrape = tools.scrape(agent.url)
+    assert kubelet.calls >= 1
+    assert scrape.value("stormwatch_kubelet_pod_resources_up") == 0
+    assert scrape.value("stormwatch_gpu_pod_attributed", gpu="0", GPU_I_ID="") == 0
+    (labels, _), *_ = scrape.series("DCGM_FI_DEV_GPU_TEMP", gpu="0")
+    assert not POD_LABELS & set(labels)
+    kubelet.available = True
+    tools.wait_for(
+        lambda: tools.scrape(agent.url).value("stormwatch_kubelet_pod_resources_up") == 1
+    )
+    (labels, _), *_ = tools.scrape(agent.url).series("DCGM_FI_DEV_GPU_TEMP", gpu="0")
+    assert labels["pod"] == "a"
+
+
+def test_openmetrics_and_gzip_are_negotiated_through_prometheus_client(
+    start_agent: Any, tools: Any
+) -> None:
+    agent = start_agent(FakeNvml(1))
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    reply = tools.http(
+        "GET", agent.url + "/metrics", headers={"Accept": accept, "Accept-Encoding": "gzip"}
+    )
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    body = reply.body
+    if reply.headers.get("Content-Encoding") == "gzip":  # urllib does not decompress
+        body = gzip.decompress(body)
+    else:
+        raise AssertionError(f"not gzipped: {reply.headers}")
+    families = {f.name: f for f in om_families(body.decode())}  # strict: raises on any error
+    # OpenMetrics has no counter without _total: dcgm-exporter's counters are unknown there.
+    assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
+    assert families["stormwatch_collector_errors"].type == "counter"
+    plain = tools.http("GET", agent.url + "/metrics")
+    assert plain.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "Content-Encoding" not in plain.headers
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in plain.text
