@@ -10,13 +10,22 @@ Where a setting comes from (later wins): the component's default < the standard
 ``OTEL_*`` environment variable < an explicit component flag (``--otlp-endpoint``):
 
 * ``OTEL_SDK_DISABLED=true``: no provider, no spans, nothing exported.
-* ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``: over the component's default
-  ``service.name`` (``stormwatch-agent``...); the attributes a component sets from its own
-  flags (node, rank, experiment id) win over them.
+* ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``: over the component's defaults
+  (semantic conventions: ``service.name`` ``stormwatch-agent``..., ``service.version``,
+  ``service.namespace`` ``stormwatch``, ``host.name`` the machine's name, ``process.pid``);
+  the attributes a component sets from its own flags (node, rank, experiment id) win over
+  them. On Kubernetes the agent's DaemonSet puts ``k8s.pod.name``, ``k8s.namespace.name`` and
+  ``k8s.node.name`` into ``OTEL_RESOURCE_ATTRIBUTES`` from the downward API.
 * The destination: the component's OTLP endpoint flag; else
-  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is); else ``OTEL_EXPORTER_OTLP_ENDPOINT``
-  (``/v1/traces`` appended); else JSON lines in the component's spans file; else (no file)
-  no spans.
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is); else ``OTEL_EXPORTER_OTLP_ENDPOINT``;
+  else JSON lines in the component's spans file; else (no file) no spans. An endpoint flag
+  (``--otlp-endpoint`` of the agent and the trainer, ``STORMWATCH_OTLP_ENDPOINT`` of the chaos
+  controller) means what ``OTEL_EXPORTER_OTLP_ENDPOINT`` means, in every component: the
+  collector's OTLP/HTTP base URL, to which ``/v1/traces`` is appended (a URL that already
+  ends in ``/v1/traces`` is used as it is).
+* ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL``: ``http/protobuf`` (the default) is the one
+  protocol of the installed exporter; ``grpc`` or ``http/json`` is a configuration error
+  that says so, rather than spans sent in a protocol the collector's port does not speak.
 * ``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``, ``..._CERTIFICATE``, ``..._COMPRESSION``: read by
   the SDK's exporter. ``OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT``: seconds per export (the
   Python SDK's unit); without it an export may take the component's ``flush_timeout``.
@@ -47,6 +56,7 @@ import importlib.util
 import logging
 import multiprocessing.util
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -79,11 +89,33 @@ _OTLP_MODULE = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 TRACES_PATH = "/v1/traces"
 
 
+#: What the installed exporter speaks (OTEL_EXPORTER_OTLP_PROTOCOL's value for OTLP/HTTP).
+PROTOCOL = "http/protobuf"
+
+
 def traces_url(endpoint: str) -> str:
-    """``endpoint`` with ``/v1/traces`` appended when it has no path (an OTLP base URL)."""
-    if urlsplit(endpoint).path in ("", "/"):
-        return endpoint.rstrip("/") + TRACES_PATH
-    return endpoint
+    """The traces URL under an OTLP/HTTP base URL (``OTEL_EXPORTER_OTLP_ENDPOINT``'s
+    meaning): ``/v1/traces`` appended, unless ``endpoint`` ends with it already."""
+    if urlsplit(endpoint).path.rstrip("/").endswith(TRACES_PATH):
+        return endpoint
+    return endpoint.rstrip("/") + TRACES_PATH
+
+
+def check_protocol(environ: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` when ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` asks for a
+    protocol other than ``http/protobuf`` (the traces variable wins, as in the SDK)."""
+    env = os.environ if environ is None else environ
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(name, "").strip()
+        if not value:
+            continue
+        if value != PROTOCOL:
+            raise ConfigError(
+                f"{name}: {value!r} is not supported: stormwatch exports OTLP over HTTP "
+                f"({PROTOCOL}); unset it or set {PROTOCOL}, and point the endpoint at the "
+                "collector's OTLP/HTTP port (4318)"
+            )
+        return
 
 
 def otlp_available() -> bool:
@@ -136,15 +168,18 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def resolve_endpoint(explicit: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The OTLP traces URL: ``explicit``, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else None.
+    """The OTLP traces URL: ``explicit`` (a base URL, as ``OTEL_EXPORTER_OTLP_ENDPOINT``),
+    else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is, else ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (both through :func:`traces_url`), else None.
 
     Raises:
-        ConfigError: the variable in use is not an http(s) URL (the message names it).
+        ConfigError: the variable in use is not an http(s) URL (the message names it), or
+            an OTLP protocol other than ``http/protobuf`` is asked for.
     """
     env = os.environ if environ is None else environ
     if explicit:
-        return explicit
+        check_protocol(env)
+        return traces_url(explicit)
     for name, url in (
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", env.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -153,8 +188,9 @@ def resolve_endpoint(explicit: str | None, environ: Mapping[str, str] | None = N
             continue
         if not is_http_url(url):
             raise ConfigError(f"{name}: expected http(s)://HOST:PORT[/PATH] (got {url!r})")
+        check_protocol(env)
         if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
-            return url.rstrip("/") + TRACES_PATH
+            return traces_url(url)
         return url
     return None
 
@@ -163,7 +199,10 @@ def build_resource(options: TracingOptions) -> Resource:
     """Defaults < ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` < ``options.resource``."""
     defaults: dict[str, AttributeValue] = {
         "service.name": options.service_name,
+        "service.namespace": "stormwatch",
         "service.version": stormwatch.__version__,
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
     }
     from_env = dict(OTELResourceDetector().detect().attributes)
     return Resource.create({**defaults, **from_env, **options.resource})
@@ -462,11 +501,13 @@ def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> bool:
 
 __all__ = [
     "OTLP_PACKAGE",
+    "PROTOCOL",
     "TRACES_PATH",
     "JsonLinesSpanExporter",
     "Tracing",
     "TracingOptions",
     "build_resource",
+    "check_protocol",
     "otlp_available",
     "otlp_exporter",
     "resolve_endpoint",
