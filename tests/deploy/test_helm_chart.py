@@ -100,6 +100,7 @@ def test_another_namespace_and_images_validate_against_the_schemas(kit: Any) -> 
     values = {
         "image": {"repository": "registry.example/sw", "tag": "1.2"},
         "agentImage": {"repository": "registry.example/sw-agent", "tag": "1.2"},
+        "runbookBaseUrl": "https://wiki.example/runbooks",
     }
     objects = [
         obj
@@ -121,6 +122,13 @@ def test_another_namespace_and_images_validate_against_the_schemas(kit: Any) -> 
     rules = next(o for o in objects if o["kind"] == "PrometheusRule")
     text = yaml.safe_dump(rules)
     assert "{{ $labels.node }}" in text, "alert templates reach Prometheus unchanged"
+    urls = {
+        r["annotations"]["runbook_url"]
+        for g in rules["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert urls and all(u.startswith("https://wiki.example/runbooks#") for u in urls)
     receiver = yaml.safe_dump(next(o for o in objects if o["kind"] == "AlertmanagerConfig"))
     assert "stormwatch-responder.gpu-monitoring.svc" in receiver
 
