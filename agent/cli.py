@@ -108,8 +108,7 @@ def agent() -> None:
     "--otlp-endpoint",
     envvar="STORMWATCH_AGENT_OTLP_ENDPOINT",
     help="Send the agent's spans (fault inject/revert, rank exits, collector failures) to this "
-    "OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (needs "
-    "`pip install opentelemetry-exporter-otlp-proto-http`).",
+    "OTLP/HTTP collector base URL, as OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://127.0.0.1:4318.",
 )
 @click.option(
     "--trace-file",

@@ -70,7 +70,7 @@ class TracingSettings:
             parts = urlsplit(self.otlp_endpoint)
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise AgentConfigError(
-                    f"otlp_endpoint: expected http(s)://HOST:PORT[/v1/traces] "
+                    f"otlp_endpoint: expected http(s)://HOST:PORT[/PATH] "
                     f"(got {self.otlp_endpoint!r})"
                 )
         if self.flush_timeout <= 0:
@@ -78,7 +78,8 @@ class TracingSettings:
 
     @property
     def traces_url(self) -> str | None:
-        """The OTLP traces URL, ``/v1/traces`` added when the endpoint has no path."""
+        """The OTLP traces URL (:func:`stormwatch.otel.traces_url`: the endpoint is a base
+        URL, as ``OTEL_EXPORTER_OTLP_ENDPOINT``)."""
         return None if self.otlp_endpoint is None else traces_url(self.otlp_endpoint)
 
 

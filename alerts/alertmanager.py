@@ -124,9 +124,11 @@ class AlertmanagerSettings:
         token_file: file holding the responder's Bearer token; must exist. Written
             to the config as an absolute path (Alertmanager reads it itself).
         group_wait_s: seconds to wait before the first notification of a new group.
-            Default 1 s, for the lab; Alertmanager's own default is 30 s.
+            Default 30 s, Alertmanager's own default (the lab overrides it with its
+            ``alert_group_wait``, 1 s, so that experiments see notifications at once).
         group_interval_s: seconds between notifications about a changed group
-            (this also delays "resolved"). Default 5 s, for the lab; upstream 5 m.
+            (this also delays "resolved"). Default 5 m, Alertmanager's own default (the lab:
+            ``alert_group_interval``).
         repeat_interval_s: seconds before re-sending an unchanged firing group.
             Default 4 h (Alertmanager's default); the responder ignores repeats.
         resolve_timeout_s: ``global.resolve_timeout`` for alerts without ``endsAt``
@@ -143,8 +145,8 @@ class AlertmanagerSettings:
 
     responder_url: str
     token_file: Path
-    group_wait_s: float = 1.0
-    group_interval_s: float = 5.0
+    group_wait_s: float = 30.0
+    group_interval_s: float = 300.0
     repeat_interval_s: float = 4 * 3600.0
     resolve_timeout_s: float = 300.0
     group_by: tuple[str, ...] = ("alertname", "job")

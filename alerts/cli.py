@@ -27,7 +27,13 @@ from stormwatch.alerts.policy import default_policy, load_policy
 from stormwatch.alerts.responder.auth import read_token
 from stormwatch.alerts.responder.service import serve
 from stormwatch.alerts.responder.settings import DEFAULT_MAX_BODY_BYTES, ResponderSettings
-from stormwatch.alerts.rulefiles import check_rules, rule_files, rules_dir, run_rule_tests
+from stormwatch.alerts.rulefiles import (
+    check_rules,
+    render_rules_cmd,
+    rule_files,
+    rules_dir,
+    run_rule_tests,
+)
 from stormwatch.clients import ResponderClient
 from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
@@ -50,6 +56,7 @@ def alerts() -> None:
     \b
     stormwatch alerts check                 promtool check + unit tests of the shipped rules
     stormwatch alerts rules-path            folder of the shipped rule files (for Prometheus)
+    stormwatch alerts render-rules --out D  the rule files with your runbook base URL
     stormwatch alerts config alertmanager   write alertmanager.yml pointing at the responder
     stormwatch alerts config inventory      write the expected inventory (nodes with agents)
     stormwatch alerts serve                 run the responder (webhook receiver + actions)
@@ -107,15 +114,17 @@ def config_group() -> None:
 )
 @click.option(
     "--group-wait",
-    default="1s",
+    default="30s",
     show_default=True,
-    help="Wait before the first notification of a group (lab value; upstream 30s).",
+    help="Wait before the first notification of a group (Alertmanager's default; the lab "
+    "passes its own, 1s).",
 )
 @click.option(
     "--group-interval",
-    default="5s",
+    default="5m",
     show_default=True,
-    help="Wait between notifications of a changed group; also delays 'resolved'.",
+    help="Wait between notifications of a changed group; also delays 'resolved' "
+    "(Alertmanager's default; the lab passes its own).",
 )
 @click.option(
     "--repeat-interval",
@@ -468,6 +477,7 @@ def policy_check_cmd(policy_file: Path) -> None:
 
 
 alerts.add_command(postmortem_cmd)
+alerts.add_command(render_rules_cmd)
 
 
 __all__ = ["alerts"]

@@ -3,6 +3,13 @@
 Rule files live in ``rules/*.yml`` inside this package, their promtool unit
 tests in ``tests/*.yml`` (each test file names its rule files relative to
 itself, as promtool expects). The lab points Prometheus at :func:`rules_dir`.
+
+Every alert's ``runbook_url`` annotation is absolute (Alertmanager, Grafana and PagerDuty
+link it as it is): :data:`DEFAULT_RUNBOOK_BASE_URL` + ``#`` + the alert's name in lower case,
+a heading of docs/runbooks.md. A site that publishes the runbooks elsewhere writes the rule
+files with its own base (:func:`write_rule_files`, ``stormwatch alerts render-rules
+--runbook-base-url``, or ``STORMWATCH_RUNBOOK_BASE_URL``; the Helm chart's
+``runbookBaseUrl``).
 """
 
 from __future__ import annotations
@@ -12,8 +19,14 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import click
+import yaml
 
 from stormwatch.alerts.errors import ToolError
+from stormwatch.errors import ConfigError
+from stormwatch.urls import is_http_url
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 #: Seconds a promtool run may take; the shipped tests take well under 5 s.
@@ -28,6 +41,94 @@ def rules_dir() -> Path:
 def rule_files() -> list[Path]:
     """The shipped rule files, sorted by name."""
     return sorted(rules_dir().glob("*.yml"))
+
+
+#: docs/runbooks.md as the project's repository renders it (headings become ``#anchors``).
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/stormwatch/stormwatch/blob/main/docs/runbooks.md"
+#: Environment variable of ``stormwatch alerts render-rules --runbook-base-url``.
+RUNBOOK_BASE_ENV = "STORMWATCH_RUNBOOK_BASE_URL"
+
+
+def runbook_url(alert: str, base: str = DEFAULT_RUNBOOK_BASE_URL) -> str:
+    """The runbook of ``alert``: ``base#<alert in lower case>``.
+
+    Raises:
+        ConfigError: ``base`` is not an absolute http(s) URL, or has a ``#fragment``.
+    """
+    if not is_http_url(base) or "#" in base:
+        raise ConfigError(
+            f"runbook base URL: {base!r} is not an absolute http(s) URL without a #fragment, "
+            f"e.g. {DEFAULT_RUNBOOK_BASE_URL}"
+        )
+    return f"{base}#{alert.lower()}"
+
+
+def rule_groups(runbook_base: str = DEFAULT_RUNBOOK_BASE_URL) -> list[dict[str, Any]]:
+    """The rule groups of the shipped files, every alert's ``runbook_url`` on ``runbook_base``.
+
+    Raises:
+        ConfigError: ``runbook_base`` is not an absolute http(s) URL.
+    """
+    groups: list[dict[str, Any]] = []
+    for path in rule_files():
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    rule.setdefault("annotations", {})["runbook_url"] = runbook_url(
+                        rule["alert"], runbook_base
+                    )
+            groups.append(group)
+    return groups
+
+
+def write_rule_files(out: Path, runbook_base: str) -> list[Path]:
+    """Write the shipped rule files into ``out`` (same names), runbooks on ``runbook_base``.
+
+    Raises:
+        ConfigError: ``runbook_base`` is not an absolute http(s) URL.
+    """
+    prefix = runbook_url("", runbook_base)  # raises before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in rule_files():
+        text = path.read_text(encoding="utf-8")
+        # A textual swap keeps the files' comments and layout; the shipped files hold the
+        # default base in every runbook_url (tests/alerts/test_rules.py).
+        target = out / path.name
+        target.write_text(
+            text.replace(
+                f'runbook_url: "{DEFAULT_RUNBOOK_BASE_URL}#',
+                f'runbook_url: "{prefix}',
+            ),
+            encoding="utf-8",
+        )
+        written.append(target)
+    return written
+
+
+@click.command("render-rules")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder to write the rule files (*.yml) into.",
+)
+@click.option(
+    "--runbook-base-url",
+    envvar=RUNBOOK_BASE_ENV,
+    show_envvar=True,
+    default=DEFAULT_RUNBOOK_BASE_URL,
+    show_default=True,
+    help="Absolute URL of the runbooks page; each alert links to URL#<alert name, lower case>.",
+)
+def render_rules_cmd(out: Path, runbook_base_url: str) -> None:
+    """Write the shipped rule files with every runbook_url on your runbook base URL.
+
+    For a site that publishes docs/runbooks.md elsewhere (an internal wiki or docs site):
+    point Prometheus' rule_files at OUT instead of `stormwatch alerts rules-path`.
+    """
+    for path in write_rule_files(out, runbook_base_url):
+        click.echo(str(path))
 
 
 def rule_test_files() -> list[Path]:
@@ -112,12 +213,18 @@ def run_rule_tests(files: Sequence[Path] | None = None) -> ToolRun:
 
 
 __all__ = [
+    "DEFAULT_RUNBOOK_BASE_URL",
+    "RUNBOOK_BASE_ENV",
     "ToolRun",
     "check_rules",
     "find_tool",
+    "render_rules_cmd",
     "rule_files",
+    "rule_groups",
     "rule_test_files",
     "rules_dir",
     "run_rule_tests",
     "run_tool",
+    "runbook_url",
+    "write_rule_files",
 ]

@@ -8,7 +8,7 @@
   :mod:`~stormwatch.dashboards.incidents` (Incidents); shared helpers in
   :mod:`~stormwatch.dashboards.panels`.
 * :func:`build_all` / :func:`write`: deterministic JSON and Grafana provisioning files.
-* :func:`push`: create/update on a Grafana through grafana-client (:class:`PushResult`).
+* :func:`push`: create/update on a Grafana through its HTTP API (``stormwatch.clients.GrafanaClient``) (:class:`PushResult`).
 * :class:`Annotator`: background Grafana annotations for chaos and responder events
   (:class:`AnnotationSettings`, from ``STORMWATCH_GRAFANA_URL`` + ``GRAFANA_TOKEN``).
 * CLI: ``stormwatch dashboards build --out DIR`` and ``stormwatch dashboards push --url URL``.

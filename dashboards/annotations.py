@@ -2,7 +2,8 @@
 
 :class:`Annotator` posts ``POST /api/annotations`` (Grafana's annotations HTTP API:
 ``time``/``timeEnd`` in Unix milliseconds, ``tags``, ``text``, optional
-``dashboardUID``) through grafana-client on one daemon thread. :meth:`Annotator.annotate`
+``dashboardUID``) through :class:`~stormwatch.clients.GrafanaClient` on one daemon thread
+(with its own event loop). :meth:`Annotator.annotate`
 only enqueues, so the caller is never blocked and never sees an error: a failed post
 is logged and counted (:attr:`Annotator.failed`), a full queue drops the annotation
 (:attr:`Annotator.dropped`). :meth:`Annotator.close` waits at most
@@ -15,6 +16,7 @@ are off.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -25,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grafana_client import GrafanaApi
-
+from stormwatch.clients.grafana import GrafanaClient
 from stormwatch.errors import ConfigError
 from stormwatch.urls import is_http_url
 
@@ -196,29 +197,32 @@ class Annotator:
     def _work(self) -> None:
         assert self.settings is not None and self._queue is not None
         settings = self.settings
-        api = GrafanaApi.from_url(settings.url, credential=settings.token, timeout=settings.timeout)
+        loop = asyncio.new_event_loop()
+        api = GrafanaClient(settings.url, token=settings.token, timeout=settings.timeout)
         try:
+            loop.run_until_complete(api.__aenter__())
             while True:
                 item = self._queue.get()
                 if item is _STOP or self._abandoned:
                     return
                 assert isinstance(item, _Annotation)
-                self._post(api, item)
+                loop.run_until_complete(self._post(api, item))
         finally:
-            api.client.s.close()
+            loop.run_until_complete(api.aclose())
+            loop.close()
 
-    def _post(self, api: GrafanaApi, item: _Annotation) -> None:
+    async def _post(self, api: GrafanaClient, item: _Annotation) -> None:
         assert self.settings is not None
-        kwargs: dict[str, Any] = {
-            "time_from": item.time_ms,
-            "time_to": item.time_end_ms if item.time_end_ms is not None else item.time_ms,
+        body: dict[str, Any] = {
+            "time": item.time_ms,
+            "timeEnd": item.time_end_ms if item.time_end_ms is not None else item.time_ms,
             "tags": list(item.tags),
             "text": item.text,
         }
         if self.settings.dashboard_uid:
-            kwargs["dashboard_uid"] = self.settings.dashboard_uid
+            body["dashboardUID"] = self.settings.dashboard_uid
         try:
-            api.annotations.add_annotation(**kwargs)
+            await api.add_annotation(body)
         except Exception as exc:  # never fail the caller: refused, timed out, unreachable
             self.failed += 1
             # The first failure and every 100th are warnings; a Grafana that is down

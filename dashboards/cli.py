@@ -36,14 +36,21 @@ def dashboards() -> None:
     show_default=True,
     help="URL of the Prometheus written into the provisioned data source.",
 )
-def build_cmd(out_dir: Path, prometheus_url: str) -> None:
+@click.option(
+    "--scrape-interval",
+    default=None,
+    metavar="DURATION",
+    help="That Prometheus' scrape interval (e.g. 30s), the data source's timeInterval; "
+    "default: Grafana's own.",
+)
+def build_cmd(out_dir: Path, prometheus_url: str, scrape_interval: str | None) -> None:
     """Write every dashboard as deterministic JSON plus Grafana provisioning files.
 
     Point Grafana's provisioning folder (paths.provisioning) at OUT/provisioning.
     """
     from stormwatch.dashboards.render import write
 
-    for path in write(out_dir, prometheus_url):
+    for path in write(out_dir, prometheus_url, scrape_interval=scrape_interval):
         click.echo(str(path))
 
 

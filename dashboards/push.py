@@ -1,4 +1,4 @@
-"""Upload dashboards to Grafana's HTTP API through grafana-client, idempotently.
+"""Upload dashboards to Grafana's HTTP API (:class:`~stormwatch.clients.GrafanaClient`), idempotently.
 
 For each dashboard: ``GET /api/dashboards/uid/<uid>``; when it is missing it is
 created, when its content (ignoring Grafana's ``id`` and ``version``) or folder
@@ -9,14 +9,14 @@ created when missing (``POST /api/folders``, uid derived from the title).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grafana_client import GrafanaApi
-from grafana_client.client import GrafanaClientError, GrafanaException
-
+from stormwatch.clients.errors import GrafanaAPIError
+from stormwatch.clients.grafana import GrafanaClient
 from stormwatch.dashboards.errors import PushError
 from stormwatch.dashboards.panels import uid_for
 
@@ -39,13 +39,39 @@ def _comparable(dashboard: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in dashboard.items() if k not in _VOLATILE}
 
 
-def _folder_uid(api: GrafanaApi, title: str) -> str:
-    for folder in api.folder.get_all_folders():
+async def _folder_uid(api: GrafanaClient, title: str) -> str:
+    for folder in await api.folders():
         if folder.get("title") == title:
             return str(folder["uid"])
-    created = api.folder.create_folder(title, uid=uid_for(title))
+    created = await api.create_folder(title, uid=uid_for(title))
     log.info("created Grafana folder %r (uid %s)", title, created["uid"])
     return str(created["uid"])
+
+
+async def _push(
+    api: GrafanaClient, dashboards: Mapping[str, Mapping[str, Any]], folder: str | None
+) -> list[PushResult]:
+    results: list[PushResult] = []
+    folder_uid = await _folder_uid(api, folder) if folder else ""
+    for uid, dashboard in sorted(dashboards.items()):
+        existing = await api.dashboard(uid)
+        if existing is not None:
+            same_body = _comparable(existing.get("dashboard", {})) == _comparable(dashboard)
+            same_folder = existing.get("meta", {}).get("folderUid", "") == folder_uid
+            if same_body and same_folder:
+                results.append(PushResult(uid, str(dashboard["title"]), "unchanged"))
+                continue
+        body: dict[str, Any] = {
+            "dashboard": {**_comparable(dashboard), "id": None},
+            "overwrite": True,
+            "message": "stormwatch dashboards push",
+        }
+        if folder_uid:
+            body["folderUid"] = folder_uid
+        await api.save_dashboard(body)
+        outcome: Outcome = "created" if existing is None else "updated"
+        results.append(PushResult(uid, str(dashboard["title"]), outcome))
+    return results
 
 
 def push(
@@ -70,37 +96,15 @@ def push(
     Raises:
         PushError: Grafana refused a request or could not be reached.
     """
-    api = GrafanaApi.from_url(url, credential=token, timeout=timeout)
-    results: list[PushResult] = []
+
+    async def run() -> list[PushResult]:
+        api = GrafanaClient(url, token=token, timeout=timeout)
+        async with api:
+            return await _push(api, dashboards, folder)
+
     try:
-        folder_uid = _folder_uid(api, folder) if folder else ""
-        for uid, dashboard in sorted(dashboards.items()):
-            try:
-                existing = api.dashboard.get_dashboard(uid)
-            except GrafanaClientError as exc:
-                if exc.status_code != 404:
-                    raise
-                existing = None
-            if existing is not None:
-                same_body = _comparable(existing.get("dashboard", {})) == _comparable(dashboard)
-                same_folder = existing.get("meta", {}).get("folderUid", "") == folder_uid
-                if same_body and same_folder:
-                    results.append(PushResult(uid, str(dashboard["title"]), "unchanged"))
-                    continue
-            body: dict[str, Any] = {
-                "dashboard": {**_comparable(dashboard), "id": None},
-                "overwrite": True,
-                "message": "stormwatch dashboards push",
-            }
-            if folder_uid:
-                body["folderUid"] = folder_uid
-            api.dashboard.update_dashboard(body)
-            outcome: Outcome = "created" if existing is None else "updated"
-            results.append(PushResult(uid, str(dashboard["title"]), outcome))
-    except GrafanaException as exc:
+        return asyncio.run(run())
+    except GrafanaAPIError as exc:
+        if exc.status is None:
+            raise PushError(f"cannot reach Grafana at {url}: {exc}") from exc
         raise PushError(f"Grafana at {url} refused the request: {exc}") from exc
-    except OSError as exc:
-        raise PushError(f"cannot reach Grafana at {url}: {exc}") from exc
-    finally:
-        api.client.s.close()  # grafana-client leaves its HTTP session open
-    return results

@@ -6,6 +6,10 @@ newline: building twice gives byte-identical files) plus
 ``<out>/provisioning/dashboards/stormwatch.yaml`` (a file provider pointing at the
 JSON folder) and ``<out>/provisioning/datasources/stormwatch.yaml`` (the
 Prometheus data source, uid :data:`DATASOURCE_UID`).
+
+The data source is provisioned for a Grafana that has others: it does not claim to be the
+organisation's default (``isDefault: false``; the dashboards select it by its fixed uid), and
+it states a scrape interval (``timeInterval``) only when told one; the lab passes its 1 s.
 """
 
 from __future__ import annotations
@@ -74,8 +78,17 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def provisioning(out_dir: Path, prometheus_url: str) -> dict[str, dict[str, Any]]:
-    """Grafana provisioning documents, keyed by their path relative to ``out_dir``."""
+def provisioning(
+    out_dir: Path, prometheus_url: str, *, scrape_interval: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Grafana provisioning documents, keyed by their path relative to ``out_dir``.
+
+    Args:
+        scrape_interval: the Prometheus' scrape interval (``timeInterval``, a Prometheus
+            duration such as ``30s``), Grafana's lower bound for ``$__interval``; None
+            leaves Grafana's default.
+    """
+    json_data = {"timeInterval": scrape_interval} if scrape_interval else {}
     return {
         "provisioning/dashboards/stormwatch.yaml": {
             "apiVersion": 1,
@@ -100,21 +113,22 @@ def provisioning(out_dir: Path, prometheus_url: str) -> dict[str, dict[str, Any]
                     "type": "prometheus",
                     "access": "proxy",
                     "url": _check_url(prometheus_url),
-                    "isDefault": True,
-                    "jsonData": {"timeInterval": "1s"},
+                    "isDefault": False,
+                    "jsonData": json_data,
                 }
             ],
         },
     }
 
 
-def write(out_dir: Path, prometheus_url: str) -> list[Path]:
-    """Write every dashboard and the provisioning files under ``out_dir``; return the paths.
+def write(out_dir: Path, prometheus_url: str, *, scrape_interval: str | None = None) -> list[Path]:
+    """Write every dashboard and the provisioning files under ``out_dir``; return the paths
+    (``scrape_interval`` as for :func:`provisioning`).
 
     Raises:
         ConfigError: ``prometheus_url`` is not an http(s) URL, or ``out_dir`` cannot be written.
     """
-    documents = provisioning(out_dir, prometheus_url)
+    documents = provisioning(out_dir, prometheus_url, scrape_interval=scrape_interval)
     written: list[Path] = []
     try:
         (out_dir / "dashboards").mkdir(parents=True, exist_ok=True)

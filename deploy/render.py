@@ -1,4 +1,4 @@
-"""Write the generated Kubernetes manifests (deploy/kubernetes/base, examples/).
+"""Write the generated Kubernetes manifests (deploy/kubernetes/base, examples/, helm/).
 
 Usage (``make deploy-manifests`` runs the first)::
 
@@ -8,7 +8,8 @@ Usage (``make deploy-manifests`` runs the first)::
 
 The output is deterministic (same code, byte-identical files): objects come from
 deploy/kube/ (one module per part), keys keep their insertion order, multi-line strings (PromQL,
-dashboard JSON) are YAML literal blocks. The overlays in
+dashboard JSON) are YAML literal blocks. The Helm chart in helm/stormwatch/ is the base's files
+as templates (namespace and images as values; deploy/kube/helm.py). The overlays in
 deploy/kubernetes/overlays/ are hand-written and not touched.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import kube
 import yaml
+from kube import helm
 
 HERE = Path(__file__).resolve().parent
 HEADER = (
@@ -104,8 +106,12 @@ def _kustomization(resources: Sequence[str], comment: str) -> str:
 def render() -> dict[str, str]:
     """Relative path under deploy/kubernetes -> file text, for every generated file."""
     files: dict[str, str] = {}
+    chart = f"helm/{helm.CHART}"
+    files[f"{chart}/Chart.yaml"] = HEADER.format(source="deploy/kube/helm.py") + helm.chart_yaml()
+    files[f"{chart}/values.yaml"] = HEADER.format(source="deploy/kube/helm.py") + helm.values_yaml()
     for name, (build, source) in BASE.items():
         files[f"base/{name}"] = dump(build(), source)
+        files[f"{chart}/templates/{name}"] = helm.template(files[f"base/{name}"])
     files["base/kustomization.yaml"] = _kustomization(list(BASE), "the list in deploy/render.py")
     for name, (build, source) in EXAMPLE.items():
         files[f"examples/training-job/{name}"] = dump(build(), source)

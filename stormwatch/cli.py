@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from stormwatch import logs
 from stormwatch.errors import StormwatchError
 
 # name -> (module, attribute, one-line help shown by `stormwatch --help`)
@@ -56,6 +57,16 @@ def _lab_hooks() -> object:
     return LabHooks(before_command=_reap_overdue_chaos_faults)
 
 
+#: Top-level module -> the extra that installs it (pyproject.toml; the core, the agent's
+#: install, leaves these out). tests/test_dependencies.py checks each against the extra.
+EXTRA_OF_MODULE = {
+    "torch": "trainer",
+    "numpy": "reports",
+    "matplotlib": "reports",
+    "kubernetes": "kubernetes",
+    "pytorch_lightning": "lightning",
+}
+
 #: name -> the object the root gives that component's group as its click context object.
 _CONTEXT_OBJECTS: dict[str, Callable[[], object]] = {"lab": _lab_hooks}
 
@@ -84,9 +95,18 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    show_default=True,
+    envvar=logs.FORMAT_ENV,
+    show_envvar=True,
+    help="Log lines on stderr: text, or json (one object per line, for log pipelines).",
+)
 @click.version_option(package_name="stormwatch")
 @click.pass_context
-def root(ctx: click.Context, verbose: int) -> None:
+def root(ctx: click.Context, verbose: int, log_format: logs.LogFormat) -> None:
     """stormwatch: observability and chaos testing for GPU training clusters.
 
     \b
@@ -95,11 +115,7 @@ def root(ctx: click.Context, verbose: int) -> None:
       stormwatch lab up          two-node lab in network namespaces
       stormwatch chaos run experiments/kill-rank.yaml
     """
-    level = logging.WARNING - 10 * verbose
-    logging.basicConfig(
-        level=max(level, logging.DEBUG),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(max(logging.WARNING - 10 * verbose, logging.DEBUG), log_format)
     context_object = _CONTEXT_OBJECTS.get(ctx.invoked_subcommand or "")
     if context_object is not None:
         ctx.obj = context_object()
@@ -124,6 +140,17 @@ def main(argv: list[str] | None = None) -> Any:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        click.secho(
+            f"error: this command needs {exc.name}, which the core install (the agent's) "
+            f"leaves out: pip install 'stormwatch[{extra}]'",
+            fg="red",
+            err=True,
+        )
+        sys.exit(2)
 
 
 __all__ = ["main", "root"]

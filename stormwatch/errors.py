@@ -10,7 +10,8 @@
     ├── PortConflictError           stormwatch.ports: a port stayed in use through every retry
     ├── stormwatch.clients.ClientError   a service's HTTP API failed (attribute ``status``)
     │   ├── PrometheusAPIError      the Prometheus HTTP API
-    │   └── ResponderClientError    the responder's HTTP API
+    │   ├── ResponderClientError    the responder's HTTP API
+    │   └── GrafanaAPIError         Grafana's HTTP API (dashboards, folders, annotations)
     ├── stormwatch.platforms.PlatformError
     │   ├── BackendError            a platform backend could not act (no such worker, ...)
     │   │   └── NotStopped          a stop's processes, steps or pods not confirmed gone

@@ -8,12 +8,12 @@ fields within version 4.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _Model(BaseModel):
@@ -75,7 +75,7 @@ class WebhookAlert(_Model):
     @property
     def starts_at_key(self) -> str:
         """``startsAt`` normalised to UTC ISO 8601, for deduplication keys."""
-        return self.starts_at.astimezone(timezone.utc).isoformat()
+        return self.starts_at.astimezone(UTC).isoformat()
 
 
 class WebhookMessage(_Model):

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from stormwatch.errors import ConfigError
-from stormwatch.otel import TRACES_PATH, Tracing, TracingOptions
+from stormwatch.otel import Tracing, TracingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ExperimentTrace:
                 service_name="stormwatch-chaos",
                 tracer_name="stormwatch.chaos",
                 resource={"stormwatch.experiment_id": experiment_id},
-                otlp_endpoint=f"{endpoint.rstrip('/')}{TRACES_PATH}" if endpoint else None,
+                otlp_endpoint=endpoint or None,
                 flush_timeout=FLUSH_TIMEOUT_S,
                 processor="simple",
             ),

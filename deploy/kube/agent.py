@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kube.common import (
+    AGENT_IMAGE,
     AGENT_LABELS,
-    AGENT_PORT,
-    IMAGE,
+    HOST_AGENT_PORT,
     METRICS_HOST_DIR,
     SCRAPE_INTERVAL,
     Obj,
@@ -14,15 +14,18 @@ from kube.common import (
 
 
 def agent_daemonset() -> Obj:
-    """The agent on every GPU node: host PID namespace (rank watcher, fault API), NVML
-    through the NVIDIA container runtime, the host's metrics folder shared with the ranks."""
+    """The agent on every GPU node: host PID namespace (rank watcher, fault API) and host
+    network namespace with ``NET_ADMIN`` (the proc connector, which gives the ranks' exit
+    reasons, exists in the host's network namespace only, and older kernels ask for
+    ``CAP_NET_ADMIN``; agent/watch/proc_exits.py), NVML through the NVIDIA container runtime,
+    the host's metrics folder shared with the ranks."""
     container: Obj = {
         "name": "agent",
-        "image": IMAGE,
+        "image": AGENT_IMAGE,
         "args": [
             "agent",
             "run",
-            f"--listen=0.0.0.0:{AGENT_PORT}",
+            f"--listen=0.0.0.0:{HOST_AGENT_PORT}",
             "--node=$(NODE_NAME)",
             f"--metrics-dir={METRICS_HOST_DIR}",
             "--gpu-backend=nvml",
@@ -30,11 +33,22 @@ def agent_daemonset() -> Obj:
         ],
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            # The spans' resource, in the semantic conventions' names (stormwatch/otel.py).
+            {
+                "name": "OTEL_RESOURCE_ATTRIBUTES",
+                "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),"
+                "k8s.node.name=$(NODE_NAME)",
+            },
             # The NVIDIA container runtime injects the driver's NVML for these.
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
-        "ports": [{"name": "metrics", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "metrics", "containerPort": HOST_AGENT_PORT, "protocol": "TCP"}],
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
@@ -53,8 +67,12 @@ def agent_daemonset() -> Obj:
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             # Read other containers' /proc/<pid>/environ (rank watcher); signal them
-            # (fault API kill_rank).
-            "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE", "KILL", "DAC_READ_SEARCH"]},
+            # (fault API kill_rank); NET_ADMIN: the proc connector on older kernels
+            # (the ranks' exit codes and signals), the network faults (dev overlay).
+            "capabilities": {
+                "drop": ["ALL"],
+                "add": ["SYS_PTRACE", "KILL", "DAC_READ_SEARCH", "NET_ADMIN"],
+            },
         },
         "volumeMounts": [
             {"name": "metrics", "mountPath": METRICS_HOST_DIR},
@@ -73,6 +91,10 @@ def agent_daemonset() -> Obj:
                 "metadata": {"labels": dict(AGENT_LABELS)},
                 "spec": {
                     "hostPID": True,
+                    # The proc connector (rank exit reasons) is in the host's network
+                    # namespace only; without it stormwatch_proc_connector_up is 0.
+                    "hostNetwork": True,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
                     "runtimeClassName": "nvidia",
                     "priorityClassName": "system-node-critical",
                     "serviceAccountName": "stormwatch-agent",
@@ -123,7 +145,12 @@ def agent_service() -> Obj:
             "clusterIP": "None",
             "selector": {"app.kubernetes.io/name": "stormwatch-agent"},
             "ports": [
-                {"name": "metrics", "port": AGENT_PORT, "targetPort": "metrics", "protocol": "TCP"}
+                {
+                    "name": "metrics",
+                    "port": HOST_AGENT_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                }
             ],
         },
     }

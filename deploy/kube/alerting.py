@@ -7,22 +7,18 @@ import json
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from kube.common import NAMESPACE, PART_OF, RESPONDER_PORT, TOKEN_SECRET, Obj, meta
 from stormwatch.alerts.alertmanager import (
     AlertmanagerSettings,
     Route,
     build_alertmanager_config,
 )
-from stormwatch.alerts.rulefiles import rule_files
+from stormwatch.alerts.rulefiles import rule_groups
 
 
 def prometheus_rule() -> Obj:
     """Every rule group of alerts/rules/*.yml, unchanged, in one PrometheusRule."""
-    groups: list[Obj] = []
-    for path in rule_files():
-        groups.extend(yaml.safe_load(path.read_text(encoding="utf-8"))["groups"])
+    groups: list[Obj] = rule_groups()
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -57,8 +53,8 @@ def _crd_route(route: Route) -> Obj:
 
 
 def alertmanager_config() -> Obj:
-    """The responder's routes and inhibitions (``stormwatch.alerts.alertmanager``, with
-    Alertmanager's default timings instead of the lab's) as an AlertmanagerConfig. The
+    """The responder's routes and inhibitions (``stormwatch.alerts.alertmanager``, with its
+    defaults: Alertmanager's own timings) as an AlertmanagerConfig. The
     Prometheus Operator scopes its routes to alerts whose ``namespace`` label is this
     namespace unless the Alertmanager uses it as its global config
     (docs/deploy-kubernetes.md); the Bearer token comes from the responder's Secret."""
@@ -67,9 +63,7 @@ def alertmanager_config() -> Obj:
         token = Path(tmp) / "token"  # the settings insist the file exists; the CRD uses a Secret
         token.write_text("unused\n")
         config = build_alertmanager_config(
-            AlertmanagerSettings(
-                responder_url=url, token_file=token, group_wait_s=30.0, group_interval_s=300.0
-            )
+            AlertmanagerSettings(responder_url=url, token_file=token)
         )
     webhook = config.receivers[0].webhook_configs[0]
     crd_webhook = {

@@ -10,11 +10,15 @@ from typing import Any
 
 from stormwatch.agent.config import AgentConfig
 from stormwatch.alerts.responder.settings import ResponderSettings
+from stormwatch.platforms.targets import DEFAULT_AGENT_PORT
 
 Obj = dict[str, Any]
 
 NAMESPACE = "stormwatch"
+#: The full image (trainer, responder; deploy/docker/Dockerfile's default target).
 IMAGE = "ghcr.io/stormwatch/stormwatch:0.1.0"
+#: The agent's slim image (stormwatch[agent], no torch; the Dockerfile's ``agent`` target).
+AGENT_IMAGE = "ghcr.io/stormwatch/stormwatch-agent:0.1.0"
 PART_OF = {"app.kubernetes.io/part-of": "stormwatch"}
 AGENT_LABELS = {"app.kubernetes.io/name": "stormwatch-agent", **PART_OF}
 RESPONDER_LABELS = {"app.kubernetes.io/name": "stormwatch-responder", **PART_OF}
@@ -30,6 +34,10 @@ SCRAPE_INTERVAL = "5s"
 
 _AGENT_DEFAULTS = AgentConfig.model_fields
 AGENT_PORT: int = _AGENT_DEFAULTS["listen_port"].default
+#: The DaemonSet's agent is on the host network (the proc connector exists in the host's network
+#: namespace only), where 9400 is dcgm-exporter's port: it listens where the Slurm recipe's
+#: does, 9402 (the fault API on 9403 in the dev overlay).
+HOST_AGENT_PORT: int = DEFAULT_AGENT_PORT
 FAULT_API_PORT: int = _AGENT_DEFAULTS["fault_listen_port"].default
 RESPONDER_PORT: int = ResponderSettings.__dataclass_fields__["port"].default
 

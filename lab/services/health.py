@@ -47,7 +47,7 @@ async def probe(session: aiohttp.ClientSession, url: str) -> Health:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as resp:
             await resp.read()
             return Health(200 <= resp.status < 300, f"HTTP {resp.status}")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return Health(False, f"{type(exc).__name__}: {exc}".rstrip(": "))
 
 

@@ -5,7 +5,8 @@
     StormwatchError
     └── ClientError                 a service's HTTP API failed (attribute ``status``)
         ├── PrometheusAPIError      the Prometheus HTTP API (unreachable, HTTP error, status: error)
-        └── ResponderClientError    the responder's HTTP API (404 / 409 from approve, ...)
+        ├── ResponderClientError    the responder's HTTP API (404 / 409 from approve, ...)
+        └── GrafanaAPIError         Grafana's HTTP API (dashboards, folders, annotations)
 """
 
 from __future__ import annotations
@@ -35,4 +36,8 @@ class ResponderClientError(ClientError):
     """The responder's HTTP API was unreachable or answered with an error."""
 
 
-__all__ = ["ClientError", "PrometheusAPIError", "ResponderClientError"]
+class GrafanaAPIError(ClientError):
+    """Grafana's HTTP API was unreachable or answered with an error."""
+
+
+__all__ = ["ClientError", "GrafanaAPIError", "PrometheusAPIError", "ResponderClientError"]

@@ -15,7 +15,6 @@ helper with one error mapping, and a base class that owns or borrows a session.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -187,7 +186,7 @@ async def send(
         ) as response:
             body = await response.read()
             status = response.status
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise error(f"{what}: {method} {url} failed: {detail}", None) from exc
     if ok is not None and status not in ok:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -236,7 +236,7 @@ def module_responder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Respo
 
 def iso(ts: float) -> str:
     """Unix seconds as Alertmanager's RFC 3339 (nanosecond digits, like Go)."""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
 
 
 def make_alert(

@@ -39,7 +39,12 @@ def test_config_routes_to_the_responder_with_bearer_auth_and_resolved(token: Pat
     doc = yaml.safe_load(render_alertmanager_config(settings))
     route = doc["route"]
     assert route["group_by"] == ["alertname", "job"]
-    assert route["group_wait"] == "1s"
+    # Production defaults: Alertmanager's own (the lab passes its fast values).
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
+        "30s",
+        "5m",
+        "4h",
+    )
     receivers = doc["receivers"]
     assert [r["name"] for r in receivers] == [
         "stormwatch-responder",
@@ -150,7 +155,7 @@ def test_cli_prints_and_writes_a_config_amtool_accepts(
         [*base, "--group-wait", "2s", "-o", str(out)], capture_output=True, timeout=60, check=True
     )
     assert yaml.safe_load(out.read_text())["route"]["group_wait"] == "2s"
-    assert yaml.safe_load(printed)["route"]["group_wait"] == "1s"
+    assert yaml.safe_load(printed)["route"]["group_wait"] == "30s"
     _amtool_ok(out)
 
 

@@ -100,8 +100,8 @@ def make_lab_run(run_dir: Path, last_step_at: float) -> None:
         dump = _dump(rank, restart - 2, behind=rank == 2)
         (logs / "dumps").mkdir(parents=True, exist_ok=True)
         (logs / "dumps" / f"rank{rank}.json").write_text(json.dumps(dump))
-    start = dt.datetime.fromtimestamp(restart + 1, dt.timezone.utc).isoformat()
-    end = dt.datetime.fromtimestamp(restart + 3, dt.timezone.utc).isoformat()
+    start = dt.datetime.fromtimestamp(restart + 1, dt.UTC).isoformat()
+    end = dt.datetime.fromtimestamp(restart + 3, dt.UTC).isoformat()
     _jsonl(logs / "spans" / "rank0.jsonl", [
         {"name": "checkpoint_load", "start_time": start, "end_time": end,
          "status": {"status_code": "UNSET"}, "resource": {"attributes": {"rank": 0, "job": JOB}}}

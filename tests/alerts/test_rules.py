@@ -18,6 +18,13 @@ from stormwatch.alerts import (
     run_rule_tests,
 )
 from stormwatch.alerts.durations import parse_duration
+from stormwatch.alerts.rulefiles import (
+    DEFAULT_RUNBOOK_BASE_URL,
+    render_rules_cmd,
+    rule_groups,
+    write_rule_files,
+)
+from stormwatch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -184,7 +191,8 @@ def test_alert_has_severity_summary_description_and_runbook_section(alert: dict[
     for key in ("summary", "description", "runbook_url"):
         assert annotations.get(key), f"{alert['alert']} has no {key}"
     doc, _, anchor = annotations["runbook_url"].partition("#")
-    assert doc == "docs/runbooks.md"
+    assert doc == DEFAULT_RUNBOOK_BASE_URL, "absolute, on the default base"
+    assert DEFAULT_RUNBOOK_BASE_URL.endswith("/docs/runbooks.md")
     assert anchor == alert["alert"].lower()
     assert anchor in _anchors(RUNBOOKS.read_text()), f"docs/runbooks.md has no section #{anchor}"
 
@@ -462,3 +470,32 @@ def test_target_cases_catch_rules_that_ignore_the_inventory(tmp_path: Path) -> N
     for name in _TARGET_CASES.values():
         run = _run_case(tmp_path, name, rules=[broken])
         assert not run.ok, f"{name} passed against rules without the inventory"
+
+
+def test_runbook_urls_follow_a_configured_base(tmp_path: Path) -> None:
+    base = "https://wiki.example/sre/stormwatch-runbooks"
+    groups = rule_groups(base)
+    alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+    assert len(alerts) == len(_alerts())
+    assert all(a["annotations"]["runbook_url"] == f"{base}#{a['alert'].lower()}" for a in alerts)
+    written = write_rule_files(tmp_path / "rules", base)
+    assert [p.name for p in written] == [p.name for p in rule_files()]
+    reread = [g for p in written for g in yaml.safe_load(p.read_text())["groups"]]
+    assert reread == groups, "the written files hold what rule_groups gives"
+    assert check_rules(written).ok
+
+
+def test_render_rules_reads_the_environment_and_refuses_a_relative_base(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    out = tmp_path / "rules"
+    env = {"STORMWATCH_RUNBOOK_BASE_URL": "https://docs.example/runbooks"}
+    done = CliRunner().invoke(render_rules_cmd, ["--out", str(out)], env=env)
+    assert done.exit_code == 0, done.output
+    assert "https://docs.example/runbooks#stormwatchgpulost" in (out / "gpu.yml").read_text()
+    with pytest.raises(ConfigError, match="absolute"):
+        rule_groups("docs/runbooks.md")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ConfigError):
+        write_rule_files(tmp_path / "bad", "runbooks.md")
+    assert not (tmp_path / "bad").exists()

@@ -139,6 +139,13 @@ def test_provisioning_files(tmp_path: Path) -> None:
     assert datasource["type"] == "prometheus"
     assert datasource["url"] == "http://10.0.0.1:9090"
     assert datasource["uid"] == "stormwatch-prometheus"
+    # Production defaults: the data source does not claim the organisation's default, and
+    # states no scrape interval it was not told.
+    assert datasource["isDefault"] is False
+    assert datasource["jsonData"] == {}
+    _build(out, "--prometheus-url", "http://10.0.0.1:9090/", "--scrape-interval", "30s")
+    source = yaml.safe_load((out / "provisioning/datasources/stormwatch.yaml").read_text())
+    assert source["datasources"][0]["jsonData"] == {"timeInterval": "30s"}
 
 
 @pytest.mark.parametrize("url", ["10.0.0.1:9090", "ftp://x", "", "http://[::1", "http://h:99999"])

@@ -1,7 +1,7 @@
 """``stormwatch dashboards push`` against a stand-in for Grafana's HTTP API on loopback.
 
 The stand-in (aiohttp; the ``grafana`` fixture of tests/conftest.py) implements the
-endpoints grafana-client calls for a push and checks each request against Grafana's documented HTTP API
+endpoints a push calls and checks each request against Grafana's documented HTTP API
 (grafana.com/docs/grafana/latest/developers/http_api/dashboard/ and .../folder/):
 Bearer token, JSON bodies, ``POST /api/dashboards/db`` with ``dashboard.uid``,
 ``dashboard.id`` null, ``overwrite`` and ``folderUid``.

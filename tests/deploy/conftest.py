@@ -1,4 +1,5 @@
-"""Helpers for the deployment tests: the repository's deploy/ folder, kustomize, YAML."""
+"""Helpers for the deployment tests: the repository's deploy/ folder, kustomize, YAML, and the
+schema check every rendered object passes (:meth:`DeployKit.validate`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
+from cloudcoil.models.prometheus_operator import v1alpha1 as monitoring_v1alpha1
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -35,6 +39,32 @@ class DeployKit:
     deploy = DEPLOY
     kubernetes = KUBERNETES
     overlays = OVERLAYS
+    #: Kubernetes release whose OpenAPI schemas built-in kinds are checked against.
+    k8s_version = kubernetes_validate.latest_version()
+    #: Prometheus Operator kinds, which kubernetes-validate has no schema for: the pydantic
+    #: models generated from the operator's published CRD schemas.
+    crd_models: dict[tuple[str, str], Any] = {
+        ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring_v1.ServiceMonitor,
+        ("monitoring.coreos.com/v1", "PrometheusRule"): monitoring_v1.PrometheusRule,
+        (
+            "monitoring.coreos.com/v1alpha1",
+            "AlertmanagerConfig",
+        ): monitoring_v1alpha1.AlertmanagerConfig,
+    }
+
+    @classmethod
+    def validate(cls, obj: dict[str, Any]) -> None:
+        """Built-in kinds: ``kubernetes-validate``, strict (unknown fields fail). Operator
+        kinds: their CRD model; a field the model does not know would be dropped, so the
+        object must come back unchanged from a validate-dump round trip."""
+        key = (obj["apiVersion"], obj["kind"])
+        if key in cls.crd_models:
+            model = cls.crd_models[key].model_validate(obj)
+            assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == obj, (
+                f"{key[1]} {obj['metadata']['name']}: fields the CRD schema does not know"
+            )
+        else:
+            kubernetes_validate.validate(obj, cls.k8s_version, strict=True)
 
     @staticmethod
     def load_objects(text: str) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from stormwatch.dashboards.render import build_all
 def _generated(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
-        for sub in ("base", "examples")
+        for sub in ("base", "examples", "helm")
         for p in sorted((root / sub).rglob("*"))
         if p.is_file()
     }

@@ -106,6 +106,8 @@ VALIDATED = {
     "examples/training-job": "test_manifests_validate.py (kubectl kustomize, every object)",
     "components/dcgm-exporter": "test_manifests_validate.py (composed with production)",
     "examples/templates": "this module (filled, every object)",
+    "helm/stormwatch": "test_helm_chart.py (Chart.yaml, values.yaml)",
+    "helm/stormwatch/templates": "test_helm_chart.py (rendered, every object)",
     ".": "target.yaml, a target file: tests/platforms/test_kubernetes_target.py",
 }
 

@@ -133,6 +133,8 @@ def test_grafana_files_point_at_the_labs_prometheus(tmp_path: Path) -> None:
     datasources = yaml.safe_load((folder / "provisioning/datasources/stormwatch.yaml").read_text())
     [source] = datasources["datasources"]
     assert source["url"] == state.prometheus_url == "http://127.0.0.1:19990"
+    # The lab's fast value over the production default.
+    assert source["jsonData"] == {"timeInterval": "1s"} and source["isDefault"] is False
     providers = yaml.safe_load((folder / "provisioning/dashboards/stormwatch.yaml").read_text())
     assert providers["providers"][0]["options"]["path"] == str(folder / "dashboards")
     hint = grafana_hint(folder)

@@ -136,7 +136,7 @@ def _resumed(log: RankLog) -> int | None:
 
 def _send_alert(lab: Lab, **labels: str) -> None:
     """Fire an alert through the lab's Alertmanager (API v2), as Prometheus does."""
-    now = dt.datetime.now(dt.timezone.utc).isoformat()
+    now = dt.datetime.now(dt.UTC).isoformat()
     body = json.dumps([{"labels": labels, "annotations": {}, "startsAt": now}]).encode()
     request = urllib.request.Request(
         f"{lab.state.alertmanager_url}/api/v2/alerts",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -108,6 +110,7 @@ def test_endpoint_precedence_flag_then_traces_variable_then_base_variable(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://tempo:4318/otlp/traces")
     assert resolve_endpoint(None) == "http://tempo:4318/otlp/traces"
     assert resolve_endpoint("http://flag:4318/v1/traces") == "http://flag:4318/v1/traces"
+    assert resolve_endpoint("http://flag:4318") == "http://flag:4318/v1/traces"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "tempo:4318")
     with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         resolve_endpoint(None)
@@ -176,6 +179,59 @@ def test_the_environment_endpoint_and_headers_send_spans_over_otlp_instead_of_th
     assert receiver.headers[0]["x-tenant"] == "team-a"
     assert tracing.destination == receiver.url + "/v1/traces"
     assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http/json"])
+def test_a_protocol_the_exporter_does_not_speak_is_a_config_error(
+    variable: str, protocol: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    monkeypatch.setenv(variable, protocol)
+    with pytest.raises(ConfigError, match=f"{variable}: '{protocol}' is not supported"):
+        Tracing(_options(tmp_path / "spans.jsonl"))
+    monkeypatch.setenv(variable, "http/protobuf")
+    assert resolve_endpoint(None) == "http://collector:4317/v1/traces"
+
+
+def test_the_resource_follows_the_semantic_conventions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "k8s.pod.name=agent-x1,k8s.namespace.name=stormwatch,k8s.node.name=gpu-1",
+    )
+    path = tmp_path / "spans.jsonl"
+    tracing = Tracing(_options(path))
+    tracing.tracer.start_span("s").end()
+    tracing.shutdown()
+    resource = json.loads(path.read_text())["resource"]["attributes"]
+    assert resource["service.namespace"] == "stormwatch"
+    assert resource["host.name"] == socket.gethostname()
+    assert resource["process.pid"] == os.getpid()
+    assert resource["k8s.pod.name"] == "agent-x1" and resource["k8s.node.name"] == "gpu-1"
+
+
+def test_one_meaning_of_the_endpoint_in_every_component(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: _Receiver
+) -> None:
+    """The agent's and the trainer's --otlp-endpoint and the controller's
+    STORMWATCH_OTLP_ENDPOINT take the collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT."""
+    agent = AgentTracing(TracingSettings(node="n1", otlp_endpoint=receiver.url))
+    trainer = RankTracing(TracingConfig(otlp_endpoint=receiver.url), rank=0)
+    monkeypatch.setenv("STORMWATCH_OTLP_ENDPOINT", receiver.url)
+    experiment = ExperimentTrace("exp-1", "title")
+    experiment.export_to(tmp_path)
+    for component in (agent, trainer._tracing, experiment._tracing):
+        assert component.destination == receiver.url + "/v1/traces"
+    agent.shutdown()
+    with trainer.span("step"):
+        pass
+    assert trainer.close() == 0
+    experiment.end("completed")
+    assert sorted(receiver.names) == ["experiment", "step"]
 
 
 def test_each_components_flag_wins_over_the_environment(

@@ -79,8 +79,9 @@ class TracingConfig:
     """Where OpenTelemetry spans go (:meth:`stormwatch.telemetry.Session.trace`).
 
     Attributes:
-        otlp_endpoint: OTLP/HTTP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``);
-            takes precedence over ``spans_dir``.
+        otlp_endpoint: the collector's OTLP/HTTP base URL, meant as
+            ``OTEL_EXPORTER_OTLP_ENDPOINT`` is (e.g. ``http://127.0.0.1:4318``; ``/v1/traces``
+            is appended unless the URL ends with it); takes precedence over ``spans_dir``.
         spans_dir: folder for per-rank ``rank<R>.jsonl`` span files (the CLI
             defaults it to ``<log-dir>/spans``).
         flush_timeout: seconds the exit path waits for the export (default
@@ -92,7 +93,8 @@ class TracingConfig:
         default=None,
         envvar="STORMWATCH_OTLP_ENDPOINT",
         metavar="URL",
-        help="Export spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http).",
+        help="Export spans over OTLP/HTTP to this collector base URL, as "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://127.0.0.1:4318).",
     )
     spans_dir: Path | None = option(
         "--spans-dir",
