@@ -234,6 +234,7 @@ def test_the_command_starts_with_no_signal_ignored_that_python_ignores(tmp_path:
         (["--", "{tmp}/data.txt"], "error: command '{tmp}/data.txt' is not an executable file"),
         (["--", "{tmp}/garbage"], "error: command '{tmp}/garbage' cannot be run (Exec format"),
         (["--metrics-dir", "/proc/no/such", "--", "true"], "error: --metrics-dir: '/proc/no/such'"),
+        (["--job", "--", "true"], "error: --job: '--' is not a job name (the name is missing?)"),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_status_2(
