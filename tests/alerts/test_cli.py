@@ -18,7 +18,7 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run(
-        [kit.stormwatch, *args], capture_output=True, text=True, timeout=120, check=check, env=env
+        [kit.stormwatch, *args], capture_output=True, text=True, timeout=300, check=check, env=env
     )
 
 
