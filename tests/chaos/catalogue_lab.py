@@ -120,8 +120,13 @@ def metrics(agent_url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], floa
     """The agent's ``/metrics``: (sample name, labels) -> value."""
     with urllib.request.urlopen(f"{agent_url}/metrics", timeout=5) as reply:
         text = reply.read().decode()
+    exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
     return {
-        (s.name, frozenset(s.labels.items())): s.value
+        # prometheus-client's parser renames a counter's samples <name>_total even where the
+        # agent exposes them under the family's own name (dcgm-exporter's counters: the
+        # exposed DCGM_FI_DEV_XID_ERRORS became DCGM_FI_DEV_XID_ERRORS_total); keep the
+        # exposed name, as Prometheus does.
+        (s.name if s.name in exposed else family.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
