@@ -267,7 +267,7 @@ _EMPTY_WITH_TRAINER = {
     # The rank watcher only claims torchrun workers; a lone `stormwatch train` is none.
     "Stormwatch / Cluster overview / Ranks up [A]",
     "Stormwatch / Cluster overview / Job health: live ranks vs world size [A]",
-    "Stormwatch / Cluster overview / Restarts and unexpected exits [B]",
+    "Stormwatch / Cluster overview / Restarts and unexpected exits [C]",
     "Stormwatch / Incidents / Unexpected rank exits [A]",
     # Counted only when a telemetry write fails.
     "Stormwatch / Training / Telemetry write errors [A]",
