@@ -462,35 +462,12 @@ async def run_in_background(stack: Stack, work: Coroutine[Any, Any, None], name:
     stack.push_async_callback(cancel)
 
 
-def ensure_metrics_dir(path: Path) -> None:
-    """Create the metrics dir itself when missing, never its parents (a typo must
-    not silently build a tree, e.g. at the filesystem root).
-
-    Raises:
-        AgentConfigError: the parent is missing, or the folder cannot be created.
-    """
-    if path.is_dir():
-        return
-    if not path.parent.is_dir():
-        raise AgentConfigError(
-            f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
-            "exist; create it or fix --metrics-dir"
-        )
-    try:
-        path.mkdir(exist_ok=True)
-    except OSError as exc:
-        raise AgentConfigError(
-            f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}"
-        ) from exc
-
-
 __all__ = [
     "GPU_COLLECTORS",
     "Exposition",
     "GpuSide",
     "build_collectors",
     "build_exposition",
-    "ensure_metrics_dir",
     "listen",
     "open_gpu",
     "open_ledger",

@@ -273,4 +273,33 @@ class AgentConfig(BaseModel):
         return token
 
 
-__all__ = ["COLLECTOR_NAMES", "AgentConfig", "GpuBackendName", "default_state_dir", "parse_listen"]
+def ensure_metrics_dir(path: Path) -> None:
+    """Create the metrics dir itself when missing, never its parents (a typo must
+    not silently build a tree, e.g. at the filesystem root).
+
+    Raises:
+        AgentConfigError: the parent is missing, or the folder cannot be created.
+    """
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
+            "exist; create it or fix --metrics-dir"
+        )
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise AgentConfigError(
+            f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}"
+        ) from exc
+
+
+__all__ = [
+    "COLLECTOR_NAMES",
+    "AgentConfig",
+    "GpuBackendName",
+    "default_state_dir",
+    "ensure_metrics_dir",
+    "parse_listen",
+]

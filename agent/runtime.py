@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stormwatch.agent import assembly
-from stormwatch.agent.config import AgentConfig
+from stormwatch.agent.config import AgentConfig, ensure_metrics_dir
 from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler
@@ -106,7 +106,7 @@ class Agent:
         token = cfg.read_token()
         web_config = load_web_config(cfg.web_config_file) if cfg.web_config_file else None
         tls = server_ssl_context(web_config) if web_config is not None else None
-        assembly.ensure_metrics_dir(cfg.metrics_dir)
+        ensure_metrics_dir(cfg.metrics_dir)
         # Before anything in the state dir is opened: one agent per state dir.
         stack.callback(StateDirLock(Path(cfg.resolved_state_dir)).release)
 

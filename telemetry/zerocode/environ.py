@@ -95,7 +95,19 @@ def _first(
 
 def _job_name(job: str | None, environ: Mapping[str, str]) -> tuple[str, str | None]:
     """The job name (``--job``, else ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``, else
-    ``train``), escaped where UTF-8 cannot encode it, and that problem if so."""
+    ``train``), escaped where UTF-8 cannot encode it, and that problem if so.
+
+    Raises:
+        ConfigError: ``job`` begins with ``-``: ``--job`` was given no name, and the next
+            word (``--``, or the command's first option) was taken for it.
+    """
+    if job is not None and job.startswith("-"):
+        # `stormwatch run --job -- python train.py`: click took `--` (or the command's first
+        # option) as the job's name, and the command would run under it.
+        raise ConfigError(
+            f"--job: {job!r} is not a job name (the name is missing?): give one, e.g. "
+            "stormwatch run --job llm -- python train.py"
+        )
     name, source = _first(
         [
             ("--job", job),
@@ -121,21 +133,14 @@ def resolve_settings(
     """The run's settings, and warnings to show (one line each). Nothing is created here.
 
     Raises:
-        ConfigError: no command, a ``job`` that begins with ``-`` (``--job`` given no name:
-            the next word, such as ``--``, was taken for it), or ``flight_recorder_entries``
-            outside 0 to ``MAX_FLIGHT_RECORDER_ENTRIES`` (names the option).
+        ConfigError: no command, ``--job`` given no name (:func:`_job_name`), or
+            ``flight_recorder_entries`` outside 0 to ``MAX_FLIGHT_RECORDER_ENTRIES`` (names
+            the option).
     """
     if not command:
         raise ConfigError(
             "no command to run: put the job's command after --, e.g. "
             "stormwatch run -- torchrun --nproc-per-node 2 train.py"
-        )
-    if job is not None and job.startswith("-"):
-        # `stormwatch run --job -- python train.py`: click took `--` (or the command's first
-        # option) as the job's name, and the command would run under it.
-        raise ConfigError(
-            f"--job: {job!r} is not a job name (the name is missing?): give one, e.g. "
-            "stormwatch run --job llm -- python train.py"
         )
     if not 0 <= flight_recorder_entries <= MAX_FLIGHT_RECORDER_ENTRIES:
         raise ConfigError(

@@ -181,7 +181,9 @@ def test_lab_inventory_expects_an_agent_on_every_node(tmp_path: Path) -> None:
 
 def test_alert_state_of_every_shipped_rule_survives_a_prometheus_restart(tmp_path: Path) -> None:
     """Prometheus restores an alert's `for` state after a restart only when the `for` is at
-    least --rules.alert.for-grace-period: the lab's is no longer than any shipped `for`."""
+    least --rules.alert.for-grace-period. Every shipped `for` is either that long (restored)
+    or a few seconds (issue 18's fast alerts: pending again and firing within their `for`
+    after the restart, nothing to restore)."""
     if shutil.which("prometheus") is None:
         pytest.skip("needs the prometheus binary")
     fors = [
@@ -191,7 +193,9 @@ def test_alert_state_of_every_shipped_rule_survives_a_prometheus_restart(tmp_pat
         for rule in group["rules"]
         if "for" in rule
     ]
-    assert parse_duration(ALERT_FOR_GRACE_PERIOD, "grace") <= min(fors)
+    grace = parse_duration(ALERT_FOR_GRACE_PERIOD, "grace")
+    assert all(f >= grace or f <= 5 for f in fors), sorted(fors)
+    assert any(f >= grace for f in fors)
     paths = RunPaths.of(tmp_path)
     config = LabConfig()
     cmd = prometheus_spec(config, plan_state(paths, config), paths).cmd
