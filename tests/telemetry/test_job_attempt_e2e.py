@@ -65,11 +65,11 @@ def test_a_node_restarted_only_because_its_peer_failed_reports_the_same_job_atte
             "--local-addr", "127.0.0.1", "--monitor-interval", "0.2",
             str(WORKLOAD),
         ]  # fmt: skip
-        log = (tmp_path / f"{node}.log").open("w")
-        agents[node] = subprocess.Popen(
-            command, env=_env(node, out, logs), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        with (tmp_path / f"{node}.log").open("w") as log:  # the child keeps its own copy
+            agents[node] = subprocess.Popen(
+                command, env=_env(node, out, logs), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
     try:
         codes = {node: agent.wait(timeout=240) for node, agent in agents.items()}
     finally:
