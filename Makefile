@@ -2,7 +2,6 @@
 #
 #   make demo   set up everything (apt + venv) and run the main job
 #   make game-day  run the default chaos suite on a fresh lab and write a scorecard
-#   make soak      a fault-free job on a fresh lab for SOAK_MINUTES (30) counting every alert
 #   make test   set up everything and run the whole suite (fast tier + e2e)
 #
 # Set-up is idempotent: system packages are installed only when missing, the
@@ -21,7 +20,7 @@ PYTEST_ARGS ?=
 # so a Grafana can be pointed at its Prometheus; `stormwatch lab down --run-dir run/demo` after).
 DEMO_ARGS ?=
 
-.PHONY: all setup system system-test venv constraints demo game-day soak test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
+.PHONY: all setup system system-test venv constraints demo game-day test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
 
 all: test
 
@@ -106,15 +105,6 @@ lint: check
 format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
-
-# A soak: lab up in run/soak, a fault-free job for SOAK_MINUTES with checkpoints, eval
-# pauses, a planned restart and an elastic resize; every alert that fires is counted (target
-# 0) in run/soak/soaks/<job>/soak.md; lab down (docs/detection.md). Not part of `make test`.
-SOAK_MINUTES ?= 30
-soak: setup
-	$(SUDO) $(VENV)/bin/stormwatch lab up --run-dir run/soak
-	$(SUDO) $(VENV)/bin/stormwatch chaos soak --run-dir run/soak --minutes $(SOAK_MINUTES); rc=$$?; \
-	$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/soak; exit $$rc
 
 test-fast: venv
 	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)

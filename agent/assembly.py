@@ -195,11 +195,7 @@ def start_rank_health(
         cfg.metrics_dir,
         events,
         cfg.diagnostics_dir,
-        hang=HangSettings(
-            floor_seconds=cfg.hang_floor_seconds,
-            factor=cfg.hang_factor,
-            cold_seconds=cfg.hang_cold_seconds,
-        ),
+        hang=HangSettings(floor_seconds=cfg.hang_floor_seconds, factor=cfg.hang_factor),
         straggler=StragglerSettings(factor=cfg.straggler_factor, samples=cfg.straggler_samples),
         interval=cfg.rank_scan_interval,
         clock=clock,

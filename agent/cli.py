@@ -140,28 +140,19 @@ def agent() -> None:
 @click.option(
     "--hang-floor-seconds",
     type=float,
-    default=5.0,
+    default=30.0,
     show_default=True,
     envvar="STORMWATCH_AGENT_HANG_FLOOR_SECONDS",
     help="A running rank is hung when its last step heartbeat is older than "
-    "max(this, --hang-factor x the job's recent median step time, median + 6 MAD).",
+    "max(this, --hang-factor x the job's recent median step time).",
 )
 @click.option(
     "--hang-factor",
     type=float,
-    default=3.0,
+    default=10.0,
     show_default=True,
     envvar="STORMWATCH_AGENT_HANG_FACTOR",
     help="Multiple of the job's recent median step time in the hang threshold.",
-)
-@click.option(
-    "--hang-cold-seconds",
-    type=float,
-    default=30.0,
-    show_default=True,
-    envvar="STORMWATCH_AGENT_HANG_COLD_SECONDS",
-    help="Hang threshold while a job warms up (its first 5 step times, again after a "
-    "restart or an elastic resize).",
 )
 @click.option(
     "--straggler-factor",
@@ -205,7 +196,6 @@ def run(
     claim_unlabelled_ranks: bool,
     hang_floor_seconds: float,
     hang_factor: float,
-    hang_cold_seconds: float,
     straggler_factor: float,
     straggler_samples: int,
     pod_resources_socket: str | None,
@@ -248,7 +238,6 @@ def run(
         "claim_unlabelled_ranks": claim_unlabelled_ranks,
         "hang_floor_seconds": hang_floor_seconds,
         "hang_factor": hang_factor,
-        "hang_cold_seconds": hang_cold_seconds,
         "straggler_factor": straggler_factor,
         "straggler_samples": straggler_samples,
         "pod_resources_socket": pod_resources_socket,

@@ -119,11 +119,9 @@ class AgentConfig(BaseModel):
             this node's (True: on a real node one agent owns every rank of the
             host). False where several agents share one PID namespace (the lab):
             then only ranks naming this agent's ``metrics_dir`` are claimed.
-        hang_floor_seconds, hang_factor, hang_cold_seconds: a running rank is hung when
-            its last heartbeat is older than ``max(hang_floor_seconds, hang_factor x the
-            job's recent median step time, median + 6 MAD)``, or ``hang_cold_seconds``
-            while the job warms up (after start, a restart or a resize) (5 s, 3, 30 s;
-            issue 18's targets; :mod:`stormwatch.agent.watch.detectors`).
+        hang_floor_seconds, hang_factor: a running rank is hung when its last
+            heartbeat is older than ``max(hang_floor_seconds, hang_factor x the job's
+            recent median step time)`` (30 s, 10; :mod:`stormwatch.agent.watch.detectors`).
         straggler_factor, straggler_samples: a rank is a compute straggler after
             ``straggler_samples`` consecutive steps with compute >= ``straggler_factor``
             x its peers' median while they wait longer in collectives (1.2, 3).
@@ -155,9 +153,8 @@ class AgentConfig(BaseModel):
     trace_file: Path | None = None
     trace_flush_timeout: float = Field(default=3.0, gt=0, le=60)
     claim_unlabelled_ranks: bool = True
-    hang_floor_seconds: float = Field(default=5.0, gt=0)
-    hang_factor: float = Field(default=3.0, gt=0)
-    hang_cold_seconds: float = Field(default=30.0, gt=0)
+    hang_floor_seconds: float = Field(default=30.0, gt=0)
+    hang_factor: float = Field(default=10.0, gt=0)
     straggler_factor: float = Field(default=1.2, gt=1.0)
     straggler_samples: int = Field(default=3, ge=1)
     pod_resources_socket: str | None = None

@@ -377,18 +377,6 @@ class Lab:
             launch.rejoin(state, record, node, self.paths, base_environment(self.marker))
             return record.info
 
-    def leave_job_node(self, name: str, node: str, grace: float | None = None) -> None:
-        """Stop ``node``'s torchrun in the running elastic job ``name`` (SIGTERM, SIGKILL
-        after ``grace``, default the lab's grace period): a planned scale-down, which
-        :meth:`rejoin_job_node` undoes.
-
-        Raises:
-            JobError: the job is not elastic, or the node runs no torchrun of it.
-        """
-        state = self.state
-        grace = state.config.grace_period_s if grace is None else grace
-        launch.leave(state.job(name), node, grace=grace)
-
     def _relaunch(self, name: str) -> JobRecord | None:
         """FC-09 (:func:`jobs.relaunch_closed`): the relaunched job's record, or ``None``."""
         with self._store.transaction() as state:

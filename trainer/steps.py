@@ -215,10 +215,6 @@ class StepLoop:
                 last_step, final_loss = self._step()
             if self._config.step_delay > 0:
                 time.sleep(self._config.step_delay)
-            every = self._config.eval_every
-            if every and last_step % every == 0 and sampler.next_step <= self._config.steps:
-                with self._session.phase("eval"):  # an evaluation-like pause, no collectives
-                    time.sleep(self._config.eval_seconds)
         self._cadence.commit_pending()  # async: commit the last save before "done"
         return last_step, final_loss
 

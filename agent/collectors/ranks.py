@@ -85,18 +85,12 @@ class RanksCollector:
             ("stormwatch_rank_collective_lag", view.lag),
             ("stormwatch_rank_straggler_score", view.straggler_score),
             ("stormwatch_rank_straggler", {k: float(v) for k, v in view.straggler.items()}),
-            ("stormwatch_rank_stall_threshold_seconds", view.stall_threshold),
-            ("stormwatch_rank_lateness_steps", view.lateness),
         )
         for name, values in tables:
             family = new_family(name)
             for (job, rank), value in sorted(values.items()):
                 family.add_metric([job, str(rank)], value)
             yield family
-        median = new_family("stormwatch_job_step_median_seconds")
-        for job, seconds in sorted(view.step_median.items()):
-            median.add_metric([job], seconds)
-        yield median
 
 
 __all__ = ["RanksCollector"]

@@ -5,41 +5,28 @@ from the trainer's multiprocess files each scan and return *transitions*
 (a rank became hung / recovered, became a straggler / stopped being one), so they
 can be driven from recorded sequences in tests.
 
-Hang (FC-10, issue 18): a running rank whose last heartbeat (the later of
+Hang (FC-10): a running rank whose last heartbeat (the later of
 ``stormwatch_train_last_step_timestamp_seconds`` and the progress heartbeat
 ``stormwatch_train_last_progress_timestamp_seconds``, which completed collectives,
-phase boundaries and checkpoints advance too) is older than the rank's *stall
-threshold* is hung, unless it is inside a phase that legitimately pauses progress and
-the phase's deadline (``stormwatch_train_phase_deadline_timestamp_seconds``: entry +
-the phase's bound, :mod:`stormwatch.telemetry.phases`) is still ahead; past the
-deadline it is judged by its heartbeat again, and its hang is named by the phase
-(``phase`` of the event: e.g. the start-up stage ``mesh`` of a rank that never reached
-its first step). Entering a phase is a heartbeat, so a rank that marks the start-up
-stages (``rendezvous``, ``mesh``, ``parallelize``, ``checkpoint_load``) is judged from
-before its process group exists.
-
-The threshold adapts to the job (:class:`StepStats`, per job over the step times of
-its ranks on this node, each measured as (step heartbeat advance) ÷ (step advance)
-between two scans, the last ``window`` kept):
-
-* warm (at least ``min_samples`` step times): ``max(floor_seconds, factor x median,
-  median + spread x 1.4826 x MAD)``; defaults 5 s, 3, 6: a steady job is late after
-  three of its own steps (issue 18's target is max(3 x median step, 5 s) + 2 s), a
-  jittery one only beyond six robust standard deviations of its own spread;
-* cold (fewer step times: a new job, and again after a restart or an elastic resize,
-  which start new processes and may change the step time): ``max(cold_seconds,
-  factor x the longest step time seen)`` (30 s, the threshold before adaptive
-  detection; a minute-long step is not late after 30 s while the job warms up);
-* a rank whose process started after its last heartbeat (torchrun restarted it and it
-  has marked nothing yet) is judged from its process start with the cold threshold:
-  a restart is not a hang. :meth:`HangDetector.thresholds` exports that as a
-  threshold on the heartbeat's age (``cold + start - heartbeat``), so the rules judge
-  ``time() - heartbeat`` the same way.
-
+phase boundaries and checkpoints advance too) is older than
+``max(floor_seconds, factor x median step time)`` is hung, unless it is inside a
+phase that legitimately pauses progress and the phase's deadline
+(``stormwatch_train_phase_deadline_timestamp_seconds``: entry + the phase's bound,
+:mod:`stormwatch.telemetry.phases`) is still ahead; past the deadline it is judged by
+its heartbeat again, and its hang is named by the phase (``phase`` of the event: e.g.
+the start-up stage ``mesh`` of a rank that never reached its first step). Entering a
+phase is a heartbeat, so a rank that marks the start-up stages (``rendezvous``,
+``mesh``, ``parallelize``, ``checkpoint_load``) is judged from before its process
+group exists: a rank stuck in a stage is hung once the stage's deadline has passed
+and its heartbeat is older than the threshold (at the deadline when the stage's bound
+is at least the floor). The median is over the last ``window`` step times of *that
+job's* ranks on this node, each measured as (step heartbeat advance) ÷ (step advance)
+between two scans. Defaults: floor 30 s, factor 10 (:class:`HangSettings`); before
+any step time is known (and for a job without step marks) the floor alone applies.
 One episode lasts from detection until the heartbeat advances (or the rank exits);
-each episode counts once. A rank without any heartbeat yet (absent, or 0: it marked no
-stage) is never hung here: its start-up has no step time or deadline to compare with;
-the job's collective timeout bounds it.
+each episode counts once. A rank without any heartbeat yet (absent, or 0: it marked
+no stage) is never hung here: its start-up has no step time or deadline to compare
+with; the job's collective timeout bounds it.
 
 Straggler (FC-14): per new step sample of a rank (its ``stormwatch_train_step``
 advanced), ``score = compute ÷ median(peers' compute)`` with
@@ -76,84 +63,27 @@ STRAGGLER_CLEARED = "rank_straggler_cleared"
 
 @dataclasses.dataclass(frozen=True)
 class HangSettings:
-    """Stall threshold (see the module docstring for how the parts combine).
+    """Hang threshold: ``max(floor_seconds, factor x median step time)``.
 
     Attributes:
-        floor_seconds: smallest warm threshold, seconds (5: issue 18's target for
-            sub-second jobs, max(3 x median, 5 s); below it scrape and evaluation
-            jitter of a 1 s Prometheus would dominate).
-        factor: multiple of the job's median step time (3: three steps without a
-            heartbeat are no longer jitter; issue 18's target).
-        spread: robust standard deviations (1.4826 x MAD) above the median (6: a
-            jittery job widens its own threshold; for a normal spread a false
-            alarm every ~10^9 steps).
-        window: step times kept per job for the statistics (64).
-        min_samples: step times needed before the job's statistics are used (5; the
-            warm-up, again after every restart or resize).
-        cold_seconds: threshold while the job is warming up, and for a rank that
-            restarted and marked nothing yet (30 s: the fixed threshold before
-            adaptive detection, longer than a first step on the lab).
+        floor_seconds: smallest threshold, seconds (30: longer than a checkpoint
+            save or a slow first step of a small job).
+        factor: multiple of the job's recent median step time (10: a step ten
+            times slower than usual is no longer jitter).
+        window: step times kept per job for the median (64).
 
     Raises:
         AgentConfigError: a value is not positive (names the field).
     """
 
-    floor_seconds: float = 5.0
-    factor: float = 3.0
-    spread: float = 6.0
+    floor_seconds: float = 30.0
+    factor: float = 10.0
     window: int = 64
-    min_samples: int = 5
-    cold_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("floor_seconds", "factor", "spread", "window", "min_samples", "cold_seconds"):
+        for name in ("floor_seconds", "factor", "window"):
             if not getattr(self, name) > 0:
                 raise AgentConfigError(f"hang {name}: must be > 0 (got {getattr(self, name)})")
-
-
-#: MAD x this = the standard deviation of a normal distribution.
-MAD_TO_SIGMA = 1.4826
-
-
-class StepStats:
-    """Rolling step-time statistics of one job: median and MAD over the last ``window``.
-
-    ``reset()`` forgets them (a restart or resize: the job warms up again).
-    """
-
-    def __init__(self, settings: HangSettings) -> None:
-        self.settings = settings
-        self._times: collections.deque[float] = collections.deque(maxlen=settings.window)
-
-    def add(self, seconds: float) -> None:
-        self._times.append(seconds)
-
-    def reset(self) -> None:
-        self._times.clear()
-
-    @property
-    def warm(self) -> bool:
-        """At least ``min_samples`` step times are known."""
-        return len(self._times) >= self.settings.min_samples
-
-    def median(self) -> float | None:
-        """Median step time (s), or None before any step time."""
-        return statistics.median(self._times) if self._times else None
-
-    def mad(self) -> float | None:
-        """Median absolute deviation of the step times (s), or None before any."""
-        median = self.median()
-        if median is None:
-            return None
-        return statistics.median(abs(t - median) for t in self._times)
-
-    def threshold(self) -> float:
-        """Heartbeat age (s) beyond which a rank of the job is late (module docstring)."""
-        s = self.settings
-        median, mad = self.median(), self.mad()
-        if not self.warm or median is None or mad is None:
-            return max([s.cold_seconds, *(s.factor * t for t in self._times)])
-        return max(s.floor_seconds, s.factor * median, median + s.spread * MAD_TO_SIGMA * mad)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,8 +118,6 @@ class RankProgress:
             ``None``: use ``heartbeat``.
         paused_until: Unix time until which a phase excuses the rank (0: none).
         phase: the phase whose deadline that is (``None``: in no phase).
-        started_at: Unix time the rank's current process started (``None``: unknown);
-            a new one means a restart (the job's statistics warm up again).
     """
 
     key: RankKey
@@ -199,7 +127,6 @@ class RankProgress:
     step_heartbeat: float | None = None
     paused_until: float = 0.0
     phase: str | None = None
-    started_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,60 +155,20 @@ class HangDetector:
         self.settings = settings or HangSettings()
         # key -> (step heartbeat, step) at the previous scan
         self._last: dict[RankKey, tuple[float, float | None]] = {}
-        self._stats: dict[str, StepStats] = {}
-        self._started: dict[RankKey, float] = {}  # key -> start of its current process
-        self._current: dict[RankKey, RankProgress] = {}  # the last scan's live ranks
+        self._times: dict[str, collections.deque[float]] = {}
         self._hung: dict[RankKey, float] = {}  # key -> heartbeat it hung at
         self._episodes: collections.Counter[RankKey] = collections.Counter()
 
-    def _job(self, job: str) -> StepStats:
-        stats = self._stats.get(job)
-        if stats is None:
-            stats = self._stats[job] = StepStats(self.settings)
-        return stats
-
     def threshold(self, job: str) -> float:
         """Seconds without a heartbeat after which a rank of ``job`` is hung."""
-        return self._job(job).threshold()
+        median = self.median_step_seconds(job)
+        base = self.settings.floor_seconds
+        return base if median is None else max(base, self.settings.factor * median)
 
     def median_step_seconds(self, job: str) -> float | None:
         """Median of the job's recent step times on this node, or None before any."""
-        stats = self._stats.get(job)
-        return None if stats is None else stats.median()
-
-    def step_medians(self) -> dict[str, float]:
-        """Median step time (s) of every job that is warm (``min_samples`` step times)."""
-        out = {}
-        for job, stats in self._stats.items():
-            median = stats.median()
-            if stats.warm and median is not None:
-                out[job] = median
-        return out
-
-    def _starting(self, r: RankProgress) -> bool:
-        """The rank's process started after its last heartbeat: restarted, nothing marked."""
-        return r.started_at is not None and r.heartbeat is not None and r.heartbeat < r.started_at
-
-    def _limit(self, r: RankProgress) -> float:
-        """Threshold on ``now - r.heartbeat`` for this rank (module docstring)."""
-        if self._starting(r):
-            assert r.started_at is not None and r.heartbeat is not None
-            return self.settings.cold_seconds + (r.started_at - r.heartbeat)
-        return self.threshold(r.key[0])
-
-    def thresholds(self) -> dict[RankKey, float]:
-        """Per running rank of the last scan: the heartbeat age (s) at which it is hung."""
-        return {key: self._limit(r) for key, r in self._current.items() if r.alive}
-
-    def lateness(self, now: float) -> dict[RankKey, float]:
-        """Per running rank of a warm job: heartbeat age in units of the job's median step."""
-        medians = self.step_medians()
-        out = {}
-        for key, r in self._current.items():
-            median = medians.get(key[0])
-            if r.alive and r.heartbeat is not None and median and not self._starting(r):
-                out[key] = max(0.0, now - r.heartbeat) / median
-        return out
+        times = self._times.get(job)
+        return statistics.median(times) if times else None
 
     def hung(self) -> dict[RankKey, bool]:
         """Hung state of every rank seen (False once recovered)."""
@@ -296,15 +183,13 @@ class HangDetector:
         out: list[Transition] = []
         # 0 is a heartbeat gauge created but never set: no step completed yet.
         current = [r for r in ranks if r.heartbeat is not None and r.heartbeat > 0]
-        self._restarts(current)
         for r in current:
             self._step_time(r)
-        self._current = {r.key: r for r in current}
-        seen = set(self._current)
+        seen = {r.key for r in current}
         for r in current:
             assert r.heartbeat is not None
             age = now - r.heartbeat
-            limit = self._limit(r)
+            limit = self.threshold(r.key[0])
             if r.key in self._hung:
                 if not r.alive or r.heartbeat > self._hung[r.key]:
                     del self._hung[r.key]
@@ -330,17 +215,6 @@ class HangDetector:
                 out.append(Transition(HANG_CLEARED, key, {"reason": "forgotten", "step": None}))
         return out
 
-    def _restarts(self, current: list[RankProgress]) -> None:
-        """A rank with a new process (restart, elastic resize): its job warms up again."""
-        for r in current:
-            if r.started_at is None or not r.alive:
-                continue
-            before = self._started.get(r.key)
-            self._started[r.key] = r.started_at
-            if before is not None and before != r.started_at:
-                self._job(r.key[0]).reset()
-                self._last.pop(r.key, None)
-
     def _step_time(self, r: RankProgress) -> None:
         """Note one step time of ``r``'s job when its step and step heartbeat advanced."""
         beat = r.step_heartbeat if r.step_heartbeat is not None else r.heartbeat
@@ -350,7 +224,10 @@ class HangDetector:
         if previous is not None and beat > previous[0]:
             stepped = None if r.step is None or previous[1] is None else r.step - previous[1]
             if stepped is not None and stepped > 0:
-                self._job(r.key[0]).add((beat - previous[0]) / stepped)
+                times = self._times.setdefault(
+                    r.key[0], collections.deque(maxlen=self.settings.window)
+                )
+                times.append((beat - previous[0]) / stepped)
         self._last[r.key] = (beat, r.step)
 
 
@@ -441,14 +318,12 @@ def collective_lag(counts: Mapping[RankKey, float]) -> dict[RankKey, float]:
 __all__ = [
     "HANG",
     "HANG_CLEARED",
-    "MAD_TO_SIGMA",
     "STRAGGLER",
     "STRAGGLER_CLEARED",
     "HangDetector",
     "HangSettings",
     "RankProgress",
     "StepSample",
-    "StepStats",
     "StragglerDetector",
     "StragglerSettings",
     "Transition",

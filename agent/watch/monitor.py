@@ -22,9 +22,7 @@ Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
 
 Exports (through the ``ranks`` collector): ``stormwatch_rank_hung``,
 ``stormwatch_rank_hangs_total``, ``stormwatch_rank_collective_lag``,
-``stormwatch_rank_straggler_score``, ``stormwatch_rank_straggler``, and the adaptive
-statistics the rules judge by (issue 18): ``stormwatch_job_step_median_seconds``,
-``stormwatch_rank_stall_threshold_seconds``, ``stormwatch_rank_lateness_steps``.
+``stormwatch_rank_straggler_score``, ``stormwatch_rank_straggler``.
 """
 
 from __future__ import annotations
@@ -78,9 +76,6 @@ class HealthView:
     lag: dict[RankKey, float]
     straggler_score: dict[RankKey, float]
     straggler: dict[RankKey, bool]
-    step_median: dict[str, float] = dataclasses.field(default_factory=dict)
-    stall_threshold: dict[RankKey, float] = dataclasses.field(default_factory=dict)
-    lateness: dict[RankKey, float] = dataclasses.field(default_factory=dict)
 
 
 class RankHealth:
@@ -173,7 +168,6 @@ class RankHealth:
                 step_heartbeat=beats.get(key),
                 paused_until=phases.get(key, (None, 0.0))[1],
                 phase=phases.get(key, (None, 0.0))[0],
-                started_at=r.started_at,
             )
             for r in ranks
             for key in [(r.job, r.rank)]
@@ -209,9 +203,6 @@ class RankHealth:
             lag=lag,
             straggler_score=self._straggler.scores(),
             straggler=self._straggler.flagged(),
-            step_median=self._hang.step_medians(),
-            stall_threshold={k: v for k, v in self._hang.thresholds().items() if k in running},
-            lateness={k: v for k, v in self._hang.lateness(now).items() if k in running},
         )
         with self._lock:
             self._view = view

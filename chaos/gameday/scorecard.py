@@ -7,17 +7,13 @@ still leaves one). :class:`Scorecard` is the file's one model: the suite writes 
 ``stormwatch plan`` reads the latest one, :func:`latest_scorecard`, for per-category
 detect and recover times).
 
-Per row: the fault, whether it was detected and by which alert, time to detect (and
-its class's target, :mod:`stormwatch.chaos.gameday.targets`), whether the alerts named
-the faulted rank or node and no other (culprit), the false alarms (alerts that fired
-before the fault, outside any fault window), time to recover (definitions in :mod:`stormwatch.chaos.reports.experiment_report`), steps lost, the
+Per row: the fault, whether it was detected and by which alert, time to detect and
+to recover (definitions in :mod:`stormwatch.chaos.reports.experiment_report`), steps lost, the
 three checks of :mod:`stormwatch.chaos.reports.verify`, and the verdict:
 
 * ``pass``: the hypothesis held before and after, every rollback and revert
   succeeded, the fault was detected when ``expect.detect`` (by one of
-  ``expect.alerts`` when given) within its class's target, the culprit was named (for
-  classes with one), no alert fired outside the fault window, and no verification
-  failed;
+  ``expect.alerts`` when given), and no verification failed;
 * ``fail``: otherwise (``reasons`` lists why);
 * ``not run``: the suite was interrupted before it.
 
@@ -63,11 +59,6 @@ class ScorecardRow(BaseModel):
     detected: bool | None = None
     alert: str | None = None
     time_to_detect_seconds: float | None = Field(default=None, ge=0)
-    detect_class: str | None = None
-    detect_target_seconds: float | None = Field(default=None, ge=0)
-    within_target: bool | None = None
-    culprit_named: bool | None = None
-    false_alarms: list[str] = Field(default_factory=list)
     recovered: bool | None = None
     recovered_by: Literal["restart", "fault removed"] | None = None
     time_to_recover_seconds: float | None = Field(default=None, ge=0)
@@ -99,11 +90,6 @@ class Scorecard(BaseModel):
         return sum(r.verdict == "pass" for r in self.rows)
 
     @property
-    def false_alarms(self) -> int:
-        """Alerts that fired outside any fault window, over every row."""
-        return sum(len(r.false_alarms) for r in self.rows)
-
-    @property
     def ok(self) -> bool:
         """Every experiment ran and passed."""
         return not self.interrupted and all(r.verdict == "pass" for r in self.rows)
@@ -131,19 +117,16 @@ def render_markdown(card: Scorecard) -> str:
         f"Suite `{card.suite_dir}`, run `{card.suite_id}` started {when} against the lab in "
         f"`{card.run_dir}`: **{card.passed}/{len(card.rows)} passed**"
         + (" (interrupted)" if card.interrupted else "")
-        + f", **{card.false_alarms} false alarm(s)**.",
+        + ".",
         "",
-        "| experiment | fault | category | detected | by alert | detect s | target s "
-        "| culprit | false alarms | recover s "
+        "| experiment | fault | category | detected | by alert | detect s | recover s "
         "| steps lost | loss | checkpoint | faults cleared | verdict |",
-        "|---|---|---|---|---|---:|---:|---|---|---:|---:|---|---|---|---|",
+        "|---|---|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
     for r in card.rows:
         lines.append(
             f"| {Path(r.file).name} | {r.fault or '—'} | {r.category or '—'} | {_yes(r.detected)} "
             f"| {r.alert or '—'} | {_secs(r.time_to_detect_seconds)} "
-            f"| {_secs(r.detect_target_seconds)}{'' if r.within_target is not False else ' **late**'} "
-            f"| {_yes(r.culprit_named)} | {', '.join(r.false_alarms) or '0'} "
             f"| {_secs(r.time_to_recover_seconds)}{_by(r.recovered_by)} "
             f"| {'—' if r.steps_lost is None else r.steps_lost} | {_yes(r.loss)} "
             f"| {_yes(r.checkpoint)} | {_yes(r.faults_cleared)} | **{r.verdict}** |"
@@ -158,10 +141,7 @@ def render_markdown(card: Scorecard) -> str:
         lines += [f"* seed {seed}: job `{job}`" for seed, job in sorted(card.baselines.items())]
     lines += [
         "",
-        "Definitions: time to detect = fault -> first firing sample of an alert about the job, "
-        "against its class's target (stormwatch.chaos.gameday.targets, docs/detection.md); "
-        "culprit = the alerts named the faulted rank (or node) and no other; false alarms = "
-        "alerts that fired before the fault; "
+        "Definitions: time to detect = fault -> first firing sample of an alert about the job; "
         "time to recover = fault -> first step of a restarted worker (r: restart), or, when the "
         "job did not restart, fault -> every rank stepped after the fault was removed "
         "(f: fault removed); steps lost = last step before the fault - step resumed from "

@@ -41,7 +41,6 @@ from stormwatch.chaos.gameday.scorecard import (
     ScorecardRow,
     write_scorecard,
 )
-from stormwatch.chaos.gameday.targets import DetectTarget, culprit_named, target_for
 from stormwatch.chaos.reports.evidence import AlertEvidence, load_evidence
 from stormwatch.chaos.reports.experiment_report import MATCH_SLACK_SECONDS
 from stormwatch.chaos.reports.report import generate_postmortem
@@ -141,48 +140,6 @@ def _expected_alert(
     return min(after, key=lambda a: a.firing_at) if after else None
 
 
-def fault_point(experiment: Experiment) -> str | None:
-    """The ``point`` of the experiment's first fault, when it has one (``trainer_fault``)."""
-    for activity in experiment.method:
-        fault = getattr(activity, "fault", None)
-        if fault is not None:
-            point = getattr(fault, "point", None)
-            return point if isinstance(point, str) else None
-    return None
-
-
-def false_alarms(pm: ExperimentPostMortem, alerts: list[AlertEvidence]) -> list[str]:
-    """Alerts that fired outside the fault window: before the fault (all of them when no
-    fault was injected), as ``Name{rank=..,node=..}``, in firing order."""
-    cut = None if pm.fault_at is None else pm.fault_at - MATCH_SLACK_SECONDS
-    out = []
-    for a in sorted(alerts, key=lambda a: a.firing_at):
-        if cut is None or a.firing_at < cut:
-            where = ",".join(f"{k}={a.labels[k]}" for k in ("rank", "node") if k in a.labels)
-            out.append(f"{a.alertname}{{{where}}}" if where else a.alertname)
-    return out
-
-
-def _judge_detection(
-    target: DetectTarget | None,
-    expected: list[str],
-    pm: ExperimentPostMortem,
-    alerts: list[AlertEvidence],
-    ttd: float | None,
-) -> tuple[float | None, bool | None, bool | None]:
-    """(target s, within target, culprit named) of a detected fault."""
-    if target is None or ttd is None or pm.fault_at is None:
-        return (target.target_seconds() if target else None), None, None
-    limit = target.target_seconds()
-    within = None if limit is None else ttd <= limit
-    cut = pm.fault_at - MATCH_SLACK_SECONDS
-    about = [a.labels for a in alerts if a.firing_at >= cut and a.alertname in expected]
-    if pm.detected and pm.alertname in expected:
-        about.append(pm.alert_labels)
-    named = culprit_named(target, about, fault_rank=pm.fault_rank, fault_node=pm.fault_node)
-    return limit, within, named
-
-
 def score(
     entry: SuiteEntry,
     journal: Journal,
@@ -213,16 +170,6 @@ def score(
             detected = False
     if expect.detect and not detected and not expect.alerts:
         reasons.append("not detected: no alert about the job fired after the fault")
-    target = target_for(pm.fault_kind, fault_point(entry.experiment))
-    expected = list(expect.alerts) or ([pm.alertname] if pm.alertname else [])
-    limit, within, named = _judge_detection(target, expected, pm, alerts, ttd if detected else None)
-    if within is False and target is not None:
-        reasons.append(f"detected in {ttd:.1f} s, above the {target.name} target of {limit:.0f} s")
-    if named is False and target is not None:
-        reasons.append(f"the alerts did not name the faulted {target.culprit} alone")
-    alarms = false_alarms(pm, alerts)
-    if alarms:
-        reasons.append(f"false alarm(s) before the fault: {', '.join(alarms)}")
     if journal.status != "completed":
         reasons.append(
             f"experiment {journal.status}" + (f": {journal.error}" if journal.error else "")
@@ -245,11 +192,6 @@ def score(
         detected=detected if pm.fault_at is not None else None,
         alert=alert if detected else None,
         time_to_detect_seconds=ttd if detected else None,
-        detect_class=target.name if target else None,
-        detect_target_seconds=limit,
-        within_target=within,
-        culprit_named=named,
-        false_alarms=alarms,
         recovered=pm.recovered,
         recovered_by=pm.recovered_by,
         time_to_recover_seconds=pm.time_to_recover_seconds,
@@ -449,8 +391,6 @@ __all__ = [
     "SuiteOptions",
     "SuiteRunner",
     "category_of",
-    "false_alarms",
-    "fault_point",
     "load_suite",
     "new_suite_id",
     "score",

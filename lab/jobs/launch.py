@@ -168,26 +168,6 @@ def rejoin(
     _launch_node(state, record, names.index(node_name), paths, base_env)
 
 
-def leave(record: JobRecord, node_name: str, grace: float = 10.0) -> None:
-    """Stop node ``node_name``'s torchrun and its workers (SIGTERM, SIGKILL after
-    ``grace``) in a running elastic job: a planned scale-down; the other nodes' agents
-    restart the group at the smaller size (:func:`rejoin` grows it back).
-
-    Raises:
-        JobError: the job is not elastic, the node runs no torchrun of it, or a process
-            is still running after SIGKILL.
-    """
-    spec = record.info.spec
-    if spec.min_nodes is None:
-        raise JobError(f"job {spec.name!r} has a fixed size; a node cannot leave it")
-    current = record.processes.get(node_name)
-    if current is None or procs.is_finished(current):
-        raise JobError(f"no running torchrun of {node_name} in job {spec.name!r}")
-    left = procs.terminate(procs.tree(current), grace=grace)
-    if left:
-        raise JobError(f"job {spec.name!r}: {', '.join(left)} still running after SIGKILL")
-
-
 def relaunch_closed(
     state: LabState, record: JobRecord, paths: RunPaths, base_env: dict[str, str]
 ) -> bool:
@@ -363,7 +343,6 @@ __all__ = [
     "allocate_rdzv_port",
     "failure_lines",
     "is_running",
-    "leave",
     "listening_ports",
     "rejoin",
     "relaunch_closed",

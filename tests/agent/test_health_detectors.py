@@ -11,14 +11,12 @@ from stormwatch.agent import AgentConfigError
 from stormwatch.agent.watch.detectors import (
     HANG,
     HANG_CLEARED,
-    MAD_TO_SIGMA,
     STRAGGLER,
     STRAGGLER_CLEARED,
     HangDetector,
     HangSettings,
     RankProgress,
     StepSample,
-    StepStats,
     StragglerDetector,
     StragglerSettings,
     collective_lag,
@@ -131,9 +129,6 @@ def _steady(
     return scans
 
 
-# Fixed-style settings (floor 30 s, factor 10), the adaptive defaults are tested below.
-FIXED = HangSettings(floor_seconds=30.0, factor=10.0)
-
 # Threshold max(30, 10 x 1 s) = 30 s; rank 1 stops at t=10 and resumes at t=50.
 FAST_JOB = [
     *_steady(10, 1.0),
@@ -158,12 +153,14 @@ EXITED = [*_steady(5, 1.0), (100.0, {0: (5.0, 5.0, True), 1: (5.0, 5.0, False)})
     [
         pytest.param(
             FAST_JOB,
-            FIXED,
+            HangSettings(),
             [(41.0, HANG, 1), (50.0, HANG_CLEARED, 1)],
             {0: 0, 1: 1},
             id="floor-applies-then-clears-on-progress",
         ),
-        pytest.param(SLOW_JOB, FIXED, [(101.0, HANG, 1)], {0: 0, 1: 1}, id="factor-x-median"),
+        pytest.param(
+            SLOW_JOB, HangSettings(), [(101.0, HANG, 1)], {0: 0, 1: 1}, id="factor-x-median"
+        ),
         pytest.param(
             FAST_JOB,
             HangSettings(floor_seconds=5.0, factor=2.0),
@@ -171,7 +168,9 @@ EXITED = [*_steady(5, 1.0), (100.0, {0: (5.0, 5.0, True), 1: (5.0, 5.0, False)})
             {0: 0, 1: 1},
             id="configured-floor",
         ),
-        pytest.param(EXITED, FIXED, [(100.0, HANG, 0)], {0: 1, 1: 0}, id="exited-not-hung"),
+        pytest.param(
+            EXITED, HangSettings(), [(100.0, HANG, 0)], {0: 1, 1: 0}, id="exited-not-hung"
+        ),
     ],
 )
 def test_fc10_hang_fires_after_threshold_and_clears_on_progress(
@@ -186,7 +185,7 @@ def test_fc10_hang_fires_after_threshold_and_clears_on_progress(
 
 
 def test_fc10_hang_threshold_uses_the_jobs_median_step_time() -> None:
-    detector = HangDetector(FIXED)
+    detector = HangDetector()
     assert detector.threshold(JOB) == 30.0  # nothing measured yet: the floor
     _run_hang(detector, _steady(40, 4.0))
     assert detector.median_step_seconds(JOB) == pytest.approx(4.0)
@@ -194,7 +193,7 @@ def test_fc10_hang_threshold_uses_the_jobs_median_step_time() -> None:
 
 
 def test_fc10_a_second_hang_is_a_second_episode() -> None:
-    detector = HangDetector(HangSettings(floor_seconds=5.0, factor=1.0, min_samples=1))
+    detector = HangDetector(HangSettings(floor_seconds=5.0, factor=1.0))
     scans = [
         *_steady(3, 1.0, ranks=(0,)),
         (10.0, {0: (3.0, 3.0, True)}),
@@ -326,164 +325,3 @@ def test_step_times_come_from_the_step_heartbeat_not_the_progress_heartbeat() ->
         progress = [RankProgress((JOB, 0), True, now, float(n), step_heartbeat=4.0 * n)]
         detector.observe(now, progress)
     assert detector.median_step_seconds(JOB) == pytest.approx(4.0)
-
-
-# ------------------------------------------------ adaptive thresholds (issue 18)
-def _series(
-    detector: HangDetector,
-    step_times: list[float],
-    *,
-    start: float = 0.0,
-    scan: float = 0.5,
-    stop_after: float | None = None,
-    until: float | None = None,
-    started_at: float | None = None,
-    paused: tuple[float, float] | None = None,
-) -> list[tuple[float, str, int]]:
-    """Rank 0 of JOB steps with ``step_times`` (one after another), scanned every ``scan`` s;
-    its heartbeat freezes after ``stop_after`` s; scans go on until ``until``. ``paused``:
-    (from, deadline) of a phase it enters at ``from`` (its heartbeat then)."""
-    ends, t = [], start
-    for seconds in step_times:
-        t += seconds
-        ends.append(t)
-    last = until if until is not None else ends[-1]
-    out = []
-    now = start
-    while now <= last + 1e-9:
-        done = [e for e in ends if e <= now and (stop_after is None or e <= stop_after)]
-        beat = done[-1] if done else start
-        paused_until = 0.0
-        if paused is not None and now >= paused[0]:
-            beat, paused_until = max(beat, paused[0]), paused[1]
-        r = RankProgress(
-            (JOB, 0),
-            True,
-            beat,
-            float(len(done)),
-            step_heartbeat=done[-1] if done else start,
-            paused_until=paused_until,
-            started_at=started_at,
-        )
-        out += [(now, t.kind, t.key[1]) for t in detector.observe(now, [r])]
-        now = round(now + scan, 6)
-    return out
-
-
-def _late(
-    detector: HangDetector, heartbeat: float, now: float, paused_until: float = 0.0
-) -> list[str]:
-    """One more scan of rank 0 at ``now``, its heartbeat still ``heartbeat``."""
-    r = RankProgress((JOB, 0), True, heartbeat, None, paused_until=paused_until)
-    return [t.kind for t in detector.observe(now, [r])]
-
-
-def test_a_sub_second_job_is_late_after_the_5_s_floor() -> None:
-    """0.4 s steps: 3 x median is 1.2 s, so the 5 s floor applies (target 5 s + 2 s)."""
-    detector = HangDetector()
-    out = _series(detector, [0.4] * 50, stop_after=10.0, until=30.0)
-    assert detector.threshold(JOB) == pytest.approx(5.0)
-    assert [kind for _, kind, _ in out] == [HANG]
-    [(when, _, _)] = out
-    assert 9.6 + 5.0 < when <= 10.0 + 5.0 + 0.5  # the first scan past the threshold
-
-
-def test_a_minute_step_job_is_late_after_three_of_its_steps_not_before() -> None:
-    """The first step's time is unknown until it ends: judged by the cold threshold,
-    which a job with minute-long steps raises (--hang-cold-seconds) or marks progress."""
-    detector = HangDetector(HangSettings(cold_seconds=90.0))
-    out = _series(detector, [60.0] * 8, scan=5.0, stop_after=480.0, until=480.0 + 175.0)
-    assert detector.threshold(JOB) == pytest.approx(180.0)
-    assert out == []  # 175 s without a step: three steps not yet passed
-    assert _late(detector, 480.0, 480.0 + 181.0) == [HANG]
-
-
-def test_a_slow_but_steady_job_is_never_late() -> None:
-    """8 s steps, 30 of them scanned every 0.5 s: threshold 24 s, never reached."""
-    detector = HangDetector()
-    assert _series(detector, [8.0] * 30) == []
-    assert detector.threshold(JOB) == pytest.approx(24.0)
-
-
-def test_a_jittery_job_widens_its_threshold_by_its_spread() -> None:
-    """Steps of 1 s and 3 s: median 2, MAD 1 -> median + 6 x 1.4826 = 10.9 s > 3 x 2."""
-    detector = HangDetector()
-    steps = [1.0, 3.0] * 20
-    assert _series(detector, steps, scan=0.25) == []
-    stats = StepStats(HangSettings())
-    for seconds in steps:
-        stats.add(seconds)
-    assert stats.median() == pytest.approx(2.0) and stats.mad() == pytest.approx(1.0)
-    assert stats.threshold() == pytest.approx(2.0 + 6 * MAD_TO_SIGMA * 1.0)
-
-
-def test_a_job_warming_up_is_judged_by_the_cold_threshold() -> None:
-    """Three step times are fewer than min_samples (5): 30 s, not 5 s."""
-    detector = HangDetector()
-    out = _series(detector, [1.0] * 3, stop_after=3.0, until=3.0 + 29.0)
-    assert out == []
-    assert detector.threshold(JOB) == 30.0
-    assert detector.step_medians() == {}
-    assert _late(detector, 3.0, 34.0) == [HANG]
-
-
-def test_a_warm_job_in_a_pause_phase_is_not_late_until_the_phase_deadline() -> None:
-    """0.5 s steps (threshold 5 s); a 20 s checkpoint save from t=20 (deadline t=50)."""
-    detector = HangDetector()
-    out = _series(detector, [0.5] * 40, stop_after=20.0, until=49.5, paused=(20.0, 50.0))
-    assert out == []
-    assert _late(detector, 20.0, 50.5, paused_until=50.0) == [HANG]
-
-
-def _restart_scans(
-    detector: HangDetector, new_step: float, until: float
-) -> list[tuple[float, str, int]]:
-    """Ranks 0 and 1 step every 1 s until t=20; both restart at t=21 (new processes,
-    heartbeat still 20), resume at t=40 from step 10 and step every ``new_step`` s."""
-    out = []
-    now = 0.0
-    while now <= until:
-        if now <= 20.0:
-            beat, step, started = now, now, 0.0
-        elif now < 40.0:
-            beat, step, started = 20.0, 20.0, 21.0
-        else:
-            done = int((now - 40.0) // new_step)
-            beat, step, started = 40.0 + done * new_step, 10.0 + done, 21.0
-        progress = [
-            RankProgress((JOB, r), True, beat, step, step_heartbeat=beat, started_at=started)
-            for r in (0, 1)
-        ]
-        out += [(now, t.kind, t.key[1]) for t in detector.observe(now, progress)]
-        now += 0.5
-    return out
-
-
-def test_a_restarted_rank_is_judged_from_its_start_and_the_job_warms_up_again() -> None:
-    detector = HangDetector()
-    out = _restart_scans(detector, 1.0, until=39.5)
-    assert out == []  # 19 s without a heartbeat after the restart: not late
-    assert detector.threshold(JOB) == 30.0  # the job warms up again
-    assert detector.thresholds()[(JOB, 0)] == pytest.approx(30.0 + 21.0 - 20.0)
-    assert detector.lateness(39.5) == {}
-
-
-def test_an_elastic_resize_with_slower_steps_is_not_a_hang() -> None:
-    """Before: 1 s steps (threshold 5 s). After the resize: 8 s steps (24 s when warm)."""
-    detector = HangDetector()
-    assert _restart_scans(detector, 8.0, until=200.0) == []
-    assert detector.threshold(JOB) == pytest.approx(24.0)
-
-
-def test_the_exported_threshold_and_lateness_of_a_warm_job() -> None:
-    detector = HangDetector()
-    _series(detector, [2.0] * 10, stop_after=20.0, until=24.0)
-    assert detector.step_medians() == {JOB: pytest.approx(2.0)}
-    assert detector.thresholds() == {(JOB, 0): pytest.approx(6.0)}
-    assert detector.lateness(24.0) == {(JOB, 0): pytest.approx(2.0)}
-
-
-@pytest.mark.parametrize("field", ["spread", "min_samples", "cold_seconds"])
-def test_adaptive_hang_settings_name_the_field(field: str) -> None:
-    with pytest.raises(AgentConfigError, match=field):
-        HangSettings(**{field: 0})

@@ -5,9 +5,12 @@ A lab of its own (prefix, subnet and ports no other lab uses); ``stormwatch chao
 trains a 4-rank job (2 nodes x 2 ranks) and arms the trainer fault point ``slow_step``
 (1 s of extra compute per step) on rank 1 through node 0's agent. The test then asks the
 lab's Prometheus, which loads alerts/rules/*.yml with its recording rules, for the
-``expr`` of ``StormwatchStraggler`` read from alerts/rules/training.yml (it has no
-``for``; issue 18: the agent's three slow steps against its node peers, or the per-step
-compute ratio held for 10 s, name the rank within 20 s). The
+``expr`` of ``StormwatchStraggler`` read from alerts/rules/training.yml. Its ``for: 2m``
+is left out so the test does not wait two minutes: the expression is what names the rank,
+``for`` only delays the firing. The recording rule it reads keeps its ``rate(...[2m])``:
+``rate`` uses the samples it has, so a window reaching back before the job started
+averages over the job's life, and the slowed rank's compute share passes 0.1 and 1.3x
+the median about 20 s after the fault (measured), so no shorter range is needed. The
 waiting ranks must also show the FC-14 signature: more collective wait per second than
 rank 1 since the fault. Ctrl-C (SIGINT) then ends the experiment, which reverts the
 fault (the ledger says so) and stops the job; the lab is torn down whatever happens.

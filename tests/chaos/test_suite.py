@@ -18,11 +18,9 @@ from stormwatch.chaos.gameday.scorecard import (
     ScorecardRow,
     latest_scorecard,
     load_scorecard,
-    render_markdown,
     write_scorecard,
 )
-from stormwatch.chaos.gameday.suite import SuiteEntry, fault_point, load_suite, score
-from stormwatch.chaos.gameday.targets import target_for
+from stormwatch.chaos.gameday.suite import SuiteEntry, load_suite, score
 from stormwatch.chaos.reports.evidence import AlertEvidence
 from stormwatch.chaos.reports.verify import Check, Verification, check_checkpoint, check_loss
 from stormwatch.contracts.journal import JobRef, Journal, SteadyState
@@ -141,8 +139,7 @@ def _pm(**fields: object) -> ExperimentPostMortem:
         "fault_at": 100.0,
         "detected": True,
         "alertname": "StormwatchRankStalled",
-        "alert_labels": {"job": "j", "rank": "1"},
-        "time_to_detect_seconds": 1.5,
+        "time_to_detect_seconds": 7.0,
         "recovered": True,
         "time_to_recover_seconds": 40.0,
         "steps_lost": 5,
@@ -168,10 +165,8 @@ def test_a_detected_recovered_lossless_run_passes(tmp_path: Path) -> None:
     assert (row.detected, row.alert, row.time_to_detect_seconds) == (
         True,
         "StormwatchRankStalled",
-        1.5,
+        7.0,
     )
-    assert (row.detect_class, row.detect_target_seconds) == ("rank killed", 2.0)
-    assert (row.within_target, row.culprit_named, row.false_alarms) == (True, True, [])
     assert (row.category, row.steps_lost, row.fault) == ("software_bug", 5, "kill_rank rank 1")
 
 
@@ -180,65 +175,11 @@ def test_detection_counts_only_by_an_expected_alert_fired_after_the_fault(tmp_pa
     row = score(_entry(), _journal(), other, ALL_OK, [], tmp_path)
     assert row.verdict == "fail" and row.detected is False
     assert any("none of StormwatchRankStalled fired" in r for r in row.reasons)
-    after = AlertEvidence(alertname="StormwatchRankStalled", labels={"rank": "1"}, firing_at=101.5)
-    row = score(_entry(), _journal(), other, ALL_OK, [after], tmp_path)
+    before = AlertEvidence(alertname="StormwatchRankStalled", labels={}, firing_at=50.0)
+    after = AlertEvidence(alertname="StormwatchRankStalled", labels={}, firing_at=112.5)
+    row = score(_entry(), _journal(), other, ALL_OK, [before, after], tmp_path)
     assert row.verdict == "pass", row.reasons
-    assert (row.alert, row.time_to_detect_seconds) == ("StormwatchRankStalled", 1.5)
-
-
-def test_an_alert_before_the_fault_is_a_false_alarm(tmp_path: Path) -> None:
-    before = AlertEvidence(
-        alertname="StormwatchRankStalled", labels={"rank": "0", "node": "node0"}, firing_at=50.0
-    )
-    row = score(_entry(), _journal(), _pm(), ALL_OK, [before], tmp_path)
-    assert row.false_alarms == ["StormwatchRankStalled{rank=0,node=node0}"]
-    assert row.verdict == "fail"
-    assert any("false alarm" in r for r in row.reasons)
-    card = Scorecard(suite_id="s", suite_dir="d", run_dir="r", started_at=0.0, rows=[row])
-    assert card.false_alarms == 1
-    assert "1 false alarm(s)" in render_markdown(card)
-
-
-def test_a_detection_slower_than_its_class_target_fails(tmp_path: Path) -> None:
-    row = score(_entry(), _journal(), _pm(time_to_detect_seconds=7.0), ALL_OK, [], tmp_path)
-    assert (row.within_target, row.detect_target_seconds) == (False, 2.0)
-    assert row.verdict == "fail"
-    assert any("above the rank killed target of 2 s" in r for r in row.reasons)
-
-
-def test_an_alert_naming_a_waiting_rank_is_a_wrong_culprit(tmp_path: Path) -> None:
-    victim = AlertEvidence(alertname="StormwatchRankStalled", labels={"rank": "0"}, firing_at=101.0)
-    row = score(_entry(), _journal(), _pm(), ALL_OK, [victim], tmp_path)
-    assert row.culprit_named is False
-    assert any("did not name the faulted rank alone" in r for r in row.reasons)
-
-
-@pytest.mark.parametrize(
-    ("kind", "point", "median", "seconds"),
-    [
-        ("kill_rank", None, None, 2.0),
-        ("trainer_fault", "collective_hang", 0.4, 7.0),
-        ("trainer_fault", "collective_hang", 60.0, 182.0),
-        ("partition", None, None, 7.0),
-        ("trainer_fault", "slow_step", None, 20.0),
-        ("nvlink_down", None, None, 5.0),
-        ("kill_agent", None, None, 5.0),
-        ("bandwidth_limit", None, None, 30.0),
-        ("checkpoint_full", None, None, 2.0),
-    ],
-)
-def test_each_fault_class_has_its_issue_18_target(
-    kind: str, point: str | None, median: float | None, seconds: float
-) -> None:
-    target = target_for(kind, point)
-    assert target is not None
-    assert target.target_seconds(median) == pytest.approx(seconds)
-
-
-def test_every_default_suite_fault_has_a_detect_target() -> None:
-    for entry in load_suite(DEFAULT_SUITE):
-        fault = next(a.fault for a in entry.experiment.method if getattr(a, "fault", None))
-        assert target_for(fault.kind, fault_point(entry.experiment)) is not None, entry.path
+    assert (row.alert, row.time_to_detect_seconds) == ("StormwatchRankStalled", 12.5)
 
 
 def test_a_deviation_a_lost_loss_or_a_fault_left_applied_fails(tmp_path: Path) -> None:

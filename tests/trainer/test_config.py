@@ -120,8 +120,6 @@ def test_parallel_dims_mesh_is_unavailable_before_it_is_built():
         (lambda: TelemetryConfig(job=""), "job"),
         (lambda: TrainConfig(steps=0), "steps"),
         (lambda: TrainConfig(steps=1, step_delay=-1.0), "step_delay"),
-        (lambda: TrainConfig(steps=1, eval_every=-1), "eval_every"),
-        (lambda: TrainConfig(steps=1, eval_seconds=float("inf")), "eval_seconds"),
         (lambda: TrainConfig(steps=1, tp=3), "tp"),
         (lambda: TrainConfig(steps=1, data=DataConfig(seq_len=128)), "seq_len"),
         (lambda: TrainConfig(steps=1, pp=0), "pp"),

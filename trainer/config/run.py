@@ -42,9 +42,6 @@ class TrainConfig:
             into; 0 (default) means ``pp``. Divides ``data.micro_batch``;
             ``>= pp`` for 1F1B.
         step_delay: seconds to sleep after each step (to slow a lab run down).
-        eval_every, eval_seconds: every ``eval_every`` steps (0: never) pause
-            ``eval_seconds`` inside the telemetry phase ``eval``, without collectives:
-            an evaluation-like pause (the soak's, ``make soak``), which must not alert.
 
     Raises:
         ConfigError: a value, or a combination of values, is invalid.
@@ -88,19 +85,6 @@ class TrainConfig:
         metavar="SECONDS",
         help="Sleep after each step (slows a lab run down).",
     )
-    eval_every: int = option(
-        "--eval-every",
-        default=0,
-        metavar="STEPS",
-        help="Every this many steps, pause --eval-seconds in the phase 'eval' (an "
-        "evaluation-like pause without collectives); 0: never.",
-    )
-    eval_seconds: float = option(
-        "--eval-seconds",
-        default=10.0,
-        metavar="SECONDS",
-        help="Length of each evaluation-like pause (--eval-every).",
-    )
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -114,18 +98,6 @@ class TrainConfig:
         check_positive_int(self.steps, "steps")
         check_positive_int(self.dp, "dp")
         check_positive_int(self.tp, "tp")
-        check(
-            isinstance(self.eval_every, int) and self.eval_every >= 0,
-            "eval_every",
-            f"must be a whole number of steps >= 0 (got {self.eval_every!r})",
-        )
-        check(
-            isinstance(self.eval_seconds, (int, float))
-            and math.isfinite(self.eval_seconds)
-            and self.eval_seconds >= 0,
-            "eval_seconds",
-            f"must be a finite number of seconds >= 0 (got {self.eval_seconds!r})",
-        )
         check(
             isinstance(self.step_delay, (int, float))
             and math.isfinite(self.step_delay)

@@ -14,7 +14,7 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    flight-recorder dumps. (Not ``freeze_rank``: Slurm sends SIGCONT before SIGTERM, so a
    stopped rank is running again when the ranks write their dumps, and is no longer behind.)
 3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
-   expression of StormwatchStraggler (as in
+   expression of StormwatchStraggler (without its ``for: 2m``, as in
    tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
 4. Zero code: the unmodified plain-DDP example (examples/plain_ddp/train.py, no stormwatch
    import) as the job's command under ``stormwatch run``: the lab's agents count its
