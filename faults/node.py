@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import psutil
 
 
-class RankSeen(Protocol):
-    """One rank as the node's rank directory sees it (the agent's ``RankInfo``)."""
+class _RankProcess(Protocol):
+    """A process of one rank of a job: what every view of a rank names."""
 
     @property
     def job(self) -> str: ...
@@ -32,6 +32,10 @@ class RankSeen(Protocol):
 
     @property
     def pid(self) -> int: ...
+
+
+class RankSeen(_RankProcess, Protocol):
+    """One rank as the node's rank directory sees it (the agent's ``RankInfo``)."""
 
     @property
     def alive(self) -> bool: ...
@@ -42,17 +46,8 @@ class RankSeen(Protocol):
         ...
 
 
-class OrphanSeen(Protocol):
+class OrphanSeen(_RankProcess, Protocol):
     """A rank process that outlived its launcher (the agent's ``OrphanInfo``)."""
-
-    @property
-    def job(self) -> str: ...
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def pid(self) -> int: ...
 
     @property
     def create_time(self) -> float: ...
