@@ -145,7 +145,11 @@ class LabBackend:
         return cls(diagnostics_dir=diagnostics_dir, node_metrics_dirs=nodes, grace_period_s=grace)
 
     def workers(self, job: str) -> list[Worker]:
-        """The job's live workers, by rank."""
+        """The job's live workers, by rank.
+
+        When the lab's nodes are known (:attr:`node_metrics_dirs`), only workers whose
+        ``STORMWATCH_METRICS_DIR`` is one of theirs count: a job of the same name run by
+        another lab or user on this machine is not this lab's to signal."""
         by_dir = {str(Path(p).resolve()): n for n, p in self.node_metrics_dirs.items()}
         found = []
         for proc in psutil.process_iter(["pid", "ppid"]):
@@ -158,6 +162,8 @@ class LabBackend:
                 continue
             metrics = environ.get("STORMWATCH_METRICS_DIR")
             node = by_dir.get(str(Path(metrics).resolve())) if metrics else None
+            if node is None and by_dir:
+                continue  # another lab's (or nobody's) job of that name
             found.append(Worker(proc.pid, proc.info["ppid"], ident.rank, node, dict(environ)))
         return sorted(found, key=lambda w: (w.rank, w.pid))
 

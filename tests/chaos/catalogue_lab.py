@@ -301,6 +301,23 @@ class LabChaos:
 
         return poll(find, 30, f"an agent to list rank {rank} alive", every=0.2)
 
+    def node_torchrun_pid(self, node: str) -> int:
+        """``node``'s torchrun (the elastic agent) as the lab launched it: alive while the
+        launcher is, whether or not its workers are (a rendezvous host waits on)."""
+        pid = self.lab.job(self.job).node_pids[node]
+        assert psutil.pid_exists(pid), f"{node}'s torchrun (pid {pid}) is gone"
+        return pid
+
+    def fresh_job(self, timeout: float = 180) -> None:
+        """Stop the job, whatever is left of it, and start it again (resuming nothing: it never
+        checkpoints); back when every rank makes progress and the agents list all four."""
+        spec = self.lab.job(self.job).spec
+        self.lab.stop_job(self.job, grace=2)
+        self.lab.start_job(spec)
+        self.progressing(timeout=timeout)
+        for rank in range(4):
+            self.rank_pid(rank)
+
     def torchrun_pid(self, rank: int) -> int:
         """The torchrun above ``rank``'s worker."""
         process = psutil.Process(self.rank_pid(rank))

@@ -81,11 +81,16 @@ def test_a_job_the_lab_launched_directly_goes_to_its_processes_and_says_so(
     slurm = Jobs(elastic="COMPLETED")  # an earlier Slurm job of that name has ended
     node0 = fake_job("elastic", nodes["node0"], workers=2, first_rank=0)
     fake_job("elastic", nodes["node1"], workers=2, first_rank=2)
+    # Another lab on this machine runs a job of the same name: not this lab's to signal.
+    elsewhere = tmp_path / "another-lab" / "node0"
+    elsewhere.mkdir(parents=True)
+    other = fake_job("elastic", elsewhere, workers=2, first_rank=0)
     backend = _backend(slurm, tmp_path, nodes)
     assert backend.ranks("elastic") == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
     detail = backend.restart_workers("elastic")
     assert detail.startswith(DIRECT_NOTE + "sent SIGTERM to 4 workers of job elastic")
     kit.wait_for(lambda: node0.terms("worker") == 2, 10, "SIGTERM to node0's workers")
+    assert other.terms("worker") == 0
 
 
 def test_a_job_neither_slurm_nor_the_lab_runs_is_slurms_clear_error(
