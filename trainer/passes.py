@@ -12,6 +12,7 @@ itself. Dropout is re-seeded before each micro-batch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,9 @@ from torch.distributed.fsdp import FSDPModule
 import stormwatch.telemetry as swt
 from stormwatch.trainer.config import VOCAB_SIZE
 from stormwatch.trainer.data.batches import MicroBatch
-from stormwatch.trainer.parallel.pipeline import Pipeline
+
+if TYPE_CHECKING:  # torch.distributed.pipelining (and torch._dynamo) only when pp > 1
+    from stormwatch.trainer.parallel.pipeline import Pipeline
 
 
 def _set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:

@@ -154,7 +154,7 @@ class SlurmWatch:
         self._commands, self._node, self._jobs = commands, node, jobs
         self.node_states: list[tuple[float, str, str | None]] = []
         self.job_states: list[tuple[float, str, str, int]] = []
-        #: (time first seen, job id, NodeList) of each allocation a job ran on.
+        #: (time first seen, job id, NodeList) of each run of a job (a requeue starts another).
         self.job_nodes: list[tuple[float, str, str]] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -184,10 +184,13 @@ class SlurmWatch:
                 if job.name.startswith(self._jobs):
                     last = [s for s in self.job_states if s[1] == job.job_id][-1:]
                     seen = (job.job_id, job.state, job.restarts)
+                    # A run starts when the job is seen RUNNING after another state or with
+                    # another restart count: a requeued job may run on the same nodes again.
+                    new_run = job.state == "RUNNING" and (not last or last[0][1:] != seen)
                     if not last or last[0][1:] != seen:
                         self.job_states.append((now, *seen))
                     placed = [n for _, i, n in self.job_nodes if i == job.job_id][-1:]
-                    if job.state == "RUNNING" and placed != [job.nodes]:
+                    if job.state == "RUNNING" and (new_run or placed != [job.nodes]):
                         self.job_nodes.append((now, job.job_id, job.nodes))
             self._stop.wait(0.5)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -34,7 +35,9 @@ from torch.distributed.tensor.parallel import (
 
 from stormwatch.trainer.model import ByteLM
 from stormwatch.trainer.parallel.dims import ParallelDims
-from stormwatch.trainer.parallel.pipeline import Pipeline, build_pipeline, split_stage
+
+if TYPE_CHECKING:  # torch.distributed.pipelining imports torch._dynamo: only when pp > 1
+    from stormwatch.trainer.parallel.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ def parallelize(
 def _split_stage(model: ByteLM, dims: ParallelDims) -> int:
     """Keep this rank's pipeline stage of ``model`` (its blocks; the embeddings on the first
     stage, norm + head on the last); returns the stage index."""
+    from stormwatch.trainer.parallel.pipeline import split_stage
+
     stage = dims.coordinate(torch.distributed.get_rank())["pp"]
     split_stage(model, stage, dims.pp)
     return stage
@@ -199,6 +204,8 @@ def _build_schedule(
     accumulation_steps: int,
 ) -> Pipeline:
     """The pipeline stage around this rank's (sharded) stage and its schedule over ``"pp"``."""
+    from stormwatch.trainer.parallel.pipeline import build_pipeline
+
     sequences, seq_len = batch_shape
     return build_pipeline(
         model,
