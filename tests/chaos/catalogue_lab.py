@@ -301,13 +301,6 @@ class LabChaos:
 
         return poll(find, 30, f"an agent to list rank {rank} alive", every=0.2)
 
-    def node_torchrun_pid(self, node: str) -> int:
-        """``node``'s torchrun (the elastic agent) as the lab launched it: alive while the
-        launcher is, whether or not its workers are (a rendezvous host waits on)."""
-        pid = self.lab.job(self.job).node_pids[node]
-        assert psutil.pid_exists(pid), f"{node}'s torchrun (pid {pid}) is gone"
-        return pid
-
     def fresh_job(self, timeout: float = 180) -> None:
         """Stop the job, whatever is left of it, and start it again (resuming nothing: it never
         checkpoints); back when every rank makes progress and the agents list all four."""

@@ -497,9 +497,8 @@ def test_kill_torchrun_kills_node1s_launcher(chaos: Any) -> None:
 
 
 def test_kill_rdzv_host_kills_the_torchrun_serving_the_store_on_node0(chaos: Any) -> None:
-    # node1's launcher is gone (the test above) and the revert stopped its orphans: node0's
-    # workers failed, and its torchrun waits on in the rendezvous it hosts.
-    host = chaos.node_torchrun_pid("node0")
+    chaos.fresh_job()  # node1's launcher is gone (the test above): the job has ended
+    host = chaos.torchrun_pid(0)
     injected = chaos.inject(_fault("kill_rdzv_host"))
     assert [r.node for r in injected.entry.target.requests] == ["node0"]
     helpers.poll(lambda: helpers.status(host) == "gone", 10, "node0's torchrun to be gone")
@@ -507,7 +506,7 @@ def test_kill_rdzv_host_kills_the_torchrun_serving_the_store_on_node0(chaos: Any
 
 
 def test_kill_node_processes_kills_every_training_process_of_node0(chaos: Any) -> None:
-    chaos.fresh_job()  # the two kills above ended the job
+    chaos.fresh_job()  # the kill above ended the job
     ranks = [chaos.rank_pid(0), chaos.rank_pid(1)]
     chaos.inject(_fault("kill_node_processes"))
     helpers.poll(
