@@ -49,6 +49,14 @@ SETTLE_S = 5.0
 #: Seconds from SIGTERM to SIGKILL when the plugin stops the leftovers it reported.
 STOP_GRACE_S = 2.0
 _NETNS_DIR = "/run/netns"
+#: The command lines of multiprocessing's helpers (a forkserver, the resource tracker) that a
+#: test starts in this pytest process: they serve the process itself and end with it, so a
+#: direct child of it running one is not a leftover. What the forkserver forks still is (it
+#: carries the forkserver's command line and environment: named by the test that started it).
+_OWN_HELPERS = (
+    "from multiprocessing.forkserver import main",
+    "from multiprocessing.resource_tracker import main",
+)
 
 
 def _netns() -> set[str]:
@@ -169,6 +177,10 @@ class Leftovers:
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     continue  # exited: holds nothing
+                if proc.ppid() == own.pid and any(
+                    helper in " ".join(proc.cmdline()) for helper in _OWN_HELPERS
+                ):
+                    continue  # this process's multiprocessing helper: ends with it
                 environ = proc.environ()
             except psutil.Error:
                 environ = {}  # gone, or not readable: only a child of ours counts

@@ -108,6 +108,36 @@ def test_a_session_that_cleans_up_passes_and_ignores_other_sessions_processes(
         other.wait()
 
 
+def test_the_sessions_own_forkserver_is_not_a_leftover_but_what_it_forked_is(
+    tmp_path: Path,
+) -> None:
+    """multiprocessing's forkserver and resource tracker serve the pytest process and end
+    with it; a process the forkserver started and nobody stopped is a leftover."""
+    done = _session(
+        tmp_path,
+        """
+        import multiprocessing, time
+
+        def sleep(seconds):
+            time.sleep(seconds)
+
+        def test_uses_a_forkserver():
+            process = multiprocessing.get_context("forkserver").Process(target=sleep, args=(0.1,))
+            process.start()
+            process.join()
+
+        def test_leaks_a_forked_process():
+            multiprocessing.get_context("forkserver").Process(target=sleep, args=(600,)).start()
+        """,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    leftovers = done.stdout.split("= leftovers =")[1]
+    # One: the forked process (its command line is the forkserver's, and so is its
+    # environment: it is named by the test that started the forkserver). Not the forkserver
+    # or the resource tracker.
+    assert "1 thing(s)" in leftovers and "resource_tracker" not in leftovers, leftovers
+
+
 @pytest.mark.root
 def test_a_network_namespace_left_behind_fails_the_session(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
