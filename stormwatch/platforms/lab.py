@@ -109,6 +109,29 @@ class Worker:
         return Path(metrics) / "control" if metrics else None
 
 
+def _resolved(path: Path) -> str | None:
+    """``path`` resolved (symlinks, ``..``); ``None`` when it cannot be (a symlink loop)."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
+        return None
+
+
+def _worker_metrics_dir(proc: psutil.Process, environ: Mapping[str, str]) -> str | None:
+    """The worker's ``STORMWATCH_METRICS_DIR``, resolved; a relative one against the worker's
+    own working directory, not this process's. ``None`` when unset or not resolvable."""
+    metrics = environ.get("STORMWATCH_METRICS_DIR")
+    if not metrics:
+        return None
+    path = Path(metrics)
+    if not path.is_absolute():
+        try:
+            path = Path(proc.cwd()) / path
+        except (psutil.Error, OSError):
+            return None
+    return _resolved(path)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LabBackend:
     """The lab's backend (local processes, one PID namespace).
@@ -150,7 +173,7 @@ class LabBackend:
         When the lab's nodes are known (:attr:`node_metrics_dirs`), only workers whose
         ``STORMWATCH_METRICS_DIR`` is one of theirs count: a job of the same name run by
         another lab or user on this machine is not this lab's to signal."""
-        by_dir = {str(Path(p).resolve()): n for n, p in self.node_metrics_dirs.items()}
+        by_dir = {key: n for n, p in self.node_metrics_dirs.items() if (key := _resolved(Path(p)))}
         found = []
         for proc in psutil.process_iter(["pid", "ppid"]):
             try:
@@ -160,8 +183,7 @@ class LabBackend:
             ident = rank_env(environ)
             if ident is None or ident.job != job:
                 continue
-            metrics = environ.get("STORMWATCH_METRICS_DIR")
-            node = by_dir.get(str(Path(metrics).resolve())) if metrics else None
+            node = by_dir.get(_worker_metrics_dir(proc, environ) or "")
             if node is None and by_dir:
                 continue  # another lab's (or nobody's) job of that name
             found.append(Worker(proc.pid, proc.info["ppid"], ident.rank, node, dict(environ)))

@@ -301,15 +301,19 @@ class LabChaos:
 
         return poll(find, 30, f"an agent to list rank {rank} alive", every=0.2)
 
-    def fresh_job(self, timeout: float = 180) -> None:
-        """Stop the job, whatever is left of it, and start it again (resuming nothing: it never
-        checkpoints); back when every rank makes progress and the agents list all four."""
-        spec = self.lab.job(self.job).spec
-        self.lab.stop_job(self.job, grace=2)
-        self.lab.start_job(spec)
+    def ready(self, timeout: float = 180) -> None:
+        """Back when every rank makes progress and the agents' rank watchers list all four."""
         self.progressing(timeout=timeout)
         for rank in range(4):
             self.rank_pid(rank)
+
+    def fresh_job(self, timeout: float = 180) -> None:
+        """Stop the job, whatever is left of it, and start it again (resuming nothing: it never
+        checkpoints); back when it is :meth:`ready`."""
+        spec = self.lab.job(self.job).spec
+        self.lab.stop_job(self.job, grace=2)
+        self.lab.start_job(spec)
+        self.ready(timeout)
 
     def torchrun_pid(self, rank: int) -> int:
         """The torchrun above ``rank``'s worker."""

@@ -134,9 +134,7 @@ def chaos(lab: Lab) -> Iterator[Any]:
         for listener in listeners:
             assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
         driver = helpers.LabChaos(lab, JOB)
-        driver.progressing(timeout=180)
-        for rank in range(4):  # the agents' rank watchers see every rank
-            driver.rank_pid(rank)
+        driver.ready(timeout=180)
         yield driver
     finally:
         for listener in listeners:

@@ -147,3 +147,54 @@ def test_exclude_node_also_stops_workers_that_outlived_their_torchrun(
     assert f"and to the workers [{orphan}] that outlived theirs" in detail, detail
     assert on1.terms("worker") == 1  # SIGTERM to the worker itself, then SIGKILL
     assert _gone(orphan)
+
+
+def _rank_process(job: str, metrics_dir: str, cwd: Path) -> Any:
+    """A sleeping process with rank 0's environment of ``job``, run in ``cwd``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "TORCHELASTIC_RUN_ID": f"run-{job}",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "STORMWATCH_JOB": job,
+        "STORMWATCH_METRICS_DIR": metrics_dir,
+    }
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, cwd=cwd)
+
+
+def test_a_relative_metrics_dir_is_the_workers_own_and_a_symlink_loop_is_no_node(
+    tmp_path: Path, nodes: dict[str, Path], kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STORMWATCH_METRICS_DIR=node0/metrics`` names the worker's node0 relative to its own
+    working directory: run from this lab's folder it is this lab's node0; run from another
+    lab's folder it is not, whatever the directory this process runs in. A path that loops
+    is no node (and no traceback)."""
+    other_lab = tmp_path / "other-lab"
+    (other_lab / "node0" / "metrics").mkdir(parents=True)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    monkeypatch.chdir(tmp_path)  # where this lab's node0/metrics is, relative
+    processes = [
+        _rank_process("mine", "node0/metrics", cwd=tmp_path),
+        _rank_process("theirs", "node0/metrics", cwd=other_lab),
+        _rank_process("looped", str(loop / "metrics"), cwd=tmp_path),
+    ]
+    try:
+        backend = _backend(tmp_path, nodes)
+        mine = kit.wait_for(lambda: backend.workers("mine"), 20, "the relative worker")
+        assert [(w.rank, w.node) for w in mine] == [(0, "node0")]
+        assert backend.workers("theirs") == []
+        assert backend.workers("looped") == []
+        with pytest.raises(BackendError, match="no live worker of job 'theirs'"):
+            backend.restart_workers("theirs")
+        assert all(p.poll() is None for p in processes)  # nobody was signalled
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
