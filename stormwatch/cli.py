@@ -112,7 +112,7 @@ def root(ctx: click.Context, verbose: int, log_format: logs.LogFormat) -> None:
     \b
     Quick start (root, Debian/Ubuntu):
       stormwatch demo            lab + kill-rank experiment + post-mortem
-      stormwatch lab up          two-node lab in network namespaces
+      stormwatch lab up          the lab: three nodes in network namespaces
       stormwatch chaos run experiments/kill-rank.yaml
     """
     logs.configure(max(logging.WARNING - 10 * verbose, logging.DEBUG), log_format)

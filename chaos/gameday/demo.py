@@ -3,7 +3,7 @@
 Steps (each says what it is doing while it runs):
 
 1. clean ``--run-dir`` (default ``./run/demo``; an earlier lab there is brought down first);
-2. bring the two-node lab up;
+2. bring the lab up (three nodes: a two-node job and a spare);
 3. train the baseline job to completion (no faults);
 4. run ``experiments/kill-rank.yaml`` against an identical job;
 5. write the post-mortem (waits for the alert to be received and resolved);
@@ -180,7 +180,7 @@ def summary_table(run: ExperimentRun, pm: ExperimentPostMortem | None) -> Table:
     help="Experiment to run (default: experiments/kill-rank.yaml).",
 )
 def demo(run_dir: Path, steps: int | None, keep_lab: bool, experiment_file: Path | None) -> int:
-    """Run the main job: two-node lab, baseline, kill-rank experiment, post-mortem.
+    """Run the main job: the lab (a two-node job and a spare), baseline, kill-rank experiment, post-mortem.
 
     Needs root (network namespaces). Brings the lab up in --run-dir, trains a
     fault-free baseline, runs the kill-rank experiment against an identical
