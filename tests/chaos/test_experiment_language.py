@@ -3,9 +3,11 @@ dry-run; malformed files (generated) each give a clear error naming file, line a
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,34 @@ from stormwatch.chaos.experiment.selection import (
     select_ranks,
     touched_ranks,
 )
+from stormwatch.cli import main
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
+
+
+@pytest.fixture
+def stormwatch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process, with exit
+    status and output as a process's (an exception main does not map escapes the test):
+    for the cases about what a command says; one dry run below is a real process."""
+    for name in [n for n in os.environ if n.startswith("STORMWATCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out = capsys.readouterr()
+        code = exited.value.code
+        return subprocess.CompletedProcess(
+            args, code if isinstance(code, int) else 1, out.out, out.err
+        )
+
+    return run
+
 
 #: Every new part of the language in one valid file (2 nodes x 2 ranks).
 RICH = """
@@ -355,17 +383,12 @@ def test_generated_unknown_keys_are_rejected_listing_the_valid_ones() -> None:
     ids=["empty", "comment-only", "huge", "truncated"],
 )
 def test_empty_huge_and_broken_files_start_nothing(
-    tmp_path: Path, content: bytes, wanted: str
+    tmp_path: Path, content: bytes, wanted: str, stormwatch
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(content)
     run_dir = tmp_path / "run"
-    out = subprocess.run(
-        [str(STORMWATCH), "chaos", "run", str(bad), "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = stormwatch("chaos", "run", str(bad), "--run-dir", str(run_dir))
     assert out.returncode == 2, out.stderr
     assert wanted in out.stderr and str(bad) in out.stderr
     assert "Traceback" not in out.stderr
@@ -479,7 +502,7 @@ REFUSED_AT_PLAN = [
     ("action", "said"), [c[1:] for c in REFUSED_AT_PLAN], ids=[c[0] for c in REFUSED_AT_PLAN]
 )
 def test_a_dry_run_of_a_plan_a_run_would_refuse_exits_2_naming_why(
-    tmp_path: Path, action: dict[str, Any], said: str
+    tmp_path: Path, action: dict[str, Any], said: str, stormwatch
 ) -> None:
     data = yaml.safe_load(RICH)
     data["job"] = {"steps": 50, "checkpoint_every": 10, "world_size": 4}
@@ -490,13 +513,7 @@ def test_a_dry_run_of_a_plan_a_run_would_refuse_exits_2_naming_why(
     path.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
     for command in (["run", str(path)], ["suite", str(folder)]):
-        out = subprocess.run(
-            [str(STORMWATCH), "chaos", *command, "--dry-run", "--run-dir", str(run_dir)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
-        )
+        out = stormwatch("chaos", *command, "--dry-run", "--run-dir", str(run_dir))
         assert out.returncode == 2, (command, out.stdout, out.stderr)
         error = " ".join(out.stderr.split())
         assert str(path) in error and said in error, error

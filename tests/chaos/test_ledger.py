@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,35 @@ from stormwatch.chaos import Ledger, LedgerError, revert_open
 from stormwatch.chaos.execution.injection.placement import find_rank_process
 from stormwatch.chaos.ledger.ledger import ledger_path
 from stormwatch.chaos.ledger.revert import OVERDUE_REASON
+from stormwatch.cli import main
 from stormwatch.contracts.fault_ledger import FaultTarget
 from stormwatch.faults import REGISTRY
 
 KillRankFault = REGISTRY["kill_rank"].experiment
 FreezeRankFault = REGISTRY["freeze_rank"].experiment
+
+
+@pytest.fixture
+def stormwatch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process (``columns``:
+    the terminal width it sees), with exit status and output as a process's (an exception
+    main does not map escapes the test). The commands also run as real processes below:
+    ``chaos ledger`` after a dead controller, ``chaos revert --all``."""
+
+    def run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out = capsys.readouterr()
+        code = exited.value.code
+        return subprocess.CompletedProcess(
+            args, code if isinstance(code, int) else 1, out.out, out.err
+        )
+
+    return run
 
 
 def _kill_spec() -> Any:
@@ -193,8 +218,10 @@ def test_overdue_frozen_rank_is_thawed_by_the_next_command(
     unique_job: Any,
     wait_until: Any,
     command: tuple[str, str],
+    stormwatch: Any,
 ) -> None:
-    """Controller and reaper both dead: the next lab command reverts the fault."""
+    """Controller and reaper both dead: the next lab command reverts the fault (``chaos
+    ledger`` as a real process, ``lab status`` in-process)."""
     job = unique_job("overdue")
     workload = start_workload(job)
     process = find_rank_process(job, 0)
@@ -222,13 +249,21 @@ def test_overdue_frozen_rank_is_thawed_by_the_next_command(
         expires_at=time.time() - 5,
     )
 
-    out = subprocess.run(
-        [str(Path(sys.executable).with_name("stormwatch")), *command, "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    if command == ("chaos", "ledger"):
+        out = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("stormwatch")),
+                *command,
+                "--run-dir",
+                str(run_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+    else:
+        out = stormwatch(*command, "--run-dir", str(run_dir), columns=250)
 
     assert "reverted overdue fault frozen" in out.stderr, out.stderr
     assert "overdue fault stuck could not be reverted" in out.stderr
@@ -249,7 +284,7 @@ def _ledger_rows(out: str) -> list[list[str]]:
     ]
 
 
-def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path) -> None:
+def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path, stormwatch) -> None:
     run_dir = tmp_path / "run"
     ledger = Ledger(ledger_path(run_dir))
     now = time.time()
@@ -272,11 +307,7 @@ def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path) -> 
     ledger.mark_reverted("e.freeze", reason="experiment finished and the steady state held")
 
     def ledger_at(columns: int) -> str:
-        out = subprocess.run(
-            [str(Path(sys.executable).with_name("stormwatch")), "chaos", "ledger",
-             "--run-dir", str(run_dir)],
-            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": str(columns)},
-        )  # fmt: skip
+        out = stormwatch("chaos", "ledger", "--run-dir", str(run_dir), columns=columns)
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         return out.stdout
 
@@ -294,7 +325,7 @@ def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path) -> 
 
 
 def test_an_unreadable_row_is_named_and_the_other_faults_are_still_reverted(
-    tmp_path: Path,
+    tmp_path: Path, stormwatch: Any
 ) -> None:
     """One corrupt row must not keep ``chaos revert --all`` from reverting the rest."""
     run_dir = tmp_path / "run"
@@ -311,10 +342,10 @@ def test_an_unreadable_row_is_named_and_the_other_faults_are_still_reverted(
         )
     with sqlite3.connect(ledger.path) as conn:
         conn.execute("UPDATE faults SET spec='{not json' WHERE id='exp.broken'")
-    stormwatch = str(Path(sys.executable).with_name("stormwatch"))
 
     done = subprocess.run(
-        [stormwatch, "chaos", "revert", "--all", "--run-dir", str(run_dir)],
+        [str(Path(sys.executable).with_name("stormwatch")), "chaos", "revert", "--all",
+         "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -325,16 +356,13 @@ def test_an_unreadable_row_is_named_and_the_other_faults_are_still_reverted(
     assert "UNREADABLE exp.broken: " in out and "not reverted" in out
     assert "DELETE FROM faults WHERE id='exp.broken'" in out
     assert not Ledger(ledger.path, create=False).get("exp.gone").open
-    listing = subprocess.run(
-        [stormwatch, "chaos", "ledger", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    listing = stormwatch("chaos", "ledger", "--run-dir", str(run_dir))
     assert listing.returncode == 1 and "Traceback" not in listing.stderr
     assert "UNREADABLE exp.broken" in " ".join(listing.stdout.split())
 
 
 def test_an_unreadable_row_says_why_and_naming_it_does_not_call_it_unknown(
-    tmp_path: Path,
+    tmp_path: Path, stormwatch: Any
 ) -> None:
     """The reason names the column and the problem, not pydantic's union title; reverting
     the row by id says it is unreadable (exit 1), not that it is missing from the ledger."""
@@ -349,16 +377,8 @@ def test_an_unreadable_row_says_why_and_naming_it_does_not_call_it_unknown(
     )
     with sqlite3.connect(ledger.path) as conn:
         conn.execute("""UPDATE faults SET spec='{"kind": "melt_gpu"}' WHERE id='exp.broken'""")
-    stormwatch = str(Path(sys.executable).with_name("stormwatch"))
-
-    listed = subprocess.run(
-        [stormwatch, "chaos", "ledger", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    reverted = subprocess.run(
-        [stormwatch, "chaos", "revert", "exp.broken", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    listed = stormwatch("chaos", "ledger", "--run-dir", str(run_dir))
+    reverted = stormwatch("chaos", "revert", "exp.broken", "--run-dir", str(run_dir))
 
     assert listed.returncode == 1, listed.stdout + listed.stderr
     out = " ".join(listed.stdout.split())

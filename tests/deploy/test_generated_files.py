@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from stormwatch.alerts.rulefiles import rule_files
@@ -21,17 +23,27 @@ def _generated(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_regenerating_gives_the_checked_in_files_byte_for_byte(tmp_path: Path, kit: Any) -> None:
-    done = kit.render(tmp_path)
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory, kit: Any) -> Path:
+    """One run of deploy/render.py into a fresh folder, shared: the tests only read it or
+    edit a copy."""
+    out = tmp_path_factory.mktemp("rendered")
+    done = kit.render(out)
     assert done.returncode == 0, done.stderr
-    fresh, checked_in = _generated(tmp_path), _generated(kit.kubernetes)
+    return out
+
+
+def test_regenerating_gives_the_checked_in_files_byte_for_byte(rendered: Path, kit: Any) -> None:
+    fresh, checked_in = _generated(rendered), _generated(kit.kubernetes)
     assert sorted(fresh) == sorted(checked_in)
     stale = [name for name in fresh if fresh[name] != checked_in[name]]
     assert not stale, f"stale generated files {stale}: run `make deploy-manifests`"
 
 
-def test_check_mode_reports_a_hand_edited_file_and_writes_nothing(tmp_path: Path, kit: Any) -> None:
-    assert kit.render(tmp_path).returncode == 0
+def test_check_mode_reports_a_hand_edited_file_and_writes_nothing(
+    tmp_path: Path, rendered: Path, kit: Any
+) -> None:
+    shutil.copytree(rendered, tmp_path, dirs_exist_ok=True)
     rule = tmp_path / "base" / "prometheusrule.yaml"
     rule.write_text(rule.read_text() + "# edited by hand\n")
     before = rule.read_bytes()

@@ -1,16 +1,21 @@
 """``stormwatch plan`` takes per-category detect/recover times from the latest game-day scorecard,
-and says when it falls back to the documented defaults."""
+and says when it falls back to the documented defaults.
+
+The command runs in-process, through the console script's entry point
+(``stormwatch.cli.main``: exit status and stderr as a process's); tests/plan/test_cli.py
+runs it as a real process."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from stormwatch.chaos.gameday.scorecard import Scorecard, ScorecardRow, write_scorecard
+from stormwatch.cli import main
 from stormwatch.plan import load_failure_table
 from stormwatch.plan.errors import InvalidPlanInput
 from stormwatch.plan.fromscorecard import read_scorecard_times
@@ -52,11 +57,24 @@ ROWS = [
 ]
 
 
-def _stormwatch(*args: str) -> subprocess.CompletedProcess[str]:
-    code = "from stormwatch.cli import main; main()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
-    )
+@pytest.fixture
+def stormwatch(
+    capsys: pytest.CaptureFixture[str],
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process: its exit
+    status and output as a process's (an exception main does not map escapes the test)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out = capsys.readouterr()
+        code = exited.value.code
+        return subprocess.CompletedProcess(
+            args, code if isinstance(code, int) else 1, out.out, out.err
+        )
+
+    return run
 
 
 def test_measured_times_are_the_mean_per_category_and_rows_without_recovery_are_skipped(
@@ -83,7 +101,7 @@ def test_a_scorecard_with_an_unknown_category_is_rejected_naming_it(tmp_path: Pa
         read_scorecard_times(path, load_failure_table())
 
 
-def test_plan_uses_the_latest_scorecard_under_the_run_dir(tmp_path: Path) -> None:
+def test_plan_uses_the_latest_scorecard_under_the_run_dir(tmp_path: Path, stormwatch) -> None:
     run_dir = tmp_path / "run"
     _write(
         run_dir,
@@ -93,7 +111,7 @@ def test_plan_uses_the_latest_scorecard_under_the_run_dir(tmp_path: Path) -> Non
     latest = _write(run_dir, "20260101T000000-suite-new0", ROWS)
     out = tmp_path / "plan"
 
-    proc = _stormwatch(
+    proc = stormwatch(
         "plan", "--gpus", "16384", "--replicas", "20", "--run-dir", str(run_dir), "--out", str(out)
     )
 
@@ -109,8 +127,10 @@ def test_plan_uses_the_latest_scorecard_under_the_run_dir(tmp_path: Path) -> Non
     assert by_id["faulty_gpu"]["source"] == "default"
 
 
-def test_plan_without_a_scorecard_says_it_uses_the_documented_defaults(tmp_path: Path) -> None:
-    proc = _stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(tmp_path))
+def test_plan_without_a_scorecard_says_it_uses_the_documented_defaults(
+    tmp_path: Path, stormwatch
+) -> None:
+    proc = stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "no game-day scorecard under" in proc.stdout
     assert "documented defaults" in proc.stdout
@@ -118,19 +138,22 @@ def test_plan_without_a_scorecard_says_it_uses_the_documented_defaults(tmp_path:
 
 def test_a_latest_scorecard_that_measured_nothing_falls_back_to_the_defaults(
     tmp_path: Path,
+    stormwatch,
 ) -> None:
     run_dir = tmp_path / "run"
     nothing = [_row("06-slow-rank.yaml", "trainer_fault", None, ttd=130.0, ttr=None)]
     path = _write(run_dir, "20260101T000000-suite-cccc", nothing)
-    proc = _stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(run_dir))
+    proc = stormwatch("plan", "--gpus", "1024", "--replicas", "20", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stderr
     assert "measured no failure category" in proc.stdout and "documented defaults" in proc.stdout
-    explicit = _stormwatch("plan", "--gpus", "1024", "--scorecard", str(path))
+    explicit = stormwatch("plan", "--gpus", "1024", "--scorecard", str(path))
     assert explicit.returncode == 2 and "nothing to plan with" in explicit.stderr
 
 
-def test_plan_with_a_missing_scorecard_file_exits_2_naming_the_option(tmp_path: Path) -> None:
-    proc = _stormwatch("plan", "--gpus", "8", "--scorecard", str(tmp_path / "nope.json"))
+def test_plan_with_a_missing_scorecard_file_exits_2_naming_the_option(
+    tmp_path: Path, stormwatch
+) -> None:
+    proc = stormwatch("plan", "--gpus", "8", "--scorecard", str(tmp_path / "nope.json"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--scorecard" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -179,7 +202,7 @@ def _card(tmp_path: Path, **change: object) -> dict[str, object]:
     ],
 )
 def test_a_bad_scorecard_file_exits_2_with_one_line_naming_the_field(
-    tmp_path: Path, content: object, said: str
+    tmp_path: Path, stormwatch, content: object, said: str
 ) -> None:
     path = tmp_path / "scorecard.json"
     if isinstance(content, dict):
@@ -187,7 +210,7 @@ def test_a_bad_scorecard_file_exits_2_with_one_line_naming_the_field(
     elif isinstance(content, str):
         path.write_text(content)
     out = tmp_path / "plan"
-    proc = _stormwatch("plan", "--gpus", "8", "--scorecard", str(path), "--out", str(out))
+    proc = stormwatch("plan", "--gpus", "8", "--scorecard", str(path), "--out", str(out))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert said in proc.stderr and str(path) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "errors.pydantic.dev" not in proc.stderr

@@ -1,15 +1,22 @@
 """The telemetry API used wrongly never breaks the training loop: each misuse is ONE clear
 warning on the ``stormwatch.telemetry`` logger naming the argument and the fix, and the
 call is ignored (issue 16). Real processes: each case is a small training loop in a fresh
-interpreter that must run to its end."""
+process that must run to its end. The processes are forked, one per case, from one
+interpreter that imported ``stormwatch.telemetry`` and torch once (every case paid seconds
+of CPU importing torch when each was a fresh interpreter); each child takes its case's
+environment and output files, runs the loop as ``python -c`` would and exits through the
+interpreter's own shutdown (``atexit``), so its telemetry state and warnings are its own."""
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,8 +40,52 @@ print("loop done", flush=True)
 """
 
 
-def run_loop(
-    tmp_path: Path, *, before: str = "swt.init()", each: str = "pass", after: str = "", **env: str
+#: Reads one case a line (JSON: env, code, stdout, stderr), forks a child that runs it,
+#: and answers its exit status a line. The child leaves the loop and runs the case's code
+#: as the script's own (an exception: a traceback and status 1; the end: interpreter exit).
+ZYGOTE = """
+import json, os, sys
+import stormwatch.telemetry, torch, torch.distributed
+for line in sys.stdin:
+    case = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        break
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+else:
+    sys.exit(0)
+os.environ.clear()
+os.environ.update(case["env"])
+for fd, path in ((1, case["stdout"]), (2, case["stderr"])):
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(target, fd)
+    os.close(target)
+exec(compile(case["code"], "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
+@pytest.fixture(scope="module")
+def run_loop() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """``run_loop(tmp_path, before=, each=, after=, **env)``: :data:`LOOP` in a process of
+    its own (forked from the module's one interpreter), in the environment of a rank 0 of 1
+    under torchrun plus ``env`` (``""``: unset); its exit status and output."""
+    with subprocess.Popen(
+        [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as zygote:
+        assert zygote.stdin is not None and zygote.stdout is not None
+        yield functools.partial(_run_forked, zygote)
+        zygote.stdin.close()  # its loop ends: it exits
+        zygote.wait(timeout=60)
+
+
+def _run_forked(
+    zygote: subprocess.Popen[str],
+    tmp_path: Path,
+    *,
+    before: str = "swt.init()",
+    each: str = "pass",
+    after: str = "",
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
     environ = {
         k: v
@@ -53,9 +104,14 @@ def run_loop(
     )
     environ = {k: v for k, v in environ.items() if v}  # "": unset
     code = LOOP.format(before=textwrap.dedent(before), each=each, after=after)
-    return subprocess.run(
-        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120
-    )
+    out, err = tmp_path / "loop.stdout", tmp_path / "loop.stderr"
+    case = {"env": environ, "code": code, "stdout": str(out), "stderr": str(err)}
+    assert zygote.stdin is not None and zygote.stdout is not None
+    zygote.stdin.write(json.dumps(case) + "\n")
+    zygote.stdin.flush()
+    status = zygote.stdout.readline()
+    assert status, "the forking interpreter died"
+    return subprocess.CompletedProcess(code, int(status), out.read_text(), err.read_text())
 
 
 def warnings_of(done: subprocess.CompletedProcess[str]) -> list[str]:
@@ -139,7 +195,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_misuse_is_one_clear_warning_and_the_loop_goes_on(tmp_path: Path, case: str) -> None:
+def test_a_misuse_is_one_clear_warning_and_the_loop_goes_on(
+    tmp_path: Path, case: str, run_loop: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     before, each, words = CASES[case]
     if case == "calls_after_shutdown":
         before = "swt.init(); swt.shutdown()"
@@ -155,7 +213,9 @@ def test_a_misuse_is_one_clear_warning_and_the_loop_goes_on(tmp_path: Path, case
         assert word in found[0], (word, found[0])
 
 
-def test_a_process_without_a_launcher_is_rank_0_of_1_with_one_warning(tmp_path: Path) -> None:
+def test_a_process_without_a_launcher_is_rank_0_of_1_with_one_warning(
+    tmp_path: Path, run_loop: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     done = run_loop(tmp_path, RANK="", WORLD_SIZE="", LOCAL_RANK="")
     assert done.returncode == 0 and "loop done" in done.stdout, done.stderr
     [warning] = warnings_of(done)
@@ -163,7 +223,9 @@ def test_a_process_without_a_launcher_is_rank_0_of_1_with_one_warning(tmp_path: 
     assert (tmp_path / "logs" / "rank0.jsonl").exists()
 
 
-def test_srun_placement_is_read_when_there_is_no_torchrun(tmp_path: Path) -> None:
+def test_srun_placement_is_read_when_there_is_no_torchrun(
+    tmp_path: Path, run_loop: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     done = run_loop(
         tmp_path,
         RANK="",
@@ -189,7 +251,9 @@ def test_srun_placement_is_read_when_there_is_no_torchrun(tmp_path: Path) -> Non
     assert labels == {("slurmjob", "3")}
 
 
-def test_an_unwritable_metrics_dir_turns_metrics_off_with_one_warning(tmp_path: Path) -> None:
+def test_an_unwritable_metrics_dir_turns_metrics_off_with_one_warning(
+    tmp_path: Path, run_loop: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     done = run_loop(tmp_path, STORMWATCH_METRICS_DIR=str(blocker / "metrics"))
@@ -200,7 +264,9 @@ def test_an_unwritable_metrics_dir_turns_metrics_off_with_one_warning(tmp_path: 
     assert (tmp_path / "logs" / "rank0.jsonl").exists()  # the other outputs still work
 
 
-def test_a_bad_phase_bound_keeps_the_default_with_one_warning(tmp_path: Path) -> None:
+def test_a_bad_phase_bound_keeps_the_default_with_one_warning(
+    tmp_path: Path, run_loop: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     done = run_loop(tmp_path, STORMWATCH_PHASE_BOUNDS="eval=-3,sleep=5")
     assert done.returncode == 0, done.stderr
     [warning] = warnings_of(done)
