@@ -3,9 +3,12 @@
 Runs share module-scoped fixtures to keep the tier short: one uninterrupted
 run (rank 3 slowed before each backward pass, a straggler for FC-14; sleeping
 changes no number), one run whose rank 1 is SIGKILLed at step 6 and resumed
-by torchrun (--max-restarts 1), and one resume over a damaged checkpoint folder.
-The faults are fault points of the ranks' control files, written before the start
-(``slow_step``; ``kill_at_step`` and ``checkpoint_kill`` in attempt 0 only).
+by torchrun (--max-restarts 1), one resume over a damaged checkpoint folder (a
+partial latest checkpoint, a stale temporary folder and a corrupt shard in the one
+before), and one async-save run whose save of step 4 is killed at a different phase
+in each of its first three attempts (--max-restarts 3). The faults are fault points
+of the ranks' control files, written before the start (``slow_step``; ``kill_at_step``
+and ``checkpoint_kill`` in the attempts they name).
 """
 
 from __future__ import annotations
@@ -214,35 +217,51 @@ def test_fc14_straggler_waits_least_inside_collectives(uninterrupted):
         assert waited(victim) > culprit + injected / 2, (victim, waited(victim), culprit)
 
 
-def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(
-    uninterrupted, tmp_path, torchrun_train
-):
-    root = tmp_path / "partial"
+@pytest.fixture(scope="module")
+def resumed_over_damage(uninterrupted, tmp_path_factory, torchrun_train) -> Any:
+    """A copy of the uninterrupted run's checkpoints (4, 6, 8), damaged three ways, resumed:
+    the save of step 8 was killed after its shards were written (no .metadata, no marker),
+    an attempt died inside its temporary folder, and a shard of step 6 has flipped bytes.
+    One run checks the partial and the corrupt cases (each its own torchrun job before)."""
+    root = tmp_path_factory.mktemp("damaged")
     shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
     latest = root / "ckpt" / store.step_dir_name(STEPS)
-    # A save killed after the shards were written: no .metadata, no marker ...
     (latest / store.METADATA_NAME).unlink()
     (latest / store.MARKER_NAME).unlink()
-    # ... and an attempt that died inside its temporary folder.
     stale = root / "ckpt" / store.tmp_dir_name(STEPS, attempt=3, token="deadbeef")
     stale.mkdir()
     shutil.copy(latest / "__0_0.distcp", stale / "__0_0.distcp")
+    shard = root / "ckpt" / store.step_dir_name(STEPS - 2) / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle of a tensor
+    shard.write_bytes(bytes(data))
 
     run = _torchrun(torchrun_train, root)
-    print(f"\nresume over partial checkpoints: {run.seconds:.1f}s")
+    print(f"\nresume over a damaged checkpoint folder: {run.seconds:.1f}s")
     assert run.returncode == 0, run.output[-5000:]
+    return run
+
+
+def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(
+    uninterrupted, resumed_over_damage
+):
+    run = resumed_over_damage
+    latest = run.checkpoints / store.step_dir_name(STEPS)
+    stale = run.checkpoints / store.tmp_dir_name(STEPS, attempt=3, token="deadbeef")
     assert f"skipping partial checkpoint {latest}" in run.output
     assert f"skipping partial checkpoint {stale}" in run.output
     reference = uninterrupted.losses(0)
     for rank in range(NPROC):
+        # step 8 partial, step 6 corrupt: from step 4
         start = run.events(rank)[0]
-        assert start.event == "start" and start.resumed_from_step == STEPS - 2
-        assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
+        assert start.event == "start" and start.resumed_from_step == STEPS - 4
+        assert run.losses(rank) == {s: reference[s] for s in range(STEPS - 3, STEPS + 1)}
         saved = [e.step for e in run.events(rank) if e.event == "checkpoint"]
-        assert saved == [STEPS]
-    found = store.scan(root / "ckpt")
+        assert saved == [STEPS - 2, STEPS]
+    found = store.scan(run.checkpoints)
     assert [c.step for c in found.complete] == [4, 6, 8]
     assert found.partial == ()  # pruned after the new save was committed
+    assert store.sound(latest)
 
 
 def test_single_process_without_torchrun_runs_as_world_size_one(tmp_path):
@@ -336,55 +355,62 @@ def test_fc07_spans_from_every_rank_process_are_exported(uninterrupted):
 
 
 def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(
-    uninterrupted, tmp_path, torchrun_train
+    uninterrupted, resumed_over_damage
 ):
-    root = tmp_path / "corrupt"
-    shutil.copytree(uninterrupted.checkpoints, root / "ckpt")
-    latest = root / "ckpt" / store.step_dir_name(STEPS)
-    shard = latest / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle of a tensor
-    shard.write_bytes(bytes(data))
-
-    run = _torchrun(torchrun_train, root)
-    print(f"\nresume over a corrupt shard: {run.seconds:.1f}s")
-    assert run.returncode == 0, run.output[-5000:]
-    assert f"skipping corrupt checkpoint {latest}: checksum mismatch in __1_0.distcp" in run.output
+    run = resumed_over_damage
+    corrupt = run.checkpoints / store.step_dir_name(STEPS - 2)
+    assert f"skipping corrupt checkpoint {corrupt}: checksum mismatch in __1_0.distcp" in run.output
     reference = uninterrupted.losses(0)
     for rank in range(NPROC):
-        assert run.events(rank)[0].resumed_from_step == STEPS - 2
-        assert run.losses(rank) == {s: reference[s] for s in (STEPS - 1, STEPS)}
-    assert store.sound(latest)  # saved again over the corrupt one
+        assert run.events(rank)[0].resumed_from_step == STEPS - 4
+        assert run.losses(rank) == {s: reference[s] for s in range(STEPS - 3, STEPS + 1)}
+    assert store.sound(corrupt)  # saved again over the corrupt one
 
 
-@pytest.mark.parametrize(
-    ("phase", "rank"),
-    [("before_shards", 1), ("before_metadata", 0), ("before_marker", 0)],
-)
-def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
-    uninterrupted, tmp_path, phase, rank, torchrun_train
-):
-    """--checkpoint-mode async; a rank SIGKILLed at one phase of the save of step 4."""
+#: (phase, rank, attempt): the save of step 4 is killed at ``phase`` on ``rank`` in ``attempt``
+ASYNC_KILLS = [("before_shards", 1, 0), ("before_metadata", 0, 1), ("before_marker", 0, 2)]
+
+
+@pytest.fixture(scope="module")
+def async_save_killed(tmp_path_factory, torchrun_train) -> Any:
+    """--checkpoint-mode async; the save of step 4 SIGKILLed at one phase in each of the
+    first three attempts, so that each resume meets what the kills before it left (one job
+    of four attempts instead of one job of two attempts per phase)."""
+    control: dict[int, list[dict[str, Any]]] = {}
+    for phase, rank, attempt in ASYNC_KILLS:
+        entry = {"point": "checkpoint_kill", "phase": phase, "step": 4, "attempt": attempt}
+        control.setdefault(rank, []).append(entry)
     run = _torchrun(
         torchrun_train,
-        tmp_path / phase,
-        control={rank: [{"point": "checkpoint_kill", "phase": phase, "step": 4, "attempt": 0}]},
-        max_restarts=1,
+        tmp_path_factory.mktemp("async-killed"),
+        control=control,
+        max_restarts=len(ASYNC_KILLS),
         extra_args=("--checkpoint-mode", "async"),
     )
-    print(f"\nasync save killed {phase}: {run.seconds:.1f}s")
+    print(f"\nasync save killed at {len(ASYNC_KILLS)} phases: {run.seconds:.1f}s")
     assert run.returncode == 0, run.output[-5000:]
+    return run
+
+
+@pytest.mark.parametrize(("phase", "rank", "attempt"), ASYNC_KILLS)
+def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
+    uninterrupted, async_save_killed, phase, rank, attempt
+):
+    """--checkpoint-mode async; a rank SIGKILLed at one phase of the save of step 4."""
+    run = async_save_killed
     assert f"SIGKILL at {phase} of the save of step 4" in run.output
     reference = {step: next(iter(hexes)) for step, hexes in uninterrupted.losses(0).items()}
     for r in range(NPROC):
         for step, hexes in run.losses(r).items():
             assert hexes == {reference[step]}, (r, step)
         starts = [e for e in run.events(r) if e.event == "start"]
-        assert [(s.attempt, s.resumed_from_step) for s in starts] == [(0, None), (1, 2)]
+        resumed = [(a, 2) for a in range(1, len(ASYNC_KILLS) + 1)]
+        assert [(s.attempt, s.resumed_from_step) for s in starts] == [(0, None), *resumed]
         events = [(e.event, getattr(e, "step", None), e.attempt) for e in run.events(r)]
         # training went on while step 2 was written: committed only after step 3 ran
         assert events.index(("checkpoint", 2, 0)) > events.index(("step", 3, 0))
-        assert ("checkpoint", 4, 0) not in events  # the killed save never counted
+        assert ("step", 4, attempt) in events  # the step ran, its save was killed ...
+        assert ("checkpoint", 4, attempt) not in events  # ... and never counted
     found = store.scan(run.checkpoints)
     assert [c.step for c in found.complete] == [4, 6, 8]
     assert found.partial == ()

@@ -84,7 +84,8 @@ def _run_layout(degrees: dict[str, int], root: Path) -> dict[int, Any]:
     if repo not in sys.path:
         sys.path.append(repo)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["stormwatch.trainer.loop"])
+    # torch._dynamo: what FSDP2 imports at its first DTensor (1 s+ of CPU a rank otherwise)
+    context.set_forkserver_preload(["stormwatch.trainer.loop", "torch._dynamo"])
     out = context.Queue()
     port = _free_port()
     procs = [
