@@ -15,6 +15,11 @@ PY := $(VENV)/bin/python
 # (pyproject.toml only asks for torch>=2.6).
 TORCH_SPEC ?= torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Let Python cache bytecode (__pycache__/, git-ignored) even where the environment says not
+# to: the suite starts thousands of Python processes (ranks, agents, the CLI), and without
+# the cache each one compiles stormwatch's modules again (0.2 s of CPU per rank), as does
+# pytest's assertion rewriting of every test module in both tiers.
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 # Extra arguments of `stormwatch demo`, e.g. make demo DEMO_ARGS=--keep-lab (keeps the lab up
 # so a Grafana can be pointed at its Prometheus; `stormwatch lab down --run-dir run/demo` after).

@@ -94,8 +94,11 @@ class AgentConfig(BaseModel):
         sample_interval: seconds between NVML samples (1 s: dcgm-exporter's
             default collection interval is 30 s, but chaos experiments want
             second-level resolution and NVML reads take microseconds).
-        rank_scan_interval: seconds between rank-watcher scans (0.5 s so that a
-            SIGKILL plus a quick torchrun restart is still seen as an exit).
+        rank_scan_interval: seconds between rank-watcher scans and rank-health
+            evaluations (1 s). A tracked rank's exit starts a scan at once when the proc
+            connector reports it; without the connector a SIGKILL plus a torchrun restart
+            within the interval is still an exit (the rank's pid changed). Each scan reads
+            every process's ``/proc/<pid>/stat``: 0.5 s cost an idle agent 2 % of a core.
         rank_retention_seconds: how long a rank that died (without its done
             marker) keeps its ``stormwatch_rank_up 0`` and last-progress series (1 h:
             long enough for staleness alerts and a post-mortem, short enough that
@@ -143,7 +146,7 @@ class AgentConfig(BaseModel):
     web_config_file: Path | None = None
     state_dir: Path | None = None
     sample_interval: float = Field(default=1.0, gt=0, le=3600)
-    rank_scan_interval: float = Field(default=0.5, gt=0, le=60)
+    rank_scan_interval: float = Field(default=1.0, gt=0, le=60)
     rank_retention_seconds: float = Field(default=3600.0, gt=0)
     xid_window_seconds: float = Field(default=300.0, gt=0)
     clock_events_window_seconds: float = Field(default=300.0, gt=0)

@@ -76,6 +76,8 @@ class RankFinder:
         self._is_agent = is_agent
         self._claim_unlabelled = claim_unlabelled
         self._environ: dict[_ProcKey, Mapping[str, str] | None] = {}
+        self._rank_envs: dict[_ProcKey, RankEnv | None] = {}
+        self._launchers: dict[_ProcKey, bool] = {}
         self._claims: dict[_ProcKey, bool] = {}
         self._names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
         self._settled_before = 0.0  # processes started before this Unix time are settled
@@ -137,9 +139,7 @@ class RankFinder:
         children: dict[int, list[int]] = collections.defaultdict(list)
         for entry in table.values():
             children[entry.ppid].append(entry.pid)
-        agents = [
-            p.pid for p in table.values() if not p.zombie and self._is_agent(p.name, p.cmdline)
-        ]
+        agents = [p.pid for p in table.values() if not p.zombie and self._launcher(p)]
         found: Found = {}
         stack: list[tuple[int, bool]] = [(c, False) for a in agents for c in children[a]]
         visited: set[int] = set()
@@ -149,9 +149,8 @@ class RankFinder:
             if proc is None or pid in visited or proc.zombie:
                 continue
             visited.add(pid)
-            if not inside_rank and not self._is_agent(proc.name, proc.cmdline):
-                environ = self._environ_of(proc)
-                env = rank_env(environ) if environ is not None else None
+            if not inside_rank and not self._launcher(proc):
+                env = self._rank_env_of(proc)
                 if env is not None:
                     inside_rank = True  # its own children (data loaders...) are not ranks
                     if self._claimed(proc) and (
@@ -167,13 +166,11 @@ class RankFinder:
         for proc in table.values():
             if proc.pid in under or proc.zombie or proc.pid == own:
                 continue
-            environ = self._environ_of(proc)
-            env = rank_env(environ) if environ else None
-            if env is None or self._is_agent(proc.name, proc.cmdline):
+            env = self._rank_env_of(proc)
+            if env is None or self._launcher(proc):
                 continue
             parent = table.get(proc.ppid)
-            parent_environ = self._environ_of(parent) if parent is not None else None
-            parent_env = rank_env(parent_environ) if parent_environ else None
+            parent_env = self._rank_env_of(parent) if parent is not None else None
             if parent_env is not None and parent_env.key == env.key:
                 continue  # a child of the rank's own process: part of that rank
             if self._claimed(proc):
@@ -184,6 +181,8 @@ class RankFinder:
         """Drop what is cached about processes not in ``table`` (they are gone)."""
         live = {p.key for p in table.values()}
         self._environ = {k: v for k, v in self._environ.items() if k in live}
+        self._rank_envs = {k: v for k, v in self._rank_envs.items() if k in live}
+        self._launchers = {k: v for k, v in self._launchers.items() if k in live}
         self._claims = {k: v for k, v in self._claims.items() if k in live}
 
     def claims(
@@ -226,6 +225,29 @@ class RankFinder:
         if self._settled(proc):
             self._environ[key] = environ
         return environ
+
+    def _rank_env_of(self, proc: ProcEntry) -> RankEnv | None:
+        """``proc``'s rank identity (:func:`rank_env` of its environment), None when it is
+        not a rank; kept, like the environment, while it runs the same program."""
+        key = proc.key
+        if key in self._rank_envs:
+            return self._rank_envs[key]
+        environ = self._environ_of(proc)
+        env = rank_env(environ) if environ else None
+        if self._settled(proc):
+            self._rank_envs[key] = env
+        return env
+
+    def _launcher(self, proc: ProcEntry) -> bool:
+        """Whether ``proc`` launches ranks (``is_agent``); kept while it runs the same program
+        (every scan asks it of every process: recomputing it cost a fifth of a scan)."""
+        key = proc.key
+        if key in self._launchers:
+            return self._launchers[key]
+        launcher = self._is_agent(proc.name, proc.cmdline)
+        if self._settled(proc):
+            self._launchers[key] = launcher
+        return launcher
 
     def _claimed(self, proc: ProcEntry) -> bool:
         key = proc.key

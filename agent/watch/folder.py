@@ -2,7 +2,7 @@
 
 Every reader of the trainer's prometheus-client files in the agent (the ``/metrics``
 render, the rank watcher, the rank-health monitor) goes through one
-:class:`TrainerFolder` and its lock, and the rank watcher's scan (every 0.5 s) keeps the
+:class:`TrainerFolder` and its lock, and the rank watcher's scan (every 1 s) keeps the
 folder bounded with :meth:`TrainerFolder.maintain`:
 
 1. the files of processes that exited are folded into the accumulator

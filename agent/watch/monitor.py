@@ -1,6 +1,6 @@
 """The rank-health monitor: drives the detectors of :mod:`.health` from live data.
 
-Every ``interval`` seconds (the rank watcher's, 0.5 s) on its own thread:
+Every ``interval`` seconds (the rank watcher's, 1 s) on its own thread:
 
 1. reads the per-step gauges (``stormwatch_train_step``,
    ``stormwatch_train_step_compute_seconds``,

@@ -52,7 +52,7 @@ NLMSG_DONE = 3
 SO_ATTACH_FILTER = 26
 CLONE_NEWNET = 0x40000000
 
-#: Exits remembered (a rank's exit is looked up within a scan, 0.5 s, of it).
+#: Exits remembered (a rank's exit is looked up within a scan interval, 1 s, of it).
 KEEP = 8192
 #: Offsets in a connector message: nlmsghdr (16) + cn_msg (20) = proc_event.
 _WHAT_OFFSET = 36
@@ -115,6 +115,11 @@ class ExitSource(Protocol):
         ``wait`` seconds for it to arrive; None when unknown."""
         ...
 
+    def on_exit(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(pid)`` for every exit received from now on (on the receiving
+        thread, at once; it must be quick and must not raise)."""
+        ...
+
     def close(self) -> None:
         """Stop listening."""
         ...
@@ -136,6 +141,9 @@ class UnavailableExits:
 
     def lookup(self, pid: int, *, since: float, wait: float = 0.0) -> ProcessExit | None:
         return None
+
+    def on_exit(self, listener: Callable[[int], None]) -> None:
+        return None  # nothing is received: the listener is never called
 
     def close(self) -> None:
         return None
@@ -280,6 +288,7 @@ class ProcConnector:
         self._exits: collections.OrderedDict[int, ProcessExit] = collections.OrderedDict()
         self._stop = threading.Event()
         self._reason: str | None = None
+        self._listeners: list[Callable[[int], None]] = []
         self._thread = threading.Thread(
             target=self._run, name="stormwatch-proc-connector", daemon=True
         )
@@ -304,6 +313,9 @@ class ProcConnector:
                 if left <= 0 or not self.available:
                     return None
                 self._cond.wait(left)
+
+    def on_exit(self, listener: Callable[[int], None]) -> None:
+        self._listeners.append(listener)
 
     def close(self) -> None:
         if self._stop.is_set():
@@ -359,6 +371,8 @@ class ProcConnector:
                 while len(self._exits) > KEEP:
                     self._exits.popitem(last=False)
                 self._cond.notify_all()
+            for listener in self._listeners:
+                listener(pid)
 
 
 def open_exit_source(*, clock: Callable[[], float] = time.time) -> ExitSource:

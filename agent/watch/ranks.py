@@ -1,6 +1,7 @@
 """The rank watcher: which training ranks run on this node, and how they ended.
 
-Every ``interval`` seconds (0.5 s) one scan:
+Every ``interval`` seconds (1 s), and at once when the proc connector reports the exit of
+a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
 
 1. reads the ranks' heartbeats (the later of ``stormwatch_train_last_step_timestamp_seconds``
    and the progress heartbeat ``stormwatch_train_last_progress_timestamp_seconds``, which
@@ -205,6 +206,9 @@ class RankWatcher:
         self._lock = threading.Lock()  # guards the state below
         self._scan_lock = threading.Lock()  # one scan at a time
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an exit of a tracked rank: scan now
+        self._alive_pids: frozenset[int] = frozenset()
+        self.exits.on_exit(self._exited)
         self._thread: threading.Thread | None = None
         self._tracked: dict[RankKey, _Tracked] = {}
         self._unexpected: collections.Counter[RankKey] = collections.Counter()
@@ -228,12 +232,23 @@ class RankWatcher:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the background thread."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             self._scan_logged()
+
+    def _exited(self, pid: int) -> None:
+        """The exit source's listener (its thread): a tracked rank's exit starts a scan at
+        once rather than at the next interval."""
+        if pid in self._alive_pids:
+            self._wake.set()
 
     def _scan_logged(self) -> None:
         try:
@@ -351,6 +366,8 @@ class RankWatcher:
             self._files.mark_dead(table)
             self.folder.maintain(Exited(table), self._instances())
             self._finder.forget_gone(table)
+            with self._lock:
+                self._alive_pids = frozenset(t.pid for t in self._tracked.values() if t.alive)
             self._last_scan_at = now
             self._last_error = None
         if orphaned or before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:

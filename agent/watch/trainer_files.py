@@ -8,7 +8,7 @@ monitor reads the per-step gauges, the phase deadlines and the collective counte
 reported, in one way; and both read through the folder's one owner
 (:class:`~.folder.TrainerFolder`: its lock, exact merge, and the accumulator that exited
 processes' files are folded into), so a counter file of every rank restart the node saw
-is not merged again every 0.5 s.
+is not merged again at every scan.
 
 Current-state gauges are ``livemax`` gauges, in ``gauge_live*_<pid>.db`` files: reading
 only those skips the ranks' histograms and counters, which dominate the folder.

@@ -202,3 +202,25 @@ def test_an_agent_in_a_lab_namespace_reparented_to_init_still_opens_the_connecto
         assert available == "True", reason
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_a_tracked_rank_s_exit_event_starts_a_scan_before_the_interval(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    source = open_exit_source()
+    if not source.available:
+        pytest.skip(f"no proc connector on this machine: {source.reason}")
+    exits: list[Any] = []
+    # An interval far longer than the test: only the exit event can start the second scan.
+    watcher = RankWatcher(metrics_dir, exits=source, interval=600.0, on_exit=exits.append)
+    launcher = fake_torchrun([0])
+    try:
+        pid = launcher.wait_pid(0)
+        tools.wait_for(lambda: watcher.scan() or watcher.ranks())
+        watcher.start()  # scans once now, then waits for the interval or an exit event
+        os.kill(pid, signal.SIGKILL)
+        tools.wait_for(lambda: exits, timeout=30)  # 600 s without the event
+    finally:
+        watcher.stop()
+        source.close()
+    assert [(e.rank, e.exit_code) for e in exits] == [(0, -9)]
