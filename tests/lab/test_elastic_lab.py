@@ -59,12 +59,12 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     run_dir = str(lab.run_dir)
     started = run_cli(
         "lab", "train", "--run-dir", run_dir, "--job", "elastic", "--steps", "120",
-        "--checkpoint-every", "2", "--step-delay", "0.25", "--min-nodes", "1",
-    )  # fmt: skip
+        "--checkpoint-every", "6", "--step-delay", "0.25", "--min-nodes", "1",
+    )  # fmt: skip  # a save every 2 steps cost more CPU than the steps themselves
     assert started.returncode == 0, started.stderr
     info = lab.job("elastic")
     ckpt = info.checkpoint_dir
-    _wait_for("a checkpoint at world size 4", lambda: (4, 4) in _world_sizes(ckpt))
+    _wait_for("a checkpoint at world size 4", lambda: (6, 4) in _world_sizes(ckpt))
     first = _wait_for(
         "node0's agent to count steps",
         lambda: _node0(lab, "stormwatch_train_steps_total", job="elastic"),
