@@ -29,11 +29,14 @@ SUITE_LAB = LabConfig(
     rdzv_port=29510,
 )
 
+#: The job of each experiment. 20 steps for the two scored ones (and so for the baseline):
+#: the kill after step 15 resumes from the step-10 checkpoint with 10 steps to go, and the
+#: after-phase reads only rank logs (job-finishes), which stay once the job has ended.
 _JOB = """
 job:
   name: {name}
   world_size: 4
-  steps: 30
+  steps: {steps}
   checkpoint_every: 10
   step_delay: 0.3
   seed: 0
@@ -62,7 +65,7 @@ KILL = (
     """version: 1
 title: "Rank kill: rank 1 after step 15"
 """
-    + _JOB.format(name="e2e-kill")
+    + _JOB.format(name="e2e-kill", steps=20)
     + """method:
   - type: action
     name: kill-rank-1
@@ -82,11 +85,11 @@ LONG_FREEZE = (
     """version: 1
 title: "Long freeze: rank 3 stopped, interrupted"
 """
-    + _JOB.format(name="e2e-sigint")
+    + _JOB.format(name="e2e-sigint", steps=30)
     + """method:
   - type: action
     name: freeze-rank-3
-    when: {step: 5, timeout_seconds: 600}
+    when: {step: 2, timeout_seconds: 600}
     fault: {kind: freeze_rank, rank: 3, ttl_seconds: 600}
   - {type: pause, name: hold, seconds: 300}
 expect: {detect: false, loss: skip}
@@ -97,7 +100,7 @@ FREEZE = (
     """version: 1
 title: "Short freeze: rank 3 stopped for 4 s"
 """
-    + _JOB.format(name="e2e-freeze")
+    + _JOB.format(name="e2e-freeze", steps=20)
     + """method:
   - type: action
     name: freeze-rank-3
