@@ -40,11 +40,17 @@ _FIXED = (
     # Seconds slurmctld remembers a finished job (default 300 s): the lab reads its jobs'
     # end states back from Slurm for as long as the lab is up.
     "MinJobAge=86400",
-    # Seconds without an answer to slurmctld's pings (sent every SlurmdTimeout/3) before a
-    # node is set DOWN "Not responding" (default 300 s): a node cut off from the lab's
-    # network shows as DOWN within 30-40 s, so a partition test sees it
-    # (tests/chaos/test_slurm_lab_scenarios.py).
-    "SlurmdTimeout=30",
+    # Seconds without an answer to slurmctld's pings before a node is set DOWN "Not
+    # responding" (default 300 s), so that a node cut off from the lab's network is DOWN
+    # soon (tests/chaos/test_slurm_lab_scenarios.py). Slurm 22.05 (ping_nodes.c) pings a
+    # node that has not answered for SlurmdTimeout/3 s, one ping cycle at a time (a ping
+    # to a node that cannot answer lasts MessageTimeout, 10 s), and sets it DOWN in a cycle
+    # when its last answer is older than the previous cycle's start minus SlurmdTimeout.
+    # At 15 s (1.5 x MessageTimeout) that is two failed pings in a row, the fewest any
+    # value takes (a lower one DOWNs no sooner), 25-35 s after the last answer (30 s
+    # took three, 40-50 s); one ping that times out never DOWNs a node, so a slurmd must
+    # not answer for 20 s, which a loaded 2-core machine does not do.
+    "SlurmdTimeout=15",
 )
 
 
