@@ -38,19 +38,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the leftover check (``tests/leftovers.py``; loaded by path: the tests run
-    in importlib mode, where ``tests/`` is not importable)."""
-    if config.pluginmanager.has_plugin("stormwatch-leftovers"):
-        return
-    spec = importlib.util.spec_from_file_location(
-        "stormwatch_test_leftovers", Path(__file__).with_name("leftovers.py")
-    )
+def _load(name: str, file: str) -> Any:
+    """The module ``tests/<file>`` (by path: the tests run in importlib mode, where
+    ``tests/`` is not importable)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    config.pluginmanager.register(module.Leftovers(), "stormwatch-leftovers")
+    return module
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the leftover check (``tests/leftovers.py``) and the shared Slurm lab
+    (``tests/slurm_lab.py``: the ``slurm_lab`` fixture and the hooks that order its users
+    and bring it down after the last)."""
+    if not config.pluginmanager.has_plugin("stormwatch-leftovers"):
+        leftovers = _load("stormwatch_test_leftovers", "leftovers.py")
+        config.pluginmanager.register(leftovers.Leftovers(), "stormwatch-leftovers")
+    if not config.pluginmanager.has_plugin("stormwatch-slurm-lab"):
+        config.pluginmanager.register(
+            _load("stormwatch_test_slurm_lab", "slurm_lab.py"), "stormwatch-slurm-lab"
+        )
 
 
 #: The Bearer token the stand-in Grafana (``grafana`` fixture) accepts.

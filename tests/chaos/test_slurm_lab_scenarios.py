@@ -5,31 +5,27 @@ job requeued onto the spare and the node's return to service. (A node-agent kill
 Slurm's job never notices: tests/chaos/test_catalogue_on_lab.py; with its alert: the
 game day's 12-node-agent-kill.yaml.)
 
-One lab for the module: prefix ``swscn``, 10.222.3.0/24, free loopback ports, its own
-rendezvous port. Run under ``flock /tmp/stormwatch-e2e.lock``. Each test prints the
+The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
+tests/slurm_lab.py). Run under ``flock /tmp/stormwatch-e2e.lock``. Each test prints the
 figures it measured (``-s`` shows them).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.contracts.journal import Journal, load_journal
-from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.lab import JobSpec, Lab
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_readback import in_service
@@ -42,40 +38,10 @@ STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    """A Slurm lab of three nodes (jobs on two, node2 the spare), up for the module."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the lab creates network namespaces and runs Slurm's daemons")
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(_free_port())
-    prometheus, alertmanager, responder, slurmctld = sorted(ports)
-    config = LabConfig(
-        prefix="swscn",
-        subnet=ipaddress.IPv4Network("10.222.3.0/24"),
-        prometheus_port=prometheus,
-        alertmanager_port=alertmanager,
-        responder_port=responder,
-        slurmctld_port=slurmctld,
-        rdzv_port=29710,
-        scheduler="slurm",
-    )
-    run_dir = Path(tempfile.mkdtemp(prefix="swscn-run-"))
-    run_dir.chmod(0o755)  # munged runs as the munge user
-    the_lab = Lab(run_dir)
-    try:
-        the_lab.up(config)
-        yield the_lab
-    finally:
-        the_lab.down(config)
-        shutil.rmtree(run_dir, ignore_errors=True)
+@pytest.fixture
+def lab(slurm_lab: Lab) -> Lab:
+    """The shared Slurm lab of three nodes (jobs on two, node2 the spare; tests/slurm_lab.py)."""
+    return slurm_lab
 
 
 def _slurm(lab: Lab) -> SlurmCommands:
@@ -211,21 +177,41 @@ def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -
     return before[-1:] + [s for t, s in transitions if start < t < end]
 
 
+#: Steps of the kill-rank jobs here, and the step the kill follows (after the step-10
+#: checkpoint, so steps 11-15 are lost and recomputed).
+KILL_STEPS, KILL_AFTER_STEP = 30, 15
+
+
+def _short_kill_rank(folder: Path) -> Path:
+    """experiments/kill-rank.yaml (50 steps, the kill after step 25; the file itself runs
+    in tests/chaos/test_e2e_kill_rank.py) with :data:`KILL_STEPS` steps and the kill after
+    :data:`KILL_AFTER_STEP`: the same fault, detection, recovery and loss check, with 20
+    fewer steps in each of the two jobs. Written into ``folder``."""
+    data = yaml.safe_load((REPO / "experiments" / "kill-rank.yaml").read_text())
+    data["job"]["steps"] = KILL_STEPS
+    [kill] = [a for a in data["method"] if a["type"] == "action"]
+    kill["when"]["step"] = KILL_AFTER_STEP
+    short = folder / "kill-rank.yaml"
+    short.write_text(yaml.safe_dump(data, sort_keys=False))
+    return short
+
+
 # --------------------------------------------------------------------------------------
 @pytest.mark.timeout(1500)
 def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_recovers(
     lab: Lab, tmp_path: Path
 ) -> None:
     # A fault-free run of the same job first: the loss after recovery must match it bitwise.
-    lab.start_job(JobSpec(name="scn-base", steps=50, checkpoint_every=10, step_delay=0.0))
+    steps = KILL_STEPS
+    lab.start_job(JobSpec(name="scn-base", steps=steps, checkpoint_every=10, step_delay=0.0))
     assert lab.wait_job("scn-base", timeout=600).ok
-    info = lab.start_job(JobSpec(name="scn-kill", steps=50, checkpoint_every=10, step_delay=0.3))
+    info = lab.start_job(JobSpec(name="scn-kill", steps=steps, checkpoint_every=10, step_delay=0.3))
     assert info.slurm_job_id is not None
     target = _hand_written_target(lab, tmp_path, "scn-kill")
     run_dir = tmp_path / "run"  # the controller's own run directory, not the lab's
 
     done = _chaos_run(
-        str(REPO / "experiments" / "kill-rank.yaml"),
+        str(_short_kill_rank(tmp_path)),
         "--target",
         str(target),
         "--run-dir",
@@ -254,9 +240,10 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
     assert (journal_path.parent / "postmortem.md").is_file()
     assert pm["alertname"] == "StormwatchRankStalled" and pm["detected"], pm
     assert pm["alert_labels"].get("rank") == "1", pm
-    assert pm["recovered"] and pm["resumed_from_step"] == 20, pm
+    assert pm["recovered"] and pm["resumed_from_step"] == 10, pm
     assert pm["faults_left_open"] == []
-    assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 25, pm["loss"]
+    # Steps 11-30, recomputed from the step-10 checkpoint, all compared.
+    assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 20, pm["loss"]
     # torchrun restarted the workers inside the Slurm job: the job itself never restarted.
     lab.wait_job("scn-kill", timeout=300)
     final = slurm.job(info.slurm_job_id)
@@ -271,7 +258,11 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
     )
 
 
-CUT_SECONDS = 50  # SlurmdTimeout=30 (lab/slurm/render.py) plus a ping interval (10 s)
+#: Seconds node1's link is down. Slurm sets a node DOWN two failed pings of MessageTimeout
+#: (10 s each) after its first ping goes unanswered, SlurmdTimeout/3 (5 s) or a ping cycle
+#: after its last answer (lab/slurm/render.py): 25-35 s after the cut (seen: 33 s under
+#: load; 27 s when SlurmdTimeout was 30 s, which could take 40-50 s).
+CUT_SECONDS = 45
 CUT = f"""version: 1
 title: "Node 1's link down for {CUT_SECONDS} s: Slurm sets it DOWN; it is in service after the rollbacks"
 job: {{name: scn-cut, world_size: 4, steps: 2000, checkpoint_every: 10, step_delay: 0.3}}

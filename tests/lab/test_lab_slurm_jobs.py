@@ -2,23 +2,19 @@
 deploy/slurm/train.sbatch, one torchrun per node started by ``srun`` in the node's
 namespace, control (find, state, cancel) through Slurm, in-job restarts by torchrun.
 
-Runs on its own names (prefix ``swlj``, 10.218.1.0/24, free ports): no
-``/tmp/stormwatch-e2e.lock`` needed.
+The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
+tests/slurm_lab.py); run under ``/tmp/stormwatch-e2e.lock``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import shutil
 import signal
-import socket
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +22,7 @@ import psutil
 import pytest
 
 from stormwatch.chaos.target import LabJobs
-from stormwatch.lab import JobSpec, Lab, LabConfig
+from stormwatch.lab import JobSpec, Lab
 from stormwatch.lab.jobs import slurmjob
 from stormwatch.lab.state import JobInfo
 from stormwatch.platforms import LabBackend, LabSlurmBackend, make_backend, read_lab_target
@@ -37,45 +33,14 @@ from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
-#: The lab's grace period (s): Slurm's KillWait, the responder's and ``lab stop``'s.
-STOP_GRACE_S = 2
 #: A job's rank that ignores SIGTERM, rank 0 with a helper Slurm loses track of.
 STUBBORN = Path(__file__).with_name("stubborn_rank.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def lab(lab_possible: None) -> Iterator[Lab]:
-    """A Slurm lab of three nodes (its jobs on two), up for the module."""
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(_free_port())
-    prometheus, alertmanager, responder, slurmctld = sorted(ports)
-    config = LabConfig(
-        prefix="swlj",
-        subnet=ipaddress.IPv4Network("10.218.1.0/24"),
-        prometheus_port=prometheus,
-        alertmanager_port=alertmanager,
-        responder_port=responder,
-        slurmctld_port=slurmctld,
-        rdzv_port=29610,
-        scheduler="slurm",
-        grace_period_s=STOP_GRACE_S,  # KillWait too
-    )
-    run_dir = Path(tempfile.mkdtemp(prefix="swlj-run-"))
-    run_dir.chmod(0o755)
-    the_lab = Lab(run_dir)
-    try:
-        the_lab.up(config)
-        yield the_lab
-    finally:
-        the_lab.down(config)
-        shutil.rmtree(run_dir, ignore_errors=True)
+@pytest.fixture
+def lab(slurm_lab: Lab) -> Lab:
+    """The shared Slurm lab of three nodes (its jobs on two; tests/slurm_lab.py)."""
+    return slurm_lab
 
 
 def _slurm(lab: Lab) -> SlurmCommands:
@@ -112,7 +77,9 @@ def test_stop_job_cancels_it_through_slurm(lab: Lab) -> None:
 
 
 def test_a_killed_rank_is_restarted_by_torchrun_inside_the_slurm_job(lab: Lab) -> None:
-    info = lab.start_job(JobSpec(name="restart", steps=30, checkpoint_every=5, step_delay=0.2))
+    # Killed at step 6 or a little later (polled every 0.5 s), resumed from step 5: 14
+    # steps leave the kill room to land before the job ends.
+    info = lab.start_job(JobSpec(name="restart", steps=14, checkpoint_every=5, step_delay=0.2))
     log_dir = Path(info.log_dir)
     deadline = time.monotonic() + 300
     while True:
@@ -190,8 +157,9 @@ def test_a_slurm_requeue_sigkills_what_ignores_sigterm_and_starts_the_job_only_o
     process is gone before the first rank of the next run starts."""
     info, records = _stubborn_job(lab, "stubborn-requeue")
     old = [r["pid"] for r in records] + [next(r["helper"] for r in records if r["rank"] == 0)]
+    grace = lab.state.config.grace_period_s  # Slurm's KillWait, the responder's, lab stop's
     target = read_lab_target(lab.run_dir)
-    assert target is not None and target.grace_period_s == STOP_GRACE_S
+    assert target is not None and target.grace_period_s == grace
     diagnostics = lab.run_dir / "responder" / "diagnostics"
     slurm = make_backend("slurm", target.platform_settings(), diagnostics_dir=diagnostics)
     assert isinstance(slurm, SlurmBackend)
@@ -213,7 +181,7 @@ def test_a_slurm_requeue_sigkills_what_ignores_sigterm_and_starts_the_job_only_o
     assert detail.startswith(f"requeued Slurm job {info.slurm_job_id} (stubborn-requeue): RUNNING")
     assert sorted(watch.gone) == sorted(old), "a process of the old run outlived the requeue"
     # SIGTERM did not stop them: they went only at the grace period (KillWait, then the lab).
-    assert min(watch.gone.values()) >= requeued + STOP_GRACE_S - 0.5
+    assert min(watch.gone.values()) >= requeued + grace - 0.5
     assert max(watch.gone.values()) < min(r["time"] for r in fresh)
     assert _untracked(caplog, old[-1])  # the helper: Slurm's requeue alone left it running
 
@@ -233,6 +201,6 @@ def test_a_chaos_run_stopping_its_job_returns_only_once_every_process_of_it_is_g
     print(f"stop: {took:.1f} s")
     assert not [p.pid for p in old if running(p)], "a process of the job outlived its stop"
     assert slurm_job_processes(str(info.slurm_job_id)) == []
-    assert took >= STOP_GRACE_S
+    assert took >= lab.state.config.grace_period_s  # Slurm's KillWait
     assert _untracked(caplog, helper)  # scancel alone left it running
     assert _slurm(lab).job(str(info.slurm_job_id)).state == "CANCELLED"

@@ -3,8 +3,9 @@ namespace; real Prometheus, Alertmanager, agents, torchrun/gloo training), each 
 back from Slurm's own state.
 
 The lab's responder runs with the lab's target file (``alerts serve --target
-<run>/target.yaml``, a ``slurm`` target of the lab's cluster), and with this run's own
-runbook policy (``<run>/responder/policy.yml``, kept by ``lab up``):
+<run>/target.yaml``, a ``slurm`` target of the lab's cluster), and with the shared Slurm
+lab's runbook policy (``slurm_lab``, tests/slurm_lab.py: ``<run>/responder/policy.yml``,
+kept by ``lab up``):
 
 * ``StormwatchTrainingHung`` -> ``restart_workers`` (``scontrol requeue`` and start at once,
   read back): tests/alerts/test_hung_rank_e2e.py, on a real hang.
@@ -22,7 +23,8 @@ runbook policy (``<run>/responder/policy.yml``, kept by ``lab up``):
   it resumes from its checkpoint and finishes, and the incident's post-mortem (``stormwatch
   alerts postmortem``) shows Slurm's history: the requeue and node1's drain reason.
 
-Own names, subnet and ports (``lab_config_factory``); run under ``/tmp/stormwatch-e2e.lock``.
+The Slurm lab is the one shared with the other modules of that shape; run under
+``/tmp/stormwatch-e2e.lock``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -42,51 +42,12 @@ from typing import Any
 
 import pytest
 
-from stormwatch.lab import JobSpec, Lab, LabConfig
-from stormwatch.lab.paths import RunPaths
+from stormwatch.lab import JobSpec, Lab
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_readback import drained
 from stormwatch.telemetry.ranklogs import RankLog, read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
-
-POLICY = """\
-dry_run: false
-guards:
-  restart_budget: {max_actions: 3, window: 1h}
-rules:
-  - alertname: StormwatchRankStalled
-    actions: [confirm_restart]
-  - alertname: StormwatchTrainingHung
-    actions: [restart_workers]
-  - alertname: StormwatchStraggler
-    actions: [exclude_node_restart]
-"""
-
-
-@pytest.fixture(scope="module")
-def slurm_lab(
-    lab_possible: None,
-    lab_config_factory: Callable[[], LabConfig],
-    nothing_left: Callable[[LabConfig, Path], list[str]],
-) -> Iterator[Lab]:
-    """A Slurm lab of three nodes (jobs on two, node2 the spare) whose responder has
-    :data:`POLICY`; torn down with the "nothing left behind" check."""
-    config = lab_config_factory()
-    assert config.job_scheduler == "slurm" and config.nodes == 3
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{config.prefix}-run-"))
-    run_dir.chmod(0o755)
-    policy = RunPaths.of(run_dir).responder_dir / "policy.yml"
-    policy.parent.mkdir(parents=True)
-    policy.write_text(POLICY, encoding="utf-8")
-    lab = Lab(run_dir)
-    try:
-        lab.up(config)
-        yield lab
-    finally:
-        lab.down(config)
-        assert nothing_left(config, lab.run_dir) == []
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -110,13 +71,15 @@ def _slurm(lab: Lab) -> SlurmCommands:
 
 
 def _finished_action(
-    lab: Lab, kind: str, responder: Callable[..., list[dict[str, Any]]]
+    lab: Lab, kind: str, job: str, responder: Callable[..., list[dict[str, Any]]]
 ) -> Callable[[], dict[str, Any] | None]:
-    """The first action of ``kind`` in a final state (one job per kind in this module)."""
+    """The first action of ``kind`` for an incident of ``job`` in a final state."""
 
     def found() -> dict[str, Any] | None:
+        ours = {i["id"] for i in responder(lab, "incidents") if i["labels"].get("job") == job}
         for action in responder(lab, "actions"):
-            if action["kind"] == kind and action["status"] in ("succeeded", "failed", "skipped"):
+            final = action["status"] in ("succeeded", "failed", "skipped")
+            if action["kind"] == kind and action["incident_id"] in ours and final:
                 return action
         return None
 
@@ -134,10 +97,14 @@ def _resumed(log: RankLog) -> int | None:
     return log.starts[-1].resumed_from_step if log.starts else None
 
 
-def _send_alert(lab: Lab, **labels: str) -> None:
-    """Fire an alert through the lab's Alertmanager (API v2), as Prometheus does."""
+def _send_alert(lab: Lab, *, resolved: bool = False, **labels: str) -> None:
+    """Fire an alert through the lab's Alertmanager (API v2), as Prometheus does; with
+    ``resolved``, resolve it (``endsAt`` now)."""
     now = dt.datetime.now(dt.UTC).isoformat()
-    body = json.dumps([{"labels": labels, "annotations": {}, "startsAt": now}]).encode()
+    alert = {"labels": labels, "annotations": {}, "startsAt": now}
+    if resolved:
+        alert["endsAt"] = now
+    body = json.dumps([alert]).encode()
     request = urllib.request.Request(
         f"{lab.state.alertmanager_url}/api/v2/alerts",
         data=body,
@@ -166,15 +133,14 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
         )
         node1 = lab.state.node("node1")
         sent_at = time.time()
+        alert = {"alertname": "StormwatchStraggler", "job": "moved", "rank": "2", "node": "node1",
+                 "severity": "warning"}  # fmt: skip
         try:
             # The straggler alert as Prometheus sends it (its firing on a really slowed rank:
             # tests/chaos/test_straggler_alert_e2e.py; it takes `for: 2m` + its rate window).
-            _send_alert(
-                lab, alertname="StormwatchStraggler", job="moved", rank="2", node="node1",
-                severity="warning",
-            )  # fmt: skip
+            _send_alert(lab, **alert)
             action = wait_for(
-                _finished_action(lab, "exclude_node_restart", lab_responder),
+                _finished_action(lab, "exclude_node_restart", "moved", lab_responder),
                 240,
                 "node1's exclusion",
                 1.0,
@@ -206,15 +172,16 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
             incident = next(
                 i
                 for i in lab_responder(lab, "incidents")
-                if i["alertname"] == "StormwatchStraggler"
+                if i["alertname"] == "StormwatchStraggler" and i["labels"].get("job") == "moved"
             )
             pm = _postmortem(lab, int(incident["id"]), tmp_path)
             slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]
             events = " | ".join(f"{r['event']} {r['detail']}" for r in slurm_rows)
             assert f"job {job_id} (moved) requeued (restart 1)" in events, events
             assert "node node1 drained" in events and reason in events, events
-        finally:
+        finally:  # the shared lab as this test found it: node1 in service, no alert firing
             slurm.update_node("node1", "RESUME")
+            _send_alert(lab, resolved=True, **alert)
 
 
 def _postmortem(lab: Lab, incident_id: int, out: Path) -> dict[str, Any]:

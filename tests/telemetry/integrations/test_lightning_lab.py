@@ -22,25 +22,21 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    runs) the agent's hang detection fires and names rank 1 from the flight recorders it
    asks the ranks for while the hang lasts.
 
-One lab for the module (prefix ``swpl``, 10.223.x.0/24, free loopback ports). Run under
+The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
+tests/slurm_lab.py): records of other tests' jobs are told apart by job. Run under
 ``flock /tmp/stormwatch-e2e.lock``. Each test prints its figures (``-s``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +47,7 @@ import yaml
 from stormwatch.alerts.rulefiles import rules_dir
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.contracts.journal import load_journal
-from stormwatch.lab import JobSpec, Lab, LabConfig
-from stormwatch.lab.netns import IpRoute2
+from stormwatch.lab import JobSpec, Lab
 from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -74,50 +69,10 @@ def _command(**values: object) -> tuple[str, ...]:
     return tuple(words.split(" "))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    """A Slurm lab of three nodes (jobs on two, 2 ranks each), up for the module."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the lab creates network namespaces and runs Slurm's daemons")
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(_free_port())
-    prometheus, alertmanager, responder, slurmctld = sorted(ports)
-    used = [iface.network for _, iface in IpRoute2().addresses()]
-    subnet = next(
-        net
-        for net in (
-            ipaddress.IPv4Network(f"10.223.{i}.0/24") for i in random.sample(range(256), 256)
-        )
-        if not any(net.overlaps(u) for u in used)
-    )
-    config = LabConfig(
-        prefix=f"swpl{random.randrange(16**2):02x}",
-        subnet=subnet,
-        prometheus_port=prometheus,
-        alertmanager_port=alertmanager,
-        responder_port=responder,
-        slurmctld_port=slurmctld,
-        rdzv_port=29810,
-        scheduler="slurm",
-    )
-    run_dir = Path(tempfile.mkdtemp(prefix="swpl-run-"))
-    run_dir.chmod(0o755)  # munged runs as the munge user
-    the_lab = Lab(run_dir)
-    started = time.monotonic()
-    try:
-        the_lab.up(config)
-        print(f"FIGURES lab up: {time.monotonic() - started:.0f} s")
-        yield the_lab
-    finally:
-        the_lab.down(config)
-        shutil.rmtree(run_dir, ignore_errors=True)
+@pytest.fixture
+def lab(slurm_lab: Lab) -> Lab:
+    """The shared Slurm lab of three nodes (jobs on two, 2 ranks each; tests/slurm_lab.py)."""
+    return slurm_lab
 
 
 def _print_tails(lab: Lab) -> None:
@@ -234,7 +189,8 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
     lab: Lab, wait_for: Callable[..., Any], lab_responder: Callable[..., list[dict[str, Any]]]
 ) -> None:
     started = time.monotonic()
-    command = _command(steps=40, checkpoint_every=5, seed=0, step_delay=0.2)
+    # Stalls before step 8, resumes from the step-5 checkpoint: 16 steps pass one more.
+    command = _command(steps=16, checkpoint_every=5, seed=0, step_delay=0.2)
     info = lab.start_job(
         JobSpec(name="pl-hang", command=(*command, "--stall-rank", "1", "--stall-at-step", "8"))
     )
@@ -249,12 +205,23 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
 
     try:
         hung_at = wait_for(stalled_at, 240, "rank 1 to stall at step 8 (no step for 5 s)", 0.5)
-        [restart] = wait_for(
-            lambda: [
+
+        def restarts() -> list[dict[str, Any]]:  # of this job's incidents
+            ours = {
+                i["id"]
+                for i in lab_responder(lab, "incidents")
+                if i["labels"].get("job") == "pl-hang"
+            }
+            return [
                 a
                 for a in lab_responder(lab, "actions")
-                if a["kind"] == "restart_workers" and a["status"] in ("succeeded", "failed")
-            ],
+                if a["kind"] == "restart_workers"
+                and a["incident_id"] in ours
+                and a["status"] in ("succeeded", "failed")
+            ]
+
+        [restart] = wait_for(
+            restarts,
             180,
             "the responder to restart the hung job",
             1.0,
@@ -269,6 +236,7 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
             for path in pm_root.glob("incident-*/postmortem.json"):
                 pm = json.loads(path.read_text())
                 hung = pm["alertname"] == "StormwatchTrainingHung" and pm["status"] == "closed"
+                hung = hung and pm["job"] == "pl-hang"
                 if hung and pm["recovered_at"] is not None:
                     return dict(pm)
             return None
