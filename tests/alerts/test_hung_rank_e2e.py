@@ -78,7 +78,9 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
     lab = Lab(tmp_path / "run")
     try:
         lab.up(config)
-        info = lab.start_job(JobSpec(name=JOB, steps=40, checkpoint_every=5, step_delay=0.2))
+        # 20 steps: the hang after step 7, the resume from step 5 (or 10) and a restarted
+        # stretch of 10 steps or more before the end.
+        info = lab.start_job(JobSpec(name=JOB, steps=20, checkpoint_every=5, step_delay=0.2))
         logs_dir = Path(info.log_dir)
 
         def step_of(rank: int) -> int:
