@@ -55,7 +55,7 @@ from opentelemetry import trace
 from stormwatch.agent.watch.discovery import Found, RankFinder
 from stormwatch.agent.watch.folder import TrainerFolder
 from stormwatch.agent.watch.orphans import OrphanInfo, OrphanTracker
-from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits, signal_name
+from stormwatch.agent.watch.proc_exits import ExitSource, UnavailableExits
 from stormwatch.agent.watch.procs import (
     ProcEntry,
     exit_status,
@@ -63,6 +63,7 @@ from stormwatch.agent.watch.procs import (
     is_torchrun_agent,
     same_time,
 )
+from stormwatch.agent.watch.rankinfo import RankExit, RankInfo
 from stormwatch.agent.watch.trainer_files import (
     HEARTBEAT_METRIC,
     LIVE_GAUGES,
@@ -78,69 +79,6 @@ log = logging.getLogger(__name__)
 #: Seconds a scan waits for the proc connector's event of a rank that is gone (it is
 #: sent at exit, before torchrun reaps; this only covers the reader thread's lag).
 EXIT_EVENT_WAIT = 0.2
-
-
-@dataclasses.dataclass(frozen=True)
-class RankInfo:
-    """One rank as the watcher sees it (the ``GET /v1/ranks`` rows).
-
-    Attributes:
-        job, rank, local_rank, world_size, run_id, restart_count: from the environment.
-        pid: the rank's process (the last one, once it exited).
-        alive: the process is running.
-        started_at, exited_at: Unix times (process start; when the exit was noticed).
-        last_step: last ``stormwatch_train_step`` seen.
-        last_progress_timestamp: last heartbeat seen (Unix time).
-        unexpected_exits: exits without a ``rank<R>.done`` marker.
-    """
-
-    job: str
-    rank: int
-    local_rank: int
-    world_size: int
-    run_id: str
-    restart_count: int | None
-    pid: int
-    alive: bool
-    started_at: float
-    exited_at: float | None
-    last_step: float | None
-    last_progress_timestamp: float | None
-    unexpected_exits: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RankExit:
-    """An exit the watcher noticed (passed to ``on_exit``).
-
-    ``exit_code``: like ``subprocess``, the exit code or minus the number of the
-    signal that killed it; from the proc connector (:mod:`.proc_exits`), else from
-    the zombie's ``/proc/<pid>/stat`` when a scan caught one; None when unknown
-    (ranks are torchrun's children: it usually reaps them before a scan looks).
-    """
-
-    job: str
-    rank: int
-    pid: int
-    clean: bool
-    replaced: bool
-    exit_code: int | None
-
-    @property
-    def reason(self) -> str:
-        """``finished`` (its ``rank<R>.done`` marker, and status 0 when known), ``signal``,
-        ``exit_code`` or ``unknown``: the ``reason`` label of
-        ``stormwatch_rank_exits_total``."""
-        if self.clean:
-            return "finished"
-        if self.exit_code is None:
-            return "unknown"
-        return "signal" if self.exit_code < 0 else "exit_code"
-
-    @property
-    def exit_signal(self) -> str | None:
-        """``SIGKILL`` ... when a signal killed it, else None."""
-        return signal_name(-self.exit_code) if self.exit_code and self.exit_code < 0 else None
 
 
 @dataclasses.dataclass
