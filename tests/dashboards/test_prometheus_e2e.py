@@ -275,30 +275,46 @@ _EMPTY_WITH_TRAINER = {
 
 
 def test_training_panels_show_a_real_trainer(prometheus: tuple[str, Path], tmp_path: Path) -> None:
-    """A real single-rank `stormwatch train` feeds the agent: training panels get data."""
+    """A real single-rank `stormwatch train` feeds the agent: training panels get data while
+    it trains (its state gauges go once it exits: a finished job has no current step time
+    or bandwidth, and judging them after the exit raced the agent marking it dead)."""
     url, metrics_dir = prometheus
     _wait_ready(url)
     stormwatch = Path(sys.executable).with_name("stormwatch")
-    train = subprocess.run(
+    log = (tmp_path / "train.log").open("w")
+    train = subprocess.Popen(
         [
-            str(stormwatch), "train", "--steps", "40", "--step-delay", "0.1", "--job", "j1",
+            str(stormwatch), "train", "--steps", "100000", "--step-delay", "0.1", "--job", "j1",
             "--metrics-dir", str(metrics_dir), "--log-dir", str(tmp_path / "logs"),
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "10",
             "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--seq-len", "32",
             "--micro-batch", "2", "--corpus-max-bytes", "20000", "--quiet",
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
-    assert train.returncode == 0, train.stderr
+    try:
+        _judge_training_panels(url, train)
+    finally:
+        train.terminate()
+        try:
+            train.wait(60)
+        except subprocess.TimeoutExpired:
+            train.kill()
+            train.wait()
+        log.close()
 
+
+def _judge_training_panels(url: str, train: subprocess.Popen[bytes]) -> None:
     def rates_seen() -> bool:
+        assert train.poll() is None, f"the trainer exited with {train.returncode}"
         query = 'job_rank_node:stormwatch_train_compute_seconds:rate2m{job="j1"} > 0'
-        return bool(_get(url + "/api/v1/query", query=query)[1]["data"]["result"])
+        saved = 'stormwatch_train_step{job="j1"} >= 25'  # two checkpoints saved (every 10)
+        return all(
+            bool(_get(url + "/api/v1/query", query=q)[1]["data"]["result"]) for q in (query, saved)
+        )
 
-    _wait_for(rates_seen, 60, "the trainer's rates in Prometheus")
+    _wait_for(rates_seen, 120, "the trainer's rates and step 25 in Prometheus")
     _, with_data, empty = _run_queries(
         url,
         lambda where, _: (
@@ -314,3 +330,4 @@ def test_training_panels_show_a_real_trainer(prometheus: tuple[str, Path], tmp_p
     )
     assert with_data >= 35  # every Training, NVLink/collectives and overview panel but the above
     assert not {w for w in empty if w.startswith("Stormwatch / Training")} - _EMPTY_WITH_TRAINER
+    assert train.poll() is None, "every panel was judged while the trainer ran"
