@@ -254,6 +254,31 @@ def _poll(predicate: Callable[[], Any], timeout: float, what: str, interval: flo
         time.sleep(interval)
 
 
+@pytest.fixture
+def stormwatch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``stormwatch(*args, columns=None)``: the CLI through :func:`stormwatch.cli.main` in
+    this process (``columns``: the terminal width it sees, when given), with exit status and
+    output as a process's; an exception ``main`` does not map escapes the test. For the
+    cases about what a command says; keep one real process per command beside them."""
+    from stormwatch.cli import main
+
+    def run(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+        if columns is not None:
+            monkeypatch.setenv("COLUMNS", str(columns))
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out = capsys.readouterr()
+        code = exited.value.code
+        return subprocess.CompletedProcess(
+            args, code if isinstance(code, int) else 1, out.out, out.err
+        )
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def wait_for() -> Callable[..., Any]:
     """``wait_for(predicate, timeout, what, interval=0.1)``: poll until ``predicate()`` is

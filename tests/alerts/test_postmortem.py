@@ -17,13 +17,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stormwatch.cli import main
 from stormwatch.lab import Lab
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.paths import RunPaths
@@ -205,23 +204,11 @@ def test_a_resolved_incident_gets_a_postmortem_naming_the_rank_that_never_joined
     assert "http://" not in page.replace("http://127.0.0.1:19090/graph", "")
 
 
-def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process: its exit
-    status and output as a process's (an exception main does not map escapes the test).
-    The re-render below runs as a real process; the other cases need no interpreter each."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    out = capsys.readouterr()
-    code = exited.value.code
-    return subprocess.CompletedProcess(args, code if isinstance(code, int) else 1, out.out, out.err)
-
-
 def test_postmortem_command_rerenders_and_names_an_unknown_incident(
     resolved_incident: tuple[Any, Path, Path],
     kit: Any,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    stormwatch: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     responder, run_dir, _ = resolved_incident
     out = tmp_path / "again"
@@ -234,7 +221,7 @@ def test_postmortem_command_rerenders_and_names_an_unknown_incident(
     assert "likely culprit rank 2 on node1" in done.stdout
     assert json.loads((out / "incident-1" / "postmortem.json").read_text())["culprit"]["rank"] == 2
 
-    unknown = _in_process(capsys, "alerts", "postmortem", "99", "--db", str(responder.db))
+    unknown = stormwatch("alerts", "postmortem", "99", "--db", str(responder.db))
     assert unknown.returncode != 0
     assert "no incident 99" in unknown.stderr and "incidents: 1..1" in unknown.stderr
     assert "Traceback" not in unknown.stderr
@@ -289,7 +276,9 @@ def test_the_html_postmortem_renders_its_plots_in_headless_chromium_without_erro
 
 
 def test_a_rank_killed_without_a_dump_is_named_and_not_a_survivor_behind_it(
-    resolved_incident: tuple[Any, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    resolved_incident: tuple[Any, Path, Path],
+    tmp_path: Path,
+    stormwatch: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     # Like the kill-rank demo's real dumps: rank 2 SIGKILLed (no dump), its peer rank 3
     # failed before issuing its next collective, so rank 3 looks behind and idle.
@@ -304,7 +293,7 @@ def test_a_rank_killed_without_a_dump_is_named_and_not_a_survivor_behind_it(
         {"time": onset + 0.5, "node": "node1", "kind": "rank_exit", "job": JOB, "rank": 2,
          "clean": False, "exit_code": -9}
     ])  # fmt: skip
-    done = _in_process(capsys, "alerts", "postmortem", "1", "--db", str(responder.db),
+    done = stormwatch("alerts", "postmortem", "1", "--db", str(responder.db),
                        "--lab-run-dir", str(killed), "-o", str(tmp_path / "pm"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     culprit = json.loads((tmp_path / "pm" / "incident-1" / "postmortem.json").read_text())[

@@ -24,33 +24,22 @@ from stormwatch.chaos.experiment.selection import (
     select_ranks,
     touched_ranks,
 )
-from stormwatch.cli import main
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 
 
 @pytest.fixture
 def stormwatch(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    stormwatch: Callable[..., subprocess.CompletedProcess[str]], monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process, with exit
-    status and output as a process's (an exception main does not map escapes the test):
-    for the cases about what a command says; one dry run below is a real process."""
+    """The in-process CLI (tests/conftest.py) with no STORMWATCH_* settings and a
+    200-column terminal: for the cases about what a command says; one dry run below is a
+    real process."""
     for name in [n for n in os.environ if n.startswith("STORMWATCH_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("COLUMNS", "200")
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            main(list(args))
-        out = capsys.readouterr()
-        code = exited.value.code
-        return subprocess.CompletedProcess(
-            args, code if isinstance(code, int) else 1, out.out, out.err
-        )
-
-    return run
+    return stormwatch
 
 
 #: Every new part of the language in one valid file (2 nodes x 2 ranks).

@@ -20,7 +20,6 @@ from stormwatch.chaos import Ledger, LedgerError, revert_open
 from stormwatch.chaos.execution.injection.placement import find_rank_process
 from stormwatch.chaos.ledger.ledger import ledger_path
 from stormwatch.chaos.ledger.revert import OVERDUE_REASON
-from stormwatch.cli import main
 from stormwatch.contracts.fault_ledger import FaultTarget
 from stormwatch.faults import REGISTRY
 
@@ -30,23 +29,14 @@ FreezeRankFault = REGISTRY["freeze_rank"].experiment
 
 @pytest.fixture
 def stormwatch(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    stormwatch: Callable[..., subprocess.CompletedProcess[str]],
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process (``columns``:
-    the terminal width it sees), with exit status and output as a process's (an exception
-    main does not map escapes the test). The commands also run as real processes below:
-    ``chaos ledger`` after a dead controller, ``chaos revert --all``."""
+    """The in-process CLI (tests/conftest.py) on an 80-column terminal unless told. The
+    commands also run as real processes below: ``chaos ledger`` after a dead controller,
+    ``chaos revert --all``."""
 
     def run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
-        monkeypatch.setenv("COLUMNS", str(columns))
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            main(list(args))
-        out = capsys.readouterr()
-        code = exited.value.code
-        return subprocess.CompletedProcess(
-            args, code if isinstance(code, int) else 1, out.out, out.err
-        )
+        return stormwatch(*args, columns=columns)
 
     return run
 

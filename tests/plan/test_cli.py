@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import stormwatch.plan as plan
-from stormwatch.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -28,17 +25,6 @@ def _stormwatch(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
-
-
-def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process: its exit
-    status and output as a process's (an exception main does not map escapes the test)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    out = capsys.readouterr()
-    code = exited.value.code
-    return subprocess.CompletedProcess(args, code if isinstance(code, int) else 1, out.out, out.err)
 
 
 def test_plan_writes_report_md_json_and_pngs(tmp_path: Path) -> None:
@@ -56,34 +42,34 @@ def test_plan_writes_report_md_json_and_pngs(tmp_path: Path) -> None:
     assert "Daly" in md and "9,600 GPUs" in md and "![ettr_vs_gpus](ettr_vs_gpus.png)" in md
 
 
-def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2(capsys) -> None:
+def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2(stormwatch) -> None:
     proc = _stormwatch("plan", "--gpus", "0")
     assert proc.returncode == 2
     assert "gpus: Input should be greater than 0" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = _in_process(capsys, "plan", "--gpus", "8", "--detect", "gremlins=3")
+    proc = stormwatch("plan", "--gpus", "8", "--detect", "gremlins=3")
     assert proc.returncode == 2 and "unknown category 'gremlins'" in proc.stderr
-    proc = _in_process(capsys, "plan", "--gpus", "8", "--detect", "nic")
+    proc = stormwatch("plan", "--gpus", "8", "--detect", "nic")
     assert proc.returncode == 2 and "--detect: expected CATEGORY=SECONDS" in proc.stderr
 
 
 def test_plan_names_a_rates_file_that_is_not_utf8_instead_of_a_traceback(
-    tmp_path: Path, capsys
+    tmp_path: Path, stormwatch
 ) -> None:
     rates = tmp_path / "rates.yaml"
     rates.write_bytes(b"\x89\xd7\x00binary")
-    proc = _in_process(capsys, "plan", "--gpus", "8", "--no-scorecard", "--rates", str(rates))
+    proc = stormwatch("plan", "--gpus", "8", "--no-scorecard", "--rates", str(rates))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"{rates}: cannot read failure table" in proc.stderr
 
 
 def test_plan_with_a_period_of_many_mttfs_reports_zero_ettr_instead_of_overflowing(
-    capsys,
+    stormwatch,
 ) -> None:
     """math.expm1 raises OverflowError (it does not return inf) for a huge interval/MTTF."""
-    proc = _in_process(
-        capsys, "plan", "--gpus", "8", "--no-scorecard", "--replicas", "2", "--interval", "1e308"
+    proc = stormwatch(
+        "plan", "--gpus", "8", "--no-scorecard", "--replicas", "2", "--interval", "1e308"
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -97,10 +83,10 @@ def test_public_api_is_what_all_lists() -> None:
 
 
 def test_plan_table_shows_young_and_daly_intervals_with_their_sources(
-    tmp_path: Path, monkeypatch, capsys
+    tmp_path: Path, monkeypatch, stormwatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    proc = _in_process(capsys, "plan", "--gpus", "16384", "--replicas", "20", "--no-scorecard",
+    proc = stormwatch("plan", "--gpus", "16384", "--replicas", "20", "--no-scorecard",
                        "--out", str(tmp_path))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     baseline = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]
@@ -114,11 +100,11 @@ def test_plan_table_shows_young_and_daly_intervals_with_their_sources(
     assert "Daly = Daly (2006) higher-order estimate" in proc.stdout
 
 
-def test_plan_per_category_flags_name_the_flag_the_valid_categories_and_the_fix(capsys) -> None:
-    proc = _in_process(capsys, "plan", "--gpus", "8", "--detect", "bogus=5")
+def test_plan_per_category_flags_name_the_flag_the_valid_categories_and_the_fix(stormwatch) -> None:
+    proc = stormwatch("plan", "--gpus", "8", "--detect", "bogus=5")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--detect: unknown category 'bogus' (valid: faulty_gpu, " in proc.stderr
     assert "e.g. --detect software_bug=30" in proc.stderr
-    proc = _in_process(capsys, "plan", "--gpus", "8", "--recover", "software_bug=-1")
+    proc = stormwatch("plan", "--gpus", "8", "--recover", "software_bug=-1")
     assert proc.returncode == 2
     assert "--recover: software_bug=-1: seconds must be a finite number >= 0" in proc.stderr

@@ -8,14 +8,11 @@ runs it as a real process."""
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from stormwatch.chaos.gameday.scorecard import Scorecard, ScorecardRow, write_scorecard
-from stormwatch.cli import main
 from stormwatch.plan import load_failure_table
 from stormwatch.plan.errors import InvalidPlanInput
 from stormwatch.plan.fromscorecard import read_scorecard_times
@@ -55,26 +52,6 @@ ROWS = [
     ),
     _row("06-slow-rank.yaml", "trainer_fault", None, ttd=130.0, ttr=None),
 ]
-
-
-@pytest.fixture
-def stormwatch(
-    capsys: pytest.CaptureFixture[str],
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``stormwatch *args`` through :func:`stormwatch.cli.main` in this process: its exit
-    status and output as a process's (an exception main does not map escapes the test)."""
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            main(list(args))
-        out = capsys.readouterr()
-        code = exited.value.code
-        return subprocess.CompletedProcess(
-            args, code if isinstance(code, int) else 1, out.out, out.err
-        )
-
-    return run
 
 
 def test_measured_times_are_the_mean_per_category_and_rows_without_recovery_are_skipped(
