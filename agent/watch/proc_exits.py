@@ -372,7 +372,10 @@ class ProcConnector:
                     self._exits.popitem(last=False)
                 self._cond.notify_all()
             for listener in self._listeners:
-                listener(pid)
+                try:
+                    listener(pid)
+                except Exception:  # a failing listener must not stop exits being received
+                    log.warning("proc connector: an exit listener failed", exc_info=True)
 
 
 def open_exit_source(*, clock: Callable[[], float] = time.time) -> ExitSource:

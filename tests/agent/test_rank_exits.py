@@ -224,3 +224,24 @@ def test_a_tracked_rank_s_exit_event_starts_a_scan_before_the_interval(
         watcher.stop()
         source.close()
     assert [(e.rank, e.exit_code) for e in exits] == [(0, -9)]
+
+
+def test_an_exit_listener_that_raises_does_not_stop_exits_being_received() -> None:
+    source = open_exit_source()
+    if not source.available:
+        pytest.skip(f"no proc connector on this machine: {source.reason}")
+
+    def broken(pid: int) -> None:
+        raise RuntimeError("listener bug")
+
+    source.on_exit(broken)
+    try:
+        started = time.time()
+        first = subprocess.run([sys.executable, "-c", "raise SystemExit(4)"], check=False)
+        second = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])
+        second.wait(30)
+        found = source.lookup(second.pid, since=started, wait=5)
+    finally:
+        source.close()
+    assert first.returncode == 4
+    assert source.available and found is not None and found.returncode == 5
