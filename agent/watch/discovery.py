@@ -8,8 +8,9 @@ rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` 
 :func:`stormwatch.contracts.rank_env.rank_env`) and that this node *claims*
 (:meth:`RankFinder.claims`). A process's name, command line, environment and claim are
 read once and kept while it runs the same program: they change only on ``exec``, which
-also changes its command name (``stormwatch run`` execs the job's command in place), so
-they are keyed by pid, start time and command name (:attr:`~.procs.ProcEntry.key`). What
+places the new environment afresh in memory (and usually changes the command name;
+``stormwatch run`` execs the job's command in place), so they are keyed by pid, start
+time, command name and that place (:attr:`~.procs.ProcEntry.key`). What
 may be caught in between is read afresh at every scan instead: a process younger than
 :data:`SETTLE_SECONDS` (it may still be a fork of its parent that has not yet exec'd its
 own program: same command name, the parent's command line and environment), and one
@@ -37,9 +38,9 @@ from stormwatch.agent.watch.procs import (
 )
 from stormwatch.contracts.rank_env import RankEnv, RankKey, rank_env
 
-#: ``(pid, create time, command name)``: one program run by one process, even after its
-#: pid is reused (:attr:`~.procs.ProcEntry.key`).
-_ProcKey = tuple[int, float, str]
+#: ``(pid, create time, command name, image)``: one program run by one process, even after
+#: its pid is reused (:attr:`~.procs.ProcEntry.key`).
+_ProcKey = tuple[int, float, str, int]
 
 #: Seconds after its start before what a process's reads say is kept (fork, then exec).
 SETTLE_SECONDS = 1.0
@@ -95,8 +96,8 @@ class RankFinder:
             stat = proc_stat(pid, boot)
             if stat is None:
                 continue  # gone since psutil.pids()
-            ppid, zombie, create_time, comm = stat
-            key = (pid, create_time, comm)
+            ppid, zombie, create_time, comm, image = stat
+            key = (pid, create_time, comm, image)
             known = self._names.get(key)
             if known is None:
                 try:
@@ -114,6 +115,7 @@ class RankFinder:
                 create_time=create_time,
                 zombie=zombie,
                 comm=comm,
+                image=image,
             )
             if self._settled(entry):
                 names[key] = known

@@ -126,13 +126,16 @@ class ProcEntry:
     create_time: float
     zombie: bool
     comm: str = ""
+    image: int = 0
 
     @property
-    def key(self) -> tuple[int, float, str]:
+    def key(self) -> tuple[int, float, str, int]:
         """One program run by one process: ``exec`` keeps the pid and start time but
-        changes the command name (``stormwatch run`` becoming ``torchrun``), and with it
-        the command line and environment."""
-        return (self.pid, self.create_time, self.comm)
+        replaces the command line and environment. It changes the command name
+        (``stormwatch run`` becoming ``torchrun``), but not always (``python -m stormwatch
+        run -- python train.py`` stays ``python``), so ``image`` (where the environment
+        starts in memory, which every ``exec`` places afresh) is part of the key too."""
+        return (self.pid, self.create_time, self.comm, self.image)
 
 
 class ProcStat(NamedTuple):
@@ -142,13 +145,15 @@ class ProcStat(NamedTuple):
     zombie: bool
     create_time: float
     comm: str
+    #: ``env_start`` (field 50 of proc(5)): changes at every ``exec``; 0 when unreadable.
+    image: int
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def proc_stat(pid: int, boot_time: float) -> ProcStat | None:
-    """Parent, zombie state, create time and command name of ``pid`` from
+    """Parent, zombie state, create time, command name and image of ``pid`` from
     ``/proc/<pid>/stat``; None when gone.
 
     The rank watcher lists every process every second; psutil would read this
@@ -162,7 +167,10 @@ def proc_stat(pid: int, boot_time: float) -> ProcStat | None:
     comm, fields = stat
     try:
         started = boot_time + int(fields[19]) / _CLOCK_TICKS
-        return ProcStat(int(fields[1]), fields[0] == b"Z", started, comm.decode(errors="replace"))
+        image = int(fields[47]) if len(fields) > 47 else 0
+        return ProcStat(
+            int(fields[1]), fields[0] == b"Z", started, comm.decode(errors="replace"), image
+        )
     except (IndexError, ValueError):
         return None
 

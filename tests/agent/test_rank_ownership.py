@@ -8,6 +8,7 @@ API then signalled another node's rank (and tried an unrelated job's pid).
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
+from stormwatch.agent.watch.proc_exits import UnavailableExits
 from stormwatch.agent.watch.procs import is_torchrun_agent, metrics_dir_argument, rank_metrics_dir
 from stormwatch.agent.watch.ranks import RankWatcher
 from stormwatch.faults import FaultContext, FaultTargetNotFound
@@ -133,3 +135,48 @@ def test_ownership_is_checked_again_right_before_the_signal(
     assert "not rank" in (mine.check_owned(pid, info.started_at, (launcher.job, 5)) or "")
     me = psutil.Process(os.getpid())  # e.g. an unrelated pytest job's pid
     assert mine.check_owned(me.pid, me.create_time(), key) is not None
+
+
+#: A rank that runs a wrapper first, as ``python -m stormwatch run -- python train.py``
+#: does: the wrapper (no metrics dir yet) lives past the watcher's settle time, then execs
+#: the same interpreter (the same command name) with the rank's metrics dir set.
+_EXECS_LATE = textwrap.dedent(
+    r"""
+    import os, sys, time
+    stage = os.environ.get("STAGE", "0")
+    code, folder = sys.argv[2], sys.argv[3]
+    if stage == "0":
+        env = dict(os.environ, STAGE="1")
+        env.pop("STORMWATCH_METRICS_DIR", None)
+        os.execve(sys.executable, [sys.executable, "-c", code, "x", code, folder], env)
+    if stage == "1":
+        time.sleep(2.5)
+        env = dict(os.environ, STAGE="2", STORMWATCH_METRICS_DIR=folder)
+        os.execve(sys.executable, [sys.executable, "-c", code, "x", code, folder], env)
+    open(os.path.join(folder, "stage2"), "w").close()
+    while True:
+        time.sleep(60)
+    """
+)
+
+
+def test_a_rank_that_execs_the_same_interpreter_after_settling_is_found(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    watcher = RankWatcher(
+        metrics_dir, exits=UnavailableExits("test"), interval=0.2, claim_unlabelled=False
+    )
+    launcher = fake_torchrun(
+        [0],
+        rank_code=_EXECS_LATE,
+        write_metrics=False,
+        rank_args=["x", _EXECS_LATE, str(metrics_dir)],
+    )
+    try:
+        launcher.wait_pid(0)
+        watcher.start()
+        tools.wait_for(lambda: (metrics_dir / "stage2").exists(), timeout=15)
+        [rank] = tools.wait_for(watcher.ranks, timeout=10)
+    finally:
+        watcher.stop()
+    assert (rank.job, rank.rank, rank.alive) == (launcher.job, 0, True)
