@@ -102,7 +102,8 @@ def agent() -> None:
     multiple=True,
     type=click.Choice(COLLECTOR_NAMES),
     envvar="STORMWATCH_AGENT_DISABLE_COLLECTOR",
-    help="Switch a collector off (repeatable; env: space-separated names).",
+    help="Switch a collector off (repeatable; STORMWATCH_AGENT_DISABLE_COLLECTOR: names "
+    "separated by spaces).",
 )
 @click.option(
     "--otlp-endpoint",

@@ -117,7 +117,14 @@ def _measured(
     """Measured times: --from-postmortems, else --scorecard, else the latest scorecard under
     --run-dir, else None (the documented defaults), saying which on the console."""
     if postmortems is not None:
-        return read_postmortems(postmortems)
+        measured = read_postmortems(postmortems)
+        console.print(
+            f"detect/recover times: measured by {len(measured.used)} post-mortem(s) under "
+            f"{postmortems} for {', '.join(sorted(measured.times))}; documented defaults for "
+            "the other categories",
+            soft_wrap=True,
+        )
+        return measured
     if no_scorecard:
         console.print("detect/recover times: documented defaults (--no-scorecard)")
         return None

@@ -108,3 +108,23 @@ def test_plan_per_category_flags_name_the_flag_the_valid_categories_and_the_fix(
     proc = stormwatch("plan", "--gpus", "8", "--recover", "software_bug=-1")
     assert proc.returncode == 2
     assert "--recover: software_bug=-1: seconds must be a finite number >= 0" in proc.stderr
+
+
+def test_plan_from_postmortems_says_where_its_times_came_from(tmp_path: Path, stormwatch) -> None:
+    d = tmp_path / "experiments" / "a"
+    d.mkdir(parents=True)
+    (d / "postmortem.json").write_text(
+        json.dumps(
+            {
+                "experiment_id": "a", "title": "a", "status": "completed",
+                "hypothesis_held": True, "rollbacks_ok": True, "fault_kind": "kill_rank",
+                "time_to_detect_seconds": 2.0, "time_to_recover_seconds": 14.0,
+            }
+        )
+    )  # fmt: skip
+    proc = stormwatch("plan", "--gpus", "8", "--from-postmortems", str(tmp_path), columns=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"detect/recover times: measured by 1 post-mortem(s) under {tmp_path} for software_bug; "
+        "documented defaults for the other categories"
+    ) in proc.stdout
