@@ -285,6 +285,17 @@ def _cpu_rate(pid: int, seconds: float = 1.0) -> float:
     return (sum(process.cpu_times()[:2]) - before) / seconds
 
 
+def _stopped_fraction(pid: int, seconds: float = 1.0) -> float:
+    """Share of state samples (every 5 ms for ``seconds``) that find ``pid`` stopped."""
+    samples = stopped = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        samples += 1
+        stopped += _status(pid) == psutil.STATUS_STOPPED
+        time.sleep(0.005)
+    return stopped / samples
+
+
 def test_cpu_throttle_cgroup_quota_holds_the_rank_and_revert_moves_it_back(
     start_agent: Any, fake_torchrun: Any, tools: Any
 ) -> None:
@@ -322,7 +333,6 @@ def test_cpu_throttle_duty_cycle_slows_the_rank_and_revert_leaves_it_running(
     agent = start_agent()
     launcher = fake_torchrun([0], rank_code=BUSY_RANK)
     pid = launcher.wait_pid(0)
-    free = _cpu_rate(pid)
     body = {
         "id": "cpu-dc",
         "kind": "cpu_throttle",
@@ -332,11 +342,15 @@ def test_cpu_throttle_duty_cycle_slows_the_rank_and_revert_leaves_it_running(
         "method": "duty_cycle",
     }
     assert _post_when_ranks_seen(tools, agent, body).status == 201
-    throttled = _cpu_rate(pid)
+    stopped = _stopped_fraction(pid)
     _delete(tools, agent, "cpu-dc")
-    assert throttled < 0.6 * free, (throttled, free)
+    # SIGSTOP holds the rank 80 ms of every 100 ms. The share of samples that find it
+    # stopped does not depend on how busy the box is, unlike its CPU rate (a busy loop
+    # got 0.18 of a core under `make test` in CI, so "slower than free" measured noise).
+    assert stopped > 0.5, stopped
     time.sleep(0.3)
     assert _status(pid) != psutil.STATUS_STOPPED
+    assert _cpu_rate(pid, 0.5) > 0.0  # it runs again
 
 
 # ---------------------------------------------------------------- storage

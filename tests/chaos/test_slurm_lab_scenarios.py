@@ -262,7 +262,13 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
 #: (10 s each) after its first ping goes unanswered, SlurmdTimeout/3 (5 s) or a ping cycle
 #: after its last answer (lab/slurm/render.py): 25-35 s after the cut (seen: 33 s under
 #: load; 27 s when SlurmdTimeout was 30 s, which could take 40-50 s).
-CUT_SECONDS = 45
+# Long enough that Slurm's requeue runs the job again while node1 is still DOWN: DOWN comes
+# up to SlurmdTimeout (15 s) + a ping interval after the cut (30 s measured in CI), and the
+# requeued job may start cred_expire + 1 = 11 s after it is PENDING again (about 4 s after
+# DOWN), so about 46 s after the cut. With a 45 s cut the job started 1.2 s after node1
+# came back, on node1, and Slurm failed it at once (the old incarnation of the same job
+# id was still being cleaned up there): a race of the scenario's timing, not the subject.
+CUT_SECONDS = 60
 CUT = f"""version: 1
 title: "Node 1's link down for {CUT_SECONDS} s: Slurm sets it DOWN; it is in service after the rollbacks"
 job: {{name: scn-cut, world_size: 4, steps: 2000, checkpoint_every: 10, step_delay: 0.3}}
