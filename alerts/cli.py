@@ -379,6 +379,23 @@ def _responder_client_options(command: Callable[..., Any]) -> Callable[..., Any]
     )(command)
 
 
+def _responder_token(token_file: Path) -> str:
+    """The responder's token from ``--token-file``; when the local lab's default file is
+    missing, the error says what to give instead (a lab, or the responder's URL and token).
+
+    Raises:
+        ConfigError: the file cannot be read (see :func:`read_token`).
+    """
+    if str(token_file) == _LAB_TOKEN and not token_file.exists():
+        raise ConfigError(
+            f"--token-file: {token_file} does not exist: no local lab is up in "
+            f"{token_file.parent.parent} (start one with `stormwatch lab up`, or set "
+            "STORMWATCH_LAB_DIR to its run directory); for another responder give --url and "
+            "--token-file, or read its database with --db"
+        )
+    return read_token(token_file, "--token-file")
+
+
 @alerts.command("incidents")
 @_responder_client_options
 @click.option(
@@ -422,7 +439,7 @@ def incidents_cmd(url: str, token_file: Path, db_path: Path | None, as_json: boo
         incidents, actions = read_store(db_path)
         source = str(db_path)
     else:
-        client = ResponderClient(url, token=read_token(token_file, "--token-file"))
+        client = ResponderClient(url, token=_responder_token(token_file))
 
         async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
             return await asyncio.gather(client.incidents(), client.actions())
@@ -460,7 +477,7 @@ def approve_cmd(action_id: int, url: str, token_file: Path, actor: str | None) -
     guards.approval_required); the audit log records who approved it."""
     import getpass
 
-    client = ResponderClient(url, token=read_token(token_file, "--token-file"))
+    client = ResponderClient(url, token=_responder_token(token_file))
     who = actor or getpass.getuser()
     asyncio.run(client.approve(action_id, actor=who))
     click.echo(f"approved action {action_id} as {who}")

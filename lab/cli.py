@@ -239,9 +239,9 @@ def down(run_dir: Path, **values: Any) -> None:
 def status(run_dir: Path, as_json: bool) -> int:
     """Show nodes, services, their health, and jobs (exit 0 only when healthy).
 
-    Chaos faults past their TTL are reverted first. One line per row: narrower than
-    120 columns, namespaces, addresses, URLs and job folders are left out (--json
-    has everything).
+    Chaos faults past their TTL are reverted first. One line per row; on a terminal
+    narrower than 120 columns the namespaces, addresses, URLs and job folders are
+    left out (--json has everything).
     """
     _reap_overdue(run_dir)
     result = Lab(run_dir).status()

@@ -13,7 +13,7 @@ and the platforms, which may use the lab). Each component installs as its own su
 
 - :mod:`stormwatch.faults`: every fault kind, declared once (shared by agent and controller)
 - :mod:`stormwatch.agent`: per-node agent (metrics, rank watcher, fault API)
-- :mod:`stormwatch.trainer`: reference PP x FSDP2 x TP trainer (system under test)
+- :mod:`stormwatch.trainer`: reference PP x FSDP2/HSDP x DTensor TP trainer (system under test)
 - :mod:`stormwatch.chaos`: experiments, fault ledger, post-mortems, game days
 - :mod:`stormwatch.alerts`: Prometheus rules, Alertmanager config, responder
 - :mod:`stormwatch.dashboards`: Grafana dashboards as code

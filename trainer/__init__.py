@@ -1,4 +1,4 @@
-"""stormwatch.trainer: the reference 3-D parallel trainer (PP x FSDP2 x TP), the system under test.
+"""stormwatch.trainer: the reference 3-D parallel trainer (PP x FSDP2/HSDP x DTensor TP), the system under test.
 
 A byte-level decoder-only transformer trained on the Python standard
 library's source (:mod:`~stormwatch.trainer.data.corpus`), split into pipeline

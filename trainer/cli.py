@@ -59,7 +59,7 @@ QUIET_RANK_EXIT_DELAY = 3.0
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
 def train(**values: Any) -> int:
-    """Train the byte-level LM with FSDP2 x TP; one process per rank.
+    """Train the byte-level LM with PP x FSDP2/HSDP x DTensor TP; one process per rank.
 
     \b
     Example (4 CPU ranks, 2-way FSDP x 2-way TP):

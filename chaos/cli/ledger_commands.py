@@ -106,8 +106,9 @@ def ledger_cmd(run_dir: Path, only_open: bool) -> None:
     """List the faults in the ledger (what, where, when, state).
 
     Faults past their TTL are reverted first; one still open after its TTL (its
-    revert failed) is marked OVERDUE. One line per fault: narrower than 120
-    columns it shows fault, kind, rank/node, state and age (long ids end in "…").
+    revert failed) is marked OVERDUE. One line per fault; on a terminal narrower
+    than 120 columns it shows fault, kind, rank/node, state and age (long ids end
+    in "…").
     """
     path = ledger_path(run_dir)
     if not path.exists():

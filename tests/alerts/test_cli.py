@@ -94,6 +94,17 @@ def test_incidents_with_a_wrong_token_fails_cleanly(
     assert "HTTP 401" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_incidents_without_a_lab_says_what_to_give_instead(kit: Any, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STORMWATCH_")}
+    out = subprocess.run(
+        [kit.stormwatch, "alerts", "incidents"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "no local lab is up in run" in out.stderr, out.stderr
+    assert "--db" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_serve_rejects_a_bad_listen_address(kit: Any, tmp_path: Path) -> None:
     token = tmp_path / "t"
     token.write_text("abc\n")
