@@ -10,6 +10,7 @@
   :mod:`.gpm` (``DCGM_FI_PROF_*`` from NVML GPM): the DCGM metric tables
 - :mod:`.nvlink`, :mod:`.nvlink_errors`: per-link state, throughput and error counters
 - :mod:`.identity` (labels and label fields), :mod:`.p2p` (NVLink P2P status)
+- :mod:`.mig`: the MIG instances of a GPU in MIG mode (dcgm-exporter's per-instance series)
 """
 
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend

@@ -14,7 +14,8 @@ passes (counted in :attr:`FakeNvml.calls`, so a test can assert that a
 deprecated API was never used, FC-05; any NVML error code injected per
 function and per device, :meth:`FakeNvml.inject_error`; a lost GPU, FC-02),
 the sensor readings (deterministic functions of the elapsed time on the clock
-passed in), the field values, XID events (FC-03) and GPM samples. Each NVML
+passed in), the field values, XID events (FC-03), GPM samples and MIG instances
+(:meth:`FakeNvml.set_mig`). Each NVML
 function here only decodes its handle, passes the gate and asks the
 collaborator that owns the answer.
 """
@@ -38,6 +39,7 @@ from stormwatch.agent.gpu.sim.devices import (
 from stormwatch.agent.gpu.sim.events import XidEvents
 from stormwatch.agent.gpu.sim.fields import field_values
 from stormwatch.agent.gpu.sim.gpm import GpmSamples, fill_metrics
+from stormwatch.agent.gpu.sim.mig import MAX_MIG_DEVICES, FakeMigHandle, SimMig, make_mig
 from stormwatch.agent.gpu.sim.readings import Readings
 
 #: The legacy NVLink utilisation-counter API, deprecated since CUDA 11 (FC-05):
@@ -130,6 +132,21 @@ class FakeNvml:
         """Script the compute-process list of GPU ``index`` (``(pid, bytes)`` entries)."""
         self.gpus[index].processes = list(processes)
 
+    def set_mig(self, index: int, profiles: Sequence[tuple[int, int]] | None) -> list[SimMig]:
+        """Put GPU ``index`` in MIG mode with one instance per ``(slices, memory MiB)``
+        (e.g. ``(1, 9856)``: an H100's ``1g.10gb``), or out of it with ``None``.
+
+        Returns:
+            the instances, in slot order (tests reshape them, e.g. ``unsupported``).
+
+        Raises:
+            ValueError: more than 7 instances.
+        """
+        gpu = self.gpus[index]
+        gpu.mig_mode = profiles is not None
+        gpu.mig = make_mig(index, list(profiles or []))
+        return [mig for mig in gpu.mig if mig is not None]
+
     def pending_events(self) -> int:
         """Events delivered to event sets and not read yet (``nvmlEventSetWait``)."""
         return self._events.pending()
@@ -140,11 +157,38 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return handle.index
 
-    def _device(self, call: str, handle: Any) -> SimGpu:
-        """The device of ``handle`` (checked first), once ``call`` has passed the gate."""
+    def _handle(self, call: str, handle: Any) -> tuple[SimGpu, SimMig | None]:
+        """The GPU of ``handle`` (checked first) and, for a MIG device handle, its
+        instance, once ``call`` has passed the gate (under the parent GPU's index)."""
+        mig_slot = handle.slot if isinstance(handle, FakeMigHandle) else None
+        if mig_slot is not None:
+            handle = FakeHandle(handle.index)
         index = self._index(handle)
         self._gate.enter(call, index)
-        return self.gpus[index]
+        gpu = self.gpus[index]
+        if mig_slot is None:
+            return gpu, None
+        mig = gpu.mig[mig_slot] if gpu.mig_mode and mig_slot < len(gpu.mig) else None
+        if mig is None:  # the instance was destroyed since the handle was taken
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if call in mig.unsupported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, mig
+
+    def _device(self, call: str, handle: Any) -> SimGpu:
+        """The whole GPU of ``handle``; NOT_SUPPORTED for a MIG device (as NVML's
+        whole-GPU readings are)."""
+        gpu, mig = self._handle(call, handle)
+        if mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _mig(self, call: str, handle: Any) -> SimMig:
+        """The MIG instance of a MIG device ``handle``; NOT_SUPPORTED for a whole GPU."""
+        _gpu, mig = self._handle(call, handle)
+        if mig is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return mig
 
     # ------------------------------------------------------ NVML: lifecycle
     def nvmlInit(self) -> None:
@@ -183,7 +227,8 @@ class FakeNvml:
         return self._device("nvmlDeviceGetIndex", handle).index
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._device("nvmlDeviceGetUUID", handle).uuid
+        gpu, mig = self._handle("nvmlDeviceGetUUID", handle)
+        return gpu.uuid if mig is None else mig.uuid
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> pynvml.nvmlPciInfo_t:
         return self._device("nvmlDeviceGetPciInfo", handle).pci_info()
@@ -218,12 +263,16 @@ class FakeNvml:
 
     # ------------------------------------------------------ NVML: readings
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> pynvml.c_nvmlUtilization_t:
+        """NOT_SUPPORTED in MIG mode, as NVML (per-instance utilisation is a DCGM profiling metric)."""
         gpu = self._device("nvmlDeviceGetUtilizationRates", handle)
+        if gpu.mig_mode:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self._readings.utilization_rates(gpu)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        gpu = self._device("nvmlDeviceGetMemoryInfo", handle)
-        return self._readings.memory_info(gpu, version)
+        gpu, mig = self._handle("nvmlDeviceGetMemoryInfo", handle)
+        total = None if mig is None else mig.memory_mb * 1024 * 1024
+        return self._readings.memory_info(gpu, version, total)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         gpu = self._device("nvmlDeviceGetTemperature", handle)
@@ -338,6 +387,40 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """``nvmlFriendlyObject`` entries with ``pid`` and ``usedGpuMemory`` (bytes or None)."""
         return self._device("nvmlDeviceGetComputeRunningProcesses", handle).compute_processes()
+
+    # ----------------------------------------------------------- NVML: MIG
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        """``[current, pending]``; NOT_SUPPORTED on a GPU without MIG."""
+        gpu = self._device("nvmlDeviceGetMigMode", device)
+        if gpu.mig_mode is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_mode else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._device("nvmlDeviceGetMaxMigDeviceCount", device)
+        if gpu.mig_mode is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> FakeMigHandle:
+        """NOT_FOUND for an empty slot (or MIG off), INVALID_ARGUMENT past the last slot."""
+        gpu = self._device("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if not 0 <= index < MAX_MIG_DEVICES:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not gpu.mig_mode or index >= len(gpu.mig) or gpu.mig[index] is None:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(gpu.index, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._mig("nvmlDeviceGetGpuInstanceId", device).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        return self._mig("nvmlDeviceGetComputeInstanceId", device).compute_instance_id
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        """MIG device handles only, as NVML documents."""
+        return self._mig("nvmlDeviceGetAttributes", device).attributes()
 
     # -------------------------------------------------------- NVML: events
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:

@@ -9,7 +9,8 @@ counters (FC-03).
 
 Per GPU one sample reads the function-call metrics (:mod:`.queries`), the
 field-value metrics (:mod:`.fields`), the profiling metrics (:mod:`.gpm`) and
-NVLink (:mod:`.nvlink`). What NVML answers NOT_SUPPORTED for is recorded as
+NVLink (:mod:`.nvlink`), and the MIG instances of a GPU in MIG mode
+(:mod:`.mig`). What NVML answers NOT_SUPPORTED for is recorded as
 *unsupported* with its reason, never as a zero.
 """
 
@@ -31,6 +32,7 @@ from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.fields import FIELD_METRICS, read_fields
 from stormwatch.agent.gpu.gpm import GpmReader
 from stormwatch.agent.gpu.identity import Identity, read_identity, system_info
+from stormwatch.agent.gpu.mig import read_mig
 from stormwatch.agent.gpu.model import DeviceReading, GpuSnapshot, ProcessEntry
 from stormwatch.agent.gpu.nvlink import sample_nvlink
 from stormwatch.agent.gpu.nvml_errors import (
@@ -267,13 +269,16 @@ class GpuSampler:
             if nvlink is not None:
                 merge(nvlink.dcgm)
             processes = self._processes(handle, sink) if self._options.processes else None
+            total = values.pop(MEMORY_TOTAL, None)
+            mig = read_mig(
+                self._api, handle, sink, device_memory_bytes=None if total is None else int(total)
+            )
         except DeviceDown as down:
             # Reported, not swallowed: the error was counted by ``sink`` and the GPU is
             # exported down (stormwatch_gpu_up 0) until a sample reaches it again.
             log.debug("GPU %d down: %s", index, down)
             self._forget(index)
             return DeviceReading(index=index, up=False)
-        total = values.pop(MEMORY_TOTAL, None)
         supported = set(values) | {HEALTH_STATUS}
         self._clock_event_support(index, values, unsupported, supported)
         if self._options.xid:
@@ -294,6 +299,7 @@ class GpuSampler:
             memory_total_bytes=None if total is None else int(total),
             nvlink=nvlink,
             processes=processes,
+            mig=mig,
         )
 
     def _clock_event_support(

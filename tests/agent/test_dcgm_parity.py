@@ -13,14 +13,17 @@ from __future__ import annotations
 import gzip
 from typing import Any
 
+import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 
 from stormwatch.agent import FakeNvml
+from stormwatch.agent.gpu.mig import profile_name
 from stormwatch.agent.kube.testing import FakePod, KubeletServer
 
 #: dcgm-exporter's GPU template labels (render_metrics.go, gpuMetricsFormat).
 TEMPLATE_LABELS = frozenset({"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"})
 POD_LABELS = frozenset({"namespace", "pod", "container"})
+MIG_LABELS = frozenset({"GPU_I_PROFILE", "GPU_I_ID"})
 
 
 def _expected(tools: Any, fake: FakeNvml, pods: dict[int, tuple[str, str, str]]) -> dict:
@@ -120,3 +123,57 @@ def test_openmetrics_and_gzip_are_negotiated_through_prometheus_client(
     assert plain.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert "Content-Encoding" not in plain.headers
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in plain.text
+
+
+def test_a_mig_gpu_is_exported_per_instance_with_dcgm_exporters_mig_labels(
+    start_agent: Any, tools: Any, kubelet: KubeletServer
+) -> None:
+    fake = FakeNvml(2)
+    small, _medium, large = fake.set_mig(0, [(1, 9856), (2, 20096), (3, 40320)])
+    large.unsupported.add("nvmlDeviceGetMemoryInfo")  # this instance cannot say its memory
+    kubelet.pods = [
+        FakePod("ml", "tiny", {"c": [("nvidia.com/mig-1g.10gb", [small.uuid])]}),
+    ]
+    agent = start_agent(fake, pod_resources_socket=kubelet.socket)
+    agent.sample()
+    scrape = tools.scrape(agent.url)
+    base = TEMPLATE_LABELS | {"DCGM_FI_DRIVER_VERSION"}
+    used = {
+        labels["GPU_I_ID"]: (labels, value)
+        for labels, value in scrape.series("DCGM_FI_DEV_FB_USED", gpu="0")
+    }
+    # The unsupported instance's framebuffer series is absent, never 0.
+    assert sorted(used) == ["1", "2"]
+    small_labels, small_used = used["1"]
+    assert set(small_labels) == base | MIG_LABELS | POD_LABELS
+    assert small_labels["GPU_I_PROFILE"] == "1g.10gb" and small_labels["pod"] == "tiny"
+    assert small_labels["UUID"] == fake.gpus[0].uuid and small_labels["device"] == "nvidia0"
+    assert 0 < small_used < 9856
+    assert set(used["2"][0]) == base | MIG_LABELS and used["2"][0]["GPU_I_PROFILE"] == "2g.20gb"
+    # Whole-GPU readings are repeated per instance; utilisation (NOT_SUPPORTED) is absent.
+    temps = scrape.series("DCGM_FI_DEV_GPU_TEMP", gpu="0")
+    assert sorted(labels["GPU_I_ID"] for labels, _ in temps) == ["1", "2", "3"]
+    assert {labels["GPU_I_PROFILE"] for labels, _ in temps} == {"1g.10gb", "2g.20gb", "3g.40gb"}
+    assert scrape.series("DCGM_FI_DEV_GPU_UTIL", gpu="0") == []
+    assert scrape.value("stormwatch_gpu_pod_attributed", gpu="0", GPU_I_ID="1") == 1
+    assert scrape.value("stormwatch_gpu_pod_attributed", gpu="0", GPU_I_ID="3") == 0
+    # The GPU without MIG keeps its whole-GPU series, without MIG labels.
+    ((labels, _),) = scrape.series("DCGM_FI_DEV_FB_USED", gpu="1")
+    assert set(labels) == base
+    assert scrape.series("DCGM_FI_DEV_GPU_UTIL", gpu="1")
+
+
+@pytest.mark.parametrize(
+    ("gi", "ci", "memory_mb", "device_gib", "name"),
+    [
+        (1, 1, 9856, 80, "1g.10gb"),  # H100 80GB
+        (3, 3, 40320, 80, "3g.40gb"),
+        (7, 7, 80880, 80, "7g.80gb"),
+        (1, 1, 4864, 40, "1g.5gb"),  # A100 40GB
+        (2, 1, 9984, 40, "1c.2g.10gb"),  # a compute instance smaller than its GPU instance
+    ],
+)
+def test_mig_profile_names_follow_nvidias_naming(
+    gi: int, ci: int, memory_mb: int, device_gib: int, name: str
+) -> None:
+    assert profile_name(gi, ci, memory_mb, device_gib * 1024**3 - 300 * 1024**2) == name

@@ -145,3 +145,41 @@ def test_every_nvml_function_fails_with_an_injected_code_for_the_chosen_device_o
             _call_on(fake, name, gpu)
         except pynvml.NVMLError as exc:  # a placeholder argument may be refused
             assert exc.value != code, (name, gpu)
+
+
+def test_fake_mig_answers_like_nvml_for_instances_and_whole_gpu_calls() -> None:
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    (first,) = fake.set_mig(1, [(1, 9856)])
+    plain, parent = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
+    disabled = [pynvml.NVML_DEVICE_MIG_DISABLE] * 2
+    assert fake.nvmlDeviceGetMigMode(plain) == disabled
+    assert fake.nvmlDeviceGetMigMode(parent) == [pynvml.NVML_DEVICE_MIG_ENABLE] * 2
+    assert fake.nvmlDeviceGetMaxMigDeviceCount(parent) == 7
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        fake.nvmlDeviceGetMigDeviceHandleByIndex(parent, 1)  # an empty slot
+    mig = fake.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    assert fake.nvmlDeviceGetUUID(mig) == first.uuid != fake.nvmlDeviceGetUUID(parent)
+    assert fake.nvmlDeviceGetGpuInstanceId(mig) == first.gpu_instance_id
+    assert fake.nvmlDeviceGetAttributes(mig).gpuInstanceSliceCount == 1
+    assert fake.nvmlDeviceGetMemoryInfo(mig).total == 9856 * 1024**2
+    for whole_gpu_only in (
+        lambda: fake.nvmlDeviceGetTemperature(mig, pynvml.NVML_TEMPERATURE_GPU),
+        lambda: fake.nvmlDeviceGetUtilizationRates(parent),  # NVML: not in MIG mode
+        lambda: fake.nvmlDeviceGetGpuInstanceId(plain),
+        lambda: fake.nvmlDeviceGetAttributes(parent),
+    ):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            whole_gpu_only()
+    fake.inject_error("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_UNKNOWN, gpu=1, times=1)
+    with pytest.raises(pynvml.NVMLError_Unknown):  # the parent's injected errors hit instances
+        fake.nvmlDeviceGetMemoryInfo(mig)
+    fake.lose_gpu(1)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetUUID(mig)
+    fake.lose_gpu(1, lost=False)
+    fake.set_mig(1, None)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # the instance is gone
+        fake.nvmlDeviceGetUUID(mig)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        fake.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)

@@ -7,4 +7,5 @@
 - :mod:`.fields`: field values (ECC, retired pages, remapped rows, NVLink throughput and errors, ...)
 - :mod:`.events`: XID events delivered to event sets
 - :mod:`.gpm`: GPM samples and metrics
+- :mod:`.mig`: MIG instances of a GPU in MIG mode and their handles
 """

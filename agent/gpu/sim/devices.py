@@ -13,6 +13,8 @@ import uuid
 
 import pynvml
 
+from stormwatch.agent.gpu.sim.mig import SimMig
+
 _GIB = 1024**3
 
 
@@ -68,6 +70,9 @@ class SimGpu:
         power_limit_mw: the power management limit (milliwatts, default 700 W: H100 SXM).
         power_limit_range_mw: (min, max) settable limit.
         locked_clocks_mhz: (min, max) graphics clock lock, None when unlocked.
+        mig_mode: MIG mode on (True) or off (False); None for a GPU without MIG
+            (``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED).
+        mig: MIG instances by slot (None: an empty slot); served while :attr:`mig_mode`.
     """
 
     index: int
@@ -100,6 +105,8 @@ class SimGpu:
     power_limit_mw: int = 700_000
     power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
     locked_clocks_mhz: tuple[int, int] | None = None
+    mig_mode: bool | None = False
+    mig: list[SimMig | None] = dataclasses.field(default_factory=list)
 
     @property
     def serial(self) -> str:

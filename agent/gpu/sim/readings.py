@@ -49,9 +49,12 @@ class Readings:
         util = self.utilisation(gpu)
         return pynvml.c_nvmlUtilization_t(gpu=util, memory=util // 2)
 
-    def memory_info(self, gpu: SimGpu, version: int | None) -> Any:
-        """``nvmlDeviceGetMemoryInfo``: v1 structure, or v2 (with ``reserved``) when ``version``."""
-        total = gpu.memory_total
+    def memory_info(self, gpu: SimGpu, version: int | None, total: int | None = None) -> Any:
+        """``nvmlDeviceGetMemoryInfo``: v1 structure, or v2 (with ``reserved``) when ``version``.
+
+        ``total``: the framebuffer in bytes when not the whole GPU's (a MIG instance's).
+        """
+        total = gpu.memory_total if total is None else total
         share = 0.35 + 0.25 * math.sin(self.elapsed() / 11.0 + gpu.index)
         used = int(total * share)
         if version:
