@@ -7,6 +7,8 @@ from kube.common import (
     AGENT_LABELS,
     HOST_AGENT_PORT,
     METRICS_HOST_DIR,
+    POD_RESOURCES_DIR,
+    POD_RESOURCES_SOCKET,
     SCRAPE_INTERVAL,
     Obj,
     meta,
@@ -18,7 +20,8 @@ def agent_daemonset() -> Obj:
     network namespace with ``NET_ADMIN`` (the proc connector, which gives the ranks' exit
     reasons, exists in the host's network namespace only, and older kernels ask for
     ``CAP_NET_ADMIN``; agent/watch/proc_exits.py), NVML through the NVIDIA container runtime,
-    the host's metrics folder shared with the ranks."""
+    the host's metrics folder shared with the ranks, and the kubelet's pod-resources socket
+    folder (read-only) for GPU-to-pod attribution."""
     container: Obj = {
         "name": "agent",
         "image": AGENT_IMAGE,
@@ -30,6 +33,7 @@ def agent_daemonset() -> Obj:
             f"--metrics-dir={METRICS_HOST_DIR}",
             "--gpu-backend=nvml",
             "--state-dir=/var/lib/stormwatch/agent",
+            f"--pod-resources-socket={POD_RESOURCES_SOCKET}",
         ],
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -78,6 +82,8 @@ def agent_daemonset() -> Obj:
             {"name": "metrics", "mountPath": METRICS_HOST_DIR},
             {"name": "state", "mountPath": "/var/lib/stormwatch/agent"},
             {"name": "tmp", "mountPath": "/tmp"},
+            # The kubelet's pod-resources API (which pod holds which GPU or MIG instance).
+            {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
         ],
     }
     return {
@@ -119,6 +125,13 @@ def agent_daemonset() -> Obj:
                             },
                         },
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                        # DirectoryOrCreate: a node whose kubelet has no such folder still
+                        # runs the agent; stormwatch_kubelet_pod_resources_up 0 says why
+                        # the GPU series carry no pod labels.
+                        {
+                            "name": "pod-resources",
+                            "hostPath": {"path": POD_RESOURCES_DIR, "type": "DirectoryOrCreate"},
+                        },
                     ],
                 },
             },

@@ -6,9 +6,11 @@ Ports come from the code's defaults (the agent's ``AgentConfig``, the responder'
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from stormwatch.agent.config import AgentConfig
+from stormwatch.agent.kube.podresources import DEFAULT_SOCKET
 from stormwatch.alerts.responder.settings import ResponderSettings
 from stormwatch.platforms.targets import DEFAULT_AGENT_PORT
 
@@ -24,6 +26,11 @@ AGENT_LABELS = {"app.kubernetes.io/name": "stormwatch-agent", **PART_OF}
 RESPONDER_LABELS = {"app.kubernetes.io/name": "stormwatch-responder", **PART_OF}
 #: Host folder the training pods and the agent share (the ranks' STORMWATCH_METRICS_DIR).
 METRICS_HOST_DIR = "/run/stormwatch/metrics"
+#: The kubelet's pod-resources socket, where the kubelet puts it by default (the agent's
+#: ``--pod-resources-socket``: GPU series get namespace, pod and container), and the host
+#: folder holding it, mounted read-only at the same path in the agent's container.
+POD_RESOURCES_SOCKET = DEFAULT_SOCKET
+POD_RESOURCES_DIR = posixpath.dirname(DEFAULT_SOCKET)
 #: Label whose value is the training job's name (the responder's job label).
 JOB_LABEL = "stormwatch.io/job"
 TOKEN_SECRET = "stormwatch-responder-token"

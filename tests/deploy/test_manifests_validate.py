@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import posixpath
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
+from stormwatch.agent.cli import run as agent_run
+from stormwatch.agent.kube.podresources import DEFAULT_SOCKET
 from stormwatch.platforms.kubernetes import COMPLETION_INDEX, RESPONDER_ACCESS
 
 FOLDERS = ["base", "examples/training-job", *(f"overlays/{o}" for o in ("dev", "production"))]
@@ -94,6 +97,24 @@ def test_the_agent_runs_on_gpu_nodes_with_the_host_pid_namespace(
     ]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert agent["resources"]["limits"] and agent["resources"]["requests"]
+
+
+@pytest.mark.parametrize("folder", ["base", "overlays/dev", "overlays/production"])
+def test_the_agent_reads_the_kubelets_pod_resources_socket_through_a_read_only_mount(
+    rendered: dict[str, list[dict[str, Any]]], folder: str
+) -> None:
+    ds = next(o for o in rendered[folder] if o["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    # The socket the agent is told, as its own CLI parses the DaemonSet's arguments.
+    assert agent["args"][:2] == ["agent", "run"]
+    socket = agent_run.make_context("run", agent["args"][2:]).params["pod_resources_socket"]
+    assert socket == DEFAULT_SOCKET, "the kubelet's default socket path"
+    folder_path = posixpath.dirname(socket)
+    (mount,) = [m for m in agent["volumeMounts"] if m["mountPath"] == folder_path]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == folder_path, "the host's folder at the same path"
 
 
 def test_the_responder_may_cordon_delete_evict_and_read_and_nothing_more(
