@@ -186,7 +186,7 @@ def check(url: str, seconds: float) -> dict[str, Any]:
         if not ok:
             failures.append(f"collector {name} is down")
     models = {
-        labels["gpu"]: labels["modelName"] for labels, _ in families.get("stormwatch_gpu_info", [])
+        labels["gpu"]: labels["model_name"] for labels, _ in families.get("stormwatch_gpu_info", [])
     }
     duration = families.get("stormwatch_gpu_snapshot_duration_seconds", [({}, float("nan"))])[0][1]
     return {

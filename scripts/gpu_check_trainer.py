@@ -138,7 +138,7 @@ def watch(url: str, trainer: Any) -> dict[str, Any]:
             for labels, value in families.get("stormwatch_gpu_up", []):
                 seen["gpu_up"][labels["gpu"]] = value
             for labels, _ in families.get("stormwatch_gpu_info", []):
-                seen["gpus"][labels["gpu"]] = labels.get("modelName", "?")
+                seen["gpus"][labels["gpu"]] = labels.get("model_name", "?")
             for name, key in (
                 ("DCGM_FI_DEV_FB_USED", "fb_used_mib"),
                 ("DCGM_FI_DEV_GPU_UTIL", "util_percent"),
