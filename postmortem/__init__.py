@@ -19,6 +19,8 @@ Modules:
 * :mod:`.measures`: impact (``Impact``) and the loss check (``LossCheck``);
 * :mod:`.culprit`: the culprit (``Culprit``) from neutral clues (dumps, exits, alerts,
   straggler scores, heartbeats, XIDs), and of a hang in progress from its ranks' dumps;
+* :mod:`.causes`: the node and rank that caused a restart, and why a restart itself failed
+  (``port conflict on restart``, from the errno a rank's dump records);
 * :mod:`.timeline`: ``TimelineEvent`` and how rows of many sources merge;
 * :mod:`.text`: clock times, durations and alert names as printed;
 * :mod:`.experiment`, :mod:`.incident`: the two records (their JSON is the report's
@@ -31,6 +33,13 @@ matplotlib nor torch on import. It raises nothing of its own: a source that cann
 read is the adapter's to report (as a note in the record).
 """
 
+from stormwatch.postmortem.causes import (
+    PORT_CONFLICT_ON_RESTART,
+    RestartFailure,
+    failed_ranks,
+    port_conflicts,
+    restart_failure,
+)
 from stormwatch.postmortem.culprit import (
     Clues,
     Culprit,
@@ -78,6 +87,7 @@ from stormwatch.postmortem.text import format_clock
 from stormwatch.postmortem.timeline import TimelineEvent
 
 __all__ = [
+    "PORT_CONFLICT_ON_RESTART",
     "Bullets",
     "Clues",
     "Culprit",
@@ -100,6 +110,7 @@ __all__ = [
     "RankProgress",
     "ReportFiles",
     "Restart",
+    "RestartFailure",
     "Section",
     "StepDone",
     "Table",
@@ -110,13 +121,16 @@ __all__ = [
     "culprit_from_dumps",
     "elapsed",
     "experiment_document",
+    "failed_ranks",
     "find_culprit",
     "format_clock",
     "incident_document",
     "measure_impact",
+    "port_conflicts",
     "render_html",
     "render_markdown",
     "restart_after",
+    "restart_failure",
     "steps_lost",
     "write_atomic",
     "write_report",

@@ -54,6 +54,7 @@ class RankDump(BaseModel):
 
     Attributes:
         rank / attempt / time / reason / step: from the trainer's dump file.
+        errno: the errno of the failure that ended the attempt (98: ``EADDRINUSE``), if any.
         phase: the phase the rank was in (e.g. a start-up stage), from the dump file.
         enqueued: process group (``name ranks``) -> last enqueued collective seq.
         behind: groups where this rank enqueued fewer collectives than a peer, with
@@ -68,6 +69,7 @@ class RankDump(BaseModel):
     attempt: int | None = None
     time: float | None = None
     reason: str = ""
+    errno: int | None = None
     step: int | None = None
     phase: str | None = None
     enqueued: dict[str, int] = Field(default_factory=dict)

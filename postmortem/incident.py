@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stormwatch.postmortem.causes import RestartFailure
 from stormwatch.postmortem.culprit import Culprit, RankDump
 from stormwatch.postmortem.document import Bullets, Document, Figure, KeyValues, Paragraph, Section
 from stormwatch.postmortem.measures import Impact
@@ -56,6 +57,8 @@ class IncidentPostMortem(_Model):
         time_to_detect_seconds: ``detected_at - onset_at`` (MTTD).
         time_to_recover_seconds: ``recovered_at - onset_at`` (MTTR).
         actions: ``kind: status (detail)`` of the responder's actions.
+        restart_failure: why a restart itself failed (``port conflict on restart``: a
+            rank's dump records errno ``EADDRINUSE``), None when none did.
         dumps: the flight-recorder dumps written during the incident.
         straggler_scores: rank -> highest ``stormwatch_rank_straggler_score`` in the window.
         xid_errors: ``node gpu code`` -> XID events in the window (Prometheus).
@@ -81,6 +84,7 @@ class IncidentPostMortem(_Model):
     time_to_recover_seconds: float | None = None
     impact: Impact = Field(default_factory=Impact)
     culprit: Culprit = Field(default_factory=Culprit)
+    restart_failure: RestartFailure | None = None
     actions: list[str] = Field(default_factory=list)
     dumps: list[RankDump] = Field(default_factory=list)
     straggler_scores: dict[str, float] = Field(default_factory=dict)
@@ -111,6 +115,10 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
             + ("" if culprit.certain else " (uncertain)"),
         ),
         ("hung in (phase or start-up stage)", culprit.phase or MISSING),
+        (
+            "restart failed by",
+            pm.restart_failure.cause if pm.restart_failure is not None else "none seen",
+        ),
         ("onset", f"{format_clock(pm.onset_at)} ({pm.onset_source or MISSING})"),
         ("time to detect (onset → alert firing)", format_seconds(pm.time_to_detect_seconds)),
         (
@@ -147,6 +155,11 @@ def incident_document(pm: IncidentPostMortem) -> Document:
     sections = [
         Section("Summary", [KeyValues(summary_rows(pm))]),
         Section("Likely culprit", [Bullets(culprit)]),
+        *(
+            [Section(f"Restart failed: {failure.cause}", [Bullets(failure.evidence)])]
+            if (failure := pm.restart_failure) is not None
+            else []
+        ),
         Section("Timeline", [timeline_table(pm.timeline, pm.onset_at, "onset")]),
         Section("Plots", plots),
         Section("Alerts", [Bullets(pm.alerts)]),

@@ -47,7 +47,8 @@ class Impact(BaseModel):
         goodput: share of the incident's wall time (onset -> incident closed)
             spent on new steps: ``new steps x median_step_seconds / duration``, 0..1.
         restart_count: the restart's job attempt, the node-local counts and the nodes
-            that failed (:meth:`~stormwatch.postmortem.progress.Restart.counts`).
+            that failed with the rank that failed on each
+            (:meth:`~stormwatch.postmortem.progress.Restart.counts`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -64,15 +65,21 @@ class Impact(BaseModel):
 
 
 def measure_impact(
-    progress: JobProgress, restart: Restart, *, onset: float | None, resolved_at: float | None
+    progress: JobProgress,
+    restart: Restart,
+    *,
+    onset: float | None,
+    resolved_at: float | None,
+    failed_ranks: Mapping[str, int] | None = None,
 ) -> Impact:
     """The :class:`Impact` of a failure at ``onset`` that the job answered with ``restart``
-    (``resolved_at``: when the incident closed, for goodput). Steps before the restart (or
-    the onset, without one) count as done before the failure."""
+    (``resolved_at``: when the incident closed, for goodput; ``failed_ranks``: node -> the
+    rank whose failure there caused the restart, shown in ``restart_count``). Steps before
+    the restart (or the onset, without one) count as done before the failure."""
     impact = Impact(
         world_size=len(progress) or None,
         resumed_from_step=restart.resumed_from_step,
-        restart_count=restart.counts(),
+        restart_count=restart.counts(failed_ranks),
     )
     if onset is None or not progress:
         return impact

@@ -120,17 +120,24 @@ class Restart:
         )
         object.__setattr__(self, "steps", tuple(m for m in self.marks if isinstance(m, StepDone)))
 
-    def counts(self) -> str | None:
-        """Both restart counts of the restart, as shown: ``job attempt 2 (node-local counts
-        1, 1); restarted by a failure on nodeB``; ``None`` without a start."""
+    def counts(self, ranks: Mapping[str, int] | None = None) -> str | None:
+        """Both restart counts of the restart and what caused it, as shown: ``job attempt 2
+        (node-local counts 1, 1); restarted by a failure on nodeB (rank 3)``; ``None``
+        without a start. ``ranks``: node -> the rank that failed on it
+        (:func:`stormwatch.postmortem.causes.failed_ranks`); a node it names that the start
+        does not (an older trainer recorded none) is named as well."""
         if not self.starts:
             return None
         first = self.starts[0]
         nodes = ", ".join(str(c) for c in sorted({s.attempt for s in self.starts}))
         job = "unknown" if first.job_attempt is None else str(first.job_attempt)
         text = f"job attempt {job} (node-local counts {nodes})"
-        if first.restarted_by:
-            text += f"; restarted by a failure on {', '.join(first.restarted_by)}"
+        ranks = ranks or {}
+        failed = list(first.restarted_by) + sorted(set(ranks) - set(first.restarted_by))
+        if failed:
+            text += "; restarted by a failure on " + ", ".join(
+                f"{node} (rank {ranks[node]})" if node in ranks else node for node in failed
+            )
         return text
 
     @property

@@ -42,6 +42,28 @@ def says_port_conflict(text: str) -> bool:
     return bool(_CONFLICT_TEXT.search(text))
 
 
+#: The errno torch's c10d writes into an errno-less ``DistNetworkError``: ``code: -98``.
+_C10D_CODE = re.compile(r"\bcode:\s*-(\d+)\b")
+
+
+def error_errno(error: BaseException) -> int | None:
+    """The errno of the system call behind ``error``: the first ``OSError`` with one in its
+    cause chain, else the ``code: -N`` torch's c10d writes into an errno-less error (a
+    ``DistNetworkError`` of a store that cannot listen: ``code: -98``); None when neither.
+    Compare it with :mod:`errno`'s names (``errno.EADDRINUSE``), never the message."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return int(current.errno)
+        found = _C10D_CODE.search(str(current))
+        if found is not None:
+            return int(found.group(1))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def is_port_conflict(error: BaseException) -> bool:
     """Whether ``error`` (or an exception it was raised from) is a port conflict: an
     ``OSError`` with errno ``EADDRINUSE``, else an errno-less error whose message says so
@@ -159,6 +181,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 __all__ = [
     "Backoff",
     "bind_listener",
+    "error_errno",
     "is_port_conflict",
     "port_is_free",
     "retry_bind",

@@ -24,6 +24,7 @@ def reduce_dump(record: DumpRecord) -> RankDump:
         attempt=record.attempt,
         time=record.time,
         reason=record.reason[:REASON_CHARS],
+        errno=record.errno,
         step=record.step,
         phase=record.phase,
     )

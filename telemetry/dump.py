@@ -1,12 +1,22 @@
 """Per-rank post-mortem dumps on hang, collective timeout, fatal error or termination (FC-10).
 
-When a rank's training ends abnormally it writes ``<dump-dir>/rank<R>.json``
-(``--dump-dir``, default ``<log-dir>/dumps``; a restarted attempt overwrites
-the file with ``attempt`` recorded in it)::
+When a rank's training ends abnormally it writes
+``<dump-dir>/rank<R>.attempt<A>.pid<P>.json`` (``--dump-dir``, default
+``<log-dir>/dumps``; :func:`dump_path`): one file per worker incarnation, so a restarted
+attempt keeps the dumps of the attempts before it (``A`` is the node's restart count,
+which a restart caused by a peer node does not raise: the pid tells those apart). A later
+dump of the same process (a dump request, then its SIGTERM) replaces its own file.
+Older writers wrote one ``rank<R>.json`` per rank, overwritten by every attempt; the
+readers read both names::
 
-    {"rank", "attempt", "pid", "time", "reason", "step", "phase",
+    {"rank", "attempt", "pid", "time", "reason", "errno", "step", "phase",
      "flight_recorder": {...} | null, "flight_recorder_error": str | null,
      "collectives": [...]}
+
+* ``errno``: when an exception ended training, the errno of the system call that failed
+  (:func:`stormwatch.ports.error_errno`: an ``OSError`` in its cause chain, or the
+  ``code: -N`` torch's c10d writes into a ``DistNetworkError``), e.g. 98 (``EADDRINUSE``)
+  for a store that could not listen on its port; ``null`` otherwise (addition).
 
 * ``phase``: the phase the rank was in when it dumped (the innermost of those
   entered), e.g. the start-up stage ``mesh`` of a rank that never reached its
@@ -32,7 +42,9 @@ On GPU, NCCL's own watchdog also dumps its flight recorder on a timeout to
 CLI). Writing a dump never raises. No torch import at module level.
 
 The file's one model is :class:`DumpRecord` (the writer fills it); readers (the
-incident post-mortem) load dumps with :func:`read_dumps` / :func:`read_dump`, and
+incident post-mortem, the agent's hang diagnosis) load dumps with :func:`read_dumps`
+(the latest per rank), :func:`read_all_dumps` (every attempt's), :func:`latest_dump` and
+:func:`read_dump`, and
 read the flight recorder's per-group counters through :meth:`DumpRecord.group_status`
 and unfinished collectives through :meth:`DumpRecord.in_collective`. Importing this
 module does not import torch (a test checks it).
@@ -51,6 +63,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
+
+from stormwatch.ports import error_errno
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +111,8 @@ class DumpRecord(BaseModel):
         rank / attempt / pid: who wrote it (``attempt``: TORCHELASTIC_RESTART_COUNT).
         time: when (Unix seconds).
         reason: why (the exception or signal that ended training).
+        errno: the errno of the failed system call behind that exception (e.g. 98,
+            ``EADDRINUSE``), None when there was none.
         step: the step in progress, if any.
         phase: the phase (e.g. a start-up stage: ``rendezvous``, ``mesh``, ``parallelize``,
             ``checkpoint_load``) the rank was in, if any.
@@ -113,6 +129,7 @@ class DumpRecord(BaseModel):
     pid: LenientInt = None
     time: float | None = None
     reason: LenientText = ""
+    errno: LenientInt = None
     step: LenientInt = None
     phase: str | None = None
     flight_recorder: Any = None
@@ -147,27 +164,62 @@ def read_dump(path: Path) -> DumpRecord:
     return DumpRecord.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
+def _read_quietly(path: Path) -> DumpRecord | None:
+    """The dump in ``path``; None (logged) when it cannot be read or is no dump."""
+    try:
+        return read_dump(path)
+    except OSError as exc:
+        log.warning("dump %s unreadable: %s", path, exc)
+    except ValidationError as exc:
+        log.warning("dump %s unreadable: %s", path, exc.errors(include_url=False)[:1])
+    return None
+
+
+def read_all_dumps(dump_dir: Path, since: float) -> list[DumpRecord]:
+    """Every dump in ``dump_dir`` written at or after ``since`` (Unix s), of every attempt
+    and both names (``rank<R>.attempt<A>.pid<P>.json``, the older ``rank<R>.json``), by
+    time; an unreadable file is logged and skipped, a missing folder reads as empty."""
+    found = [_read_quietly(path) for path in sorted(Path(dump_dir).glob("rank*.json"))]
+    kept = [d for d in found if d is not None and (d.time or 0.0) >= since]
+    return sorted(kept, key=lambda d: d.time or 0.0)
+
+
 def read_dumps(dump_dir: Path, since: float) -> dict[int, DumpRecord]:
-    """rank -> its dump in ``dump_dir`` (``rank<R>.json``) written at or after ``since``
-    (Unix s); an unreadable file is logged and skipped, a missing folder reads as empty."""
-    dumps: dict[int, DumpRecord] = {}
-    for path in sorted(Path(dump_dir).glob("rank*.json")):
+    """rank -> its latest dump in ``dump_dir`` written at or after ``since`` (Unix s)
+    (:func:`read_all_dumps`, the last attempt's per rank)."""
+    return {record.rank: record for record in read_all_dumps(dump_dir, since)}
+
+
+def dump_path(
+    dump_dir: Path, rank: int, *, attempt: int | None = None, pid: int | None = None
+) -> Path:
+    """``<dump_dir>/rank<R>.attempt<A>.pid<P>.json``, one worker incarnation's dump; without
+    ``attempt`` and ``pid``, ``<dump_dir>/rank<R>.json``, the name older writers used for
+    every attempt (still read)."""
+    if attempt is None and pid is None:
+        return dump_dir / f"rank{rank}.json"
+    return dump_dir / f"rank{rank}.attempt{attempt or 0}.pid{pid or 0}.json"
+
+
+def rank_dump_paths(dump_dir: Path, rank: int) -> list[Path]:
+    """Every dump file of ``rank`` in ``dump_dir`` (both names), by name."""
+    folder = Path(dump_dir)
+    paths = [*folder.glob(f"rank{rank}.attempt*.json"), dump_path(folder, rank)]
+    return sorted(p for p in paths if p.is_file())
+
+
+def latest_dump(dump_dir: Path, rank: int, since: float) -> DumpRecord | None:
+    """``rank``'s newest dump in ``dump_dir`` written at or after ``since`` (Unix s); None
+    when there is none yet (a file being replaced, or not a dump, is skipped silently)."""
+    found: list[DumpRecord] = []
+    for path in rank_dump_paths(dump_dir, rank):
         try:
             record = read_dump(path)
-        except OSError as exc:
-            log.warning("dump %s unreadable: %s", path, exc)
+        except (OSError, ValueError):  # being replaced, or not a dump
             continue
-        except ValidationError as exc:
-            log.warning("dump %s unreadable: %s", path, exc.errors(include_url=False)[:1])
-            continue
-        if (record.time or 0.0) >= since:
-            dumps[record.rank] = record
-    return dumps
-
-
-def dump_path(dump_dir: Path, rank: int) -> Path:
-    """``<dump_dir>/rank<rank>.json``."""
-    return dump_dir / f"rank{rank}.json"
+        if (record.time or 0.0) >= since and record.rank == rank:
+            found.append(record)
+    return max(found, key=lambda d: d.time or 0.0, default=None)
 
 
 def flight_recorder_environ(dump_dir: Path | None, entries: int) -> dict[str, str]:
@@ -225,10 +277,16 @@ class RankDumper:
         self.step: int | None = None  # set by the loop: the step in progress
         self.phase: str | None = None  # set by the session: the phase the rank is in
 
-    def dump(self, reason: str) -> Path | None:
-        """Write ``rank<R>.json`` with ``reason``; returns its path, or ``None``."""
+    def dump(self, reason: str | BaseException) -> Path | None:
+        """Write this incarnation's dump (:func:`dump_path`) with ``reason``: a text, or the
+        exception that ended training (its type and message, and its ``errno``); returns
+        its path, or ``None``."""
         if self._dir is None:
             return None
+        errno = None
+        if isinstance(reason, BaseException):
+            errno = error_errno(reason)
+            reason = f"{type(reason).__name__}: {reason}"
         try:
             recorder, recorder_error = _flight_recorder()
             try:
@@ -241,6 +299,7 @@ class RankDumper:
                 pid=os.getpid(),
                 time=self._clock(),
                 reason=reason,
+                errno=errno,
                 step=self.step,
                 phase=self.phase,
                 flight_recorder=recorder,
@@ -248,7 +307,7 @@ class RankDumper:
                 collectives=collectives,
             )
             self._dir.mkdir(parents=True, exist_ok=True)
-            path = dump_path(self._dir, self._rank)
+            path = dump_path(self._dir, self._rank, attempt=self._attempt, pid=os.getpid())
             text = json.dumps(record.model_dump(), default=str)
             # a temp name of its own per write (two dumps at once in one process: the
             # SIGTERM thread and a dump request), so no reader sees a torn file
@@ -277,6 +336,9 @@ __all__ = [
     "RankDumper",
     "dump_path",
     "flight_recorder_environ",
+    "latest_dump",
+    "rank_dump_paths",
+    "read_all_dumps",
     "read_dump",
     "read_dumps",
 ]

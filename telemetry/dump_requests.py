@@ -10,7 +10,7 @@ the main thread is blocked (``_dump_fr_trace_json`` needs no progress of the wai
 * request: ``<dump-dir>/rank<R>.request``, ``{"requested_at": UNIX_SECONDS, "reason": str}``
   (:class:`DumpRequest`), written atomically by the node agent when it detects a hang
   (:func:`write_request`);
-* answer: the rank's dump ``<dump-dir>/rank<R>.json``
+* answer: the rank's dump ``<dump-dir>/rank<R>.attempt<A>.pid<P>.json``
   (:class:`~stormwatch.telemetry.dump.DumpRecord`, ``reason`` ``"requested: <reason>"``),
   once per request newer than the last one answered. A request older than the process
   (left from an earlier attempt) is not answered.

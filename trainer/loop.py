@@ -148,7 +148,7 @@ def train(
             return _run(config, env, dims, group, session, progress, control)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
-            session.dump(f"{type(exc).__name__}: {exc}")
+            session.dump(exc)  # its errno too: a port conflict is told by it
             raise
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
 

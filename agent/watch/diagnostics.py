@@ -8,7 +8,8 @@ For each running rank of the job on this node, one text file
 * the rank's Python stacks from ``py-spy dump --pid`` when ``py-spy`` is on
   ``PATH`` (it needs ptrace rights: root, or ``CAP_SYS_PTRACE``), otherwise the
   kernel stack ``/proc/<pid>/stack`` (root only) and ``/proc/<pid>/status``;
-* the rank's post-mortem dump ``<dump-dir>/rank<R>.json`` when it exists (written on
+* the rank's newest post-mortem dump ``<dump-dir>/rank<R>.attempt<A>.pid<P>.json`` (or an
+  older writer's ``rank<R>.json``) when one exists (written on
   abnormal exit, and when the agent asks a hung job's ranks for one:
   :mod:`.hangdumps`; the dump folder is ``--dump-dir`` after ``train`` on the rank's
   command line, else ``<--log-dir>/dumps``, else its ``STORMWATCH_DUMP_DIR``;
@@ -32,6 +33,7 @@ from pathlib import Path
 from stormwatch.agent.watch.procs import train_option
 from stormwatch.contracts.rank_env import RankKey
 from stormwatch.postmortem import Culprit
+from stormwatch.telemetry.dump import dump_path, rank_dump_paths
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +111,19 @@ def _stacks(pid: int) -> str:
     return "".join(parts)
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # replaced meanwhile
+        return 0.0
+
+
 def _dump(target: RankTarget) -> str:
     folder = target.dump_dir
     if folder is None:
         return "## trainer dump: the rank names no --dump-dir / --log-dir / STORMWATCH_DUMP_DIR\n"
-    path = folder / f"rank{target.key[1]}.json"
+    found = rank_dump_paths(folder, target.key[1])  # every attempt's: the newest is shown
+    path = max(found, key=_mtime) if found else dump_path(folder, target.key[1])
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_DUMP_BYTES)

@@ -2,7 +2,8 @@
 
 When a job's rank hangs, the agent asks each of the job's running ranks on this node for
 its post-mortem dump: it writes ``<dump-dir>/rank<R>.request``, which a thread of the
-rank answers by writing ``<dump-dir>/rank<R>.json`` with PyTorch's flight recorder
+rank answers by writing its dump (``<dump-dir>/rank<R>.attempt<A>.pid<P>.json``, older
+writers ``rank<R>.json``: the newest of either is read) with PyTorch's flight recorder
 (:mod:`stormwatch.telemetry.dump_requests`: every telemetry session answers; a thread
 can, while the rank's main thread waits inside a collective, where no signal handler
 runs). It waits up to :data:`DUMP_WAIT_SECONDS` for the answers, then names the culprit
@@ -23,12 +24,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from stormwatch.agent.watch.diagnostics import RankTarget
 from stormwatch.postmortem import Culprit, culprit_from_dumps
 from stormwatch.telemetry.culprit import reduce_dump
-from stormwatch.telemetry.dump import DumpRecord, dump_path, read_dump
+from stormwatch.telemetry.dump import DumpRecord, latest_dump
 from stormwatch.telemetry.dump_requests import POLL_SECONDS, write_request
 
 log = logging.getLogger(__name__)
@@ -87,11 +86,8 @@ def answers(
         for rank, folder in asked.items():
             if rank in found:
                 continue
-            try:
-                record = read_dump(dump_path(folder, rank))
-            except (OSError, ValueError, ValidationError):  # not written yet, or being replaced
-                continue
-            if (record.time or 0.0) >= since:
+            record = latest_dump(folder, rank, since)  # None: not written yet
+            if record is not None:
                 found[rank] = record
         if len(found) == len(asked) or clock() >= deadline:
             return found

@@ -7,7 +7,10 @@ Definitions (Unix seconds; see :class:`stormwatch.postmortem.IncidentPostMortem`
   completed before the first alert (the last progress); else the first alert itself.
 * detected: the first member alert's ``startsAt`` (when Prometheus fired it).
 * restarted / recovered: the first ``start`` / ``step`` of a worker incarnation
-  started after the onset (rank logs).
+  started after the onset (rank logs); the restart's cause is the nodes its start names
+  and, on each, the first rank the agent saw exit (:func:`~stormwatch.postmortem.causes.failed_ranks`).
+* restart failure: ``port conflict on restart`` when a dump written after the onset
+  records errno ``EADDRINUSE`` (:func:`~stormwatch.postmortem.causes.restart_failure`).
 
 The arithmetic (time to detect and recover, impact) and the culprit are the engine's
 (:mod:`stormwatch.postmortem`); this module decides the onset and assembles the record.
@@ -27,6 +30,7 @@ from stormwatch.postmortem import (
     measure_impact,
     restart_after,
 )
+from stormwatch.postmortem.causes import failed_ranks, restart_failure
 from stormwatch.postmortem.text import alert_label
 
 #: A chaos fault this long before the first alert still counts as its onset (s).
@@ -83,13 +87,22 @@ def build(inputs: Inputs, *, now: float) -> IncidentPostMortem:
     if restart.first_step is not None:
         pm.recovered_at = restart.first_step.time
         pm.time_to_recover_seconds = elapsed(pm.onset_at, pm.recovered_at)
-    pm.impact = measure_impact(
-        inputs.progress, restart, onset=pm.onset_at, resolved_at=pm.resolved_at
-    )
     pm.dumps = compare_dumps(reduce_dump(d) for d in inputs.dumps.values())
+    clues = clues_of(inputs, pm.dumps, pm.onset_at)
+    pm.impact = measure_impact(
+        inputs.progress,
+        restart,
+        onset=pm.onset_at,
+        resolved_at=pm.resolved_at,
+        failed_ranks=failed_ranks(restart, clues.rank_exits, since=pm.onset_at),
+    )
+    # every attempt's dumps: a restart that failed on a port may have been followed by others
+    pm.restart_failure = restart_failure(
+        (reduce_dump(d) for d in inputs.all_dumps), since=pm.onset_at
+    )
     pm.straggler_scores = inputs.prometheus_now.get("straggler_score", {})
     pm.xid_errors = inputs.prometheus_now.get("xid_errors", {})
-    pm.culprit = find_culprit(clues_of(inputs, pm.dumps, pm.onset_at))
+    pm.culprit = find_culprit(clues)
     pm.timeline = incident_timeline(inputs, pm, restart)
     _notes(inputs, pm)
     pm.summary = _summary(pm)
@@ -127,6 +140,8 @@ def _summary(pm: IncidentPostMortem) -> str:
         + ")"
         + (f", hung in {pm.culprit.phase}." if pm.culprit.phase else ".")
     ]
+    if pm.restart_failure is not None:
+        parts[0] += f" A restart failed: {pm.restart_failure.cause}."
     if pm.time_to_detect_seconds is not None:
         parts.append(f"Detected {pm.time_to_detect_seconds:.0f} s after the onset")
     if pm.time_to_recover_seconds is not None:

@@ -7,8 +7,8 @@ layout (docs/ARCHITECTURE.md):
 
 * ``<run>/jobs/<job>/logs/rank<R>.jsonl``: the trainer's rank logs (steps, restarts;
   :mod:`stormwatch.telemetry.ranklogs`, as the engine's progress);
-* ``<run>/jobs/<job>/logs/dumps/rank<R>.json``: per-rank flight-recorder dumps
-  (:mod:`stormwatch.telemetry.dump`);
+* ``<run>/jobs/<job>/logs/dumps/rank<R>.attempt<A>.pid<P>.json`` (older: ``rank<R>.json``):
+  flight-recorder dumps, one per rank and attempt (:mod:`stormwatch.telemetry.dump`);
 * ``<run>/jobs/<job>/logs/spans/rank<R>.jsonl``: trace spans (OpenTelemetry JSON lines);
 * ``<run>/nodes/<node>/agent/events.jsonl``: the agents' rank events
   (:mod:`stormwatch.agent.watch.events`);
@@ -41,7 +41,7 @@ from stormwatch.platforms.lab import lab_placement, read_lab_target
 from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.platforms.slurm_history import SlurmEvent, read_slurm_history
 from stormwatch.postmortem import RankProgress
-from stormwatch.telemetry.dump import DumpRecord, read_dumps
+from stormwatch.telemetry.dump import DumpRecord, read_all_dumps
 from stormwatch.telemetry.ranklogs import job_progress, read_job_logs
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class Inputs:
     Attributes:
         window: the Unix seconds read around the incident (:func:`incident_window`).
         progress: rank -> the job's progress from its rank logs.
-        dumps: rank -> its flight-recorder dump written in the window.
+        dumps: rank -> its latest flight-recorder dump written in the window.
+        all_dumps: every dump written in the window, of every attempt, by time.
         prometheus: name -> {series label text -> [(t, value)]} from range queries.
         prometheus_now: name -> {series label text -> value} from instant queries at
             the window's end.
@@ -83,6 +84,7 @@ class Inputs:
     window: tuple[float, float]
     progress: dict[int, RankProgress] = field(default_factory=dict)
     dumps: dict[int, DumpRecord] = field(default_factory=dict)
+    all_dumps: list[DumpRecord] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     agent_events: list[AgentEvent] = field(default_factory=list)
     journals: list[Journal] = field(default_factory=list)
@@ -169,9 +171,11 @@ def _read_job(inputs: Inputs, logs_dir: Path, since: float) -> None:
         return
     inputs.progress = job_progress(read_job_logs(logs_dir))
     inputs.inputs["rank logs"] = f"{logs_dir} ({len(inputs.progress)} ranks)"
-    inputs.dumps = read_dumps(logs_dir / "dumps", since)
+    inputs.all_dumps = read_all_dumps(logs_dir / "dumps", since)
+    inputs.dumps = {record.rank: record for record in inputs.all_dumps}  # the latest per rank
     inputs.inputs["flight-recorder dumps"] = (
-        f"{logs_dir / 'dumps'} ({len(inputs.dumps)} written since the onset)"
+        f"{logs_dir / 'dumps'} ({len(inputs.all_dumps)} written since the onset, "
+        f"{len(inputs.dumps)} ranks)"
     )
     inputs.spans = read_spans(logs_dir / "spans", start, end)
     inputs.inputs["trace spans"] = f"{logs_dir / 'spans'} ({len(inputs.spans)} spans)"

@@ -36,6 +36,7 @@ from stormwatch.postmortem import (
     ExperimentPostMortem,
     JobProgress,
     LossCheck,
+    RankExit,
     RankProgress,
     TimelineEvent,
     compare_losses,
@@ -45,6 +46,7 @@ from stormwatch.postmortem import (
     steps_lost,
     write_report,
 )
+from stormwatch.postmortem.causes import failed_ranks
 from stormwatch.postmortem.experiment import alert_name
 from stormwatch.postmortem.progress import StepDone, last_step, steps_until
 from stormwatch.postmortem.text import format_clock
@@ -110,7 +112,12 @@ def _restart(pm: ExperimentPostMortem, progress: JobProgress) -> None:
     pm.last_step_before_fault = last_step(steps_until(progress, pm.fault_at))
     restart = restart_after(progress, pm.fault_at)
     pm.workers_restarted_at = restart.started_at
-    pm.restart_count = restart.counts()
+    cause = (  # the faulted rank caused the restart when its node is one the restart names
+        [RankExit(pm.fault_at, pm.fault_rank, pm.fault_node, f"faulted ({pm.fault_kind})")]
+        if pm.fault_rank is not None and pm.fault_node is not None
+        else []
+    )
+    pm.restart_count = restart.counts(failed_ranks(restart, cause, since=pm.fault_at))
     pm.resumed_from_step = restart.resumed_from_step
     first = restart.first_step
     if first is not None:

@@ -413,10 +413,10 @@ class Session:
         self._telemetry.on_error(sink, exc)
 
     @never_raises()
-    def dump(self, reason: str) -> Path | None:
-        """Write this rank's post-mortem dump now (flight recorder and the last collectives,
-        those seen complete reported first: a hung rank reaches no later mark that would);
-        returns its path, or ``None`` (no dump folder, or it could not be written)."""
+    def dump(self, reason: str | BaseException) -> Path | None:
+        """Write this rank's post-mortem dump now (``reason``: a text, or the exception that
+        ended training, with its errno; the collectives seen complete are reported first: a
+        hung rank reaches no later mark); its path, or ``None`` (no folder, or not written)."""
         counter = self._collectives.made()
         if counter is not None:
             with contextlib.suppress(Exception):  # the dump matters more than this report

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,8 @@ from stormwatch.telemetry.dump import (
     RankDumper,
     dump_path,
     flight_recorder_environ,
+    latest_dump,
+    read_all_dumps,
     read_dump,
     read_dumps,
 )
@@ -40,7 +44,8 @@ def test_dump_holds_the_flight_recorder_and_the_last_collectives(tmp_path, monke
         path = dumper.dump("RuntimeError: timed out")
     finally:
         dist.destroy_process_group()
-    assert path == dump_path(tmp_path / "dumps", 0)
+    assert path == dump_path(tmp_path / "dumps", 0, attempt=2, pid=os.getpid())
+    assert path.name == f"rank0.attempt2.pid{os.getpid()}.json"
     dump = json.loads(path.read_text())
     assert (dump["rank"], dump["attempt"], dump["step"]) == (0, 2, 7)
     assert dump["reason"] == "RuntimeError: timed out"
@@ -78,7 +83,7 @@ def test_every_key_of_a_dump_reads_back_through_its_model(tmp_path: Path) -> Non
     assert path is not None
     written = json.loads(path.read_text())
     assert list(written) == [
-        "rank", "attempt", "pid", "time", "reason", "step", "phase",
+        "rank", "attempt", "pid", "time", "reason", "errno", "step", "phase",
         "flight_recorder", "flight_recorder_error", "collectives",
     ]  # fmt: skip
     record = read_dump(path)
@@ -134,6 +139,7 @@ def test_dumps_at_once_in_one_process_all_land_and_no_reader_sees_a_torn_file(
     import threading
 
     dumper = RankDumper(tmp_path, rank=0, attempt=0)
+    mine = dump_path(tmp_path, 0, attempt=0, pid=os.getpid())  # one process: one file
     results: list[Path | None] = []
     torn: list[str] = []
     stop = threading.Event()
@@ -141,7 +147,7 @@ def test_dumps_at_once_in_one_process_all_land_and_no_reader_sees_a_torn_file(
     def read() -> None:
         while not stop.is_set():
             try:
-                json.loads(dump_path(tmp_path, 0).read_text())
+                json.loads(mine.read_text())
             except FileNotFoundError:
                 continue
             except ValueError as exc:
@@ -159,6 +165,53 @@ def test_dumps_at_once_in_one_process_all_land_and_no_reader_sees_a_torn_file(
         thread.join()
     stop.set()
     reader.join()
-    assert results == [dump_path(tmp_path, 0)] * 160
+    assert results == [mine] * 160
     assert not torn
-    assert list(tmp_path.iterdir()) == [dump_path(tmp_path, 0)]  # no temporary file left
+    assert list(tmp_path.iterdir()) == [mine]  # no temporary file left
+
+
+def test_every_attempt_keeps_its_own_dump_and_readers_take_the_latest_per_rank(
+    tmp_path: Path,
+) -> None:
+    """A restarted rank wrote over its one ``rank<R>.json``: the dump of the attempt that
+    failed was gone once the next attempt dumped. Each incarnation now has its own file,
+    and a file of an older writer is still read."""
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "time": 5.0, "attempt": 0}))
+    clock = iter([10.0, 20.0])
+    first = RankDumper(tmp_path, rank=0, attempt=1, clock=lambda: next(clock))
+    assert first.dump("attempt 1 failed") is not None
+    second = RankDumper(tmp_path, rank=0, attempt=2, clock=lambda: next(clock))
+    assert second.dump("attempt 2 failed") is not None  # same pid here: the attempt tells
+    assert [(d.attempt, d.reason) for d in read_all_dumps(tmp_path, since=0.0)] == [
+        (0, ""),
+        (1, "attempt 1 failed"),
+        (2, "attempt 2 failed"),
+    ]
+    assert read_dumps(tmp_path, since=0.0)[0].attempt == 2
+    latest = latest_dump(tmp_path, 0, since=15.0)
+    assert latest is not None and latest.attempt == 2
+    assert latest_dump(tmp_path, 0, since=25.0) is None
+    assert latest_dump(tmp_path, 1, since=0.0) is None
+    legacy = latest_dump(tmp_path, 0, since=0.0)
+    assert legacy is not None and legacy.time == 20.0
+
+
+def test_a_dump_of_an_exception_records_its_errno(tmp_path: Path) -> None:
+    """A store that cannot listen: torch's errno-less DistNetworkError text carries
+    ``code: -98``; an OSError carries the errno itself."""
+    dumper = RankDumper(tmp_path, rank=1, attempt=1)
+    torch_text = (
+        "The server socket has failed to listen on any local network address. port: 29400, "
+        "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    )
+    path = dumper.dump(RuntimeError(torch_text))
+    assert path is not None
+    record = read_dump(path)
+    assert record.errno == errno.EADDRINUSE and record.reason.startswith("RuntimeError: ")
+    try:
+        raise RuntimeError("rendezvous failed") from OSError(errno.EADDRINUSE, "in use")
+    except RuntimeError as exc:
+        path = dumper.dump(exc)
+    assert path is not None and read_dump(path).errno == errno.EADDRINUSE
+    path = dumper.dump(ValueError("boom"))
+    assert path is not None and read_dump(path).errno is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stormwatch.telemetry.dump import RankDumper, read_dump
+from stormwatch.telemetry.dump import RankDumper, latest_dump
 from stormwatch.telemetry.dump_requests import (
     DumpRequestWatcher,
     read_request,
@@ -51,12 +51,11 @@ def test_the_thread_writes_the_ranks_dump_when_asked(tmp_path: Path) -> None:
         asked = time.time()
         write_request(tmp_path, 0, "hang of job j", now=asked)
         deadline = time.monotonic() + 30
-        while not (tmp_path / "rank0.json").exists():
+        while (record := latest_dump(tmp_path, 0, since=0.0)) is None:
             assert time.monotonic() < deadline, "no dump written"
             time.sleep(0.05)
     finally:
         watcher.stop()
-    record = read_dump(tmp_path / "rank0.json")
     assert (record.rank, record.attempt, record.reason) == (0, 2, "requested: hang of job j")
     assert record.time is not None and record.time >= asked
 

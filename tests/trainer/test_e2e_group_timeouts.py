@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from stormwatch.telemetry.dump import DumpRecord, read_dumps
+from stormwatch.telemetry.dump import DumpRecord, read_all_dumps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 
@@ -65,18 +65,15 @@ LAYOUTS: dict[str, tuple[list[str], dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def _run_watching_dumps(
+def _run_keeping_dumps(
     torchrun_train: Callable[..., Any], root: Path, args: list[str], control: dict[int, Any]
 ) -> tuple[Any, dict[tuple[int, int], DumpRecord]]:
-    """Run the job; keep every dump as it is written ((attempt, rank) -> dump): a restarted
-    rank overwrites its dump file, so they are read while the job runs."""
+    """Run the job; then every dump it wrote, (attempt, rank) -> the attempt's first dump
+    (each rank's incarnation writes its own file, so no attempt's dump is overwritten)."""
+    run = torchrun_train(root, args, nproc=4, max_restarts=2, control=control)
     dumps: dict[tuple[int, int], DumpRecord] = {}
-
-    def keep() -> None:
-        for rank, dump in read_dumps(root / "logs" / "dumps", since=0.0).items():
-            dumps.setdefault((dump.attempt or 0, rank), dump)
-
-    run = torchrun_train(root, args, nproc=4, max_restarts=2, control=control, on_poll=keep)
+    for dump in read_all_dumps(root / "logs" / "dumps", since=0.0):
+        dumps.setdefault((dump.attempt or 0, dump.rank), dump)
     return run, dumps
 
 
@@ -112,7 +109,7 @@ def test_a_frozen_or_killed_rank_fails_every_layout_within_the_timeout_and_is_re
     control = {
         FAULTY_RANK: [{**freeze, "seconds": FREEZE_SECONDS, "attempt": 0}, {**kill, "attempt": 1}]
     }
-    run, dumps = _run_watching_dumps(torchrun_train, tmp_path, args, control)
+    run, dumps = _run_keeping_dumps(torchrun_train, tmp_path, args, control)
     print(f"\n{layout}: {run.seconds:.1f} s for three attempts")
     assert run.returncode == 0, run.output[-4000:]
     # restarted twice: every rank finished in the third attempt
@@ -134,9 +131,9 @@ def test_a_frozen_or_killed_rank_fails_every_layout_within_the_timeout_and_is_re
     survivors = [d for (attempt, r), d in dumps.items() if attempt == 1 and r != FAULTY_RANK]
     late = [(d.rank, d.time and round(d.time - killed_at, 1)) for d in survivors]
     print(f"killed: the survivors dumped after {late} s")
-    # Usually all three; on a loaded box a survivor's dump of attempt 1 may be overwritten by
-    # its attempt-2 dump between two polls of the folder (one file per rank), so two suffice.
-    assert len(survivors) >= 2, {k: d.reason[:100] for k, d in dumps.items()}
+    # all three: each attempt keeps its own dump file (one file per rank, overwritten by the
+    # next attempt's dump, lost one of them on a loaded box)
+    assert len(survivors) == 3, {k: d.reason[:100] for k, d in dumps.items()}
     # a survivor blocked in C++ (a store wait, a collective) runs torchrun's SIGTERM handler
     # only when that call returns: by the timeout at the latest
     assert all(
