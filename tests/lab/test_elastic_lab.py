@@ -7,6 +7,7 @@ loses the whole node. Shares nothing with other lab tests (its own lab, ~60 s).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +119,30 @@ def test_fc09_a_job_whose_rendezvous_closed_is_relaunched_under_a_fresh_id(lab: 
     assert result.ok, (result, logs)
     assert lab.job("closed").relaunches == 1
     assert all("relaunched as closed-r1" in text for text in logs.values()), logs
+
+
+def test_a_job_whose_port_was_taken_is_relaunched_once_its_old_processes_are_gone(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """Issue 17, item 6: rank 0 fails with EADDRINUSE (port_taken_job.py) while the second
+    node's ranks ignore SIGTERM. The lab stops the job (SIGKILL after the grace period),
+    waits until every old process is gone, and relaunches it (on a rendezvous port free by
+    then); each relaunched rank saw none of the old ranks alive."""
+    spec = JobSpec(
+        name="porttaken",
+        min_nodes=1,
+        max_restarts=0,
+        entrypoint=(
+            sys.executable, str(Path(__file__).with_name("port_taken_job.py")), str(tmp_path)
+        ),
+    )  # fmt: skip
+    info = lab.start_job(spec)
+    result = lab.wait_job("porttaken", timeout=180)
+    logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
+    assert result.ok, (result, logs)
+    relaunched = lab.job("porttaken")
+    assert relaunched.relaunches == 1, logs  # the stand-in's only failure is the port's
+    old = sorted(tmp_path.glob("old-*.json"))
+    assert old, "no old rank recorded itself"
+    new = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("new-*.json")}
+    assert new and all(record["old_alive"] == [] for record in new.values()), (new, old)
