@@ -386,7 +386,7 @@ def _responder_token(token_file: Path) -> str:
     Raises:
         ConfigError: the file cannot be read (see :func:`read_token`).
     """
-    if str(token_file) == _LAB_TOKEN and not token_file.exists():
+    if token_file == Path(_LAB_TOKEN) and not token_file.exists():
         raise ConfigError(
             f"--token-file: {token_file} does not exist: no local lab is up in "
             f"{token_file.parent.parent} (start one with `stormwatch lab up`, or set "
