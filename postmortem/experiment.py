@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stormwatch.postmortem.causes import RestartFailure
 from stormwatch.postmortem.document import (
     Block,
     Bullets,
@@ -59,6 +60,9 @@ class ExperimentPostMortem(BaseModel):
         faults_left_open: ledger entries of the experiment not reverted.
         processes_reaped: processes a fault left behind (``kill_torchrun``'s orphaned
             ranks) and what removed each (their exit, or the revert's stop), per fault.
+        restart_failure: why a restart after the fault itself failed (``port conflict on
+            restart``: a dump after the fault with errno ``EADDRINUSE``;
+            :func:`stormwatch.postmortem.causes.restart_failure`), None when none did.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -95,6 +99,7 @@ class ExperimentPostMortem(BaseModel):
     loss_plot: str | None = None
     faults_left_open: list[str] = Field(default_factory=list)
     processes_reaped: list[str] = Field(default_factory=list)
+    restart_failure: RestartFailure | None = None
     timeline: list[TimelineEvent] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -144,6 +149,10 @@ def _summary(pm: ExperimentPostMortem) -> KeyValues:
             ),
             ("last step before the fault", format_optional(pm.last_step_before_fault)),
             ("restart count (job; node-local)", pm.restart_count or "—"),
+            (
+                "restart failed by",
+                pm.restart_failure.cause if pm.restart_failure is not None else "none seen",
+            ),
             ("resumed from step", format_optional(pm.resumed_from_step)),
             ("steps lost", format_optional(pm.steps_lost)),
             ("loss identical to baseline after recovery", compared),
@@ -208,6 +217,8 @@ def experiment_document(pm: ExperimentPostMortem) -> Document:
         Section("Loss after recovery", _loss(pm)),
         Section("Faults", [faults, *_reaped(pm)]),
     ]
+    if (failure := pm.restart_failure) is not None:
+        sections.insert(2, Section(f"Restart failed: {failure.cause}", [Bullets(failure.evidence)]))
     if pm.notes:
         sections.append(Section("Notes", [Bullets(pm.notes)]))
     lead = Paragraph(

@@ -27,6 +27,7 @@ Definitions (times are Unix seconds; the fault time is the agent's ``applied_at`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
@@ -46,7 +47,8 @@ from stormwatch.postmortem import (
     steps_lost,
     write_report,
 )
-from stormwatch.postmortem.causes import failed_ranks
+from stormwatch.postmortem.causes import failed_ranks, restart_failure
+from stormwatch.postmortem.culprit import RankDump
 from stormwatch.postmortem.experiment import alert_name
 from stormwatch.postmortem.progress import StepDone, last_step, steps_until
 from stormwatch.postmortem.text import format_clock
@@ -65,8 +67,13 @@ def analyze(
     evidence: Evidence | None,
     baseline: RankLog | None,
     baseline_name: str | None = None,
+    dumps: Sequence[RankDump] = (),
 ) -> ExperimentPostMortem:
-    """Build the post-mortem from recorded inputs (never raises for missing pieces: see ``notes``)."""
+    """Build the post-mortem from recorded inputs (never raises for missing pieces: see ``notes``).
+
+    ``dumps``: the job's flight-recorder dumps of every attempt (a restart that failed on a
+    taken port is reported from them: :func:`~stormwatch.postmortem.causes.restart_failure`).
+    """
     pm = ExperimentPostMortem(
         experiment_id=journal.experiment_id,
         title=journal.title,
@@ -86,6 +93,8 @@ def analyze(
     progress = job_progress(logs)
     _fault(pm, journal)
     _restart(pm, progress)
+    if pm.fault_at is not None:
+        pm.restart_failure = restart_failure(dumps, since=pm.fault_at)
     if not pm.recovered:
         _removed(pm, journal, progress)
     _alert(pm, evidence)

@@ -26,6 +26,8 @@ from stormwatch.chaos.target import Target
 from stormwatch.contracts.journal import Journal, load_journal
 from stormwatch.postmortem import ExperimentPostMortem
 from stormwatch.postmortem.plots import plot_loss
+from stormwatch.telemetry.culprit import reduce_dump
+from stormwatch.telemetry.dump import read_all_dumps
 from stormwatch.telemetry.events import log_path
 from stormwatch.telemetry.ranklogs import (
     RankLog,
@@ -72,7 +74,14 @@ def postmortem_from_files(
         path = log_path(Path(baseline_log_dir), 0)
         name = Path(baseline_log_dir).parent.name
         baseline = read_rank_log(path, 0) if path.exists() else None
-    pm = analyze(journal, logs, evidence=evidence, baseline=baseline, baseline_name=name)
+    dumps = (
+        [reduce_dump(d) for d in read_all_dumps(Path(journal.job.log_dir) / "dumps", 0.0)]
+        if journal.job is not None
+        else []
+    )
+    pm = analyze(
+        journal, logs, evidence=evidence, baseline=baseline, baseline_name=name, dumps=dumps
+    )
     if baseline_log_dir is not None and baseline is None:
         pm.notes.append(f"baseline log {log_path(Path(baseline_log_dir), 0)} is missing")
     return pm

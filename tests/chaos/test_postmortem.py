@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from stormwatch.contracts.journal import (
 )
 from stormwatch.contracts.responder import IncidentMember, IncidentRecord, NotificationRecord
 from stormwatch.postmortem import ExperimentPostMortem, experiment_document, render_markdown
+from stormwatch.telemetry.dump import DumpRecord, dump_path
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
 T0 = 1_700_000_000.0
@@ -578,3 +580,39 @@ def test_the_processes_a_kill_torchrun_left_behind_are_listed_with_what_removed_
     md = _markdown(pm)
     assert "Processes the faults left behind, and what removed them:" in md
     assert "exp-1.kill-tr (kill_torchrun)" in md
+
+
+def test_a_restart_that_failed_on_a_taken_port_is_its_own_cause_in_the_experiment_report(
+    recorded: tuple[Path, Path, Path],
+) -> None:
+    """Issue 17 item 6: the experiment post-mortem, like the incident's, reads the job's dumps
+    of every attempt and reports a restart that failed with EADDRINUSE as its own cause."""
+    exp_dir, logs, _ = recorded
+    dumps = logs / "dumps"
+    dumps.mkdir()
+    before = DumpRecord(rank=3, attempt=0, pid=10, time=FAULT_AT - 5.0, errno=errno.EADDRINUSE)
+    failed = DumpRecord(
+        rank=0, attempt=1, pid=11, time=RESTART_AT - 1.0, errno=errno.EADDRINUSE,
+        phase="rendezvous", reason="DistNetworkError: The server socket has failed to listen",
+    )  # fmt: skip
+    other = DumpRecord(rank=1, attempt=1, pid=12, time=RESTART_AT, errno=errno.ECONNREFUSED)
+    for record in (before, failed, other):
+        path = dump_path(dumps, record.rank, attempt=record.attempt, pid=record.pid)
+        path.write_text(record.model_dump_json())
+    pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None)
+    assert pm.restart_failure is not None, pm
+    assert pm.restart_failure.cause == "port conflict on restart"
+    assert pm.restart_failure.ranks == [0]  # not the dump from before the fault
+    md = _markdown(pm)
+    assert "| restart failed by | port conflict on restart |" in md
+    assert "## Restart failed: port conflict on restart" in md and "rendezvous" in md
+
+    (dumps / failed_name(failed)).unlink()
+    assert (
+        postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None).restart_failure
+        is None
+    )
+
+
+def failed_name(record: DumpRecord) -> str:
+    return dump_path(Path("."), record.rank, attempt=record.attempt, pid=record.pid).name
