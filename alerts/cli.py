@@ -379,19 +379,18 @@ def _responder_client_options(command: Callable[..., Any]) -> Callable[..., Any]
     )(command)
 
 
-def _responder_token(token_file: Path) -> str:
+def _responder_token(token_file: Path, *, has_db: bool = False) -> str:
     """The responder's token from ``--token-file``; when the local lab's default file is
-    missing, the error says what to give instead (a lab, or the responder's URL and token).
-
-    Raises:
-        ConfigError: the file cannot be read (see :func:`read_token`).
+    missing, the error says what to give instead (a lab, the responder's URL and token, and
+    ``--db`` for a command that has it: ``has_db``).
+    Raises: ConfigError: the file cannot be read (see :func:`read_token`).
     """
     if token_file == Path(_LAB_TOKEN) and not token_file.exists():
         raise ConfigError(
             f"--token-file: {token_file} does not exist: no local lab is up in "
             f"{token_file.parent.parent} (start one with `stormwatch lab up`, or set "
             "STORMWATCH_LAB_DIR to its run directory); for another responder give --url and "
-            "--token-file, or read its database with --db"
+            "--token-file" + (", or read its database with --db" if has_db else "")
         )
     return read_token(token_file, "--token-file")
 
@@ -439,7 +438,7 @@ def incidents_cmd(url: str, token_file: Path, db_path: Path | None, as_json: boo
         incidents, actions = read_store(db_path)
         source = str(db_path)
     else:
-        client = ResponderClient(url, token=_responder_token(token_file))
+        client = ResponderClient(url, token=_responder_token(token_file, has_db=True))
 
         async def fetch() -> tuple[list[IncidentRecord], list[ActionRecord]]:
             return await asyncio.gather(client.incidents(), client.actions())

@@ -50,16 +50,19 @@ def failed_ranks(
     restart: Restart, exits: Sequence[RankExit], *, since: float | None = None
 ) -> dict[str, int]:
     """node -> the rank whose failure on it caused ``restart``: per node the restart's first
-    start names in ``restarted_by`` (every node with an exit when it names none), the first
-    unclean exit there before the restarted workers started and after ``since`` (the onset,
-    less :data:`~stormwatch.postmortem.culprit.EXIT_BEFORE_ONSET_S`). Empty without a
-    restart or an exit (``exits``: by time or not; times are Unix seconds)."""
+    start names in ``restarted_by``, the first unclean exit there before the restarted
+    workers started and after ``since`` (the onset, less
+    :data:`~stormwatch.postmortem.culprit.EXIT_BEFORE_ONSET_S`). When the start names no
+    node (a trainer older than ``restarted_by``), only the node of the earliest such exit:
+    the other nodes' ranks exited because torchrun stopped them for the restart, and are
+    not its cause. Equal times go to the lower rank. Empty without a restart or an exit
+    (``exits``: by time or not; times are Unix seconds)."""
     started = restart.started_at
     if started is None:
         return {}
     nodes = set(restart.starts[0].restarted_by)
     found: dict[str, RankExit] = {}
-    for exit_ in sorted(exits, key=lambda e: e.time):
+    for exit_ in sorted(exits, key=lambda e: (e.time, e.rank)):
         if exit_.time >= started or (
             since is not None and exit_.time < since - EXIT_BEFORE_ONSET_S
         ):
@@ -67,6 +70,8 @@ def failed_ranks(
         if nodes and exit_.node not in nodes:
             continue
         found.setdefault(exit_.node, exit_)
+        if not nodes:  # no node named: the first unclean exit is the cause, and only it
+            break
     return {node: e.rank for node, e in sorted(found.items())}
 
 

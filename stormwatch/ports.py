@@ -42,14 +42,16 @@ def says_port_conflict(text: str) -> bool:
     return bool(_CONFLICT_TEXT.search(text))
 
 
-#: The errno torch's c10d writes into an errno-less ``DistNetworkError``: ``code: -98``.
-_C10D_CODE = re.compile(r"\bcode:\s*-(\d+)\b")
+#: The errno torch's c10d writes into an errno-less ``DistNetworkError``: ``code: -98,
+#: name: EADDRINUSE`` (both: "exit code: -11" of a signalled process is no errno).
+_C10D_CODE = re.compile(r"\bcode: -(\d+), name: E[A-Z0-9]+\b")
 
 
 def error_errno(error: BaseException) -> int | None:
     """The errno of the system call behind ``error``: the first ``OSError`` with one in its
     cause chain, else the ``code: -N`` torch's c10d writes into an errno-less error (a
-    ``DistNetworkError`` of a store that cannot listen: ``code: -98``); None when neither.
+    ``DistNetworkError`` of a store that cannot listen: ``code: -98, name: EADDRINUSE``);
+    None when neither. ``raise ... from None`` hides the context, as in a traceback.
     Compare it with :mod:`errno`'s names (``errno.EADDRINUSE``), never the message."""
     seen: set[int] = set()
     current: BaseException | None = error
@@ -60,7 +62,9 @@ def error_errno(error: BaseException) -> int | None:
         found = _C10D_CODE.search(str(current))
         if found is not None:
             return int(found.group(1))
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
     return None
 
 
@@ -77,7 +81,9 @@ def is_port_conflict(error: BaseException) -> bool:
                 return True
         elif says_port_conflict(str(current)):
             return True
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
     return False
 
 

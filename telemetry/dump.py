@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -105,7 +106,8 @@ class GroupStatus(BaseModel):
 
 
 class DumpRecord(BaseModel):
-    """One rank's dump, ``<dump-dir>/rank<R>.json`` (keys in file order; see the module docstring).
+    """One rank's dump, ``<dump-dir>/rank<R>.attempt<A>.pid<P>.json`` (older:
+    ``rank<R>.json``; keys in file order; see the module docstring).
 
     Attributes:
         rank / attempt / pid: who wrote it (``attempt``: TORCHELASTIC_RESTART_COUNT).
@@ -164,30 +166,60 @@ def read_dump(path: Path) -> DumpRecord:
     return DumpRecord.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
+#: A dump file last modified this long before ``since`` is not parsed at all (its record's
+#: own ``time`` decides for the others): old attempts' dumps stay in the folder.
+MTIME_SLACK_S = 60.0
+
+
 def _read_quietly(path: Path) -> DumpRecord | None:
-    """The dump in ``path``; None (logged) when it cannot be read or is no dump."""
+    """The dump in ``path``; None (logged in one short line) when it cannot be read or is
+    no dump (not a regular file, not UTF-8, not JSON, not a dump's fields)."""
     try:
+        if not path.is_file():  # a folder or a FIFO named rank*.json: never open it
+            return None
         return read_dump(path)
     except OSError as exc:
         log.warning("dump %s unreadable: %s", path, exc)
     except ValidationError as exc:
-        log.warning("dump %s unreadable: %s", path, exc.errors(include_url=False)[:1])
+        first = exc.errors(include_url=False)[:1]
+        what = f"{first[0]['type']} at {first[0]['loc']}" if first else "invalid"
+        log.warning("dump %s unreadable: %s", path, what)
+    except ValueError as exc:  # not UTF-8
+        log.warning("dump %s unreadable: %s", path, type(exc).__name__)
     return None
 
 
-def read_all_dumps(dump_dir: Path, since: float) -> list[DumpRecord]:
-    """Every dump in ``dump_dir`` written at or after ``since`` (Unix s), of every attempt
-    and both names (``rank<R>.attempt<A>.pid<P>.json``, the older ``rank<R>.json``), by
-    time; an unreadable file is logged and skipped, a missing folder reads as empty."""
-    found = [_read_quietly(path) for path in sorted(Path(dump_dir).glob("rank*.json"))]
-    kept = [d for d in found if d is not None and (d.time or 0.0) >= since]
+def _fresh(path: Path, since: float) -> bool:
+    """Whether ``path`` may hold a dump written at or after ``since`` (its mtime says so)."""
+    try:
+        return path.stat().st_mtime >= since - MTIME_SLACK_S
+    except OSError:
+        return False
+
+
+def read_all_dumps(dump_dir: Path, since: float, until: float | None = None) -> list[DumpRecord]:
+    """Every dump in ``dump_dir`` written at or after ``since`` and, with ``until``, at or
+    before it (Unix s), of every attempt and both names (``rank<R>.attempt<A>.pid<P>.json``,
+    the older ``rank<R>.json``), by time then file name; a dump whose time is unknown or
+    not finite is left out; an unreadable file is logged and skipped, a missing folder
+    reads as empty. A file's own ``rank`` field, not its name, says whose dump it is."""
+    paths = sorted(p for p in Path(dump_dir).glob("rank*.json") if _fresh(p, since))
+    kept = [
+        d
+        for d in (_read_quietly(path) for path in paths)
+        if d is not None
+        and d.time is not None
+        and math.isfinite(d.time)
+        and d.time >= since
+        and (until is None or d.time <= until)
+    ]
     return sorted(kept, key=lambda d: d.time or 0.0)
 
 
-def read_dumps(dump_dir: Path, since: float) -> dict[int, DumpRecord]:
-    """rank -> its latest dump in ``dump_dir`` written at or after ``since`` (Unix s)
-    (:func:`read_all_dumps`, the last attempt's per rank)."""
-    return {record.rank: record for record in read_all_dumps(dump_dir, since)}
+def read_dumps(dump_dir: Path, since: float, until: float | None = None) -> dict[int, DumpRecord]:
+    """rank -> its latest dump in ``dump_dir`` written between ``since`` and ``until``
+    (Unix s) (:func:`read_all_dumps`, the last attempt's per rank)."""
+    return {record.rank: record for record in read_all_dumps(dump_dir, since, until)}
 
 
 def dump_path(
@@ -213,6 +245,8 @@ def latest_dump(dump_dir: Path, rank: int, since: float) -> DumpRecord | None:
     when there is none yet (a file being replaced, or not a dump, is skipped silently)."""
     found: list[DumpRecord] = []
     for path in rank_dump_paths(dump_dir, rank):
+        if not _fresh(path, since):  # an earlier attempt's: not parsed on every poll
+            continue
         try:
             record = read_dump(path)
         except (OSError, ValueError):  # being replaced, or not a dump
@@ -220,6 +254,20 @@ def latest_dump(dump_dir: Path, rank: int, since: float) -> DumpRecord | None:
         if (record.time or 0.0) >= since and record.rank == rank:
             found.append(record)
     return max(found, key=lambda d: d.time or 0.0, default=None)
+
+
+def _describe(error: BaseException) -> tuple[int | None, str]:
+    """(errno, "Type: message") of ``error``; an exception whose ``str()`` raises is named
+    by its type alone (a dump is still written)."""
+    try:
+        errno = error_errno(error)
+    except Exception:
+        errno = None
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except Exception:
+        text = f"{type(error).__name__} (its message could not be read)"
+    return errno, text
 
 
 def flight_recorder_environ(dump_dir: Path | None, entries: int) -> dict[str, str]:
@@ -285,8 +333,7 @@ class RankDumper:
             return None
         errno = None
         if isinstance(reason, BaseException):
-            errno = error_errno(reason)
-            reason = f"{type(reason).__name__}: {reason}"
+            errno, reason = _describe(reason)
         try:
             recorder, recorder_error = _flight_recorder()
             try:

@@ -66,7 +66,9 @@ def profile_name(
     """
     if device_memory_bytes:
         share = math.ceil(memory_mb * _MIB / device_memory_bytes * _MEMORY_SLICES)
-        gigabytes = round(share / _MEMORY_SLICES * math.ceil(device_memory_bytes / _GIB))
+        # half away from zero, as Go's math.Round (Python's round() is half to even: an
+        # H200's 4/8 of 141 GiB would read 70, where NVIDIA's tools say 3g.71gb)
+        gigabytes = math.floor(share / _MEMORY_SLICES * math.ceil(device_memory_bytes / _GIB) + 0.5)
     else:
         gigabytes = math.ceil(memory_mb * _MIB / _GIB)
     prefix = f"{ci_slices}c." if ci_slices and ci_slices != gi_slices else ""

@@ -171,7 +171,7 @@ def _read_job(inputs: Inputs, logs_dir: Path, since: float) -> None:
         return
     inputs.progress = job_progress(read_job_logs(logs_dir))
     inputs.inputs["rank logs"] = f"{logs_dir} ({len(inputs.progress)} ranks)"
-    inputs.all_dumps = read_all_dumps(logs_dir / "dumps", since)
+    inputs.all_dumps = read_all_dumps(logs_dir / "dumps", since, end)  # not a later incident's
     inputs.dumps = {record.rank: record for record in inputs.all_dumps}  # the latest per rank
     inputs.inputs["flight-recorder dumps"] = (
         f"{logs_dir / 'dumps'} ({len(inputs.all_dumps)} written since the onset, "

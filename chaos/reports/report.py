@@ -41,6 +41,11 @@ from stormwatch.telemetry.ranklogs import (
 LOOKBACK_SECONDS = 60.0
 
 
+#: Seconds after the experiment's end a dump still counts as its own (a rank stopped by the
+#: rollback may dump while the journal is being closed).
+DUMP_SLACK_S = 30.0
+
+
 def read_journal(experiment_dir: Path) -> Journal:
     """The journal of ``experiment_dir``.
 
@@ -74,11 +79,11 @@ def postmortem_from_files(
         path = log_path(Path(baseline_log_dir), 0)
         name = Path(baseline_log_dir).parent.name
         baseline = read_rank_log(path, 0) if path.exists() else None
-    dumps = (
-        [reduce_dump(d) for d in read_all_dumps(Path(journal.job.log_dir) / "dumps", 0.0)]
-        if journal.job is not None
-        else []
-    )
+    dumps = []
+    if journal.job is not None:  # the dumps of this run only, not of a later experiment's
+        until = journal.ended_at + DUMP_SLACK_S if journal.ended_at is not None else None
+        found = read_all_dumps(Path(journal.job.log_dir) / "dumps", journal.started_at, until)
+        dumps = [reduce_dump(d) for d in found]
     pm = analyze(
         journal, logs, evidence=evidence, baseline=baseline, baseline_name=name, dumps=dumps
     )

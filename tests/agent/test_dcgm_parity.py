@@ -171,6 +171,8 @@ def test_a_mig_gpu_is_exported_per_instance_with_dcgm_exporters_mig_labels(
         (7, 7, 80880, 80, "7g.80gb"),
         (1, 1, 4864, 40, "1g.5gb"),  # A100 40GB
         (2, 1, 9984, 40, "1c.2g.10gb"),  # a compute instance smaller than its GPU instance
+        (1, 1, 16384, 141, "1g.18gb"),  # H200 141GB
+        (3, 3, 71424, 141, "3g.71gb"),  # 70.5 GiB: Go's math.Round rounds half away from 0
     ],
 )
 def test_mig_profile_names_follow_nvidias_naming(

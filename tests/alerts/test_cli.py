@@ -103,6 +103,12 @@ def test_incidents_without_a_lab_says_what_to_give_instead(kit: Any, tmp_path: P
     assert out.returncode == 2, out.stderr
     assert "no local lab is up in run" in out.stderr, out.stderr
     assert "--db" in out.stderr and "Traceback" not in out.stderr
+    approve = subprocess.run(
+        [kit.stormwatch, "alerts", "approve", "1"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert approve.returncode == 2 and "no local lab is up" in approve.stderr, approve.stderr
+    assert "--db" not in approve.stderr  # approving needs the live responder
 
 
 def test_serve_rejects_a_bad_listen_address(kit: Any, tmp_path: Path) -> None:

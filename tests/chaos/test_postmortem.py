@@ -608,6 +608,9 @@ def test_a_restart_that_failed_on_a_taken_port_is_its_own_cause_in_the_experimen
     assert "## Restart failed: port conflict on restart" in md and "rendezvous" in md
 
     (dumps / failed_name(failed)).unlink()
+    later = DumpRecord(rank=2, attempt=5, pid=13, time=FAULT_AT + 10_000, errno=errno.EADDRINUSE)
+    (dumps / failed_name(later)).write_text(later.model_dump_json())  # a later run's
+    (dumps / "rank9.json").write_bytes(b'{"rank": 9, "reason": "\xff"}')  # not UTF-8: skipped
     assert (
         postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=None).restart_failure
         is None

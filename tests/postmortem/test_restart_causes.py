@@ -3,6 +3,7 @@ and a restart that failed because a port was taken ("port conflict on restart").
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 from stormwatch.postmortem import (
@@ -71,6 +72,30 @@ def test_a_dump_with_errno_eaddrinuse_after_the_onset_is_a_port_conflict_on_rest
     assert failure.ranks == [0]
     assert "errno 98 (EADDRINUSE)" in failure.evidence[0] and "rendezvous" in failure.evidence[0]
     assert restart_failure([conflict], since=20.0) is None  # before the incident: not its restart
+
+
+def test_without_restarted_by_only_the_earliest_unclean_exit_is_the_cause() -> None:
+    """A trainer older than ``restarted_by``: the ranks torchrun stopped on the other node
+    (code 143) exited because of the restart and are not named as its cause."""
+    progress = {
+        r: dataclasses.replace(
+            p,
+            marks=tuple(
+                dataclasses.replace(m, restarted_by=()) if isinstance(m, WorkerStart) else m
+                for m in p.marks
+            ),
+        )
+        for r, p in _restarted_by_node1().items()
+    }
+    restart = restart_after(progress, 4.0)
+    exits = [
+        RankExit(5.6, 0, "node0", "exited with code 143"),
+        RankExit(5.5, 2, "node1", "exited with code 143"),
+        RankExit(5.0, 3, "node1", "was killed by SIGKILL"),
+    ]
+    assert failed_ranks(restart, exits, since=4.0) == {"node1": 3}
+    tied = [RankExit(5.0, 3, "node1", "killed"), RankExit(5.0, 1, "node0", "killed")]
+    assert failed_ranks(restart, tied, since=4.0) == {"node0": 1}  # equal times: lower rank
 
 
 def test_a_port_conflict_is_told_by_its_errno_not_by_the_words_of_its_message() -> None:

@@ -215,3 +215,43 @@ def test_a_dump_of_an_exception_records_its_errno(tmp_path: Path) -> None:
     assert path is not None and read_dump(path).errno == errno.EADDRINUSE
     path = dumper.dump(ValueError("boom"))
     assert path is not None and read_dump(path).errno is None
+
+
+def test_errno_is_read_from_torch_s_code_and_name_only_and_respects_from_none(
+    tmp_path: Path,
+) -> None:
+    """ "exit code: -98" of a signalled process is no errno; ``raise ... from None`` hides
+    the OSError it replaced, as a traceback does; an exception whose str() raises is still
+    dumped, named by its type."""
+    dumper = RankDumper(tmp_path, rank=0, attempt=0)
+    path = dumper.dump(RuntimeError("worker exited with exit code: -98"))
+    assert path is not None and read_dump(path).errno is None
+    try:
+        try:
+            raise OSError(errno.EADDRINUSE, "in use")
+        except OSError:
+            raise ValueError("bad option") from None
+    except ValueError as exc:
+        path = dumper.dump(exc)
+    assert path is not None and read_dump(path).errno is None
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("boom")
+
+    path = dumper.dump(Unprintable())
+    assert path is not None and read_dump(path).reason.startswith("Unprintable")
+
+
+def test_readers_skip_what_is_no_dump_and_keep_to_the_window(tmp_path: Path) -> None:
+    """A non-UTF-8 file, a folder and a FIFO named like dumps are skipped (never opened:
+    a FIFO would block); ``until`` leaves out a later incident's dumps."""
+    good = RankDumper(tmp_path, rank=0, attempt=0, clock=lambda: 100.0).dump("first")
+    later = RankDumper(tmp_path, rank=1, attempt=3, clock=lambda: 5000.0).dump("later")
+    assert good is not None and later is not None
+    (tmp_path / "rank2.json").write_bytes(b'{"rank": 2, "reason": "\xff"}')
+    (tmp_path / "rank3.json").mkdir()
+    os.mkfifo(tmp_path / "rank4.json")
+    assert [d.rank for d in read_all_dumps(tmp_path, 0.0)] == [0, 1]
+    assert [d.rank for d in read_all_dumps(tmp_path, 0.0, until=1200.0)] == [0]
+    assert set(read_dumps(tmp_path, 0.0, until=1200.0)) == {0}
