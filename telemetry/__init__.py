@@ -262,7 +262,7 @@ def init(
         metrics_dir: the node agent's metrics folder (prometheus-client multiprocess
             files); default ``STORMWATCH_METRICS_DIR``; ``None``: no metrics.
         log_dir: folder of the event log ``rank<R>.jsonl``; default ``STORMWATCH_LOG_DIR``.
-        dump_dir: folder of post-mortem dumps ``rank<R>.json`` (written on SIGTERM and by
+        dump_dir: folder of post-mortem dumps ``rank<R>.attempt<A>.pid<P>.json`` (on SIGTERM, by
             :meth:`Session.dump`); default ``STORMWATCH_DUMP_DIR``.
         collectives: count every c10d collective of this thread (and autograd's), now if
             the process group exists, else as soon as ``init_process_group`` returns.

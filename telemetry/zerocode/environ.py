@@ -15,7 +15,7 @@ Precedence (STYLE.md): defaults < environment < options.
   without metrics and the launcher says so. ``%n`` in it becomes the node's name
   (``SLURMD_NODENAME``, else the short host name), as in train.sbatch.
 * log folder (``rank<R>.jsonl``): ``--log-dir``, else ``STORMWATCH_LOG_DIR``; none: off.
-* dump folder (``rank<R>.json``, flight recorders): ``--dump-dir``, else
+* dump folder (``rank<R>.attempt<A>.pid<P>.json``, flight recorders): ``--dump-dir``, else
   ``STORMWATCH_DUMP_DIR``, else ``<log folder>/dumps`` (where the incident post-mortem
   reads them), else ``<metrics folder>/dumps``.
 * flight-recorder entries: ``--flight-recorder-entries`` (default 2000, as

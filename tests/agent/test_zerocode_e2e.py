@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from stormwatch.telemetry.dump import read_dump
+from stormwatch.telemetry.dump import latest_dump
 
 REPO = Path(__file__).resolve().parents[2]
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
@@ -96,7 +96,8 @@ def test_fc10_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_fli
         assert (culprit["asked"], culprit["answered"]) == ([0, 1], [0]), culprit
         hung = {e["rank"] for e in _events(tools, agent, job, "rank_hang")}
         assert 0 in hung  # the waiting rank stopped progressing too
-        dump = read_dump(metrics / "dumps" / "rank0.json")  # what rank 0 answered
+        dump = latest_dump(metrics / "dumps", 0, since=0.0)  # what rank 0 answered
+        assert dump is not None
         assert dump.reason.startswith("requested: hang of job") and dump.flight_recorder
         assert dump.group_status(), dump.flight_recorder_error
         report = (Path(culprit["diagnostics"]) / "rank1.txt").read_text()

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import stormwatch.telemetry as swt
+from stormwatch.telemetry.dump import rank_dump_paths
 
 
 def run_job(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -227,7 +228,8 @@ def test_a_dump_after_an_exception_left_a_stage_names_that_stage(tmp_path: Path)
         tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    dump = json.loads((tmp_path / "dumps" / "rank0.json").read_text())
+    [path] = rank_dump_paths(tmp_path / "dumps", 0)
+    dump = json.loads(path.read_text())
     assert dump["phase"] == "parallelize" and dump["step"] is None
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stormwatch.telemetry.dump import rank_dump_paths
+
 #: The rank inits, then a spawn worker (a helper) that inherits the environment inits too.
 SPAWN = """
 import multiprocessing as mp, os, sys
@@ -84,7 +86,7 @@ def test_a_spawn_worker_calling_init_writes_nothing(tmp_path: Path) -> None:
     assert "worker 0 False" in done.stdout, done.stdout + done.stderr
     assert "a process the rank" in done.stderr  # the worker's one warning
     assert not (tmp_path / "m" / "rank0.done").exists()
-    assert not (tmp_path / "d" / "rank0.json").exists()  # the worker's dump was not written
+    assert not rank_dump_paths(tmp_path / "d", 0)  # the worker's dump was not written
     records = [
         json.loads(line) for line in (tmp_path / "l" / "rank0.jsonl").read_text().splitlines()
     ]
@@ -109,7 +111,7 @@ def test_a_fork_pool_worker_signalled_does_not_signal_the_rank(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert "worker -15" in done.stdout, done.stdout  # the default action, as without us
     assert "signalled False" in done.stdout, done.stdout + done.stderr
-    assert not (tmp_path / "d" / "rank0.json").exists(), done.stderr
+    assert not rank_dump_paths(tmp_path / "d", 0), done.stderr
     assert (tmp_path / "m" / "rank0.done").exists()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stormwatch.telemetry.dump import rank_dump_paths
 from stormwatch.telemetry.lifecycle.sigterm import MAIN_THREAD_GRACE_S
 
 JOB = """
@@ -67,7 +68,8 @@ def test_sigterm_writes_the_dump_then_chains_to_the_previous_handler(tmp_path: P
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "previous handler ran" in out
-    dump = json.loads((tmp_path / "dumps" / "rank1.json").read_text())
+    [path] = rank_dump_paths(tmp_path / "dumps", 1)
+    dump = json.loads(path.read_text())
     assert dump["rank"] == 1 and dump["reason"].startswith("signal SIGTERM ("), dump["reason"]
     assert dump["step"] >= 2  # the step in progress
     # sys.exit(143) is not a clean end: no done record, no done marker
@@ -84,7 +86,7 @@ def test_sigterm_with_the_default_handler_still_ends_the_process_by_the_signal(
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, err
-    assert (tmp_path / "dumps" / "rank1.json").exists()
+    assert rank_dump_paths(tmp_path / "dumps", 1)
     assert not (tmp_path / "metrics" / "rank1.done").exists()
 
 
@@ -92,12 +94,11 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path: Path) -> None:
     proc = start(tmp_path, previous="signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     try:
         proc.send_signal(signal.SIGTERM)
-        dump = tmp_path / "dumps" / "rank1.json"
         for _ in range(200):
-            if dump.exists():
+            if rank_dump_paths(tmp_path / "dumps", 1):
                 break
             subprocess.run(["sleep", "0.05"], check=True)
-        assert dump.exists()
+        assert rank_dump_paths(tmp_path / "dumps", 1)
         assert proc.poll() is None  # still training
     finally:
         proc.kill()
@@ -181,10 +182,10 @@ def test_a_rank_waiting_inside_a_collective_dumps_and_dies_at_sigterm(
             assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # rank 0 is inside the all-reduce by now
         ranks[0].send_signal(signal.SIGTERM)  # no Python handler runs while it waits
-        dump = tmp_path / "dumps" / "rank0.json"
         deadline = time.monotonic() + 30
-        while not dump.exists() and time.monotonic() < deadline:
+        while not rank_dump_paths(tmp_path / "dumps", 0) and time.monotonic() < deadline:
             time.sleep(0.1)
+        [dump] = rank_dump_paths(tmp_path / "dumps", 0)
         reason = json.loads(dump.read_text())["reason"]
         assert reason == "signal SIGTERM (written from a thread at once)", reason
         if trainer_handler:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stormwatch.telemetry.dump import dump_path
+from stormwatch.telemetry.dump import rank_dump_paths
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +62,8 @@ def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(
     assert seconds < BOUND_SECONDS, output[-3000:]
     assert "Timed out waiting" in output  # rank 0: the collective timeout fired
 
-    dumps = {rank: json.loads(dump_path(tmp_path / "logs" / "dumps", rank).read_text()) for rank in (0, 1)}  # fmt: skip
+    # one incarnation each: one dump file each (rank<R>.attempt<A>.pid<P>.json)
+    dumps = {rank: json.loads(_only(rank_dump_paths(tmp_path / "logs" / "dumps", rank)).read_text()) for rank in (0, 1)}  # fmt: skip
     assert "Timed out" in dumps[0]["reason"]
     assert dumps[1]["reason"].startswith("Terminated")  # stopped by torchrun
     last = {}
@@ -77,3 +78,8 @@ def test_fc10_skipped_collective_ends_every_rank_in_bounded_time_with_dumps(
     assert last[0] == last[1] + 1
     pending = [c for c in dumps[0]["collectives"] if c["seconds"] is None]
     assert [(c["op"], c["mesh_dim"]) for c in pending] == [("all_reduce", "dp_shard")]
+
+
+def _only(paths: list[Path]) -> Path:
+    assert len(paths) == 1, paths
+    return paths[0]
