@@ -601,6 +601,15 @@ def stop_process_group(leader: subprocess.Popen[bytes]) -> None:
         leader.wait()
 
 
+def promtool_check_metrics(text: str) -> tuple[int, list[str]]:
+    """(exit status, non-empty finding lines) of ``promtool check metrics`` over ``text``
+    (an exposition); status 3 means lint findings only, no parse error."""
+    out = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    return out.returncode, [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+
+
 @pytest.fixture(scope="session")
 def tools() -> Any:
     """Helpers as one object (tests run in importlib mode and cannot import conftest)."""
@@ -612,6 +621,7 @@ def tools() -> Any:
         Scrape = Scrape
         make_agent = staticmethod(make_agent)
         dcgm_counters = staticmethod(dcgm_counters)
+        promtool_check_metrics = staticmethod(promtool_check_metrics)
         stop_process_group = staticmethod(stop_process_group)
         job_processes = staticmethod(job_processes)
         peers = PEERS

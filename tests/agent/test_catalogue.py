@@ -250,11 +250,8 @@ def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, too
     """
     agent = start_agent(FakeNvml(2))
     text = tools.http("GET", agent.url + "/metrics").text
-    out = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode in (0, 3), out.stdout + out.stderr  # 3: lint findings only
-    findings = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    status, findings = tools.promtool_check_metrics(text)
+    assert status in (0, 3), findings  # 3: lint findings only
     assert findings, "expected the DCGM camelCase finding; did the labels change?"
     for line in findings:
         assert _dcgm_exporters_own(line), line
@@ -348,13 +345,6 @@ def test_the_training_exposition_passes_promtool_check_metrics(
             )
         finally:
             rank.communicate("", timeout=60)
-    out = subprocess.run(
-        ["promtool", "check", "metrics"],
-        input=scrape.text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    findings = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    assert out.returncode in (0, 3), findings  # 3: lint findings only, no parse error
+    status, findings = tools.promtool_check_metrics(scrape.text)
+    assert status in (0, 3), findings  # 3: lint findings only, no parse error
     assert not [line for line in findings if not _dcgm_exporters_own(line)], findings

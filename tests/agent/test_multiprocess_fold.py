@@ -379,14 +379,7 @@ def test_agent_exports_its_folder_size_and_render_durations_which_promtool_accep
     count = scrape.value("stormwatch_agent_render_duration_seconds_count")
     assert count is not None and count >= 1
     assert scrape.value("stormwatch_agent_render_duration_seconds_bucket", le="+Inf") == count
-    out = subprocess.run(
-        ["promtool", "check", "metrics"],
-        input=scrape.text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    findings = (out.stdout + out.stderr).splitlines()
+    _, findings = tools.promtool_check_metrics(scrape.text)
     assert not [line for line in findings if line.startswith("stormwatch_agent_")], findings
 
 
