@@ -209,7 +209,8 @@ _TABLES = ("notifications", "deliveries", "incidents", "incident_members", "acti
 #: What a ``--db`` file must be, in the errors of a file that is not one.
 EXPECTED = (
     "expected the SQLite file the responder keeps (`stormwatch alerts serve --db FILE`; "
-    "the lab's is run/responder/responder.sqlite)"
+    "a lab's is <run-dir>/responder/responder.sqlite: run/responder/responder.sqlite for "
+    "`stormwatch lab up`, run/demo/responder/responder.sqlite after `make demo`)"
 )
 
 
