@@ -32,8 +32,8 @@ from stormwatch.urls import is_http_url
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 #: Seconds one promtool run (one file) may take. The shipped unit tests evaluate every rule
-#: each second over half-hour windows: training_test.yml, the longest, takes about a minute on
-#: a busy 2-core machine.
+#: each second (every 10 s in training_trends_test.yml, whose windows are up to half an
+#: hour); the longest file takes about 15 s on an idle 2-core machine, a minute when busy.
 PROMTOOL_TIMEOUT_S = 300.0
 
 
