@@ -177,6 +177,11 @@ def _in_effect(transitions: list[tuple[float, str]], start: float, end: float) -
     return before[-1:] + [s for t, s in transitions if start < t < end]
 
 
+#: The trainer's smallest model for every job here (half the step CPU of its default): the
+#: subjects are Slurm's and the chaos CLI's handling of a rank or node loss, and the loss
+#: check compares the killed job with a baseline of the same model.
+SMALL_MODEL = ("--n-layers", "1", "--d-model", "32")
+
 #: Steps of the kill-rank jobs here, and the step the kill follows (after the step-10
 #: checkpoint, so steps 11-15 are lost and recomputed).
 KILL_STEPS, KILL_AFTER_STEP = 30, 15
@@ -203,9 +208,12 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
 ) -> None:
     # A fault-free run of the same job first: the loss after recovery must match it bitwise.
     steps = KILL_STEPS
-    lab.start_job(JobSpec(name="scn-base", steps=steps, checkpoint_every=10, step_delay=0.0))
+    base = JobSpec(
+        name="scn-base", steps=steps, checkpoint_every=10, step_delay=0.0, extra_args=SMALL_MODEL
+    )
+    lab.start_job(base)
     assert lab.wait_job("scn-base", timeout=600).ok
-    info = lab.start_job(JobSpec(name="scn-kill", steps=steps, checkpoint_every=10, step_delay=0.3))
+    info = lab.start_job(base.model_copy(update={"name": "scn-kill", "step_delay": 0.3}))
     assert info.slurm_job_id is not None
     target = _hand_written_target(lab, tmp_path, "scn-kill")
     run_dir = tmp_path / "run"  # the controller's own run directory, not the lab's
@@ -314,7 +322,11 @@ def _starts(log_dir: Path) -> list[StartEvent]:
 def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_rollback(
     lab: Lab, tmp_path: Path
 ) -> None:
-    info = lab.start_job(JobSpec(name="scn-cut", steps=2000, checkpoint_every=10, step_delay=0.3))
+    info = lab.start_job(
+        JobSpec(
+            name="scn-cut", steps=2000, checkpoint_every=10, step_delay=0.3, extra_args=SMALL_MODEL
+        )
+    )
     assert info.slurm_job_id is not None
     slurm = _slurm(lab)
     assert slurm.hostnames(slurm.job(info.slurm_job_id).nodes) == ("node0", "node1")
