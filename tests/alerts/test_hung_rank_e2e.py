@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 JOB = "hang"
 HUNG_RANK = 1
+#: A one-block, 32-wide model (the trainer's ``--n-layers``/``--d-model``).
+SMALL = ("--n-layers", "1", "--d-model", "32")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 
 
@@ -79,8 +81,10 @@ def test_hung_rank_is_restarted_by_the_responder_and_named_by_the_postmortem(
     try:
         lab.up(config)
         # 20 steps: the hang after step 7, the resume from step 5 (or 10) and a restarted
-        # stretch of 10 steps or more before the end.
-        info = lab.start_job(JobSpec(name=JOB, steps=20, checkpoint_every=5, step_delay=0.2))
+        # stretch of 10 steps or more before the end. The smallest model (half the CPU of
+        # a step): the hang, not the model, is the subject.
+        spec = JobSpec(name=JOB, steps=20, checkpoint_every=5, step_delay=0.2, extra_args=SMALL)
+        info = lab.start_job(spec)
         logs_dir = Path(info.log_dir)
 
         def step_of(rank: int) -> int:

@@ -48,6 +48,8 @@ from stormwatch.platforms.slurm_readback import drained
 from stormwatch.telemetry.ranklogs import RankLog, read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
+#: A one-block, 32-wide model (the trainer's ``--n-layers``/``--d-model``).
+SMALL_MODEL = ("--n-layers", "1", "--d-model", "32")
 
 
 @contextlib.contextmanager
@@ -124,7 +126,15 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
     with _tails_on_failure(lab):
-        info = lab.start_job(JobSpec(name="moved", steps=60, checkpoint_every=10))
+        # 40 steps of the smallest model (the move, not the model, is the subject): the
+        # alert goes out at step 12, and the responder's requeue (about 2 s later, measured)
+        # must find the job still running: 28 steps of at least 0.1 s (the step delay) plus
+        # their compute (about 0.35 s a step alone, measured) are left. The restarted job
+        # resumes from step 10 or later and trains at most 30 steps more.
+        spec = JobSpec(
+            name="moved", steps=40, checkpoint_every=10, step_delay=0.1, extra_args=SMALL_MODEL
+        )
+        info = lab.start_job(spec)
         job_id = info.slurm_job_id
         assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
         logs_dir = Path(info.log_dir)
