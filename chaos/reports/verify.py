@@ -11,7 +11,11 @@
 2. **Checkpoint**: the job's latest complete checkpoint (``.metadata`` and the
    ``stormwatch-complete.json`` marker, :func:`stormwatch.trainer.checkpoint.store.scan`)
    has files matching the marker's CRC-32 checksums and loads: DCP reads every
-   tensor back without a process group (``_load_state_dict_from_keys``).
+   tensor back without a process group (``_load_state_dict_from_keys``). A job that
+   saves in another format (a Lightning ``.ckpt``, a ``torch.save`` ``.pt``/``.pth`` file
+   directly in that folder) has its newest such file loaded with
+   ``torch.load(weights_only=True, mmap=True)`` (no code runs from the file, and the
+   tensors are mapped, not read into memory); it has no checksums to match.
 3. **No fault left applied**: the controller's ledger has no open fault of the
    experiment, and no node agent lists an ``injecting``/``applied`` fault
    (``GET /v1/faults``).
@@ -175,6 +179,9 @@ def check_checkpoint(
             )
         if not checkpoint_dir.is_dir():
             return Check(ok=None, detail=f"no checkpoint folder {checkpoint_dir}")
+        foreign = _torch_save_files(checkpoint_dir)
+        if foreign:
+            return _check_torch_save(foreign[-1], load=load)
         return Check(ok=False, detail=f"no complete checkpoint in {checkpoint_dir}")
     mismatch = checksum_mismatch(latest)
     if mismatch is not None:
@@ -187,6 +194,39 @@ def check_checkpoint(
             return Check(ok=False, detail=f"{latest.path.name} does not load: {exc}")
         detail += f", loads ({tensors} entries)"
     return Check(ok=True, detail=detail)
+
+
+#: File suffixes of checkpoints saved with ``torch.save`` (Lightning's ``ModelCheckpoint``
+#: writes ``.ckpt``; ``.pt``/``.pth`` are PyTorch's conventions).
+TORCH_SAVE_SUFFIXES = (".ckpt", ".pt", ".pth")
+
+
+def _torch_save_files(folder: Path) -> list[Path]:
+    """Regular ``torch.save`` checkpoint files directly in ``folder``, oldest first (links
+    such as Lightning's ``last.ckpt`` are left out: they name one of the files)."""
+    files = [
+        p
+        for p in folder.iterdir()
+        if p.suffix in TORCH_SAVE_SUFFIXES and not p.is_symlink() and p.is_file()
+    ]
+    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def _check_torch_save(path: Path, *, load: bool) -> Check:
+    """The newest ``torch.save`` checkpoint of a job that does not save in stormwatch's
+    format loads with ``weights_only=True`` (no checksums to match)."""
+    if not load:
+        return Check(ok=None, detail=f"{path.name}: a torch.save checkpoint, not loaded")
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch.load raises many types for a bad file
+        return Check(ok=False, detail=f"{path.name} does not load: {exc}")
+    return Check(
+        ok=True,
+        detail=f"{path.name} (torch.save, no checksums) loads ({_count(state)} entries)",
+    )
 
 
 def _load(path: Path) -> int:

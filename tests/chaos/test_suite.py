@@ -4,6 +4,7 @@ on a real DCP checkpoint."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -271,6 +272,33 @@ def test_the_latest_checkpoint_must_match_its_checksums_and_load(tmp_path: Path)
     assert check_checkpoint(empty).ok is False, "a job that should have checkpointed did not"
     early = check_checkpoint(empty, expected_from_step=5)
     assert early.ok is None and "stopped at step 5" in early.detail
+
+
+def test_a_job_saving_with_torch_save_has_its_newest_file_loaded(tmp_path: Path) -> None:
+    """A Lightning-style folder (``epoch=0-step=N.ckpt`` files and a ``last.ckpt`` link):
+    the newest file loads with weights_only; a damaged newest file fails; a file that only
+    unpickles with code (a class instance) is refused, not run."""
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    state = {"state_dict": {"w": torch.ones(3)}, "global_step": 4, "loops": {"fit": {"n": 1}}}
+    torch.save({**state, "global_step": 2}, root / "epoch=0-step=2.ckpt")
+    newest = root / "epoch=0-step=4.ckpt"
+    torch.save(state, newest)
+    os.utime(root / "epoch=0-step=2.ckpt", (1, 1))
+    (root / "last.ckpt").symlink_to(newest.name)
+
+    good = check_checkpoint(root)
+    assert good.ok is True, good.detail
+    assert "epoch=0-step=4.ckpt" in good.detail and "(3 entries)" in good.detail
+    assert check_checkpoint(root, load=False).ok is None
+
+    newest.write_bytes(newest.read_bytes()[:100])
+    bad = check_checkpoint(root)
+    assert bad.ok is False and "epoch=0-step=4.ckpt does not load" in bad.detail
+
+    torch.save({"obj": Path("x")}, newest)
+    refused = check_checkpoint(root)
+    assert refused.ok is False and "does not load" in refused.detail
 
 
 def _log(losses: dict[int, float]) -> RankLog:

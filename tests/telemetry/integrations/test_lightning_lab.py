@@ -173,6 +173,9 @@ def test_a_killed_rank_of_a_lightning_job_is_detected_restarted_resumed_and_repo
     assert pm["recovered"] and pm["resumed_from_step"] == 10, pm
     assert pm["steps_lost"] is not None and pm["steps_lost"] >= 5, pm
     assert pm["loss"]["identical"] is True and pm["loss"]["compared_steps"] >= 20, pm["loss"]
+    # Lightning's .ckpt files are verified too (they were reported "no complete checkpoint").
+    checked = json.loads((journal_path.parent / "verification.json").read_text())["checkpoint"]
+    assert checked["ok"] is True and ".ckpt (torch.save" in checked["detail"], checked
     faults = Ledger(ledger_path(lab.run_dir), create=False).entries()
     assert [f.state for f in faults if f.kind == "kill_rank"] == ["reverted"]
     print(
@@ -335,8 +338,11 @@ def test_fc14_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_aler
         )
         prometheus = lab.prometheus()
 
+        job = injected.target.job  # the shared lab's Prometheus also holds other tests' jobs
+
         def rank_1_named_thrice() -> bool:
-            ranks = {s.labels["rank"] for s in prometheus.query(straggler)}
+            samples = prometheus.query(straggler)
+            ranks = {s.labels["rank"] for s in samples if s.labels.get("job") == job}
             if ranks:
                 named.append(ranks)
             return sum("1" in r for r in named) >= 3
