@@ -48,10 +48,11 @@ TRAIN_ARGS += ["--n-layers", "1", "--d-model", "32", "--job", "elastic", "-q"]
 #: cost CPU that a 40-step run of this model does not need to prove the resume).
 ELASTIC_ARGS = ["--checkpoint-every", "4", "--keep", "100"]
 #: Seconds slept after each step: room for the lost node's torchrun to start again and join
-#: before the shrunk job ends (on a loaded 2-core box all 40 steps at world size 2 once
-#: finished before the rejoin). 0.25 is what these runs have used: the 0.4 that TRAIN_ARGS
-#: once held was overridden by a later --step-delay 0.25 on the agents' command line.
-ELASTIC_ARGS += ["--step-delay", "0.25"]
+#: before the shrunk job ends. On a loaded 2-core box all 40 steps at world size 2 finished
+#: before the rejoin twice: once at 0.25 s with a save every 2 steps, and in a clean-clone
+#: run at 0.25 s with a save every 4 (fewer saves, faster steps: checkpoints at world size 2
+#: from step 8 to 40). 0.5 s gives the 32 steps after the shrink at least 16 s.
+ELASTIC_ARGS += ["--step-delay", "0.5"]
 #: Short rendezvous timeouts (seconds): a dead node leaves after 1 s x 3 heartbeats.
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,close_timeout=10,keep_alive_interval=1"
 RDZV_CONF += ",keep_alive_max_attempt=3"
