@@ -198,7 +198,7 @@ def check_checkpoint(
 
 #: File suffixes of checkpoints saved with ``torch.save`` (Lightning's ``ModelCheckpoint``
 #: writes ``.ckpt``; ``.pt``/``.pth`` are PyTorch's conventions).
-TORCH_SAVE_SUFFIXES = (".ckpt", ".pt", ".pth")
+_TORCH_SAVE_SUFFIXES = (".ckpt", ".pt", ".pth")
 
 
 def _torch_save_files(folder: Path) -> list[Path]:
@@ -207,7 +207,7 @@ def _torch_save_files(folder: Path) -> list[Path]:
     files = [
         p
         for p in folder.iterdir()
-        if p.suffix in TORCH_SAVE_SUFFIXES and not p.is_symlink() and p.is_file()
+        if p.suffix in _TORCH_SAVE_SUFFIXES and not p.is_symlink() and p.is_file()
     ]
     return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
