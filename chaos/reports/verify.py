@@ -14,8 +14,8 @@
    tensor back without a process group (``_load_state_dict_from_keys``). A job that
    saves in another format (a Lightning ``.ckpt``, a ``torch.save`` ``.pt``/``.pth`` file
    directly in that folder) has its newest such file loaded with
-   ``torch.load(weights_only=True, mmap=True)`` (no code runs from the file, and the
-   tensors are mapped, not read into memory); it has no checksums to match.
+   ``torch.load(weights_only=True)`` (no code runs from the file; a zip-format file is
+   memory-mapped, not read into memory); it has no checksums to match.
 3. **No fault left applied**: the controller's ledger has no open fault of the
    experiment, and no node agent lists an ``injecting``/``applied`` fault
    (``GET /v1/faults``).
@@ -217,10 +217,15 @@ def _check_torch_save(path: Path, *, load: bool) -> Check:
     format loads with ``weights_only=True`` (no checksums to match)."""
     if not load:
         return Check(ok=None, detail=f"{path.name}: a torch.save checkpoint, not loaded")
+    import zipfile
+
     import torch
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # mmap needs torch.save's zip format (the default since torch 1.6); an older
+        # file is read into memory instead.
+        mapped = zipfile.is_zipfile(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as exc:  # torch.load raises many types for a bad file
         return Check(ok=False, detail=f"{path.name} does not load: {exc}")
     return Check(

@@ -276,8 +276,9 @@ def test_the_latest_checkpoint_must_match_its_checksums_and_load(tmp_path: Path)
 
 def test_a_job_saving_with_torch_save_has_its_newest_file_loaded(tmp_path: Path) -> None:
     """A Lightning-style folder (``epoch=0-step=N.ckpt`` files and a ``last.ckpt`` link):
-    the newest file loads with weights_only; a damaged newest file fails; a file that only
-    unpickles with code (a class instance) is refused, not run."""
+    the newest file loads with weights_only; a damaged newest file fails; the pre-zip format
+    loads too (it cannot be memory-mapped); a file that only unpickles with code (a class
+    instance) is refused, not run."""
     root = tmp_path / "checkpoints"
     root.mkdir()
     state = {"state_dict": {"w": torch.ones(3)}, "global_step": 4, "loops": {"fit": {"n": 1}}}
@@ -295,6 +296,10 @@ def test_a_job_saving_with_torch_save_has_its_newest_file_loaded(tmp_path: Path)
     newest.write_bytes(newest.read_bytes()[:100])
     bad = check_checkpoint(root)
     assert bad.ok is False and "epoch=0-step=4.ckpt does not load" in bad.detail
+
+    torch.save(state, newest, _use_new_zipfile_serialization=False)  # torch < 1.6's format
+    legacy = check_checkpoint(root)
+    assert legacy.ok is True and "(3 entries)" in legacy.detail, legacy.detail
 
     torch.save({"obj": Path("x")}, newest)
     refused = check_checkpoint(root)
