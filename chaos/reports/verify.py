@@ -209,7 +209,16 @@ def _torch_save_files(folder: Path) -> list[Path]:
         for p in folder.iterdir()
         if p.suffix in _TORCH_SAVE_SUFFIXES and not p.is_symlink() and p.is_file()
     ]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return sorted(files, key=lambda p: (_mtime_ns(p), p.name))
+
+
+def _mtime_ns(path: Path) -> int:
+    """``path``'s mtime; -1 (oldest) for a file removed since it was listed (a job still
+    pruning its checkpoints)."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def _check_torch_save(path: Path, *, load: bool) -> Check:
