@@ -371,6 +371,8 @@ def test_corrupt_shard_resumes_from_the_previous_checkpoint_with_a_warning(
 ASYNC_KILLS = [("before_shards", 1, 0), ("before_metadata", 0, 1), ("before_marker", 0, 2)]
 #: The async job stops at the killed save's step: its last attempt resumes from step 2 and
 #: saves step 4 again (steps 5..8 and two more async saves per rank told nothing more).
+#: ``--keep 1``: committing step 4 prunes step 2, so a prune that ran before the async save
+#: was durable (FC-11) would leave the killed attempts nothing to resume from.
 ASYNC_STEPS = 4
 
 
@@ -388,7 +390,7 @@ def async_save_killed(tmp_path_factory, torchrun_train) -> Any:
         tmp_path_factory.mktemp("async-killed"),
         control=control,
         max_restarts=len(ASYNC_KILLS),
-        extra_args=("--checkpoint-mode", "async", "--steps", str(ASYNC_STEPS)),
+        extra_args=("--checkpoint-mode", "async", "--steps", str(ASYNC_STEPS), "--keep", "1"),
     )
     print(f"\nasync save killed at {len(ASYNC_KILLS)} phases: {run.seconds:.1f}s")
     assert run.returncode == 0, run.output[-5000:]
@@ -418,7 +420,7 @@ def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
         assert ("checkpoint", 4, attempt) not in events  # ... and never counted
         assert {("checkpoint", 4, 3), ("done", ASYNC_STEPS, 3)} <= set(events)  # saved again
     found = store.scan(run.checkpoints)
-    assert [c.step for c in found.complete] == [2, 4]
+    assert [c.step for c in found.complete] == [4]  # step 2 pruned once step 4 committed
     assert found.partial == ()
 
 
