@@ -398,7 +398,7 @@ def async_save_killed(tmp_path_factory, torchrun_train) -> Any:
 
 
 @pytest.mark.parametrize(("phase", "rank", "attempt"), ASYNC_KILLS)
-def test_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
+def test_fc11_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise(
     uninterrupted, async_save_killed, phase, rank, attempt
 ):
     """--checkpoint-mode async; a rank SIGKILLed at one phase of the save of step 4."""
