@@ -14,8 +14,8 @@
    tensor back without a process group (``_load_state_dict_from_keys``). A job that
    saves in another format (a Lightning ``.ckpt``, a ``torch.save`` ``.pt``/``.pth`` file
    directly in that folder) has its newest such file loaded with
-   ``torch.load(weights_only=True)`` (no code runs from the file; a zip-format file is
-   memory-mapped, not read into memory); it has no checksums to match.
+   ``torch.load(weights_only=True)`` (no code runs from the file; torch's zip format only,
+   memory-mapped, not read into memory) and must hold a tensor; it has no checksums.
 3. **No fault left applied**: the controller's ledger has no open fault of the
    experiment, and no node agent lists an ``injecting``/``applied`` fault
    (``GET /v1/faults``).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -179,9 +180,9 @@ def check_checkpoint(
             )
         if not checkpoint_dir.is_dir():
             return Check(ok=None, detail=f"no checkpoint folder {checkpoint_dir}")
-        foreign = _torch_save_files(checkpoint_dir)
-        if foreign:
-            return _check_torch_save(foreign[-1], load=load)
+        foreign = _check_torch_saves(checkpoint_dir, load=load)
+        if foreign is not None:
+            return foreign
         return Check(ok=False, detail=f"no complete checkpoint in {checkpoint_dir}")
     mismatch = checksum_mismatch(latest)
     if mismatch is not None:
@@ -203,7 +204,11 @@ _TORCH_SAVE_SUFFIXES = (".ckpt", ".pt", ".pth")
 
 def _torch_save_files(folder: Path) -> list[Path]:
     """Regular ``torch.save`` checkpoint files directly in ``folder``, oldest first (links
-    such as Lightning's ``last.ckpt`` are left out: they name one of the files)."""
+    such as Lightning's ``last.ckpt`` are left out: they name one of the files).
+
+    Raises:
+        OSError: ``folder`` cannot be listed (gone, or no search permission).
+    """
     files = [
         p
         for p in folder.iterdir()
@@ -221,26 +226,82 @@ def _mtime_ns(path: Path) -> int:
         return -1
 
 
+def _check_torch_saves(folder: Path, *, load: bool) -> Check | None:
+    """The newest ``torch.save`` checkpoint in ``folder`` (None when it holds none)."""
+    try:
+        files = _torch_save_files(folder)
+    except OSError as exc:
+        return Check(ok=False, detail=f"cannot list {folder}: {exc}")
+    return _check_torch_save(files[-1], load=load) if files else None
+
+
 def _check_torch_save(path: Path, *, load: bool) -> Check:
     """The newest ``torch.save`` checkpoint of a job that does not save in stormwatch's
-    format loads with ``weights_only=True`` (no checksums to match)."""
-    if not load:
-        return Check(ok=None, detail=f"{path.name}: a torch.save checkpoint, not loaded")
+    format loads with ``weights_only=True`` and holds at least one tensor (no checksums
+    to match). Only torch's zip format (the default since torch 1.6) is loaded: it is
+    memory-mapped, whereas an older file would be read into memory at whatever size its
+    header claims. A file name that is not UTF-8 is not loaded (torch takes ``str`` paths)."""
     import zipfile
 
+    name = os.fsencode(path.name).decode("utf-8", "backslashreplace")
+    if name != path.name:
+        return Check(ok=None, detail=f"{name}: a file name that is not UTF-8, not loaded")
+    if not load:
+        return Check(ok=None, detail=f"{name}: a torch.save checkpoint, not loaded")
+    if not zipfile.is_zipfile(path):
+        if _head(path).startswith(_LEGACY_TORCH_SAVE):
+            return Check(
+                ok=None, detail=f"{name}: torch.save's format before torch 1.6, not loaded"
+            )
+        return Check(ok=False, detail=f"{name} does not load: not a torch.save file")
     import torch
 
     try:
-        # mmap needs torch.save's zip format (the default since torch 1.6); an older
-        # file is read into memory instead.
-        mapped = zipfile.is_zipfile(path)
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch.load raises many types for a bad file
-        return Check(ok=False, detail=f"{path.name} does not load: {exc}")
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(ok=False, detail=f"{name} does not load: {why}")
+    tensors = _tensors(state)
+    if tensors == 0:
+        return Check(ok=False, detail=f"{name} loads but holds no tensor: not a checkpoint")
     return Check(
         ok=True,
-        detail=f"{path.name} (torch.save, no checksums) loads ({_count(state)} entries)",
+        detail=f"{name} (torch.save, no checksums) loads ({_count(state)} entries, "
+        f"{tensors} tensors)",
     )
+
+
+#: How a ``torch.save`` file of the format before torch 1.6 starts: a protocol-2 pickle
+#: of its magic number, the long 0x1950a86a20f9469cfc6c (torch/serialization.py).
+_LEGACY_TORCH_SAVE = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``; opened without blocking (a FIFO put in its place since
+    it was listed must not hang the check); empty when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, len(_LEGACY_TORCH_SAVE))
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _tensors(value: object) -> int:
+    """Tensors in nested dicts, lists and tuples of a loaded ``torch.save`` state."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, dict):
+        return sum(_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensors(v) for v in value)
+    return 0
 
 
 def _load(path: Path) -> int:

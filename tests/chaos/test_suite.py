@@ -277,8 +277,9 @@ def test_the_latest_checkpoint_must_match_its_checksums_and_load(tmp_path: Path)
 def test_a_job_saving_with_torch_save_has_its_newest_file_loaded(tmp_path: Path) -> None:
     """A Lightning-style folder (``epoch=0-step=N.ckpt`` files and a ``last.ckpt`` link):
     the newest file loads with weights_only; a damaged newest file fails; the pre-zip format
-    loads too (it cannot be memory-mapped); a file that only unpickles with code (a class
-    instance) is refused, not run."""
+    is not loaded (it cannot be memory-mapped); a file without a tensor fails; a file that
+    only unpickles with code (a class instance) is refused, not run; a folder that cannot
+    be listed and a file name that is not UTF-8 are reported, not raised."""
     root = tmp_path / "checkpoints"
     root.mkdir()
     state = {"state_dict": {"w": torch.ones(3)}, "global_step": 4, "loops": {"fit": {"n": 1}}}
@@ -290,20 +291,35 @@ def test_a_job_saving_with_torch_save_has_its_newest_file_loaded(tmp_path: Path)
 
     good = check_checkpoint(root)
     assert good.ok is True, good.detail
-    assert "epoch=0-step=4.ckpt" in good.detail and "(3 entries)" in good.detail
+    assert "epoch=0-step=4.ckpt" in good.detail and "(3 entries, 1 tensors)" in good.detail
     assert check_checkpoint(root, load=False).ok is None
 
     newest.write_bytes(newest.read_bytes()[:100])
     bad = check_checkpoint(root)
     assert bad.ok is False and "epoch=0-step=4.ckpt does not load" in bad.detail
 
-    torch.save(state, newest, _use_new_zipfile_serialization=False)  # torch < 1.6's format
+    # torch < 1.6's format cannot be memory-mapped: a crafted header could claim gigabytes.
+    torch.save(state, newest, _use_new_zipfile_serialization=False)
     legacy = check_checkpoint(root)
-    assert legacy.ok is True and "(3 entries)" in legacy.detail, legacy.detail
+    assert legacy.ok is None and "before torch 1.6" in legacy.detail, legacy.detail
+
+    torch.save({"global_step": 4}, newest)  # loads, but no tensor: not a checkpoint
+    empty = check_checkpoint(root)
+    assert empty.ok is False and "holds no tensor" in empty.detail, empty.detail
 
     torch.save({"obj": Path("x")}, newest)
     refused = check_checkpoint(root)
     assert refused.ok is False and "does not load" in refused.detail
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    torch.save(state, os.fsdecode(os.fsencode(odd) + b"/bad\xff.ckpt"))
+    undecodable = check_checkpoint(odd)
+    assert undecodable.ok is None and "bad\\xff.ckpt" in undecodable.detail
+    assert Verification(checkpoint=undecodable).model_dump_json()  # writable as JSON
+
+    unlistable = check_checkpoint(newest)  # a file where the folder should be
+    assert unlistable.ok is None
 
 
 def _log(losses: dict[int, float]) -> RankLog:
