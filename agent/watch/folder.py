@@ -41,7 +41,7 @@ from pathlib import Path
 from prometheus_client.metrics_core import Metric
 
 from stormwatch.agent.watch.fold import FOLD_FILE, PROCESS_FILE, Accumulator
-from stormwatch.agent.watch.merge import Folded, file_jobs, merge, prepare
+from stormwatch.agent.watch.merge import FileReader, Folded, file_jobs, merge, prepare
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,8 @@ class TrainerFolder:
         self._counts: dict[str, int] = {}
         #: Per pattern read: the accumulator's files (name, inode, mtime, size), prepared.
         self._folded_cache: dict[str, tuple[list[tuple[str, int, int, int]], Folded]] = {}
+        #: The running processes' files, parsed again only when their bytes change.
+        self._reader = FileReader()
         with self.lock:
             self.accumulator = Accumulator(self.path)
             self._instances = self._load_instances()
@@ -106,7 +108,7 @@ class TrainerFolder:
             folded = [p for p in paths if FOLD_FILE.match(os.path.basename(p))]
             others = [p for p in paths if not FOLD_FILE.match(os.path.basename(p))]
             extra = self._read_folded(pattern, folded)
-            return merge(others, accumulate=accumulate, extra=extra)
+            return merge(others, accumulate=accumulate, extra=extra, reader=self._reader)
 
     def _read_folded(self, pattern: str, files: list[str]) -> Folded:
         """The accumulator's files, read once per fold and pattern (they change only when a
@@ -169,6 +171,7 @@ class TrainerFolder:
         with self.lock:
             now = self._clock()
             names = os.listdir(self.path)
+            self._reader.retain({str(self.path / name) for name in names})
             jobs_of = self._file_jobs(names)
             counts: dict[str, int] = {}
             for jobs in jobs_of.values():

@@ -8,7 +8,9 @@ library's merge with each series' values summed by ``math.fsum`` first (correctl
 rounded, order-free), reading and accumulating with the library itself; :func:`grow` and
 :func:`split_total` hold a total exactly (Shewchuk's partials) for the accumulator
 (:mod:`.fold`). :func:`prepare` reads files once for several merges (the accumulator's,
-which change only at a fold).
+which change only at a fold). :class:`FileReader` reads files as the library does, parsing a
+file again only when its bytes changed (a render reads every running process's files, and
+most of them did not change since the last one).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+import mmap
+import os
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.mmap_dict import MmapedDict, _read_all_values, _unpack_integer
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
@@ -125,7 +129,122 @@ def prepare(files: Sequence[str]) -> Folded:
     return Folded(families, sums)
 
 
-def merge(files: Sequence[str], *, accumulate: bool, extra: Folded | None = None) -> list[Metric]:
+#: Parsed keys kept by a :class:`FileReader` before it starts its key cache again.
+_KEY_CACHE_LIMIT = 100_000
+
+
+class FileReader:
+    """``MultiProcessCollector._read_metrics(files)``, parsing only the files whose bytes
+    changed since this reader last read them.
+
+    A file is read whole (one ``read`` of its used part, as
+    ``MmapedDict.read_all_values_from_file`` reads it) and compared with the bytes of the
+    last parse; only a changed file is parsed again (the library's ``_read_all_values``, its
+    keys' JSON decoded once per reader, not once per call). The families returned are new
+    objects on every call (callers replace their samples); their samples are shared.
+    The result equals the library's: the same families, samples in the same order, a gauge
+    family's ``_multiprocess_mode`` from the last file that holds it.
+
+    Not thread-safe: the folder's owner calls it under its lock.
+    """
+
+    def __init__(self) -> None:
+        #: path -> (the bytes parsed, the file's families)
+        self._files: dict[str, tuple[tuple[bytes, int], dict[str, Metric]]] = {}
+        self._keys: dict[str, tuple[str, str, tuple[tuple[str, str], ...], str]] = {}
+        #: Files parsed so far (for tests and the benchmark's account).
+        self.parsed = 0
+
+    def read(self, files: Sequence[str]) -> dict[str, Metric]:
+        """The families of ``files`` (metric name -> family; samples of every file).
+
+        Raises:
+            OSError, RuntimeError, ValueError: as the library's reader (a missing file that
+                is not a ``live*`` gauge's, a corrupt one).
+        """
+        metrics: dict[str, Metric] = {}
+        for path in files:
+            for name, family in self._families(path).items():
+                merged = metrics.get(name)
+                if merged is None:
+                    merged = metrics[name] = copy.copy(family)
+                    merged.samples = list(family.samples)
+                    continue
+                merged.samples.extend(family.samples)
+                if family.type == "gauge":
+                    merged._multiprocess_mode = family._multiprocess_mode  # type: ignore[attr-defined]
+        return metrics
+
+    def retain(self, paths: Collection[str]) -> None:
+        """Forget the files not in ``paths`` (those that are gone)."""
+        for path in [p for p in self._files if p not in paths]:
+            del self._files[path]
+
+    def _families(self, path: str) -> dict[str, Metric]:
+        parts = os.path.basename(path).split("_")
+        try:
+            data = _used_bytes(path)
+        except FileNotFoundError:
+            self._files.pop(path, None)
+            if parts[0] == "gauge" and parts[1].startswith("live"):
+                return {}  # removed by mark_process_dead since the listing, as the library
+            raise
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == data:
+            return cached[1]
+        families = self._parse(parts, data)
+        self._files[path] = (data, families)
+        self.parsed += 1
+        return families
+
+    def _parse(self, parts: list[str], data: tuple[bytes, int]) -> dict[str, Metric]:
+        """One file's families, built as ``MultiProcessCollector._read_metrics`` builds them."""
+        if len(self._keys) > _KEY_CACHE_LIMIT:
+            self._keys.clear()
+        typ = parts[0]
+        families: dict[str, Metric] = {}
+        for key, value, timestamp, _ in _read_all_values(*data):
+            parsed = self._keys.get(key)
+            if parsed is None:
+                metric_name, name, labels, help_text = json.loads(key)
+                parsed = self._keys[key] = (
+                    metric_name,
+                    name,
+                    tuple(sorted(labels.items())),
+                    help_text,
+                )
+            metric_name, name, labels_key, help_text = parsed
+            metric = families.get(metric_name)
+            if metric is None:
+                metric = families[metric_name] = Metric(metric_name, help_text, typ)
+            if typ == "gauge":
+                metric._multiprocess_mode = parts[1]  # type: ignore[attr-defined]
+                pid = ("pid", parts[2][:-3])
+                metric.add_sample(name, (*labels_key, pid), value, timestamp)  # type: ignore[arg-type]
+            else:
+                metric.add_sample(name, labels_key, value)  # type: ignore[arg-type]
+        return families
+
+
+def _used_bytes(path: str) -> tuple[bytes, int]:
+    """The used part of a multiprocess file and its length, read as
+    ``MmapedDict.read_all_values_from_file`` reads it (the first 4 bytes say how much of the
+    preallocated file is used)."""
+    with open(path, "rb") as infp:
+        data = infp.read(mmap.PAGESIZE)
+        used = _unpack_integer(data, 0)[0]
+        if used > len(data):
+            data += infp.read(used - len(data))
+    return data[:used], used
+
+
+def merge(
+    files: Sequence[str],
+    *,
+    accumulate: bool,
+    extra: Folded | None = None,
+    reader: FileReader | None = None,
+) -> list[Metric]:
     """``MultiProcessCollector.merge(files, accumulate)`` with exact sums.
 
     The library reads the files and accumulates; before it does, the samples of one
@@ -133,13 +252,16 @@ def merge(files: Sequence[str], *, accumulate: bool, extra: Folded | None = None
     ``sum`` gauges) are replaced by their ``math.fsum``, so the result does not depend
     on the order of the files nor on how an accumulator split a total. ``extra``: files
     read before (:func:`prepare`), merged as if they were among ``files`` (and left
-    unchanged): a render reads only the running processes' files again.
+    unchanged): a render reads only the running processes' files again. ``reader``: parses
+    only the files that changed since its last read (:class:`FileReader`).
 
     Raises:
         OSError, RuntimeError, ValueError: a file cannot be read (half-written, or
             removed while read), as ``MultiProcessCollector.merge`` raises them.
     """
-    metrics = MultiProcessCollector._read_metrics(files)
+    metrics = (
+        reader.read(files) if reader is not None else MultiProcessCollector._read_metrics(files)
+    )
     known = extra or Folded({}, {})
     for name, family in known.families.items():
         if name not in metrics:
@@ -192,6 +314,7 @@ def file_jobs(path: Path) -> frozenset[str]:
 
 
 __all__ = [
+    "FileReader",
     "Folded",
     "exact_sum",
     "file_jobs",
