@@ -152,6 +152,14 @@ class FileReader:
         #: path -> (the bytes parsed, the file's families)
         self._files: dict[str, tuple[tuple[bytes, int], dict[str, Metric]]] = {}
         self._keys: dict[str, tuple[str, str, tuple[tuple[str, str], ...], str]] = {}
+        #: Advances whenever a file is parsed: a merge of the same files at the same
+        #: generation has the same result.
+        self.generation = 0
+        #: (files, accumulate) -> (generation, the accumulator's files merged, the result):
+        #: :func:`merge`'s last result per set of files.
+        self.merged: dict[
+            tuple[tuple[str, ...], bool], tuple[int, Folded | None, list[Metric]]
+        ] = {}
         #: Files parsed so far (for tests and the benchmark's account).
         self.parsed = 0
 
@@ -179,6 +187,8 @@ class FileReader:
         """Forget the files not in ``paths`` (those that are gone)."""
         for path in [p for p in self._files if p not in paths]:
             del self._files[path]
+        for key in [k for k in self.merged if not set(k[0]) <= set(paths)]:
+            del self.merged[key]
 
     def _families(self, path: str) -> dict[str, Metric]:
         parts = os.path.basename(path).split("_")
@@ -195,6 +205,7 @@ class FileReader:
         families = self._parse(parts, data)
         self._files[path] = (data, families)
         self.parsed += 1
+        self.generation += 1
         return families
 
     def _parse(self, parts: list[str], data: tuple[bytes, int]) -> dict[str, Metric]:
@@ -259,9 +270,27 @@ def merge(
         OSError, RuntimeError, ValueError: a file cannot be read (half-written, or
             removed while read), as ``MultiProcessCollector.merge`` raises them.
     """
-    metrics = (
-        reader.read(files) if reader is not None else MultiProcessCollector._read_metrics(files)
-    )
+    if reader is None:
+        return _merged(MultiProcessCollector._read_metrics(files), accumulate, extra)
+    metrics = reader.read(files)
+    memo_key = (tuple(files), accumulate)
+    hit = reader.merged.get(memo_key)
+    if hit is not None and hit[0] == reader.generation and hit[1] is extra:
+        return [_fresh(family) for family in hit[2]]  # no file changed: the last result
+    result = _merged(metrics, accumulate, extra)
+    reader.merged[memo_key] = (reader.generation, extra, result)
+    return [_fresh(family) for family in result]
+
+
+def _fresh(family: Metric) -> Metric:
+    """A copy of ``family`` whose samples a caller may replace."""
+    copied = copy.copy(family)
+    copied.samples = list(family.samples)
+    return copied
+
+
+def _merged(metrics: dict[str, Metric], accumulate: bool, extra: Folded | None) -> list[Metric]:
+    """:func:`merge` of the families read."""
     known = extra or Folded({}, {})
     for name, family in known.families.items():
         if name not in metrics:

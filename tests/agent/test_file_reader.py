@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from stormwatch.agent.watch.merge import FileReader, merge
+from stormwatch.agent.watch.merge import FileReader, merge, prepare
 
 
 def _write(path: Path, rows: list[tuple[str, str, dict[str, str], float, float]]) -> None:
@@ -125,3 +125,24 @@ def test_a_file_with_the_same_name_but_new_bytes_is_parsed_again(tmp_path: Path)
     assert _as_library(read) == _as_library(MultiProcessCollector._read_metrics(files))
     reader.retain(files[:1])
     assert reader.read(files[:1]) and reader.parsed == len(files) + 1
+
+
+def test_a_merge_is_reused_only_while_no_file_and_no_accumulator_changed(tmp_path: Path) -> None:
+    files = _folder(tmp_path)
+    reader = FileReader()
+    first = merge(files, accumulate=True, reader=reader)
+    assert merge(files, accumulate=True, reader=reader) == first == merge(files, accumulate=True)
+    assert merge(files, accumulate=False, reader=reader) == merge(files, accumulate=False)
+
+    _folder(tmp_path, step=7.0)  # a rank stepped: the next merge sees it
+    stepped = {f.name: f for f in merge(files, accumulate=True, reader=reader)}
+    assert stepped["stormwatch_train_step"].samples[0].value == 7.0
+    assert list(stepped.values()) == merge(files, accumulate=True)
+
+    # The accumulator's files folded anew (another Folded, the same running files): merged
+    # again, not reused.
+    once = merge(files[1:], accumulate=True, extra=prepare(files[:1]), reader=reader)
+    assert once == merge(files[1:], accumulate=True, extra=prepare(files[:1]))
+    twice = prepare([files[0], files[0]])  # the first file's counters twice over
+    refolded = merge(files[1:], accumulate=True, extra=twice, reader=reader)
+    assert refolded == merge(files[1:], accumulate=True, extra=twice) != once
