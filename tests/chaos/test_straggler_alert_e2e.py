@@ -2,10 +2,12 @@
 the ranks waiting for it are not.
 
 A lab of its own (prefix, subnet and ports no other lab uses); ``stormwatch chaos run``
-trains a 4-rank job (2 nodes x 2 ranks) and arms the trainer fault point ``slow_step``
-(1 s of extra compute per step) on rank 1 through node 0's agent. The test then asks the
-lab's Prometheus, which loads alerts/rules/*.yml with its recording rules, for the
-``expr`` of ``StormwatchStraggler`` read from alerts/rules/training.yml. Its ``for: 2m``
+trains a 4-rank job (2 nodes x 2 ranks, no spare node: this test never uses one; two ranks
+per node keep rank 1's tensor-parallel peer, rank 0, among the waiting ranks, and three
+waiting ranks around the median the rule compares with) and arms the trainer fault point
+``slow_step`` (1 s of extra compute per step) on rank 1 through node 0's agent. The test
+then asks the lab's Prometheus, which loads alerts/rules/*.yml with its recording rules, for
+the ``expr`` of ``StormwatchStraggler`` read from alerts/rules/training.yml. Its ``for: 2m``
 is left out so the test does not wait two minutes: the expression is what names the rank,
 ``for`` only delays the firing. The recording rule it reads keeps its ``rate(...[2m])``:
 ``rate`` uses the samples it has, so a window reaching back before the job started
@@ -98,6 +100,7 @@ def _isolated_lab() -> LabConfig:
     )
     prometheus, alertmanager, responder = sorted(ports)
     return LabConfig(
+        nodes=2,  # the job's two, no spare (one agent and slurmd fewer)
         prefix=f"sws{random.randrange(16**4):04x}",
         subnet=subnet,
         prometheus_port=prometheus,

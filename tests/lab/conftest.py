@@ -199,14 +199,18 @@ def cleanup_lab() -> Iterator[Callable[[LabConfig, Path], None]]:
 
 @pytest.fixture(scope="module")
 def lab(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     lab_config_factory: Callable[[], LabConfig],
     lab_possible: None,
     nothing_left: Callable[[LabConfig, Path], list[str]],
 ) -> Iterator[Lab]:
     """One lab (own prefix, subnet, ports) shared by a module's tests, torn down after
-    them with the "nothing left behind" check."""
-    config = lab_config_factory()
+    them with the "nothing left behind" check. Its shape is the default lab's (3 nodes x 2
+    ranks) unless the module sets ``LAB_SHAPE``, :class:`LabConfig` fields such as
+    ``{"nodes": 2, "nproc_per_node": 1}``."""
+    shape = getattr(request.module, "LAB_SHAPE", {})
+    config = LabConfig.model_validate({**lab_config_factory().model_dump(), **shape})
     the_lab = Lab(tmp_path_factory.mktemp("lab"))
     try:
         the_lab.up(config)

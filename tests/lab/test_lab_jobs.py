@@ -1,6 +1,11 @@
 """Jobs in the lab: one torchrun per namespace joined into one world over the lab bridge.
 
-The tests share one lab (bringing it up takes ~8 s); the last test brings it down.
+The tests share one lab (bringing it up takes ~8 s); the last test brings it down. It has
+the two nodes of a job with one rank each (:data:`LAB_SHAPE`): the subjects here are a job
+across namespaces and its start, wait, failure and stop, which take one torchrun per node
+whatever its ranks; every job then imports torch in 2 ranks instead of 4. Several ranks of a
+node are covered on the catalogue's 2 x 2 lab (tests/chaos/test_catalogue_on_lab.py: a kill of
+a node's training processes reaches both, torchrun restarts a killed rank's sibling).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from stormwatch.lab import JobError, JobSpec, Lab
 from stormwatch.telemetry.events import log_path, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
+#: The lab's shape (conftest's ``lab``): two nodes (no spare: no job here moves) of one rank
+#: each.
+LAB_SHAPE = {"nodes": 2, "nproc_per_node": 1}
 
 ALLREDUCE = Path(__file__).with_name("allreduce_job.py")
 
@@ -46,16 +54,19 @@ def test_gloo_all_reduce_spans_both_namespaces(lab: Lab, tmp_path: Path) -> None
     result = lab.wait_job("allreduce", timeout=180)
     assert result.ok, {n: p.read_text()[-2000:] for n, p in info.node_logs.items()}
     assert result.exit_codes == {"node0": 0, "node1": 0}
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     state = lab.state
-    assert {r["world_size"] for r in ranks} == {4}
-    assert {r["sum"] for r in ranks} == {10.0}  # 1 + 2 + 3 + 4: every rank took part
+    world, per_node = state.config.world_size, state.config.nproc_per_node
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert {r["world_size"] for r in ranks} == {world}
+    # 1 + 2 + ... + world: every rank took part
+    assert {r["sum"] for r in ranks} == {float(world * (world + 1) // 2)}
     assert {r["master_addr"] for r in ranks} == {str(state.nodes[0].address)}
     assert {r["gloo_ifname"] for r in ranks} == {"eth0"}
     assert {r["job"] for r in ranks} == {"allreduce"}
-    # Ranks 0-1 run in node0's namespace, 2-3 in node1's, each with its node's metrics dir.
+    # Rank r runs in node (r // per_node)'s namespace (rank 0 in node0's, rank 1 in node1's),
+    # with its node's metrics dir.
     assert [r["metrics_dir"] for r in ranks] == [
-        str(state.nodes[r // 2].metrics_dir) for r in range(4)
+        str(state.nodes[r // per_node].metrics_dir) for r in range(world)
     ]
 
 
@@ -83,7 +94,7 @@ def test_trainer_job_runs_to_completion(
     assert waited.returncode == 0, (waited.stderr, logs)
     assert "node0: torchrun exit code 0" in waited.stderr
     assert "node1: torchrun exit code 0" in waited.stderr
-    for rank in range(4):
+    for rank in range(lab.state.config.world_size):
         events = read_events(log_path(info.log_dir, rank))
         assert events[-1].event == "done" and events[-1].step == 4
     assert any(info.checkpoint_dir.iterdir())
@@ -130,8 +141,10 @@ def test_a_failed_job_says_why(
 def test_stop_job_and_down_leave_no_torchrun_or_worker(lab: Lab, tmp_path: Path) -> None:
     """Last test of the module: it brings the shared lab down."""
     lab.start_job(_allreduce("stopme", tmp_path / "a", sleep_s=300))
+    # a supervisor and a torchrun per node, and the workers
+    every = 2 * lab.state.config.job_nodes + lab.state.config.world_size
     deadline = time.monotonic() + 120
-    while len(_job_processes("stopme")) < 2 + 4 + 2:  # supervisors, torchruns, workers
+    while len(_job_processes("stopme")) < every:
         assert time.monotonic() < deadline, "workers did not start"
         time.sleep(0.2)
     with pytest.raises(JobError, match="still running"):
@@ -141,7 +154,7 @@ def test_stop_job_and_down_leave_no_torchrun_or_worker(lab: Lab, tmp_path: Path)
     assert _job_processes("stopme") == []
 
     lab.start_job(_allreduce("downme", tmp_path / "c", sleep_s=300))
-    while len(_job_processes("downme")) < 2 + 4 + 2:
+    while len(_job_processes("downme")) < every:
         assert time.monotonic() < deadline + 120, "workers did not start"
         time.sleep(0.2)
     lab.down()
