@@ -5,7 +5,8 @@ The lab is the smallest that runs a suite's jobs the shipped way (sbatch, torchr
 nodes): two nodes of one rank each, no spare. The suite's subjects (scoring, the baseline,
 SIGINT's aborts and reverts, the scorecard ``plan`` reads) do not depend on the ranks per
 node or a spare node, and every one of the suite's five worker-group starts costs half the
-torch start-up CPU of four ranks (the demo's 4-rank lab: tests/chaos/test_e2e_kill_rank.py)."""
+torch start-up CPU of four ranks (the demo's own 2 x 2 lab; several ranks on one node are
+covered by tests/chaos/test_catalogue_on_lab.py)."""
 
 from __future__ import annotations
 
