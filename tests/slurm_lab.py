@@ -1,5 +1,17 @@
 """One Slurm lab shared by the end-to-end modules that need the same shape (three nodes,
-jobs on two, node2 the spare; ``scheduler: slurm``): the ``slurm_lab`` fixture.
+jobs on two, node2 the spare, one rank per node; ``scheduler: slurm``): the ``slurm_lab``
+fixture.
+
+One rank per node (``nproc_per_node=1``): a job is ranks 0 (node0) and 1 (node1), world
+size 2. None of its users' subjects is several ranks on one node (a rank or node lost, a
+job moved, a hang named, a command run through the recipe), and every rank process costs
+3-9 CPU-s of imports and set-up before its first step, so a job of 2 ranks instead of 4
+halves what its starts and restarts cost. The one test whose subject needs two ranks on a
+node (the node agent names a hung rank from the dumps of the ranks on its own node, which
+needs a peer there that answers: FC-10's zero-code case in
+tests/telemetry/integrations/test_lightning_lab.py) brings up a lab of its own,
+``slurm_lab_two_ranks_per_node`` (two nodes of two ranks; it never runs beside the shared
+one: the collection hook puts every user of ``slurm_lab`` together).
 
 Bringing a lab up and down costs 15-30 s each on the 2-core test machine, and the modules
 that use this one (tests/chaos/test_slurm_lab_scenarios.py, tests/lab/test_lab_slurm_jobs.py,
@@ -68,7 +80,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _config() -> LabConfig:
+def _config(*, nodes: int, nproc_per_node: int) -> LabConfig:
     ports: set[int] = set()
     while len(ports) < 4:
         ports.add(_free_port())
@@ -82,6 +94,8 @@ def _config() -> LabConfig:
         if not any(net.overlaps(u) for u in used)
     )
     return LabConfig(
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
         prefix=f"swsl{random.randrange(16**2):02x}",
         subnet=subnet,
         prometheus_port=prometheus,
@@ -94,9 +108,11 @@ def _config() -> LabConfig:
 
 
 class SharedSlurmLab:
-    """The lab, up from its first user's set-up to :meth:`close`."""
+    """The lab, up from its first user's set-up to :meth:`close`: ``nodes`` nodes (jobs on
+    the first two) of ``nproc_per_node`` ranks each."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, nodes: int = 3, nproc_per_node: int = 1) -> None:
+        self._shape = {"nodes": nodes, "nproc_per_node": nproc_per_node}
         self._lab: Lab | None = None
         self._config: LabConfig | None = None
         self._run_dir: Path | None = None
@@ -108,7 +124,7 @@ class SharedSlurmLab:
             return self._lab
         if os.geteuid() != 0:
             pytest.skip("needs root: the lab creates network namespaces and runs Slurm's daemons")
-        config = _config()
+        config = _config(**self._shape)
         run_dir = Path(tempfile.mkdtemp(prefix=f"{config.prefix}-run-"))
         run_dir.chmod(0o755)  # munged runs as the munge user; jobs read the run folder
         policy = RunPaths.of(run_dir).responder_dir / "policy.yml"
@@ -123,7 +139,7 @@ class SharedSlurmLab:
             self.close()
             raise
         self.up_seconds = time.monotonic() - started
-        print(f"\nFIGURES shared slurm lab up: {self.up_seconds:.0f} s")
+        print(f"\nFIGURES slurm lab {self._shape} up: {self.up_seconds:.0f} s")
         self._lab = lab
         return lab
 
@@ -138,7 +154,7 @@ class SharedSlurmLab:
             Lab(run_dir).down(config)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"\nFIGURES shared slurm lab down: {time.monotonic() - started:.0f} s")
+        print(f"\nFIGURES slurm lab {self._shape} down: {time.monotonic() - started:.0f} s")
 
 
 _KEY = pytest.StashKey[SharedSlurmLab]()
@@ -191,10 +207,30 @@ def _left_behind(slurm: SlurmCommands) -> list[str]:
 
 @pytest.fixture
 def slurm_lab(_shared_slurm_lab: SharedSlurmLab) -> Iterator[Lab]:
-    """The shared Slurm lab (three nodes, node2 the spare); a test must leave it with no
-    Slurm job running or pending and every node in service."""
+    """The shared Slurm lab (three nodes, node2 the spare, one rank per node); a test must
+    leave it with no Slurm job running or pending and every node in service."""
     lab = _shared_slurm_lab.get()
     yield lab
+    _check_left_as_found(lab)
+
+
+@pytest.fixture
+def slurm_lab_two_ranks_per_node() -> Iterator[Lab]:
+    """A Slurm lab of its own for one test: two nodes of two ranks each (a job is ranks 0-1
+    on node0 and 2-3 on node1), for a subject that needs two ranks on one node; brought up
+    and down around the test, with the shared lab's policy and end-of-test check."""
+    own = SharedSlurmLab(nodes=2, nproc_per_node=2)
+    try:
+        lab = own.get()
+        yield lab
+        _check_left_as_found(lab)
+    finally:
+        own.close()
+
+
+def _check_left_as_found(lab: Lab) -> None:
+    """Fail (after cleaning up) when a Slurm job is left running or pending or a node out
+    of service."""
     assert lab.state.slurm is not None
     slurm = SlurmCommands(conf=lab.state.slurm.conf)
     deadline = time.monotonic() + _SETTLE_S

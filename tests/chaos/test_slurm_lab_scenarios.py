@@ -6,7 +6,8 @@ Slurm's job never notices: tests/chaos/test_catalogue_on_lab.py; with its alert:
 game day's 12-node-agent-kill.yaml.)
 
 The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
-tests/slurm_lab.py). Run under ``flock /tmp/stormwatch-e2e.lock``. Each test prints the
+tests/slurm_lab.py; one rank per node: a job is rank 0 on its first node and rank 1 on its
+second, so a rank's loss and a node's loss each take one rank process). Run under ``flock /tmp/stormwatch-e2e.lock``. Each test prints the
 figures it measured (``-s`` shows them).
 """
 
@@ -40,7 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def lab(slurm_lab: Lab) -> Lab:
-    """The shared Slurm lab of three nodes (jobs on two, node2 the spare; tests/slurm_lab.py)."""
+    """The shared Slurm lab of three nodes (jobs on two, node2 the spare; one rank per
+    node; tests/slurm_lab.py)."""
     return slurm_lab
 
 
@@ -101,14 +103,14 @@ def _journal_of(done: subprocess.CompletedProcess[str]) -> tuple[Path, Journal]:
     return path, load_journal(path)
 
 
-def _wait_stepping(log_dir: Path, step: int, timeout: float = 300) -> None:
+def _wait_stepping(log_dir: Path, ranks: int, step: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while True:
         logs = read_job_logs(log_dir)
         lasts = [log.last_step.step for log in logs.values() if log.last_step is not None]
-        if len(lasts) == 4 and min(s or 0 for s in lasts) >= step:
+        if len(lasts) == ranks and min(s or 0 for s in lasts) >= step:
             return
-        assert time.monotonic() < deadline, f"the job's 4 ranks never reached step {step}"
+        assert time.monotonic() < deadline, f"the job's {ranks} ranks never reached step {step}"
         time.sleep(0.5)
 
 
@@ -187,13 +189,20 @@ SMALL_MODEL = ("--n-layers", "1", "--d-model", "32")
 KILL_STEPS, KILL_AFTER_STEP = 30, 15
 
 
-def _short_kill_rank(folder: Path) -> Path:
+def _short_kill_rank(folder: Path, world_size: int) -> Path:
     """experiments/kill-rank.yaml (50 steps, the kill after step 25; the file itself runs
     in tests/chaos/test_e2e_kill_rank.py) with :data:`KILL_STEPS` steps and the kill after
     :data:`KILL_AFTER_STEP`: the same fault, detection, recovery and loss check, with 20
-    fewer steps in each of the two jobs. Written into ``folder``."""
+    fewer steps in each of the two jobs; ``world_size`` ranks (the file's 4 are 2 nodes x 2;
+    its progress probe's tolerance follows). Written into ``folder``."""
     data = yaml.safe_load((REPO / "experiments" / "kill-rank.yaml").read_text())
     data["job"]["steps"] = KILL_STEPS
+    data["job"]["world_size"] = world_size
+    [progressing] = [
+        p for p in data["steady_state_hypothesis"]["probes"] if p["name"] == "all-ranks-progressing"
+    ]
+    assert progressing["provider"]["tolerance"] == 4  # the file's world size
+    progressing["provider"]["tolerance"] = world_size
     [kill] = [a for a in data["method"] if a["type"] == "action"]
     kill["when"]["step"] = KILL_AFTER_STEP
     short = folder / "kill-rank.yaml"
@@ -219,7 +228,7 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
     run_dir = tmp_path / "run"  # the controller's own run directory, not the lab's
 
     done = _chaos_run(
-        str(_short_kill_rank(tmp_path)),
+        str(_short_kill_rank(tmp_path, lab.state.config.world_size)),
         "--target",
         str(target),
         "--run-dir",
@@ -235,14 +244,16 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
     assert journal.status == "completed" and journal.hypothesis_held and journal.rollbacks_ok
     assert journal.job is not None and journal.job.name == "scn-kill"
     assert Path(journal.job.log_dir) == Path(info.log_dir)
-    # The fault went to the agent of rank 1's node, as Slurm placed the job's ranks.
+    # The fault went to the agent of rank 1's node, as Slurm placed the job's ranks (node
+    # rank = SLURM_NODEID, one rank per node: rank 1 is on the job's second node).
     slurm = _slurm(lab)
     nodes = slurm.hostnames(slurm.job(info.slurm_job_id).nodes)
-    node0_addr = next(n.address for n in lab.state.nodes if n.name == nodes[0])
+    rank1_node = nodes[1]
+    rank1_addr = next(n.address for n in lab.state.nodes if n.name == rank1_node)
     [fault] = Ledger(ledger_path(run_dir), create=False).entries()
     assert (fault.kind, fault.state, fault.target.rank) == ("kill_rank", "reverted", 1)
-    assert fault.target.node == nodes[0]
-    assert fault.target.agent_url == f"http://{node0_addr}:{lab.state.config.agent_fault_port}"
+    assert fault.target.node == rank1_node
+    assert fault.target.agent_url == f"http://{rank1_addr}:{lab.state.config.agent_fault_port}"
     # Detection, recovery and the report.
     pm = json.loads((journal_path.parent / "postmortem.json").read_text())
     assert (journal_path.parent / "postmortem.md").is_file()
@@ -279,9 +290,9 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
 CUT_SECONDS = 60
 CUT = f"""version: 1
 title: "Node 1's link down for {CUT_SECONDS} s: Slurm sets it DOWN; it is in service after the rollbacks"
-job: {{name: scn-cut, world_size: 4, steps: 2000, checkpoint_every: 10, step_delay: 0.3}}
+job: {{name: scn-cut, world_size: 2, steps: 2000, checkpoint_every: 10, step_delay: 0.3}}
 steady_state_hypothesis:
-  title: All 4 ranks make progress
+  title: Both ranks (one per node) make progress
   probes:
     - name: all-ranks-progressing
       provider:
@@ -289,7 +300,7 @@ steady_state_hypothesis:
         query: >-
           count(time() - max by (rank)
           (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
-        tolerance: 4
+        tolerance: 2
       timeout_seconds: 30
       phases: [before]
 method:
@@ -330,7 +341,7 @@ def test_a_node_cut_off_until_slurm_sets_it_down_is_returned_to_service_by_the_r
     assert info.slurm_job_id is not None
     slurm = _slurm(lab)
     assert slurm.hostnames(slurm.job(info.slurm_job_id).nodes) == ("node0", "node1")
-    _wait_stepping(Path(info.log_dir), 1)
+    _wait_stepping(Path(info.log_dir), lab.state.config.world_size, 1)
     experiment = tmp_path / "cut-node.yaml"
     experiment.write_text(CUT)
     target = _hand_written_target(lab, tmp_path, "scn-cut")

@@ -3,7 +3,8 @@ deploy/slurm/train.sbatch, one torchrun per node started by ``srun`` in the node
 namespace, control (find, state, cancel) through Slurm, in-job restarts by torchrun.
 
 The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
-tests/slurm_lab.py); run under ``/tmp/stormwatch-e2e.lock``.
+tests/slurm_lab.py; one rank per node: a job is rank 0 on node0 and rank 1 on node1); run
+under ``/tmp/stormwatch-e2e.lock``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ STUBBORN = Path(__file__).with_name("stubborn_rank.py")
 
 @pytest.fixture
 def lab(slurm_lab: Lab) -> Lab:
-    """The shared Slurm lab of three nodes (its jobs on two; tests/slurm_lab.py)."""
+    """The shared Slurm lab of three nodes (its jobs on two, one rank each;
+    tests/slurm_lab.py)."""
     return slurm_lab
 
 
@@ -49,7 +51,7 @@ def _slurm(lab: Lab) -> SlurmCommands:
 
 
 def test_a_job_is_submitted_with_sbatch_and_runs_one_torchrun_per_node(lab: Lab) -> None:
-    started = time.monotonic()
+    started, submitted = time.monotonic(), time.time()
     info = lab.start_job(JobSpec(name="sb", steps=6, checkpoint_every=3))
     print(f"start_job (sbatch to every torchrun up): {time.monotonic() - started:.2f} s")
     assert info.slurm_job_id is not None
@@ -60,7 +62,12 @@ def test_a_job_is_submitted_with_sbatch_and_runs_one_torchrun_per_node(lab: Lab)
     assert result.ok, result.detail
     assert result.exit_codes == {"node0": 0, "node1": 0}
     logs = read_job_logs(Path(info.log_dir))
-    assert sorted(logs) == [0, 1, 2, 3] and all(log.finished for log in logs.values())
+    assert sorted(logs) == [0, 1] and all(log.finished for log in logs.values())
+    # one rank per node (node rank = SLURM_NODEID): each rank's done marker, written by
+    # this job, is in its node's metrics folder
+    for rank, node in ((0, "node0"), (1, "node1")):
+        marker = Path(lab.state.node(node).metrics_dir) / f"rank{rank}.done"
+        assert marker.stat().st_mtime >= submitted, (rank, node)
     assert all(Path(p).exists() for p in info.node_logs.values())
     assert _slurm(lab).job(info.slurm_job_id).state == "COMPLETED"
     assert _slurm(lab).nodes()["node2"].state == "IDLE"
@@ -93,14 +100,17 @@ def test_a_killed_rank_is_restarted_by_torchrun_inside_the_slurm_job(lab: Lab) -
     assert result.ok, result.detail
     logs = read_job_logs(log_dir)
     assert logs[1].latest_attempt == 1 and logs[1].finished
+    # rank 0, alone on node0, started again in the new rendezvous round of node1's restart
+    assert len(logs[0].starts) >= 2 and logs[0].finished, logs[0].starts
     assert not psutil.pid_exists(info.node_pids["node0"])
 
 
 def _stubborn_job(lab: Lab, name: str) -> tuple[JobInfo, list[dict[str, Any]]]:
-    """Start a job of :data:`STUBBORN` ranks; its info and first run's records (rank 0's
-    has its helper's pid)."""
+    """Start a job of :data:`STUBBORN` ranks (one per node); its info and first run's
+    records (rank 0's has its helper's pid)."""
     info = lab.start_job(JobSpec(name=name, command=(sys.executable, str(STUBBORN))))
-    records = _poll(lambda: len(r := _stubborn_records(info)) == 4 and r, 30, "4 stubborn ranks")
+    ranks = lab.state.config.world_size
+    records = _poll(lambda: len(r := _stubborn_records(info)) == ranks and r, 30, "every rank")
     return info, records
 
 
@@ -196,7 +206,7 @@ def test_a_chaos_run_stopping_its_job_returns_only_once_every_process_of_it_is_g
     helper = next(r["helper"] for r in records if r["rank"] == 0)
     old = [psutil.Process(pid) for pid in [r["pid"] for r in records] + [helper]]
     started = time.monotonic()
-    LabJobs(lab, world_size=4).stop("stubborn-stop")
+    LabJobs(lab, world_size=lab.state.config.world_size).stop("stubborn-stop")
     took = time.monotonic() - started
     print(f"stop: {took:.1f} s")
     assert not [p.pid for p in old if running(p)], "a process of the job outlived its stop"

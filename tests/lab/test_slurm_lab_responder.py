@@ -10,7 +10,7 @@ kept by ``lab up``):
 * ``StormwatchTrainingHung`` -> ``restart_workers`` (``scontrol requeue`` and start at once,
   read back): tests/alerts/test_hung_rank_e2e.py, on a real hang.
 * ``StormwatchStraggler`` -> ``exclude_node_restart``: a 2-node job on node0 + node1 with
-  checkpoints; the straggler alert for rank 2 on node1 is sent to the lab's Alertmanager
+  checkpoints; the straggler alert for rank 1 on node1 is sent to the lab's Alertmanager
   (its API), which routes it to the responder as any firing alert (its firing on a really
   slowed rank: tests/chaos/test_straggler_alert_e2e.py). The
   straggler alert is the one that names the node (labels job, rank, node: the agents'
@@ -23,7 +23,8 @@ kept by ``lab up``):
   it resumes from its checkpoint and finishes, and the incident's post-mortem (``stormwatch
   alerts postmortem``) shows Slurm's history: the requeue and node1's drain reason.
 
-The Slurm lab is the one shared with the other modules of that shape; run under
+The Slurm lab is the one shared with the other modules of that shape (one rank per node:
+the job's rank 1 is node1's); run under
 ``/tmp/stormwatch-e2e.lock``.
 """
 
@@ -129,8 +130,10 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
         # 40 steps of the smallest model (the move, not the model, is the subject): the
         # alert goes out at step 12, and the responder's requeue (about 2 s later, measured)
         # must find the job still running: 28 steps of at least 0.1 s (the step delay) plus
-        # their compute (about 0.35 s a step alone, measured) are left. The restarted job
-        # resumes from step 10 or later and trains at most 30 steps more.
+        # their compute are left (about 0.35 s a step alone at 2 ranks per node, measured;
+        # at 1 rank per node, alone, the exclusion was done 6.1 s after the alert, with the
+        # job still running). The restarted job resumes from step 10 or later and trains at
+        # most 30 steps more.
         spec = JobSpec(
             name="moved", steps=40, checkpoint_every=10, step_delay=0.1, extra_args=SMALL_MODEL
         )
@@ -139,11 +142,11 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
         assert job_id is not None and set(info.node_pids) == {"node0", "node1"}
         logs_dir = Path(info.log_dir)
         wait_for(
-            lambda: _step(logs_dir, 2) >= 12, 240, "rank 2 (node1) past its step-10 checkpoint"
+            lambda: _step(logs_dir, 1) >= 12, 240, "rank 1 (node1) past its step-10 checkpoint"
         )
         node1 = lab.state.node("node1")
         sent_at = time.time()
-        alert = {"alertname": "StormwatchStraggler", "job": "moved", "rank": "2", "node": "node1",
+        alert = {"alertname": "StormwatchStraggler", "job": "moved", "rank": "1", "node": "node1",
                  "severity": "warning"}  # fmt: skip
         try:
             # The straggler alert as Prometheus sends it (its firing on a really slowed rank:
@@ -173,11 +176,11 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
             assert result.ok, result.detail
             logs = read_job_logs(logs_dir)
             assert all(log.finished for log in logs.values())
-            resumed = _resumed(logs[2])
-            assert resumed is not None and resumed >= 10 and resumed % 10 == 0, logs[2].starts
-            # rank 2 finished on node2: its done marker is in node2's metrics folder
-            assert (Path(lab.state.node("node2").metrics_dir) / "rank2.done").is_file()
-            assert not (Path(node1.metrics_dir) / "rank2.done").exists()
+            resumed = _resumed(logs[1])
+            assert resumed is not None and resumed >= 10 and resumed % 10 == 0, logs[1].starts
+            # rank 1 finished on node2: its done marker is in node2's metrics folder
+            assert (Path(lab.state.node("node2").metrics_dir) / "rank1.done").is_file()
+            assert not (Path(node1.metrics_dir) / "rank1.done").exists()
 
             incident = next(
                 i

@@ -1,5 +1,5 @@
 """End to end on the Slurm lab: a PyTorch Lightning DDP job (examples/lightning/train.py,
-gloo on the CPU, 2 nodes x 2 ranks, ``StormwatchCallback``) is watched as the reference
+gloo on the CPU, 2 nodes x 1 rank, ``StormwatchCallback``) is watched as the reference
 trainer is. Its command replaces ``stormwatch train`` through the one general mechanism
 (an experiment's ``job.command`` / ``JobSpec.command``, run by the Slurm recipe as
 ``STORMWATCH_COMMAND``); nothing here knows it is Lightning.
@@ -13,6 +13,7 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    from its last checkpoint, and the incident post-mortem names rank 1 from the
    flight-recorder dumps. (Not ``freeze_rank``: Slurm sends SIGCONT before SIGTERM, so a
    stopped rank is running again when the ranks write their dumps, and is no longer behind.)
+   Rank 1 is node1's only rank: the post-mortem compares the dumps of every node.
 3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
    expression of StormwatchStraggler (without its ``for: 2m``, as in
    tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
@@ -20,10 +21,13 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    import) as the job's command under ``stormwatch run``: the lab's agents count its
    collectives, and when rank 1 is stopped (SIGSTOP: no progress, no exit, no handler
    runs) the agent's hang detection fires and names rank 1 from the flight recorders it
-   asks the ranks for while the hang lasts.
+   asks the ranks for while the hang lasts. The agent asks only its own node's ranks and
+   names the rank that cannot answer while its peers there wait in a collective, so this
+   one runs 2 ranks per node, on a Slurm lab of its own (``slurm_lab_two_ranks_per_node``).
 
-The Slurm lab is the one shared with the other modules of that shape (``slurm_lab``,
-tests/slurm_lab.py): records of other tests' jobs are told apart by job. Run under
+Tests 1-3 run on the Slurm lab shared with the other modules of that shape (``slurm_lab``,
+tests/slurm_lab.py; one rank per node, a job is ranks 0 and 1): records of other tests'
+jobs are told apart by job. Run under
 ``flock /tmp/stormwatch-e2e.lock``. Each test prints its figures (``-s``).
 """
 
@@ -71,7 +75,7 @@ def _command(**values: object) -> tuple[str, ...]:
 
 @pytest.fixture
 def lab(slurm_lab: Lab) -> Lab:
-    """The shared Slurm lab of three nodes (jobs on two, 2 ranks each; tests/slurm_lab.py)."""
+    """The shared Slurm lab of three nodes (jobs on two, 1 rank each; tests/slurm_lab.py)."""
     return slurm_lab
 
 
@@ -102,7 +106,7 @@ version: 1
 title: Kill rank 1 of a Lightning DDP job; it recovers from its checkpoint
 job:
   name: pl-kill
-  world_size: 4
+  world_size: 2
   steps: 30
   checkpoint_every: 10
   step_delay: 0.3
@@ -110,7 +114,7 @@ job:
   startup_timeout_seconds: 240
   command: {json.dumps(COMMAND)}
 steady_state_hypothesis:
-  title: All 4 ranks make progress and the job finishes
+  title: Both ranks make progress and the job finishes
   probes:
     - name: all-ranks-progressing
       provider:
@@ -118,7 +122,7 @@ steady_state_hypothesis:
         query: >-
           count(time() - max by (rank)
           (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
-        tolerance: 4
+        tolerance: 2
       timeout_seconds: 30
     - name: job-finishes
       provider: {{type: job, expect: finished}}
@@ -254,7 +258,7 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
     assert restarted and restarted[0].resumed_from_step == 5, logs[1].starts
     assert all(log.finished for log in logs.values())
     culprit = pm["culprit"]
-    assert (culprit["rank"], culprit["node"]) == (1, "node0"), culprit
+    assert (culprit["rank"], culprit["node"]) == (1, "node1"), culprit
     assert culprit["method"] == "flight_recorder" and culprit["certain"], culprit
     assert pm["impact"]["resumed_from_step"] == 5
     print(
@@ -270,7 +274,7 @@ version: 1
 title: "Slow rank: rank 1 of a Lightning job gets a tenth of a CPU"
 job:
   name: pl-slow
-  world_size: 4
+  world_size: 2
   steps: 100000
   checkpoint_every: 100000
   step_delay: 0.0
@@ -278,19 +282,22 @@ job:
   startup_timeout_seconds: 240
   command: {json.dumps(COMMAND)}
 steady_state_hypothesis:
-  title: Prometheus scrapes the compute time of all 4 ranks
+  title: Prometheus scrapes the compute time of both ranks
   probes:
     - name: all-ranks-scraped
       provider:
         type: prometheus
         query: count(stormwatch_train_compute_seconds_total{{job="${{job}}"}})
-        tolerance: 4
+        tolerance: 2
       timeout_seconds: 60
       phases: [before]
 method:
+  # Step 300, not 20: a 2-rank job of this small model steps at tens of steps a second
+  # (alone it was at step 25 when the run first saw both ranks stepping, polled every
+  # 0.5 s, and refused a when.step already behind); 300 costs seconds before the throttle.
   - type: action
     name: throttle-rank-1
-    when: {{step: 20, timeout_seconds: 240}}
+    when: {{step: 300, timeout_seconds: 240}}
     fault: {{kind: cpu_throttle, rank: 1, cpu_fraction: 0.1, ttl_seconds: 240}}
   - {{type: pause, name: hold-while-the-test-queries, seconds: 240}}
 expect: {{detect: false, loss: skip}}
@@ -400,8 +407,9 @@ def _agent_events(lab: Lab, kind: str, job: str) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(300)
 def test_fc10_an_unmodified_ddp_job_under_stormwatch_run_on_the_lab_is_counted_and_its_hang_named(
-    lab: Lab, wait_for: Callable[..., Any]
+    slurm_lab_two_ranks_per_node: Lab, wait_for: Callable[..., Any]
 ) -> None:
+    lab = slurm_lab_two_ranks_per_node  # ranks 0 and 1 on node0: node0's agent asks both
     started = time.monotonic()
     command = (STORMWATCH, "run", "--", sys.executable, str(PLAIN), "--steps", "100000",
                "--step-delay", "0.05")  # fmt: skip
