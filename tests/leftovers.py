@@ -66,10 +66,25 @@ def _netns() -> set[str]:
         return set()
 
 
+#: Mount points that are the machine's set-up, not anybody's leftover: iproute2 bind-mounts
+#: ``/run/netns`` onto itself (shared propagation) the first time any namespace is added on
+#: a machine, and keeps it for good (``ip-netns(8)``). On a fresh machine (CI) whichever test
+#: adds the first namespace would otherwise be blamed for it. The namespaces under it
+#: (``/run/netns/<name>``, each a mount of its own) are still judged.
+MACHINE_MOUNTS = frozenset({_NETNS_DIR, "/var/run/netns"})
+
+
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points (field 5 of ``proc(5)``'s ``mountinfo``) of ``mountinfo``'s lines,
+    less :data:`MACHINE_MOUNTS`."""
+    points = {line.split()[4] for line in mountinfo.splitlines() if len(line.split()) > 4}
+    return points - MACHINE_MOUNTS
+
+
 def _mounts() -> set[str]:
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-            return {line.split()[4] for line in handle if len(line.split()) > 4}
+            return mount_points(handle.read())
     except OSError:
         return set()
 

@@ -4,6 +4,7 @@ what it started."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -162,3 +163,23 @@ def test_a_network_namespace_left_behind_fails_the_session(tmp_path: Path) -> No
         )
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
+
+
+def test_iproute2s_own_netns_mount_is_the_machines_but_a_namespace_under_it_is_a_leftover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a fresh machine (CI) the first `ip netns add` bind-mounts /run/netns onto itself for
+    # good: the test that happened to add the first namespace is not to blame for that mount.
+    spec = importlib.util.spec_from_file_location("leftovers_mounts_under_test", PLUGIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    mountinfo = textwrap.dedent(
+        """\
+        25 30 0:23 / /run rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,mode=755
+        610 25 0:23 /netns /run/netns rw,nosuid,nodev shared:5 - tmpfs tmpfs rw,mode=755
+        650 610 0:4 net:[4026532290] /run/netns/swlab-node0 rw shared:5 - nsfs nsfs rw
+        """
+    )
+    assert module.mount_points(mountinfo) == {"/run", "/run/netns/swlab-node0"}
