@@ -4,7 +4,7 @@
 The lab run directory here holds files in the trainer's and agent's documented formats
 (rank logs, flight-recorder dumps, spans, agent events): a 4-rank job whose rank 2 never
 joined a collective, restarted from the step-15 checkpoint. The real lab version is
-tests/alerts/test_hung_rank_e2e.py.
+tests/telemetry/integrations/test_lightning_lab.py (a hung Lightning job on the Slurm lab).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ lab's runbook policy (``slurm_lab``, tests/slurm_lab.py: ``<run>/responder/polic
 kept by ``lab up``):
 
 * ``StormwatchTrainingHung`` -> ``restart_workers`` (``scontrol requeue`` and start at once,
-  read back): tests/alerts/test_hung_rank_e2e.py, on a real hang.
+  read back): tests/telemetry/integrations/test_lightning_lab.py (a hung Lightning job), on a real hang.
 * ``StormwatchStraggler`` -> ``exclude_node_restart``: a 2-node job on node0 + node1 with
   checkpoints; the straggler alert for rank 1 on node1 is sent to the lab's Alertmanager
   (its API), which routes it to the responder as any firing alert (its firing on a really

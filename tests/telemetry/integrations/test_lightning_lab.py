@@ -13,7 +13,11 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    from its last checkpoint, and the incident post-mortem names rank 1 from the
    flight-recorder dumps. (Not ``freeze_rank``: Slurm sends SIGCONT before SIGTERM, so a
    stopped rank is running again when the ranks write their dumps, and is no longer behind.)
-   Rank 1 is node1's only rank: the post-mortem compares the dumps of every node.
+   Rank 1 is node1's only rank: the post-mortem compares the dumps of every node. This is
+   the suite's one end-to-end run of a hang through the responder (Slurm's restart read
+   back, the post-mortem's impact, plots and HTML); the reference trainer's own hang
+   (``collective_hang``) is tests/chaos/test_catalogue_on_lab.py's and its dumps
+   tests/trainer/test_e2e_hang.py's.
 3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
    expression of StormwatchStraggler (without its ``for: 2m``, as in
    tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,12 +57,15 @@ from stormwatch.alerts.rulefiles import rules_dir
 from stormwatch.chaos.ledger.ledger import Ledger, ledger_path
 from stormwatch.contracts.journal import load_journal
 from stormwatch.lab import JobSpec, Lab
+from stormwatch.platforms.slurm import SlurmCommands
 from stormwatch.telemetry.ranklogs import read_job_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lightning" / "train.py"
+#: Where the hung rank's incident post-mortem (HTML) is kept for a reader.
+ARTIFACTS = Path(__file__).resolve().parents[3] / "build" / "test-artifacts"
 #: The Lightning job, with the job section's values (placeholders of job.command).
 COMMAND = [
     sys.executable, str(EXAMPLE), "--max-steps", "${steps}", "--checkpoint-every",
@@ -235,6 +243,9 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
         )
         assert restart["status"] == "succeeded", restart
         assert restart["detail"].startswith(f"requeued Slurm job {info.slurm_job_id} "), restart
+        assert lab.state.slurm is not None and info.slurm_job_id is not None
+        slurm = SlurmCommands(conf=lab.state.slurm.conf)
+        assert slurm.job(info.slurm_job_id).restarts == 1  # the restart went through Slurm
         result = lab.wait_job("pl-hang", timeout=300)
         assert result.ok, result
         pm_root = lab.paths.responder_dir / "postmortems"
@@ -257,10 +268,20 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
     restarted = logs[1].starts[1:]
     assert restarted and restarted[0].resumed_from_step == 5, logs[1].starts
     assert all(log.finished for log in logs.values())
+    hung_at_step = max(e.step or 0 for e in logs[0].steps if e.time < restarted[0].time)
     culprit = pm["culprit"]
     assert (culprit["rank"], culprit["node"]) == (1, "node1"), culprit
     assert culprit["method"] == "flight_recorder" and culprit["certain"], culprit
+    assert culprit["chaos_fault_rank"] is None  # no journal: the dumps alone named it
     assert pm["impact"]["resumed_from_step"] == 5
+    assert pm["impact"]["steps_lost"] == hung_at_step - 5
+    assert pm["time_to_detect_seconds"] is not None and pm["time_to_recover_seconds"] is not None
+    assert any(a.startswith("restart_workers: succeeded") for a in pm["actions"])
+    assert [p["source"] for p in pm["plots"]] == ["prometheus"] * 3  # the lab's Prometheus
+    folder = pm_root / f"incident-{pm['incident_id']}"
+    assert (folder / "postmortem.html").stat().st_size > 10_000
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the real lab's report, for a reader
+    shutil.copy(folder / "postmortem.html", ARTIFACTS / "hung-rank-postmortem.html")
     print(
         f"FIGURES lightning hung rank: {time.monotonic() - started:.0f} s; alert -> restart "
         f"{pm['time_to_detect_seconds']:.1f} s after the last step ({hung_at:.0f}), recovered "
