@@ -83,8 +83,11 @@ class CollectiveSink(Protocol):
     def on_issue(self, op: str, nbytes: int) -> None:
         """One collective ``op`` was issued with ``nbytes`` input bytes."""
 
-    def on_complete(self, op: str, seconds: float) -> None:
-        """A collective ``op`` issued ``seconds`` ago was observed complete."""
+    def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
+        """A collective ``op`` took ``seconds`` from issue to its observed completion, which
+        is known to have happened no later than ``ago`` seconds before this call (0: just
+        now; more when the completion was noticed late, e.g. by a poll from another thread
+        while the rank hangs: a heartbeat must not move to the time of the noticing)."""
 
     def on_error(self, where: str, exc: BaseException) -> None:
         """Bookkeeping failed (the collective itself was not affected)."""
@@ -153,6 +156,7 @@ class _Issued:
         "label",
         "mesh_dim",
         "nbytes",
+        "pending_seen",
         "seconds",
         "seq",
         "start",
@@ -167,6 +171,9 @@ class _Issued:
         self.call_seconds = 0.0
         self.clock: Callable[[], float] = time.perf_counter
         self.ended: float | None = None  # set by the future's callback (gloo's thread)
+        # Counter-clock time it was last seen not complete (a polled op's completion lies
+        # after this, and is only known to lie before the poll that saw it complete).
+        self.pending_seen = start
         self.seconds: float | None = None  # set once reported complete
 
     def finished(self, _future: Any) -> None:
@@ -311,40 +318,43 @@ class CollectiveCounter:
             return
         try:
             now = self._clock()
-            done: list[tuple[_Issued, float]] = []
+            # (op, its end for the latency, the latest time it is known to have completed by)
+            done: list[tuple[_Issued, float, float]] = []
             with self._lock:
                 waiting: list[_Issued] = []
                 for issued in self._open:
                     ended = issued.ended
                     if ended is not None:
-                        done.append((issued, ended))
+                        done.append((issued, ended, ended))
                     elif final:  # completed (the step waited for it), callback still to come
-                        done.append((issued, now))
+                        done.append((issued, now, now))
                     else:
                         waiting.append(issued)
                 self._open = waiting
                 still: list[tuple[Any, _Issued]] = []
                 for work, issued in self._works:
-                    if work.is_completed():
-                        done.append((issued, now))
+                    if work.is_completed():  # at some time since it was last seen pending
+                        done.append((issued, now, issued.pending_seen))
                     elif final:
-                        done.append((issued, issued.start + issued.call_seconds))
+                        end = issued.start + issued.call_seconds
+                        done.append((issued, end, end))
                     else:
+                        issued.pending_seen = now
                         still.append((work, issued))
                 self._works = still
-            for issued, end in done:
-                self._completed(issued, end)
+            for issued, end, known in done:
+                self._completed(issued, end, max(0.0, now - known))
         except Exception as exc:
             self._sink.on_error("collectives", exc)
 
-    def _completed(self, issued: _Issued, end: float) -> None:
+    def _completed(self, issued: _Issued, end: float, ago: float) -> None:
         issued.seconds = end - issued.start
         with self._lock:
             self._intervals.append((issued.start, end))
             if len(self._intervals) > _MAX_INTERVALS:  # bounded memory without step marks
                 self._folded += union_seconds(self._intervals)
                 self._intervals = []
-        self._sink.on_complete(issued.label, end - issued.start)
+        self._sink.on_complete(issued.label, end - issued.start, ago)
         if self._observer is not None:
             self._observer.on_collective(
                 CollectiveRecord(

@@ -175,16 +175,19 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.step, step=step, loss=loss, step_seconds=seconds)
 
-    def progress(self, *, force: bool = True) -> None:
-        """Advance the progress heartbeat to now; with ``force=False`` at most every
+    def progress(self, *, force: bool = True, ago: float = 0.0) -> None:
+        """Advance the progress heartbeat to now, or to ``ago`` seconds before now (progress
+        noticed late); never backwards. With ``force=False`` at most every
         :data:`HEARTBEAT_RESOLUTION` seconds (what each completed collective calls)."""
         if self._metrics is None:
             return
-        now = self._clock()
-        if not force and now - self._progress_at < HEARTBEAT_RESOLUTION:
+        at = self._clock() - max(0.0, ago)
+        if at <= self._progress_at:
             return
-        self._progress_at = now
-        self._guard("metrics", self._metrics.progress, now)
+        if not force and at - self._progress_at < HEARTBEAT_RESOLUTION:
+            return
+        self._progress_at = at
+        self._guard("metrics", self._metrics.progress, at)
 
     def phase(self, name: str, *, deadline: float) -> None:
         """Phase ``name`` may pause progress until Unix time ``deadline`` (0: left it);
@@ -309,10 +312,10 @@ class RankTelemetry:
         if self._metrics is not None:
             self._guard("metrics", self._metrics.collective_issued, op, nbytes)
 
-    def on_complete(self, op: str, seconds: float) -> None:
+    def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
         if self._metrics is not None:
             self._guard("metrics", self._metrics.collective_completed, op, seconds)
-            self.progress(force=False)
+            self.progress(force=False, ago=ago)
 
     def on_error(self, where: str, exc: BaseException) -> None:
         self._failed(where, exc)

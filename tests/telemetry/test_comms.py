@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ class RecordingSink:
         self.bytes: collections.Counter[str] = collections.Counter()
         self.completed: collections.Counter[str] = collections.Counter()
         self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.ago: dict[str, float] = {}  # op -> the last completion's reported age
         self.errors: list[str] = []
         self._fail = fail_on_issue
         self._lock = threading.Lock()
@@ -31,10 +33,11 @@ class RecordingSink:
         self.calls[op] += 1
         self.bytes[op] += nbytes
 
-    def on_complete(self, op: str, seconds: float) -> None:
+    def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
         with self._lock:
             self.completed[op] += 1
             self.seconds[op] += seconds
+            self.ago[op] = ago
 
     def on_error(self, where: str, exc: BaseException) -> None:
         self.errors.append(f"{where}: {exc}")
@@ -66,6 +69,25 @@ def test_c10d_collectives_are_counted_with_input_bytes_and_completion(one_rank_g
     assert sink.completed == sink.calls  # every op timed by the end of the block
     assert all(seconds >= 0 for seconds in sink.seconds.values())
     assert sink.errors == []
+
+
+def test_a_completion_noticed_late_is_reported_with_its_age_not_as_progress_now(one_rank_group):
+    # A hung rank's dump polls the counter from another thread long after its last
+    # collective completed: that completion must not move the rank's heartbeat to the poll
+    # (it hid a Lightning job's hang for a whole stall threshold). gloo's all-reduce has a
+    # completion future (its time is known); its reduce-scatter has none (polled: known to
+    # have completed by the last time it was seen pending, here its issue).
+    sink = RecordingSink()
+    for issue in (
+        lambda: dist.all_reduce(torch.ones(8), async_op=True),
+        lambda: dist.reduce_scatter_single(torch.empty(4), torch.ones(4), async_op=True),
+    ):
+        with CollectiveCounter(sink) as counter:
+            issue().wait()
+            time.sleep(0.5)
+            counter.poll()  # not final, and no op after it: as the dump thread's poll
+    assert set(sink.ago) == {"all_reduce", "reduce_scatter"}, sink.ago
+    assert all(ago >= 0.5 for ago in sink.ago.values()), sink.ago
 
 
 def test_functional_collectives_are_counted_once_through_their_c10d_op(one_rank_group):

@@ -177,3 +177,42 @@ def test_failing_event_log_never_raises_into_training(tmp_path, caplog):
     telemetry.close()
     assert telemetry.errors["events"] == 1  # the log could not be opened; later calls are no-ops
     assert "telemetry sink events failed" in caplog.text
+
+
+_LATE_PROGRESS = """
+import sys
+from pathlib import Path
+from stormwatch.telemetry.rank import RankTelemetry
+from stormwatch.trainer.config import TelemetryConfig
+
+now = [1000.0]
+telemetry = RankTelemetry(
+    TelemetryConfig(job="unit", metrics_dir=Path(sys.argv[1]), log_dir=None),
+    rank=0, world_size=1, attempt=0, clock=lambda: now[0],
+)
+telemetry.progress()  # 1000
+now[0] = 1030.0
+telemetry.on_complete("all_reduce", 0.1, 29.0)  # completed at 1001, noticed at 1030
+now[0] = 1031.0
+telemetry.on_complete("all_reduce", 0.1, 60.0)  # completed before the heartbeat: no change
+assert not telemetry.errors, telemetry.errors
+"""
+
+
+def test_a_completion_noticed_late_moves_the_heartbeat_only_to_its_completion(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_PROGRESS, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    samples = _samples(tmp_path)
+    heartbeat = [
+        v for (name, _), v in samples.items()
+        if name == "stormwatch_train_last_progress_timestamp_seconds"
+    ]  # fmt: skip
+    assert heartbeat == [1001.0], samples

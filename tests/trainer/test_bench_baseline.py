@@ -18,7 +18,7 @@ class Sink:
     def on_issue(self, op: str, nbytes: int) -> None:
         self.issued[op] += 1
 
-    def on_complete(self, op: str, seconds: float) -> None:
+    def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
         pass
 
     def on_error(self, where: str, exc: BaseException) -> None:
