@@ -195,9 +195,13 @@ def _read_agent_events(inputs: Inputs, run_dir: Path, job: str | None) -> None:
     )
 
 
-def _read_journals(inputs: Inputs, run_dir: Path) -> None:
-    """The chaos journals whose run overlaps the window."""
+def _read_journals(inputs: Inputs, run_dir: Path, job: str | None) -> None:
+    """The chaos journals whose run overlaps the window, of the incident's ``job`` (one that
+    ran against another training job faulted a rank of that job, not of this one: on a
+    shared cluster it would name a culprit for the wrong incident); a journal without a
+    job (a node-level experiment) is kept."""
     start, end = inputs.window
+    other = 0
     for path in sorted(run_dir.glob("experiments/*/journal.json")):
         try:
             journal = load_journal(path)
@@ -205,9 +209,16 @@ def _read_journals(inputs: Inputs, run_dir: Path) -> None:
             log.info("journal %s skipped: %s", path, exc)
             continue
         ended = journal.ended_at or end
-        if journal.started_at <= end and ended >= start:
-            inputs.journals.append(journal)
-    inputs.inputs["chaos journals"] = f"{run_dir}/experiments ({len(inputs.journals)} overlapping)"
+        if not (journal.started_at <= end and ended >= start):
+            continue
+        if job is not None and journal.job is not None and journal.job.name != job:
+            other += 1
+            continue
+        inputs.journals.append(journal)
+    also = f"; {other} of other jobs left out" if other else ""
+    inputs.inputs["chaos journals"] = (
+        f"{run_dir}/experiments ({len(inputs.journals)} overlapping{also})"
+    )
 
 
 def _read_slurm(inputs: Inputs, slurm: SlurmCommands, job: str | None) -> None:
@@ -252,7 +263,7 @@ def gather(
         if job is not None:
             _read_job(inputs, run_dir / "jobs" / job / "logs", since=window[0])
         _read_agent_events(inputs, run_dir, job)
-        _read_journals(inputs, run_dir)
+        _read_journals(inputs, run_dir, job)
     else:
         inputs.inputs["lab"] = "none: no lab run directory (--lab-run-dir)"
     if not prometheus_url:
