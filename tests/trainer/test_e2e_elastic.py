@@ -55,10 +55,12 @@ FULL, SHRUNK = 2 * NODE_RANKS, NODE_RANKS
 ELASTIC_ARGS = ["--checkpoint-every", "4", "--keep", "100"]
 #: Seconds slept after each step: room for the lost node's torchrun to start again and join
 #: before the shrunk job ends. On a loaded 2-core box all 40 steps at world size 2 finished
-#: before the rejoin twice: once at 0.25 s with a save every 2 steps, and in a clean-clone
+#: before the rejoin three times: once at 0.25 s with a save every 2 steps, in a clean-clone
 #: run at 0.25 s with a save every 4 (fewer saves, faster steps: checkpoints at the shrunk
-#: size from step 8 to 40). 0.5 s gives the 32 steps after the shrink at least 16 s.
-ELASTIC_ARGS += ["--step-delay", "0.5"]
+#: size from step 8 to 40), and in a clean-clone run at 0.5 s, one rank per node (the
+#: SIGTERM case: checkpoints (4, 2), then at world size 1 from 8 to 40). 0.75 s gives the
+#: 32 steps after the shrink at least 24 s.
+ELASTIC_ARGS += ["--step-delay", "0.75"]
 #: Short rendezvous timeouts (seconds): a dead node leaves after 1 s x 3 heartbeats.
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,close_timeout=10,keep_alive_interval=1"
 RDZV_CONF += ",keep_alive_max_attempt=3"
