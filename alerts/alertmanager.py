@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.alerts.durations import format_duration
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.errors import ConfigError
 from stormwatch.urls import is_http_url
 
@@ -134,7 +135,9 @@ class AlertmanagerSettings:
         resolve_timeout_s: ``global.resolve_timeout`` for alerts without ``endsAt``
             (Prometheus always sets it). Default 5 m (Alertmanager's default).
         group_by: labels that group alerts into one notification; default
-            ``("alertname", "job")`` = one notification per alert per training job.
+            ``("alertname", "training_job")`` = one notification per alert per training
+            job (``training_job``: :data:`~stormwatch.contracts.labels.TRAINING_JOB_LABEL`;
+            ``job`` is Prometheus's scrape job, the same on every agent's alert).
             The responder's incidents follow these groups (docs/ARCHITECTURE.md).
         receiver: name of the receiver of the remediation route
             (``StormwatchRankStalled``) and of anything no other route matches; the
@@ -149,7 +152,7 @@ class AlertmanagerSettings:
     group_interval_s: float = 300.0
     repeat_interval_s: float = 4 * 3600.0
     resolve_timeout_s: float = 300.0
-    group_by: tuple[str, ...] = ("alertname", "job")
+    group_by: tuple[str, ...] = ("alertname", TRAINING_JOB_LABEL)
     receiver: str = "stormwatch-responder"
     node_group_by: tuple[str, ...] = ("alertname", "node")
 
@@ -263,12 +266,12 @@ def build_inhibit_rules() -> list[InhibitRule]:
         InhibitRule(
             source_matchers=['alertname="StormwatchTrainingHung"'],
             target_matchers=['alertname="StormwatchThroughputDrop"'],
-            equal=["job"],
+            equal=[TRAINING_JOB_LABEL],
         ),
         InhibitRule(
             source_matchers=['alertname="StormwatchLossNaN"'],
             target_matchers=['alertname="StormwatchLossSpike"'],
-            equal=["job"],
+            equal=[TRAINING_JOB_LABEL],
         ),
         InhibitRule(
             source_matchers=['alertname="StormwatchAgentDown"'],

@@ -147,7 +147,7 @@ def alertmanager_cmd(
     repeat_interval: str,
     output: Path | None,
 ) -> None:
-    """Print (or write) alertmanager.yml: group by alertname and job, one webhook
+    """Print (or write) alertmanager.yml: group by alertname and training_job, one webhook
     receiver (the responder) with send_resolved and Bearer authorization."""
     settings = AlertmanagerSettings(
         responder_url=responder_url,

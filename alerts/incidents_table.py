@@ -12,6 +12,7 @@ from rich.table import Table
 
 from stormwatch.alerts.errors import NotAResponderDatabase
 from stormwatch.alerts.responder.store import Store
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.tables import Col, one_line_table, short_age
 
@@ -80,7 +81,7 @@ def incidents_table(
             escape(alert),
         ]
         if wide:
-            cells.append(escape(incident.labels.get("job", "-")))
+            cells.append(escape(incident.labels.get(TRAINING_JOB_LABEL, "-")))
         cells += [escape(first_rank), str(len(incident.members))]
         if wide:
             cells += [_time(incident.starts_at), _time(incident.closed_at)]

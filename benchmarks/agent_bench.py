@@ -60,17 +60,17 @@ RANK_CODE = textwrap.dedent(
     import os, sys, time
     from prometheus_client import Counter, Gauge, Histogram
     rank = sys.argv[1]
-    lab = dict(job="bench", rank=rank)
+    lab = dict(training_job="bench", rank=rank)
     live = dict(multiprocess_mode="livemax")
     ops = ["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"]
-    step = Gauge("stormwatch_train_step", "s", ["job", "rank"], **live)
-    beat = Gauge("stormwatch_train_last_step_timestamp_seconds", "b", ["job", "rank"], **live)
-    loss = Gauge("stormwatch_train_loss", "l", ["job", "rank"], **live)
-    dur = Histogram("stormwatch_train_step_duration_seconds", "d", ["job", "rank"])
-    coll = Histogram("stormwatch_collective_op_duration_seconds", "c", ["job", "rank", "op"])
-    calls = Counter("stormwatch_collective_calls", "c", ["job", "rank", "op"])
-    nbytes = Counter("stormwatch_collective_bytes", "b", ["job", "rank", "op"])
-    ctime = Counter("stormwatch_collective_duration_seconds", "t", ["job", "rank", "op"])
+    step = Gauge("stormwatch_train_step", "s", ["training_job", "rank"], **live)
+    beat = Gauge("stormwatch_train_last_step_timestamp_seconds", "b", ["training_job", "rank"], **live)
+    loss = Gauge("stormwatch_train_loss", "l", ["training_job", "rank"], **live)
+    dur = Histogram("stormwatch_train_step_duration_seconds", "d", ["training_job", "rank"])
+    coll = Histogram("stormwatch_collective_op_duration_seconds", "c", ["training_job", "rank", "op"])
+    calls = Counter("stormwatch_collective_calls", "c", ["training_job", "rank", "op"])
+    nbytes = Counter("stormwatch_collective_bytes", "b", ["training_job", "rank", "op"])
+    ctime = Counter("stormwatch_collective_duration_seconds", "t", ["training_job", "rank", "op"])
     for i in range(50):
         step.labels(**lab).set(i)
         beat.labels(**lab).set(time.time())

@@ -81,10 +81,12 @@ def _health() -> list[PanelBuilder]:
             "reports. A gap is a dead or hung rank; torchrun will restart the group.",
             "none",
             [
-                Query(f"sum by (job) (stormwatch_rank_up{{{JOB}}})", "{{job}} live"),
                 Query(
-                    f"max by (job) (stormwatch_train_world_size{{{JOB}}})",
-                    "{{job}} world size",
+                    f"sum by (training_job) (stormwatch_rank_up{{{JOB}}})", "{{training_job}} live"
+                ),
+                Query(
+                    f"max by (training_job) (stormwatch_train_world_size{{{JOB}}})",
+                    "{{training_job}} world size",
                 ),
             ],
             min_value=0,
@@ -92,20 +94,23 @@ def _health() -> list[PanelBuilder]:
         timeseries_panel(
             "Restarts and unexpected exits",
             "Restarts of each job (its attempt, agreed by every rank: "
-            "job:stormwatch_train_job_restarts:max), each node's own torchrun count "
-            "(job_node:stormwatch_train_node_restarts:max; a node restarted because a peer "
+            "training_job:stormwatch_train_job_restarts:max), each node's own torchrun count "
+            "(training_job_node:stormwatch_train_node_restarts:max; a node restarted because a peer "
             "failed does not count it) and rank exits without a done marker in the last 15 "
             "minutes, per job.",
             "none",
             [
-                Query(f"job:stormwatch_train_job_restarts:max{{{JOB}}}", "{{job}} restarts"),
                 Query(
-                    f"job_node:stormwatch_train_node_restarts:max{{{JOB}}}",
-                    "{{job}} {{node}} node restarts",
+                    f"training_job:stormwatch_train_job_restarts:max{{{JOB}}}",
+                    "{{training_job}} restarts",
                 ),
                 Query(
-                    f"sum by (job) (job_rank_node:stormwatch_rank_unexpected_exits:increase15m{{{JOB}}})",
-                    "{{job}} unexpected exits (15m)",
+                    f"training_job_node:stormwatch_train_node_restarts:max{{{JOB}}}",
+                    "{{training_job}} {{node}} node restarts",
+                ),
+                Query(
+                    f"sum by (training_job) (training_job_rank_node:stormwatch_rank_unexpected_exits:increase15m{{{JOB}}})",
+                    "{{training_job}} unexpected exits (15m)",
                 ),
             ],
             thresholds=ANY_IS_BAD,
@@ -124,8 +129,8 @@ def _throughput_and_goodput() -> list[PanelBuilder]:
             "none",
             [
                 Query(
-                    f"avg by (job) (rate(stormwatch_train_steps_total{{{JOB}}}[$__rate_interval]))",
-                    "{{job}}",
+                    f"avg by (training_job) (rate(stormwatch_train_steps_total{{{JOB}}}[$__rate_interval]))",
+                    "{{training_job}}",
                 )
             ],
             min_value=0,
@@ -133,10 +138,15 @@ def _throughput_and_goodput() -> list[PanelBuilder]:
         ),
         timeseries_panel(
             "Tokens per second",
-            "Training throughput per job (job:stormwatch_train_tokens_per_second:avg: the "
+            "Training throughput per job (training_job:stormwatch_train_tokens_per_second:avg: the "
             "ranks' mean of stormwatch_train_tokens_per_second).",
             "none",
-            [Query(f"job:stormwatch_train_tokens_per_second:avg{{{JOB}}}", "{{job}}")],
+            [
+                Query(
+                    f"training_job:stormwatch_train_tokens_per_second:avg{{{JOB}}}",
+                    "{{training_job}}",
+                )
+            ],
             min_value=0,
             width=8,
         ),
@@ -147,10 +157,10 @@ def _throughput_and_goodput() -> list[PanelBuilder]:
             "percentunit",
             [
                 Query(
-                    f"sum by (job) (rate(stormwatch_train_compute_seconds_total{{{JOB}}}[$__rate_interval]))"
-                    f" / (sum by (job) (rate(stormwatch_train_compute_seconds_total{{{JOB}}}[$__rate_interval]))"
-                    f" + sum by (job) (rate(stormwatch_train_collective_wait_seconds_total{{{JOB}}}[$__rate_interval])))",
-                    "{{job}}",
+                    f"sum by (training_job) (rate(stormwatch_train_compute_seconds_total{{{JOB}}}[$__rate_interval]))"
+                    f" / (sum by (training_job) (rate(stormwatch_train_compute_seconds_total{{{JOB}}}[$__rate_interval]))"
+                    f" + sum by (training_job) (rate(stormwatch_train_collective_wait_seconds_total{{{JOB}}}[$__rate_interval])))",
+                    "{{training_job}}",
                 )
             ],
             thresholds=((None, "red"), (0.5, "orange"), (0.8, "green")),
@@ -163,7 +173,12 @@ def _throughput_and_goodput() -> list[PanelBuilder]:
             "Mean MFU per job (stormwatch_train_mfu_ratio, 0..1 of the peak FLOP/s the "
             "trainer assumed: stormwatch_train_peak_flops_per_second).",
             "percentunit",
-            [Query(f"avg by (job) (stormwatch_train_mfu_ratio{{{JOB}}})", "{{job}}")],
+            [
+                Query(
+                    f"avg by (training_job) (stormwatch_train_mfu_ratio{{{JOB}}})",
+                    "{{training_job}}",
+                )
+            ],
             thresholds=((None, "red"), (0.2, "orange"), (0.35, "green")),
             min_value=0,
         ),

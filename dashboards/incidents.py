@@ -75,7 +75,7 @@ def _now() -> list[PanelBuilder]:
         ),
         table_panel(
             "Firing alerts",
-            "Every firing alert with its labels (job, rank, node, gpu, severity).",
+            "Every firing alert with its labels (training_job, rank, node, gpu, severity).",
             "none",
             [Query('ALERTS{alertstate="firing"}')],
         ),
@@ -100,10 +100,13 @@ def _history() -> list[PanelBuilder]:
         ),
         timeseries_panel(
             "Firing alerts by job and node",
-            "Firing alerts that carry the selected job or node label.",
+            "Firing alerts that carry the selected training job or node label.",
             "none",
             [
-                Query(f'count by (job) (ALERTS{{alertstate="firing", {JOB}}})', "job {{job}}"),
+                Query(
+                    f'count by (training_job) (ALERTS{{alertstate="firing", {JOB}}})',
+                    "job {{training_job}}",
+                ),
                 Query(
                     f'count by (node) (ALERTS{{alertstate="firing", {NODE}}})',
                     "node {{node}}",
@@ -137,12 +140,12 @@ def _faults_and_exits() -> list[PanelBuilder]:
         timeseries_panel(
             "Unexpected rank exits",
             "Rank exits without a done marker within 5 minutes "
-            "(job_rank:stormwatch_rank_unexpected_exits:increase5m).",
+            "(training_job_rank:stormwatch_rank_unexpected_exits:increase5m).",
             "none",
             [
                 Query(
-                    f"job_rank:stormwatch_rank_unexpected_exits:increase5m{{{JOB}}}",
-                    "{{job}} rank {{rank}}",
+                    f"training_job_rank:stormwatch_rank_unexpected_exits:increase5m{{{JOB}}}",
+                    "{{training_job}} rank {{rank}}",
                 )
             ],
             thresholds=ANY_IS_BAD,

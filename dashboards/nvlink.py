@@ -162,8 +162,8 @@ def _collectives() -> list[PanelBuilder]:
             "Bps",
             [
                 Query(
-                    f"job_op_mesh_dim:stormwatch_collective_busbw_bytes_per_second:avg{{{JOB}}}",
-                    "{{job}} " + _OP + " mean",
+                    f"training_job_op_mesh_dim:stormwatch_collective_busbw_bytes_per_second:avg{{{JOB}}}",
+                    "{{training_job}} " + _OP + " mean",
                 ),
                 Query(
                     f"min by (op, mesh_dim) (stormwatch_collective_busbw_bytes_per_second{{{JOB_RANK}}})",

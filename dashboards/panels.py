@@ -25,7 +25,8 @@ from grafana_foundation_sdk.models import prometheus as prom_model
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 #: Selector fragments shared by the dashboards (Grafana expands ``=~"$var"`` to a regex).
-JOB = 'job=~"$job"'
+#: ``$job`` selects by ``training_job``: ``job`` is Prometheus's scrape job.
+JOB = 'training_job=~"$job"'
 RANK = 'rank=~"$rank"'
 NODE = 'node=~"$node"'
 GPU = 'gpu=~"$gpu"'
@@ -231,9 +232,13 @@ def query_variable(name: str, label: str, query: str, description: str) -> dash.
 
 
 def job_variable() -> dash.QueryVariable:
-    """``$job``: training jobs (the trainer's ``job`` label)."""
+    """``$job``: training jobs (the series' ``training_job`` label; the variable keeps its
+    name, and with it dashboard links' ``var-job=``)."""
     return query_variable(
-        "job", "Job", "label_values(stormwatch_train_step, job)", "Training job (STORMWATCH_JOB)."
+        "job",
+        "Job",
+        "label_values(stormwatch_train_step, training_job)",
+        "Training job (STORMWATCH_JOB; the training_job label).",
     )
 
 
@@ -242,7 +247,7 @@ def rank_variable() -> dash.QueryVariable:
     return query_variable(
         "rank",
         "Rank",
-        'label_values(stormwatch_train_step{job=~"$job"}, rank)',
+        'label_values(stormwatch_train_step{training_job=~"$job"}, rank)',
         "Global rank (torchrun RANK).",
     )
 

@@ -21,7 +21,7 @@ from stormwatch.dashboards.panels import (
 TITLE = "Stormwatch / Training"
 
 _RATE = "[$__rate_interval]"
-_R = "{{job}} rank {{rank}}"
+_R = "{{training_job}} rank {{rank}}"
 
 
 def build() -> Dashboard:
@@ -52,9 +52,9 @@ def _progress() -> list[PanelBuilder]:
     return [
         timeseries_panel(
             "Loss",
-            "Global mean training loss (identical on every rank; job:stormwatch_train_loss:avg).",
+            "Global mean training loss (identical on every rank; training_job:stormwatch_train_loss:avg).",
             "none",
-            [Query(f"job:stormwatch_train_loss:avg{{{JOB}}}", "{{job}}")],
+            [Query(f"training_job:stormwatch_train_loss:avg{{{JOB}}}", "{{training_job}}")],
             width=8,
         ),
         timeseries_panel(
@@ -62,7 +62,12 @@ def _progress() -> list[PanelBuilder]:
             "Global L2 gradient norm before the optimizer step (stormwatch_train_grad_norm). "
             "Spikes precede loss spikes and divergence.",
             "none",
-            [Query(f"max by (job) (stormwatch_train_grad_norm{{{JOB_RANK}}})", "{{job}}")],
+            [
+                Query(
+                    f"max by (training_job) (stormwatch_train_grad_norm{{{JOB_RANK}}})",
+                    "{{training_job}}",
+                )
+            ],
             width=8,
         ),
         timeseries_panel(
@@ -104,11 +109,14 @@ def _speed() -> list[PanelBuilder]:
         timeseries_panel(
             "Tokens per second",
             "Per rank (stormwatch_train_tokens_per_second) and the job's mean "
-            "(job:stormwatch_train_tokens_per_second:avg).",
+            "(training_job:stormwatch_train_tokens_per_second:avg).",
             "none",
             [
                 Query(f"stormwatch_train_tokens_per_second{{{JOB_RANK}}}", _R),
-                Query(f"job:stormwatch_train_tokens_per_second:avg{{{JOB}}}", "{{job}} mean"),
+                Query(
+                    f"training_job:stormwatch_train_tokens_per_second:avg{{{JOB}}}",
+                    "{{training_job}} mean",
+                ),
             ],
             min_value=0,
         ),
@@ -163,14 +171,14 @@ def _stragglers_compute_vs_collective_wait() -> list[PanelBuilder]:
         ),
         timeseries_panel(
             "Compute rate vs job median",
-            "Per rank, compute seconds per second (job_rank_node:stormwatch_train_compute_"
+            "Per rank, compute seconds per second (training_job_rank_node:stormwatch_train_compute_"
             "seconds:rate2m) divided by the job's median: above 1 is slower than its peers.",
             "none",
             [
                 Query(
-                    f"job_rank_node:stormwatch_train_compute_seconds:rate2m{{{JOB_RANK}}}"
-                    f" / on (job) group_left quantile by (job) (0.5, "
-                    f"job_rank_node:stormwatch_train_compute_seconds:rate2m{{{JOB}}})",
+                    f"training_job_rank_node:stormwatch_train_compute_seconds:rate2m{{{JOB_RANK}}}"
+                    f" / on (training_job) group_left quantile by (training_job) (0.5, "
+                    f"training_job_rank_node:stormwatch_train_compute_seconds:rate2m{{{JOB}}})",
                     _R + " ({{node}})",
                 )
             ],
@@ -190,8 +198,8 @@ def _checkpoints_and_health() -> list[PanelBuilder]:
             "s",
             [
                 Query(
-                    f"time() - max by (job) (stormwatch_train_last_checkpoint_timestamp_seconds{{{JOB}}})",
-                    "{{job}}",
+                    f"time() - max by (training_job) (stormwatch_train_last_checkpoint_timestamp_seconds{{{JOB}}})",
+                    "{{training_job}}",
                 )
             ],
             thresholds=((None, "green"), (1800, "orange"), (3600, "red")),
@@ -229,8 +237,8 @@ def _checkpoints_and_health() -> list[PanelBuilder]:
             "none",
             [
                 Query(
-                    f"sum by (job, sink) (rate(stormwatch_train_telemetry_errors_total{{{JOB_RANK}}}{_RATE}))",
-                    "{{job}} {{sink}}",
+                    f"sum by (training_job, sink) (rate(stormwatch_train_telemetry_errors_total{{{JOB_RANK}}}{_RATE}))",
+                    "{{training_job}} {{sink}}",
                 )
             ],
             thresholds=ANY_IS_BAD,

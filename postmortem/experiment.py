@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.postmortem.causes import RestartFailure
 from stormwatch.postmortem.document import (
     Block,
@@ -35,7 +36,7 @@ from stormwatch.postmortem.text import (
 from stormwatch.postmortem.timeline import TimelineEvent, timeline_table
 
 #: The labels an experiment's alert is named by (its node is the fault's, shown apart).
-EXPERIMENT_ALERT_KEYS = ("job", "rank", "phase", "severity")
+EXPERIMENT_ALERT_KEYS = (TRAINING_JOB_LABEL, "rank", "phase", "severity")
 RecoveredBy = Literal["restart", "fault removed"]
 
 
@@ -105,7 +106,8 @@ class ExperimentPostMortem(BaseModel):
 
 
 def alert_name(pm: ExperimentPostMortem) -> str:
-    """``Name{job=..., rank=..., severity=...}`` of the post-mortem's alert ("" when none)."""
+    """``Name{training_job=..., rank=..., severity=...}`` of the post-mortem's alert ("" when
+    none)."""
     if pm.alertname is None:
         return ""
     return alert_label(pm.alertname, pm.alert_labels, EXPERIMENT_ALERT_KEYS)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
+
 #: Labels that name where an alert points, in the order they are printed.
-ALERT_LABEL_KEYS = ("job", "rank", "node", "phase", "severity")
+ALERT_LABEL_KEYS = (TRAINING_JOB_LABEL, "rank", "node", "phase", "severity")
 #: What is shown for a value that was not observed.
 MISSING = "—"
 
@@ -43,7 +45,7 @@ def format_since(at: float | None, origin: float | None) -> str:
 def alert_label(
     alertname: str, labels: Mapping[str, str], keys: Sequence[str] = ALERT_LABEL_KEYS
 ) -> str:
-    """``Name{job=..., rank=...}``: the alert with those of ``keys`` it carries, in that order
+    """``Name{training_job=..., rank=...}``: the alert with those of ``keys`` it carries, in that order
     (just ``Name`` when it carries none)."""
     inner = ", ".join(f"{k}={labels[k]}" for k in keys if k in labels)
     return f"{alertname}{{{inner}}}" if inner else alertname

@@ -145,19 +145,22 @@ def watch(url: str, trainer: Any) -> dict[str, Any]:
             ):
                 seen[key] += [value for _, value in families.get(name, [])]
             for labels, value in families.get("stormwatch_rank_gpu_memory_used_bytes", []):
-                if labels.get("job") == "gpu-check":
+                if labels.get("training_job") == "gpu-check":
                     seen["rank_gpu_bytes"] = max(seen["rank_gpu_bytes"], value)
             for labels, value in families.get("stormwatch_gpu_processes_rejected", []):
                 if value:
                     seen["rejected"][labels.get("reason", "?")] = value
             for labels, value in families.get("stormwatch_train_mfu_ratio", []):
-                if labels.get("job") == "gpu-check":
+                if labels.get("training_job") == "gpu-check":
                     seen["mfu"] = value
             for labels, value in families.get("stormwatch_train_peak_flops_per_second", []):
-                if labels.get("job") == "gpu-check":
+                if labels.get("training_job") == "gpu-check":
                     seen["peak_flops"] = value
             for labels, value in families.get("stormwatch_train_memory_bytes", []):
-                if labels.get("job") == "gpu-check" and labels.get("kind") == "cuda_max_allocated":
+                if (
+                    labels.get("training_job") == "gpu-check"
+                    and labels.get("kind") == "cuda_max_allocated"
+                ):
                     seen["cuda_bytes"] = max(seen["cuda_bytes"], value)
         if not running:
             return seen

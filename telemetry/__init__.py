@@ -257,8 +257,9 @@ def init(
     else the process is rank 0 of 1 (one warning).
 
     Args:
-        job: the ``job`` label; default ``STORMWATCH_JOB``, else ``TORCHELASTIC_RUN_ID``, else ``SLURM_JOB_NAME``,
-            else ``"train"``. Set ``STORMWATCH_JOB`` to the name the node agent uses.
+        job: the job's name, the ``training_job`` label; default ``STORMWATCH_JOB``, else
+            ``TORCHELASTIC_RUN_ID``, else ``SLURM_JOB_NAME``, else ``"train"``. Set
+            ``STORMWATCH_JOB`` to the name the node agent uses.
         metrics_dir: the node agent's metrics folder (prometheus-client multiprocess
             files); default ``STORMWATCH_METRICS_DIR``; ``None``: no metrics.
         log_dir: folder of the event log ``rank<R>.jsonl``; default ``STORMWATCH_LOG_DIR``.

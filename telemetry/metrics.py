@@ -2,8 +2,9 @@
 
 The catalogue (names, types, help) is :data:`CATALOGUE`; it follows
 docs/ARCHITECTURE.md "Trainer -> agent telemetry". Every metric carries the
-labels ``job`` and ``rank``; the collective counters also carry ``op`` (see
-:data:`stormwatch.telemetry.comms.OP_LABELS`).
+labels ``training_job`` (:data:`~stormwatch.contracts.labels.TRAINING_JOB_LABEL`, the
+job's name; not ``job``, which Prometheus owns) and ``rank``; the collective counters also
+carry ``op`` (see :data:`stormwatch.telemetry.comms.OP_LABELS`).
 
 Multiprocess mode is switched on here, explicitly, before any metric is
 created: :class:`RankMetrics` points ``PROMETHEUS_MULTIPROC_DIR`` at the
@@ -13,7 +14,7 @@ nothing depends on the environment at import time. This is process-wide
 state; a trainer rank creates one :class:`RankMetrics`.
 
 State gauges use ``multiprocess_mode="livemax"``: one process writes each
-``(job, rank)`` series, so the max is that process's value, and the agent's
+``(training_job, rank)`` series, so the max is that process's value, and the agent's
 ``mark_process_dead(pid)`` deletes the file of a rank that exited (FC-01).
 Counters and histograms are never deleted. No torch import here.
 """
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram, values
 
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -34,7 +37,7 @@ class MetricSpec:
     name: str
     kind: str  # "gauge" | "counter" | "histogram"
     help: str
-    labels: tuple[str, ...] = ("job", "rank")
+    labels: tuple[str, ...] = (TRAINING_JOB_LABEL, "rank")
     buckets: tuple[float, ...] | None = None  # histograms; None: STEP_DURATION_BUCKETS
 
 
@@ -43,7 +46,7 @@ COLLECTIVE_LATENCY_BUCKETS = (
     1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120,
 )  # fmt: skip
 
-_COLL = ("job", "rank", "mesh_dim", "op")
+_COLL = (TRAINING_JOB_LABEL, "rank", "mesh_dim", "op")
 
 #: Every metric a trainer rank exports. Counters are named without the
 #: ``_total`` suffix that prometheus-client appends.
@@ -65,7 +68,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "gauge",
         "Unix time until which the rank may pause progress in this phase without being "
         "called hung (entry + the phase's bound); 0 when not in the phase.",
-        ("job", "rank", "phase"),
+        (TRAINING_JOB_LABEL, "rank", "phase"),
     ),
     MetricSpec("stormwatch_train_loss", "gauge", "Loss of the last step, mean over dp ranks."),
     MetricSpec(
@@ -109,19 +112,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "stormwatch_collective_calls",
         "counter",
         "Collectives issued during training steps.",
-        ("job", "rank", "op"),
+        (TRAINING_JOB_LABEL, "rank", "op"),
     ),
     MetricSpec(
         "stormwatch_collective_bytes",
         "counter",
         "Input bytes of the collectives issued during training steps.",
-        ("job", "rank", "op"),
+        (TRAINING_JOB_LABEL, "rank", "op"),
     ),
     MetricSpec(
         "stormwatch_collective_duration_seconds",
         "counter",
         "Seconds from issue to observed completion of collectives (overlapping ops overlap).",
-        ("job", "rank", "op"),
+        (TRAINING_JOB_LABEL, "rank", "op"),
     ),
     MetricSpec(
         "stormwatch_collective_latency_seconds",
@@ -185,7 +188,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "stormwatch_train_memory_bytes",
         "gauge",
         "Memory of this rank (kind: rss on CPU, cuda_max_allocated on GPU).",
-        ("job", "rank", "kind"),
+        (TRAINING_JOB_LABEL, "rank", "kind"),
     ),
     MetricSpec(
         "stormwatch_train_last_checkpoint_timestamp_seconds",
@@ -207,13 +210,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "stormwatch_train_fault_injections",
         "counter",
         "Steps in which a chaos fault point took effect on this rank (by point).",
-        ("job", "rank", "point"),
+        (TRAINING_JOB_LABEL, "rank", "point"),
     ),
     MetricSpec(
         "stormwatch_train_telemetry_errors",
         "counter",
         "Telemetry writes that failed (sink: metrics, events, collectives, done_marker, control).",
-        ("job", "rank", "sink"),
+        (TRAINING_JOB_LABEL, "rank", "sink"),
     ),
 )
 
@@ -236,7 +239,7 @@ class RankMetrics:
 
     Args:
         metrics_dir: the node's metrics folder (created if missing).
-        job: ``job`` label value.
+        job: the job's name, the ``training_job`` label's value.
         rank: global rank (``rank`` label value).
 
     Raises:
@@ -246,7 +249,7 @@ class RankMetrics:
     def __init__(self, metrics_dir: Path, *, job: str, rank: int) -> None:
         enable_multiprocess(metrics_dir)
         self.metrics_dir = metrics_dir
-        self._labels = {"job": job, "rank": str(rank)}
+        self._labels = {TRAINING_JOB_LABEL: job, "rank": str(rank)}
         made: dict[str, Gauge | Counter | Histogram] = {}
         for spec in CATALOGUE:
             if spec.kind == "gauge":

@@ -8,8 +8,8 @@ Dead ranks' ``live*`` gauges are removed by the rank watcher (``mark_process_dea
 they disappear here; counters and histograms stay (FC-01) until their job is gone for the
 retention, or starts afresh.
 
-Also exports the folder's size: ``stormwatch_agent_multiprocess_files{job}`` (process
-files holding the job's series) and ``stormwatch_agent_multiprocess_folded_files_total``.
+Also exports the folder's size: ``stormwatch_agent_multiprocess_files{training_job}``
+(process files holding the job's series) and ``stormwatch_agent_multiprocess_folded_files_total``.
 
 A sample whose labels cannot be encoded as UTF-8 (a job name with lone surrogates, from a
 rank's environment that was not UTF-8) is left out and counted
@@ -26,6 +26,7 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.watch.folder import TrainerFolder
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class TrainerCollector:
         yield from self._encodable_only(families)
         files = new_family("stormwatch_agent_multiprocess_files")
         for job, count in sorted(counts.items()):
-            if _encodable({"job": job}):
+            if _encodable({TRAINING_JOB_LABEL: job}):
                 files.add_metric([job], float(count))
         folded = new_family("stormwatch_agent_multiprocess_folded_files_total")
         folded.add_metric([], float(folded_files))

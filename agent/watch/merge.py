@@ -29,6 +29,8 @@ from prometheus_client.mmap_dict import MmapedDict, _read_all_values, _unpack_in
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
+
 
 def grow(partials: Sequence[float], value: float) -> list[float]:
     """Shewchuk's exact addition: ``partials`` (non-overlapping doubles whose exact sum
@@ -323,17 +325,18 @@ def _merged(metrics: dict[str, Metric], accumulate: bool, extra: Folded | None) 
 
 
 def key_job(key: str) -> str | None:
-    """The ``job`` label of a multiprocess key (``mmap_key``'s JSON), None without one."""
+    """The ``training_job`` label of a multiprocess key (``mmap_key``'s JSON), None
+    without one."""
     try:
         labels = json.loads(key)[2]
     except (ValueError, IndexError, TypeError):
         return None
-    job = labels.get("job") if isinstance(labels, dict) else None
+    job = labels.get(TRAINING_JOB_LABEL) if isinstance(labels, dict) else None
     return job if isinstance(job, str) else None
 
 
 def file_jobs(path: Path) -> frozenset[str]:
-    """The ``job`` labels of the series in one multiprocess file.
+    """The ``training_job`` labels of the series in one multiprocess file.
 
     Raises:
         OSError, RuntimeError: the file cannot be read (as the library's reader raises).

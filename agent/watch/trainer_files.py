@@ -26,6 +26,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from stormwatch.agent.watch.folder import TrainerFolder
 from stormwatch.agent.watch.procs import ProcEntry, nested_pids, pid_dead
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.rank_env import RankKey
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,9 @@ class TrainerFiles:
     ) -> RankSamples:
         """The samples named ``names`` (sample names, e.g. ``stormwatch_train_step`` or
         ``stormwatch_collective_calls_total``) of the files matching ``pattern``, per
-        ``(job, rank)`` label pair, values of one rank merged with ``combine``.
+        ``(training_job, rank)`` label pair, values of one rank merged with ``combine``.
 
-        Samples without a ``job`` label or an integer ``rank`` label are skipped. A read
+        Samples without a ``training_job`` label or an integer ``rank`` label are skipped. A read
         that fails returns no samples: logged at warning once until a read succeeds
         again, and counted in :attr:`read_errors`; it must not stop exit detection.
         """
@@ -147,7 +148,7 @@ class TrainerFiles:
                 if sample.name not in names:
                     continue
                 try:
-                    key = (sample.labels["job"], int(sample.labels["rank"]))
+                    key = (sample.labels[TRAINING_JOB_LABEL], int(sample.labels["rank"]))
                 except (KeyError, ValueError):
                     continue  # not a rank's sample (the trainer labels every one it writes)
                 yield sample, key

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
 from stormwatch.clients import AsyncPrometheusAPI, PrometheusAPIError, promql_string
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.responder import IncidentRecord
 from stormwatch.errors import ConfigError
 
@@ -134,16 +135,20 @@ class ConfirmRestart(Action):
         self._sleep = sleep
 
     def guard(self, incident: IncidentRecord) -> str | None:
-        """Skip without a Prometheus URL, or when the incident's alerts share no ``job`` label."""
+        """Skip without a Prometheus URL, or when the incident's alerts share no
+        ``training_job`` label."""
         if self._prometheus is None:
             return "no Prometheus URL configured (stormwatch alerts serve --prometheus-url)"
-        if not incident.labels.get("job"):
-            return "the incident's alerts share no 'job' label, so there is no job to watch"
+        if not incident.labels.get(TRAINING_JOB_LABEL):
+            return (
+                f"the incident's alerts share no '{TRAINING_JOB_LABEL}' label, so there is no "
+                "job to watch"
+            )
         return None
 
     async def run(self, incident: IncidentRecord) -> ActionOutcome:
         """Poll until confirmed (``succeeded``) or ``settings.timeout_s`` passed (``failed``)."""
-        job = incident.labels["job"]
+        job = incident.labels[TRAINING_JOB_LABEL]
         deadline = self._clock() + self.settings.timeout_s
         seen = _Observation()
         polls = 0
@@ -182,7 +187,7 @@ class ConfirmRestart(Action):
     async def _observe(self, job: str, since: float, previous: _Observation) -> _Observation:
         assert self._prometheus is not None  # guarded
         prom = self._prometheus
-        selector = f"{{job={promql_string(job)}}}"
+        selector = f"{{{TRAINING_JOB_LABEL}={promql_string(job)}}}"
         seen = _Observation(
             restart_before=previous.restart_before,
             baseline_known=previous.baseline_known,

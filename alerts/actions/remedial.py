@@ -1,6 +1,6 @@
 """Remedial and diagnostic actions carried out through a :class:`PlatformBackend`.
 
-Each action reads what it acts on from the incident's labels (``job``; ``node``
+Each action reads what it acts on from the incident's labels (``training_job``; ``node``
 from the incident or its first alert) and calls one backend method on a worker
 thread. None is retry-safe except ``collect_diagnostics`` and ``notify_only``:
 an interrupted restart is not repeated after a responder restart (at most once).
@@ -14,13 +14,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.responder import IncidentRecord
 from stormwatch.platforms import PlatformBackend
 
 
 def incident_job(incident: IncidentRecord) -> str | None:
-    """The training job an incident is about (its ``job`` label), or None."""
-    return incident.labels.get("job") or incident.first_alert.labels.get("job")
+    """The training job an incident is about (its or its first alert's ``training_job``
+    label), or None."""
+    return incident.labels.get(TRAINING_JOB_LABEL) or incident.first_alert.labels.get(
+        TRAINING_JOB_LABEL
+    )
 
 
 def incident_node(incident: IncidentRecord) -> str | None:

@@ -21,25 +21,25 @@ QUERY_TIMEOUT_S = 5.0
 #: name -> (PromQL with {job}, label keys naming a series).
 RANGE_QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "step_seconds": (
-        'max by (rank) (rate(stormwatch_train_step_duration_seconds_sum{{job="{job}"}}[15s])'
-        ' / rate(stormwatch_train_step_duration_seconds_count{{job="{job}"}}[15s]))',
+        'max by (rank) (rate(stormwatch_train_step_duration_seconds_sum{{training_job="{job}"}}[15s])'
+        ' / rate(stormwatch_train_step_duration_seconds_count{{training_job="{job}"}}[15s]))',
         ("rank",),
     ),
     # From the counter, not the last-step gauge: a hung job keeps its gauge at the
     # last step's rate, while the counter's rate falls to zero.
     "tokens_per_second": (
-        'sum(rate(stormwatch_train_tokens_total{{job="{job}"}}[10s]))',
+        'sum(rate(stormwatch_train_tokens_total{{training_job="{job}"}}[10s]))',
         (),
     ),
     "heartbeat_age_seconds": (
-        'time() - max by (rank) (stormwatch_rank_last_progress_timestamp_seconds{{job="{job}"}})',
+        'time() - max by (rank) (stormwatch_rank_last_progress_timestamp_seconds{{training_job="{job}"}})',
         ("rank",),
     ),
 }
 #: name -> (PromQL with {job} and {window} (seconds), label keys), evaluated at the end.
 INSTANT_QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "straggler_score": (
-        'max by (rank) (max_over_time(stormwatch_rank_straggler_score{{job="{job}"}}[{window}s]))',
+        'max by (rank) (max_over_time(stormwatch_rank_straggler_score{{training_job="{job}"}}[{window}s]))',
         ("rank",),
     ),
     "xid_errors": (

@@ -35,6 +35,7 @@ from stormwatch.alerts.incident_report.queries import read_prometheus
 from stormwatch.alerts.responder.audit import AuditEntry
 from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.journal import Journal, load_journal
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
 from stormwatch.platforms.errors import BackendError, InvalidTargetFile
 from stormwatch.platforms.lab import lab_placement, read_lab_target
@@ -96,8 +97,10 @@ class Inputs:
 
 
 def incident_job(incident: IncidentRecord) -> str | None:
-    """The incident's training job (its or its first alert's ``job`` label)."""
-    return incident.labels.get("job") or incident.first_alert.labels.get("job")
+    """The incident's training job (its or its first alert's ``training_job`` label)."""
+    return incident.labels.get(TRAINING_JOB_LABEL) or incident.first_alert.labels.get(
+        TRAINING_JOB_LABEL
+    )
 
 
 def incident_window(incident: IncidentRecord, now: float) -> tuple[float, float]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from stormwatch.chaos.reports.evidence import AlertEvidence, Evidence
 from stormwatch.contracts.journal import Journal
+from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.faults import ExperimentFault
 from stormwatch.postmortem import (
     ExperimentPostMortem,
@@ -196,8 +197,10 @@ def _alert(pm: ExperimentPostMortem, evidence: Evidence | None) -> None:
 
 
 def _about(labels: dict[str, str], pm: ExperimentPostMortem) -> bool:
-    """An alert is about the experiment when it names no other job (and no other rank)."""
-    if "job" in labels and pm.job is not None and labels["job"] != pm.job:
+    """An alert is about the experiment when it names no other training job (and no other
+    rank)."""
+    job = labels.get(TRAINING_JOB_LABEL)
+    if job is not None and pm.job is not None and job != pm.job:
         return False
     return not (
         "rank" in labels and pm.fault_rank is not None and labels["rank"] != str(pm.fault_rank)
@@ -206,7 +209,7 @@ def _about(labels: dict[str, str], pm: ExperimentPostMortem) -> bool:
 
 def _best(alerts: list[AlertEvidence], pm: ExperimentPostMortem) -> AlertEvidence | None:
     about = [a for a in alerts if _about(a.labels, pm)]
-    exact = [a for a in about if a.labels.get("job") == pm.job]
+    exact = [a for a in about if a.labels.get(TRAINING_JOB_LABEL) == pm.job]
     # An alert that names the faulted rank says more than a job-level one that fired first.
     named = [
         a for a in exact if pm.fault_rank is not None and a.labels.get("rank") == str(pm.fault_rank)

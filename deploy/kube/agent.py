@@ -170,8 +170,15 @@ def agent_service() -> Obj:
 
 
 def agent_service_monitor() -> Obj:
-    """Scrape every agent; ``honorLabels`` keeps the training job's ``job`` label
-    (alerts/rules/ranks.yml), the node name becomes ``node``."""
+    """Scrape every agent; the node name becomes ``node``.
+
+    The series name their training job in ``training_job``, so ``job`` is the scrape job's
+    and the rules need no ``honorLabels``. It stays on for dcgm-exporter's pod attribution
+    alone: the ``DCGM_*`` series carry the ``namespace``, ``pod`` and ``container`` holding
+    the GPU, which the Operator's own target labels (the agent's pod) would otherwise
+    rename to ``exported_*``, as dcgm-exporter's ServiceMonitor keeps them. With
+    ``overrideHonorLabels`` only those become ``exported_*``; no stormwatch rule or
+    dashboard reads them."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -184,6 +191,7 @@ def agent_service_monitor() -> Obj:
                     "path": "/metrics",
                     "interval": SCRAPE_INTERVAL,
                     "scrapeTimeout": "4s",
+                    # Only for the DCGM_* series' pod attribution (see the docstring).
                     "honorLabels": True,
                     "relabelings": [
                         {

@@ -5,8 +5,8 @@
     file_sd.py remove --dir D --job-id ID
 
 ``<D>/slurm-<ID>.json`` holds one target group: ``node:port`` per node, labelled
-``slurm_job_id`` and ``slurm_job_name`` (not ``job``: the agents' series carry the
-training job's ``job`` label, kept with ``honor_labels: true``). Prometheus re-reads
+``slurm_job_id`` and ``slurm_job_name`` (not ``job``, which is the scrape job's,
+``stormwatch-agent``, nor ``training_job``, which the agents' series carry themselves). Prometheus re-reads
 the folder on change (``file_sd_configs``, deploy/slurm/prometheus-scrape.yml). The
 file is replaced atomically, so Prometheus never reads half of it. Standard library
 only: it runs with the system python3 of a compute node.

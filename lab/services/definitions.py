@@ -108,9 +108,9 @@ def prometheus_config(
 ) -> dict[str, Any]:
     """The lab's ``prometheus.yml`` as data.
 
-    Scrapes every agent (one static target per node, labelled ``node``, with
-    ``honor_labels`` so trainer series keep their ``job`` label) and
-    Prometheus itself every ``scrape_interval``; evaluates ``rules/*.yml`` and the
+    Scrapes every agent (one static target per node, labelled ``node``; the series name
+    their training job in ``training_job``, so ``job`` is the scrape job's and needs no
+    ``honor_labels``) and Prometheus itself every ``scrape_interval``; evaluates ``rules/*.yml`` and the
     expected inventory ``inventory`` (:func:`write_inventory`); sends alerts to the
     lab's Alertmanager.
     """
@@ -134,9 +134,6 @@ def prometheus_config(
         "scrape_configs": [
             {
                 "job_name": AGENT_SCRAPE_JOB,
-                # Keep the training job's `job` label on trainer series (the alert
-                # rules and chaos probes select by it); agent-only series get this job.
-                "honor_labels": True,
                 "static_configs": [
                     {
                         "targets": [f"{node.address}:{config.agent_port}"],

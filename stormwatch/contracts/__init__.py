@@ -10,6 +10,9 @@ another reads, declared once.
   ledger, embedded in every journal.
 * :mod:`.inventory`: the expected inventory of agents (a Prometheus rule file), written by
   ``stormwatch alerts config inventory`` and the lab, read by Prometheus for the alert rules.
+* :mod:`.labels`: the label naming the training job on series and alerts
+  (``training_job``), written by the trainer's telemetry and the agent, read by the rules,
+  the responder and the reports.
 
 Each module's docstring names its writer; every reader uses the model.
 """

@@ -81,7 +81,7 @@ class IncidentRecord(_Record):
     """One failure as Alertmanager grouped it: an episode of one alert group.
 
     An incident is per Alertmanager alert group (``groupKey``; the shipped
-    configuration groups by ``alertname`` and ``job``). The first firing
+    configuration groups by ``alertname`` and ``training_job``). The first firing
     notification of a group without an open incident opens one; later firing
     alerts of the group join it as :attr:`members`; it closes when every member
     resolved, or when a ``resolved`` notification for the whole group arrives.
@@ -92,13 +92,13 @@ class IncidentRecord(_Record):
     Attributes:
         id: row id.
         group_key: Alertmanager's ``groupKey`` of the group.
-        group_labels: the group's ``groupLabels`` (e.g. ``alertname``, ``job``)
+        group_labels: the group's ``groupLabels`` (e.g. ``alertname``, ``training_job``)
             from the notification that opened the incident.
         status: ``open`` or ``closed``.
         alertname: the name of the alert that opened the incident (every
             member's, when the group is grouped by ``alertname`` as shipped).
         labels: the labels every member has with the same value (like
-            Alertmanager's ``commonLabels``): ``alertname``, ``job``, ``severity``,
+            Alertmanager's ``commonLabels``): ``alertname``, ``training_job``, ``severity``,
             but not ``rank`` once two ranks alerted.
         annotations: the annotations every member shares.
         starts_at: the earliest member ``startsAt`` (= ``first_alert.starts_at``, Unix s).

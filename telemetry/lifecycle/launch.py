@@ -101,7 +101,7 @@ class Settings:
     """What :func:`stormwatch.telemetry.init` was asked for, resolved.
 
     Attributes:
-        job: ``job`` label of every metric and the event log's job.
+        job: ``training_job`` label of every metric and the event log's job.
         metrics_dir: prometheus-client multiprocess folder (the node agent's); ``None``: off.
         log_dir: folder of ``rank<R>.jsonl``; ``None``: off.
         dump_dir: folder of post-mortem dumps ``rank<R>.json``; ``None``: off.

@@ -5,8 +5,8 @@ Precedence (STYLE.md): defaults < environment < options.
 * job: ``--job``, else ``STORMWATCH_JOB``, else ``SLURM_JOB_NAME``, else ``train`` (the
   names :func:`stormwatch.telemetry.init` falls back on). The launcher always exports
   ``STORMWATCH_JOB``, so the node agent's rank key (``STORMWATCH_JOB``, else torchrun's
-  run id: :func:`stormwatch.contracts.rank_env.rank_env`) and the ``job`` label of the
-  metrics agree.
+  run id: :func:`stormwatch.contracts.rank_env.rank_env`) and the ``training_job`` label of
+  the metrics agree.
 * metrics folder (the node agent's ``--metrics-dir``): ``--metrics-dir``, else
   ``STORMWATCH_METRICS_DIR`` (what the lab, deploy/slurm/train.sbatch and the Kubernetes
   manifests give ranks), else ``STORMWATCH_AGENT_METRICS_DIR`` (the agent's own setting,

@@ -290,7 +290,7 @@ RANK_CODE = textwrap.dedent(
     if mdir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = mdir
         from prometheus_client import Counter, Gauge, Histogram
-        labels = ["job", "rank"]
+        labels = ["training_job", "rank"]
         live = dict(multiprocess_mode="livemax")
         step = Gauge("stormwatch_train_step", "step", labels, **live)
         beat = Gauge("stormwatch_train_last_step_timestamp_seconds", "beat", labels, **live)
@@ -305,7 +305,7 @@ RANK_CODE = textwrap.dedent(
         calls = Counter("stormwatch_collective_calls", "c", ops)
         nbytes = Counter("stormwatch_collective_bytes", "b", ops)
         ctime = Counter("stormwatch_collective_duration_seconds", "t", ops)
-        lab = dict(job=job, rank=str(rank))
+        lab = dict(training_job=job, rank=str(rank))
         for i in range(1, 4):
             step.labels(**lab).set(i)
             beat.labels(**lab).set(time.time())

@@ -56,7 +56,7 @@ def _everything_exported(
     launcher.wait_pid(1), launcher.wait_pid(2)
     tools.wait_for(
         lambda: tools.scrape(agent.url).value(
-            "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="1"
+            "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="1"
         )
     )
     # Each fake rank writes every trainer metric after its first heartbeats: wait for them.
@@ -116,7 +116,7 @@ def test_trainer_contract_metrics_are_catalogued() -> None:
     for name, kind in TRAINER_CONTRACT.items():
         assert name in catalogue, name
         assert catalogue[name].type == kind, name
-        assert {"job", "rank"} <= set(catalogue[name].labels), name
+        assert {"training_job", "rank"} <= set(catalogue[name].labels), name
         assert catalogue[name].source == "trainer"
 
 
@@ -229,8 +229,9 @@ def test_metrics_grep_filters_by_name_in_every_format_and_wide_shows_help() -> N
     assert rows and all("TEMP" in row["name"] for row in rows)
     as_json = runner.invoke(agent_cli, ["metrics", "--grep", "nomatch-xyz", "--format", "json"])
     assert as_json.exit_code == 0 and json.loads(as_json.output) == []
+    # Wide enough that no column but help wraps (a wrapped labels cell would interleave).
     wide = runner.invoke(
-        agent_cli, ["metrics", "--grep", "^stormwatch_rank_up$", "--wide"], env=env
+        agent_cli, ["metrics", "--grep", "^stormwatch_rank_up$", "--wide"], env={"COLUMNS": "200"}
     )
     assert wide.exit_code == 0
     text = " ".join(wide.output.split())

@@ -126,13 +126,13 @@ def test_the_trainer_collector_leaves_out_labels_it_cannot_encode(tmp_path: Path
 
     code = (
         "import sys\nfrom prometheus_client import Gauge\n"
-        "Gauge('g', 'g', ['job'], multiprocess_mode='livemax').labels(job=sys.argv[1]).set(1)\n"
+        "Gauge('g', 'g', ['training_job'], multiprocess_mode='livemax').labels(training_job=sys.argv[1]).set(1)\n"
     )
     environ = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for job in ("good", "bad\udcff"):
         subprocess.run([sys.executable, "-c", code, job], env=environ, check=True, timeout=60)
     collector = TrainerCollector(TrainerFolder(tmp_path))
     text = CollectorSet([collector]).render().decode()
-    assert 'g{job="good"} 1.0' in text
+    assert 'g{training_job="good"} 1.0' in text
     assert 'stormwatch_collector_up{collector="trainer"} 1.0' in text
     assert collector.unencodable == 1

@@ -56,7 +56,6 @@ def prometheus(tmp_path: Path, agent_process: Any) -> Iterator[tuple[str, str]]:
                 "scrape_configs": [
                     {
                         "job_name": "stormwatch-agent",
-                        "honor_labels": True,
                         "static_configs": [{"targets": [target]}],
                     }
                 ],

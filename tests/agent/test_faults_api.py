@@ -205,7 +205,7 @@ def test_kill_rank_signals_the_rank_process(
     assert not _gone(bystander)
     exits = tools.wait_for(
         lambda: tools.scrape(agent.url).value(
-            "stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="1"
+            "stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="1"
         )
     )
     assert exits == 1
@@ -221,7 +221,9 @@ def test_sigkill_with_quick_torchrun_restart_is_still_counted(
     launcher = fake_torchrun([0], restart=True, restart_delay=0.0)
     first = launcher.wait_pid(0)
     tools.wait_for(
-        lambda: tools.scrape(agent.url).value("stormwatch_rank_up", job=launcher.job, rank="0")
+        lambda: tools.scrape(agent.url).value(
+            "stormwatch_rank_up", training_job=launcher.job, rank="0"
+        )
     )
     reply = tools.http(
         "POST",
@@ -236,7 +238,10 @@ def test_sigkill_with_quick_torchrun_restart_is_still_counted(
     def counted() -> Any:
         scrape = tools.scrape(agent.url)
         return (
-            scrape.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="0") == 1
+            scrape.value(
+                "stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="0"
+            )
+            == 1
             and scrape
         )
 
@@ -246,11 +251,14 @@ def test_sigkill_with_quick_torchrun_restart_is_still_counted(
     scrape = tools.wait_for(
         lambda: (
             (s := counted())
-            and s.value("stormwatch_rank_up", job=launcher.job, rank="0") == 1
+            and s.value("stormwatch_rank_up", training_job=launcher.job, rank="0") == 1
             and s
         )
     )
-    assert scrape.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="0") == 1
+    assert (
+        scrape.value("stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="0")
+        == 1
+    )
 
 
 def test_same_fault_id_twice_has_one_effect(

@@ -27,8 +27,8 @@ def _write(path: Path, rows: list[tuple[str, str, dict[str, str], float, float]]
 
 
 def _folder(tmp_path: Path, step: float = 1.0) -> list[str]:
-    rank = {"job": "train", "rank": "0"}
-    peer = {"job": "train", "rank": "1"}
+    rank = {"training_job": "train", "rank": "0"}
+    peer = {"training_job": "train", "rank": "1"}
     _write(
         tmp_path / "counter_101.db",
         [
@@ -119,7 +119,15 @@ def test_a_file_with_the_same_name_but_new_bytes_is_parsed_again(tmp_path: Path)
     os.unlink(tmp_path / "counter_102.db")
     _write(
         tmp_path / "counter_102.db",
-        [("stormwatch_collective_calls", "stormwatch_collective_calls_total", {"job": "b"}, 1, 0)],
+        [
+            (
+                "stormwatch_collective_calls",
+                "stormwatch_collective_calls_total",
+                {"training_job": "b"},
+                1,
+                0,
+            )
+        ],
     )
     read = reader.read(files)
     assert _as_library(read) == _as_library(MultiProcessCollector._read_metrics(files))

@@ -42,12 +42,12 @@ WRITER = textwrap.dedent(
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
     from prometheus_client import Counter, Gauge, Histogram
     rnd = random.Random(seed)
-    lab = dict(job=job, rank="0")
-    seconds = Counter("stormwatch_collective_duration_seconds", "t", ["job", "rank", "op"])
-    steps = Counter("stormwatch_train_steps", "s", ["job", "rank"])
-    duration = Histogram("stormwatch_train_step_duration_seconds", "d", ["job", "rank"])
+    lab = dict(training_job=job, rank="0")
+    seconds = Counter("stormwatch_collective_duration_seconds", "t", ["training_job", "rank", "op"])
+    steps = Counter("stormwatch_train_steps", "s", ["training_job", "rank"])
+    duration = Histogram("stormwatch_train_step_duration_seconds", "d", ["training_job", "rank"])
     gauges = {
-        mode: Gauge(f"g_{mode}", "g", ["job", "rank"], multiprocess_mode=mode)
+        mode: Gauge(f"g_{mode}", "g", ["training_job", "rank"], multiprocess_mode=mode)
         for mode in (modes if sys.argv[5] == "gauges" else ())
     }
     for i in range(20):
@@ -151,12 +151,12 @@ def test_counters_never_go_backwards_across_folds_and_equal_the_exact_totals(
                 scrape = tools.scrape(agent.url)
                 seconds = scrape.value(
                     "stormwatch_collective_duration_seconds_total",
-                    job="j",
+                    training_job="j",
                     rank="0",
                     op="all_reduce",
                 )
                 total = scrape.value(
-                    "stormwatch_train_step_duration_seconds_sum", job="j", rank="0"
+                    "stormwatch_train_step_duration_seconds_sum", training_job="j", rank="0"
                 )
                 if seconds is None and not last["seconds"]:
                     return None  # not rendered yet
@@ -169,16 +169,19 @@ def test_counters_never_go_backwards_across_folds_and_equal_the_exact_totals(
             scrape = tools.wait_for(folded)
             values = [w for w, _ in wrote]
             assert scrape.value(
-                "stormwatch_collective_duration_seconds_total", job="j", rank="0", op="all_reduce"
+                "stormwatch_collective_duration_seconds_total",
+                training_job="j",
+                rank="0",
+                op="all_reduce",
             ) == math.fsum(w["seconds"] for w in values)
             assert scrape.value(
-                "stormwatch_train_step_duration_seconds_sum", job="j", rank="0"
+                "stormwatch_train_step_duration_seconds_sum", training_job="j", rank="0"
             ) == math.fsum(w["duration_sum"] for w in values)
-            assert scrape.value("stormwatch_train_steps_total", job="j", rank="0") == 20 * len(
-                values
-            )
+            assert scrape.value(
+                "stormwatch_train_steps_total", training_job="j", rank="0"
+            ) == 20 * len(values)
             # The running writer's two files (and the accumulator's), not two per exit.
-            assert scrape.value("stormwatch_agent_multiprocess_files", job="j") == 2
+            assert scrape.value("stormwatch_agent_multiprocess_files", training_job="j") == 2
     finally:
         _finish(running)
 
@@ -193,7 +196,7 @@ def test_gauges_of_exited_processes_follow_their_multiprocess_mode(metrics_dir: 
         before = _samples(folder.merge())
         _maintain(folder)
         after = _samples(folder.merge())
-        lab = (("job", "j"), ("rank", "0"))
+        lab = (("rank", "0"), ("training_job", "j"))  # sorted
         for mode in ("sum", "max", "min", "mostrecent"):
             assert after[(f"g_{mode}", lab)] == before[(f"g_{mode}", lab)]
         assert after[("g_sum", lab)] == first["gauge"] + second["gauge"]
@@ -252,11 +255,11 @@ RESTARTING_RANK = textwrap.dedent(
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ["STORMWATCH_METRICS_DIR"]
     from prometheus_client import Counter, Gauge, Histogram
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    lab = dict(job=os.environ["STORMWATCH_JOB"], rank=os.environ["RANK"])
-    Counter("stormwatch_train_steps", "s", ["job", "rank"]).labels(**lab).inc(5)
-    Histogram("stormwatch_train_step_duration_seconds", "d", ["job", "rank"]).labels(
+    lab = dict(training_job=os.environ["STORMWATCH_JOB"], rank=os.environ["RANK"])
+    Counter("stormwatch_train_steps", "s", ["training_job", "rank"]).labels(**lab).inc(5)
+    Histogram("stormwatch_train_step_duration_seconds", "d", ["training_job", "rank"]).labels(
         **lab).observe(0.01)
-    Gauge("stormwatch_train_step", "s", ["job", "rank"], multiprocess_mode="livemax").labels(
+    Gauge("stormwatch_train_step", "s", ["training_job", "rank"], multiprocess_mode="livemax").labels(
         **lab).set(attempt)
     if attempt < int(os.environ["RESTARTS"]):
         sys.exit(1)  # the launcher restarts it, as torchrun does
@@ -283,11 +286,13 @@ def test_the_file_count_stays_bounded_after_many_rank_restarts(
         folded = scrape.value("stormwatch_agent_multiprocess_folded_files_total")
         per_rank = {
             (
-                scrape.value("stormwatch_train_steps_total", job=launcher.job, rank=rank),
+                scrape.value("stormwatch_train_steps_total", training_job=launcher.job, rank=rank),
                 scrape.value(
-                    "stormwatch_train_step_duration_seconds_count", job=launcher.job, rank=rank
+                    "stormwatch_train_step_duration_seconds_count",
+                    training_job=launcher.job,
+                    rank=rank,
                 ),
-                scrape.value("stormwatch_train_step", job=launcher.job, rank=rank),
+                scrape.value("stormwatch_train_step", training_job=launcher.job, rank=rank),
             )
             for rank in ("0", "1")
         }
@@ -295,7 +300,7 @@ def test_the_file_count_stays_bounded_after_many_rank_restarts(
         expected = {(5.0 * (restarts + 1), float(restarts + 1), float(restarts))}
         # each running rank's three files (the count is as of the agent's last scan, which
         # may have listed the folder before the last attempt had made all of its files)
-        files = scrape.value("stormwatch_agent_multiprocess_files", job=launcher.job)
+        files = scrape.value("stormwatch_agent_multiprocess_files", training_job=launcher.job)
         done = folded == 2 * 2 * restarts and per_rank == expected and files == 6
         return scrape if done else None
 
@@ -306,7 +311,7 @@ def test_the_file_count_stays_bounded_after_many_rank_restarts(
 
 
 def _steps(tools: Any, agent: Any, job: str) -> float | None:
-    return tools.scrape(agent.url).value("stormwatch_train_steps_total", job=job, rank="0")
+    return tools.scrape(agent.url).value("stormwatch_train_steps_total", training_job=job, rank="0")
 
 
 def test_a_fresh_job_start_clears_the_jobs_series_while_an_elastic_restart_keeps_them(
@@ -367,7 +372,7 @@ def test_agent_exports_its_folder_size_and_render_durations_which_promtool_accep
     scrape = tools.wait_for(
         lambda: (
             (s := tools.scrape(agent.url)).value(
-                "stormwatch_agent_multiprocess_files", job=launcher.job
+                "stormwatch_agent_multiprocess_files", training_job=launcher.job
             )
             == 6
             and s
@@ -408,7 +413,7 @@ def test_a_running_writer_in_its_own_pid_namespace_is_never_folded(
         assert pid > 3999990 and not psutil.pid_exists(pid)  # no host process has it
         tools.wait_for(
             lambda: tools.scrape(agent.url).value(
-                "stormwatch_train_steps_total", job="pod", rank="0"
+                "stormwatch_train_steps_total", training_job="pod", rank="0"
             )
         )
         scanned = agent.agent.watcher.last_scan_at
@@ -424,7 +429,10 @@ def test_a_running_writer_in_its_own_pid_namespace_is_never_folded(
             tools.scrape(agent.url).value("stormwatch_agent_multiprocess_folded_files_total") == 2
         )
     )
-    assert tools.scrape(agent.url).value("stormwatch_train_steps_total", job="pod", rank="0") == 20
+    assert (
+        tools.scrape(agent.url).value("stormwatch_train_steps_total", training_job="pod", rank="0")
+        == 20
+    )
 
 
 def test_a_folder_another_process_is_folding_is_left_to_it(metrics_dir: Path) -> None:

@@ -46,7 +46,7 @@ def _ranks_seen(tools: Any, agent: Any, job: str, count: int) -> None:
 
 
 def _orphaned_series(tools: Any, agent: Any, job: str) -> dict[str, float]:
-    series = tools.scrape(agent.url).series("stormwatch_rank_orphaned_seconds", job=job)
+    series = tools.scrape(agent.url).series("stormwatch_rank_orphaned_seconds", training_job=job)
     return {labels["rank"]: value for labels, value in series}
 
 

@@ -128,10 +128,16 @@ def test_rank_exit_code_and_kill_signal_reach_events_and_metrics(
     assert scrape.value("stormwatch_proc_connector_up") == 1
     health = tools.http("GET", agent.url + "/healthz").json()
     assert health["proc_connector"] == {"up": True, "reason": None}
-    assert scrape.value("stormwatch_rank_exits_total", job=job, rank="0", reason="exit_code") == 1
-    assert scrape.value("stormwatch_rank_exits_total", job=job, rank="1", reason="signal") == 1
-    assert scrape.value("stormwatch_rank_last_exit_code", job=job, rank="0") == 3
-    assert scrape.value("stormwatch_rank_last_exit_code", job=job, rank="1") == -9
+    assert (
+        scrape.value("stormwatch_rank_exits_total", training_job=job, rank="0", reason="exit_code")
+        == 1
+    )
+    assert (
+        scrape.value("stormwatch_rank_exits_total", training_job=job, rank="1", reason="signal")
+        == 1
+    )
+    assert scrape.value("stormwatch_rank_last_exit_code", training_job=job, rank="0") == 3
+    assert scrape.value("stormwatch_rank_last_exit_code", training_job=job, rank="1") == -9
 
 
 def test_a_watcher_without_exit_events_counts_the_exit_as_unknown(

@@ -25,9 +25,9 @@ STEPPING_RANK = textwrap.dedent(
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ["STORMWATCH_METRICS_DIR"]
     from prometheus_client import Counter, Gauge
     rank = int(os.environ["RANK"])
-    lab = dict(job=os.environ["STORMWATCH_JOB"], rank=str(rank))
+    lab = dict(training_job=os.environ["STORMWATCH_JOB"], rank=str(rank))
     live = dict(multiprocess_mode="livemax")
-    names = ["job", "rank"]
+    names = ["training_job", "rank"]
     step = Gauge("stormwatch_train_step", "s", names, **live).labels(**lab)
     beat = Gauge("stormwatch_train_last_step_timestamp_seconds", "b", names, **live).labels(**lab)
     compute = Gauge("stormwatch_train_step_compute_seconds", "c", names, **live).labels(**lab)
@@ -71,29 +71,35 @@ def test_fc14_fc10_live_agent_flags_the_straggler_and_the_hung_rank(
 
     def straggler_flagged() -> Any:
         scrape = tools.scrape(agent.url)
-        return scrape if scrape.value("stormwatch_rank_straggler", job=job, rank="2") else None
+        return (
+            scrape
+            if scrape.value("stormwatch_rank_straggler", training_job=job, rank="2")
+            else None
+        )
 
     scrape = tools.wait_for(straggler_flagged, timeout=30)
     for rank in "01":  # the ranks waiting for rank 2 are not stragglers
-        assert scrape.value("stormwatch_rank_straggler", job=job, rank=rank) == 0
-        score = scrape.value("stormwatch_rank_straggler_score", job=job, rank=rank)
+        assert scrape.value("stormwatch_rank_straggler", training_job=job, rank=rank) == 0
+        score = scrape.value("stormwatch_rank_straggler_score", training_job=job, rank=rank)
         assert score is not None and score < 1.0
-    score = scrape.value("stormwatch_rank_straggler_score", job=job, rank="2")
+    score = scrape.value("stormwatch_rank_straggler_score", training_job=job, rank="2")
     assert score is not None and score >= 2.0
-    assert scrape.value("stormwatch_rank_hung", job=job, rank="1") == 0
-    assert scrape.value("stormwatch_rank_hangs_total", job=job, rank="1") == 0
+    assert scrape.value("stormwatch_rank_hung", training_job=job, rank="1") == 0
+    assert scrape.value("stormwatch_rank_hangs_total", training_job=job, rank="1") == 0
 
     hang_file.touch()  # rank 1 stops completing steps (and collectives)
 
     def hung() -> Any:
         scrape = tools.scrape(agent.url)
-        return scrape if scrape.value("stormwatch_rank_hung", job=job, rank="1") else None
+        return scrape if scrape.value("stormwatch_rank_hung", training_job=job, rank="1") else None
 
     scrape = tools.wait_for(hung, timeout=30)
-    assert scrape.value("stormwatch_rank_hung", job=job, rank="0") == 0
-    assert scrape.value("stormwatch_rank_hung", job=job, rank="2") == 0
-    assert scrape.value("stormwatch_rank_hangs_total", job=job, rank="1") == 1
-    lags = {r: scrape.value("stormwatch_rank_collective_lag", job=job, rank=r) for r in "012"}
+    assert scrape.value("stormwatch_rank_hung", training_job=job, rank="0") == 0
+    assert scrape.value("stormwatch_rank_hung", training_job=job, rank="2") == 0
+    assert scrape.value("stormwatch_rank_hangs_total", training_job=job, rank="1") == 1
+    lags = {
+        r: scrape.value("stormwatch_rank_collective_lag", training_job=job, rank=r) for r in "012"
+    }
     assert max(lags, key=lambda r: lags[r] or 0) == "1", lags
     assert (lags["1"] or 0) > 0
 
@@ -118,10 +124,14 @@ def test_fc14_fc10_live_agent_flags_the_straggler_and_the_hung_rank(
 
     def cleared() -> Any:
         scrape = tools.scrape(agent.url)
-        return scrape if scrape.value("stormwatch_rank_hung", job=job, rank="1") == 0 else None
+        return (
+            scrape
+            if scrape.value("stormwatch_rank_hung", training_job=job, rank="1") == 0
+            else None
+        )
 
     scrape = tools.wait_for(cleared, timeout=30)
-    assert scrape.value("stormwatch_rank_hangs_total", job=job, rank="1") == 1
+    assert scrape.value("stormwatch_rank_hangs_total", training_job=job, rank="1") == 1
 
     launcher.stop()
     tools.wait_for(

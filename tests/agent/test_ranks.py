@@ -85,8 +85,11 @@ def test_ranks_under_torchrun_are_found_and_others_ignored(
         assert row["job"] == launcher.job and row["local_rank"] == rank and row["world_size"] == 4
         assert row["last_step"] == 3
     scrape = tools.scrape(agent.url)
-    assert scrape.value("stormwatch_rank_up", job=launcher.job, rank="0") == 1
-    assert scrape.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="1") == 0
+    assert scrape.value("stormwatch_rank_up", training_job=launcher.job, rank="0") == 1
+    assert (
+        scrape.value("stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="1")
+        == 0
+    )
 
 
 def test_ranks_of_another_node_are_not_this_nodes(
@@ -123,9 +126,9 @@ def test_fc01_dead_rank_gauges_disappear(
     def both_ranks_reporting() -> Any:
         scrape = tools.scrape(agent.url)
         ok = all(
-            scrape.value("stormwatch_train_step", job=launcher.job, rank=r) == 3
+            scrape.value("stormwatch_train_step", training_job=launcher.job, rank=r) == 3
             and scrape.value(
-                "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank=r
+                "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank=r
             )
             for r in "01"
         )
@@ -133,10 +136,12 @@ def test_fc01_dead_rank_gauges_disappear(
 
     before = tools.wait_for(both_ranks_reporting)
     heartbeat = before.value(
-        "stormwatch_train_last_step_timestamp_seconds", job=launcher.job, rank="0"
+        "stormwatch_train_last_step_timestamp_seconds", training_job=launcher.job, rank="0"
     )
     assert (
-        before.value("stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="0")
+        before.value(
+            "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="0"
+        )
         == heartbeat
     )
     assert not [lab for lab, _ in before.series("stormwatch_train_step") if "pid" in lab]
@@ -147,29 +152,39 @@ def test_fc01_dead_rank_gauges_disappear(
         # Both exits noticed and both ranks' live gauges dropped (one scrape reads the
         # watcher's state and the trainer's files at slightly different moments).
         scrape = tools.scrape(agent.url)
-        gone = not scrape.series("stormwatch_train_step", job=launcher.job)
+        gone = not scrape.series("stormwatch_train_step", training_job=launcher.job)
         down = all(
-            scrape.value("stormwatch_rank_up", job=launcher.job, rank=rank) == 0 for rank in "01"
+            scrape.value("stormwatch_rank_up", training_job=launcher.job, rank=rank) == 0
+            for rank in "01"
         )
         return scrape if gone and down else None
 
     after = tools.wait_for(rank_gauges_gone)
     # Current-state gauges are gone; counters and histograms stay.
     for name in ("stormwatch_train_loss", "stormwatch_train_last_step_timestamp_seconds"):
-        assert after.series(name, job=launcher.job) == [], name
+        assert after.series(name, training_job=launcher.job) == [], name
     for rank in "01":
-        assert after.value("stormwatch_train_steps_total", job=launcher.job, rank=rank) == 3
         assert (
-            after.value("stormwatch_train_step_duration_seconds_count", job=launcher.job, rank=rank)
+            after.value("stormwatch_train_steps_total", training_job=launcher.job, rank=rank) == 3
+        )
+        assert (
+            after.value(
+                "stormwatch_train_step_duration_seconds_count", training_job=launcher.job, rank=rank
+            )
             == 3
         )
-        assert after.value("stormwatch_rank_up", job=launcher.job, rank=rank) == 0
+        assert after.value("stormwatch_rank_up", training_job=launcher.job, rank=rank) == 0
         assert (
-            after.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank=rank) == 1
+            after.value(
+                "stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank=rank
+            )
+            == 1
         )
     # The last heartbeat is kept, so it goes stale for the "no progress" alert.
     assert (
-        after.value("stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="0")
+        after.value(
+            "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="0"
+        )
         == heartbeat
     )
     assert not list(agent.config.metrics_dir.glob("gauge_live*.db"))
@@ -189,9 +204,15 @@ def test_clean_exit_with_done_marker_is_not_unexpected(
         lambda: 0 not in _ranks(tools, agent, launcher.job)
     )  # finished ranks are forgotten
     scrape = tools.scrape(agent.url)
-    assert scrape.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="0") == 0
-    assert scrape.series("stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job) == []
-    assert scrape.value("stormwatch_train_steps_total", job=launcher.job, rank="0") == 3
+    assert (
+        scrape.value("stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="0")
+        == 0
+    )
+    assert (
+        scrape.series("stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job)
+        == []
+    )
+    assert scrape.value("stormwatch_train_steps_total", training_job=launcher.job, rank="0") == 3
 
 
 def test_restarted_rank_is_counted_and_refreshes_progress(
@@ -203,11 +224,11 @@ def test_restarted_rank_is_counted_and_refreshes_progress(
     first = launcher.wait_pid(0)
     tools.wait_for(
         lambda: tools.scrape(agent.url).value(
-            "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="0"
+            "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="0"
         )
     )
     old = tools.scrape(agent.url).value(
-        "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="0"
+        "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="0"
     )
     time.sleep(0.05)
     release.touch()
@@ -218,13 +239,16 @@ def test_restarted_rank_is_counted_and_refreshes_progress(
     def refreshed() -> Any:
         scrape = tools.scrape(agent.url)
         stamp = scrape.value(
-            "stormwatch_rank_last_progress_timestamp_seconds", job=launcher.job, rank="0"
+            "stormwatch_rank_last_progress_timestamp_seconds", training_job=launcher.job, rank="0"
         )
         return scrape if stamp is not None and stamp > old else None
 
     scrape = tools.wait_for(refreshed)
-    assert scrape.value("stormwatch_rank_up", job=launcher.job, rank="0") == 1
-    assert scrape.value("stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="0") == 1
+    assert scrape.value("stormwatch_rank_up", training_job=launcher.job, rank="0") == 1
+    assert (
+        scrape.value("stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="0")
+        == 1
+    )
     assert _ranks(tools, agent, launcher.job)[0]["restart_count"] == 1
 
 
@@ -255,7 +279,7 @@ def test_fc06_gpu_process_entries_are_checked_before_blaming_a_rank(
         not_a_rank.kill()
         not_a_rank.wait()
     assert scrape.series("stormwatch_rank_gpu_memory_used_bytes") == [
-        ({"job": launcher.job, "rank": "0", "gpu": "0"}, float(3 * 2**30))
+        ({"training_job": launcher.job, "rank": "0", "gpu": "0"}, float(3 * 2**30))
     ]
     assert scrape.value("stormwatch_gpu_processes_rejected", gpu="0", reason="no_such_pid") == 2
     assert (

@@ -59,8 +59,10 @@ def test_kill_rank_under_real_torchrun_is_restarted_and_counted(
         )
         assert restarted[1]["restart_count"] == 1
         scrape = tools.scrape(agent.url)
-        assert scrape.value("stormwatch_rank_unexpected_exits_total", job=job, rank="1") >= 1
-        assert scrape.value("stormwatch_rank_up", job=job, rank="1") == 1
+        assert (
+            scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="1") >= 1
+        )
+        assert scrape.value("stormwatch_rank_up", training_job=job, rank="1") == 1
     finally:
         tools.stop_process_group(torchrun)
         log.close()

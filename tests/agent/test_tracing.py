@@ -88,7 +88,7 @@ def test_rank_exit_and_fault_revert_spans(
     tools.wait_for(
         lambda: (
             tools.scrape(agent.url).value(
-                "stormwatch_rank_unexpected_exits_total", job=launcher.job, rank="1"
+                "stormwatch_rank_unexpected_exits_total", training_job=launcher.job, rank="1"
             )
             == 1
         )

@@ -75,7 +75,9 @@ def test_fc10_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_fli
         def all_reduces() -> list[float]:
             scrape = tools.scrape(agent.url)
             found = [
-                scrape.value("stormwatch_collective_calls_total", job=job, rank=r, op="all_reduce")
+                scrape.value(
+                    "stormwatch_collective_calls_total", training_job=job, rank=r, op="all_reduce"
+                )
                 for r in ("0", "1")
             ]
             return [n or 0.0 for n in found]
@@ -85,7 +87,7 @@ def test_fc10_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_fli
         tools.wait_for(lambda: min(all_reduces()) >= 5, timeout=120)  # DDP's gradient all-reduces
         scrape = tools.scrape(agent.url)
         latency = "stormwatch_collective_latency_seconds_count"
-        assert scrape.value(latency, job=job, rank="0", op="all_reduce", mesh_dim="world")
+        assert scrape.value(latency, training_job=job, rank="0", op="all_reduce", mesh_dim="world")
 
         os.kill(found[1]["pid"], signal.SIGSTOP)
         [culprit] = tools.wait_for(

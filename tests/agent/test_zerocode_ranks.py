@@ -106,7 +106,9 @@ def test_slurm_tasks_under_stormwatch_run_are_found_and_their_exits_reported(
         assert (metrics / "rank1.done").exists()
         assert seen[1]["pid"] == found[1]["pid"]  # the task itself: stormwatch run exec'd it
         scrape = tools.scrape(agent.url)
-        assert scrape.value("stormwatch_rank_unexpected_exits_total", job=job, rank="1") == 1
+        assert (
+            scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="1") == 1
+        )
         assert daemon.wait(30) == 0
     finally:
         for rank in (0, 1):  # the tasks end whatever happened

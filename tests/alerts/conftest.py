@@ -251,7 +251,12 @@ def make_alert(
 ) -> dict[str, Any]:
     return {
         "status": status,
-        "labels": {"alertname": alertname, "job": job, "rank": rank, "severity": "critical"},
+        "labels": {
+            "alertname": alertname,
+            "training_job": job,
+            "rank": rank,
+            "severity": "critical",
+        },
         "annotations": {"summary": f"Rank {rank} of job {job} stopped making progress"},
         "startsAt": iso(starts_at),
         "endsAt": iso(ends_at) if ends_at is not None else "0001-01-01T00:00:00Z",
@@ -265,12 +270,12 @@ def make_payload(*alerts: dict[str, Any], group_key: str | None = None) -> dict[
     status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
     return {
         "version": "4",
-        "groupKey": group_key or '{}:{alertname="StormwatchRankStalled", job="train"}',
+        "groupKey": group_key or '{}:{alertname="StormwatchRankStalled", training_job="train"}',
         "truncatedAlerts": 0,
         "status": status,
         "receiver": "stormwatch-responder",
-        "groupLabels": {"alertname": "StormwatchRankStalled", "job": "train"},
-        "commonLabels": {"alertname": "StormwatchRankStalled", "job": "train"},
+        "groupLabels": {"alertname": "StormwatchRankStalled", "training_job": "train"},
+        "commonLabels": {"alertname": "StormwatchRankStalled", "training_job": "train"},
         "commonAnnotations": {},
         "externalURL": "http://127.0.0.1:19093",
         "alerts": list(alerts),

@@ -38,7 +38,7 @@ def test_config_routes_to_the_responder_with_bearer_auth_and_resolved(token: Pat
     settings = AlertmanagerSettings(responder_url="http://127.0.0.1:19095", token_file=token)
     doc = yaml.safe_load(render_alertmanager_config(settings))
     route = doc["route"]
-    assert route["group_by"] == ["alertname", "job"]
+    assert route["group_by"] == ["alertname", "training_job"]
     # Production defaults: Alertmanager's own (the lab passes its fast values).
     assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
         "30s",
@@ -183,7 +183,12 @@ def test_cli_user_error_exits_2_without_traceback(kit: Any, tmp_path: Path) -> N
 # by `amtool config routes test --tree`) that must match it.
 ROUTING_CASES = [
     pytest.param(
-        {"alertname": "StormwatchRankStalled", "severity": "critical", "job": "j", "rank": "1"},
+        {
+            "alertname": "StormwatchRankStalled",
+            "severity": "critical",
+            "training_job": "j",
+            "rank": "1",
+        },
         "stormwatch-responder",
         'alertname=~"StormwatchRankStalled"',
         id="rank-stalled-goes-to-the-remediation-route",
@@ -213,13 +218,13 @@ ROUTING_CASES = [
         id="flapping-agent-grouped-by-node",
     ),
     pytest.param(
-        {"alertname": "StormwatchTrainingHung", "severity": "critical", "job": "j"},
+        {"alertname": "StormwatchTrainingHung", "severity": "critical", "training_job": "j"},
         "stormwatch-responder-critical",
         '{severity="critical"}',
         id="critical-job-alert",
     ),
     pytest.param(
-        {"alertname": "StormwatchThroughputDrop", "severity": "warning", "job": "j"},
+        {"alertname": "StormwatchThroughputDrop", "severity": "warning", "training_job": "j"},
         "stormwatch-responder-warning",
         '{severity="warning"}',
         id="warning-job-alert",
@@ -283,6 +288,17 @@ def test_inhibitions_mute_a_down_nodes_alerts_and_a_lost_gpus_other_alerts(gener
     gpu_lost = by_source[('alertname="StormwatchGpuLost"',)]
     assert gpu_lost["equal"] == ["node", "gpu"]
     assert 'alertname!="StormwatchGpuLost"' in gpu_lost["target_matchers"]
+
+
+def test_a_training_jobs_inhibitions_match_on_its_training_job_not_the_scrape_job(
+    generated: Path,
+) -> None:
+    """Every agent's alert carries ``job="stormwatch-agent"``: equal on ``job``, one training
+    job's hang would mute every other job's throughput drop (issue 19)."""
+    rules = yaml.safe_load(generated.read_text())["inhibit_rules"]
+    by_source = {tuple(r["source_matchers"]): r for r in rules}
+    for source in ('alertname="StormwatchTrainingHung"', 'alertname="StormwatchLossNaN"'):
+        assert by_source[(source,)]["equal"] == ["training_job"], source
 
 
 def test_an_agent_gone_from_discovery_mutes_its_unavailability(generated: Path) -> None:

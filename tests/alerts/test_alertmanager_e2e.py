@@ -59,7 +59,7 @@ def test_alertmanager_notification_opens_one_incident_and_resolve_closes_it(
     alert = {
         "labels": {
             "alertname": "StormwatchRankStalled",
-            "job": "e2e",
+            "training_job": "e2e",
             "rank": "1",
             "severity": "critical",
         },
@@ -75,7 +75,7 @@ def test_alertmanager_notification_opens_one_incident_and_resolve_closes_it(
 
     [incident] = kit.wait_for(lambda: responder.get("incidents"), 30, "an incident")
     assert incident["status"] == "open"
-    assert incident["labels"]["job"] == "e2e" and incident["labels"]["rank"] == "1"
+    assert incident["labels"]["training_job"] == "e2e" and incident["labels"]["rank"] == "1"
     assert incident["starts_at"] == pytest.approx(starts_at, abs=0.01)
     # Alertmanager repeats the firing notification; the repeats change nothing.
     kit.wait_for(
@@ -119,7 +119,7 @@ def test_alertmanager_group_of_four_ranks_is_one_incident_until_all_resolve(
         return {
             "labels": {
                 "alertname": "StormwatchRankStalled",
-                "job": "e2e-group",
+                "training_job": "e2e-group",
                 "rank": str(rank),
                 "severity": "critical",
             },
@@ -148,10 +148,13 @@ def test_alertmanager_group_of_four_ranks_is_one_incident_until_all_resolve(
     assert not incident["first_alert_tied"]
     assert incident["labels"] == {
         "alertname": "StormwatchRankStalled",
-        "job": "e2e-group",
+        "training_job": "e2e-group",
         "severity": "critical",
     }
-    assert incident["group_labels"] == {"alertname": "StormwatchRankStalled", "job": "e2e-group"}
+    assert incident["group_labels"] == {
+        "alertname": "StormwatchRankStalled",
+        "training_job": "e2e-group",
+    }
     assert len(responder.get("actions")) == 1
 
     # The stopped siblings come back first: the incident stays open.
@@ -196,12 +199,12 @@ def test_alertmanager_inhibits_a_down_nodes_and_a_lost_gpus_other_alerts(
 
     sent = [
         alert("StormwatchNodeDown", "critical", node="node1", job="stormwatch-agent"),
-        alert("StormwatchRankCrashLoop", "critical", node="node1", job="j", rank="1"),
-        alert("StormwatchRankCrashLoop", "critical", node="node0", job="j", rank="0"),
+        alert("StormwatchRankCrashLoop", "critical", node="node1", training_job="j", rank="1"),
+        alert("StormwatchRankCrashLoop", "critical", node="node0", training_job="j", rank="0"),
         alert("StormwatchGpuLost", "critical", node="node0", gpu="3"),
         alert("StormwatchGpuXidFatal", "critical", node="node0", gpu="3", code="79"),
         alert("StormwatchGpuXidFatal", "critical", node="node0", gpu="2", code="79"),
-        alert("StormwatchRankStalled", "critical", job="j", rank="1"),
+        alert("StormwatchRankStalled", "critical", training_job="j", rank="1"),
     ]
     assert kit.request("POST", f"{am_url}/api/v2/alerts", body=sent).status == 200
 

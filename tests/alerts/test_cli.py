@@ -189,7 +189,7 @@ def _responder_db(kit: Any, path: Path) -> Path:
 def test_incidents_reads_the_responder_database_offline(kit: Any, tmp_path: Path) -> None:
     db = _responder_db(kit, tmp_path / "responder.sqlite")
     data = json.loads(_run(kit, "alerts", "incidents", "--db", str(db), "--json").stdout)
-    assert [i["labels"]["job"] for i in data["incidents"]] == [
+    assert [i["labels"]["training_job"] for i in data["incidents"]] == [
         "train",
         "pretrain-llama-70b-with-a-long-name",
     ]

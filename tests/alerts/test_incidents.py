@@ -156,7 +156,7 @@ def _notification(kit: Any, group: str, job: str, t0: float, spec: str) -> dict[
             )
         )
     payload = kit.payload(*alerts, group_key=group)
-    payload["groupLabels"] = {"alertname": "StormwatchRankStalled", "job": job}
+    payload["groupLabels"] = {"alertname": "StormwatchRankStalled", "training_job": job}
     return payload
 
 
@@ -164,7 +164,7 @@ def _notification(kit: Any, group: str, job: str, t0: float, spec: str) -> dict[
 def test_incident_per_alert_group(module_responder: Any, kit: Any, name: str) -> None:
     case = CASES[name]
     job = f"job-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    group = f'{{}}:{{alertname="StormwatchRankStalled", job="{job}"}}'
+    group = f'{{}}:{{alertname="StormwatchRankStalled", training_job="{job}"}}'
     t0 = time.time() - 300
     for i, step in enumerate(case.steps):
         reply = module_responder.post(_notification(kit, group, job, t0, step.alerts))
@@ -198,11 +198,14 @@ def test_incident_per_alert_group(module_responder: Any, kit: Any, name: str) ->
         members = incident["members"]
         assert incident["first_alert"] == members[0]
         assert incident["starts_at"] == members[0]["starts_at"]
-        assert incident["group_labels"] == {"alertname": "StormwatchRankStalled", "job": job}
+        assert incident["group_labels"] == {
+            "alertname": "StormwatchRankStalled",
+            "training_job": job,
+        }
         assert incident["alertname"] == "StormwatchRankStalled"
         # Labels are those every member shares: the job always, a rank only when alone.
         ranks = {m["labels"]["rank"] for m in members}
-        assert incident["labels"]["job"] == job
+        assert incident["labels"]["training_job"] == job
         assert incident["labels"].get("rank") == (ranks.pop() if len(ranks) == 1 else None)
         assert all(m["group_key"] == group for m in members)
         if incident["status"] == "closed":
@@ -255,7 +258,7 @@ def test_actions_are_per_incident_even_with_several_alert_names(
     assert len(joined["actions_started"]) == 1
     [incident] = [i for i in module_responder.get("incidents") if i["group_key"] == group]
     assert incident["alertname"] == "SomethingElse"
-    assert incident["labels"] == {"job": "train", "severity": "critical"}
+    assert incident["labels"] == {"training_job": "train", "severity": "critical"}
     assert [
         a["kind"] for a in module_responder.get("actions") if a["incident_id"] == incident["id"]
     ] == ["confirm_restart"]

@@ -29,7 +29,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import StateStore, plan_state
 
 JOB = "train"
-GROUP_KEY = '{}:{alertname="StormwatchTrainingHung", job="train"}'
+GROUP_KEY = '{}:{alertname="StormwatchTrainingHung", training_job="train"}'
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 
 
@@ -118,7 +118,11 @@ def make_lab_run(run_dir: Path, last_step_at: float) -> None:
 def _alert(kit: Any, status: str, starts_at: float, ends_at: float | None) -> dict[str, Any]:
     return {
         "status": status,
-        "labels": {"alertname": "StormwatchTrainingHung", "job": JOB, "severity": "critical"},
+        "labels": {
+            "alertname": "StormwatchTrainingHung",
+            "training_job": JOB,
+            "severity": "critical",
+        },
         "annotations": {"summary": "Job train is hung"},
         "startsAt": kit.iso(starts_at),
         "endsAt": kit.iso(ends_at) if ends_at is not None else "0001-01-01T00:00:00Z",
@@ -132,7 +136,7 @@ def _hang_payload(kit: Any, status: str, last_step_at: float) -> dict[str, Any]:
     payload = kit.payload(_alert(kit, status, last_step_at + 60, ends_at), group_key=GROUP_KEY)
     payload["groupLabels"] = payload["commonLabels"] = {
         "alertname": "StormwatchTrainingHung",
-        "job": JOB,
+        "training_job": JOB,
     }
     return payload
 

@@ -41,7 +41,7 @@ def _slurm(argv: Sequence[str]) -> str:
 
 
 def _incident() -> IncidentRecord:
-    labels = {"alertname": "StormwatchNodeLost", "job": "llm"}
+    labels = {"alertname": "StormwatchNodeLost", "training_job": "llm"}
     member = IncidentMember(
         fingerprint="f1",
         alertname="StormwatchNodeLost",

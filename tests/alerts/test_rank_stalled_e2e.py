@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,17 +53,21 @@ class StandInAgent:
     def collect(self) -> Iterator[Any]:
         with self._lock:
             now = time.time()
-            up = GaugeMetricFamily("stormwatch_rank_up", "up", labels=["job", "rank"])
+            up = GaugeMetricFamily("stormwatch_rank_up", "up", labels=["training_job", "rank"])
             progress = GaugeMetricFamily(
-                "stormwatch_rank_last_progress_timestamp_seconds", "hb", labels=["job", "rank"]
+                "stormwatch_rank_last_progress_timestamp_seconds",
+                "hb",
+                labels=["training_job", "rank"],
             )
             exits = CounterMetricFamily(
-                "stormwatch_rank_unexpected_exits", "exits", labels=["job", "rank"]
+                "stormwatch_rank_unexpected_exits", "exits", labels=["training_job", "rank"]
             )
             restarts = GaugeMetricFamily(
-                "stormwatch_train_job_restarts", "restarts", labels=["job", "rank"]
+                "stormwatch_train_job_restarts", "restarts", labels=["training_job", "rank"]
             )
-            world = GaugeMetricFamily("stormwatch_train_world_size", "ws", labels=["job", "rank"])
+            world = GaugeMetricFamily(
+                "stormwatch_train_world_size", "ws", labels=["training_job", "rank"]
+            )
             for rank in RANKS:
                 up.add_metric([JOB, rank], 1.0 if self.running else 0.0)
                 beat = now if self.running else self.frozen_heartbeat
@@ -145,7 +150,6 @@ def test_killed_rank_fires_once_is_confirmed_restarted_and_resolves(
                 "scrape_configs": [
                     {
                         "job_name": "stormwatch-agent",
-                        "honor_labels": True,  # keep the training job's `job` label (docs/ARCHITECTURE.md)
                         "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}],
                     }
                 ],
@@ -162,11 +166,11 @@ def test_killed_rank_fires_once_is_confirmed_restarted_and_resolves(
         prom_port,
     )
 
-    # Steady state: both ranks scraped with the training job's label, no alert.
+    # Steady state: both ranks scraped with the training job's label, no alert; `job` is
+    # the scrape job's, kept without honor_labels (issue 19).
     def scraped() -> bool:
-        reply = kit.request(
-            "GET", f"{prom_url}/api/v1/query?query=stormwatch_rank_up%7Bjob%3D%22e2e%22%7D"
-        )
+        query = urllib.parse.quote('stormwatch_rank_up{training_job="e2e",job="stormwatch-agent"}')
+        reply = kit.request("GET", f"{prom_url}/api/v1/query?query={query}")
         return len(reply.body["data"]["result"]) == 2
 
     kit.wait_for(scraped, 30, "Prometheus scraping the stand-in agent")
@@ -180,7 +184,7 @@ def test_killed_rank_fires_once_is_confirmed_restarted_and_resolves(
     stand_in.kill("1")
     firing = kit.wait_for(lambda: _firing(kit, prom_url), 10, "the alert to fire")
     fired_after = time.time() - killed_at
-    assert [(a["job"], a["rank"]) for a in firing] == [(JOB, "1")]
+    assert [(a["training_job"], a["rank"]) for a in firing] == [(JOB, "1")]
     assert fired_after < 8, f"fired {fired_after:.1f} s after the kill"
 
     time.sleep(4)  # torchrun's restart

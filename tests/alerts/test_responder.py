@@ -436,7 +436,7 @@ def test_confirm_restart_succeeds_once_restarted_and_every_rank_progresses(
     assert action["data"]["ranks_progressed"] == ["0", "1", "2", "3"]
     assert action["data"]["confirmed_at"] == pytest.approx(action["finished_at"], abs=1)
     # The queries select the alert's job (label value escaped for PromQL).
-    assert all('{job="tr\\"ain"}' in q for q, _ in fake_prometheus.queries)
+    assert all('{training_job="tr\\"ain"}' in q for q, _ in fake_prometheus.queries)
     # The "before" value is read 5 s before the alert started.
     before = [t for q, t in fake_prometheus.queries if "max_over_time" in q]
     assert len(before) == 2  # the job's attempt and each node's count

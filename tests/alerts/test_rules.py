@@ -131,7 +131,10 @@ def test_fc01_case_catches_a_rule_that_judges_dead_ranks_by_heartbeat(tmp_path: 
     """The FC-01 unit tests have teeth: without the `up == 1` guard they fail."""
     [path] = [p for p in rule_files() if p.name == "ranks.yml"]
     text = path.read_text()
-    guard = "and on (job, rank)\n                    max by (job, rank) (stormwatch_rank_up) == 1\n"
+    guard = (
+        "and on (training_job, rank)\n"
+        "                    max by (training_job, rank) (stormwatch_rank_up) == 1\n"
+    )
     assert guard in text
     broken = tmp_path / "ranks.yml"
     broken.write_text(text.replace(guard, ""))
@@ -161,7 +164,7 @@ def test_a_phase_excuses_a_silent_rank_only_until_its_deadline(tmp_path: Path) -
         assert _run_case(tmp_path, name).ok
         [path] = [p for p in rule_files() if p.name == file]
         text = path.read_text()
-        clause = re.search(r"\n *unless on \(job(, rank)?\)\n.*phase_deadline.*\n", text)
+        clause = re.search(r"\n *unless on \(training_job(, rank)?\)\n.*phase_deadline.*\n", text)
         assert clause is not None, file
         broken = tmp_path / file
         broken.write_text(text.replace(clause.group(0), "\n"))
@@ -250,6 +253,25 @@ def _alert_checks() -> dict[str, list[tuple[str, float, bool]]]:
     return checks
 
 
+#: ``by``/``on``/``without``/``ignoring``/``group_*`` label lists of an expression.
+_GROUPING = re.compile(r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\(([^()]*)\)")
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda r: r.get("alert") or r["record"])
+def test_a_training_job_is_named_by_training_job_never_by_prometheus_job(
+    rule: dict[str, Any],
+) -> None:
+    """``job`` is Prometheus's scrape job, ``stormwatch-agent`` on every agent series: a
+    rule that grouped, matched or named a training job by it would lump all jobs into one
+    (issue 19). ``job`` stays only beside the scrape job's ``up``-style series."""
+    text = rule["expr"] + " ".join((rule.get("annotations") or {}).values())
+    assert "$labels.job " not in text and "$labels.job}" not in text
+    assert not re.match(r"job[_:]", rule.get("record", "")), rule.get("record")
+    grouped = {x.strip() for group in _GROUPING.findall(rule["expr"]) for x in group.split(",")}
+    if "job" in grouped:
+        assert 'job="stormwatch-agent"' in rule["expr"], rule["expr"]
+
+
 @pytest.mark.parametrize("alert", _alerts(), ids=lambda a: a["alert"])
 def test_every_alert_has_a_fire_and_a_later_resolve_case(alert: dict[str, Any]) -> None:
     checks = _alert_checks().get(alert["alert"], [])
@@ -292,8 +314,9 @@ def test_awaiting_list_only_names_missing_metrics() -> None:
 
 def test_metric_name_extraction_skips_functions_labels_and_keywords() -> None:
     expr = (
-        'sum by (job, rank) (increase(foo_total{code=~"48|79"}[5m])) > on (job) group_left () '
-        "bar:baz:max and on (job) count by (job) (qux offset 5m) >= 2 or abs(x) == Inf\n"
+        'sum by (training_job, rank) (increase(foo_total{code=~"48|79"}[5m])) '
+        "> on (training_job) group_left () bar:baz:max and on (training_job) "
+        "count by (training_job) (qux offset 5m) >= 2 or abs(x) == Inf\n"
         "# a comment naming words\n"
     )
     assert _metric_names(expr) == {"foo_total", "bar:baz:max", "qux", "x"}
@@ -367,10 +390,12 @@ def test_restart_storm_case_catches_a_rule_on_the_highest_node_count(tmp_path: P
     when four restarts alternate between two nodes) fails the alternating case."""
     [path] = [p for p in rule_files() if p.name == "training.yml"]
     text = path.read_text()
-    job_wide = "expr: max by (job) (stormwatch_train_job_restarts)"
+    job_wide = "expr: max by (training_job) (stormwatch_train_job_restarts)"
     assert job_wide in text
     broken = tmp_path / "training.yml"
-    broken.write_text(text.replace(job_wide, "expr: max by (job) (stormwatch_train_node_restarts)"))
+    broken.write_text(
+        text.replace(job_wide, "expr: max by (training_job) (stormwatch_train_node_restarts)")
+    )
     assert check_rules([broken]).ok
     run = _run_case(
         tmp_path, "restart_storm_fires_on_restarts_alternating_between_nodes", rules=[broken]

@@ -441,7 +441,7 @@ def _slurm_job(chaos: Any) -> Callable[[], SlurmJobInfo] | None:
 # ---------------------------------------------------- crashes (they restart workers)
 def _exits(chaos: Any, node: str, rank: int) -> float:
     scrape = helpers.metrics(chaos.node(node).agent_url)
-    return helpers.value(scrape, "stormwatch_rank_exits_total", job=JOB, rank=str(rank))
+    return helpers.value(scrape, "stormwatch_rank_exits_total", training_job=JOB, rank=str(rank))
 
 
 def test_error_at_step_makes_rank1_exit_and_torchrun_restart_the_workers(chaos: Any) -> None:

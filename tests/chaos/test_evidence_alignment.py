@@ -13,7 +13,12 @@ from stormwatch.chaos.reports.evidence import (
 )
 from stormwatch.contracts.responder import IncidentRecord
 
-LABELS = {"alertname": "StormwatchRankStalled", "job": "demo", "rank": "1", "severity": "critical"}
+LABELS = {
+    "alertname": "StormwatchRankStalled",
+    "training_job": "demo",
+    "rank": "1",
+    "severity": "critical",
+}
 
 
 def _incident(**member: object) -> IncidentRecord:

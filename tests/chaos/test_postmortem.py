@@ -174,7 +174,7 @@ def _journal(run_dir: Path, log_dir: Path, *, fault: bool = True) -> Path:
 def _evidence(*, alert: bool = True, responder: bool = True) -> Evidence:
     labels = {
         "alertname": "StormwatchRankStalled",
-        "job": "experiment",
+        "training_job": "experiment",
         "rank": "1",
         "severity": "critical",
     }
@@ -184,7 +184,7 @@ def _evidence(*, alert: bool = True, responder: bool = True) -> Evidence:
             # Fired before the fault and for another job: never the experiment's alert.
             AlertEvidence(
                 alertname="StormwatchRankStalled",
-                labels={**labels, "job": "other"},
+                labels={**labels, "training_job": "other"},
                 firing_at=FAULT_AT + 1.0,
             ),
             AlertEvidence(
@@ -270,7 +270,9 @@ def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
     pm = postmortem_from_files(exp_dir, evidence=_evidence(), baseline_log_dir=baseline)
 
     assert pm.fault_rank == 1 and pm.fault_node == "node0" and pm.fault_at == FAULT_AT
-    assert pm.alertname == "StormwatchRankStalled" and pm.alert_labels["job"] == "experiment"
+    assert (
+        pm.alertname == "StormwatchRankStalled" and pm.alert_labels["training_job"] == "experiment"
+    )
     assert pm.detected and pm.time_to_detect_seconds == pytest.approx(2.0)
     assert pm.alert_received_at == pytest.approx(FAULT_AT + 3.5)
     assert pm.alert_resolved_at == pytest.approx(FAULT_AT + 41.0)

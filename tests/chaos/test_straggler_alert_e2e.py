@@ -62,7 +62,7 @@ steady_state_hypothesis:
     - name: all-ranks-scraped
       provider:
         type: prometheus
-        query: count(stormwatch_train_compute_seconds_total{job="${job}"})
+        query: count(stormwatch_train_compute_seconds_total{training_job="${job}"})
         tolerance: 4
       timeout_seconds: 60
       phases: [before]

@@ -58,7 +58,7 @@ steady_state_hypothesis:
         type: prometheus
         query: >-
           count(time() - max by (rank)
-          (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
+          (stormwatch_train_last_step_timestamp_seconds{{training_job="${{job}}"}}) < 15)
         tolerance: 2
       timeout_seconds: 30
       phases: [before]

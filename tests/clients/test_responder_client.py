@@ -16,7 +16,7 @@ from stormwatch.errors import ConfigError
 TOKEN = "responder-test-token"
 MEMBER = {
     "fingerprint": "f1", "alertname": "StormwatchRankStalled", "status": "firing",
-    "labels": {"job": "train", "rank": "1"}, "annotations": {}, "group_key": "g",
+    "labels": {"training_job": "train", "rank": "1"}, "annotations": {}, "group_key": "g",
     "starts_at": 100.0, "ends_at": None, "joined_at": 101.0, "resolved_at": None,
 }  # fmt: skip
 INCIDENT = {

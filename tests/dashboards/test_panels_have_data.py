@@ -7,7 +7,7 @@ Two lab nodes, one rank each (torchrun, gloo, sim GPUs). While the job trains:
   XID and ECC panels,
   ``StormwatchGpuXidFatal`` (an alert with a ``node``), the chaos-fault panels;
 * SIGKILL of rank 1 (fault API ``kill_rank``): unexpected exits, torchrun's restart
-  (restart count), ``StormwatchRankStalled`` (an alert with the job's ``job``);
+  (restart count), ``StormwatchRankStalled`` (an alert with the job's ``training_job``);
 * rank 0's done marker path is a directory, so the trainer's ``done_marker`` telemetry
   sink fails at start (training continues): the telemetry-errors panel.
 
@@ -171,9 +171,7 @@ def test_every_panel_shows_data_after_a_short_lab_run(
             last = logs[rank].last_step if rank in logs else None
             return last.step or 0 if last is not None else 0
 
-        checkpointed = (
-            f'count(stormwatch_train_last_checkpoint_timestamp_seconds{{job="{JOB}"}}) == 2'
-        )
+        checkpointed = f'count(stormwatch_train_last_checkpoint_timestamp_seconds{{training_job="{JOB}"}}) == 2'
         wait_for(
             lambda: step_of(1) >= 7 and _query(url, checkpointed),
             240,
@@ -185,7 +183,7 @@ def test_every_panel_shows_data_after_a_short_lab_run(
 
         wait_for(
             lambda: (
-                _query(url, f'ALERTS{{alertstate="firing", job="{JOB}"}}')
+                _query(url, f'ALERTS{{alertstate="firing", training_job="{JOB}"}}')
                 and _query(url, 'ALERTS{alertstate="firing", node="node0"}')
             ),
             90,
@@ -194,9 +192,13 @@ def test_every_panel_shows_data_after_a_short_lab_run(
         )
         wait_for(
             lambda: (
-                _query(url, f'job:stormwatch_train_job_restarts:max{{job="{JOB}"}} >= 1')
+                _query(
+                    url,
+                    f'training_job:stormwatch_train_job_restarts:max{{training_job="{JOB}"}} >= 1',
+                )
                 and _query(
-                    url, f'rate(stormwatch_train_steps_total{{job="{JOB}", rank="1"}}[15s]) > 0'
+                    url,
+                    f'rate(stormwatch_train_steps_total{{training_job="{JOB}", rank="1"}}[15s]) > 0',
                 )
                 and _query(url, checkpointed)
             ),

@@ -124,7 +124,6 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                     "scrape_configs": [
                         {
                             "job_name": "stormwatch-agent",
-                            "honor_labels": True,
                             "static_configs": [{"targets": target, "labels": {"node": "n0"}}],
                         }
                     ],
@@ -308,8 +307,10 @@ def test_training_panels_show_a_real_trainer(prometheus: tuple[str, Path], tmp_p
 def _judge_training_panels(url: str, train: subprocess.Popen[bytes]) -> None:
     def rates_seen() -> bool:
         assert train.poll() is None, f"the trainer exited with {train.returncode}"
-        query = 'job_rank_node:stormwatch_train_compute_seconds:rate2m{job="j1"} > 0'
-        saved = 'stormwatch_train_step{job="j1"} >= 25'  # two checkpoints saved (every 10)
+        query = (
+            'training_job_rank_node:stormwatch_train_compute_seconds:rate2m{training_job="j1"} > 0'
+        )
+        saved = 'stormwatch_train_step{training_job="j1"} >= 25'  # two checkpoints saved (every 10)
         return all(
             bool(_get(url + "/api/v1/query", query=q)[1]["data"]["result"]) for q in (query, saved)
         )

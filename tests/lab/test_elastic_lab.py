@@ -83,7 +83,7 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     _wait_for("a checkpoint at the full world size", lambda: (6, full) in _world_sizes(ckpt))
     first = _wait_for(
         "node0's agent to count steps",
-        lambda: _node0(lab, "stormwatch_train_steps_total", job="elastic"),
+        lambda: _node0(lab, "stormwatch_train_steps_total", training_job="elastic"),
         timeout=20,
     )
     steps = [float(first)]
@@ -92,7 +92,7 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
         "a checkpoint at node0's world size",
         lambda: [s for s, w in _world_sizes(ckpt) if w == full - per_node],
     )
-    steps.append(_node0(lab, "stormwatch_train_steps_total", job="elastic") or 0.0)
+    steps.append(_node0(lab, "stormwatch_train_steps_total", training_job="elastic") or 0.0)
     assert isinstance(shrunk, list)
     assert lab.status().jobs[0].problem is None  # an elastic job that lost a node is not stranded
     rejoined = run_cli("lab", "rejoin", "--run-dir", run_dir, "--job", "elastic", "--node", "node1")
@@ -112,10 +112,10 @@ def test_fc09_lost_node_shrinks_the_job_and_its_rejoin_grows_it_back(
     # counters: the steps counted on node0 never went down and none of the job's files is left.
     _wait_for(
         "node0's agent to fold the finished job's files",
-        lambda: _node0(lab, "stormwatch_agent_multiprocess_files", job="elastic") is None,
+        lambda: _node0(lab, "stormwatch_agent_multiprocess_files", training_job="elastic") is None,
         timeout=20,
     )
-    steps.append(_node0(lab, "stormwatch_train_steps_total", job="elastic") or 0.0)
+    steps.append(_node0(lab, "stormwatch_train_steps_total", training_job="elastic") or 0.0)
     assert 0 < steps[0] <= steps[1] <= steps[2], steps
     # Node0 ran three worker groups of per_node ranks, each rank's process leaving at least
     # two files (counters and gauges) to fold.

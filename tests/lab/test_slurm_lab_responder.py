@@ -79,7 +79,9 @@ def _finished_action(
     """The first action of ``kind`` for an incident of ``job`` in a final state."""
 
     def found() -> dict[str, Any] | None:
-        ours = {i["id"] for i in responder(lab, "incidents") if i["labels"].get("job") == job}
+        ours = {
+            i["id"] for i in responder(lab, "incidents") if i["labels"].get("training_job") == job
+        }
         for action in responder(lab, "actions"):
             final = action["status"] in ("succeeded", "failed", "skipped")
             if action["kind"] == kind and action["incident_id"] in ours and final:
@@ -146,7 +148,7 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
         )
         node1 = lab.state.node("node1")
         sent_at = time.time()
-        alert = {"alertname": "StormwatchStraggler", "job": "moved", "rank": "1", "node": "node1",
+        alert = {"alertname": "StormwatchStraggler", "training_job": "moved", "rank": "1", "node": "node1",
                  "severity": "warning"}  # fmt: skip
         try:
             # The straggler alert as Prometheus sends it (its firing on a really slowed rank:
@@ -185,7 +187,8 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
             incident = next(
                 i
                 for i in lab_responder(lab, "incidents")
-                if i["alertname"] == "StormwatchStraggler" and i["labels"].get("job") == "moved"
+                if i["alertname"] == "StormwatchStraggler"
+                and i["labels"].get("training_job") == "moved"
             )
             pm = _postmortem(lab, int(incident["id"]), tmp_path)
             slurm_rows = [r for r in pm["timeline"] if r["source"] == "slurm"]

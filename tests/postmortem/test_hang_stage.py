@@ -30,7 +30,7 @@ def _clues(hangs: list[RankHang], dumps: list[RankDump]) -> Clues:
     return Clues(
         progress={},  # no rank ever stepped
         dumps=dumps,
-        first_alert=FirstAlert("StormwatchRankHungInPhase", {"job": "j", "rank": "1"}),
+        first_alert=FirstAlert("StormwatchRankHungInPhase", {"training_job": "j", "rank": "1"}),
         first_alert_at=AT + 5,
         rank_hangs=hangs,
     )
@@ -75,11 +75,21 @@ def test_a_hang_in_no_phase_names_none() -> None:
 
 
 def test_both_post_mortems_show_the_stage_label_of_the_hang_alert() -> None:
-    labels = {"job": "j", "rank": "1", "phase": "mesh", "severity": "critical", "node": "n1"}
+    labels = {
+        "training_job": "j",
+        "job": "stormwatch-agent",  # Prometheus's scrape job: not printed
+        "rank": "1",
+        "phase": "mesh",
+        "severity": "critical",
+        "node": "n1",
+    }
     incident = alert_label("StormwatchRankHungInPhase", labels)
     experiment = alert_label("StormwatchRankHungInPhase", labels, EXPERIMENT_ALERT_KEYS)
     assert (
         incident
-        == "StormwatchRankHungInPhase{job=j, rank=1, node=n1, phase=mesh, severity=critical}"
+        == "StormwatchRankHungInPhase{training_job=j, rank=1, node=n1, phase=mesh, severity=critical}"
     )
-    assert experiment == "StormwatchRankHungInPhase{job=j, rank=1, phase=mesh, severity=critical}"
+    assert (
+        experiment
+        == "StormwatchRankHungInPhase{training_job=j, rank=1, phase=mesh, severity=critical}"
+    )

@@ -38,7 +38,7 @@ def _clues(*, stopped_at: float | None) -> Clues:
     return Clues(
         progress=_progress(),
         dumps=(),  # no dump to compare
-        first_alert=FirstAlert("StormwatchTrainingHung", {"job": "pl-hang"}),
+        first_alert=FirstAlert("StormwatchTrainingHung", {"training_job": "pl-hang"}),
         first_alert_at=HUNG_AT + 30,
         onset=HUNG_AT,
         rank_exits=exits,

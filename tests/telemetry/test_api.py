@@ -45,9 +45,10 @@ def samples(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics_dir))
     return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("job", "rank")))): (
-            s.value
-        )
+        (
+            s.name,
+            tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("training_job", "rank"))),
+        ): (s.value)
         for family in registry.collect()
         for s in family.samples
     }

@@ -243,7 +243,7 @@ def test_srun_placement_is_read_when_there_is_no_torchrun(
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path / "metrics"))
     labels = {
-        (s.labels["job"], s.labels["rank"])
+        (s.labels["training_job"], s.labels["rank"])
         for family in registry.collect()
         for s in family.samples
         if s.name == "stormwatch_train_step"

@@ -86,39 +86,56 @@ def test_fc01_dead_rank_gauges_disappear(tmp_path):
     _run_rank(metrics, logs, rank=0, finish=True)
 
     before = _samples(metrics)
-    assert _value(before, "stormwatch_train_step", job="unit", rank="1") == 2
-    assert _value(before, "stormwatch_train_node_restarts", job="unit", rank="1") == 1
-    assert _value(before, "stormwatch_train_job_restarts", job="unit", rank="1") == 1
+    assert _value(before, "stormwatch_train_step", training_job="unit", rank="1") == 2
+    assert _value(before, "stormwatch_train_node_restarts", training_job="unit", rank="1") == 1
+    assert _value(before, "stormwatch_train_job_restarts", training_job="unit", rank="1") == 1
 
     mark_process_dead(dead_pid, path=str(metrics))
     after = _samples(metrics)
     gauges = [spec.name for spec in CATALOGUE if spec.kind == "gauge"]
     for name in gauges:  # every state gauge of the dead rank is gone, no pid label appears
-        assert _value(after, name, job="unit", rank="1") is None, name
+        assert _value(after, name, training_job="unit", rank="1") is None, name
         assert not any(key[0] == name and ("pid", str(dead_pid)) in key[1] for key in after)
-    assert _value(after, "stormwatch_train_step", job="unit", rank="0") == 2  # live rank kept
-    # counters and histograms stay
-    assert _value(after, "stormwatch_train_steps_total", job="unit", rank="1") == 2
-    assert _value(after, "stormwatch_train_tokens_total", job="unit", rank="1") == 512
     assert (
-        _value(after, "stormwatch_collective_calls_total", job="unit", rank="1", op="all_gather")
+        _value(after, "stormwatch_train_step", training_job="unit", rank="0") == 2
+    )  # live rank kept
+    # counters and histograms stay
+    assert _value(after, "stormwatch_train_steps_total", training_job="unit", rank="1") == 2
+    assert _value(after, "stormwatch_train_tokens_total", training_job="unit", rank="1") == 512
+    assert (
+        _value(
+            after,
+            "stormwatch_collective_calls_total",
+            training_job="unit",
+            rank="1",
+            op="all_gather",
+        )
         == 2
     )
     assert (
-        _value(after, "stormwatch_collective_bytes_total", job="unit", rank="1", op="all_gather")
+        _value(
+            after,
+            "stormwatch_collective_bytes_total",
+            training_job="unit",
+            rank="1",
+            op="all_gather",
+        )
         == 2048
     )
     assert (
         _value(
             after,
             "stormwatch_collective_duration_seconds_total",
-            job="unit",
+            training_job="unit",
             rank="1",
             op="all_gather",
         )
         == 0.5
     )
-    assert _value(after, "stormwatch_train_step_duration_seconds_count", job="unit", rank="1") == 2
+    assert (
+        _value(after, "stormwatch_train_step_duration_seconds_count", training_job="unit", rank="1")
+        == 2
+    )
 
 
 def test_event_log_and_done_marker_follow_the_contract(tmp_path):

@@ -61,7 +61,7 @@ def test_failed_saves_are_counted_and_training_goes_on_within_the_budget(tmp_pat
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(tmp_path / "metrics"))
     failures = registry.get_sample_value(
-        "stormwatch_train_checkpoint_failures_total", {"job": "train", "rank": "0"}
+        "stormwatch_train_checkpoint_failures_total", {"training_job": "train", "rank": "0"}
     )
     assert failures == 3  # what StormwatchCheckpointFailing alerts on
     # A failed save deletes its own temporary folder: its shards must not keep the disk full.

@@ -104,14 +104,16 @@ def test_fault_injections_are_counted_by_point(armed_run):
     }
 
     def injected(rank: int, point: str) -> float | None:
-        labels = (("job", "ctl"), ("point", point), ("rank", str(rank)))
+        labels = (("point", point), ("rank", str(rank)), ("training_job", "ctl"))  # sorted
         return samples.get(("stormwatch_train_fault_injections_total", labels))
 
     assert injected(1, "slow_step") == ERROR_STEP - 1
     assert injected(1, "error_at_step") == 1
     assert injected(0, "slow_step") is None
     compute = {
-        r: samples[("stormwatch_train_compute_seconds_total", (("job", "ctl"), ("rank", str(r))))]
+        r: samples[
+            ("stormwatch_train_compute_seconds_total", (("rank", str(r)), ("training_job", "ctl")))
+        ]
         for r in (0, 1)
     }
     assert compute[1] > compute[0] + SLOW_SECONDS  # the straggler is visible

@@ -92,7 +92,7 @@ def test_pp_send_and_recv_are_counted_with_the_activation_size(pipelined):
         # stage 0 sends activations and receives their gradients, stage 1 the reverse:
         # the same size, once per micro-batch per step
         for op in ("send", "recv"):
-            labels = {"job": "pp", "rank": rank, "mesh_dim": "pp", "op": op}
+            labels = {"training_job": "pp", "rank": rank, "mesh_dim": "pp", "op": op}
             calls = _value(samples, "stormwatch_collective_latency_seconds_count", **labels)
             assert calls == STEPS * MICROBATCHES + 1, (labels, calls)
             size = _value(samples, "stormwatch_collective_size_bytes_total", **labels)
@@ -103,14 +103,15 @@ def test_pp_send_and_recv_are_counted_with_the_activation_size(pipelined):
             busbw = _value(samples, "stormwatch_collective_busbw_bytes_per_second", **labels)
             assert algbw > 0 and busbw == pytest.approx(algbw)  # point-to-point: factor 1
         # the loss reaches stage 0 through one all-reduce over pp per step
-        labels = {"job": "pp", "rank": rank, "mesh_dim": "pp", "op": "all_reduce"}
+        labels = {"training_job": "pp", "rank": rank, "mesh_dim": "pp", "op": "all_reduce"}
         assert _value(samples, "stormwatch_collective_latency_seconds_count", **labels) == STEPS
 
 
 def test_pp_gradient_norm_covers_every_stage(pipelined):
     samples = pipelined.samples()
     norms = {
-        _value(samples, "stormwatch_train_grad_norm", job="pp", rank=str(r)) for r in range(NPROC)
+        _value(samples, "stormwatch_train_grad_norm", training_job="pp", rank=str(r))
+        for r in range(NPROC)
     }
     assert len(norms) == 1 and next(iter(norms)) > 0  # stage 0 and stage 1 agree
 
@@ -125,8 +126,8 @@ def test_hsdp_all_reduces_gradients_across_replicas_and_logs_one_loss(tmp_path, 
     samples = run.samples()
     for rank in map(str, range(NPROC)):
         count = "stormwatch_collective_latency_seconds_count"
-        shard = {"job": "hsdp", "rank": rank, "mesh_dim": "dp_shard"}
-        replicate = {"job": "hsdp", "rank": rank, "mesh_dim": "dp_replicate"}
+        shard = {"training_job": "hsdp", "rank": rank, "mesh_dim": "dp_shard"}
+        replicate = {"training_job": "hsdp", "rank": rank, "mesh_dim": "dp_replicate"}
         # reduce-scatter inside the replica, then all-reduce of the shards across
         # replicas, per FSDP unit (1 block + root); plus the loss all-reduce
         assert _value(samples, count, op="reduce_scatter", **shard) == 2 * 2

@@ -146,9 +146,17 @@ def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
         for rank in range(NPROC)
     }
     before = _collect(metrics)
-    assert _value(before, "stormwatch_train_step", job="e2e", rank=str(FAULT_RANK)) == STEPS
-    assert _value(before, "stormwatch_train_node_restarts", job="e2e", rank=str(FAULT_RANK)) == 1
-    assert _value(before, "stormwatch_train_job_restarts", job="e2e", rank=str(FAULT_RANK)) == 1
+    assert (
+        _value(before, "stormwatch_train_step", training_job="e2e", rank=str(FAULT_RANK)) == STEPS
+    )
+    assert (
+        _value(before, "stormwatch_train_node_restarts", training_job="e2e", rank=str(FAULT_RANK))
+        == 1
+    )
+    assert (
+        _value(before, "stormwatch_train_job_restarts", training_job="e2e", rank=str(FAULT_RANK))
+        == 1
+    )
 
     for pid in pids[FAULT_RANK]:  # both processes that ever were rank 1 have exited
         mark_process_dead(pid, path=str(metrics))
@@ -163,11 +171,15 @@ def test_fc01_dead_rank_gauges_disappear(crashed_and_resumed):
         "stormwatch_train_job_restarts",
         "stormwatch_train_tokens_per_second",
     ):
-        assert _value(after, name, job="e2e", rank=rank) is None, name
-        assert _value(after, name, job="e2e", rank="0") is not None, name  # others untouched
+        assert _value(after, name, training_job="e2e", rank=rank) is None, name
+        assert _value(after, name, training_job="e2e", rank="0") is not None, (
+            name
+        )  # others untouched
     # counters stay: 5 steps in attempt 0 (killed at the start of step 6) + steps 5..8 in attempt 1
-    assert _value(after, "stormwatch_train_steps_total", job="e2e", rank=rank) == 5 + 4
-    assert _value(after, "stormwatch_collective_calls_total", job="e2e", rank=rank, op="all_gather")
+    assert _value(after, "stormwatch_train_steps_total", training_job="e2e", rank=rank) == 5 + 4
+    assert _value(
+        after, "stormwatch_collective_calls_total", training_job="e2e", rank=rank, op="all_gather"
+    )
 
 
 def test_collectives_of_each_step_are_counted_by_op(uninterrupted):
@@ -185,19 +197,33 @@ def test_collectives_of_each_step_are_counted_by_op(uninterrupted):
     for rank in map(str, range(NPROC)):
         for op, count in per_step.items():
             calls = _value(
-                samples, "stormwatch_collective_calls_total", job="e2e", rank=rank, op=op
+                samples, "stormwatch_collective_calls_total", training_job="e2e", rank=rank, op=op
             )
             assert calls == STEPS * count, (rank, op, calls)
             assert (
-                _value(samples, "stormwatch_collective_bytes_total", job="e2e", rank=rank, op=op)
+                _value(
+                    samples,
+                    "stormwatch_collective_bytes_total",
+                    training_job="e2e",
+                    rank=rank,
+                    op=op,
+                )
                 > 0
             )
             seconds = _value(
-                samples, "stormwatch_collective_duration_seconds_total", job="e2e", rank=rank, op=op
+                samples,
+                "stormwatch_collective_duration_seconds_total",
+                training_job="e2e",
+                rank=rank,
+                op=op,
             )
             assert seconds is not None and seconds > 0
-        assert _value(samples, "stormwatch_train_steps_total", job="e2e", rank=rank) == STEPS
-        assert _value(samples, "stormwatch_train_world_size", job="e2e", rank=rank) == NPROC
+        assert (
+            _value(samples, "stormwatch_train_steps_total", training_job="e2e", rank=rank) == STEPS
+        )
+        assert (
+            _value(samples, "stormwatch_train_world_size", training_job="e2e", rank=rank) == NPROC
+        )
 
 
 def test_fc14_straggler_waits_least_inside_collectives(uninterrupted):
@@ -284,7 +310,7 @@ def test_fc14_slow_rank_has_lowest_collective_wait_and_highest_compute(uninterru
     samples = _collect(uninterrupted.metrics)
 
     def per_rank(name: str) -> dict[int, float]:
-        return {r: _value(samples, name, job="e2e", rank=str(r)) for r in range(NPROC)}
+        return {r: _value(samples, name, training_job="e2e", rank=str(r)) for r in range(NPROC)}
 
     wait = per_rank("stormwatch_train_collective_wait_seconds_total")
     compute = per_rank("stormwatch_train_compute_seconds_total")
@@ -306,7 +332,7 @@ def test_collectives_are_labelled_by_mesh_dim_with_nccl_tests_bandwidths(uninter
     per_step |= {("tp", "all_reduce"): 6 * N_LAYERS, ("dp_shard", "all_reduce"): 1}
     for rank in map(str, range(NPROC)):
         for (mesh_dim, op), count in per_step.items():
-            labels = {"job": "e2e", "rank": rank, "mesh_dim": mesh_dim, "op": op}
+            labels = {"training_job": "e2e", "rank": rank, "mesh_dim": mesh_dim, "op": op}
             calls = _value(samples, "stormwatch_collective_latency_seconds_count", **labels)
             assert calls == STEPS * count, (labels, calls)
             assert _value(samples, "stormwatch_collective_size_bytes_total", **labels) > 0
@@ -319,16 +345,21 @@ def test_collectives_are_labelled_by_mesh_dim_with_nccl_tests_bandwidths(uninter
 def test_grad_norm_mfu_and_memory_are_exported_per_rank(uninterrupted):
     samples = _collect(uninterrupted.metrics)
     norms = {
-        _value(samples, "stormwatch_train_grad_norm", job="e2e", rank=str(r)) for r in range(NPROC)
+        _value(samples, "stormwatch_train_grad_norm", training_job="e2e", rank=str(r))
+        for r in range(NPROC)
     }
     assert len(norms) == 1 and next(iter(norms)) > 0  # a global norm: the same on every rank
     for rank in map(str, range(NPROC)):
-        assert 0 < _value(samples, "stormwatch_train_mfu_ratio", job="e2e", rank=rank) < 1
+        assert 0 < _value(samples, "stormwatch_train_mfu_ratio", training_job="e2e", rank=rank) < 1
         assert (
-            _value(samples, "stormwatch_train_peak_flops_per_second", job="e2e", rank=rank) == 1e11
+            _value(samples, "stormwatch_train_peak_flops_per_second", training_job="e2e", rank=rank)
+            == 1e11
         )
         assert (
-            _value(samples, "stormwatch_train_memory_bytes", job="e2e", rank=rank, kind="rss") > 0
+            _value(
+                samples, "stormwatch_train_memory_bytes", training_job="e2e", rank=rank, kind="rss"
+            )
+            > 0
         )
         errors = [k for k in samples if k[0] == "stormwatch_train_telemetry_errors_total"]
         assert errors == []
@@ -427,7 +458,7 @@ def test_fc11_async_save_killed_at_each_phase_resumes_from_last_complete_bitwise
 def test_checkpoint_freshness_is_exported_for_the_staleness_alert(uninterrupted):
     samples = _collect(uninterrupted.metrics)
     for rank in map(str, range(NPROC)):
-        labels = {"job": "e2e", "rank": rank}
+        labels = {"training_job": "e2e", "rank": rank}
         assert _value(samples, "stormwatch_train_checkpoint_interval_steps", **labels) == 2
         stamp = _value(samples, "stormwatch_train_last_checkpoint_timestamp_seconds", **labels)
         assert stamp is not None and time.time() - 600 < stamp <= time.time()

@@ -65,7 +65,7 @@ def _metrics(folder: Path) -> dict[tuple[str, frozenset[tuple[str, str]]], float
 
 
 def _value(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str):
-    wanted = {("job", "pl"), *labels.items()}
+    wanted = {("training_job", "pl"), *labels.items()}
     found = [v for (n, ls), v in metrics.items() if n == name and wanted <= ls]
     assert found, f"no {name} {labels}"
     return found[0] if len(found) == 1 else found

@@ -129,7 +129,7 @@ steady_state_hypothesis:
         type: prometheus
         query: >-
           count(time() - max by (rank)
-          (stormwatch_train_last_step_timestamp_seconds{{job="${{job}}"}}) < 15)
+          (stormwatch_train_last_step_timestamp_seconds{{training_job="${{job}}"}}) < 15)
         tolerance: 2
       timeout_seconds: 30
     - name: job-finishes
@@ -225,7 +225,7 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
             ours = {
                 i["id"]
                 for i in lab_responder(lab, "incidents")
-                if i["labels"].get("job") == "pl-hang"
+                if i["labels"].get("training_job") == "pl-hang"
             }
             return [
                 a
@@ -308,7 +308,7 @@ steady_state_hypothesis:
     - name: all-ranks-scraped
       provider:
         type: prometheus
-        query: count(stormwatch_train_compute_seconds_total{{job="${{job}}"}})
+        query: count(stormwatch_train_compute_seconds_total{{training_job="${{job}}"}})
         tolerance: 2
       timeout_seconds: 60
       phases: [before]
@@ -370,7 +370,7 @@ def test_fc14_a_throttled_rank_of_a_lightning_job_is_named_by_the_straggler_aler
 
         def rank_1_named_thrice() -> bool:
             samples = prometheus.query(straggler)
-            ranks = {s.labels["rank"] for s in samples if s.labels.get("job") == job}
+            ranks = {s.labels["rank"] for s in samples if s.labels.get("training_job") == job}
             if ranks:
                 named.append(ranks)
             return sum("1" in r for r in named) >= 3
@@ -444,7 +444,10 @@ def test_fc10_an_unmodified_ddp_job_under_stormwatch_run_on_the_lab_is_counted_a
                 text = reply.read().decode()
             calls = {}
             for line in text.splitlines():
-                if line.startswith("stormwatch_collective_calls_total{") and f'job="{job}"' in line:
+                if (
+                    line.startswith("stormwatch_collective_calls_total{")
+                    and f'training_job="{job}"' in line
+                ):
                     rank = line.split('rank="', 1)[1].split('"', 1)[0]
                     calls[rank] = calls.get(rank, 0.0) + float(line.rsplit(" ", 1)[1])
             return calls if len(calls) == 2 and min(calls.values()) >= 10 else None
