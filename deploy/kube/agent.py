@@ -173,12 +173,11 @@ def agent_service_monitor() -> Obj:
     """Scrape every agent; the node name becomes ``node``.
 
     The series name their training job in ``training_job``, so ``job`` is the scrape job's
-    and the rules need no ``honorLabels``. It stays on for dcgm-exporter's pod attribution
-    alone: the ``DCGM_*`` series carry the ``namespace``, ``pod`` and ``container`` holding
-    the GPU, which the Operator's own target labels (the agent's pod) would otherwise
-    rename to ``exported_*``, as dcgm-exporter's ServiceMonitor keeps them. With
-    ``overrideHonorLabels`` only those become ``exported_*``; no stormwatch rule or
-    dashboard reads them."""
+    and the rules need no ``honorLabels``. It stays on for the pod attribution alone: the
+    ``DCGM_*`` series carry the ``namespace``, ``pod`` and ``container`` holding the GPU
+    (dcgm-exporter's labels, from the kubelet), which the Operator's own target labels (the
+    agent's pod) would otherwise replace, moving them to ``exported_*``. With
+    ``overrideHonorLabels`` only those move; no stormwatch rule or dashboard reads them."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
