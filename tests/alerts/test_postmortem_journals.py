@@ -15,7 +15,7 @@ ALERT_AT = 1_796_000_000.0
 
 
 def _incident(job: str) -> IncidentRecord:
-    labels = {"alertname": "StormwatchTrainingHung", "job": job}
+    labels = {"alertname": "StormwatchTrainingHung", "training_job": job}
     member = IncidentMember(
         fingerprint="f1",
         alertname="StormwatchTrainingHung",
