@@ -468,7 +468,7 @@ def test_kill_rank_kills_rank3_and_torchrun_restarts_the_workers(chaos: Any) -> 
             helpers.value(
                 helpers.metrics(chaos.node("node1").agent_url),
                 "stormwatch_rank_exits_total",
-                job=JOB,
+                training_job=JOB,
                 rank="3",
                 reason="signal",
             )
