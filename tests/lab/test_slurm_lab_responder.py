@@ -129,15 +129,15 @@ def test_a_straggling_node_is_drained_and_its_job_moves_to_the_spare_through_slu
 ) -> None:
     lab, slurm = slurm_lab, _slurm(slurm_lab)
     with _tails_on_failure(lab):
-        # 40 steps of the smallest model (the move, not the model, is the subject): the
-        # alert goes out at step 12, and the responder's requeue (about 2 s later, measured)
-        # must find the job still running: 28 steps of at least 0.1 s (the step delay) plus
-        # their compute are left (about 0.35 s a step alone at 2 ranks per node, measured;
-        # at 1 rank per node, alone, the exclusion was done 6.1 s after the alert, with the
-        # job still running). The restarted job resumes from step 10 or later and trains at
-        # most 30 steps more.
+        # 60 steps of the smallest model (the move, not the model, is the subject): the
+        # alert goes out at step 12, and the responder's requeue must find the job still
+        # running: 48 steps of at least 0.25 s (the step delay) plus their compute are left,
+        # at least 12 s. (At 1 rank per node the exclusion was done 6.1 s after the alert
+        # alone and 8.3 s in a clean-clone run, where 28 steps of 0.1 s had all run on node1
+        # first: its rank 1 finished there.) The restarted job resumes from step 10 or later
+        # and trains at most 50 steps more.
         spec = JobSpec(
-            name="moved", steps=40, checkpoint_every=10, step_delay=0.1, extra_args=SMALL_MODEL
+            name="moved", steps=60, checkpoint_every=10, step_delay=0.25, extra_args=SMALL_MODEL
         )
         info = lab.start_job(spec)
         job_id = info.slurm_job_id
