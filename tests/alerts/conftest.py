@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 from stormwatch.lab import Lab
 from stormwatch.lab.config import LabConfig
 from stormwatch.lab.paths import RunPaths
@@ -422,6 +423,42 @@ def start_service(tmp_path: Path, wait_for: Callable[..., Any]) -> Iterator[Call
         log.close()
 
 
+def closed_incident(
+    alertname: str, labels: dict[str, str], at: float, incident_id: int = 1
+) -> IncidentRecord:
+    """A closed incident (group ``g``) of one resolved alert ``alertname`` with ``labels``
+    (``alertname`` added), firing at Unix time ``at`` for 20 s."""
+    labels = {"alertname": alertname, **labels}
+    member = IncidentMember(
+        fingerprint="f1",
+        alertname=alertname,
+        status="resolved",
+        labels=labels,
+        annotations={},
+        group_key="g",
+        starts_at=at,
+        ends_at=at + 20,
+        joined_at=at + 1,
+        resolved_at=at + 21,
+    )
+    return IncidentRecord(
+        id=incident_id,
+        group_key="g",
+        group_labels={"alertname": alertname},
+        status="closed",
+        alertname=alertname,
+        labels=labels,
+        annotations={},
+        starts_at=at,
+        ends_at=at + 20,
+        opened_at=at + 1,
+        closed_at=at + 21,
+        first_alert=member,
+        first_alert_tied=False,
+        members=[member],
+    )
+
+
 class Kit:
     """Helpers for test modules (importlib mode: they cannot import conftest)."""
 
@@ -430,6 +467,7 @@ class Kit:
     payload = staticmethod(make_payload)
     iso = staticmethod(iso)
     fingerprint = staticmethod(unique_fingerprint)
+    closed_incident = staticmethod(closed_incident)
     free_port = staticmethod(free_port)
     stormwatch = STORMWATCH
     responder_process = ResponderProcess

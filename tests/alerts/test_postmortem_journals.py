@@ -6,44 +6,12 @@ given as this hang's chaos-faulted rank)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from stormwatch.alerts.incident_report.sources import gather
 from stormwatch.contracts.journal import JobRef, Journal
-from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 
 ALERT_AT = 1_796_000_000.0
-
-
-def _incident(job: str) -> IncidentRecord:
-    labels = {"alertname": "StormwatchTrainingHung", "training_job": job}
-    member = IncidentMember(
-        fingerprint="f1",
-        alertname="StormwatchTrainingHung",
-        status="resolved",
-        labels=labels,
-        annotations={},
-        group_key="g",
-        starts_at=ALERT_AT,
-        ends_at=ALERT_AT + 20,
-        joined_at=ALERT_AT + 1,
-        resolved_at=ALERT_AT + 21,
-    )
-    return IncidentRecord(
-        id=1,
-        group_key="g",
-        group_labels={"alertname": "StormwatchTrainingHung"},
-        status="closed",
-        alertname="StormwatchTrainingHung",
-        labels=labels,
-        annotations={},
-        starts_at=ALERT_AT,
-        ends_at=ALERT_AT + 20,
-        opened_at=ALERT_AT + 1,
-        closed_at=ALERT_AT + 21,
-        first_alert=member,
-        first_alert_tied=False,
-        members=[member],
-    )
 
 
 def _journal(run_dir: Path, experiment_id: str, job: str | None, started_at: float) -> None:
@@ -65,14 +33,14 @@ def _journal(run_dir: Path, experiment_id: str, job: str | None, started_at: flo
     (folder / "journal.json").write_text(journal.model_dump_json())
 
 
-def test_only_journals_of_the_incidents_job_or_of_no_job_are_read(tmp_path: Path) -> None:
+def test_only_journals_of_the_incidents_job_or_of_no_job_are_read(tmp_path: Path, kit: Any) -> None:
     run_dir = tmp_path / "run"
     _journal(run_dir, "kill-other-job", "pl-kill", ALERT_AT - 100)  # overlaps, another job
     _journal(run_dir, "hang-this-job", "pl-hang", ALERT_AT - 30)  # overlaps, this job
     _journal(run_dir, "partition", None, ALERT_AT - 50)  # overlaps, no job: node-level
     _journal(run_dir, "long-ago", "pl-hang", ALERT_AT - 10_000)  # this job, outside the window
     inputs = gather(
-        _incident("pl-hang"),
+        kit.closed_incident("StormwatchTrainingHung", {"training_job": "pl-hang"}, ALERT_AT),
         [],
         [],
         now=ALERT_AT + 60,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stormwatch.alerts.incident_report.build import build
 from stormwatch.alerts.incident_report.sources import gather
 from stormwatch.alerts.responder.service import ResponderSettings
-from stormwatch.contracts.responder import IncidentMember, IncidentRecord
 from stormwatch.platforms import PlatformSettings
 from stormwatch.platforms.errors import BackendError
 from stormwatch.platforms.slurm import SlurmCommands
@@ -40,46 +40,16 @@ def _slurm(argv: Sequence[str]) -> str:
     raise BackendError(f"{' '.join(argv)}: exit status 1: unexpected")
 
 
-def _incident() -> IncidentRecord:
-    labels = {"alertname": "StormwatchNodeLost", "training_job": "llm"}
-    member = IncidentMember(
-        fingerprint="f1",
-        alertname="StormwatchNodeLost",
-        status="resolved",
-        labels=labels,
-        annotations={},
-        group_key="g",
-        starts_at=ALERT_AT,
-        ends_at=ALERT_AT + 20,
-        joined_at=ALERT_AT + 1,
-        resolved_at=ALERT_AT + 21,
-    )
-    return IncidentRecord(
-        id=3,
-        group_key="g",
-        group_labels={"alertname": "StormwatchNodeLost"},
-        status="closed",
-        alertname="StormwatchNodeLost",
-        labels=labels,
-        annotations={},
-        starts_at=ALERT_AT,
-        ends_at=ALERT_AT + 20,
-        opened_at=ALERT_AT + 1,
-        closed_at=ALERT_AT + 21,
-        first_alert=member,
-        first_alert_tied=False,
-        members=[member],
-    )
-
-
-def _gather(slurm: SlurmCommands | None):  # type: ignore[no-untyped-def]
+def _gather(kit: Any, slurm: SlurmCommands | None):  # type: ignore[no-untyped-def]
+    labels = {"training_job": "llm"}
+    incident = kit.closed_incident("StormwatchNodeLost", labels, ALERT_AT, incident_id=3)
     return gather(
-        _incident(), [], [], now=ALERT_AT + 60, lab_run_dir=None, prometheus_url=None, slurm=slurm
+        incident, [], [], now=ALERT_AT + 60, lab_run_dir=None, prometheus_url=None, slurm=slurm
     )
 
 
-def test_the_timeline_shows_the_requeue_the_drain_and_the_start_on_the_spare() -> None:
-    inputs = _gather(SlurmCommands(runner=_slurm))
+def test_the_timeline_shows_the_requeue_the_drain_and_the_start_on_the_spare(kit: Any) -> None:
+    inputs = _gather(kit, SlurmCommands(runner=_slurm))
     pm = build(inputs, now=ALERT_AT + 60)
     slurm_rows = [(row.event, row.detail) for row in pm.timeline if row.source == "slurm"]
     assert slurm_rows == [
@@ -105,14 +75,14 @@ def test_the_timeline_shows_the_requeue_the_drain_and_the_start_on_the_spare() -
     )
 
 
-def test_an_unreadable_slurm_is_named_in_the_inputs_and_the_rest_is_written() -> None:
+def test_an_unreadable_slurm_is_named_in_the_inputs_and_the_rest_is_written(kit: Any) -> None:
     def down(argv: Sequence[str]) -> str:
         raise BackendError("scontrol --oneliner show job: exit status 1: Unable to contact slurm")
 
-    inputs = _gather(SlurmCommands(runner=down))
+    inputs = _gather(kit, SlurmCommands(runner=down))
     assert inputs.slurm_events == []
     assert inputs.inputs["slurm"].startswith("none: scontrol --oneliner show job: exit status 1")
-    assert "slurm" not in _gather(None).inputs
+    assert "slurm" not in _gather(kit, None).inputs
 
 
 def test_the_responder_reads_slurm_for_post_mortems_only_on_the_slurm_platform(

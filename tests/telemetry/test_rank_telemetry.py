@@ -43,19 +43,12 @@ print(os.getpid())
 """
 
 
-def _run_rank(metrics_dir: Path, log_dir: Path, rank: int, *, finish: bool) -> int:
-    """A stand-in rank process reporting two steps; returns its pid after it exited."""
+def _python(script: str, *args: str) -> str:
+    """Run ``script`` in a fresh interpreter without PROMETHEUS_MULTIPROC_DIR (the telemetry
+    must set multiprocess mode up itself); its stdout, after it exited 0."""
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _RANK_PROCESS,
-            str(metrics_dir),
-            str(log_dir),
-            str(rank),
-            "1" if finish else "0",
-        ],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -63,7 +56,13 @@ def _run_rank(metrics_dir: Path, log_dir: Path, rank: int, *, finish: bool) -> i
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return int(done.stdout.strip())
+    return done.stdout
+
+
+def _run_rank(metrics_dir: Path, log_dir: Path, rank: int, *, finish: bool) -> int:
+    """A stand-in rank process reporting two steps; returns its pid after it exited."""
+    out = _python(_RANK_PROCESS, str(metrics_dir), str(log_dir), str(rank), "1" if finish else "0")
+    return int(out.strip())
 
 
 def _samples(metrics_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -217,16 +216,7 @@ assert not telemetry.errors, telemetry.errors
 
 
 def test_a_completion_noticed_late_moves_the_heartbeat_only_to_its_completion(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    done = subprocess.run(
-        [sys.executable, "-c", _LATE_PROGRESS, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    _python(_LATE_PROGRESS, str(tmp_path))
     samples = _samples(tmp_path)
     heartbeat = [
         v for (name, _), v in samples.items()
