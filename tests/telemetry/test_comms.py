@@ -71,7 +71,9 @@ def test_c10d_collectives_are_counted_with_input_bytes_and_completion(one_rank_g
     assert sink.errors == []
 
 
-def test_a_completion_noticed_late_is_reported_with_its_age_not_as_progress_now(one_rank_group):
+def test_fc10_a_completion_noticed_late_is_reported_with_its_age_not_as_progress_now(
+    one_rank_group,
+):
     # A hung rank's dump polls the counter from another thread long after its last
     # collective completed: that completion must not move the rank's heartbeat to the poll
     # (it hid a Lightning job's hang for a whole stall threshold). gloo's all-reduce has a

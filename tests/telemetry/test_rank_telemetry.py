@@ -215,7 +215,7 @@ assert not telemetry.errors, telemetry.errors
 """
 
 
-def test_a_completion_noticed_late_moves_the_heartbeat_only_to_its_completion(tmp_path):
+def test_fc10_a_completion_noticed_late_moves_the_heartbeat_only_to_its_completion(tmp_path):
     _python(_LATE_PROGRESS, str(tmp_path))
     samples = _samples(tmp_path)
     heartbeat = [
