@@ -195,7 +195,12 @@ def start_rank_health(
         cfg.metrics_dir,
         events,
         cfg.diagnostics_dir,
-        hang=HangSettings(floor_seconds=cfg.hang_floor_seconds, factor=cfg.hang_factor),
+        hang=HangSettings(
+            floor_seconds=cfg.hang_floor_seconds,
+            factor=cfg.hang_factor,
+            warmup_steps=cfg.hang_warmup_steps,
+            warmup_seconds=cfg.hang_warmup_seconds,
+        ),
         straggler=StragglerSettings(factor=cfg.straggler_factor, samples=cfg.straggler_samples),
         interval=cfg.rank_scan_interval,
         clock=clock,

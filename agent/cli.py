@@ -141,19 +141,35 @@ def agent() -> None:
 @click.option(
     "--hang-floor-seconds",
     type=float,
-    default=30.0,
+    default=5.0,
     show_default=True,
     envvar="STORMWATCH_AGENT_HANG_FLOOR_SECONDS",
-    help="A running rank is hung when its last step heartbeat is older than "
+    help="A running rank is hung when its last heartbeat is older than "
     "max(this, --hang-factor x the job's recent median step time).",
 )
 @click.option(
     "--hang-factor",
     type=float,
-    default=10.0,
+    default=3.0,
     show_default=True,
     envvar="STORMWATCH_AGENT_HANG_FACTOR",
     help="Multiple of the job's recent median step time in the hang threshold.",
+)
+@click.option(
+    "--hang-warmup-steps",
+    type=int,
+    default=3,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_HANG_WARMUP_STEPS",
+    help="Steps a new rank process completes before the threshold above applies.",
+)
+@click.option(
+    "--hang-warmup-seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_HANG_WARMUP_SECONDS",
+    help="Hang threshold while a rank process warms up, and for jobs without step marks.",
 )
 @click.option(
     "--straggler-factor",
@@ -197,6 +213,8 @@ def run(
     claim_unlabelled_ranks: bool,
     hang_floor_seconds: float,
     hang_factor: float,
+    hang_warmup_steps: int,
+    hang_warmup_seconds: float,
     straggler_factor: float,
     straggler_samples: int,
     pod_resources_socket: str | None,
@@ -239,6 +257,8 @@ def run(
         "claim_unlabelled_ranks": claim_unlabelled_ranks,
         "hang_floor_seconds": hang_floor_seconds,
         "hang_factor": hang_factor,
+        "hang_warmup_steps": hang_warmup_steps,
+        "hang_warmup_seconds": hang_warmup_seconds,
         "straggler_factor": straggler_factor,
         "straggler_samples": straggler_samples,
         "pod_resources_socket": pod_resources_socket,

@@ -124,7 +124,11 @@ class AgentConfig(BaseModel):
             then only ranks naming this agent's ``metrics_dir`` are claimed.
         hang_floor_seconds, hang_factor: a running rank is hung when its last
             heartbeat is older than ``max(hang_floor_seconds, hang_factor x the job's
-            recent median step time)`` (30 s, 10; :mod:`stormwatch.agent.watch.detectors`).
+            recent median step time)`` (5 s, 3; :mod:`stormwatch.agent.watch.detectors`).
+        hang_warmup_steps, hang_warmup_seconds: until its process has completed
+            ``hang_warmup_steps`` steps, a rank's threshold is at least
+            ``hang_warmup_seconds`` (3, 60 s); also the threshold of a job without step
+            marks (no step time to scale by).
         straggler_factor, straggler_samples: a rank is a compute straggler after
             ``straggler_samples`` consecutive steps with compute >= ``straggler_factor``
             x its peers' median while they wait longer in collectives (1.2, 3).
@@ -156,8 +160,10 @@ class AgentConfig(BaseModel):
     trace_file: Path | None = None
     trace_flush_timeout: float = Field(default=3.0, gt=0, le=60)
     claim_unlabelled_ranks: bool = True
-    hang_floor_seconds: float = Field(default=30.0, gt=0)
-    hang_factor: float = Field(default=10.0, gt=0)
+    hang_floor_seconds: float = Field(default=5.0, gt=0)
+    hang_factor: float = Field(default=3.0, gt=0)
+    hang_warmup_steps: int = Field(default=3, ge=1)
+    hang_warmup_seconds: float = Field(default=60.0, gt=0)
     straggler_factor: float = Field(default=1.2, gt=1.0)
     straggler_samples: int = Field(default=3, ge=1)
     pod_resources_socket: str | None = None

@@ -98,6 +98,11 @@ class RankDirectory(Protocol):
 
     def ranks(self) -> Sequence[RankSeen]: ...
 
+    def note_fault_signal(self, pid: int) -> None:
+        """A fault is about to signal ``pid``: its exit is a failure, even a SIGTERM's that
+        the rank takes for a stop request."""
+        ...
+
 
 class SimulatedLink(Protocol):
     """One simulated NVLink link: ``active`` (link state), ``errors`` (cumulative counters by

@@ -36,8 +36,14 @@ Default bounds (seconds) and why:
   minutes; 15 minutes leaves room, and is still shorter than a person's first look.
 * ``eval`` 1800: an evaluation pass of a few thousand batches at training speed.
 * ``data_wait`` 300: a data loader that has not produced a batch in 5 minutes is
-  stuck, not slow (the lab's hang floor is 30 s; a shard reopen on object storage
-  takes seconds).
+  stuck, not slow (a shard reopen on object storage takes seconds).
+* ``stopping`` 120: entered by :mod:`stormwatch.telemetry` itself when the rank gets
+  SIGTERM (a scheduler's cancel, requeue or preemption, torchrun stopping its workers for
+  a restart or an elastic resize): the rank may flush, dump and save before it ends.
+  Slurm's ``KillWait`` and Kubernetes' ``terminationGracePeriodSeconds`` both default to
+  30 s, after which SIGKILL comes; 120 s leaves room for a preemption checkpoint. The
+  agent counts the rank's exit as a stop, not a failure (``<metrics-dir>/rank<R>.stopping``,
+  :func:`stormwatch.telemetry.rank.stop_marker_path`).
 
 ``STORMWATCH_PHASE_BOUNDS`` overrides them per job, e.g. ``eval=7200,data_wait=60``
 (read by :func:`stormwatch.telemetry.init`). No torch import here (the agent imports it).
@@ -76,6 +82,7 @@ PHASES: Mapping[str, PhaseSpec] = {
         PhaseSpec("checkpoint_load", 900.0, in_step=False),
         PhaseSpec("eval", 1800.0, in_step=False),
         PhaseSpec("data_wait", 300.0, in_step=True),
+        PhaseSpec("stopping", 120.0, in_step=False),
     )
 }
 

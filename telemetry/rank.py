@@ -57,6 +57,14 @@ def done_marker_path(metrics_dir: Path, rank: int) -> Path:
     return metrics_dir / f"rank{rank}.done"
 
 
+def stop_marker_path(metrics_dir: Path, rank: int) -> Path:
+    """``<metrics_dir>/rank<rank>.stopping``: touched when the rank got SIGTERM (asked to
+    stop). The agent counts an exit of a process that touched it during its life as a stop
+    (``reason="stopped"``), not an unexpected exit, whatever its exit status: a stop that
+    ends in SIGKILL at the end of the scheduler's grace period is still a stop."""
+    return metrics_dir / f"rank{rank}.stopping"
+
+
 class RankTelemetry:
     """Metrics + event log + done marker for one rank; never raises from its methods.
 
@@ -137,10 +145,14 @@ class RankTelemetry:
                 self.errors["metrics"] += 1
 
     def start(self, *, resumed_from_step: int | None) -> None:
-        """Log the start record, set the step gauge and heartbeat, remove a stale done marker."""
+        """Log the start record, set the step gauge and heartbeat, remove stale done and stop
+        markers."""
         if self._config.metrics_dir is not None:
-            marker = done_marker_path(self._config.metrics_dir, self._rank)
-            self._guard("done_marker", marker.unlink, missing_ok=True)
+            for marker in (
+                done_marker_path(self._config.metrics_dir, self._rank),
+                stop_marker_path(self._config.metrics_dir, self._rank),
+            ):
+                self._guard("done_marker", marker.unlink, missing_ok=True)
         if self._metrics is not None:
             self._guard(
                 "metrics",
@@ -289,6 +301,14 @@ class RankTelemetry:
             self._guard("events", self._events.checkpoint_failed, step=step, error=error)
         self.progress()
 
+    def stopping(self, *, deadline: float) -> None:
+        """The rank was asked to stop (SIGTERM): touch ``<metrics-dir>/rank<R>.stopping``
+        and enter the ``stopping`` phase until Unix time ``deadline``."""
+        if self._config.metrics_dir is not None:
+            marker = stop_marker_path(self._config.metrics_dir, self._rank)
+            self._guard("done_marker", marker.touch)
+        self.phase("stopping", deadline=deadline)
+
     def checkpoint_interval(self, steps: int) -> None:
         """Export the checkpoint interval in steps (0 when checkpointing is off)."""
         if self._metrics is not None:
@@ -341,4 +361,10 @@ class RankTelemetry:
         )
 
 
-__all__ = ["HEARTBEAT_RESOLUTION", "RankOutputs", "RankTelemetry", "done_marker_path"]
+__all__ = [
+    "HEARTBEAT_RESOLUTION",
+    "RankOutputs",
+    "RankTelemetry",
+    "done_marker_path",
+    "stop_marker_path",
+]

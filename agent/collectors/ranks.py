@@ -82,6 +82,7 @@ class RanksCollector:
         tables: tuple[tuple[str, dict[tuple[str, int], float]], ...] = (
             ("stormwatch_rank_hung", {k: float(v) for k, v in view.hung.items()}),
             ("stormwatch_rank_hangs_total", {k: float(v) for k, v in view.hangs.items()}),
+            ("stormwatch_rank_stall_threshold_seconds", view.stall_threshold),
             ("stormwatch_rank_collective_lag", view.lag),
             ("stormwatch_rank_straggler_score", view.straggler_score),
             ("stormwatch_rank_straggler", {k: float(v) for k, v in view.straggler.items()}),

@@ -8,25 +8,38 @@ can be driven from recorded sequences in tests.
 Hang (FC-10): a running rank whose last heartbeat (the later of
 ``stormwatch_train_last_step_timestamp_seconds`` and the progress heartbeat
 ``stormwatch_train_last_progress_timestamp_seconds``, which completed collectives,
-phase boundaries and checkpoints advance too) is older than
-``max(floor_seconds, factor x median step time)`` is hung, unless it is inside a
-phase that legitimately pauses progress and the phase's deadline
-(``stormwatch_train_phase_deadline_timestamp_seconds``: entry + the phase's bound,
-:mod:`stormwatch.telemetry.phases`) is still ahead; past the deadline it is judged by
-its heartbeat again, and its hang is named by the phase (``phase`` of the event: e.g.
-the start-up stage ``mesh`` of a rank that never reached its first step). Entering a
-phase is a heartbeat, so a rank that marks the start-up stages (``rendezvous``,
-``mesh``, ``parallelize``, ``checkpoint_load``) is judged from before its process
-group exists: a rank stuck in a stage is hung once the stage's deadline has passed
-and its heartbeat is older than the threshold (at the deadline when the stage's bound
-is at least the floor). The median is over the last ``window`` step times of *that
-job's* ranks on this node, each measured as (step heartbeat advance) ÷ (step advance)
-between two scans. Defaults: floor 30 s, factor 10 (:class:`HangSettings`); before
-any step time is known (and for a job without step marks) the floor alone applies.
-One episode lasts from detection until the heartbeat advances (or the rank exits);
-each episode counts once. A rank without any heartbeat yet (absent, or 0: it marked
-no stage) is never hung here: its start-up has no step time or deadline to compare
-with; the job's collective timeout bounds it.
+phase boundaries and checkpoints advance too) is older than its *stall threshold* is
+hung, unless it is inside a phase that legitimately pauses progress and the phase's
+deadline (``stormwatch_train_phase_deadline_timestamp_seconds``: entry + the phase's
+bound, :mod:`stormwatch.telemetry.phases`; ``stopping`` from SIGTERM on) is still ahead;
+past the deadline it is judged by its heartbeat again, and its hang is named by the
+phase (``phase`` of the event: e.g. the start-up stage ``mesh`` of a rank that never
+reached its first step). The threshold adapts to the job:
+
+* **warm**: ``max(floor_seconds, factor x median step time)``, the median over the last
+  ``window`` step times of *that job's* ranks on this node, each measured as (step
+  heartbeat advance) ÷ (step advance) between two scans. Defaults floor 5 s, factor 3
+  (:class:`HangSettings`): issue 18's target, "a hang is detected within
+  max(3 x the job's median step time, 5 s)"; a job with 2-minute steps waits 6 minutes,
+  one with 0.3 s steps 5 s.
+* **warming up**: ``max(warmup_seconds, warm threshold)`` until the rank's *current
+  process* has completed ``warmup_steps`` steps (default 60 s, 3 steps). A new process
+  (a first start, a restart by torchrun, an elastic resize) imports, joins the
+  rendezvous, loads a checkpoint and runs first steps that build communicators and
+  caches: seconds to minutes with no step time to scale by. Its start-up stages are
+  phases too, so this bounds only what falls outside them (the interpreter's start
+  before ``stormwatch.telemetry.init``, the first steps).
+
+Entering a phase is a heartbeat, so a rank that marks the start-up stages
+(``rendezvous``, ``mesh``, ``parallelize``, ``checkpoint_load``) is judged from before
+its process group exists: a rank stuck in a stage is hung once the stage's deadline has
+passed and its heartbeat is older than the threshold. The agent exports each running
+rank's threshold (``stormwatch_rank_stall_threshold_seconds``), which the Prometheus
+rules compare with the same heartbeat, so the rules and the agent agree. One episode
+lasts from detection until the heartbeat advances (or the rank exits); each episode
+counts once. A rank without any heartbeat yet (absent, or 0: it marked no stage) is
+never hung here: its start-up has no step time or deadline to compare with; the job's
+collective timeout bounds it.
 
 Straggler (FC-14): per new step sample of a rank (its ``stormwatch_train_step``
 advanced), ``score = compute ÷ median(peers' compute)`` with
@@ -63,25 +76,33 @@ STRAGGLER_CLEARED = "rank_straggler_cleared"
 
 @dataclasses.dataclass(frozen=True)
 class HangSettings:
-    """Hang threshold: ``max(floor_seconds, factor x median step time)``.
+    """Stall threshold: ``max(floor_seconds, factor x median step time)``, at least
+    ``warmup_seconds`` until the rank's process has completed ``warmup_steps`` steps.
 
     Attributes:
-        floor_seconds: smallest threshold, seconds (30: longer than a checkpoint
-            save or a slow first step of a small job).
-        factor: multiple of the job's recent median step time (10: a step ten
-            times slower than usual is no longer jitter).
+        floor_seconds: smallest threshold, seconds (5: issue 18's detection target,
+            max(3 x median step, 5 s); checkpoint saves, evaluation and stops are phases
+            with their own bounds, so the floor need not cover them).
+        factor: multiple of the job's recent median step time (3: the same target; a step
+            three times slower than the median is no longer jitter in a synchronous job).
         window: step times kept per job for the median (64).
+        warmup_steps: steps a new process completes before the warm threshold applies (3).
+        warmup_seconds: threshold until then, seconds (60: a torchrun restart of a
+            4-rank job on the loaded 2-core lab took up to ~30 s from the kill to the
+            first heartbeat; twice that).
 
     Raises:
         AgentConfigError: a value is not positive (names the field).
     """
 
-    floor_seconds: float = 30.0
-    factor: float = 10.0
+    floor_seconds: float = 5.0
+    factor: float = 3.0
     window: int = 64
+    warmup_steps: int = 3
+    warmup_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("floor_seconds", "factor", "window"):
+        for name in ("floor_seconds", "factor", "window", "warmup_steps", "warmup_seconds"):
             if not getattr(self, name) > 0:
                 raise AgentConfigError(f"hang {name}: must be > 0 (got {getattr(self, name)})")
 
@@ -118,6 +139,8 @@ class RankProgress:
             ``None``: use ``heartbeat``.
         paused_until: Unix time until which a phase excuses the rank (0: none).
         phase: the phase whose deadline that is (``None``: in no phase).
+        started_at: the process's start (Unix s); a new value is a new process, which
+            warms up again (``None``: unknown, one process).
     """
 
     key: RankKey
@@ -127,6 +150,7 @@ class RankProgress:
     step_heartbeat: float | None = None
     paused_until: float = 0.0
     phase: str | None = None
+    started_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,12 +182,33 @@ class HangDetector:
         self._times: dict[str, collections.deque[float]] = {}
         self._hung: dict[RankKey, float] = {}  # key -> heartbeat it hung at
         self._episodes: collections.Counter[RankKey] = collections.Counter()
+        # key -> (the process's start, steps it completed): its warm-up
+        self._warmup: dict[RankKey, tuple[float | None, int]] = {}
 
     def threshold(self, job: str) -> float:
-        """Seconds without a heartbeat after which a rank of ``job`` is hung."""
+        """Seconds without a heartbeat after which a warm rank of ``job`` is hung:
+        ``max(floor, factor x median step)``; ``warmup_seconds`` before any step time."""
         median = self.median_step_seconds(job)
-        base = self.settings.floor_seconds
-        return base if median is None else max(base, self.settings.factor * median)
+        if median is None:
+            return max(self.settings.warmup_seconds, self.settings.floor_seconds)
+        return max(self.settings.floor_seconds, self.settings.factor * median)
+
+    def rank_threshold(self, key: RankKey) -> float:
+        """The stall threshold of rank ``key`` now: the job's, at least ``warmup_seconds``
+        while its process has completed fewer than ``warmup_steps`` steps."""
+        limit = self.threshold(key[0])
+        if self.warming_up(key):
+            return max(limit, self.settings.warmup_seconds)
+        return limit
+
+    def warming_up(self, key: RankKey) -> bool:
+        """Whether rank ``key``'s current process has completed fewer than
+        ``warmup_steps`` steps (True for a rank never seen)."""
+        return self._warmup.get(key, (None, 0))[1] < self.settings.warmup_steps
+
+    def thresholds(self) -> dict[RankKey, float]:
+        """:meth:`rank_threshold` of every rank seen at the last scan."""
+        return {key: self.rank_threshold(key) for key in self._last}
 
     def median_step_seconds(self, job: str) -> float | None:
         """Median of the job's recent step times on this node, or None before any."""
@@ -189,7 +234,7 @@ class HangDetector:
         for r in current:
             assert r.heartbeat is not None
             age = now - r.heartbeat
-            limit = self.threshold(r.key[0])
+            limit = self.rank_threshold(r.key)
             if r.key in self._hung:
                 if not r.alive or r.heartbeat > self._hung[r.key]:
                     del self._hung[r.key]
@@ -204,6 +249,7 @@ class HangDetector:
                     "age_seconds": round(age, 3),
                     "threshold_seconds": round(limit, 3),
                     "median_step_seconds": median,
+                    "warming_up": int(self.warming_up(r.key)),
                     "step": r.step,
                 }
                 if r.phase is not None:
@@ -213,12 +259,21 @@ class HangDetector:
             if key not in seen:  # the rank and its heartbeat are gone
                 del self._hung[key]
                 out.append(Transition(HANG_CLEARED, key, {"reason": "forgotten", "step": None}))
+        for key in list(self._warmup):
+            if key not in seen:
+                del self._warmup[key]
         return out
 
     def _step_time(self, r: RankProgress) -> None:
-        """Note one step time of ``r``'s job when its step and step heartbeat advanced."""
+        """Note one step time of ``r``'s job when its step and step heartbeat advanced,
+        and count the step towards the warm-up of ``r``'s current process."""
+        started, done = self._warmup.get(r.key, (r.started_at, 0))
+        if r.started_at != started:  # a new process: it warms up again
+            started, done = r.started_at, 0
+            self._last.pop(r.key, None)  # a step time across the restart is not one
         beat = r.step_heartbeat if r.step_heartbeat is not None else r.heartbeat
         if beat is None:
+            self._warmup[r.key] = (started, done)
             return
         previous = self._last.get(r.key)
         if previous is not None and beat > previous[0]:
@@ -228,6 +283,9 @@ class HangDetector:
                     r.key[0], collections.deque(maxlen=self.settings.window)
                 )
                 times.append((beat - previous[0]) / stepped)
+                if started is None or previous[0] >= started:  # a step of this process
+                    done += int(stepped)
+        self._warmup[r.key] = (started, done)
         self._last[r.key] = (beat, r.step)
 
 

@@ -13,7 +13,7 @@ Kinds: ``rank_orphaned`` (:class:`RankOrphanedEvent`: a rank's process outlived 
 number, from the Linux proc connector (:mod:`stormwatch.agent.watch.proc_exits`;
 ranks are torchrun's children, not the agent's) or from a zombie's
 ``/proc/<pid>/stat``, ``null`` when unknown; ``exit_signal``: ``"SIGKILL"``... or
-``null``; ``reason``: ``finished``, ``exit_code``, ``signal`` or ``unknown``, the
+``null``; ``reason``: ``finished``, ``stopped``, ``exit_code``, ``signal`` or ``unknown``, the
 label of ``stormwatch_rank_exits_total``), ``rank_hang`` / ``rank_hang_cleared``
 and ``rank_straggler`` / ``rank_straggler_cleared`` (details from
 :mod:`stormwatch.agent.watch.detectors`), ``rank_hang_culprit`` (:class:`RankHangCulpritEvent`:
@@ -83,7 +83,7 @@ class RankExitEvent(_RankEvent):
     replaced: bool | None = None
     exit_code: int | None = None
     exit_signal: str | None = None
-    reason: Literal["finished", "exit_code", "signal", "unknown"] | None = None
+    reason: Literal["finished", "stopped", "exit_code", "signal", "unknown"] | None = None
 
 
 class RankHangEvent(_RankEvent):
@@ -96,6 +96,7 @@ class RankHangEvent(_RankEvent):
     age_seconds: float | None = None
     threshold_seconds: float | None = None
     median_step_seconds: float | None = None
+    warming_up: int | None = None  # 1: the rank's process had not completed its warm-up steps
     step: float | None = None
     phase: str | None = None
     phase_deadline: float | None = None

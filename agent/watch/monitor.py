@@ -73,6 +73,7 @@ class HealthView:
 
     hung: dict[RankKey, bool]
     hangs: dict[RankKey, int]
+    stall_threshold: dict[RankKey, float]
     lag: dict[RankKey, float]
     straggler_score: dict[RankKey, float]
     straggler: dict[RankKey, bool]
@@ -117,7 +118,7 @@ class RankHealth:
         self._thread: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
         self._culprit_asked: set[str] = set()  # jobs hung now whose ranks were asked for dumps
-        self._view = HealthView({}, {}, {}, {}, {})
+        self._view = HealthView({}, {}, {}, {}, {}, {})
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -168,6 +169,7 @@ class RankHealth:
                 step_heartbeat=beats.get(key),
                 paused_until=phases.get(key, (None, 0.0))[1],
                 phase=phases.get(key, (None, 0.0))[0],
+                started_at=r.started_at if r.alive else None,
             )
             for r in ranks
             for key in [(r.job, r.rank)]
@@ -200,6 +202,7 @@ class RankHealth:
         view = HealthView(
             hung={k: v for k, v in hung_now.items() if k in running},
             hangs=self._hang.episodes(),
+            stall_threshold={k: v for k, v in self._hang.thresholds().items() if k in running},
             lag=lag,
             straggler_score=self._straggler.scores(),
             straggler=self._straggler.flagged(),

@@ -52,14 +52,18 @@ class RankExit:
     clean: bool
     replaced: bool
     exit_code: int | None
+    stopped: bool = False
 
     @property
     def reason(self) -> str:
-        """``finished`` (its ``rank<R>.done`` marker, and status 0 when known), ``signal``,
+        """``finished`` (its ``rank<R>.done`` marker, and status 0 when known), ``stopped``
+        (asked to stop: its ``rank<R>.stopping`` marker, written at SIGTERM), ``signal``,
         ``exit_code`` or ``unknown``: the ``reason`` label of
         ``stormwatch_rank_exits_total``."""
         if self.clean:
             return "finished"
+        if self.stopped:
+            return "stopped"
         if self.exit_code is None:
             return "unknown"
         return "signal" if self.exit_code < 0 else "exit_code"

@@ -24,7 +24,13 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
    written during that process's life and its exit status, when known, is 0 (the
-   API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too);
+   API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too),
+   or the process was asked to stop: ``<metrics-dir>/rank<R>.stopping``, which the API
+   touches at SIGTERM, was written during its life (a cancel, requeue, preemption,
+   or torchrun stopping its workers for a restart or an elastic resize: the victims of
+   a peer's failure are not failures themselves), whatever the status it ended with
+   (SIGKILL at the end of the grace period included). A SIGTERM that this agent's
+   own ``kill_rank`` fault sent (:meth:`RankWatcher.note_fault_signal`) is a failure;
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
    their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
@@ -155,6 +161,7 @@ class RankWatcher:
         self._steps: dict[RankKey, float] = {}
         self._last_scan_at: float | None = None
         self._last_error: str | None = None
+        self._fault_signalled: set[int] = set()  # pids a fault of this agent signalled
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -233,9 +240,21 @@ class RankWatcher:
             return dict(self._last_exit_code)
 
     def last_progress(self) -> dict[RankKey, float]:
-        """Last heartbeat per rank (Unix time), kept after the rank dies."""
+        """Last heartbeat per rank (Unix time), kept after the rank dies. A running
+        process that started after its rank's last heartbeat (a restart, an elastic
+        resize) counts from its start: a new process is progress, and what it does
+        before its first heartbeat (the interpreter's start, imports) is not a stall of
+        the one before. A rank with no heartbeat at all has none here."""
         with self._lock:
-            return dict(self._progress)
+            return {key: self._beat(key) for key in self._progress}
+
+    def _beat(self, key: RankKey) -> float:
+        """:meth:`last_progress` of one rank that has a heartbeat (under the lock)."""
+        beat = self._progress[key]
+        tracked = self._tracked.get(key)
+        if tracked is not None and tracked.alive:
+            return max(beat, tracked.create_time)
+        return beat
 
     def alive(self, rank: int, job: str | None = None) -> list[tuple[RankInfo, psutil.Process]]:
         """Running processes of ``rank`` (of ``job``, or of any job)."""
@@ -275,7 +294,7 @@ class RankWatcher:
             started_at=t.create_time,
             exited_at=t.exited_at,
             last_step=self._steps.get(key),
-            last_progress_timestamp=self._progress.get(key),
+            last_progress_timestamp=self._beat(key) if key in self._progress else None,
             unexpected_exits=self._unexpected.get(key, 0),
         )
 
@@ -366,15 +385,29 @@ class RankWatcher:
             # A done marker with a known failure (a job's sys.exit(3) passes the API's
             # clean shutdown at exit) is not a finish.
             clean = self._finished_cleanly(tracked) and code in (None, 0)
+            stopped = (
+                not clean
+                and tracked.pid not in self._fault_signalled
+                and self._marked(tracked, "stopping")
+            )
+            self._fault_signalled.discard(tracked.pid)
             if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
+            elif stopped:
+                log.info(
+                    "rank %s of job %s (pid %d) stopped on request (SIGTERM), status %s",
+                    key[1],
+                    key[0],
+                    tracked.pid,
+                    code,
+                )
             else:
                 self._unexpected[key] += 1
                 log.warning(
                     "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
                 )
             self._trace_exit(tracked, clean=clean, replaced=replaced, code=code)
-            gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code)
+            gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code, stopped)
             self._exit_counts[(key[0], key[1], gone_rank.reason)] += 1
             if code is not None:
                 self._last_exit_code[key] = code
@@ -414,8 +447,18 @@ class RankWatcher:
             attributes["process.exit.code"] = code
         self._tracer.start_span("rank.exit", attributes=attributes).end()
 
+    def note_fault_signal(self, pid: int) -> None:
+        """A fault of this agent is about to signal ``pid`` (``kill_rank``): its exit is a
+        failure even when the rank takes the signal for a stop request (SIGTERM)."""
+        with self._lock:
+            self._fault_signalled.add(pid)
+
     def _finished_cleanly(self, tracked: _Tracked) -> bool:
-        marker = self._dir / f"rank{tracked.env.rank}.done"
+        return self._marked(tracked, "done")
+
+    def _marked(self, tracked: _Tracked, what: str) -> bool:
+        """Whether ``<metrics-dir>/rank<R>.<what>`` was written during the process's life."""
+        marker = self._dir / f"rank{tracked.env.rank}.{what}"
         try:
             return marker.stat().st_mtime >= tracked.create_time - 1.0
         except OSError:

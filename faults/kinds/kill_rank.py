@@ -78,6 +78,8 @@ class KillRank(Fault[KillRankRequest]):
         try:
             if self._process.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped
                 raise psutil.NoSuchProcess(self._process.pid)
+            # A SIGTERM from a fault is a crash to detect, not a stop request to excuse.
+            ctx.ranks.note_fault_signal(self._process.pid)
             self._process.send_signal(getattr(signal, spec.signal))
         except psutil.NoSuchProcess as exc:
             raise FaultTargetNotFound(

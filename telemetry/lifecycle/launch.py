@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stormwatch.telemetry.phases import PHASES
+
 #: (launcher, rank, local rank, world size, restart count) variables, tried in order.
 _LAUNCHERS = (
     ("torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"),
@@ -120,6 +122,11 @@ class Settings:
     flight_recorder: int = 0
     handle_signals: bool = True
     phase_bounds: Mapping[str, float] = field(default_factory=dict)
+
+    def phase_bound(self, name: str) -> float:
+        """Seconds phase ``name`` may pause progress: this job's override, else the default
+        (:data:`stormwatch.telemetry.phases.PHASES`). Raises ``KeyError`` for an unknown phase."""
+        return self.phase_bounds.get(name, PHASES[name].bound_seconds)
 
 
 #: The pid of the rank's main process: set by the first process to start a session

@@ -304,7 +304,7 @@ class Session:
 
     @never_raises()
     def _enter_phase(self, spec: PhaseSpec) -> None:
-        bound = self.settings.phase_bounds.get(spec.name, spec.bound_seconds)
+        bound = self.settings.phase_bound(spec.name)
         with self._lock:
             outermost = self._steps.enter(spec)
             if spec.name == "checkpoint_load" and not self._started:
@@ -492,7 +492,8 @@ class Session:
         self._sigterm.dump_once("written by the API's handler")
 
     def _signal_dump(self, reason: str) -> None:
-        self._signalled = True
+        self._signalled = True  # and a stop request: the exit is a stop (phases.py, stopping)
+        self._telemetry.stopping(deadline=self._clock() + self.settings.phase_bound("stopping"))
         self.dump(reason)
 
 

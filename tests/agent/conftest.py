@@ -351,7 +351,12 @@ RANK_CODE = textwrap.dedent(
         if os.environ.get("FAKE_RANK_DONE") and mdir:
             pathlib.Path(mdir, f"rank{rank}.done").touch()
         sys.exit(int(os.environ.get("FAKE_RANK_EXIT_CODE", "1")))
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    def on_sigterm(*_):
+        # FAKE_RANK_STOP_MARKER=1: what the telemetry API does at SIGTERM (a stop request)
+        if os.environ.get("FAKE_RANK_STOP_MARKER") and mdir:
+            pathlib.Path(mdir, f"rank{rank}.stopping").touch()
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_sigterm)
     while True:
         time.sleep(60)
     """

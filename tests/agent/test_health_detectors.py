@@ -129,7 +129,9 @@ def _steady(
     return scans
 
 
-# Threshold max(30, 10 x 1 s) = 30 s; rank 1 stops at t=10 and resumes at t=50.
+# The thresholds of a site that configured floor 30 s, factor 10 (the defaults before
+# issue 18: LEGACY): max(30, 10 x 1 s) = 30 s; rank 1 stops at t=10 and resumes at t=50.
+LEGACY = HangSettings(floor_seconds=30.0, factor=10.0, warmup_seconds=30.0)
 FAST_JOB = [
     *_steady(10, 1.0),
     (39.0, {0: (39.0, 39.0, True), 1: (10.0, 10.0, True)}),  # 29 s: not yet
@@ -138,7 +140,7 @@ FAST_JOB = [
     (50.0, {0: (50.0, 50.0, True), 1: (50.0, 11.0, True)}),  # progress: cleared
     (51.0, {0: (51.0, 51.0, True), 1: (51.0, 12.0, True)}),
 ]
-# 5 s steps: threshold max(30, 50) = 50 s.
+# 5 s steps: threshold max(30, 50) = 50 s (LEGACY).
 SLOW_JOB = [
     *_steady(50, 5.0),
     (95.0, {0: (95.0, 19.0, True), 1: (50.0, 10.0, True)}),  # 45 s: not yet
@@ -153,14 +155,12 @@ EXITED = [*_steady(5, 1.0), (100.0, {0: (5.0, 5.0, True), 1: (5.0, 5.0, False)})
     [
         pytest.param(
             FAST_JOB,
-            HangSettings(),
+            LEGACY,
             [(41.0, HANG, 1), (50.0, HANG_CLEARED, 1)],
             {0: 0, 1: 1},
             id="floor-applies-then-clears-on-progress",
         ),
-        pytest.param(
-            SLOW_JOB, HangSettings(), [(101.0, HANG, 1)], {0: 0, 1: 1}, id="factor-x-median"
-        ),
+        pytest.param(SLOW_JOB, LEGACY, [(101.0, HANG, 1)], {0: 0, 1: 1}, id="factor-x-median"),
         pytest.param(
             FAST_JOB,
             HangSettings(floor_seconds=5.0, factor=2.0),
@@ -185,15 +185,92 @@ def test_fc10_hang_fires_after_threshold_and_clears_on_progress(
 
 
 def test_fc10_hang_threshold_uses_the_jobs_median_step_time() -> None:
-    detector = HangDetector()
+    detector = HangDetector(LEGACY)
     assert detector.threshold(JOB) == 30.0  # nothing measured yet: the floor
     _run_hang(detector, _steady(40, 4.0))
     assert detector.median_step_seconds(JOB) == pytest.approx(4.0)
     assert detector.threshold(JOB) == pytest.approx(40.0)
 
 
+def _stalls_at(step_seconds: float, stop: float, settings: HangSettings | None = None) -> float:
+    """Rank 1 of a steady two-rank job stops stepping at ``stop``; scanned every 0.5 s
+    (rank 0 goes on), returns when the hang is detected."""
+    detector = HangDetector(settings)
+    scans = _steady(stop, step_seconds)
+    t = stop
+    while t < stop + 100 * max(step_seconds, 1.0):
+        t += 0.5
+        beat0 = (t // step_seconds) * step_seconds
+        scans.append(
+            (t, {0: (beat0, beat0 / step_seconds, True), 1: (stop, stop / step_seconds, True)})
+        )
+    hangs = [now for now, kind, rank in _run_hang(detector, scans) if kind == HANG and rank == 1]
+    assert hangs, "no hang detected"
+    return hangs[0] - stop
+
+
+@pytest.mark.parametrize(
+    ("step_seconds", "threshold"),
+    [
+        pytest.param(0.2, 5.0, id="sub-second-steps-the-floor"),
+        pytest.param(1.0, 5.0, id="1s-steps-the-floor"),
+        pytest.param(4.0, 12.0, id="4s-steps-3x-median"),
+        pytest.param(120.0, 360.0, id="2-minute-steps-3x-median"),
+    ],
+)
+def test_issue18_default_threshold_is_3x_median_step_with_a_5s_floor(
+    step_seconds: float, threshold: float
+) -> None:
+    """The target of issue 18: a hang is detected within max(3 x median step, 5 s) (+ the
+    scan interval), for sub-second and minute-long steps alike."""
+    late = _stalls_at(step_seconds, stop=40 * step_seconds)
+    assert threshold < late <= threshold + 0.5
+
+
+def test_issue18_a_new_process_warms_up_before_the_short_threshold_applies() -> None:
+    """A restarted rank (a new ``started_at``) gets ``warmup_seconds`` until its process has
+    completed ``warmup_steps`` steps: a torchrun restart's imports and first steps are not
+    a hang. After its warm-up, the job's threshold applies again."""
+    settings = HangSettings()  # floor 5, factor 3, 3 warm-up steps, 60 s
+    detector = HangDetector(settings)
+    key = (JOB, 0)
+    scans: list[tuple[float, list[RankProgress]]] = []
+    for t in range(0, 21):  # the first process, 1 s steps, warm after 3 steps
+        scans.append((float(t), [RankProgress(key, True, float(t), float(t), started_at=-1.0)]))
+    for now, progress in scans:
+        assert detector.observe(now, progress) == []
+    assert detector.rank_threshold(key) == 5.0
+    # restarted at t=25 (its last heartbeat t=20); it resumes at step 10 and steps only at t=70
+    for t in range(25, 70):
+        out = detector.observe(float(t), [RankProgress(key, True, 25.0, 20.0, started_at=25.0)])
+        assert out == [], t  # 45 s without a step: warming up, not hung
+        assert detector.warming_up(key)
+    assert detector.rank_threshold(key) == 60.0
+    assert [
+        t.kind
+        for t in detector.observe(86.0, [RankProgress(key, True, 25.0, 20.0, started_at=25.0)])
+    ] == [HANG]
+    for i, t in enumerate(range(90, 95)):  # steps again: 3 steps of this process end its warm-up
+        detector.observe(float(t), [RankProgress(key, True, float(t), 21.0 + i, started_at=25.0)])
+    assert not detector.warming_up(key)
+    assert detector.rank_threshold(key) == 5.0
+    assert detector.thresholds() == {key: 5.0}
+
+
+def test_issue18_a_job_without_step_marks_is_judged_at_the_warm_up_threshold() -> None:
+    """No step marks (a job whose heartbeat is its collectives only): no step time to scale
+    by, so the threshold stays ``warmup_seconds`` (60 s by default)."""
+    detector = HangDetector()
+    key = (JOB, 0)
+    for t in range(0, 10):
+        detector.observe(float(t), [RankProgress(key, True, float(t), None)])
+    assert detector.rank_threshold(key) == 60.0
+    assert detector.observe(69.0, [RankProgress(key, True, 9.0, None)]) == []
+    assert [t.kind for t in detector.observe(70.0, [RankProgress(key, True, 9.0, None)])] == [HANG]
+
+
 def test_fc10_a_second_hang_is_a_second_episode() -> None:
-    detector = HangDetector(HangSettings(floor_seconds=5.0, factor=1.0))
+    detector = HangDetector(HangSettings(floor_seconds=5.0, factor=1.0, warmup_steps=1))
     scans = [
         *_steady(3, 1.0, ranks=(0,)),
         (10.0, {0: (3.0, 3.0, True)}),
@@ -307,7 +384,7 @@ def test_a_rank_stuck_in_a_start_up_stage_is_hung_at_its_deadline_and_named_by_i
 
 def test_a_job_without_step_marks_is_judged_by_its_progress_heartbeat() -> None:
     """Zero-code jobs: only collectives advance the heartbeat; no step, no step heartbeat."""
-    detector = HangDetector()
+    detector = HangDetector(LEGACY)
     scans = [(t, t) for t in range(0, 20)] + [(60.0, 19.0)]  # (now, progress heartbeat)
     out = []
     for now, beat in scans:

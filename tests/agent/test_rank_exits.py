@@ -140,6 +140,49 @@ def test_rank_exit_code_and_kill_signal_reach_events_and_metrics(
     assert scrape.value("stormwatch_rank_last_exit_code", training_job=job, rank="1") == -9
 
 
+def test_issue18_a_rank_asked_to_stop_is_a_stop_unless_a_kill_rank_fault_sent_the_sigterm(
+    start_agent: Any, fake_torchrun: Any, tools: Any
+) -> None:
+    """A SIGTERM the rank takes for a stop request (its ``rank<R>.stopping`` marker, which
+    the telemetry API writes): a cancel, a requeue, torchrun stopping the siblings of a
+    failed rank or resizing. Its exit is ``stopped``, not unexpected, so no rule calls it
+    a failure. The same SIGTERM from the agent's own ``kill_rank`` fault is a failure."""
+    agent = start_agent()
+    launcher = fake_torchrun([0, 1], env={"FAKE_RANK_STOP_MARKER": "1"})
+    stopped = launcher.wait_pid(0)
+    launcher.wait_pid(1)
+    job = launcher.job
+    tools.wait_for(lambda: len(_ranks(tools, agent, job)) == 2)
+    tools.wait_for(  # written just before the fake rank installs its SIGTERM handler
+        lambda: all(
+            tools.scrape(agent.url).value("stormwatch_train_steps_total", training_job=job, rank=r)
+            == 3
+            for r in "01"
+        )
+    )
+    time.sleep(0.5)
+    os.kill(stopped, signal.SIGTERM)  # a scheduler's stop
+    reply = tools.http(
+        "POST",
+        agent.fault_url + "/v1/faults",
+        body={"id": "term", "kind": "kill_rank", "rank": 1, "job": job, "signal": "SIGTERM"},
+        token=tools.token,
+    )
+    assert reply.status == 201, reply.text
+    events = tools.wait_for(
+        lambda: (found := _events(tools, agent, job)).keys() == {0, 1} and found
+    )
+    assert events[0]["reason"] == "stopped", events[0]
+    assert events[1]["reason"] != "stopped", events[1]
+    scrape = tools.scrape(agent.url)
+    assert scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="0") == 0
+    assert scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="1") == 1
+    assert (
+        scrape.value("stormwatch_rank_exits_total", training_job=job, rank="0", reason="stopped")
+        == 1
+    )
+
+
 def test_a_watcher_without_exit_events_counts_the_exit_as_unknown(
     fake_torchrun: Any, metrics_dir: Path, tools: Any
 ) -> None:

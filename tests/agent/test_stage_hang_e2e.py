@@ -43,7 +43,7 @@ def _stormwatch() -> str:
 def test_a_rank_stuck_in_each_start_up_stage_is_found_within_its_bound_and_named_by_it(
     start_agent: Any, tools: Any, tmp_path: Path, metrics_dir: Path
 ) -> None:
-    agent = start_agent(hang_floor_seconds=1.0)
+    agent = start_agent(hang_floor_seconds=1.0, hang_warmup_seconds=1.0)  # no step yet: warm-up
     job = f"stages-{uuid.uuid4().hex[:8]}"
     control = control_path(metrics_dir / "control", HUNG_RANK)
     entries = {s: ENTRY.validate_python({"point": "stage_hang", "stage": s}) for s in STAGES}

@@ -46,7 +46,10 @@ def _events(tools: Any, agent: Any, job: str, kind: str) -> list[dict[str, Any]]
 def test_fc10_unmodified_ddp_job_is_counted_and_its_hung_rank_named_from_the_flight_recorder(
     start_agent: Any, tools: Any, tmp_path: Path
 ) -> None:
-    agent = start_agent(hang_floor_seconds=HANG_FLOOR, rank_scan_interval=0.2)
+    # no step marks: judged at the warm-up threshold (no step time to scale by)
+    agent = start_agent(
+        hang_floor_seconds=HANG_FLOOR, hang_warmup_seconds=HANG_FLOOR, rank_scan_interval=0.2
+    )
     metrics = Path(agent.config.metrics_dir)
     job = f"zc-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "PROMETHEUS"))}

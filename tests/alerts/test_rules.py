@@ -333,8 +333,12 @@ PROMTOOL_CASES = {
     ],
     "training_test.yml": [
         "one_group_failure_is_not_a_job_crash_loop",
+        "issue18_three_failures_of_a_job_with_stop_markers_are_a_crash_loop",
         "training_hung_fires_after_threshold_and_resolves",
         "training_hung_waits_for_a_phase_within_its_bound",
+        "issue18_training_hung_within_the_agents_threshold_plus_two_seconds",
+        "issue18_minute_long_steps_are_not_a_hang",
+        "issue18_a_stop_and_restart_is_not_a_hang",
         "loss_nan_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
         "fc14_straggler_fires_and_resolves",
@@ -376,6 +380,46 @@ def test_promtool_case_table_matches_the_test_file(file: str) -> None:
     [path] = [p for p in rule_test_files() if p.name == file]
     names = [case["name"] for case in yaml.safe_load(path.read_text())["tests"]]
     assert names == PROMTOOL_CASES[file]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "issue18_training_hung_within_the_agents_threshold_plus_two_seconds",
+        "issue18_minute_long_steps_are_not_a_hang",
+        "issue18_a_stop_and_restart_is_not_a_hang",
+        "issue18_three_failures_of_a_job_with_stop_markers_are_a_crash_loop",
+        "issue18_a_hang_names_the_rank_behind_in_the_collectives_not_its_waiting_peers",
+        "issue18_a_stall_with_no_rank_behind_names_every_stalled_rank",
+    ],
+)
+def test_issue18_adaptive_stall_threshold_culprit_and_pauses(tmp_path: Path, case: str) -> None:
+    """The agents' threshold (max(5 s, 3 x median step), warm-up 60 s) fires a hang within
+    its target, not between minute-long steps nor across a stop and restart; the rank
+    behind in the collectives is named, not the peers waiting for it."""
+    run = _run_case(tmp_path, case)
+    assert run.ok, run.output
+
+
+def test_issue18_culprit_case_catches_a_rule_that_names_the_waiting_ranks(tmp_path: Path) -> None:
+    """Without the collective-ahead exclusion, the waiting ranks 0 and 2 are named too:
+    the culprit case fails."""
+    [path] = [p for p in rule_files() if p.name == "ranks.yml"]
+    text = path.read_text()
+    exclusion = (
+        "                  unless on (training_job, rank)\n"
+        "                    training_job_rank:stormwatch_collective_ahead:bool\n"
+    )
+    assert exclusion in text
+    broken = tmp_path / "ranks.yml"
+    broken.write_text(text.replace(exclusion, ""))
+    assert check_rules([broken]).ok
+    run = _run_case(
+        tmp_path,
+        "issue18_a_hang_names_the_rank_behind_in_the_collectives_not_its_waiting_peers",
+        rules=[broken],
+    )
+    assert not run.ok and 'rank="0"' in run.output, run.output
 
 
 def test_four_restarts_in_twenty_minutes_alternating_between_nodes_raise_a_restart_storm(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,39 @@ def test_sigterm_writes_the_dump_then_chains_to_the_previous_handler(tmp_path: P
     events = [json.loads(line)["event"] for line in lines]
     assert events[0] == "start" and "done" not in events
     assert not (tmp_path / "metrics" / "rank1.done").exists()
+
+
+def test_issue18_sigterm_marks_a_stop_request_for_the_agent_and_the_rules(tmp_path: Path) -> None:
+    """At SIGTERM the rank touches ``rank<R>.stopping`` (the agent then counts its exit as a
+    stop, not a failure) and enters the ``stopping`` phase for its bound (120 s), so its
+    last seconds without progress are not a stall."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    proc = start(tmp_path, previous="")
+    signalled = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    marker = tmp_path / "metrics" / "rank1.stopping"
+    assert marker.exists() and marker.stat().st_mtime >= signalled - 1.0
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path / "metrics"))
+    deadline = registry.get_sample_value(
+        "stormwatch_train_phase_deadline_timestamp_seconds",
+        {"training_job": "default", "rank": "1", "phase": "stopping"},
+    ) or max(
+        (
+            sample.value
+            for metric in registry.collect()
+            for sample in metric.samples
+            if sample.name == "stormwatch_train_phase_deadline_timestamp_seconds"
+            and sample.labels.get("phase") == "stopping"
+        ),
+        default=None,
+    )
+    assert deadline is not None, "no stopping phase exported"
+    assert signalled + 110 <= deadline <= time.time() + 121
 
 
 def test_sigterm_with_the_default_handler_still_ends_the_process_by_the_signal(
