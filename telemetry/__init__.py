@@ -338,18 +338,20 @@ def step(
 
 
 @never_raises(default=PhaseContext(None, None))
-def phase(name: str) -> PhaseContext:
+def phase(name: str, *, bound_seconds: float | None = None) -> PhaseContext:
     """``with phase(name):`` marks work that legitimately pauses progress (``name``: one of
     :data:`PHASES`). Inside, neither the agent nor the rules call the rank hung, up to the
-    phase's bound; past it the rank is judged by its heartbeat again, and a hang is named
-    by the phase. Before the first step, mark the start-up stages ``rendezvous`` (done by
-    itself around ``init_process_group`` when collectives are counted), ``mesh``,
-    ``parallelize`` and ``checkpoint_load``: entering one starts the heartbeat."""
+    phase's bound (``bound_seconds`` for this entry, e.g. a multiple of the last save's
+    duration; default: the phase's, or ``STORMWATCH_PHASE_BOUNDS``); past it the rank is
+    judged by its heartbeat again, and a hang is named by the phase. Before the first
+    step, mark the start-up stages ``rendezvous`` (done by itself around
+    ``init_process_group`` when collectives are counted), ``mesh``, ``parallelize`` and
+    ``checkpoint_load``: entering one starts the heartbeat."""
     current = _CURRENT.session
     if current is None:
         _before_init("phase")
         return PhaseContext(None, None)
-    return current.phase(name)
+    return current.phase(name, bound_seconds=bound_seconds)
 
 
 @never_raises()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import SupportsIndex
 
 from stormwatch.telemetry.lifecycle.guard import warn_once
+from stormwatch.telemetry.phases import PhaseSpec
 
 #: What happens to a call whose argument is bad: the whole call, or only that argument.
 IGNORED = "this call is ignored"
@@ -143,6 +144,26 @@ def step_args(
     _, norm_value = real("grad_norm", grad_norm, call="step", consequence=LEFT_OUT)
     finite("loss", loss_value, step=number)
     return StepArgs(number, loss_value, n_tokens, n_samples, lr_value, norm_value)
+
+
+def phase_with_bound(spec: PhaseSpec, bound_seconds: object) -> PhaseSpec:
+    """``spec`` with ``bound_seconds`` for one entry (``phase(name, bound_seconds=...)``); one
+    warning and ``spec`` unchanged (the configured bound) when it is not a positive, finite
+    number of seconds."""
+    try:
+        seconds = float(bound_seconds)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        warn_once(
+            f"phase:bound:{_kind(bound_seconds)}",
+            "phase(%r, bound_seconds=%r): not a positive number of seconds; the phase's "
+            "configured bound applies",
+            spec.name,
+            bound_seconds,
+        )
+        return spec
+    return replace(spec, bound_seconds=seconds)
 
 
 def error_text(error: object) -> str:

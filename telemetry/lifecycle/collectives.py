@@ -62,6 +62,32 @@ class Collectives:
             self.counting_always = True
         self._on_counting()
 
+    def instrument(
+        self,
+        around_init: Callable[[], Any],
+        when_initialised: Callable[[], None],
+    ) -> None:
+        """Count every collective once the process group exists: ``around_init`` (a context
+        manager factory: the ``rendezvous`` phase) wraps ``init_process_group`` and
+        ``when_initialised`` runs after it (:mod:`.hooks`). Nothing when counting already;
+        one warning when ``torch.distributed`` is not available."""
+        if self.counting_always:
+            return
+        try:
+            from stormwatch.telemetry.lifecycle import hooks
+        except ImportError as exc:
+            from stormwatch.telemetry.lifecycle.guard import warn_once
+
+            warn_once(
+                "collectives:torch",
+                "instrument_collectives(): torch.distributed is not available (%s); "
+                "collectives are not counted",
+                exc,
+            )
+            return
+        hooks.around_init(around_init)  # a heartbeat, and a stage, before the group
+        hooks.when_initialised(when_initialised)
+
     def always_if_initialised(self) -> None:
         """:meth:`always` if the process group exists (it may have been made without the
         wrapped ``init_process_group``: through a name imported before ``init()``)."""

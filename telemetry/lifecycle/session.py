@@ -287,9 +287,11 @@ class Session:
         return self._last_step
 
     # ------------------------------------------------------------------ phases
-    def phase(self, name: str) -> PhaseContext:
+    def phase(self, name: str, *, bound_seconds: float | None = None) -> PhaseContext:
         """A context manager marking phase ``name`` (see :func:`stormwatch.telemetry.phase`)."""
         spec = PHASES.get(name) if isinstance(name, str) else None
+        if spec is not None and bound_seconds is not None:
+            spec = checks.phase_with_bound(spec, bound_seconds)
         if spec is None:
             warn_once(
                 "phase:name",
@@ -304,7 +306,8 @@ class Session:
 
     @never_raises()
     def _enter_phase(self, spec: PhaseSpec) -> None:
-        bound = self.settings.phase_bound(spec.name)
+        custom = spec is not PHASES[spec.name]  # a bound given for this entry
+        bound = spec.bound_seconds if custom else self.settings.phase_bound(spec.name)
         with self._lock:
             outermost = self._steps.enter(spec)
             if spec.name == "checkpoint_load" and not self._started:
@@ -352,20 +355,8 @@ class Session:
     def instrument_collectives(self) -> None:
         """Count c10d collectives from now on (idempotent); see
         :func:`stormwatch.telemetry.instrument_collectives`."""
-        if not self._open("instrument_collectives") or self._collectives.counting_always:
-            return
-        try:
-            from stormwatch.telemetry.lifecycle import hooks
-        except ImportError as exc:
-            warn_once(
-                "collectives:torch",
-                "instrument_collectives(): torch.distributed is not available (%s); "
-                "collectives are not counted",
-                exc,
-            )
-            return
-        hooks.around_init(self._rendezvous)  # a heartbeat, and a stage, before the group
-        hooks.when_initialised(self._count_always)
+        if self._open("instrument_collectives"):
+            self._collectives.instrument(self._rendezvous, self._count_always)
 
     def _rendezvous(self) -> contextlib.AbstractContextManager[Any]:
         """The ``rendezvous`` phase around ``init_process_group`` (nothing once shut down)."""

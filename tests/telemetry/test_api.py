@@ -130,12 +130,24 @@ def test_a_phase_exports_its_deadline_and_is_left_out_of_the_step_time(tmp_path:
     assert deadline == 0  # left (the value inside: the next test)
 
 
-def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> None:
-    code = """
+@pytest.mark.parametrize(
+    ("call", "bound"),
+    [
+        pytest.param('swt.phase("eval")', 42.0, id="the-configured-bound"),
+        # issue 18: a bound for one entry (the trainer's saves: 3 x its longest save)
+        pytest.param('swt.phase("eval", bound_seconds=7.5)', 7.5, id="a-bound-for-this-entry"),
+        # a bad one: one warning, the configured bound
+        pytest.param('swt.phase("eval", bound_seconds=-1)', 42.0, id="a-bad-bound-is-ignored"),
+    ],
+)
+def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(
+    tmp_path: Path, call: str, bound: float
+) -> None:
+    code = f"""
         import sys, time
         import stormwatch.telemetry as swt
         swt.init()
-        with swt.phase("eval"):
+        with {call}:
             print(time.time(), flush=True)
             sys.stdin.readline()
     """
@@ -150,6 +162,7 @@ def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> 
         env=environ,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     ) as proc:
         assert proc.stdout is not None and proc.stdin is not None
@@ -160,7 +173,10 @@ def test_inside_a_phase_the_deadline_is_entry_plus_the_bound(tmp_path: Path) -> 
         proc.stdin.write("\n")
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
-    assert entered + 41 < deadline < entered + 43
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert entered + bound - 1 < deadline < entered + bound + 1
+    assert ("bound_seconds=-1" in err) == ("-1" in call), err
 
 
 def test_the_heartbeat_starts_before_the_process_group_in_the_rendezvous_stage(
