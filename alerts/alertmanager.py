@@ -199,8 +199,9 @@ class AlertmanagerSettings:
 
 #: Alerts about a node or its hardware rather than a training job (grouped by node).
 NODE_SCOPED_ALERTS = (
-    "StormwatchNodeDown|StormwatchAgentDown|StormwatchAgentFlapping|StormwatchScrapeSlow"
-    "|StormwatchAgentRenderSlow|StormwatchAgentUnavailable|StormwatchGpu.*|StormwatchNvlink.*"
+    "StormwatchNodeDown|StormwatchAgentProcessDown|StormwatchAgentDown|StormwatchAgentFlapping"
+    "|StormwatchScrapeSlow|StormwatchAgentRenderSlow|StormwatchAgentUnavailable"
+    "|StormwatchGpu.*|StormwatchNvlink.*"
 )
 #: The alert whose incidents the responder remediates (``confirm_restart``).
 REMEDIATION_ALERTS = ("StormwatchRankStalled",)

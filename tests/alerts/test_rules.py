@@ -327,7 +327,9 @@ def test_metric_name_extraction_skips_functions_labels_and_keywords() -> None:
 PROMTOOL_CASES = {
     "agent_test.yml": ["render_slow_fires_before_the_scrape_timeout_and_resolves"],
     "nodes_test.yml": [
-        "node_down_fires_after_1m_and_resolves",
+        "node_down_fires_three_scrapes_after_a_node_stops_answering_and_resolves",
+        "agent_process_down_fires_for_a_refusing_node_without_node_down_and_resolves",
+        "one_or_two_lost_scrapes_in_a_row_fire_nothing",
         "agent_flapping_fires_without_node_down_and_resolves",
         "scrape_slow_fires_and_resolves",
     ],
@@ -341,6 +343,7 @@ PROMTOOL_CASES = {
         "issue18_a_stop_and_restart_is_not_a_hang",
         "loss_nan_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
+        "checkpoint_failing_fires_at_the_first_failed_save_even_on_a_counter_created_at_one",
         "fc14_straggler_fires_and_resolves",
     ],
     "training_trends_test.yml": [
@@ -369,8 +372,13 @@ PROMTOOL_CASES = {
         "row_remap_failure_fires_and_resolves",
         "fc02_lost_gpu_fires_for_that_gpu_only_and_resolves",
         "thermal_and_power_throttle_fire_by_bit_and_resolve",
-        "nvlink_link_down_fires_and_resolves",
+        "nvlink_link_down_fires_within_three_samples_ignores_blips_and_resolves",
         "nvlink_error_rate_fires_and_resolves",
+    ],
+    "scrape_interval_15s_test.yml": [
+        "at_15s_one_failed_scrape_fires_nothing_two_in_a_row_fire_node_down",
+        "at_15s_one_refused_scrape_fires_nothing_two_in_a_row_fire_agent_process_down",
+        "at_15s_nvlink_needs_two_samples_gpu_lost_xid_and_checkpoint_fire_on_the_first",
     ],
 }
 
@@ -482,6 +490,163 @@ def test_fc03_xid_case_catches_a_rule_blind_to_counters_created_at_one(tmp_path:
     broken.write_text(text.replace(branch, "\n"))
     run = _run_case(tmp_path, "fc03_xid_fires_once_by_class_and_resolves_by_itself", [broken])
     assert not run.ok
+
+
+# -- issue 18: every fault class detected in seconds, without false alarms -----------------
+
+
+#: The `for` line of the fast alerts (the rule files' comments mention `for: 2s` too).
+_FOR_2S = "        for: 2s\n"
+
+
+def _rewritten(tmp_path: Path, name: str, old: str, new: str, count: int = 1) -> Path:
+    """The shipped rule file ``name`` with ``old`` (found ``count`` times) replaced by ``new``."""
+    [path] = [p for p in rule_files() if p.name == name]
+    text = path.read_text()
+    assert text.count(old) == count, (name, old)
+    folder = tmp_path / f"rewritten-{len(list(tmp_path.glob('rewritten-*')))}"
+    folder.mkdir()
+    out = folder / name
+    out.write_text(text.replace(old, new))
+    assert check_rules([out]).ok
+    return out
+
+
+def test_a_node_that_stops_answering_fires_node_down_within_three_scrapes(tmp_path: Path) -> None:
+    """Timed-out scrapes from t=61: StormwatchNodeDown at t=63 (the lab: 3-5 s after the cut,
+    counting the 1 s timeout and the evaluation's phase), not the agent alert; resolves."""
+    assert _run_case(
+        tmp_path, "node_down_fires_three_scrapes_after_a_node_stops_answering_and_resolves"
+    ).ok
+
+
+def test_a_dead_agent_on_a_live_node_is_named_agent_process_down_not_node_down(
+    tmp_path: Path,
+) -> None:
+    run = _run_case(
+        tmp_path, "agent_process_down_fires_for_a_refusing_node_without_node_down_and_resolves"
+    )
+    assert run.ok, run.output
+
+
+def test_one_or_two_lost_scrapes_in_a_row_never_fire_a_node_alert(tmp_path: Path) -> None:
+    run = _run_case(tmp_path, "one_or_two_lost_scrapes_in_a_row_fire_nothing")
+    assert run.ok, run.output
+
+
+def test_node_cases_catch_a_for_too_short_or_as_long_as_before(tmp_path: Path) -> None:
+    """The cases have teeth: `for: 1s` (two evaluations) fires on two lost scrapes; the
+    `for: 1m` of before misses the 5 s target."""
+    quick = _rewritten(tmp_path, "nodes.yml", _FOR_2S, "        for: 1s\n", count=2)
+    run = _run_case(tmp_path, "one_or_two_lost_scrapes_in_a_row_fire_nothing", rules=[quick])
+    assert not run.ok, "two lost scrapes in a row fired nothing with for: 1s"
+    slow = _rewritten(tmp_path, "nodes.yml", _FOR_2S, "        for: 1m\n", count=2)
+    for name in (
+        "node_down_fires_three_scrapes_after_a_node_stops_answering_and_resolves",
+        "agent_process_down_fires_for_a_refusing_node_without_node_down_and_resolves",
+    ):
+        assert not _run_case(tmp_path, name, rules=[slow]).ok, name
+
+
+def test_nvlink_down_fires_within_three_samples_and_ignores_blips(tmp_path: Path) -> None:
+    name = "nvlink_link_down_fires_within_three_samples_ignores_blips_and_resolves"
+    assert _run_case(tmp_path, name).ok
+    for changed in ("for: 1s", "for: 1m"):
+        broken = _rewritten(tmp_path, "gpu.yml", _FOR_2S, f"        {changed}\n")
+        assert not _run_case(tmp_path, name, rules=[broken]).ok, changed
+
+
+def test_checkpoint_failing_fires_at_the_first_failed_save_of_a_counter_created_at_one(
+    tmp_path: Path,
+) -> None:
+    """Without the ``unless ... offset`` branch (the rule as it was) a job whose failure
+    counter is created at its first failure is alerted only at its second."""
+    name = "checkpoint_failing_fires_at_the_first_failed_save_even_on_a_counter_created_at_one"
+    assert _run_case(tmp_path, name).ok
+    [path] = [p for p in rule_files() if p.name == "training.yml"]
+    branch = re.search(
+        r"\n +or\n +\(\n +stormwatch_train_checkpoint_failures_total > 0\n.*offset 15m\n +\)",
+        path.read_text(),
+    )
+    assert branch is not None
+    broken = _rewritten(tmp_path, "training.yml", branch.group(0), "")
+    ranks = [p for p in rule_files() if p.name == "ranks.yml"]
+    assert not _run_case(tmp_path, name, rules=[*ranks, broken]).ok
+
+
+_AT_15S = [
+    "at_15s_one_failed_scrape_fires_nothing_two_in_a_row_fire_node_down",
+    "at_15s_one_refused_scrape_fires_nothing_two_in_a_row_fire_agent_process_down",
+    "at_15s_nvlink_needs_two_samples_gpu_lost_xid_and_checkpoint_fire_on_the_first",
+]
+
+
+@pytest.mark.parametrize("name", _AT_15S)
+def test_the_shipped_fast_alerts_at_a_15s_scrape_never_fire_on_one_lost_sample(
+    tmp_path: Path, name: str
+) -> None:
+    run = _run_case(tmp_path, name)
+    assert run.ok, run.output
+
+
+def test_scaled_to_a_15s_scrape_node_down_waits_for_three_failed_scrapes(tmp_path: Path) -> None:
+    """docs/runbooks.md, "Scrape intervals": `for` = 2x the evaluation interval. With
+    `for: 30s` at a 15 s scrape and evaluation, two failed scrapes in a row fire nothing and
+    three fire StormwatchNodeDown (detection 30-60 s + the timeout instead of 2-4 s)."""
+    scaled = _rewritten(tmp_path, "nodes.yml", _FOR_2S, "        for: 30s\n", count=2)
+    [rule] = [a for a in _alerts() if a["alert"] == "StormwatchNodeDown"]
+    annotations = {
+        key: " ".join(value.split())
+        .replace("{{ $labels.node }}", "node1")
+        .replace("{{ $labels.instance }}", "n1:9400")
+        for key, value in rule["annotations"].items()
+    }
+    case = {
+        "rule_files": [str(scaled)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "name": "scaled_node_down_at_15s",
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": 'up{job="stormwatch-agent",node="node1",instance="n1:9400"}',
+                        "values": "1x8 0 0 1x8 0x5 1x4",
+                    },
+                    {
+                        "series": 'scrape_duration_seconds{job="stormwatch-agent",node="node1",'
+                        'instance="n1:9400"}',
+                        "values": "0.01x8 10 10 0.01x8 10x5 0.01x4",
+                    },
+                ],
+                "alert_rule_test": [
+                    *(
+                        {"eval_time": at, "alertname": "StormwatchNodeDown", "exp_alerts": []}
+                        for at in ("135s", "150s", "165s", "300s", "315s")
+                    ),
+                    {
+                        "eval_time": "330s",
+                        "alertname": "StormwatchNodeDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "job": "stormwatch-agent",
+                                    "node": "node1",
+                                    "instance": "n1:9400",
+                                },
+                                "exp_annotations": annotations,
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    document = tmp_path / "scaled_test.yml"
+    document.write_text(yaml.safe_dump(case, sort_keys=False))
+    run = run_rule_tests([document])
+    assert run.ok, run.output
 
 
 def test_the_playbook_alert_is_a_shipped_alert() -> None:
