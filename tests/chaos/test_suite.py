@@ -54,6 +54,9 @@ REQUIRED = {
     "GPU XID 48": ("gpu_xid", 48),
     "NVLink down": ("nvlink_down", None),
     "checkpoint disk full": ("checkpoint_full", None),
+    # issue 18: every fault class of the detection targets
+    "GPU lost": ("gpu_lost", None),
+    "node cut off (its agent cannot report)": ("link_flap", None),
 }
 
 
