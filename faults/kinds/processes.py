@@ -14,7 +14,7 @@ What each models in production:
   one listening on ``--rdzv-endpoint``'s port, ``is_host=1``) dies: every other
   node loses the store. Only the host node's agent accepts it (404 elsewhere).
 * ``kill_agent``: the stormwatch agent itself dies (a monitoring blind spot:
-  ``StormwatchAgentDown`` must fire, training must not care). The agent answers
+  ``StormwatchAgentProcessDown`` must fire, training must not care). The agent answers
   first, then signals itself ``delay_seconds`` later; a kill needs no revert,
   and a restarted agent finds the record and closes it at its TTL.
 * ``freeze_ranks``: SIGSTOP of one rank, or of every rank of the node (with
@@ -414,7 +414,7 @@ KILL_RDZV_HOST = FaultKind(
 )
 KILL_AGENT = FaultKind(
     kind="kill_agent",
-    summary="Kill the node's stormwatch agent itself (monitoring blind spot: StormwatchAgentDown).",
+    summary="Kill the node's stormwatch agent itself (monitoring blind spot: StormwatchAgentProcessDown).",
     traits=Traits(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
