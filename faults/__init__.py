@@ -9,8 +9,9 @@ Each kind (:mod:`.kinds`, one module per kind or small family) declares a
   base, :mod:`.targeting`): an experiment file's ``fault:`` mapping, with the
   controller-only targeting fields (``rank``, ``node``, ``nodes``/``peers``);
   :data:`AnyExperimentFault` is the union of all of them;
-* its **traits** (:class:`Traits`): final, job-scoped, failure category, target,
-  placement onto agents, reverts itself at the TTL, kills the agent, needs root;
+* its **traits** (:class:`Traits`): final, job-scoped, failure category, detection
+  class (:class:`DetectClass`), target, placement onto agents, reverts itself at the
+  TTL, kills the agent, needs root;
 * its **agent-side code** (:class:`Fault` subclass): ``prepare``, ``inject``,
   idempotent ``revert`` (from the ledger entry alone) and ``verify``.
 
@@ -39,7 +40,15 @@ from stormwatch.faults.errors import (
     InvalidFaultRequest,
     UnplaceableFault,
 )
-from stormwatch.faults.kind import Blast, FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import (
+    Blast,
+    DetectClass,
+    DetectClassBy,
+    FaultKind,
+    Placement,
+    Target,
+    Traits,
+)
 from stormwatch.faults.limits import MAX_TTL_SECONDS
 from stormwatch.faults.node import FaultContext, RankDirectory, SimulatedGpus
 from stormwatch.faults.registry import (
@@ -48,6 +57,7 @@ from stormwatch.faults.registry import (
     REGISTRY,
     AnyExperimentFault,
     category_of,
+    detect_class_of,
     parse_request,
 )
 from stormwatch.faults.targeting import AgentDirectory, ExperimentFault
@@ -60,6 +70,8 @@ __all__ = [
     "AgentDirectory",
     "AnyExperimentFault",
     "Blast",
+    "DetectClass",
+    "DetectClassBy",
     "ExperimentFault",
     "Fault",
     "FaultContext",
@@ -77,5 +89,6 @@ __all__ = [
     "Traits",
     "UnplaceableFault",
     "category_of",
+    "detect_class_of",
     "parse_request",
 ]

@@ -18,8 +18,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import Field, create_model
@@ -67,6 +68,57 @@ class Blast(str, Enum):
     NOTHING = "nothing"  #: no training process is touched (monitoring only)
 
 
+class DetectClass(str, Enum):
+    """How an alert is expected to notice a fault: the detection classes of issue 18, each
+    with its own detect-time target (the targets are the game day's:
+    :mod:`stormwatch.chaos.gameday.targets`). A kind declares its class once
+    (:attr:`Traits.detect_class`); docs/faults.md lists them.
+    """
+
+    RANK_KILLED = "rank_killed"  #: a rank's process died (killed, crashed)
+    NODE_LOST = "node_lost"  #: a node left the job (its launcher and ranks gone)
+    GPU_XID = "gpu_xid"  #: a GPU reported an XID or an uncorrectable ECC error
+    GPU_LOST = "gpu_lost"  #: a GPU fell off the bus
+    HUNG_RANK = "hung_rank"  #: a rank stopped progressing while alive (frozen, blocked)
+    #: the job blocked in a collective no rank completes (no kind of the catalogue yet:
+    #: ``trainer_fault`` ``collective_hang`` blocks one rank, a hung rank)
+    HUNG_COLLECTIVE = "hung_collective"
+    PARTITION = "partition"  #: nodes cannot reach each other
+    STORE_ISOLATION = "store_isolation"  #: a node cannot reach the rendezvous store
+    NVLINK_DOWN = "nvlink_down"  #: NVLink links inactive
+    AGENT_DOWN = "agent_down"  #: a node's stormwatch agent is gone (training goes on)
+    NODE_DOWN = "node_down"  #: a node unreachable as a whole: its agent cannot report
+    SLOW_RANK = "slow_rank"  #: one rank computes or communicates slower (a straggler)
+    CPU_THROTTLE = "cpu_throttle"  #: a rank's CPU share cut (a compute straggler)
+    BANDWIDTH_STARVED = "bandwidth_starved"  #: a node's link rate cut
+    PACKET_LOSS = "packet_loss"  #: a node's link drops packets
+    CHECKPOINT_FAILING = "checkpoint_failing"  #: checkpoint saves fail (disk full, read-only)
+    GPU_THROTTLE = "gpu_throttle"  #: a GPU's clocks throttled or capped (no target in issue 18)
+    NVLINK_ERRORS = "nvlink_errors"  #: an NVLink error burst (no target in issue 18)
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectClassBy:
+    """A detection class chosen by the value of one of the kind's fields (``trainer_fault``:
+    by its ``point``); a value it does not list has no class.
+
+    Attributes:
+        field: the field's name, on the request and experiment models alike.
+        classes: field value -> class.
+    """
+
+    field: str
+    classes: Mapping[str, DetectClass]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", MappingProxyType(dict(self.classes)))
+
+    def of(self, fault: object) -> DetectClass | None:
+        """The class of ``fault`` (a request or experiment fault of the kind)."""
+        value = getattr(fault, self.field, None)
+        return self.classes.get(value) if isinstance(value, str) else None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Traits:
     """What the controller, the planner and the scorecard need to know about a kind.
@@ -78,6 +130,10 @@ class Traits:
         category: the failure category it models (Llama 3 Table 5 ids,
             ``plan/llama3_table5.yaml``) when it interrupts a job; None: it does not, and
             the planner uses it only where an experiment sets ``expect.category``.
+        detect_class: how an alert is expected to notice it (:class:`DetectClass`; the
+            game-day scorecard holds each class's detect time against its target), or a
+            :class:`DetectClassBy` when one of its fields decides. Every kind has one
+            (``tests/faults/test_registry.py``); None only to let a kind in progress import.
         final: a kill: nothing to undo; a revert only closes the record.
         job_scoped: the agent request carries the job's name (the agent picks its ranks).
         reverts_itself: the agent reverts it at its TTL on its own; False: the controller
@@ -94,6 +150,7 @@ class Traits:
     placement: Placement
     blast: Blast = Blast.TARGET
     category: str | None = None
+    detect_class: DetectClass | DetectClassBy | None = None
     final: bool = False
     job_scoped: bool = False
     reverts_itself: bool = True
@@ -185,4 +242,13 @@ class FaultKind:
         return body
 
 
-__all__ = ["Blast", "Check", "FaultKind", "Placement", "Target", "Traits"]
+__all__ = [
+    "Blast",
+    "Check",
+    "DetectClass",
+    "DetectClassBy",
+    "FaultKind",
+    "Placement",
+    "Target",
+    "Traits",
+]

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError
 
 from stormwatch.faults.base import FaultRequest
 from stormwatch.faults.errors import InvalidFaultRequest
-from stormwatch.faults.kind import FaultKind
+from stormwatch.faults.kind import DetectClass, DetectClassBy, FaultKind
 from stormwatch.faults.kinds import (
     freeze_rank,
     gpu,
@@ -90,6 +90,18 @@ def category_of(kind: str | None) -> str | None:
     return FAULT_CATEGORIES.get(kind or "")
 
 
+def detect_class_of(kind: str | None, fault: object = None) -> DetectClass | None:
+    """The detection class of a fault of ``kind``, its
+    :attr:`~stormwatch.faults.kind.Traits.detect_class`; ``fault`` (its experiment or
+    request model) decides for a kind whose class depends on a field (``trainer_fault``'s
+    ``point``). None: an unknown kind, or a field value without a class."""
+    definition = REGISTRY.get(kind or "")
+    trait = definition.traits.detect_class if definition is not None else None
+    if isinstance(trait, DetectClassBy):
+        return trait.of(fault)
+    return trait
+
+
 def parse_request(body: object, kinds: Mapping[str, FaultKind] = AGENT_KINDS) -> FaultRequest:
     """Validate a fault request body (parsed JSON) into its kind's request model.
 
@@ -117,5 +129,6 @@ __all__ = [
     "REGISTRY",
     "AnyExperimentFault",
     "category_of",
+    "detect_class_of",
     "parse_request",
 ]

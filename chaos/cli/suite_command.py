@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,13 @@ if TYPE_CHECKING:
     help="Seconds each post-mortem waits for an alert to fire after the experiment.",
 )
 @click.option(
+    "--strict-targets",
+    is_flag=True,
+    help="Fail an experiment detected later than its fault class's target, by an alert "
+    "that names the wrong culprit, or with a false alarm (as expect.strict_targets does "
+    "for one file); without it these are reported in the scorecard only.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Validate every experiment and print its plan on the target (as `chaos run "
@@ -48,6 +56,7 @@ def suite(
     target_file: Path | None,
     baseline: bool,
     wait_detected: float,
+    strict_targets: bool,
     dry_run: bool,
 ) -> int:
     """Run every experiment in DIR on the lab (or --target FILE), one after another, and
@@ -55,8 +64,9 @@ def suite(
 
     All files are validated first (exit 2, nothing started, when one is invalid, or
     when the target file attaches to a running job: a suite needs job.submit).
-    The scorecard (per fault: detected?, by which alert, time to detect, time to
-    recover, steps lost, loss/checkpoint/fault checks, verdict) is written as
+    The scorecard (per fault: detected?, by which alert, time to detect against its
+    class's target, culprit named, false alarms, time to recover, steps lost,
+    loss/checkpoint/fault checks, verdict) is written as
     Markdown and JSON to RUN_DIR/suites/<suite-id>/ after every experiment.
     Ctrl-C rolls the running experiment back and skips the rest.
 
@@ -78,32 +88,17 @@ def suite(
     reap_overdue(run_dir)
     target = resolve_target(run_dir, target_file)
     reporter = ConsoleReporter()
-
-    def show(row: ScorecardRow, index: int, total: int) -> None:
-        colour = "green" if row.verdict == "pass" else "red"
-        detect = (
-            f"detected by {row.alert} in {row.time_to_detect_seconds:.1f} s"
-            if row.detected and row.time_to_detect_seconds is not None
-            else "not detected"
-        )
-        recover = (
-            f"recovered in {row.time_to_recover_seconds:.1f} s ({row.recovered_by})"
-            if row.time_to_recover_seconds is not None
-            else "no recovery measured"
-        )
-        reporter.console.print(
-            f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "
-            f"{detect}, {recover}" + (f"; {escape('; '.join(row.reasons))}" if row.reasons else ""),
-            soft_wrap=True,
-        )
-
     runner = SuiteRunner(
         entries,
         folder=folder,
         target=target,
-        options=SuiteOptions(baseline=baseline, wait_detected_seconds=wait_detected),
+        options=SuiteOptions(
+            baseline=baseline,
+            wait_detected_seconds=wait_detected,
+            strict_targets=strict_targets,
+        ),
         reporter=reporter,
-        on_row=show,
+        on_row=functools.partial(_show_row, reporter),
     )
     reporter.event(f"suite {runner.suite_id}: {plural(len(entries), 'experiment')} in {folder}")
     card = runner.run()
@@ -119,6 +114,26 @@ def suite(
     if card.interrupted:
         return EXIT_ABORTED
     return EXIT_OK if card.ok else 1
+
+
+def _show_row(reporter: ConsoleReporter, row: ScorecardRow, index: int, total: int) -> None:
+    """One finished experiment's line: verdict, detection, recovery, reasons."""
+    colour = "green" if row.verdict == "pass" else "red"
+    detect = (
+        f"detected by {row.alert} in {row.time_to_detect_seconds:.1f} s"
+        if row.detected and row.time_to_detect_seconds is not None
+        else "not detected"
+    )
+    recover = (
+        f"recovered in {row.time_to_recover_seconds:.1f} s ({row.recovered_by})"
+        if row.time_to_recover_seconds is not None
+        else "no recovery measured"
+    )
+    reporter.console.print(
+        f"[{colour}]{row.verdict}[/] [{index + 1}/{total}] {escape(row.title)}: "
+        f"{detect}, {recover}" + (f"; {escape('; '.join(row.reasons))}" if row.reasons else ""),
+        soft_wrap=True,
+    )
 
 
 def _check_target(target_file: Path) -> None:

@@ -24,9 +24,9 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -36,12 +36,13 @@ from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experime
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.gameday.baseline import train_baseline
+from stormwatch.chaos.gameday.detection import Detection, judge_detection
 from stormwatch.chaos.gameday.scorecard import (
     Scorecard,
     ScorecardRow,
     write_scorecard,
 )
-from stormwatch.chaos.reports.evidence import AlertEvidence, load_evidence
+from stormwatch.chaos.reports.evidence import AlertEvidence, RankPlacement, load_evidence
 from stormwatch.chaos.reports.experiment_report import MATCH_SLACK_SECONDS
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.reports.verify import Verification, write_verification
@@ -50,6 +51,7 @@ from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
 from stormwatch.faults import category_of as default_category
 from stormwatch.postmortem import ExperimentPostMortem
+from stormwatch.telemetry.ranklogs import RankLog, read_job_logs
 
 #: Extra seconds a baseline may take per step beyond its start-up (a loaded 2-core lab).
 
@@ -69,10 +71,15 @@ class SuiteOptions:
     Attributes:
         baseline: train fault-free baselines for the loss check (off: loss not compared).
         wait_detected_seconds: how long each post-mortem waits for an alert to fire.
+        strict_targets: the detection targets (within the class's target, culprit
+            correct, no false alarm) count toward every experiment's verdict, as
+            ``expect.strict_targets`` does for one; off by default while the alert rules
+            are being made faster (issue 18).
     """
 
     baseline: bool = True
     wait_detected_seconds: float = 60.0
+    strict_targets: bool = False
 
 
 def suite_files(folder: Path) -> list[Path]:
@@ -140,6 +147,50 @@ def _expected_alert(
     return min(after, key=lambda a: a.firing_at) if after else None
 
 
+def detecting_alert(
+    experiment: Experiment, pm: ExperimentPostMortem, alerts: list[AlertEvidence]
+) -> tuple[Detection, list[str]]:
+    """Which alert detected the fault, and the reasons it gives to fail the row: one of
+    ``expect.alerts`` (the first after the fault, or the post-mortem's when it is one and
+    fired first) when the file lists some, else the post-mortem's alert about the job."""
+    expect = experiment.expect
+    found = Detection(
+        detected=pm.detected,
+        alert=pm.alertname,
+        time_to_detect=pm.time_to_detect_seconds,
+        labels=dict(pm.alert_labels),
+        firing_at=pm.alert_firing_at,
+    )
+    reasons: list[str] = []
+    if expect.alerts:
+        hit = _expected_alert(experiment, pm, alerts)
+        hit_ttd = (
+            max(0.0, hit.firing_at - pm.fault_at)
+            if hit is not None and pm.fault_at is not None
+            else None
+        )
+        ttd = found.time_to_detect
+        own = pm.detected and pm.alertname in expect.alerts and ttd is not None
+        if hit is not None and hit_ttd is not None and (not own or hit_ttd < (ttd or 0.0)):
+            found = Detection(
+                detected=True,
+                alert=hit.alertname,
+                time_to_detect=hit_ttd,
+                labels=dict(hit.labels),
+                firing_at=hit.firing_at,
+            )
+        elif not own:
+            if expect.detect:
+                seen = f" (only {pm.alertname} fired)" if pm.alertname else ""
+                reasons.append(f"none of {', '.join(expect.alerts)} fired after the fault{seen}")
+            found = replace(found, detected=False) if expect.detect else found
+    if expect.detect and not found.detected and not expect.alerts:
+        reasons.append("not detected: no alert about the job fired after the fault")
+    if not found.detected:
+        found = replace(found, alert=None, time_to_detect=None, labels={})
+    return found, reasons
+
+
 def score(
     entry: SuiteEntry,
     journal: Journal,
@@ -147,29 +198,19 @@ def score(
     verification: Verification,
     alerts: list[AlertEvidence],
     experiment_dir: Path,
+    *,
+    logs: Mapping[int, RankLog] | None = None,
+    placements: Sequence[RankPlacement] = (),
+    strict_targets: bool = False,
 ) -> ScorecardRow:
-    """The scorecard row of one finished experiment (verdict rules in :mod:`.scorecard`)."""
-    expect = entry.experiment.expect
-    detected, alert, ttd = pm.detected, pm.alertname, pm.time_to_detect_seconds
-    reasons: list[str] = []
-    if expect.alerts:
-        hit = _expected_alert(entry.experiment, pm, alerts)
-        hit_ttd = (
-            max(0.0, hit.firing_at - pm.fault_at)
-            if hit is not None and pm.fault_at is not None
-            else None
-        )
-        own = pm.detected and pm.alertname in expect.alerts and ttd is not None
-        if hit is not None and hit_ttd is not None and (not own or hit_ttd < (ttd or 0.0)):
-            detected, alert, ttd = True, hit.alertname, hit_ttd
-        elif own:
-            detected = True
-        elif expect.detect:
-            seen = f" (only {pm.alertname} fired)" if pm.alertname else ""
-            reasons.append(f"none of {', '.join(expect.alerts)} fired after the fault{seen}")
-            detected = False
-    if expect.detect and not detected and not expect.alerts:
-        reasons.append("not detected: no alert about the job fired after the fault")
+    """The scorecard row of one finished experiment (verdict rules in :mod:`.scorecard`).
+
+    ``alerts``: every alert of the evidence; ``logs``: the job's rank logs (its step times
+    and failed saves, for the targets); ``placements``: which node ran which rank;
+    ``strict_targets``: the detection targets count toward the verdict (as the
+    experiment's ``expect.strict_targets`` does).
+    """
+    detection, reasons = detecting_alert(entry.experiment, pm, alerts)
     if journal.status != "completed":
         reasons.append(
             f"experiment {journal.status}" + (f": {journal.error}" if journal.error else "")
@@ -179,6 +220,18 @@ def score(
     if journal.rollbacks_ok is not True:
         reasons.append("a rollback or fault revert failed")
     reasons += verification.failures()
+    enforced = strict_targets or entry.experiment.expect.strict_targets
+    targets = judge_detection(
+        entry.experiment,
+        journal,
+        pm,
+        detection,
+        alerts=alerts,
+        logs=logs or {},
+        placements=placements,
+    )
+    if enforced:
+        reasons += targets.problems
     where = f" rank {pm.fault_rank}" if pm.fault_rank is not None else ""
     where += f" ({pm.fault_node})" if pm.fault_node else ""
     return ScorecardRow(
@@ -189,9 +242,11 @@ def score(
         fault_kind=pm.fault_kind,
         category=category_of(entry.experiment, pm.fault_kind),
         status=journal.status,
-        detected=detected if pm.fault_at is not None else None,
-        alert=alert if detected else None,
-        time_to_detect_seconds=ttd if detected else None,
+        detected=detection.detected if pm.fault_at is not None else None,
+        alert=detection.alert,
+        time_to_detect_seconds=detection.time_to_detect,
+        **targets.row_fields(),
+        targets_enforced=enforced,
         recovered=pm.recovered,
         recovered_by=pm.recovered_by,
         time_to_recover_seconds=pm.time_to_recover_seconds,
@@ -262,6 +317,7 @@ class SuiteRunner:
             suite_dir=str(folder),
             run_dir=str(target.run_dir),
             started_at=time.time(),
+            strict_targets=self.options.strict_targets,
             rows=[ScorecardRow(file=str(e.path), title=e.experiment.title) for e in entries],
         )
 
@@ -354,8 +410,18 @@ class SuiteRunner:
             loss_rel_tolerance=expect.loss_rel_tolerance,
         )
         evidence_path = runner.experiment_dir / "evidence.json"
-        alerts = load_evidence(evidence_path).alerts if evidence_path.exists() else []
-        return score(entry, journal, pm, verification, alerts, runner.experiment_dir)
+        evidence = load_evidence(evidence_path) if evidence_path.exists() else None
+        return score(
+            entry,
+            journal,
+            pm,
+            verification,
+            evidence.alerts if evidence is not None else [],
+            runner.experiment_dir,
+            logs=read_job_logs(journal.job.log_dir) if journal.job is not None else {},
+            placements=evidence.ranks if evidence is not None else (),
+            strict_targets=self.options.strict_targets,
+        )
 
     # -- baselines ---------------------------------------------------------------------------
 
@@ -391,6 +457,7 @@ __all__ = [
     "SuiteOptions",
     "SuiteRunner",
     "category_of",
+    "detecting_alert",
     "load_suite",
     "new_suite_id",
     "score",

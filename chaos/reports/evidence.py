@@ -30,6 +30,11 @@ from stormwatch.errors import ConfigError
 
 #: Resolution of the ALERTS range query (s): the lab evaluates rules every second.
 ALERT_STEP_SECONDS = 1.0
+#: Resolution of the rank placement query (s): a rank stays on its node for a worker's
+#: life (tens of seconds at least), so a coarse step finds every placement cheaply.
+PLACEMENT_STEP_SECONDS = 5.0
+#: Which node ran which rank: every agent series carries its scrape target's ``node`` label.
+PLACEMENT_QUERY = "count by (training_job, rank, node) (stormwatch_rank_up)"
 #: Seconds per request to Prometheus and the responder: both are on this host, and a dead
 #: service must not hold the post-mortem up.
 SERVICE_TIMEOUT_SECONDS = 5.0
@@ -60,8 +65,24 @@ class AlertEvidence(BaseModel):
     source: str = "query_range"
 
 
+class RankPlacement(BaseModel):
+    """A rank of a job seen on a node (an agent exported ``stormwatch_rank_up`` for it)
+    during the evidence window; a rank restarted elsewhere appears once per node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    training_job: str
+    rank: int
+    node: str
+
+
 class Evidence(BaseModel):
     """What the services said about one experiment run.
+
+    ``alerts`` holds every alert series that fired in the window, whatever job or node it
+    names (the scorecard judges its culprit and false alarms from them); ``ranks`` which
+    node ran which rank (:data:`PLACEMENT_QUERY`), to tell whether an alert naming a rank
+    names a faulted node. Evidence saved before ``ranks`` existed loads with none.
 
     ``incidents`` and ``notifications`` are the responder's own records
     (:mod:`stormwatch.contracts.responder`). Evidence saved before the controller used them
@@ -75,6 +96,7 @@ class Evidence(BaseModel):
     window_start: float
     window_end: float
     alerts: list[AlertEvidence] = Field(default_factory=list)
+    ranks: list[RankPlacement] = Field(default_factory=list)
     prometheus_error: str | None = None
     incidents: list[IncidentRecord] = Field(default_factory=list)
     notifications: list[NotificationRecord] = Field(default_factory=list)
@@ -147,8 +169,8 @@ async def collect_evidence(
     prometheus_http: HttpOptions | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> Evidence:
-    """Query Prometheus (``ALERTS`` over ``[window_start, now]``, ``/api/v1/alerts``; reached
-    with ``prometheus_http``, TLS and auth) and the responder."""
+    """Query Prometheus (``ALERTS`` over ``[window_start, now]``, ``/api/v1/alerts``, the
+    ranks' nodes; reached with ``prometheus_http``, TLS and auth) and the responder."""
     if session is None:
         async with aiohttp.ClientSession() as own:
             return await collect_evidence(
@@ -172,6 +194,7 @@ async def collect_evidence(
                 session=session,
             )
             evidence.alerts = await _alerts(client, window_start, end)
+            evidence.ranks = await _placements(client, window_start, end)
         except (PrometheusAPIError, ConfigError) as exc:
             evidence.prometheus_error = str(exc)
     if responder_url is None:
@@ -258,6 +281,21 @@ async def _alerts(client: AsyncPrometheusClient, start: float, end: float) -> li
     return sorted(found, key=lambda a: a.firing_at)
 
 
+async def _placements(
+    client: AsyncPrometheusClient, start: float, end: float
+) -> list[RankPlacement]:
+    """Every (job, rank, node) of :data:`PLACEMENT_QUERY` over the window."""
+    found: set[RankPlacement] = set()
+    series = await client.query_range(
+        PLACEMENT_QUERY, start=start, end=end, step=PLACEMENT_STEP_SECONDS
+    )
+    for s in series:
+        job, rank, node = (s.labels.get(k) for k in ("training_job", "rank", "node"))
+        if job and node and rank is not None and rank.isdigit() and s.points:
+            found.add(RankPlacement(training_job=job, rank=int(rank), node=node))
+    return sorted(found, key=lambda p: (p.training_job, p.rank, p.node))
+
+
 async def wait_for_evidence(
     collect: Callable[[], Awaitable[Evidence]],
     *,
@@ -298,6 +336,7 @@ def load_evidence(path: Path) -> Evidence:
 __all__ = [
     "AlertEvidence",
     "Evidence",
+    "RankPlacement",
     "align_with_incidents",
     "collect_evidence",
     "load_evidence",

@@ -10,7 +10,7 @@ reaper for its TTL. Prefer ``freeze_ranks`` (agent-side) on a cluster.
 
 from __future__ import annotations
 
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.targeting import RankTarget
 
 FREEZE_RANK = FaultKind(
@@ -26,6 +26,7 @@ FREEZE_RANK = FaultKind(
         placement=Placement.CONTROLLER,
         # a hung rank: its peers block in a collective until the watchdog fires
         category="nccl_watchdog_timeouts",
+        detect_class=DetectClass.HUNG_RANK,
         reverts_itself=False,
     ),
     targeting=RankTarget,

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetNotFound
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import GpuIndex, LinkIndex
 from stormwatch.faults.node import FaultContext, SimulatedGpus
 from stormwatch.faults.targeting import NodeOrRank
@@ -289,12 +289,17 @@ def _restore_lost(ctx: FaultContext, injection: Injection | None) -> None:
 
 
 def _simulated(kind: str, summary: str, request: type[_GpuRequest], fault: type[Fault[Any]],
-               category: str | None = None) -> FaultKind:  # fmt: skip
+               detect_class: DetectClass, category: str | None = None) -> FaultKind:  # fmt: skip
     """A simulated-GPU kind: a node fault, placed on one node's agent."""
     return FaultKind(
         kind=kind,
         summary=summary,
-        traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, category=category),
+        traits=Traits(
+            target=Target.NODE_OR_RANK,
+            placement=Placement.ONE_NODE,
+            category=category,
+            detect_class=detect_class,
+        ),
         targeting=NodeOrRank,
         request=request,
         fault=fault,
@@ -308,6 +313,7 @@ GPU_XID = _simulated(
     "until the TTL).",
     GpuXidRequest,
     GpuXid,
+    DetectClass.GPU_XID,  # XID 79 and the ECC XIDs alike
     # XID 79 (fell off the bus); XID 48/94/95 files set ``expect.category: gpu_hbm3_memory``
     category=_FAULTY_GPU,
 )
@@ -317,12 +323,14 @@ GPU_THROTTLE = _simulated(
     "bits; ``power``: SW power cap + HW power brake).",
     GpuThrottleRequest,
     GpuThrottle,
+    DetectClass.GPU_THROTTLE,
 )
 NVLINK_DOWN = _simulated(
     "nvlink_down",
     "Simulated GPU: NVLink ``links`` (default all) of ``gpu`` inactive.",
     NvlinkDownRequest,
     NvlinkDown,
+    DetectClass.NVLINK_DOWN,
     category=_FAULTY_GPU,
 )
 NVLINK_ERRORS = _simulated(
@@ -330,12 +338,14 @@ NVLINK_ERRORS = _simulated(
     "Simulated GPU: a burst of ``count`` NVLink ``counter`` errors on ``link`` of ``gpu``.",
     NvlinkErrorsRequest,
     NvlinkErrors,
+    DetectClass.NVLINK_ERRORS,
 )
 GPU_LOST = _simulated(
     "gpu_lost",
     "Simulated GPU: ``gpu`` falls off the bus (every NVML call: GPU_IS_LOST) until the TTL.",
     GpuLostRequest,
     GpuLost,
+    DetectClass.GPU_LOST,
     category=_FAULTY_GPU,
 )
 

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import GpuIndex
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.targeting import NodeOrRank
@@ -118,7 +118,12 @@ GPU_POWER_CAP = FaultKind(
         "NVML (real or simulated): cap ``gpu``'s power limit to ``watts`` (and/or lock clocks "
         "to at most ``max_clock_mhz``); the previous values are restored at the TTL."
     ),
-    traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, needs_root=True),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        detect_class=DetectClass.GPU_THROTTLE,  # a capped GPU is a throttled one
+        needs_root=True,
+    ),
     targeting=NodeOrRank,
     request=GpuPowerCapRequest,
     fault=GpuPowerCap,

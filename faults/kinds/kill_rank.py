@@ -21,7 +21,7 @@ import psutil
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName, Rank, Signal
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.targeting import RankTarget
@@ -108,6 +108,7 @@ KILL_RANK = FaultKind(
         target=Target.RANK,
         placement=Placement.RANK_AGENT,
         category="software_bug",  # a crashed training process
+        detect_class=DetectClass.RANK_KILLED,
         final=True,
         job_scoped=True,
     ),

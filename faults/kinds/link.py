@@ -32,7 +32,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import run, short_tag
 from stormwatch.faults.targeting import NodeOrRank
@@ -227,7 +227,12 @@ BANDWIDTH_LIMIT = FaultKind(
         "Token-bucket rate limit (``tc tbf``) on the node's link: a degraded NIC or a congested "
         "uplink. ``rate_kbit``: kilobits per second."
     ),
-    traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, needs_root=True),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        detect_class=DetectClass.BANDWIDTH_STARVED,
+        needs_root=True,
+    ),
     targeting=NodeOrRank,
     request=BandwidthLimitRequest,
     fault=BandwidthLimit,
@@ -243,6 +248,8 @@ LINK_FLAP = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         category="network_switch_cable",  # a lost link between nodes
+        # while its link is down the node is cut off: its agent cannot report
+        detect_class=DetectClass.NODE_DOWN,
         needs_root=True,
     ),
     targeting=NodeOrRank,

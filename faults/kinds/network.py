@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetNotFound
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName, NodeName
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import (
@@ -331,6 +331,7 @@ PARTITION = FaultKind(
         target=Target.NODE_SETS,
         placement=Placement.EACH_NODE,
         category=_NETWORK,
+        detect_class=DetectClass.PARTITION,
         needs_root=True,
         fixed_place="it names its nodes in 'nodes'",
     ),
@@ -348,6 +349,7 @@ ISOLATE_STORE = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         category=_NETWORK,
+        detect_class=DetectClass.STORE_ISOLATION,
         job_scoped=True,
         needs_root=True,
     ),
@@ -361,7 +363,12 @@ PACKET_DROP = FaultKind(
         "Random packet loss on the node (iptables ``statistic --mode random``), in and out, "
         "optionally only to/from ``peers`` (node names): a flaky cable or switch port."
     ),
-    traits=Traits(target=Target.NODE_OR_RANK, placement=Placement.ONE_NODE, needs_root=True),
+    traits=Traits(
+        target=Target.NODE_OR_RANK,
+        placement=Placement.ONE_NODE,
+        detect_class=DetectClass.PACKET_LOSS,
+        needs_root=True,
+    ),
     targeting=NodeOrRankPeers,
     request=PacketDropRequest,
     fault=PacketDrop,

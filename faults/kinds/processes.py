@@ -42,7 +42,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetAmbiguous, FaultTargetNotFound
-from stormwatch.faults.kind import Blast, FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import Blast, DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.kinds import orphans
 from stormwatch.faults.limits import JobName, Rank, Signal
 from stormwatch.faults.node import FaultContext, RankSeen
@@ -372,6 +372,7 @@ KILL_TORCHRUN = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         category="software_bug",  # the node's launcher crashed
+        detect_class=DetectClass.NODE_LOST,  # the node leaves the job's rendezvous
         final=True,
         job_scoped=True,
     ),
@@ -386,6 +387,7 @@ KILL_NODE_PROCESSES = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         category="host_maintenance",  # a node gone from the job
+        detect_class=DetectClass.NODE_LOST,
         final=True,
         job_scoped=True,
     ),
@@ -404,6 +406,7 @@ KILL_RDZV_HOST = FaultKind(
         placement=Placement.EVERY_AGENT,
         blast=Blast.FIRST_NODE,
         category="dependency",  # the rendezvous store's host died
+        detect_class=DetectClass.NODE_LOST,  # its torchrun and ranks leave the job with it
         final=True,
         job_scoped=True,
         fixed_place="it always hits the node hosting the rendezvous store",
@@ -419,6 +422,7 @@ KILL_AGENT = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         blast=Blast.NOTHING,  # monitoring only: training is not touched
+        detect_class=DetectClass.AGENT_DOWN,
         final=True,
         reverts_itself=False,  # a dead agent reverts nothing: the reaper restarts it
         kills_agent=True,
@@ -439,6 +443,7 @@ FREEZE_RANKS = FaultKind(
         target=Target.NODE_OR_RANK,
         placement=Placement.ONE_NODE,
         category="nccl_watchdog_timeouts",  # peers block in a collective until the watchdog
+        detect_class=DetectClass.HUNG_RANK,
         job_scoped=True,
     ),
     targeting=NodeOrRanks,

@@ -26,7 +26,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName, Rank
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import process_ref, rank_process, same_process, short_tag, wait_until
@@ -252,7 +252,11 @@ CPU_THROTTLE = FaultKind(
         "SIGSTOP/SIGCONT duty cycle): a noisy neighbour or a thermally limited host CPU."
     ),
     traits=Traits(
-        target=Target.RANK, placement=Placement.ONE_NODE, job_scoped=True, needs_root=True
+        target=Target.RANK,
+        placement=Placement.ONE_NODE,
+        detect_class=DetectClass.CPU_THROTTLE,
+        job_scoped=True,
+        needs_root=True,
     ),
     targeting=RankTarget,
     request=CpuThrottleRequest,

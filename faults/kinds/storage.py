@@ -40,7 +40,7 @@ from pydantic import Field
 
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import FaultError, FaultTargetNotFound
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import job_ranks, rank_option, run, short_tag
@@ -347,6 +347,7 @@ def _storage(kind: str, summary: str, request: type[_StorageRequest], fault: typ
             target=Target.NODE_OR_RANK,
             placement=Placement.ONE_NODE,
             category="ssd",  # the checkpoint storage failed
+            detect_class=DetectClass.CHECKPOINT_FAILING,
             job_scoped=True,
             needs_root=True,
         ),

@@ -26,7 +26,7 @@ from pydantic import Field
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.control_file import ENTRY, arm, control_path, disarm, read_entries
 from stormwatch.faults.errors import FaultError
-from stormwatch.faults.kind import FaultKind, Placement, Target, Traits
+from stormwatch.faults.kind import DetectClass, DetectClassBy, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName, Rank
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import rank_option, rank_process
@@ -145,7 +145,20 @@ TRAINER_FAULT = FaultKind(
         "(``seconds`` of extra compute per step), ``collective_delay`` (``seconds`` before each "
         "matching collective), ``collective_hang`` (blocks until the TTL), ``error_at_step``."
     ),
-    traits=Traits(target=Target.RANK, placement=Placement.ONE_NODE, job_scoped=True),
+    traits=Traits(
+        target=Target.RANK,
+        placement=Placement.ONE_NODE,
+        detect_class=DetectClassBy(
+            "point",
+            {
+                "slow_step": DetectClass.SLOW_RANK,  # a compute straggler
+                "collective_delay": DetectClass.SLOW_RANK,  # a slow link on one rank
+                "collective_hang": DetectClass.HUNG_RANK,  # one rank never joins (FC-10)
+                "error_at_step": DetectClass.RANK_KILLED,  # the training code raised: it exits
+            },
+        ),
+        job_scoped=True,
+    ),
     targeting=RankTarget,
     request=TrainerFaultRequest,
     fault=TrainerFault,

@@ -17,12 +17,15 @@ from stormwatch.faults import (
     MAX_TTL_SECONDS,
     REGISTRY,
     AnyExperimentFault,
+    DetectClass,
+    DetectClassBy,
     Fault,
     FaultKind,
     InvalidFaultRequest,
     Placement,
     Target,
     category_of,
+    detect_class_of,
     parse_request,
 )
 from stormwatch.faults.kind import Blast
@@ -97,6 +100,23 @@ def test_traits_agree_with_each_other(definition: FaultKind) -> None:
         assert traits.final and traits.blast is Blast.NOTHING
     if traits.category is not None:
         assert traits.category in load_failure_table().ids
+
+
+@pytest.mark.parametrize("definition", KINDS, ids=_ids)
+def test_every_kind_has_a_detection_class_for_every_value_that_decides_it(
+    definition: FaultKind,
+) -> None:
+    trait = definition.traits.detect_class
+    assert trait is not None, f"{definition.kind}: declare Traits(detect_class=...)"
+    if isinstance(trait, DetectClassBy):
+        assert definition.request is not None
+        values = get_args(definition.request.model_fields[trait.field].annotation)
+        assert set(trait.classes) == set(values), set(values) ^ set(trait.classes)
+        assert all(isinstance(c, DetectClass) for c in trait.classes.values())
+    else:
+        assert isinstance(trait, DetectClass)
+        assert detect_class_of(definition.kind) is trait
+    assert detect_class_of("no_such_kind") is None
 
 
 @pytest.mark.parametrize("definition", REQUESTED, ids=_ids)
