@@ -8,7 +8,7 @@ has no sample after it). So, per alert:
 
 * it *fired* in the window when its firing series has a sample there: first and last firing
   sample, firing time (samples x the interval), and its separate stretches (a gap of more
-  than 1.5 intervals splits two);
+  than 1.5 intervals splits two), each with the event nearest its start;
 * it was *pending only* when its pending series has a sample in the window and its firing
   series none (informational: a rule's ``for`` held it back).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from stormwatch.chaos.soak.report import FiredAlert, NearEvent, PendingAlert, SoakEvent
+from stormwatch.chaos.soak.report import FiredAlert, NearEvent, PendingAlert, SoakEvent, Stretch
 from stormwatch.clients.prometheus import PrometheusAPI, Series
 
 #: Labels of an ``ALERTS`` series that are not the alert's own.
@@ -107,6 +107,7 @@ def count_alerts(
     for key, times in sample_times(firing).items():
         fired_keys.add(key)
         name, labels = key
+        runs = stretches(times, step)
         fired.append(
             FiredAlert(
                 alertname=name,
@@ -114,7 +115,11 @@ def count_alerts(
                 first_firing=times[0],
                 last_firing=times[-1],
                 firing_seconds=len(times) * step,
-                episodes=len(stretches(times, step)),
+                episodes=len(runs),
+                stretches=[
+                    Stretch(first=first, last=last, nearest=nearest_event(events, first))
+                    for first, last in runs
+                ],
                 firing_at_start=times[0] <= window_start + step / 2,
                 nearest=nearest_event(events, times[0]),
                 preceding=preceding_event(events, times[0]),

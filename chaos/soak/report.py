@@ -55,6 +55,15 @@ class NearEvent(_Model):
     offset_seconds: float
 
 
+class Stretch(_Model):
+    """One firing stretch of an alert: first and last firing sample, and the soak event
+    nearest its start."""
+
+    first: float
+    last: float
+    nearest: NearEvent | None = None
+
+
 class FiredAlert(_Model):
     """An alert (name and labels) that was firing at some evaluation of the window.
 
@@ -62,6 +71,7 @@ class FiredAlert(_Model):
         first_firing / last_firing: its first and last firing sample (Unix seconds).
         firing_seconds: samples firing x the evaluation interval.
         episodes: separate firing stretches (a gap longer than one evaluation splits them).
+        stretches: each of them, with the soak event nearest its start.
         firing_at_start: it was firing already at the window's first evaluation.
         nearest: the soak event closest in time to ``first_firing``.
         preceding: the latest soak event at or before ``first_firing`` (its likely cause).
@@ -73,6 +83,7 @@ class FiredAlert(_Model):
     last_firing: float
     firing_seconds: float = Field(ge=0)
     episodes: int = Field(ge=1)
+    stretches: list[Stretch] = Field(default_factory=list)
     firing_at_start: bool = False
     nearest: NearEvent | None = None
     preceding: NearEvent | None = None
@@ -211,6 +222,7 @@ def _alerts(report: SoakReport) -> list[str]:
                 f"| {_near(a.preceding)} |"
             )
         lines.append("")
+        lines += _stretches(report)
     lines += ["## Pending, never fired (informational)", ""]
     if not report.pending_only:
         return [*lines, "None.", ""]
@@ -222,6 +234,20 @@ def _alerts(report: SoakReport) -> list[str]:
             f"| {_utc(p.last_pending)} | {_near(p.nearest)} |"
         )
     return [*lines, ""]
+
+
+def _stretches(report: SoakReport) -> list[str]:
+    """Each firing stretch of the alerts that fired more than once, with its nearest event."""
+    lines = []
+    for a in report.fired:
+        if len(a.stretches) < 2:
+            continue
+        lines.append(f"* {a.alertname} ({_labels(a.labels)}) fired {len(a.stretches)} times:")
+        lines += [
+            f"  * {_utc(s.first)} to {_utc(s.last)}: nearest {_near(s.nearest)}"
+            for s in a.stretches
+        ]
+    return [*lines, ""] if lines else []
 
 
 def render_markdown(report: SoakReport) -> str:
@@ -281,6 +307,7 @@ __all__ = [
     "PendingAlert",
     "SoakEvent",
     "SoakReport",
+    "Stretch",
     "Verdict",
     "load_report",
     "render_markdown",

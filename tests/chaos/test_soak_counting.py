@@ -124,6 +124,18 @@ def test_alerts_are_counted_from_their_alerts_series(
     ] == pending_only
 
 
+def test_each_firing_stretch_names_the_event_nearest_its_start() -> None:
+    series = _alerts("StormwatchRankStalled", "firing", [103, 104, 202, 203, 301], rank="0")
+    (alert,), _ = _count([series], [])
+    assert [(s.first - T0, s.last - T0) for s in alert.stretches] == [
+        (103, 104),
+        (202, 203),
+        (301, 301),
+    ]
+    nearest = [(s.nearest.kind, s.nearest.offset_seconds) for s in alert.stretches if s.nearest]
+    assert nearest == [("restart", 3), ("resize", 2), ("end", 1)]
+
+
 def test_a_fired_alert_names_the_nearest_event_and_the_one_before_it() -> None:
     (stalled,), _ = _count([_alerts("StormwatchRankStalled", "firing", [104, 105], rank="1")], [])
     assert stalled.nearest is not None and stalled.preceding is not None

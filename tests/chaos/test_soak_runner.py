@@ -176,18 +176,20 @@ def test_a_soak_restarts_resizes_ends_and_counts_nothing_when_nothing_fired(tmp_
 
 
 def test_an_alert_of_the_soak_fails_it_and_is_placed_against_the_restart(tmp_path) -> None:
-    runner, _ = _soak(tmp_path, [_stalled(42, 43, 44)])
+    runner, _ = _soak(tmp_path, [_stalled(42, 43, 44, 81, 82)])
     report = runner.run()
     assert report.verdict == "fail"
     (alert,) = report.fired
     assert alert.alertname == "StormwatchRankStalled" and alert.labels == {"rank": "1"}
     assert alert.preceding is not None and alert.preceding.kind == "restart"
-    assert alert.firing_seconds == 3
+    assert alert.firing_seconds == 5 and alert.episodes == 2
+    assert [s.nearest.kind for s in alert.stretches if s.nearest] == ["restart", "resize"]
     md, js = runner.save()
     assert load_report(Path(js)) == report
     text = Path(md).read_text()
     assert "**1 alert fired**" in text and "| StormwatchRankStalled | rank=1 |" in text
     assert "restart (" in text
+    assert "* StormwatchRankStalled (rank=1) fired 2 times:" in text
 
 
 def test_a_restart_that_does_not_resume_is_a_problem_and_the_job_is_stopped(tmp_path) -> None:
