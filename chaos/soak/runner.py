@@ -31,13 +31,14 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.execution.reporter import NullReporter, Reporter
 from stormwatch.chaos.gameday.suite import interrupts_raise
 from stormwatch.chaos.soak.counting import count_alerts, phase_passes, query_window
 from stormwatch.chaos.soak.job import RankZeroLog, SoakLab, soak_job_spec, whole_minutes
-from stormwatch.chaos.soak.report import EventKind, SoakEvent, SoakReport
+from stormwatch.chaos.soak.report import EventKind, SoakEvent, SoakReport, write_report
 from stormwatch.chaos.soak.settings import SoakSettings
 from stormwatch.clients.prometheus import promql_string
 from stormwatch.errors import StormwatchError
@@ -60,8 +61,8 @@ def job_name_of(soak_id: str) -> str:
 
 
 @dataclass
-class _Clock:
-    """Wall time (events), a monotonic clock (waits) and sleep: a seam for tests."""
+class SoakClock:
+    """Wall time (events), a monotonic clock (waits) and sleep; tests pass a stand-in."""
 
     wall: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
@@ -96,7 +97,7 @@ class SoakRunner:
         *,
         soak_id: str | None = None,
         reporter: Reporter | None = None,
-        clock: _Clock | None = None,
+        clock: SoakClock | None = None,
     ) -> None:
         self.settings = settings
         self.lab = lab
@@ -104,7 +105,7 @@ class SoakRunner:
         self.job = job_name_of(self.soak_id)
         self.folder = lab.run_dir / "soaks" / self.soak_id
         self.reporter = reporter or NullReporter()
-        self._clock = clock or _Clock()
+        self._clock = clock or SoakClock()
         self._spec = soak_job_spec(self.job, settings)
         self._log: RankZeroLog | None = None
         self._seen = _Progress()
@@ -139,6 +140,12 @@ class SoakRunner:
             self.reporter.event(f"soak problem: {exc}")
         if running:
             self._stop_after_problem()
+            if not self.report.interrupted:  # the stop's alerts land in the window too
+                try:
+                    with interrupts_raise():
+                        self._settle()
+                except KeyboardInterrupt:
+                    self.report.interrupted = True
         self.report.ended_at = self._clock.wall()
         self._count()
         return self.report
@@ -385,12 +392,9 @@ class SoakRunner:
             firing, pending, report.events, step=step, window_start=report.window_start
         )
 
-    def save(self) -> tuple[str, str]:
+    def save(self) -> tuple[Path, Path]:
         """Write ``soak.md`` and ``soak.json`` to :attr:`folder`; returns their paths."""
-        from stormwatch.chaos.soak.report import write_report
-
-        md, js = write_report(self.report, self.folder)
-        return str(md), str(js)
+        return write_report(self.report, self.folder)
 
 
-__all__ = ["POLL_SECONDS", "SoakRunner", "job_name_of", "new_soak_id"]
+__all__ = ["POLL_SECONDS", "SoakClock", "SoakRunner", "job_name_of", "new_soak_id"]

@@ -10,7 +10,7 @@ import pytest
 
 from stormwatch.chaos.errors import ChaosError
 from stormwatch.chaos.soak.report import load_report, render_markdown
-from stormwatch.chaos.soak.runner import SoakRunner, _Clock, job_name_of, new_soak_id
+from stormwatch.chaos.soak.runner import SoakClock, SoakRunner, job_name_of, new_soak_id
 from stormwatch.chaos.soak.settings import EVAL_BATCHES, SoakSettings
 from stormwatch.clients.prometheus import Series
 from stormwatch.errors import ConfigError
@@ -33,8 +33,8 @@ class FakeClock:
         if self.lab is not None:
             self.lab.tick(self.now)
 
-    def clock(self) -> _Clock:
-        return _Clock(wall=lambda: self.now, monotonic=lambda: self.now - T0, sleep=self.sleep)
+    def clock(self) -> SoakClock:
+        return SoakClock(wall=lambda: self.now, monotonic=lambda: self.now - T0, sleep=self.sleep)
 
 
 class StandInPrometheus:
@@ -200,6 +200,9 @@ def test_a_restart_that_does_not_resume_is_a_problem_and_the_job_is_stopped(tmp_
         "the planned restart started afresh instead of resuming a checkpoint"
     ]
     assert lab.calls == ["start", "stop", "start", "stop"]  # stopped after the problem
+    stopped = report.of_kind("end")[-1].at
+    assert report.window_end is not None  # the stop's alerts are waited for, too
+    assert report.window_end - stopped >= SETTINGS.settle_seconds
     assert report.of_kind("end")[-1].detail == "the soak stopped early: the job is stopped"
     assert "## Problems" in render_markdown(report)
 
