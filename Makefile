@@ -2,6 +2,7 @@
 #
 #   make demo   set up everything (apt + venv) and run the main job
 #   make game-day  run the default chaos suite on a fresh lab and write a scorecard
+#   make soak   a fault-free job on a fresh lab for SOAK_MINUTES (30), counting every alert
 #   make test   set up everything and run the whole suite (fast tier + e2e)
 #
 # Set-up is idempotent: system packages are installed only when missing, the
@@ -24,8 +25,10 @@ PYTEST_ARGS ?=
 # Extra arguments of `stormwatch demo`, e.g. make demo DEMO_ARGS=--keep-lab (keeps the lab up
 # so a Grafana can be pointed at its Prometheus; `stormwatch lab down --run-dir run/demo` after).
 DEMO_ARGS ?=
+# Length of `make soak` in minutes (docs/chaos-suite.md, "Soak").
+SOAK_MINUTES ?= 30
 
-.PHONY: all setup system system-test venv constraints demo game-day test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
+.PHONY: all setup system system-test venv constraints demo game-day soak test test-fast test-e2e check lint format bench gpu-check deploy-manifests clean distclean
 
 all: test
 
@@ -99,6 +102,14 @@ game-day: setup
 	$(SUDO) $(VENV)/bin/stormwatch lab up --run-dir run/game-day
 	$(SUDO) $(VENV)/bin/stormwatch chaos suite experiments/suite --run-dir run/game-day; rc=$$?; \
 	$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/game-day; exit $$rc
+
+# A soak: lab up in run/soak, one fault-free job for SOAK_MINUTES with checkpoints, evaluation
+# pauses, a planned restart and an elastic resize, every alert that fired counted (the target
+# is zero) in run/soak/soaks/<id>/soak.md, lab down; the soak's exit status (docs/chaos-suite.md).
+soak: setup
+	$(SUDO) $(VENV)/bin/stormwatch lab up --run-dir run/soak
+	$(SUDO) $(VENV)/bin/stormwatch chaos soak --run-dir run/soak --minutes $(SOAK_MINUTES); rc=$$?; \
+	$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/soak; exit $$rc
 
 check: venv
 	$(VENV)/bin/ruff check .

@@ -377,6 +377,22 @@ class Lab:
             launch.rejoin(state, record, node, self.paths, base_environment(self.marker))
             return record.info
 
+    def leave_job_node(self, name: str, node: str, grace: float | None = None) -> int | None:
+        """``node`` leaves the running elastic job ``name`` gracefully (SIGTERM to its torchrun,
+        SIGKILL of what is left after ``grace`` seconds, default the lab's
+        :attr:`LabConfig.grace_period_s`); the job shrinks to the other nodes, and
+        :meth:`rejoin_job_node` grows it back. Returns the torchrun's exit status.
+
+        Raises:
+            LabNotUpError: the lab is not up.
+            JobError: see :func:`stormwatch.lab.jobs.launch.leave`.
+        """
+        state = self.state
+        if state.phase != "up":
+            raise LabNotUpError(f"the lab in {self.run_dir} is {state.phase}, not up")
+        grace = state.config.grace_period_s if grace is None else grace
+        return launch.leave(state.job(name), node, grace)
+
     def _relaunch(self, name: str) -> JobRecord | None:
         """FC-09 (:func:`jobs.relaunch_closed`): the relaunched job's record, or ``None``."""
         with self._store.transaction() as state:

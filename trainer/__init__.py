@@ -21,7 +21,8 @@ loop saves), ``instrument`` (grad norm, memory, the model's FLOPs per token),
 group, collective timeout), ``paths`` (start-up check that output folders are writable),
 ``progress`` (rank 0's progress lines on stderr), ``loop`` (a rank's set-up and
 life), ``steps`` (its optimizer steps), ``passes`` (a step's forward and
-backward), ``cli`` (``stormwatch train``).
+backward), ``evaluation`` (forward-only passes over held-out batches, phase ``eval``),
+``cli`` (``stormwatch train``).
 
 Exceptions::
 

@@ -1,4 +1,5 @@
-"""Per-step measurements that need torch: gradient norm, memory, model FLOPs per token.
+"""Per-step measurements that need torch: gradient norm, global mean loss, memory, model FLOPs
+per token.
 
 The arithmetic (MFU, peak table) is :func:`stormwatch.telemetry.mfu` and
 :func:`stormwatch.telemetry.peak_flops`;
@@ -17,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from stormwatch.telemetry import flops_per_token
 from stormwatch.trainer.model import ByteLM
+from stormwatch.trainer.parallel.dims import ParallelDims
 
 
 def model_flops_per_token(model: ByteLM, *, seq_len: int) -> int:
@@ -96,6 +98,20 @@ def global_grad_norm(
     return math.sqrt(max(total, 0.0)), [round(c) for c in counts]
 
 
+def global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
+    """A loss (a step's, an evaluation's) averaged over the data-parallel ranks, the same on every rank; collective.
+
+    Summed over ``dp_shard`` (then ``dp_replicate``) and divided by ``dp``;
+    with PP only the last stage holds a loss (the others a zero), so a sum
+    over ``pp`` hands it to every stage.
+    """
+    total = local_loss.detach().clone()
+    for name in ("dp_shard", "dp_replicate", "pp"):
+        if name == "dp_shard" or dict(dims.degrees)[name] > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dims[name].get_group())
+    return float((total / dims.dp).item())
+
+
 def memory_bytes(device_type: str) -> dict[str, int]:
     """``{"rss": bytes}`` on CPU; ``{"cuda_max_allocated": bytes}`` (current device) on GPU."""
     if device_type == "cuda":
@@ -110,4 +126,10 @@ def device_name(device_type: str) -> str:
     return "cpu"
 
 
-__all__ = ["device_name", "global_grad_norm", "memory_bytes", "model_flops_per_token"]
+__all__ = [
+    "device_name",
+    "global_grad_norm",
+    "global_mean_loss",
+    "memory_bytes",
+    "model_flops_per_token",
+]

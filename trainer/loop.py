@@ -22,8 +22,10 @@ Order of operations (each rank, collectively):
    on every rank), with every collective counted and labelled by
    mesh dimension; telemetry (including the step's compute vs collective-wait
    split, MFU and memory); checkpoint when due and after the last step;
+   an evaluation pass every ``--eval-every`` steps (:mod:`stormwatch.trainer.evaluation`:
+   forward only over held-out batches, inside the phase ``eval``);
    optional sleep (``step_delay``); OpenTelemetry spans around the step,
-   forward, backward, optimizer and checkpoint save/load;
+   forward, backward, optimizer, evaluation and checkpoint save/load;
 7. a final barrier, then the ``done`` record and done marker.
 
 All of its telemetry goes through the public API :mod:`stormwatch.telemetry` (one
@@ -32,7 +34,8 @@ any job's would: metrics, event log, collective counting, spans, post-mortem dum
 and the phases that excuse a silent rank up to their bounds: the start-up stages
 ``rendezvous``, ``mesh``, ``parallelize`` and ``checkpoint_load`` (the heartbeat starts
 before the process group, and a rank stuck in one is named by it; saves are not a
-phase: see :mod:`stormwatch.trainer.checkpoint.cadence`).
+phase: see :mod:`stormwatch.trainer.checkpoint.cadence`), and ``eval`` around each
+evaluation pass.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import ControlFileError, Terminated
+from stormwatch.trainer.evaluation import Evaluator
 from stormwatch.trainer.instrument import (
     model_flops_per_token,
 )
@@ -319,10 +323,34 @@ def _run(
             progress=progress,
         ),
         session=session,
+        evaluator=_evaluator(config, dims, built, sampler, device, session, progress),
     )
     last_step, final_loss = steps.run()
     _finish(config, session, progress, last_step)
     return TrainResult(last_step=last_step, resumed_from_step=resumed, final_loss=final_loss)
+
+
+def _evaluator(
+    config: TrainConfig,
+    dims: ParallelDims,
+    built: _Built,
+    sampler: BatchSampler,
+    device: torch.device,
+    session: swt.Session,
+    progress: ConsoleProgress | None,
+) -> Evaluator | None:
+    """The evaluation passes of ``--eval-every`` (``None`` when 0: no evaluation)."""
+    if config.evaluation.every == 0:
+        return None
+    return Evaluator(
+        config.evaluation,
+        dims,
+        model=built.parallel.model,
+        sampler=sampler,
+        device=device,
+        session=session,
+        progress=progress,
+    )
 
 
 def _finish(

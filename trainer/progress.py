@@ -4,7 +4,7 @@ The JSON-lines events, metrics and spans are for machines; these few lines are
 for the person who started the run: a start line (world size, mesh, fresh or
 resumed, checkpoint folder), one line every ``every`` steps and at the last
 step (step, global mean loss, step time, tokens/s over all data-parallel
-ranks), and a final line saying where the outputs are. The CLI gives a
+ranks), one per evaluation pass (its loss and time), and a final line saying where the outputs are. The CLI gives a
 :class:`ConsoleProgress` to rank 0 only; ``--quiet`` silences the progress
 lines but never the warning that nothing was trained.
 """
@@ -82,6 +82,16 @@ class ConsoleProgress:
         self._write(
             f"step {step}/{last_step}  loss {loss:.4f}  {seconds * 1000:.1f} ms/step  "
             f"{rate:,.0f} tokens/s"
+        )
+
+    def eval(self, *, step: int, loss: float, batches: int, seconds: float) -> None:
+        """An evaluation pass after ``step`` took ``seconds`` over ``batches`` micro-batches
+        per data-parallel rank; ``loss`` is its mean over every data-parallel rank."""
+        if self.quiet:
+            return
+        self._write(
+            f"eval after step {step}: loss {loss:.4f} over {batches} batches per rank "
+            f"in {seconds:.1f} s"
         )
 
     def nothing_to_do(

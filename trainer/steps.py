@@ -10,8 +10,10 @@ a requested checkpoint and a finished async write), the optimizer step, the loss
 all-reduced over the data-parallel dimensions and ``pp`` (the logged loss is the
 global mean, identical on every rank), the step's telemetry and progress line
 (:class:`StepReport`: compute vs collective-wait split, MFU, memory), then commits
-and saves (:class:`~stormwatch.trainer.checkpoint.cadence.CheckpointCadence`), and
-the optional sleep (``step_delay``); spans around the step and its parts.
+and saves (:class:`~stormwatch.trainer.checkpoint.cadence.CheckpointCadence`), an
+evaluation pass when one is due (:class:`~stormwatch.trainer.evaluation.Evaluator`,
+outside the step: its time is not the step's), and the optional sleep (``step_delay``);
+spans around the step and its parts.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import logging
 import time
 
 import torch
-import torch.distributed as dist
 
 import stormwatch.telemetry as swt
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
@@ -30,27 +31,19 @@ from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import Armed, ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler
 from stormwatch.trainer.errors import ControlFileError
-from stormwatch.trainer.instrument import device_name, global_grad_norm, memory_bytes
+from stormwatch.trainer.evaluation import Evaluator
+from stormwatch.trainer.instrument import (
+    device_name,
+    global_grad_norm,
+    global_mean_loss,
+    memory_bytes,
+)
 from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
 
 log = logging.getLogger(__name__)
-
-
-def _global_mean_loss(local_loss: torch.Tensor, dims: ParallelDims) -> float:
-    """The step's loss averaged over the data-parallel ranks, the same on every rank; collective.
-
-    Summed over ``dp_shard`` (then ``dp_replicate``) and divided by ``dp``;
-    with PP only the last stage holds a loss (the others a zero), so a sum
-    over ``pp`` hands it to every stage.
-    """
-    total = local_loss.detach().clone()
-    for name in ("dp_shard", "dp_replicate", "pp"):
-        if name == "dp_shard" or dict(dims.degrees)[name] > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dims[name].get_group())
-    return float((total / dims.dp).item())
 
 
 def _poll(control: ControlChannel, session: swt.Session) -> Armed:
@@ -167,6 +160,7 @@ class StepLoop:
         checkpointer, cadence: the async-write vote, and when to save and commit.
         report: the step's telemetry and progress line.
         session: fault events, control-file errors and the spans.
+        evaluator: the evaluation passes (``None``: ``--eval-every 0``).
     """
 
     def __init__(
@@ -186,6 +180,7 @@ class StepLoop:
         cadence: CheckpointCadence,
         report: StepReport,
         session: swt.Session,
+        evaluator: Evaluator | None = None,
     ) -> None:
         self._config = config
         self._env = env
@@ -201,6 +196,7 @@ class StepLoop:
         self._cadence = cadence
         self._report = report
         self._session = session
+        self._evaluator = evaluator
 
     def run(self) -> tuple[int, float | None]:
         """Train to ``config.steps``; returns the last step (the one resumed from when
@@ -213,6 +209,8 @@ class StepLoop:
             self._arm(sampler.next_step)
             with self._session.span("step", step=sampler.next_step):
                 last_step, final_loss = self._step()
+            if self._evaluator is not None and self._evaluator.due(last_step):
+                self._evaluator.run(last_step)
             if self._config.step_delay > 0:
                 time.sleep(self._config.step_delay)
         self._cadence.commit_pending()  # async: commit the last save before "done"
@@ -250,7 +248,7 @@ class StepLoop:
         with counter, self._session.span("optimizer"):
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)
-            loss = _global_mean_loss(local_loss, dims)
+            loss = global_mean_loss(local_loss, dims)
         seconds = time.perf_counter() - started
         wait = min(counter.take_wait_seconds() + norm_seconds, seconds)
         self._report(step=step, loss=loss, seconds=seconds, wait=wait, grad_norm=grad_norm)

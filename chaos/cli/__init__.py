@@ -1,7 +1,7 @@
 """``stormwatch chaos``: validate, run and revert experiments; list the ledger; write post-mortems.
 
 One module per command group: :mod:`.run_commands` (``validate``, ``run``),
-:mod:`.suite_command` (``suite``), :mod:`.ledger_commands` (``revert``, ``ledger``),
+:mod:`.suite_command` (``suite``), :mod:`.soak_command` (``soak``), :mod:`.ledger_commands` (``revert``, ``ledger``),
 :mod:`.report_commands` (``postmortem``); :mod:`.common` holds the ``--run-dir`` option and
 :func:`reap_overdue`, which every command that takes ``--run-dir`` runs first.
 """
@@ -14,6 +14,7 @@ from stormwatch.chaos.cli.common import reap_overdue
 from stormwatch.chaos.cli.ledger_commands import ledger_cmd, revert
 from stormwatch.chaos.cli.report_commands import postmortem_cmd
 from stormwatch.chaos.cli.run_commands import run, validate
+from stormwatch.chaos.cli.soak_command import soak
 from stormwatch.chaos.cli.suite_command import suite
 
 
@@ -30,11 +31,12 @@ def chaos() -> None:
       stormwatch chaos run experiments/kill-rank.yaml --run-dir run
       stormwatch chaos run experiments/kill-rank.yaml --dry-run
       stormwatch chaos suite experiments/suite --run-dir run
+      stormwatch chaos soak --run-dir run --minutes 30
       stormwatch chaos revert --all --run-dir run
     """
 
 
-for _command in (validate, run, suite, revert, ledger_cmd, postmortem_cmd):
+for _command in (validate, run, suite, soak, revert, ledger_cmd, postmortem_cmd):
     chaos.add_command(_command)
 
 __all__ = ["chaos", "reap_overdue"]

@@ -272,8 +272,9 @@ def _arm_interrupts() -> None:
 
 
 @contextmanager
-def _interrupts_raise() -> Iterator[None]:
-    """:func:`_arm_interrupts` for the block; the previous handlers are restored after."""
+def interrupts_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the block (a suite, a soak); the previous
+    handlers are restored after."""
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     _arm_interrupts()
     try:
@@ -329,7 +330,7 @@ class SuiteRunner:
         """Run every experiment; returns the scorecard (also written to :attr:`folder`)."""
         self.save()
         try:
-            with _interrupts_raise():
+            with interrupts_raise():
                 if self.options.baseline:
                     self._baselines()
                 for index, entry in enumerate(self.entries):
@@ -458,6 +459,7 @@ __all__ = [
     "SuiteRunner",
     "category_of",
     "detecting_alert",
+    "interrupts_raise",
     "load_suite",
     "new_suite_id",
     "score",

@@ -2,8 +2,9 @@
 
 :func:`start` launches every node's torchrun (:mod:`.torchrun`: its command line and
 environment) under its own rendezvous port; :func:`wait`, :func:`result` and
-:func:`stranded` follow it; :func:`stop` ends it. For elastic jobs :func:`rejoin` starts a
-lost node again and :func:`relaunch_closed` is FC-09's remedy (:mod:`.elastic`).
+:func:`stranded` follow it; :func:`stop` ends it. For elastic jobs :func:`leave` stops one
+node gracefully, :func:`rejoin` starts a lost node again and :func:`relaunch_closed` is
+FC-09's remedy (:mod:`.elastic`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from stormwatch.contracts.rank_env import JOB_INSTANCE_ENV
 from stormwatch.lab.config import JobSpec
@@ -166,6 +169,52 @@ def rejoin(
     if not is_running(record):
         raise JobError(f"job {spec.name!r} has ended; start it again instead")
     _launch_node(state, record, names.index(node_name), paths, base_env)
+
+
+def leave(record: JobRecord, node_name: str, grace: float) -> int | None:
+    """Node ``node_name`` leaves the running elastic job gracefully, as an operator draining
+    it would: SIGTERM to its torchrun alone, which stops its workers (SIGTERM) and exits; the
+    other nodes' agents restart the worker group at the smaller size from the last checkpoint
+    (docs/ARCHITECTURE.md "Elastic resize"). What is left of the node's processes after
+    ``grace`` seconds is SIGKILLed; :func:`rejoin` brings the node back.
+
+    Returns:
+        The node's torchrun exit status as its supervisor recorded it (``None``: unknown).
+
+    Raises:
+        JobError: the job is not elastic or no longer runs, the node is not one of its
+            nodes, hosts its rendezvous (node 0: the job would end), or is not running; or a
+            process of the node is still running after SIGKILL.
+    """
+    spec = record.info.spec
+    names = list(record.processes)
+    if spec.min_nodes is None:
+        raise JobError(f"job {spec.name!r} has a fixed size: a node leaving would end it")
+    if node_name not in names:
+        raise JobError(f"no node {node_name!r} in job {spec.name!r}; nodes: {', '.join(names)}")
+    if node_name == names[0]:
+        raise JobError(
+            f"{node_name} hosts the rendezvous of job {spec.name!r}: the job would end with it; "
+            f"let another node leave ({', '.join(names[1:]) or 'none'})"
+        )
+    process = record.processes[node_name]
+    torchrun = [p for p in procs.tree(process) if p.pid == process.pid]
+    if not torchrun:
+        raise JobError(f"the torchrun of {node_name} in job {spec.name!r} is not running")
+    with contextlib.suppress(psutil.Error):  # gone meanwhile: it left already
+        torchrun[0].terminate()
+    deadline = time.monotonic() + grace
+    while procs.is_running(process) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The torchrun and its workers, not the supervisor: it records the exit status.
+    rest = [p for p in procs.tree(process) if p.pid != process.supervisor_pid]
+    left = procs.terminate(rest, grace=0.0)
+    if left:
+        raise JobError(f"job {spec.name!r}: {', '.join(left)} of {node_name} survived SIGKILL")
+    deadline = time.monotonic() + 10.0  # the supervisor records the exit status, then exits
+    while not procs.is_finished(process) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return procs.exit_status(process).returncode
 
 
 def relaunch_closed(
@@ -343,6 +392,7 @@ __all__ = [
     "allocate_rdzv_port",
     "failure_lines",
     "is_running",
+    "leave",
     "listening_ports",
     "rejoin",
     "relaunch_closed",

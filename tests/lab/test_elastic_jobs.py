@@ -1,4 +1,5 @@
-"""Elastic lab jobs without a lab: command lines, global batch, FC-09's closed-rendezvous state.
+"""Elastic lab jobs without a lab: command lines, global batch, FC-09's closed-rendezvous state,
+a node's graceful leave (on a stand-in torchrun).
 
 The real resize (lose a node, rejoin it) runs in tests/lab/test_elastic_lab.py
 and, on loopback, in tests/trainer/test_e2e_elastic.py.
@@ -7,6 +8,7 @@ and, on loopback, in tests/trainer/test_e2e_elastic.py.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from stormwatch.lab import JobError, JobSpec, LabConfig
 from stormwatch.lab.jobs import elastic, launch, torchrun
 from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.services import procs
 from stormwatch.lab.state import JobInfo, JobRecord, LabState, ProcessRecord, plan_state
 
 
@@ -117,3 +120,54 @@ def test_an_elastic_job_finished_by_the_survivors_is_ok_and_names_the_lost_node(
     assert not launch.result(fixed).ok
     everyone_lost = _record(tmp_path, spec, {"node0": (-9, ""), "node1": (-9, "")})
     assert not launch.result(everyone_lost).ok
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "problem"),
+    [
+        (JobSpec(name="fixed"), "node1", "fixed size: a node leaving would end it"),
+        (JobSpec(name="el", min_nodes=1), "node0", "node0 hosts the rendezvous of job 'el'"),
+        (JobSpec(name="el", min_nodes=1), "node7", "no node 'node7' in job 'el'"),
+        (JobSpec(name="el", min_nodes=1), "node1", "the torchrun of node1 in job 'el' is not run"),
+    ],
+)
+def test_a_leave_that_cannot_be_graceful_is_refused(tmp_path, spec, node, problem):
+    record = _record(tmp_path, spec, {"node0": (None, ""), "node1": (None, "")})
+    with pytest.raises(JobError, match=problem):
+        launch.leave(record, node, grace=1.0)
+
+
+#: A stand-in torchrun: exits 143 on SIGTERM (``stubborn``: ignores it).
+STAND_IN = """
+import signal, sys, time
+if sys.argv[1] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+print("re" + "ady", flush=True)  # not the log's header line, which quotes this script
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "grace", "status"), [("polite", 30.0, 143), ("stubborn", 0.5, -9)]
+)
+def test_a_leaving_node_gets_sigterm_then_sigkill_and_its_exit_status_is_recorded(
+    tmp_path, mode, grace, status
+):
+    record = _record(tmp_path, JobSpec(name="el", min_nodes=1), {"node0": (None, "")})
+    node1 = procs.launch(
+        "el/node1",
+        [sys.executable, "-c", STAND_IN, mode],
+        log_file=tmp_path / "node1.torchrun.log",
+        status_file=tmp_path / "node1.status.json",
+    )
+    record.processes["node1"] = node1
+    deadline = time.monotonic() + 30
+    while "ready" not in node1.log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)  # its SIGTERM handler is in place
+    try:
+        assert launch.leave(record, "node1", grace=grace) == status
+        assert procs.is_finished(node1)
+    finally:
+        procs.terminate(procs.tree(node1), grace=0.0)

@@ -11,7 +11,7 @@ Every option of ``stormwatch train`` is declared once, on the field it sets
 variable, choices, range, default); the command's click options are derived
 from these declarations (:func:`~stormwatch.trainer.config.options.click_options`).
 
-Modules: :mod:`.learning` (model, data, optimizer), :mod:`.resilience`
+Modules: :mod:`.learning` (model, data, optimizer, evaluation), :mod:`.resilience`
 (checkpoints, chaos control channel, hang dumps), :mod:`.reporting` (telemetry,
 spans, progress lines), :mod:`.run` (:class:`TrainConfig`), :mod:`.options`
 (option declarations and the click options derived), :mod:`.checks` (the
@@ -27,6 +27,7 @@ from stormwatch.trainer.config.learning import (
     SEED_LIMIT,
     VOCAB_SIZE,
     DataConfig,
+    EvalConfig,
     ModelConfig,
     OptimConfig,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "ControlConfig",
     "DataConfig",
     "DebugConfig",
+    "EvalConfig",
     "ModelConfig",
     "OptimConfig",
     "ProgressConfig",

@@ -1,5 +1,6 @@
 """What is learned: the model's shape (:class:`ModelConfig`), the batches
-(:class:`DataConfig`) and the optimizer (:class:`OptimConfig`).
+(:class:`DataConfig`), the optimizer (:class:`OptimConfig`) and how it is evaluated
+(:class:`EvalConfig`).
 
 Defaults are sized for CPU speed (a few milliseconds per step on one core), not
 for language-model quality: the trainer is the system under test for
@@ -202,11 +203,58 @@ class OptimConfig:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Evaluation passes (:mod:`stormwatch.trainer.evaluation`): forward only, over held-out
+    batches, marked as the telemetry phase ``eval``.
+
+    Attributes:
+        every: evaluate after every ``every``-th step; 0 (the default): never.
+        batches: held-out micro-batches each data-parallel rank evaluates per pass (the
+            logged loss is their mean over every data-parallel rank).
+        delay: seconds to sleep after each evaluation batch, as ``--step-delay`` does after
+            a step: stretches a lab evaluation (milliseconds on CPU) into the pause a real
+            one makes (minutes), without spending the CPU.
+    """
+
+    every: int = option(
+        "--eval-every",
+        default=0,
+        help="Evaluate after every N-th step (forward only, over held-out batches, marked as "
+        "the telemetry phase 'eval'); 0: never.",
+    )
+    batches: int = option(
+        "--eval-batches",
+        default=4,
+        help="Held-out micro-batches each data-parallel rank evaluates per evaluation.",
+    )
+    delay: float = option(
+        "--eval-delay",
+        default=0.0,
+        metavar="SECONDS",
+        help="Sleep after each evaluation batch (stretches a lab evaluation into a real pause).",
+    )
+
+    def __post_init__(self) -> None:
+        check(
+            isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 0,
+            "eval_every",
+            f"must be an integer >= 0, 0 meaning never (got {self.every!r})",
+        )
+        check_positive_int(self.batches, "eval_batches")
+        check(
+            isinstance(self.delay, (int, float)) and math.isfinite(self.delay) and self.delay >= 0,
+            "eval_delay",
+            f"must be a finite number of seconds >= 0 (got {self.delay!r})",
+        )
+
+
 __all__ = [
     "DEFAULT_CORPUS_MAX_BYTES",
     "SEED_LIMIT",
     "VOCAB_SIZE",
     "DataConfig",
+    "EvalConfig",
     "ModelConfig",
     "OptimConfig",
 ]

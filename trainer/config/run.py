@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from stormwatch.trainer.config.checks import check, check_positive_int
-from stormwatch.trainer.config.learning import DataConfig, ModelConfig, OptimConfig
+from stormwatch.trainer.config.learning import DataConfig, EvalConfig, ModelConfig, OptimConfig
 from stormwatch.trainer.config.options import option
 from stormwatch.trainer.config.reporting import TelemetryConfig, TracingConfig
 from stormwatch.trainer.config.resilience import CheckpointConfig, ControlConfig, DebugConfig
@@ -88,6 +88,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
@@ -148,6 +149,12 @@ class TrainConfig:
         )
         if self.pp == 1:
             return
+        check(
+            self.evaluation.every == 0,
+            "eval_every",
+            f"evaluation runs the whole model forward, which a pipeline stage (pp={self.pp}) "
+            "does not hold; pass --eval-every 0, or --pp 1",
+        )
         check(
             self.pp <= self.model.n_layers,
             "pp",

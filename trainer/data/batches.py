@@ -18,6 +18,14 @@ state (:meth:`BatchSampler.state_dict`) is the same on every rank and at every
 therefore see the same micro-batches. Each micro-batch also names a dropout
 seed (:attr:`MicroBatch.dropout_seed`), so dropout masks do not depend on
 ``dp`` either.
+
+The evaluation set (:meth:`BatchSampler.held_out`) is a stream of its own: sample ``i`` of
+it starts at ``derive_seed("eval", seed, i) mod (len(corpus) - seq_len - 1)``. Training
+never draws from it, and reading it neither advances the sampler nor touches a random
+generator, so evaluating leaves the training batches (and a resume) exactly as they were.
+Its windows are not disjoint from the training windows: both are drawn from the whole
+corpus (splitting it would change every training batch), so the evaluation loss
+measures a fixed sample, not generalisation.
 """
 
 from __future__ import annotations
@@ -91,27 +99,52 @@ class BatchSampler:
         self._offsets = torch.arange(config.seq_len + 1)
         self.next_step = 1
 
-    def sample_starts(self, first: int, count: int) -> torch.Tensor:
-        """Corpus offsets of global samples ``first .. first + count - 1`` (``int64 [count]``)."""
+    def sample_starts(self, first: int, count: int, *, stream: str = "sample") -> torch.Tensor:
+        """Corpus offsets of samples ``first .. first + count - 1`` (``int64 [count]``) of
+        ``stream``: ``sample`` (training) or ``eval`` (the evaluation set)."""
         cfg = self._config
         high = self._tokens.numel() - cfg.seq_len - 1
         return torch.tensor(
-            [derive_seed("sample", cfg.seed, i) % high for i in range(first, first + count)],
+            [derive_seed(stream, cfg.seed, i) % high for i in range(first, first + count)],
             dtype=torch.int64,
         )
+
+    def _windows(self, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets (``int64 [len(starts), seq_len]``) of the windows at ``starts``."""
+        windows = self._tokens[starts[:, None] + self._offsets].long()
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
     def micro_batch(self, step: int, index: int) -> MicroBatch:
         """Micro-batch ``index`` of ``step``'s global batch (pure: does not change the sampler)."""
         cfg = self._config
         first = (step - 1) * self.global_batch + index * cfg.micro_batch
-        starts = self.sample_starts(first, cfg.micro_batch)
-        windows = self._tokens[starts[:, None] + self._offsets].long()
+        inputs, targets = self._windows(self.sample_starts(first, cfg.micro_batch))
         return MicroBatch(
             index=index,
-            inputs=windows[:, :-1].contiguous(),
-            targets=windows[:, 1:].contiguous(),
+            inputs=inputs,
+            targets=targets,
             dropout_seed=derive_seed("dropout", cfg.seed, step, index),
         )
+
+    def held_out(self, count: int) -> list[MicroBatch]:
+        """This data-parallel rank's ``count`` micro-batches of the evaluation set (pure: the
+        sampler does not change; module docstring): micro-batches ``dp_rank * count ...
+        dp_rank * count + count - 1`` of the ``eval`` stream. Their ``dropout_seed`` is
+        never used (evaluation runs with dropout off)."""
+        cfg = self._config
+        batches = []
+        for index in range(self._dp_rank * count, (self._dp_rank + 1) * count):
+            starts = self.sample_starts(index * cfg.micro_batch, cfg.micro_batch, stream="eval")
+            inputs, targets = self._windows(starts)
+            batches.append(
+                MicroBatch(
+                    index=index,
+                    inputs=inputs,
+                    targets=targets,
+                    dropout_seed=derive_seed("eval-dropout", cfg.seed, index),
+                )
+            )
+        return batches
 
     def micro_batches_for_step(self, step: int) -> list[MicroBatch]:
         """This rank's :attr:`accumulation_steps` micro-batches of ``step`` (pure)."""
