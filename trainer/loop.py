@@ -130,7 +130,7 @@ def train(
     with contextlib.ExitStack() as stack:
         session = _session(config)
         stack.callback(session.shutdown, clean=False)  # after a clean end: does nothing
-        stack.enter_context(_sigterm_raises())
+        stack.enter_context(_sigterm_raises(session))
         # Fault points of the control file (stormwatch.faults.control_file): at each start-up
         # stage, then polled at the start of every step, before anything of it runs; its
         # checkpoint_kill is the checkpointer's hook.
@@ -217,11 +217,13 @@ def _session(config: TrainConfig) -> swt.Session:
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def _sigterm_raises(session: swt.Session) -> Iterator[None]:
     """While training, SIGTERM raises :class:`Terminated` in the main thread.
 
     torchrun stops the surviving workers with SIGTERM when one fails; raising
-    (instead of dying at once) lets the rank write its post-mortem dump.
+    (instead of dying at once) lets the rank write its post-mortem dump. First the
+    session hears of the stop request (:meth:`~stormwatch.telemetry.Session.stop_requested`:
+    the agent counts the exit as a stop, not a failure).
     Outside the main thread (tests) nothing is installed.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -238,6 +240,7 @@ def _sigterm_raises() -> Iterator[None]:
             # recorder read then failed, and the dumps no longer named the hung rank).
             return
         raised = True
+        session.stop_requested()
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, handler)

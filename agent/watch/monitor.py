@@ -57,6 +57,7 @@ from stormwatch.agent.watch.trainer_files import (
     HEARTBEAT_METRIC,
     LIVE_GAUGES,
     PHASE_DEADLINE_METRIC,
+    PROGRESS_METRIC,
     STEP_METRIC,
     WAIT_METRIC,
     TrainerFiles,
@@ -160,11 +161,14 @@ class RankHealth:
         # step and step heartbeat from one read (a step time pairs them); a dead rank's
         # gauges are gone: the watcher's last step then
         steps, beats = gauges[STEP_METRIC], gauges[HEARTBEAT_METRIC]
+        # read with the phases: the watcher's heartbeat is up to a scan old, and a rank that
+        # just left a phase (its deadline 0 now) must not look silent since before it
+        fresh = gauges[PROGRESS_METRIC]
         hang_input = [
             RankProgress(
                 key,
                 r.alive,
-                progress.get(key),
+                _latest(progress.get(key), beats.get(key), fresh.get(key)),
                 steps[key] if key in beats and key in steps else r.last_step,
                 step_heartbeat=beats.get(key),
                 paused_until=phases.get(key, (None, 0.0))[1],
@@ -294,7 +298,8 @@ class RankHealth:
         """The per-step gauges and heartbeat, the collective calls, and per rank the phase
         it is in with its deadline (the latest non-zero deadline)."""
         gauges = self._files.read(
-            LIVE_GAUGES, (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC, HEARTBEAT_METRIC)
+            LIVE_GAUGES,
+            (STEP_METRIC, COMPUTE_METRIC, WAIT_METRIC, HEARTBEAT_METRIC, PROGRESS_METRIC),
         )
         calls = self._files.read(COUNTERS, (CALLS_SAMPLE,), combine=add)[CALLS_SAMPLE]
         deadlines = self._files.read_by_label(LIVE_GAUGES, PHASE_DEADLINE_METRIC, "phase")
@@ -305,6 +310,12 @@ class RankHealth:
                 deadline, phase = max(inside)
                 phases[key] = (phase, deadline)
         return gauges, calls, phases
+
+
+def _latest(*beats: float | None) -> float | None:
+    """The latest of the heartbeats known (``None`` when none is)."""
+    known = [b for b in beats if b is not None]
+    return max(known) if known else None
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -482,9 +482,16 @@ class Session:
         self._sigterm.answered()
         self._sigterm.dump_once("written by the API's handler")
 
-    def _signal_dump(self, reason: str) -> None:
-        self._signalled = True  # and a stop request: the exit is a stop (phases.py, stopping)
+    @never_raises()
+    def stop_requested(self) -> None:
+        """The rank was asked to stop (SIGTERM): the agent counts its exit as a stop, and
+        the ``stopping`` phase excuses its pause (:mod:`stormwatch.telemetry.phases`). Done
+        by the API's own SIGTERM handling; a job that handles SIGTERM itself calls it."""
         self._telemetry.stopping(deadline=self._clock() + self.settings.phase_bound("stopping"))
+
+    def _signal_dump(self, reason: str) -> None:
+        self._signalled = True
+        self.stop_requested()
         self.dump(reason)
 
 
