@@ -97,10 +97,12 @@ demo: setup
 	$(SUDO) $(VENV)/bin/stormwatch demo $(DEMO_ARGS)
 
 # A game day: lab up in run/game-day, the default suite (experiments/suite), a scorecard in
-# run/game-day/suites/<id>/scorecard.md, lab down (docs/chaos-suite.md).
+# run/game-day/suites/<id>/scorecard.md, lab down (docs/chaos-suite.md). Strict: a row
+# fails when its detect time misses its class's target, its alert names a victim instead
+# of the culprit, or a false alarm fired (issue 18).
 game-day: setup
 	$(SUDO) $(VENV)/bin/stormwatch lab up --run-dir run/game-day
-	$(SUDO) $(VENV)/bin/stormwatch chaos suite experiments/suite --run-dir run/game-day; rc=$$?; \
+	$(SUDO) $(VENV)/bin/stormwatch chaos suite experiments/suite --strict-targets --run-dir run/game-day; rc=$$?; \
 	$(SUDO) $(VENV)/bin/stormwatch lab down --run-dir run/game-day; exit $$rc
 
 # A soak: lab up in run/soak, one fault-free job for SOAK_MINUTES with checkpoints, evaluation
