@@ -337,7 +337,11 @@ PROMTOOL_CASES = {
         "training_hung_waits_for_a_phase_within_its_bound",
         "loss_nan_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
-        "fc14_straggler_fires_and_resolves",
+        "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not",
+        "fc14_straggler_of_a_two_rank_job_is_named_against_its_peer",
+        "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
+        "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
+        "fc14_an_elastic_resize_is_not_a_straggler",
     ],
     "training_trends_test.yml": [
         "rank_crash_loop_fires_and_resolves",
@@ -348,6 +352,7 @@ PROMTOOL_CASES = {
         "loss_spike_fires_and_resolves",
         "checkpoint_failing_fires_on_a_failed_save_and_resolves",
         "collective_bus_bandwidth_drop_fires_and_resolves",
+        "fc14_minute_long_steps_alert_for_a_straggler_not_for_jitter_or_one_slow_step",
     ],
     "targets_test.yml": [
         "agent_expected_by_the_inventory_alerts_until_it_is_back_even_after_hours",
@@ -409,9 +414,60 @@ def test_one_killed_rank_is_not_a_job_crash_loop(tmp_path: Path) -> None:
     assert run.ok, run.output
 
 
-def test_fc14_straggler_rule_fires_and_resolves(tmp_path: Path) -> None:
-    run = _run_case(tmp_path, "fc14_straggler_fires_and_resolves")
+def test_fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not(
+    tmp_path: Path,
+) -> None:
+    """The game day's slow rank: named 10 s after its first slow step, alone, and resolved
+    once its steps are normal again; its TP peer computes 1.7x but waits, and is not named."""
+    run = _run_case(
+        tmp_path, "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not"
+    )
     assert run.ok, run.output
+
+
+def test_fc14_straggler_of_a_two_rank_job_is_named_against_its_peer(tmp_path: Path) -> None:
+    run = _run_case(tmp_path, "fc14_straggler_of_a_two_rank_job_is_named_against_its_peer")
+    assert run.ok, run.output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
+        "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
+        "fc14_an_elastic_resize_is_not_a_straggler",
+        "fc14_minute_long_steps_alert_for_a_straggler_not_for_jitter_or_one_slow_step",
+    ],
+)
+def test_fc14_straggler_does_not_fire_on_one_slow_step_a_warm_up_or_slow_steady_steps(
+    tmp_path: Path, case: str
+) -> None:
+    run = _run_case(tmp_path, case)
+    assert run.ok, run.output
+
+
+def test_fc14_straggler_cases_catch_a_rule_without_its_step_and_warm_up_clauses(
+    tmp_path: Path,
+) -> None:
+    """The cases have teeth: without the 3-steps clause one slow step fires, without the
+    warm-up clause (the rank reported at the window's start) a restart's first steps fire."""
+    [path] = [p for p in rule_files() if p.name == "training.yml"]
+    text = path.read_text()
+    steps = re.compile(r"(changes\(stormwatch_train_step\[\w+\]\)\)) >= 2")
+    warm_up = re.compile(
+        r"\n *and training_job_rank_node:stormwatch_train_straggler_step:bool offset \w+"
+    )
+    assert len(steps.findall(text)) == 4 and len(warm_up.findall(text)) == 4
+    others = [p for p in rule_files() if p.name != "training.yml"]
+    broken = tmp_path / "training.yml"
+    for pattern, replacement, case in (
+        (steps, r"\1 >= 0", "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler"),
+        (warm_up, "", "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler"),
+    ):
+        broken.write_text(pattern.sub(replacement, text))
+        assert check_rules([broken]).ok
+        run = _run_case(tmp_path, case, rules=[broken, *others])
+        assert not run.ok, f"{case} passed against a rule without the clause"
 
 
 def test_fc02_lost_gpu_alerts_for_that_gpu_only(tmp_path: Path) -> None:
