@@ -201,6 +201,7 @@ class AlertmanagerSettings:
 NODE_SCOPED_ALERTS = (
     "StormwatchNodeDown|StormwatchAgentDown|StormwatchAgentFlapping|StormwatchScrapeSlow"
     "|StormwatchAgentRenderSlow|StormwatchAgentUnavailable|StormwatchGpu.*|StormwatchNvlink.*"
+    "|StormwatchNodePacketLoss|StormwatchNodeBandwidthThrottled"
 )
 #: The alert whose incidents the responder remediates (``confirm_restart``).
 REMEDIATION_ALERTS = ("StormwatchRankStalled",)

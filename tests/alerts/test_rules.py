@@ -364,6 +364,13 @@ PROMTOOL_CASES = {
         "daemonset_wants_more_agents_than_discovery_returns_fires_and_resolves",
         "ranks_of_a_running_job_no_agent_shows_fire_and_resolve",
     ],
+    "network_test.yml": [
+        "packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits",
+        "device_errors_name_the_node",
+        "a_restarts_connection_resets_are_not_packet_loss",
+        "bandwidth_throttled_names_the_node_and_its_link",
+        "a_shaper_within_its_rate_is_not_a_throttled_link",
+    ],
     "gpu_test.yml": [
         "fc03_xid_fires_once_by_class_and_resolves_by_itself",
         "ecc_double_bit_fires_and_resolves",
@@ -577,3 +584,30 @@ def test_render_rules_reads_the_environment_and_refuses_a_relative_base(tmp_path
     with pytest.raises(ConfigError):
         write_rule_files(tmp_path / "bad", "runbooks.md")
     assert not (tmp_path / "bad").exists()
+
+
+def test_packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits(
+    tmp_path: Path,
+) -> None:
+    """The lab's packet_drop on node1: node1 named within 20 s, not node0, which retransmits
+    for it; resolved a minute after the loss ends."""
+    run = _run_case(
+        tmp_path, "packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits"
+    )
+    assert run.ok, run.output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "device_errors_name_the_node",
+        "a_restarts_connection_resets_are_not_packet_loss",
+        "bandwidth_throttled_names_the_node_and_its_link",
+        "a_shaper_within_its_rate_is_not_a_throttled_link",
+    ],
+)
+def test_node_network_alerts_name_the_faulted_node_and_nothing_else(
+    tmp_path: Path, case: str
+) -> None:
+    run = _run_case(tmp_path, case)
+    assert run.ok, run.output
