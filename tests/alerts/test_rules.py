@@ -338,6 +338,7 @@ PROMTOOL_CASES = {
         "loss_nan_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
         "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not",
+        "fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank",
         "fc14_straggler_of_a_two_rank_job_is_named_against_its_peer",
         "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
         "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
@@ -428,6 +429,17 @@ def test_fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not(
     once its steps are normal again; its TP peer computes 1.7x but waits, and is not named."""
     run = _run_case(
         tmp_path, "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not"
+    )
+    assert run.ok, run.output
+
+
+def test_fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank(
+    tmp_path: Path,
+) -> None:
+    """The per-step gauges the lab recorded under cpu_throttle (0.1 CPU) of rank 1: named
+    against its TP peer; rank 3, which looks as slow job-wide, is not."""
+    run = _run_case(
+        tmp_path, "fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank"
     )
     assert run.ok, run.output
 
