@@ -54,6 +54,8 @@ REQUIRED = {
     "GPU XID 48": ("gpu_xid", 48),
     "NVLink down": ("nvlink_down", None),
     "checkpoint disk full": ("checkpoint_full", None),
+    "CPU-throttled rank": ("cpu_throttle", None),  # issue 18
+    "lossy node": ("packet_drop", None),  # issue 18
 }
 
 
