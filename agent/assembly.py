@@ -42,7 +42,9 @@ from stormwatch.agent.collectors import (
     GpuCollector,
     GpuProcessesCollector,
     HostCollector,
+    NetworkCollector,
     NvlinkCollector,
+    QdiscCollector,
     RanksCollector,
     TrainerCollector,
     XidCollector,
@@ -342,6 +344,10 @@ def build_collectors(
         collectors.extend(builders[name]() for name in GPU_COLLECTORS if cfg.enabled(name))
     if cfg.enabled("host"):
         collectors.append(HostCollector())
+    if cfg.enabled("network"):
+        collectors.append(NetworkCollector())
+    if cfg.enabled("qdisc"):
+        collectors.append(QdiscCollector())
     if cfg.enabled("ranks"):
         collectors.append(RanksCollector(watcher, clock=clock, health=health, export_age=False))
     if cfg.enabled("trainer"):

@@ -33,6 +33,8 @@ COLLECTOR_NAMES: tuple[str, ...] = (
     "xid",  # XID events as counters
     "gpu_processes",  # GPU memory per rank, with FC-06 sanity checks
     "host",  # CPU and memory of the node
+    "network",  # the node's kernel network counters (node_exporter's netstat, netdev names)
+    "qdisc",  # the node's root queueing disciplines (node_exporter's qdisc names)
     "ranks",  # rank watcher: up, exits, progress; hangs, collective lag, stragglers
     "trainer",  # the trainer's multiprocess files, merged
     "faults",  # fault ledger counts

@@ -202,6 +202,7 @@ NODE_SCOPED_ALERTS = (
     "StormwatchNodeDown|StormwatchAgentProcessDown|StormwatchAgentDown|StormwatchAgentFlapping"
     "|StormwatchScrapeSlow|StormwatchAgentRenderSlow|StormwatchAgentUnavailable"
     "|StormwatchGpu.*|StormwatchNvlink.*"
+    "|StormwatchNodePacketLoss|StormwatchNodeBandwidthThrottled"
 )
 #: The alert whose incidents the responder remediates (``confirm_restart``).
 REMEDIATION_ALERTS = ("StormwatchRankStalled",)

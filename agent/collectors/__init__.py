@@ -6,6 +6,8 @@
 ``xid``            XID counters (FC-03)
 ``gpu_processes``  GPU memory per rank, with FC-06 checks
 ``host``           CPU and memory of the node
+``network``        the node's kernel network counters (node_exporter's netstat, netdev)
+``qdisc``          the node's root queueing disciplines (node_exporter's qdisc)
 ``ranks``          rank watcher: up, exits, progress; hangs, lag, stragglers
 ``trainer``        the ranks' multiprocess files (FC-01)
 ``faults``         fault ledger counts
@@ -17,7 +19,9 @@ from stormwatch.agent.collectors.faults import FaultsCollector
 from stormwatch.agent.collectors.gpu import GpuCollector
 from stormwatch.agent.collectors.gpu_processes import GpuProcessesCollector
 from stormwatch.agent.collectors.host import HostCollector
+from stormwatch.agent.collectors.network import NetworkCollector
 from stormwatch.agent.collectors.nvlink import NvlinkCollector
+from stormwatch.agent.collectors.qdisc import QdiscCollector
 from stormwatch.agent.collectors.ranks import RanksCollector
 from stormwatch.agent.collectors.trainer import TrainerCollector
 from stormwatch.agent.collectors.xid import XidCollector
@@ -29,7 +33,9 @@ __all__ = [
     "GpuCollector",
     "GpuProcessesCollector",
     "HostCollector",
+    "NetworkCollector",
     "NvlinkCollector",
+    "QdiscCollector",
     "RanksCollector",
     "TrainerCollector",
     "XidCollector",

@@ -196,26 +196,32 @@ ROUTING_CASES = [
     pytest.param(
         {"alertname": "StormwatchGpuLost", "severity": "critical", "node": "n0", "gpu": "3"},
         "stormwatch-responder-critical",
-        'StormwatchNvlink.*",severity="critical"',
+        'StormwatchNodeBandwidthThrottled",severity="critical"',
         id="critical-node-alert-grouped-by-node",
     ),
     pytest.param(
         {"alertname": "StormwatchNodeDown", "severity": "critical", "node": "n0"},
         "stormwatch-responder-critical",
-        'StormwatchNvlink.*",severity="critical"',
+        'StormwatchNodeBandwidthThrottled",severity="critical"',
         id="node-down-grouped-by-node",
     ),
     pytest.param(
         {"alertname": "StormwatchGpuThermalThrottle", "severity": "warning", "node": "n0"},
         "stormwatch-responder-warning",
-        'StormwatchNvlink.*",severity="warning"',
+        'StormwatchNodeBandwidthThrottled",severity="warning"',
         id="warning-node-alert-grouped-by-node",
     ),
     pytest.param(
         {"alertname": "StormwatchAgentUnavailable", "severity": "warning", "node": "n0"},
         "stormwatch-responder-warning",
-        'StormwatchNvlink.*",severity="warning"',
+        'StormwatchNodeBandwidthThrottled",severity="warning"',
         id="flapping-agent-grouped-by-node",
+    ),
+    pytest.param(
+        {"alertname": "StormwatchNodePacketLoss", "severity": "warning", "node": "n1"},
+        "stormwatch-responder-warning",
+        'StormwatchNodeBandwidthThrottled",severity="warning"',
+        id="lossy-node-grouped-by-node",
     ),
     pytest.param(
         {"alertname": "StormwatchTrainingHung", "severity": "critical", "training_job": "j"},

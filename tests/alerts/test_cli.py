@@ -36,8 +36,8 @@ def test_check_runs_promtool_check_and_test(kit: Any) -> None:
     assert "promtool check rules" in out.stdout
     assert "promtool test rules" in out.stdout
     assert (
-        "ok: rules agent.yml, gpu.yml, nodes.yml, ranks.yml, targets.yml, training.yml"
-        in out.stdout
+        "ok: rules agent.yml, gpu.yml, network.yml, nodes.yml, ranks.yml, targets.yml, "
+        "training.yml" in out.stdout
     )
 
 

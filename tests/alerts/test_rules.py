@@ -344,7 +344,12 @@ PROMTOOL_CASES = {
         "loss_nan_fires_and_resolves",
         "checkpoint_stale_fires_and_resolves",
         "checkpoint_failing_fires_at_the_first_failed_save_even_on_a_counter_created_at_one",
-        "fc14_straggler_fires_and_resolves",
+        "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not",
+        "fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank",
+        "fc14_straggler_of_a_two_rank_job_is_named_against_its_peer",
+        "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
+        "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
+        "fc14_an_elastic_resize_is_not_a_straggler",
     ],
     "training_trends_test.yml": [
         "rank_crash_loop_fires_and_resolves",
@@ -355,6 +360,7 @@ PROMTOOL_CASES = {
         "loss_spike_fires_and_resolves",
         "checkpoint_failing_fires_on_a_failed_save_and_resolves",
         "collective_bus_bandwidth_drop_fires_and_resolves",
+        "fc14_minute_long_steps_alert_for_a_straggler_not_for_jitter_or_one_slow_step",
     ],
     "targets_test.yml": [
         "agent_expected_by_the_inventory_alerts_until_it_is_back_even_after_hours",
@@ -365,6 +371,13 @@ PROMTOOL_CASES = {
         "agent_away_45s_of_every_5m_fires_unavailable_and_resolves",
         "daemonset_wants_more_agents_than_discovery_returns_fires_and_resolves",
         "ranks_of_a_running_job_no_agent_shows_fire_and_resolve",
+    ],
+    "network_test.yml": [
+        "packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits",
+        "device_errors_name_the_node",
+        "a_restarts_connection_resets_are_not_packet_loss",
+        "bandwidth_throttled_names_the_node_and_its_link",
+        "a_shaper_within_its_rate_is_not_a_throttled_link",
     ],
     "gpu_test.yml": [
         "fc03_xid_fires_once_by_class_and_resolves_by_itself",
@@ -463,9 +476,71 @@ def test_one_killed_rank_is_not_a_job_crash_loop(tmp_path: Path) -> None:
     assert run.ok, run.output
 
 
-def test_fc14_straggler_rule_fires_and_resolves(tmp_path: Path) -> None:
-    run = _run_case(tmp_path, "fc14_straggler_fires_and_resolves")
+def test_fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not(
+    tmp_path: Path,
+) -> None:
+    """The game day's slow rank: named 10 s after its first slow step, alone, and resolved
+    once its steps are normal again; its TP peer computes 1.7x but waits, and is not named."""
+    run = _run_case(
+        tmp_path, "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not"
+    )
     assert run.ok, run.output
+
+
+def test_fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank(
+    tmp_path: Path,
+) -> None:
+    """The per-step gauges the lab recorded under cpu_throttle (0.1 CPU) of rank 1: named
+    against its TP peer; rank 3, which looks as slow job-wide, is not."""
+    run = _run_case(
+        tmp_path, "fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank"
+    )
+    assert run.ok, run.output
+
+
+def test_fc14_straggler_of_a_two_rank_job_is_named_against_its_peer(tmp_path: Path) -> None:
+    run = _run_case(tmp_path, "fc14_straggler_of_a_two_rank_job_is_named_against_its_peer")
+    assert run.ok, run.output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
+        "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
+        "fc14_an_elastic_resize_is_not_a_straggler",
+        "fc14_minute_long_steps_alert_for_a_straggler_not_for_jitter_or_one_slow_step",
+    ],
+)
+def test_fc14_straggler_does_not_fire_on_one_slow_step_a_warm_up_or_slow_steady_steps(
+    tmp_path: Path, case: str
+) -> None:
+    run = _run_case(tmp_path, case)
+    assert run.ok, run.output
+
+
+def test_fc14_straggler_cases_catch_a_rule_without_its_step_and_warm_up_clauses(
+    tmp_path: Path,
+) -> None:
+    """The cases have teeth: without the 3-steps clause one slow step fires, without the
+    warm-up clause (the rank reported at the window's start) a restart's first steps fire."""
+    [path] = [p for p in rule_files() if p.name == "training.yml"]
+    text = path.read_text()
+    steps = re.compile(r"(changes\(stormwatch_train_step\[\w+\]\)\)) >= 2")
+    warm_up = re.compile(
+        r"\n *and training_job_rank_node:stormwatch_train_straggler_step:bool offset \w+"
+    )
+    assert len(steps.findall(text)) == 4 and len(warm_up.findall(text)) == 4
+    others = [p for p in rule_files() if p.name != "training.yml"]
+    broken = tmp_path / "training.yml"
+    for pattern, replacement, case in (
+        (steps, r"\1 >= 0", "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler"),
+        (warm_up, "", "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler"),
+    ):
+        broken.write_text(pattern.sub(replacement, text))
+        assert check_rules([broken]).ok
+        run = _run_case(tmp_path, case, rules=[broken, *others])
+        assert not run.ok, f"{case} passed against a rule without the clause"
 
 
 def test_fc02_lost_gpu_alerts_for_that_gpu_only(tmp_path: Path) -> None:
@@ -732,3 +807,30 @@ def test_render_rules_reads_the_environment_and_refuses_a_relative_base(tmp_path
     with pytest.raises(ConfigError):
         write_rule_files(tmp_path / "bad", "runbooks.md")
     assert not (tmp_path / "bad").exists()
+
+
+def test_packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits(
+    tmp_path: Path,
+) -> None:
+    """The lab's packet_drop on node1: node1 named within 20 s, not node0, which retransmits
+    for it; resolved a minute after the loss ends."""
+    run = _run_case(
+        tmp_path, "packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits"
+    )
+    assert run.ok, run.output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "device_errors_name_the_node",
+        "a_restarts_connection_resets_are_not_packet_loss",
+        "bandwidth_throttled_names_the_node_and_its_link",
+        "a_shaper_within_its_rate_is_not_a_throttled_link",
+    ],
+)
+def test_node_network_alerts_name_the_faulted_node_and_nothing_else(
+    tmp_path: Path, case: str
+) -> None:
+    run = _run_case(tmp_path, case)
+    assert run.ok, run.output

@@ -178,14 +178,25 @@ def _send_rate(chaos: Any) -> float:
     return float(done.stdout)
 
 
+def _held_back(chaos: Any, node: str) -> float:
+    """Packets the root qdisc of ``node``'s eth0 held back (its agent's qdisc collector)."""
+    scrape = helpers.metrics(chaos.node(node).agent_url)
+    return helpers.value(scrape, "node_qdisc_overlimits_total", device="eth0")
+
+
 def test_bandwidth_limit_caps_what_node1_sends_until_reverted(chaos: Any) -> None:
     chaos.inject(_fault("bandwidth_limit"))
     limited = _send_rate(chaos)
+    # Issue 18: node1's own agent sees its link throttled (the tbf's overlimits, what
+    # StormwatchNodeBandwidthThrottled reads), node0's (a veth's noqueue) nothing.
+    held = helpers.poll(lambda: _held_back(chaos, "node1"), 10, "node1's tbf overlimits")
+    assert _held_back(chaos, "node0") == 0
     chaos.revert_all()
     free = _send_rate(chaos)
     # 300 kB through a 250 kB/s bucket (32 kB burst) cannot beat 1.5x the rate
     assert limited < 1.5 * 2000 * 1000 / 8, limited
     assert free > 3 * limited, (free, limited)
+    assert held >= 10, held
 
 
 def _udp_echoed(chaos: Any) -> int:
@@ -194,13 +205,36 @@ def _udp_echoed(chaos: Any) -> int:
     return int(done.stdout)
 
 
+def _receive_dropped(chaos: Any, node: str) -> float:
+    """IP packets ``node``'s stack received and neither delivered nor forwarded, per its
+    agent's network collector (what StormwatchNodePacketLoss reads)."""
+    scrape = helpers.metrics(chaos.node(node).agent_url)
+    received = helpers.value(scrape, "node_netstat_Ip_InReceives")
+    return (
+        received
+        - sum(
+            helpers.value(scrape, f"node_netstat_Ip_{name}")
+            for name in ("InDelivers", "ForwDatagrams", "ReasmReqds")
+        )
+        + helpers.value(scrape, "node_netstat_Ip_ReasmOKs")
+    )
+
+
 def test_packet_drop_loses_udp_between_the_nodes_until_reverted(chaos: Any) -> None:
+    before = {node: _receive_dropped(chaos, node) for node in ("node0", "node1")}
     chaos.inject(_fault("packet_drop"))
     during = _udp_echoed(chaos)
+    # Issue 18: node1's own counters show the packets its stack dropped on receive; node0,
+    # whose echoes and segments node1 drops, drops nothing itself.
+    dropped = helpers.poll(
+        lambda: _receive_dropped(chaos, "node1") - before["node1"] >= 5, 10, "node1's drops"
+    )
+    node0_dropped = _receive_dropped(chaos, "node0") - before["node0"]
     chaos.revert_all()
     after = _udp_echoed(chaos)
     # each echo crosses the drop twice: ~25 % come back (P(>= 30 of 40) < 1e-9)
     assert during < 30 and after == 40, (during, after)
+    assert dropped and node0_dropped == 0, node0_dropped
     chaos.progressing()
 
 

@@ -57,6 +57,8 @@ REQUIRED = {
     # issue 18: every fault class of the detection targets
     "GPU lost": ("gpu_lost", None),
     "node cut off (its agent cannot report)": ("link_flap", None),
+    "CPU-throttled rank": ("cpu_throttle", None),  # issue 18
+    "lossy node": ("packet_drop", None),  # issue 18
 }
 
 

@@ -19,8 +19,8 @@ trainer is. Its command replaces ``stormwatch train`` through the one general me
    (``collective_hang``) is tests/chaos/test_catalogue_on_lab.py's and its dumps
    tests/trainer/test_e2e_hang.py's.
 3. A slowed rank: the agent's ``cpu_throttle`` fault on rank 1 (a noisy neighbour); the
-   expression of StormwatchStraggler (without its ``for: 2m``, as in
-   tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
+   expression of StormwatchStraggler (the alert has no ``for``: its windows are the hold;
+   as in tests/chaos/test_straggler_alert_e2e.py) names rank 1 and no other.
 4. Zero code: the unmodified plain-DDP example (examples/plain_ddp/train.py, no stormwatch
    import) as the job's command under ``stormwatch run``: the lab's agents count its
    collectives, and when rank 1 is stopped (SIGSTOP: no progress, no exit, no handler
