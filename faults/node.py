@@ -98,9 +98,9 @@ class RankDirectory(Protocol):
 
     def ranks(self) -> Sequence[RankSeen]: ...
 
-    def note_fault_signal(self, pid: int) -> None:
+    def note_fault_signal(self, pid: int, *, sent: bool = True) -> None:
         """A fault is about to signal ``pid``: its exit is a failure, even a SIGTERM's that
-        the rank takes for a stop request."""
+        the rank takes for a stop request (``sent=False``: it could not be sent after all)."""
         ...
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 _LOG_EVERY = 100
 #: Seconds; the progress heartbeat advanced by completed collectives is written at most
 #: this often (a write per collective would cost ~2 us each for nothing: the agent scans
-#: every 0.5 s and the hang floor is 30 s).
+#: every 0.5 s and the stall threshold is at least 5 s).
 HEARTBEAT_RESOLUTION = 0.5
 
 
@@ -301,13 +302,23 @@ class RankTelemetry:
             self._guard("events", self._events.checkpoint_failed, step=step, error=error)
         self.progress()
 
-    def stopping(self, *, deadline: float) -> None:
-        """The rank was asked to stop (SIGTERM): touch ``<metrics-dir>/rank<R>.stopping``
-        and enter the ``stopping`` phase until Unix time ``deadline``."""
+    def stop_requested(self, *, deadline: float) -> None:
+        """The rank was asked to stop (SIGTERM): write its pid to
+        ``<metrics-dir>/rank<R>.stopping`` now, and enter the ``stopping`` phase until Unix
+        time ``deadline`` from a thread. Safe in a signal handler: the marker is a plain
+        file write, and the phase, a metric whose lock the interrupted code may hold, is
+        set once the handler has returned. The agent reads the pid, so another job's rank
+        of the same number in the same folder is not taken for this one."""
         if self._config.metrics_dir is not None:
             marker = stop_marker_path(self._config.metrics_dir, self._rank)
-            self._guard("done_marker", marker.touch)
-        self.phase("stopping", deadline=deadline)
+            self._guard("done_marker", marker.write_text, f"{os.getpid()}\n")
+        threading.Thread(
+            target=self.phase,
+            args=("stopping",),
+            kwargs={"deadline": deadline},
+            name="stormwatch-stopping",
+            daemon=True,
+        ).start()
 
     def checkpoint_interval(self, steps: int) -> None:
         """Export the checkpoint interval in steps (0 when checkpointing is off)."""

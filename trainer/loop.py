@@ -33,9 +33,9 @@ All of its telemetry goes through the public API :mod:`stormwatch.telemetry` (on
 any job's would: metrics, event log, collective counting, spans, post-mortem dumps,
 and the phases that excuse a silent rank up to their bounds: the start-up stages
 ``rendezvous``, ``mesh``, ``parallelize`` and ``checkpoint_load`` (the heartbeat starts
-before the process group, and a rank stuck in one is named by it; saves are not a
-phase: see :mod:`stormwatch.trainer.checkpoint.cadence`), and ``eval`` around each
-evaluation pass.
+before the process group, and a rank stuck in one is named by it), ``checkpoint_save``
+around saves and commits with a bound from this run's own saves
+(:mod:`stormwatch.trainer.checkpoint.cadence`), and ``eval`` around each evaluation pass.
 """
 
 from __future__ import annotations

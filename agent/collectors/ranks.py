@@ -53,6 +53,12 @@ class RanksCollector:
         by_reason = new_family("stormwatch_rank_exits_total")
         for (job, rank, reason), n in sorted(self._watcher.exit_counts().items()):
             by_reason.add_metric([job, str(rank), reason], float(n))
+        exit_times = new_family("stormwatch_rank_last_exit_timestamp_seconds")
+        for (job, rank, reason), stamp in sorted(self._watcher.last_exit_times().items()):
+            exit_times.add_metric([job, str(rank), reason], stamp)
+        stop_times = new_family("stormwatch_rank_stop_requested_timestamp_seconds")
+        for (job, rank), stamp in sorted(self._watcher.stop_requests().items()):
+            stop_times.add_metric([job, str(rank)], stamp)
         last_code = new_family("stormwatch_rank_last_exit_code")
         for (job, rank), code in sorted(self._watcher.last_exit_codes().items()):
             last_code.add_metric([job, str(rank)], float(code))
@@ -70,7 +76,8 @@ class RanksCollector:
             orphaned.add_metric([job, str(rank)], max(0.0, seconds))
         age = new_family("stormwatch_rank_watcher_scan_age_seconds")
         age.add_metric([], max(0.0, self._clock() - scanned))
-        yield from (up, exits, by_reason, last_code, connector, progress, orphaned)
+        yield from (up, exits, by_reason, exit_times, stop_times, last_code, connector)
+        yield from (progress, orphaned)
         if self._export_age:
             yield age
         if self._health is not None:

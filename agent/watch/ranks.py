@@ -162,6 +162,10 @@ class RankWatcher:
         self._last_scan_at: float | None = None
         self._last_error: str | None = None
         self._fault_signalled: set[int] = set()  # pids a fault of this agent signalled
+        # (job, rank, reason) -> when the last such exit was noticed (Unix s)
+        self._exit_times: dict[tuple[str, int, str], float] = {}
+        # rank -> when its latest process was asked to stop (its stop marker's time)
+        self._stop_requests: dict[RankKey, float] = {}
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -234,27 +238,40 @@ class RankWatcher:
         with self._lock:
             return dict(self._exit_counts)
 
+    def last_exit_times(self) -> dict[tuple[str, int, str], float]:
+        """When the last exit per ``(job, rank, reason)`` was noticed (Unix s), never
+        forgotten: the rules order a job's failures against its stops by them."""
+        with self._lock:
+            return dict(self._exit_times)
+
+    def stop_requests(self) -> dict[RankKey, float]:
+        """When each rank's latest process was asked to stop (Unix s: the time of its
+        ``rank<R>.stopping`` marker), never forgotten: the rules tell a stop's victims
+        (failures after the job's first stop request) from the failure that made
+        torchrun stop the others (it comes before their stop requests)."""
+        with self._lock:
+            return dict(self._stop_requests)
+
+    def _note_stop_requests(self) -> None:
+        """Record the stop markers the running ranks wrote since the last scan (one stat
+        per running rank; under the lock)."""
+        for key, tracked in self._tracked.items():
+            known = self._stop_requests.get(key)
+            if not tracked.alive or (known is not None and known >= tracked.create_time - 1.0):
+                continue  # gone, or this process's request is recorded already
+            stamp = self._marked_at(tracked, "stopping")
+            if stamp is not None:
+                self._stop_requests[key] = stamp
+
     def last_exit_codes(self) -> dict[RankKey, int]:
         """Last known exit code per rank still known (negative: the signal's number)."""
         with self._lock:
             return dict(self._last_exit_code)
 
     def last_progress(self) -> dict[RankKey, float]:
-        """Last heartbeat per rank (Unix time), kept after the rank dies. A running
-        process that started after its rank's last heartbeat (a restart, an elastic
-        resize) counts from its start: a new process is progress, and what it does
-        before its first heartbeat (the interpreter's start, imports) is not a stall of
-        the one before. A rank with no heartbeat at all has none here."""
+        """Last heartbeat per rank (Unix time), kept after the rank dies."""
         with self._lock:
-            return {key: self._beat(key) for key in self._progress}
-
-    def _beat(self, key: RankKey) -> float:
-        """:meth:`last_progress` of one rank that has a heartbeat (under the lock)."""
-        beat = self._progress[key]
-        tracked = self._tracked.get(key)
-        if tracked is not None and tracked.alive:
-            return max(beat, tracked.create_time)
-        return beat
+            return dict(self._progress)
 
     def alive(self, rank: int, job: str | None = None) -> list[tuple[RankInfo, psutil.Process]]:
         """Running processes of ``rank`` (of ``job``, or of any job)."""
@@ -294,7 +311,7 @@ class RankWatcher:
             started_at=t.create_time,
             exited_at=t.exited_at,
             last_step=self._steps.get(key),
-            last_progress_timestamp=self._beat(key) if key in self._progress else None,
+            last_progress_timestamp=self._progress.get(key),
             unexpected_exits=self._unexpected.get(key, 0),
         )
 
@@ -313,6 +330,7 @@ class RankWatcher:
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
                 self._update(found, table, now)
+                self._note_stop_requests()
                 orphaned = self.orphaned.update(orphans, now)
                 for beats in (samples[HEARTBEAT_METRIC], samples[PROGRESS_METRIC]):
                     for key, stamp in beats.items():
@@ -385,11 +403,10 @@ class RankWatcher:
             # A done marker with a known failure (a job's sys.exit(3) passes the API's
             # clean shutdown at exit) is not a finish.
             clean = self._finished_cleanly(tracked) and code in (None, 0)
-            stopped = (
-                not clean
-                and tracked.pid not in self._fault_signalled
-                and self._marked(tracked, "stopping")
-            )
+            asked = self._marked_at(tracked, "stopping")  # also a fault's SIGTERM
+            if asked is not None:
+                self._stop_requests[key] = asked
+            stopped = not clean and tracked.pid not in self._fault_signalled and asked is not None
             self._fault_signalled.discard(tracked.pid)
             if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
@@ -409,6 +426,7 @@ class RankWatcher:
             self._trace_exit(tracked, clean=clean, replaced=replaced, code=code)
             gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code, stopped)
             self._exit_counts[(key[0], key[1], gone_rank.reason)] += 1
+            self._exit_times[(key[0], key[1], gone_rank.reason)] = now
             if code is not None:
                 self._last_exit_code[key] = code
             if self._on_exit is not None:
@@ -447,22 +465,36 @@ class RankWatcher:
             attributes["process.exit.code"] = code
         self._tracer.start_span("rank.exit", attributes=attributes).end()
 
-    def note_fault_signal(self, pid: int) -> None:
+    def note_fault_signal(self, pid: int, *, sent: bool = True) -> None:
         """A fault of this agent is about to signal ``pid`` (``kill_rank``): its exit is a
-        failure even when the rank takes the signal for a stop request (SIGTERM)."""
+        failure even when the rank takes the signal for a stop request (SIGTERM).
+        ``sent=False``: the signal could not be sent after all (forget the note)."""
         with self._lock:
-            self._fault_signalled.add(pid)
+            if sent:
+                self._fault_signalled.add(pid)
+            else:
+                self._fault_signalled.discard(pid)
 
     def _finished_cleanly(self, tracked: _Tracked) -> bool:
         return self._marked(tracked, "done")
 
     def _marked(self, tracked: _Tracked, what: str) -> bool:
-        """Whether ``<metrics-dir>/rank<R>.<what>`` was written during the process's life."""
+        """Whether ``<metrics-dir>/rank<R>.<what>`` was written during the process's life
+        (and, when it names a pid, by this process: another job's rank of the same number
+        shares the folder on a node)."""
+        return self._marked_at(tracked, what) is not None
+
+    def _marked_at(self, tracked: _Tracked, what: str) -> float | None:
+        """When :meth:`_marked`'s marker was written (Unix s), or None."""
         marker = self._dir / f"rank{tracked.env.rank}.{what}"
         try:
-            return marker.stat().st_mtime >= tracked.create_time - 1.0
+            stamp = marker.stat().st_mtime
+            if stamp < tracked.create_time - 1.0:
+                return None
+            written_by = marker.read_text().strip()
         except OSError:
-            return False
+            return None
+        return stamp if not written_by.isdigit() or int(written_by) == tracked.pid else None
 
     def _forget(self, now: float) -> None:
         for key, tracked in list(self._tracked.items()):

@@ -54,7 +54,7 @@ def _default(name: str) -> Any:
     type=click.FloatRange(0, 1800, min_open=True),
     default=_default("eval_seconds"),
     show_default=True,
-    help="How long each evaluation pauses training (past the stall rules' 30 s floor).",
+    help="How long each evaluation pauses training (past the stall threshold, 5 s).",
 )
 @click.option(
     "--settle-seconds",

@@ -35,9 +35,9 @@ class SoakSettings(BaseModel):
             from spending the soak training (a step of the default model takes 0.1-0.3 s).
         checkpoint_every: the trainer's ``--checkpoint-every``.
         eval_every: the trainer's ``--eval-every`` (0: no evaluation pauses).
-        eval_seconds: how long each evaluation pauses training: 45 s by default, past the
-            stall rules' 30 s floor (alerts/rules/ranks.yml), so a pause that the ``eval``
-            phase did not excuse would be seen.
+        eval_seconds: how long each evaluation pauses training: 45 s by default, far past the
+            stall threshold (max(5 s, 3 x median step), alerts/rules/ranks.yml), so a
+            pause that the ``eval`` phase did not excuse would be seen.
         restart_at / resize_at: when the planned restart and the resize start, as fractions
             of T.
         rejoin_after_seconds: how long the job runs shrunk before the node rejoins

@@ -82,10 +82,12 @@ class KillRank(Fault[KillRankRequest]):
             ctx.ranks.note_fault_signal(self._process.pid)
             self._process.send_signal(getattr(signal, spec.signal))
         except psutil.NoSuchProcess as exc:
+            ctx.ranks.note_fault_signal(self._process.pid, sent=False)
             raise FaultTargetNotFound(
                 f"rank {spec.rank} (pid {self._process.pid}) exited before it could be signalled"
             ) from exc
         except psutil.Error as exc:
+            ctx.ranks.note_fault_signal(self._process.pid, sent=False)
             raise FaultError(f"kill_rank: cannot signal pid {self._process.pid}: {exc}") from exc
         return Injection(
             target_pid=self._process.pid,

@@ -123,9 +123,13 @@ class Settings:
     handle_signals: bool = True
     phase_bounds: Mapping[str, float] = field(default_factory=dict)
 
-    def phase_bound(self, name: str) -> float:
+    def phase_bound(self, name: str, *, given: float | None = None) -> float:
         """Seconds phase ``name`` may pause progress: this job's override, else the default
-        (:data:`stormwatch.telemetry.phases.PHASES`). Raises ``KeyError`` for an unknown phase."""
+        (:data:`stormwatch.telemetry.phases.PHASES`); a bound ``given`` for one entry
+        (``phase(name, bound_seconds=...)``) wins, but is at least the job's override.
+        Raises ``KeyError`` for an unknown phase."""
+        if given is not None:
+            return max(given, self.phase_bounds.get(name, 0.0))
         return self.phase_bounds.get(name, PHASES[name].bound_seconds)
 
 

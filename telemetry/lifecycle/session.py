@@ -306,8 +306,8 @@ class Session:
 
     @never_raises()
     def _enter_phase(self, spec: PhaseSpec) -> None:
-        custom = spec is not PHASES[spec.name]  # a bound given for this entry
-        bound = spec.bound_seconds if custom else self.settings.phase_bound(spec.name)
+        given = spec.bound_seconds if spec is not PHASES[spec.name] else None  # for this entry
+        bound = self.settings.phase_bound(spec.name, given=given)
         with self._lock:
             outermost = self._steps.enter(spec)
             if spec.name == "checkpoint_load" and not self._started:
@@ -485,9 +485,11 @@ class Session:
     @never_raises()
     def stop_requested(self) -> None:
         """The rank was asked to stop (SIGTERM): the agent counts its exit as a stop, and
-        the ``stopping`` phase excuses its pause (:mod:`stormwatch.telemetry.phases`). Done
-        by the API's own SIGTERM handling; a job that handles SIGTERM itself calls it."""
-        self._telemetry.stopping(deadline=self._clock() + self.settings.phase_bound("stopping"))
+        the ``stopping`` phase excuses its pause (:mod:`stormwatch.telemetry.phases`). Safe
+        in a SIGTERM handler (:meth:`RankTelemetry.stop_requested`). The API's own SIGTERM
+        handling calls it; a job that handles SIGTERM itself calls it there."""
+        bound = self.settings.phase_bound("stopping")
+        self._telemetry.stop_requested(deadline=self._clock() + bound)
 
     def _signal_dump(self, reason: str) -> None:
         self._signalled = True

@@ -87,13 +87,20 @@ def test_issue18_sigterm_marks_a_stop_request_for_the_agent_and_the_rules(tmp_pa
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    proc = start(tmp_path, previous="")
+    previous = """
+    def handler(signum, frame):
+        time.sleep(0.3)  # a job's own cleanup: the phase is set from a thread meanwhile
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, handler)
+    """
+    proc = start(tmp_path, previous)
     signalled = time.time()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGTERM, err
+    assert proc.returncode == 143, err
     marker = tmp_path / "metrics" / "rank1.stopping"
     assert marker.exists() and marker.stat().st_mtime >= signalled - 1.0
+    assert marker.read_text().strip() == str(proc.pid)  # the agent matches it to the process
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path / "metrics"))
     deadline = registry.get_sample_value(
