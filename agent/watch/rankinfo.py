@@ -1,10 +1,21 @@
-"""What the rank watcher (:mod:`.ranks`) reports: one rank as it sees it, and one exit."""
+"""What the rank watcher (:mod:`.ranks`) reports: one rank as it sees it, and one exit,
+with the markers that tell how it ended.
+
+``<metrics-dir>/rank<R>.done`` (a clean end, :func:`stormwatch.telemetry.rank.done_marker_path`)
+and ``<metrics-dir>/rank<R>.stopping`` (SIGTERM taken as a stop request,
+:func:`stormwatch.telemetry.rank.stop_marker_path`; it holds the writer's pid). A marker
+belongs to a process when it was written during its life (1 s of slack for the clocks of
+``stat`` and ``/proc``) and, when it names a pid, by that process: the folder is the node's,
+shared by every job's rank of that number.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from stormwatch.agent.watch.proc_exits import signal_name
+from stormwatch.contracts.rank_env import RankEnv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,4 +85,41 @@ class RankExit:
         return signal_name(-self.exit_code) if self.exit_code and self.exit_code < 0 else None
 
 
-__all__ = ["RankExit", "RankInfo"]
+def marker_time(
+    metrics_dir: Path, rank: int, what: str, *, pid: int, create_time: float
+) -> float | None:
+    """When ``<metrics_dir>/rank<rank>.<what>`` was written by process ``pid`` (started at
+    ``create_time``, Unix s), or None: absent, unreadable, older than the process, or
+    written by another pid."""
+    marker = metrics_dir / f"rank{rank}.{what}"
+    try:
+        stamp = marker.stat().st_mtime
+        if stamp < create_time - 1.0:
+            return None
+        written_by = marker.read_text().strip()
+    except OSError:
+        return None
+    return stamp if not written_by.isdigit() or int(written_by) == pid else None
+
+
+def exit_attributes(
+    env: RankEnv, pid: int, clean: bool, replaced: bool, code: int | None
+) -> dict[str, str | int | bool | float]:
+    """The attributes of a ``rank.exit`` span (OpenTelemetry ``process.*`` names)."""
+    attributes: dict[str, str | int | bool | float] = {
+        "stormwatch.job": env.job,
+        "stormwatch.rank": env.rank,
+        "stormwatch.local_rank": env.local_rank,
+        "stormwatch.run_id": env.run_id,
+        "process.pid": pid,
+        "stormwatch.rank.clean_exit": clean,
+        "stormwatch.rank.replaced": replaced,
+    }
+    if env.restart_count is not None:
+        attributes["stormwatch.restart_count"] = env.restart_count
+    if code is not None:
+        attributes["process.exit.code"] = code
+    return attributes
+
+
+__all__ = ["RankExit", "RankInfo", "exit_attributes", "marker_time"]

@@ -25,12 +25,10 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
    and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
    written during that process's life and its exit status, when known, is 0 (the
    API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too),
-   or the process was asked to stop: ``<metrics-dir>/rank<R>.stopping``, which the API
-   touches at SIGTERM, was written during its life (a cancel, requeue, preemption,
-   or torchrun stopping its workers for a restart or an elastic resize: the victims of
-   a peer's failure are not failures themselves), whatever the status it ended with
-   (SIGKILL at the end of the grace period included). A SIGTERM that this agent's
-   own ``kill_rank`` fault sent (:meth:`RankWatcher.note_fault_signal`) is a failure;
+   or it was asked to stop (its ``rank<R>.stopping``, written at SIGTERM: a cancel,
+   requeue, preemption, torchrun stopping workers for a restart or resize), whatever its
+   status (SIGKILL after the grace period too; :func:`.rankinfo.marker_time`), unless this agent's own
+   ``kill_rank`` fault sent the SIGTERM (:meth:`RankWatcher.note_fault_signal`);
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
    their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
@@ -69,7 +67,7 @@ from stormwatch.agent.watch.procs import (
     is_torchrun_agent,
     same_time,
 )
-from stormwatch.agent.watch.rankinfo import RankExit, RankInfo
+from stormwatch.agent.watch.rankinfo import RankExit, RankInfo, exit_attributes, marker_time
 from stormwatch.agent.watch.trainer_files import (
     HEARTBEAT_METRIC,
     LIVE_GAUGES,
@@ -449,20 +447,7 @@ class RankWatcher:
     def _trace_exit(
         self, tracked: _Tracked, *, clean: bool, replaced: bool, code: int | None
     ) -> None:
-        env = tracked.env
-        attributes: dict[str, str | int | bool | float] = {
-            "stormwatch.job": env.job,
-            "stormwatch.rank": env.rank,
-            "stormwatch.local_rank": env.local_rank,
-            "stormwatch.run_id": env.run_id,
-            "process.pid": tracked.pid,
-            "stormwatch.rank.clean_exit": clean,
-            "stormwatch.rank.replaced": replaced,
-        }
-        if env.restart_count is not None:
-            attributes["stormwatch.restart_count"] = env.restart_count
-        if code is not None:
-            attributes["process.exit.code"] = code
+        attributes = exit_attributes(tracked.env, tracked.pid, clean, replaced, code)
         self._tracer.start_span("rank.exit", attributes=attributes).end()
 
     def note_fault_signal(self, pid: int, *, sent: bool = True) -> None:
@@ -476,25 +461,12 @@ class RankWatcher:
                 self._fault_signalled.discard(pid)
 
     def _finished_cleanly(self, tracked: _Tracked) -> bool:
-        return self._marked(tracked, "done")
-
-    def _marked(self, tracked: _Tracked, what: str) -> bool:
-        """Whether ``<metrics-dir>/rank<R>.<what>`` was written during the process's life
-        (and, when it names a pid, by this process: another job's rank of the same number
-        shares the folder on a node)."""
-        return self._marked_at(tracked, what) is not None
+        return self._marked_at(tracked, "done") is not None
 
     def _marked_at(self, tracked: _Tracked, what: str) -> float | None:
-        """When :meth:`_marked`'s marker was written (Unix s), or None."""
-        marker = self._dir / f"rank{tracked.env.rank}.{what}"
-        try:
-            stamp = marker.stat().st_mtime
-            if stamp < tracked.create_time - 1.0:
-                return None
-            written_by = marker.read_text().strip()
-        except OSError:
-            return None
-        return stamp if not written_by.isdigit() or int(written_by) == tracked.pid else None
+        return marker_time(
+            self._dir, tracked.env.rank, what, pid=tracked.pid, create_time=tracked.create_time
+        )
 
     def _forget(self, now: float) -> None:
         for key, tracked in list(self._tracked.items()):

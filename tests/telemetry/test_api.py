@@ -135,7 +135,9 @@ def test_a_phase_exports_its_deadline_and_is_left_out_of_the_step_time(tmp_path:
     [
         pytest.param('swt.phase("eval")', 42.0, id="the-configured-bound"),
         # issue 18: a bound for one entry (the trainer's saves: 3 x its longest save)
-        pytest.param('swt.phase("eval", bound_seconds=7.5)', 7.5, id="a-bound-for-this-entry"),
+        pytest.param('swt.phase("eval", bound_seconds=77)', 77.0, id="a-bound-for-this-entry"),
+        # the job's override (eval=42) is a minimum of a bound given for one entry
+        pytest.param('swt.phase("eval", bound_seconds=7.5)', 42.0, id="the-override-is-a-minimum"),
         # a bad one: one warning, the configured bound
         pytest.param('swt.phase("eval", bound_seconds=-1)', 42.0, id="a-bad-bound-is-ignored"),
     ],
