@@ -350,6 +350,7 @@ PROMTOOL_CASES = {
         "fc14_one_slow_step_an_eval_pause_or_a_checkpoint_is_not_a_straggler",
         "fc14_restarted_ranks_first_slow_steps_are_not_a_straggler",
         "fc14_an_elastic_resize_is_not_a_straggler",
+        "fc14_fast_steps_straggler_under_a_cpu_quota_is_named_from_the_mean_of_its_steps",
     ],
     "training_trends_test.yml": [
         "rank_crash_loop_fires_and_resolves",
@@ -483,7 +484,7 @@ def test_fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not(
     tmp_path: Path,
 ) -> None:
     """The game day's slow rank: named 10 s after its first slow step, alone, and resolved
-    once its steps are normal again; its TP peer computes 1.7x but waits, and is not named."""
+    once its steps are normal again; its TP peer computes 1.8x but waits, and is not named."""
     run = _run_case(
         tmp_path, "fc14_straggler_is_named_within_seconds_and_the_waiting_ranks_are_not"
     )
@@ -497,6 +498,17 @@ def test_fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_ran
     against its TP peer; rank 3, which looks as slow job-wide, is not."""
     run = _run_case(
         tmp_path, "fc14_cpu_throttled_rank_is_named_against_its_node_peer_and_no_other_rank"
+    )
+    assert run.ok, run.output
+
+
+def test_fc14_fast_steps_straggler_under_a_cpu_quota_is_named_from_the_mean_of_its_steps(
+    tmp_path: Path,
+) -> None:
+    """20 steps a second, the scraped step of the throttled rank slow every other second:
+    named from the counters' mean per step over 5 s (the gauges alone never hold 10 s)."""
+    run = _run_case(
+        tmp_path, "fc14_fast_steps_straggler_under_a_cpu_quota_is_named_from_the_mean_of_its_steps"
     )
     assert run.ok, run.output
 
