@@ -217,7 +217,7 @@ def _session(config: TrainConfig) -> swt.Session:
 
 
 @contextlib.contextmanager
-def _sigterm_raises(session: swt.Session) -> Iterator[None]:
+def _sigterm_raises(session: swt.Session | None = None) -> Iterator[None]:
     """While training, SIGTERM raises :class:`Terminated` in the main thread.
 
     torchrun stops the surviving workers with SIGTERM when one fails; raising
@@ -240,7 +240,8 @@ def _sigterm_raises(session: swt.Session) -> Iterator[None]:
             # recorder read then failed, and the dumps no longer named the hung rank).
             return
         raised = True
-        session.stop_requested()
+        if session is not None:
+            session.stop_requested()
         raise Terminated(f"received signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, handler)

@@ -174,7 +174,16 @@ def test_issue18_a_rank_asked_to_stop_is_a_stop_unless_a_kill_rank_fault_sent_th
     )
     assert events[0]["reason"] == "stopped", events[0]
     assert events[1]["reason"] != "stopped", events[1]
-    scrape = tools.scrape(agent.url)
+    # the event log is written at the exit; /metrics may show the scan before it for a moment
+    scrape = tools.wait_for(
+        lambda: (
+            (s := tools.scrape(agent.url)).value(
+                "stormwatch_rank_exits_total", training_job=job, rank="0", reason="stopped"
+            )
+            is not None
+            and s
+        )
+    )
     assert scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="0") == 0
     assert scrape.value("stormwatch_rank_unexpected_exits_total", training_job=job, rank="1") == 1
     assert (

@@ -184,8 +184,8 @@ def test_lab_inventory_expects_an_agent_on_every_node(tmp_path: Path) -> None:
 def test_alert_state_of_every_shipped_rule_survives_a_prometheus_restart(tmp_path: Path) -> None:
     """Prometheus restores an alert's `for` state after a restart only when the `for` is at
     least --rules.alert.for-grace-period. Every shipped `for` is either that long (restored)
-    or a few seconds (issue 18's fast alerts: pending again and firing within their `for`
-    after the restart, nothing to restore)."""
+    or seconds (issue 18's fast alerts, at most 10 s: the network alerts' hold; pending again
+    and firing within their `for` after the restart, nothing to restore)."""
     if shutil.which("prometheus") is None:
         pytest.skip("needs the prometheus binary")
     fors = [
@@ -196,7 +196,7 @@ def test_alert_state_of_every_shipped_rule_survives_a_prometheus_restart(tmp_pat
         if "for" in rule
     ]
     grace = parse_duration(ALERT_FOR_GRACE_PERIOD, "grace")
-    assert all(f >= grace or f <= 5 for f in fors), sorted(fors)
+    assert all(f >= grace or f <= 10 for f in fors), sorted(fors)
     assert any(f >= grace for f in fors)
     paths = RunPaths.of(tmp_path)
     config = LabConfig()
