@@ -56,6 +56,16 @@ class Action(abc.ABC):
         """
         return None
 
+    async def precheck(self, incident: IncidentRecord) -> str | None:
+        """Why the action must not run now, read from live state just before it would run
+        (after :meth:`guard`, before the responder's guardrails), or None to run it.
+
+        A refusal is stored as ``skipped`` with the reason, like :meth:`guard`'s. The
+        default allows everything; restarts refuse while a node of the job is unreachable
+        (:class:`~stormwatch.alerts.actions.remedial.RestartWorkers`).
+        """
+        return None
+
     def describe(self, incident: IncidentRecord) -> str:
         """What the action would do for ``incident``, one phrase (dry-run, approval, audit)."""
         return f"{self.kind} for incident {incident.id}"

@@ -97,8 +97,8 @@ def playbook_from_policy(
     if backend is not None:
         objects.update(
             {
-                "restart_workers": RestartWorkers(backend),
-                "exclude_node_restart": ExcludeNodeRestart(backend),
+                "restart_workers": RestartWorkers(backend, prometheus),
+                "exclude_node_restart": ExcludeNodeRestart(backend, prometheus),
                 "checkpoint_now": CheckpointNow(backend),
                 "collect_diagnostics": CollectDiagnostics(backend),
             }

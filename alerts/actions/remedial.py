@@ -9,14 +9,41 @@ an interrupted restart is not repeated after a responder restart (at most once).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from stormwatch.alerts.actions.base import Action, ActionOutcome
+from stormwatch.clients.errors import PrometheusAPIError
+from stormwatch.clients.prometheus import AsyncPrometheusAPI, promql_string
 from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.contracts.responder import IncidentRecord
 from stormwatch.platforms import PlatformBackend
+
+log = logging.getLogger(__name__)
+
+#: The alert that says a node answers nothing (alerts/rules/nodes.yml).
+NODE_DOWN = "StormwatchNodeDown"
+#: How far back a job's ranks are looked up on nodes (their series go stale when the node
+#: stops answering; :func:`unreachable_nodes`).
+JOB_NODES_LOOKBACK = "10m"
+
+
+async def unreachable_nodes(prometheus: AsyncPrometheusAPI, job: str) -> list[str]:
+    """The nodes that ran ranks of ``job`` in the last :data:`JOB_NODES_LOOKBACK` and for
+    which :data:`NODE_DOWN` is pending or firing now (its first failed scrape makes it
+    pending), sorted.
+
+    Raises:
+        PrometheusAPIError: Prometheus could not be reached or rejected the query.
+    """
+    expr = (
+        f'group by (node) (ALERTS{{alertname="{NODE_DOWN}"}})'
+        " and on (node) group by (node) (last_over_time("
+        f"stormwatch_rank_up{{{TRAINING_JOB_LABEL}={promql_string(job)}}}[{JOB_NODES_LOOKBACK}]))"
+    )
+    return sorted({s.labels["node"] for s in await prometheus.query(expr) if s.labels.get("node")})
 
 
 def incident_job(incident: IncidentRecord) -> str | None:
@@ -34,7 +61,17 @@ def incident_node(incident: IncidentRecord) -> str | None:
 
 @dataclass(frozen=True)
 class _BackendAction(Action):
+    """An action through the platform backend.
+
+    Attributes:
+        backend: the platform it acts through.
+        prometheus: where the actions that stop ranks (:attr:`Action.stops_ranks`) check,
+            before they run, that every node of the job answers (:meth:`precheck`); None:
+            not checked.
+    """
+
     backend: PlatformBackend
+    prometheus: AsyncPrometheusAPI | None = None
 
     def describe(self, incident: IncidentRecord) -> str:
         """What the action would do (for dry-run and approval messages)."""
@@ -44,6 +81,34 @@ class _BackendAction(Action):
         if incident_job(incident) is None:
             return f"{self.kind}: the incident has no job label"
         return None
+
+    async def precheck(self, incident: IncidentRecord) -> str | None:
+        """A restart waits for the scheduler while a node of the job is unreachable.
+
+        The ranks on a node that answers nothing cannot be stopped, so a restart in place
+        cannot complete (a Slurm requeue stays COMPLETING until Slurm sets the node DOWN;
+        Slurm 22.05 then fails the job instead of starting it). The node's loss is the
+        scheduler's case: Slurm requeues the job on NODE_FAIL (``--requeue``), Kubernetes
+        replaces the pod, torchrun's rendezvous goes on without the node. An action that
+        stops ranks is skipped while :data:`NODE_DOWN` is pending or firing for a node that
+        ran ranks of the job (:func:`unreachable_nodes`). When Prometheus cannot answer,
+        the action runs (logged): the check never holds a remedy back on its own failure.
+        """
+        job = incident_job(incident)
+        if not self.stops_ranks or self.prometheus is None or job is None:
+            return None
+        try:
+            nodes = await unreachable_nodes(self.prometheus, job)
+        except PrometheusAPIError as exc:
+            log.warning("%s for job %s: node check skipped: %s", self.kind, job, exc)
+            return None
+        if not nodes:
+            return None
+        return (
+            f"{self.kind}: node(s) {', '.join(nodes)} of job {job} unreachable ({NODE_DOWN}); "
+            "a node's loss is the scheduler's to handle (Slurm requeues on NODE_FAIL, "
+            "Kubernetes replaces the pod), and ranks there cannot be stopped"
+        )
 
     async def _on_job(
         self, incident: IncidentRecord, call: Callable[..., str], *args: object
@@ -123,6 +188,7 @@ RANK_STOPPING_KINDS: frozenset[str] = frozenset(
 )
 
 __all__ = [
+    "NODE_DOWN",
     "RANK_STOPPING_KINDS",
     "CheckpointNow",
     "CollectDiagnostics",
@@ -131,4 +197,5 @@ __all__ = [
     "RestartWorkers",
     "incident_job",
     "incident_node",
+    "unreachable_nodes",
 ]

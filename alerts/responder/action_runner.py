@@ -129,7 +129,7 @@ class ActionRunner:
                 f"no action of kind {record.kind!r} in the playbook",
                 {},
             )
-        elif (reason := action.guard(incident)) is not None:
+        elif (reason := action.guard(incident) or await action.precheck(incident)) is not None:
             status, detail, data = "skipped", reason, {}
         elif self._guardrails is not None:
             log.info("action %d (%s) for incident %d: guarded", action_id, record.kind, incident.id)
