@@ -93,15 +93,15 @@ class Session:
             self._signal_dump,
             lambda: self._exits.end_unanswered(lambda: self.shutdown(clean=False)),
         )
+        self._stop_watch = SigtermDump(lambda _how: self.stop_requested())  # .sigterm's end
         self._requests: DumpRequestWatcher | None = None
         self.job_attempt: JobAttempt | None = None  # agree_attempt()'s, once agreed
 
     def _answer_dump_requests(self) -> None:
         """Answer the node agent's dump requests from a daemon thread (with a dump folder)."""
-        if self.settings.dump_dir is None or self._requests is not None:
-            return
-        self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, self.dump)
-        self._requests.start()
+        if self.settings.dump_dir is not None and self._requests is None:
+            self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, self.dump)
+            self._requests.start()
 
     # ------------------------------------------------------------------ identity
     @property
@@ -142,19 +142,15 @@ class Session:
 
     def _open(self, call: str) -> bool:
         if self._closed:
-            warn_once(
-                f"{call}:after_shutdown",
-                "%s() after shutdown(): ignored (the session has ended; call init() again "
-                "for a new one)",
-                call,
-            )
+            message = "%s() after shutdown(): ignored (call init() again for a new session)"
+            warn_once(f"{call}:after_shutdown", message, call)
         return not self._closed
 
     # ------------------------------------------------------------------ lifecycle
     def _install_exits(self) -> str | None:
         problem = self._exits.install(handle_signals=self.settings.handle_signals)
-        if self.settings.handle_signals and problem is None:
-            self._sigterm.watch()  # the dump also comes while the main thread waits in C++
+        if problem is None:  # the dump or stop mark also while the main thread is in C++
+            (self._sigterm if self.settings.handle_signals else self._stop_watch).watch()
         return problem
 
     def dump_first_on_sigterm(self) -> bool:
@@ -471,7 +467,8 @@ class Session:
 
     def _forget_in_child(self) -> None:  # a forked child is not the rank: nothing from it
         self._closed = True
-        self._sigterm.forget_in_child()
+        for watch in (self._sigterm, self._stop_watch):
+            watch.forget_in_child()
         self._exits.forget_in_child()
 
     def _at_exit(self, clean: bool) -> None:
@@ -486,8 +483,8 @@ class Session:
     def stop_requested(self) -> None:
         """The rank was asked to stop (SIGTERM): the agent counts its exit as a stop, and
         the ``stopping`` phase excuses its pause (:mod:`stormwatch.telemetry.phases`). Safe
-        in a SIGTERM handler (:meth:`RankTelemetry.stop_requested`). The API's own SIGTERM
-        handling calls it; a job that handles SIGTERM itself calls it there."""
+        in a SIGTERM handler (:meth:`RankTelemetry.stop_requested`). The API's SIGTERM
+        handling calls it, and without ``handle_signals`` a thread woken by it (:mod:`.sigterm`)."""
         bound = self.settings.phase_bound("stopping")
         self._telemetry.stop_requested(deadline=self._clock() + bound)
 

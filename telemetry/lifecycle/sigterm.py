@@ -31,6 +31,13 @@ post-mortem named rank 1, certain, in 4 runs of 4.
   collective. Only a signal with a Python handler writes to it (the API's is one).
   Not installed where another wakeup descriptor is set (an event loop's).
 
+A session without ``handle_signals`` (the job handles SIGTERM itself, like the reference
+trainer) watches with a second :class:`SigtermDump` whose "dump" only marks the stop
+(:meth:`stormwatch.telemetry.Session.stop_requested`: the agent counts the exit as a
+stop, not a failure) and which never ends the process: the job's handler cannot run while
+its main thread waits in C++ (a node cut off mid-collective: torchrun SIGTERMs, then
+SIGKILLs, ranks that never ran a line of Python in between).
+
 Either waits for a dump the other is writing, so the snapshot is taken before the main
 thread goes on to the framework's handler.
 
