@@ -4,8 +4,11 @@ One thread calls NVML every ``interval`` seconds. Every call is guarded on its
 own: an error costs only the value it would have produced, a device-fatal
 error (GPU lost) only that GPU, and a failing ``nvmlDeviceGetCount`` only that
 sample (FC-02). Handles are cached and re-acquired after a device-fatal error.
-XID events are drained from an NVML event set on every sample and kept as
-counters (FC-03).
+XID events are kept as counters (FC-03): between samples the thread waits on the
+NVML event set (``nvmlEventSetWait``, in slices of :data:`EVENT_WAIT_SLICE_S`) rather
+than sleeping, and an XID that arrives is sampled and published at once, so it reaches
+the next scrape (at most one scrape interval) instead of waiting for the next sample
+too; each sample also drains what is queued.
 
 Per GPU one sample reads the function-call metrics (:mod:`.queries`), the
 field-value metrics (:mod:`.fields`), the profiling metrics (:mod:`.gpm`) and
@@ -52,6 +55,9 @@ from stormwatch.agent.gpu.queries import (
 
 log = logging.getLogger(__name__)
 
+#: Longest single ``nvmlEventSetWait`` between samples (s): how soon :meth:`GpuSampler.stop`
+#: is heard by a thread waiting for events.
+EVENT_WAIT_SLICE_S = 0.5
 #: Upper bound on events drained per sample, so an event storm cannot stall sampling.
 _MAX_EVENTS_PER_SAMPLE = 1000
 #: Recent XID / clock events kept for the windowed ``DCGM_EXP_*_COUNT`` metrics.
@@ -192,11 +198,36 @@ class GpuSampler:
 
     # -------------------------------------------------------------- private
     def _run(self) -> None:
-        while not self._stop.wait(self._options.interval):
+        while not self._wait_between_samples():
             try:
                 self.sample()
             except Exception:  # a bug must not kill sampling; the snapshot age will show it
                 log.exception("GPU sample failed")
+
+    def _wait_between_samples(self) -> bool:
+        """Wait one interval, or until an XID event arrives (then sample at once); whether
+        the sampler was stopped. Without an event set (XIDs off or unsupported, or its
+        wait failing) a plain wait."""
+        deadline = time.monotonic() + self._options.interval
+        while (remaining := deadline - time.monotonic()) > 0:
+            event_set = self._event_set if self._options.xid else None
+            if event_set is None:
+                return self._stop.wait(remaining)
+            if self._stop.is_set():
+                return True
+            wait_ms = max(1, int(min(remaining, EVENT_WAIT_SLICE_S) * 1000))
+            try:
+                data = self._api.nvmlEventSetWait(event_set, wait_ms)
+            except pynvml.NVMLError as exc:
+                if error_code(exc) == pynvml.NVML_ERROR_TIMEOUT:
+                    continue
+                with self._lock:
+                    self._record(None, "nvmlEventSetWait", error_code(exc))
+                return self._stop.wait(remaining)
+            with self._lock:
+                if self._take_event(data):
+                    break
+        return self._stop.is_set()
 
     def _record(self, gpu: int | None, call: str, code: int) -> None:
         self._nvml_errors[("" if gpu is None else str(gpu), call, error_name(code))] += 1
@@ -431,23 +462,29 @@ class GpuSampler:
                 if error_code(exc) != pynvml.NVML_ERROR_TIMEOUT:  # TIMEOUT: queue empty
                     self._record(None, "nvmlEventSetWait", error_code(exc))
                 return
-            if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
-                continue
-            try:
-                gpu = int(self._api.nvmlDeviceGetIndex(data.device))
-            except pynvml.NVMLError as exc:
-                self._record(None, "nvmlDeviceGetIndex", error_code(exc))
-                gpu = -1
-            code = int(data.eventData)
-            now = self._clock()
-            self._xid_counts[(gpu, code)] += 1
-            self._last_xid[gpu] = (code, now)
-            self._xid_events.append((gpu, code, now))
-            log.warning("XID %d on GPU %d", code, gpu)
+            self._take_event(data)
+
+    def _take_event(self, data: Any) -> bool:
+        """Count one event of the set if it is an XID (whether it was). Under the lock."""
+        if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
+            return False
+        try:
+            gpu = int(self._api.nvmlDeviceGetIndex(data.device))
+        except pynvml.NVMLError as exc:
+            self._record(None, "nvmlDeviceGetIndex", error_code(exc))
+            gpu = -1
+        code = int(data.eventData)
+        now = self._clock()
+        self._xid_counts[(gpu, code)] += 1
+        self._last_xid[gpu] = (code, now)
+        self._xid_events.append((gpu, code, now))
+        log.warning("XID %d on GPU %d", code, gpu)
+        return True
 
 
 __all__ = [
     "CLOCK_EVENTS_COUNT",
+    "EVENT_WAIT_SLICE_S",
     "HEALTH_STATUS",
     "P2P_STATUS",
     "XID_METRICS",
