@@ -46,6 +46,7 @@ from stormwatch.agent.collectors import (
     NvlinkCollector,
     QdiscCollector,
     RanksCollector,
+    RendezvousCollector,
     TrainerCollector,
     XidCollector,
     new_family,
@@ -354,6 +355,9 @@ def build_collectors(
         collectors.append(TrainerCollector(watcher.folder))
     if cfg.enabled("faults"):
         collectors.append(FaultsCollector(ledger))
+    if cfg.enabled("rendezvous"):
+        live = lambda: [(r.job, r.pid) for r in watcher.ranks() if r.alive]  # noqa: E731
+        collectors.append(RendezvousCollector(live, interval=cfg.rendezvous_probe_interval))
     return collectors
 
 

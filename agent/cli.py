@@ -97,6 +97,15 @@ def agent() -> None:
     help="Seconds between NVML samples; scrapes serve the latest sample.",
 )
 @click.option(
+    "--rendezvous-probe-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    envvar="STORMWATCH_AGENT_RENDEZVOUS_PROBE_INTERVAL",
+    help="Seconds between TCP probes of each local job's rendezvous store (one connection "
+    "each to the store's host; raise it for jobs of hundreds of nodes).",
+)
+@click.option(
     "--disable-collector",
     "disabled",
     multiple=True,
@@ -206,6 +215,7 @@ def run(
     web_config_file: Path | None,
     state_dir: Path | None,
     sample_interval: float,
+    rendezvous_probe_interval: float,
     disabled: tuple[str, ...],
     otlp_endpoint: str | None,
     trace_file: Path | None,
@@ -250,6 +260,7 @@ def run(
         "web_config_file": web_config_file,
         "state_dir": state_dir,
         "sample_interval": sample_interval,
+        "rendezvous_probe_interval": rendezvous_probe_interval,
         "disabled_collectors": frozenset(disabled),
         "otlp_endpoint": otlp_endpoint or None,
         "trace_file": trace_file,

@@ -38,6 +38,7 @@ COLLECTOR_NAMES: tuple[str, ...] = (
     "ranks",  # rank watcher: up, exits, progress; hangs, collective lag, stragglers
     "trainer",  # the trainer's multiprocess files, merged
     "faults",  # fault ledger counts
+    "rendezvous",  # whether the node reaches each local job's rendezvous store (probes)
 )
 
 GpuBackendName = Literal["auto", "nvml", "sim"]
@@ -110,6 +111,9 @@ class AgentConfig(BaseModel):
             ``DCGM_EXP_XID_ERRORS_COUNT`` window); the counter never resets.
         clock_events_window_seconds: window of ``DCGM_EXP_CLOCK_EVENTS_COUNT``
             (300 s, dcgm-exporter's ``--clock-events-count-window-size`` default).
+        rendezvous_probe_interval: seconds between probes of each local job's rendezvous
+            store (1 s; each is one TCP connection to the store's host:
+            :mod:`stormwatch.agent.collectors.rendezvous`).
         disabled_collectors: names from :data:`COLLECTOR_NAMES` to switch off.
         max_request_bytes: largest accepted request body (64 KiB; fault
             requests are a few hundred bytes).
@@ -156,6 +160,7 @@ class AgentConfig(BaseModel):
     rank_retention_seconds: float = Field(default=3600.0, gt=0)
     xid_window_seconds: float = Field(default=300.0, gt=0)
     clock_events_window_seconds: float = Field(default=300.0, gt=0)
+    rendezvous_probe_interval: float = Field(default=1.0, gt=0, le=3600)
     disabled_collectors: frozenset[str] = frozenset()
     max_request_bytes: int = Field(default=64 * 1024, ge=1024)
     otlp_endpoint: str | None = None

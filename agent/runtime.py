@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stormwatch.agent import assembly
+from stormwatch.agent.collectors import RendezvousCollector
 from stormwatch.agent.config import AgentConfig, ensure_metrics_dir
 from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.fake import FakeNvml
@@ -73,6 +74,7 @@ class Agent:
         self.url = ""
         self.fault_url = ""
         self.trace_destination = ""
+        self._probes: list[RendezvousCollector] = []  # their loops start with the listeners
 
     async def __aenter__(self) -> Agent:
         await self.start()
@@ -144,6 +146,7 @@ class Agent:
             ledger=ledger,
             clock=clock,
         )
+        self._probes = [c for c in collectors if isinstance(c, RendezvousCollector)]
         exposition = assembly.build_exposition(
             cfg,
             collectors,
@@ -193,6 +196,8 @@ class Agent:
             )
         await assembly.run_in_background(stack, self.exposition.run(), "stormwatch-exposition")
         await assembly.run_in_background(stack, self._expire_loop(), "stormwatch-fault-expiry")
+        for probes in self._probes:
+            await assembly.run_in_background(stack, probes.run(), "stormwatch-rendezvous-probe")
         log.info(
             "agent %s listening on %s%s (GPU backend %s)",
             cfg.node,

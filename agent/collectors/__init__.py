@@ -23,6 +23,7 @@ from stormwatch.agent.collectors.network import NetworkCollector
 from stormwatch.agent.collectors.nvlink import NvlinkCollector
 from stormwatch.agent.collectors.qdisc import QdiscCollector
 from stormwatch.agent.collectors.ranks import RanksCollector
+from stormwatch.agent.collectors.rendezvous import RendezvousCollector
 from stormwatch.agent.collectors.trainer import TrainerCollector
 from stormwatch.agent.collectors.xid import XidCollector
 
@@ -37,6 +38,7 @@ __all__ = [
     "NvlinkCollector",
     "QdiscCollector",
     "RanksCollector",
+    "RendezvousCollector",
     "TrainerCollector",
     "XidCollector",
     "new_family",

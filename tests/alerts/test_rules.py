@@ -379,6 +379,8 @@ PROMTOOL_CASES = {
         "a_restarts_connection_resets_are_not_packet_loss",
         "bandwidth_throttled_names_the_node_and_its_link",
         "a_shaper_within_its_rate_is_not_a_throttled_link",
+        "store_unreachable_names_the_node_that_cannot_reach_it_and_resolves",
+        "store_unreachable_is_quiet_while_a_node_of_the_job_is_down",
     ],
     "gpu_test.yml": [
         "fc03_xid_fires_once_by_class_and_resolves_by_itself",

@@ -1,0 +1,233 @@
+"""``rendezvous`` collector: whether this node reaches each local job's rendezvous store.
+
+A job's ranks train without the rendezvous (c10d) store: they talk to each other, and
+torchrun needs the store only to start or restart the worker group. A node cut off from
+the store (a firewall change, a store host's port overloaded) therefore trains on,
+unnoticed, until the next failure, when its restart cannot rendezvous and the whole job
+waits for the rendezvous timeout (torchrun's ``join_timeout``, 600 s). This collector
+probes the store from the node while the job is healthy (issue 18, the game day's
+04-rdzv-store-isolation):
+
+* the endpoint of each job with a live rank here: the ``--rdzv-endpoint`` of the
+  rank's torchrun, else its ``--master-addr``/``--master-port``, else the rank's
+  ``MASTER_ADDR``/``MASTER_PORT`` (a launch without torchrun); loopback endpoints
+  (a single-node job) are not probed;
+* every ``interval`` seconds, a TCP connect with ``timeout`` (asyncio, no thread),
+  closed at once, sending nothing. The store's host *answered* when the connect
+  succeeded or was refused (the host is reachable; nothing listens: the store is gone,
+  as at the end of a job); it did *not* when the connect timed out or the network
+  said the host is unreachable (a drop, a partition, no route);
+* ``stormwatch_rendezvous_store_reachable{training_job,endpoint}`` (1/0) and
+  ``stormwatch_rendezvous_store_probe_duration_seconds`` (the last connect's time),
+  for the jobs that still have a live rank here; ``StormwatchRendezvousStoreUnreachable``
+  (alerts/rules/network.yml) fires on the first.
+
+Cost: one TCP connection per job and interval from each node to the store's host; at N
+nodes that is N / ``interval`` accepts per second on a store that also serves the job's
+rendezvous: raise ``--rendezvous-probe-interval`` for large jobs (1,000 nodes at 10 s:
+100 per second). PyTorch's TCPStore logs nothing for a connection that sends nothing,
+except where it cannot resolve the client's address (the lab's namespaces: one warning
+per probe in the store host's torchrun log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import psutil
+from prometheus_client.core import Metric
+
+from stormwatch.agent.collectors.base import new_family
+from stormwatch.contracts.rank_env import is_torchrun_agent
+
+log = logging.getLogger(__name__)
+
+#: Seconds between probes of each endpoint (``--rendezvous-probe-interval``).
+DEFAULT_INTERVAL_S = 1.0
+#: Seconds a connect may take before the store counts as unreachable: one SYN
+#: retransmission (Linux's first after 1 s) within it would make it 1 s + RTT.
+DEFAULT_TIMEOUT_S = 1.0
+#: The connect errors that say the network cannot reach the host (no answer from it).
+UNREACHABLE_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT})
+
+Endpoint = tuple[str, int]
+
+
+def _option(cmdline: Sequence[str], *names: str) -> str | None:
+    for i, arg in enumerate(cmdline):
+        for name in names:
+            if arg == name and i + 1 < len(cmdline):
+                return cmdline[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1 :]
+    return None
+
+
+def _parse(host: str | None, port: str | None) -> Endpoint | None:
+    if not host or not port or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    host = host.strip("[]")
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        if host == "localhost":
+            return None
+    return host, int(port)
+
+
+def launcher_endpoint(cmdline: Sequence[str]) -> Endpoint | None:
+    """The store a torchrun command line names: ``--rdzv-endpoint HOST:PORT`` (or
+    ``--rdzv_endpoint``), else ``--master-addr``/``--master-port``; None for none, a
+    malformed one, or a loopback host."""
+    rdzv = _option(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
+    if rdzv:
+        host, _, port = rdzv.rpartition(":")
+        return _parse(host, port)
+    return _parse(
+        _option(cmdline, "--master-addr", "--master_addr"),
+        _option(cmdline, "--master-port", "--master_port"),
+    )
+
+
+def rank_endpoint(pid: int) -> Endpoint | None:
+    """The store of the rank ``pid``: its torchrun's (:func:`launcher_endpoint`), else its
+    own ``MASTER_ADDR``/``MASTER_PORT``; None when neither names one (or it is gone)."""
+    try:
+        process = psutil.Process(pid)
+        for parent in process.parents():
+            with contextlib.suppress(psutil.Error):  # an ancestor gone or not ours: the next
+                cmdline = parent.cmdline()
+                if is_torchrun_agent(parent.name(), cmdline):
+                    return launcher_endpoint(cmdline)
+        environ = process.environ()
+    except psutil.Error:
+        return None
+    return _parse(environ.get("MASTER_ADDR"), environ.get("MASTER_PORT"))
+
+
+async def probe(endpoint: Endpoint, timeout: float) -> bool:
+    """Whether ``endpoint``'s host answered a TCP connect within ``timeout`` s (connected,
+    or refused); False on a timeout, an unreachable host or network, or a name that does
+    not resolve."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*endpoint), timeout)
+    except ConnectionRefusedError:
+        return True
+    except TimeoutError:
+        return False
+    except OSError as exc:  # unreachable host or network, a name that does not resolve
+        if exc.errno not in UNREACHABLE_ERRNOS:
+            log.debug("rendezvous probe of %s:%d: %s", *endpoint, exc)
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):  # the connect answered: how the close ends is moot
+        await writer.wait_closed()
+    return True
+
+
+class RendezvousCollector:
+    """Probes the rendezvous stores of the node's live jobs (module docstring).
+
+    Args:
+        live_ranks: ``() -> [(job, pid)]`` of the ranks running on this node (the rank
+            watcher's).
+        interval: seconds between probes (> 0).
+        timeout: seconds a connect may take (> 0).
+        endpoint_of: the store of a rank's pid (:func:`rank_endpoint`; tests pass theirs).
+        clock: monotonic seconds.
+    """
+
+    name = "rendezvous"
+
+    def __init__(
+        self,
+        live_ranks: Callable[[], Iterable[tuple[str, int]]],
+        *,
+        interval: float = DEFAULT_INTERVAL_S,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        endpoint_of: Callable[[int], Endpoint | None] = rank_endpoint,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval <= 0 or timeout <= 0:
+            raise ValueError(f"interval and timeout: must be > 0 s (got {interval}, {timeout})")
+        self._live_ranks = live_ranks
+        self._interval = interval
+        self._timeout = timeout
+        self._endpoint_of = endpoint_of
+        self._clock = clock
+        self._endpoints: dict[int, Endpoint | None] = {}  # rank pid -> its store
+        self._lock = threading.Lock()
+        self._results: dict[tuple[str, Endpoint], tuple[bool, float]] = {}
+
+    def _jobs(self) -> dict[str, Endpoint]:
+        """Each live job's store (the first of its ranks that names one), pids cached."""
+        live = list(self._live_ranks())
+        pids = {pid for _, pid in live}
+        for pid in set(self._endpoints) - pids:
+            del self._endpoints[pid]
+        stores: dict[str, Endpoint] = {}
+        for job, pid in sorted(live):
+            if pid not in self._endpoints:
+                self._endpoints[pid] = self._endpoint_of(pid)
+            endpoint = self._endpoints[pid]
+            if endpoint is not None:
+                stores.setdefault(job, endpoint)
+        return stores
+
+    async def probe_once(self) -> None:
+        """Probe every live job's store once, side by side; forget the jobs gone."""
+        stores = await asyncio.to_thread(self._jobs)
+        targets = sorted(set(stores.values()))
+        started = self._clock()
+        answers = await asyncio.gather(*(self._timed(t) for t in targets))
+        results = dict(zip(targets, answers, strict=True))
+        with self._lock:
+            self._results = {(job, ep): results[ep] for job, ep in stores.items()}
+        log.debug(
+            "rendezvous probes of %d store(s) took %.3f s", len(targets), self._clock() - started
+        )
+
+    async def _timed(self, endpoint: Endpoint) -> tuple[bool, float]:
+        started = self._clock()
+        answered = await probe(endpoint, self._timeout)
+        return answered, self._clock() - started
+
+    async def run(self) -> None:
+        """Probe every ``interval`` seconds (start to start) until cancelled."""
+        while True:
+            started = self._clock()
+            try:
+                await self.probe_once()
+            except Exception:  # a bug must not end the probing; the series go stale
+                log.exception("rendezvous probe failed")
+            await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            results = dict(self._results)
+        reachable = new_family("stormwatch_rendezvous_store_reachable")
+        duration = new_family("stormwatch_rendezvous_store_probe_duration_seconds")
+        for (job, (host, port)), (answered, seconds) in sorted(results.items()):
+            labels = [job, f"{host}:{port}"]
+            reachable.add_metric(labels, 1.0 if answered else 0.0)
+            duration.add_metric(labels, seconds)
+        yield reachable
+        yield duration
+
+
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "DEFAULT_TIMEOUT_S",
+    "RendezvousCollector",
+    "launcher_endpoint",
+    "probe",
+    "rank_endpoint",
+]
