@@ -24,9 +24,10 @@ Definitions:
   naming the fault is judged (:mod:`.detection`).
 * **false alarm**: an alert that started firing between the experiment's start and
   end (the journal's) and is neither expected nor caused by the fault: it names
-  another training job (always a false alarm, expected name or not); or its name is
-  not in ``expect.alerts`` and either it fired before the fault, or it names a place
-  that is not the fault's. An alert about the job as a whole (no place named: the
+  another training job (always a false alarm, expected name or not); or it fired before
+  the fault (expected name or not: the steady state already alarmed); or its name is
+  not in ``expect.alerts`` and it names a place that is not the fault's. (When the
+  fault's time is unknown, an expected name is not judged.) An alert about the job as a whole (no place named: the
   job hung, its throughput dropped, its saves fail) that fired after the fault is
   caused by the fault: a rank kill legitimately fires ``StormwatchTrainingHung`` too.
 """
@@ -259,9 +260,9 @@ def false_alarms(
         if place.other_job(alert.labels):
             found.append(alert)
             continue
-        if alert.alertname in wanted:
-            continue
         after = fault_at is not None and alert.firing_at >= fault_at - MATCH_SLACK_SECONDS
+        if alert.alertname in wanted and (after or fault_at is None):
+            continue
         if not (after and (not culprit(alert.labels) or place.names(alert.labels))):
             found.append(alert)
     return found

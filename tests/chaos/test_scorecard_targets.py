@@ -375,6 +375,11 @@ FALSE_ALARMS = [
         _alert("RankStalled", training_job="old", rank="1"),
         True,
     ),
+    (
+        "an expected name before the fault",
+        _alert("RankStalled", 80.0, training_job="j", rank="1"),
+        True,
+    ),
     ("already firing before the experiment", _alert("NodeDown", 40.0, node="node1"), False),
     ("fired after the experiment ended", _alert("NodeDown", 210.0, node="node1"), False),
 ]
