@@ -26,10 +26,12 @@ checkpoint_failing                                   before the job's next save 
 gpu_throttle, nvlink_errors                          none (issue 18 sets none)
 ===================================================  ========================================
 
-The job's median step time is the median ``step_seconds`` of the steps every rank
-completed before the fault, from the rank logs the post-mortem reads (the same
-``seconds`` the trainer observes into ``stormwatch_train_step_duration_seconds``, so no
-Prometheus query is needed: :func:`job_pace`).
+The job's median step time is the median time between a rank's consecutive steps before
+the fault, from the rank logs the post-mortem reads (:func:`job_pace`): what the agent's
+hang threshold takes as the job's step time (heartbeat delta per step, so time spent
+between steps, like a data loader's wait or a ``step_delay``, counts). Without two
+consecutive steps, the median ``step_seconds`` (what the trainer observes into
+``stormwatch_train_step_duration_seconds``).
 
 "Before the job's next save after the first failed one", exactly: the first
 ``checkpoint_failed`` record any rank logged at or after the fault names the step ``s``
@@ -229,9 +231,10 @@ def target_seconds(target: DetectTarget, pace: JobPace, fault_at: float | None) 
     if target.rule == "seconds":
         return target.seconds
     if target.rule == "hung":
-        if pace.median_step_seconds is None:
+        median = pace.median_step_interval_seconds or pace.median_step_seconds
+        if median is None:
             return None
-        step = HUNG_STEP_FACTOR * pace.median_step_seconds
+        step = HUNG_STEP_FACTOR * median
         return max(step, HUNG_FLOOR_SECONDS) + HUNG_SLACK_SECONDS
     if target.rule == "next_save":
         if pace.next_save_at is None or fault_at is None:

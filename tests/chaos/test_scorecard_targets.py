@@ -184,16 +184,23 @@ def test_within_target(
     assert within_target(target, ttd, detected=detected, expected=expected_detect) is within
 
 
-def test_the_hung_target_takes_the_median_step_time_before_the_fault() -> None:
+def test_the_hung_target_takes_the_median_step_interval_before_the_fault() -> None:
+    # a step every 3 s, 1 s of it in the step (the rest between steps: a data loader, a
+    # step_delay); the agent's hang threshold takes the interval, so does the target
     logs = {
-        0: RankLog(0, _steps(0, [1.0, 2.0, 3.0, 4.0], seconds=2.0)),
-        # rank 1's last step (after the fault at 3.5) is slow: it does not count
-        1: RankLog(1, _steps(1, [1.0, 2.0, 3.0], seconds=4.0) + _steps(1, [9.0], seconds=60.0)),
+        0: RankLog(0, _steps(0, [3.0, 6.0, 9.0, 12.0], seconds=1.0)),
+        # rank 1's last step (after the fault at 10.5) is slow: it does not count
+        1: RankLog(1, _steps(1, [3.0, 6.0, 9.0], seconds=1.0) + _steps(1, [90.0], seconds=60.0)),
     }
-    pace = job_pace(logs, 3.5, checkpoint_every=10)
-    assert pace.median_step_seconds == 3.0  # median of 2, 2, 2, 4, 4, 4
-    assert pace.median_step_interval_seconds == 1.0
-    assert target_seconds(TARGETS[DetectClass.HUNG_RANK], pace, 3.5) == 11.0  # 3 x 3 + 2
+    pace = job_pace(logs, 10.5, checkpoint_every=10)
+    assert pace.median_step_seconds == 1.0
+    assert pace.median_step_interval_seconds == 3.0
+    assert target_seconds(TARGETS[DetectClass.HUNG_RANK], pace, 10.5) == 11.0  # 3 x 3 + 2
+    # one step each before the fault: no interval, the step time serves
+    first = {r: RankLog(r, _steps(r, [6.0], seconds=2.0)) for r in range(2)}
+    pace = job_pace(first, 10.5, checkpoint_every=10)
+    assert pace.median_step_interval_seconds is None
+    assert target_seconds(TARGETS[DetectClass.HUNG_RANK], pace, 10.5) == 8.0  # 3 x 2 + 2
 
 
 def test_the_checkpoint_target_is_the_next_save_after_the_first_failed_one() -> None:
