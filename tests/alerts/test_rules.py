@@ -375,9 +375,9 @@ PROMTOOL_CASES = {
     ],
     "network_test.yml": [
         "packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits",
+        "a_node_that_drops_steadily_is_judged_against_its_usual_rate",
         "device_errors_name_the_node",
         "a_restarts_connection_resets_are_not_packet_loss",
-        "a_node_that_drops_steadily_is_judged_against_its_usual_rate",
         "bandwidth_throttled_names_the_node_and_its_link",
         "a_shaper_within_its_rate_is_not_a_throttled_link",
         "store_unreachable_names_the_node_that_cannot_reach_it_and_resolves",
