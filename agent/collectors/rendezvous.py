@@ -46,6 +46,7 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.contracts.rank_env import is_torchrun_agent
+from stormwatch.faults.system import option_value
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,6 @@ DEFAULT_TIMEOUT_S = 1.0
 UNREACHABLE_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT})
 
 Endpoint = tuple[str, int]
-
-
-def _option(cmdline: Sequence[str], *names: str) -> str | None:
-    for i, arg in enumerate(cmdline):
-        for name in names:
-            if arg == name and i + 1 < len(cmdline):
-                return cmdline[i + 1]
-            if arg.startswith(name + "="):
-                return arg[len(name) + 1 :]
-    return None
 
 
 def _parse(host: str | None, port: str | None) -> Endpoint | None:
@@ -87,13 +78,13 @@ def launcher_endpoint(cmdline: Sequence[str]) -> Endpoint | None:
     """The store a torchrun command line names: ``--rdzv-endpoint HOST:PORT`` (or
     ``--rdzv_endpoint``), else ``--master-addr``/``--master-port``; None for none, a
     malformed one, or a loopback host."""
-    rdzv = _option(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
+    rdzv = option_value(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
     if rdzv:
         host, _, port = rdzv.rpartition(":")
         return _parse(host, port)
     return _parse(
-        _option(cmdline, "--master-addr", "--master_addr"),
-        _option(cmdline, "--master-port", "--master_port"),
+        option_value(cmdline, "--master-addr", "--master_addr"),
+        option_value(cmdline, "--master-port", "--master_port"),
     )
 
 
