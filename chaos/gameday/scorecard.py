@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.errors import ChaosError
+from stormwatch.chaos.reports.files import load_report_file, write_report_files
 from stormwatch.contracts.journal import ExperimentStatus
 
 Verdict = Literal["pass", "fail", "not run"]
@@ -273,16 +273,7 @@ def render_markdown(card: Scorecard) -> str:
 
 def write_scorecard(card: Scorecard, folder: Path) -> tuple[Path, Path]:
     """Write ``scorecard.json`` and ``scorecard.md`` into ``folder``; returns (md, json)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "scorecard.json", folder / "scorecard.md"
-    for path, text in (
-        (json_path, card.model_dump_json(indent=2)),
-        (md_path, render_markdown(card)),
-    ):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    return md_path, json_path
+    return write_report_files(folder, "scorecard", card, render_markdown(card))
 
 
 def load_scorecard(path: Path) -> Scorecard:
@@ -292,21 +283,12 @@ def load_scorecard(path: Path) -> Scorecard:
         ChaosError: missing, not JSON, or not a scorecard (an unknown key, a negative
             time or step count; each problem named by its path, e.g. ``rows.0.category``).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChaosError(f"{path}: cannot read the scorecard: {exc}") from exc
-    try:
-        return Scorecard.model_validate_json(text)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'file'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ChaosError(
-            f"{path}: not a scorecard written by `stormwatch chaos suite` ({problems}); give "
-            "a RUN_DIR/suites/<suite-id>/scorecard.json, or rerun the suite"
-        ) from exc
+    return load_report_file(
+        path,
+        Scorecard,
+        what="a scorecard written by `stormwatch chaos suite`",
+        fix="; give a RUN_DIR/suites/<suite-id>/scorecard.json, or rerun the suite",
+    )
 
 
 def latest_scorecard(run_dir: Path) -> Path | None:

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.chaos.errors import ChaosError
+from stormwatch.chaos.reports.files import load_report_file, write_report_files
 from stormwatch.chaos.soak.settings import SoakSettings
 
 #: What a soak event is: the job's start and end, and the planned disturbances between.
@@ -266,16 +266,7 @@ def render_markdown(report: SoakReport) -> str:
 
 def write_report(report: SoakReport, folder: Path) -> tuple[Path, Path]:
     """Write ``soak.json`` and ``soak.md`` into ``folder`` (atomically); returns (md, json)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "soak.json", folder / "soak.md"
-    for path, text in (
-        (json_path, report.model_dump_json(indent=2)),
-        (md_path, render_markdown(report)),
-    ):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    return md_path, json_path
+    return write_report_files(folder, "soak", report, render_markdown(report))
 
 
 def load_report(path: Path) -> SoakReport:
@@ -284,20 +275,9 @@ def load_report(path: Path) -> SoakReport:
     Raises:
         ChaosError: missing, not JSON, or not a soak report (each problem named by its path).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChaosError(f"{path}: cannot read the soak report: {exc}") from exc
-    try:
-        return SoakReport.model_validate_json(text)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'file'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ChaosError(
-            f"{path}: not a report written by `stormwatch chaos soak` ({problems})"
-        ) from exc
+    return load_report_file(
+        path, SoakReport, what="a report written by `stormwatch chaos soak`", fix=""
+    )
 
 
 __all__ = [
