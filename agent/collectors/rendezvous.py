@@ -11,7 +11,8 @@ probes the store from the node while the job is healthy (issue 18, the game day'
 * the endpoint of each job with a live rank here: the ``--rdzv-endpoint`` of the
   rank's torchrun, else its ``--master-addr``/``--master-port``, else the rank's
   ``MASTER_ADDR``/``MASTER_PORT`` (a launch without torchrun); loopback endpoints
-  (a single-node job) are not probed;
+  (a single-node job) are not probed. A job stays probed while that torchrun runs,
+  ranks or not (after a failure, its restart is what needs the store);
 * every ``interval`` seconds, a TCP connect with ``timeout`` (asyncio, no thread),
   closed at once, sending nothing. The store's host *answered* when the connect
   succeeded or was refused (the host is reachable; nothing listens: the store is gone,
@@ -40,6 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 import psutil
 from prometheus_client.core import Metric
@@ -88,20 +90,27 @@ def launcher_endpoint(cmdline: Sequence[str]) -> Endpoint | None:
     )
 
 
-def rank_endpoint(pid: int) -> Endpoint | None:
-    """The store of the rank ``pid``: its torchrun's (:func:`launcher_endpoint`), else its
-    own ``MASTER_ADDR``/``MASTER_PORT``; None when neither names one (or it is gone)."""
+class Launcher(Protocol):
+    """What the collector needs of a rank's launcher process (a :class:`psutil.Process`)."""
+
+    def is_running(self) -> bool: ...
+
+
+def rank_store(pid: int) -> tuple[Endpoint | None, Launcher | None]:
+    """The store of the rank ``pid`` and its torchrun: the torchrun's endpoint
+    (:func:`launcher_endpoint`), else the rank's own ``MASTER_ADDR``/``MASTER_PORT`` (no
+    launcher); ``(None, None)`` when neither names one, or the rank is gone."""
     try:
         process = psutil.Process(pid)
         for parent in process.parents():
             with contextlib.suppress(psutil.Error):  # an ancestor gone or not ours: the next
                 cmdline = parent.cmdline()
                 if is_torchrun_agent(parent.name(), cmdline):
-                    return launcher_endpoint(cmdline)
+                    return launcher_endpoint(cmdline), parent
         environ = process.environ()
     except psutil.Error:
-        return None
-    return _parse(environ.get("MASTER_ADDR"), environ.get("MASTER_PORT"))
+        return None, None
+    return _parse(environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")), None
 
 
 async def probe(endpoint: Endpoint, timeout: float) -> bool:
@@ -125,14 +134,18 @@ async def probe(endpoint: Endpoint, timeout: float) -> bool:
 
 
 class RendezvousCollector:
-    """Probes the rendezvous stores of the node's live jobs (module docstring).
+    """Probes the rendezvous stores of the node's jobs (module docstring).
+
+    A job is probed while a rank of it runs on the node, and while the torchrun that
+    launched its last rank here runs: between a failure and the restart its torchrun is
+    what needs the store (the restart's rendezvous), and no rank runs.
 
     Args:
         live_ranks: ``() -> [(job, pid)]`` of the ranks running on this node (the rank
             watcher's).
         interval: seconds between probes (> 0).
         timeout: seconds a connect may take (> 0).
-        endpoint_of: the store of a rank's pid (:func:`rank_endpoint`; tests pass theirs).
+        store_of: a rank's store and launcher (:func:`rank_store`; tests pass theirs).
         clock: monotonic seconds.
     """
 
@@ -144,7 +157,7 @@ class RendezvousCollector:
         *,
         interval: float = DEFAULT_INTERVAL_S,
         timeout: float = DEFAULT_TIMEOUT_S,
-        endpoint_of: Callable[[int], Endpoint | None] = rank_endpoint,
+        store_of: Callable[[int], tuple[Endpoint | None, Launcher | None]] = rank_store,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval <= 0 or timeout <= 0:
@@ -152,14 +165,16 @@ class RendezvousCollector:
         self._live_ranks = live_ranks
         self._interval = interval
         self._timeout = timeout
-        self._endpoint_of = endpoint_of
+        self._store_of = store_of
         self._clock = clock
         self._endpoints: dict[int, Endpoint | None] = {}  # rank pid -> its store
+        self._launchers: dict[str, tuple[Launcher, Endpoint]] = {}  # job -> its torchrun here
         self._lock = threading.Lock()
         self._results: dict[tuple[str, Endpoint], tuple[bool, float]] = {}
 
     def _jobs(self) -> dict[str, Endpoint]:
-        """Each live job's store (the first of its ranks that names one), pids cached."""
+        """Each job's store: of its first live rank that names one (pids cached), else of
+        its torchrun here while that runs."""
         live = list(self._live_ranks())
         pids = {pid for _, pid in live}
         for pid in set(self._endpoints) - pids:
@@ -167,10 +182,21 @@ class RendezvousCollector:
         stores: dict[str, Endpoint] = {}
         for job, pid in sorted(live):
             if pid not in self._endpoints:
-                self._endpoints[pid] = self._endpoint_of(pid)
+                endpoint, launcher = self._store_of(pid)
+                self._endpoints[pid] = endpoint
+                if endpoint is not None and launcher is not None:
+                    self._launchers[job] = (launcher, endpoint)
             endpoint = self._endpoints[pid]
             if endpoint is not None:
                 stores.setdefault(job, endpoint)
+        for job, (launcher, endpoint) in list(self._launchers.items()):
+            if job in stores:
+                continue
+            with contextlib.suppress(psutil.Error):  # gone: forgotten below
+                if launcher.is_running():
+                    stores[job] = endpoint
+                    continue
+            del self._launchers[job]
         return stores
 
     async def probe_once(self) -> None:
@@ -217,8 +243,9 @@ class RendezvousCollector:
 __all__ = [
     "DEFAULT_INTERVAL_S",
     "DEFAULT_TIMEOUT_S",
+    "Launcher",
     "RendezvousCollector",
     "launcher_endpoint",
     "probe",
-    "rank_endpoint",
+    "rank_store",
 ]

@@ -22,7 +22,7 @@ from stormwatch.agent.collectors.rendezvous import (
     RendezvousCollector,
     launcher_endpoint,
     probe,
-    rank_endpoint,
+    rank_store,
 )
 from stormwatch.agent.config import AgentConfig
 
@@ -73,6 +73,20 @@ def test_a_store_that_accepts_or_refuses_answered_and_one_that_drops_did_not(
     assert asyncio.run(probe(("no-such-host.invalid", listening), 1.0)) is False
 
 
+class _Launcher:
+    def __init__(self) -> None:
+        self.running = True
+
+    def is_running(self) -> bool:
+        return self.running
+
+
+def _probe(collector: RendezvousCollector) -> dict[tuple[str, str], float]:
+    asyncio.run(collector.probe_once())
+    [reachable, _] = list(collector.collect())
+    return {(s.labels["training_job"], s.labels["endpoint"]): s.value for s in reachable.samples}
+
+
 def test_the_collector_exports_each_live_jobs_store_and_forgets_a_job_gone(
     listening: int, dropping: int
 ) -> None:
@@ -80,11 +94,11 @@ def test_the_collector_exports_each_live_jobs_store_and_forgets_a_job_gone(
     stores = {101: ("127.0.0.1", listening), 102: None, 201: ("127.0.0.1", dropping)}
     looked_up: list[int] = []
 
-    def endpoint_of(pid: int) -> tuple[str, int] | None:
+    def store_of(pid: int) -> tuple[tuple[str, int] | None, None]:
         looked_up.append(pid)
-        return stores[pid]
+        return stores[pid], None  # no torchrun: MASTER_ADDR/MASTER_PORT
 
-    collector = RendezvousCollector(lambda: live, timeout=0.5, endpoint_of=endpoint_of)
+    collector = RendezvousCollector(lambda: live, timeout=0.5, store_of=store_of)
     asyncio.run(collector.probe_once())
     families = {f.name: f for f in collector.collect()}
     reachable = {
@@ -101,10 +115,27 @@ def test_the_collector_exports_each_live_jobs_store_and_forgets_a_job_gone(
     }
     assert durations["a"] < 0.5 <= durations["b"] < 1.5
     live[:] = [("a", 101)]
-    asyncio.run(collector.probe_once())
-    [sample] = next(iter(collector.collect())).samples
-    assert sample.labels["training_job"] == "a"
+    assert list(_probe(collector)) == [("a", f"127.0.0.1:{listening}")]
     assert sorted(looked_up) == [101, 102, 201]  # each pid looked up once
+
+
+def test_a_job_between_a_failure_and_its_restart_is_probed_while_its_torchrun_runs(
+    dropping: int,
+) -> None:
+    """04-rdzv-store-isolation: node1 cut off from the store, then rank 3 killed: its
+    torchrun stops rank 2 and waits to rendezvous, so no rank of the job runs on node1,
+    and the store must still be probed (the restart is what needs it)."""
+    launcher = _Launcher()
+    live = [("j", 301)]
+    store = ("127.0.0.1", dropping)
+    collector = RendezvousCollector(
+        lambda: live, timeout=0.3, store_of=lambda pid: (store, launcher)
+    )
+    assert _probe(collector) == {("j", f"127.0.0.1:{dropping}"): 0.0}
+    live[:] = []  # the ranks are gone; torchrun waits at the rendezvous
+    assert _probe(collector) == {("j", f"127.0.0.1:{dropping}"): 0.0}
+    launcher.running = False  # the job is over on this node
+    assert _probe(collector) == {}
 
 
 @pytest.mark.parametrize(
@@ -147,16 +178,18 @@ def test_a_ranks_store_is_its_torchruns_else_its_own_environment(tmp_path: Path)
     try:
         assert under_torchrun.stdout is not None
         rank = int(under_torchrun.stdout.readline())
-        assert rank_endpoint(rank) == ("10.1.2.3", 29400)
-        assert rank_endpoint(alone.pid) == ("10.9.9.9", 1234)
-        assert rank_endpoint(os.getpid()) is None or "MASTER_ADDR" in os.environ
+        endpoint, launcher = rank_store(rank)
+        assert endpoint == ("10.1.2.3", 29400)
+        assert launcher is not None and launcher.is_running()
+        assert rank_store(alone.pid) == (("10.9.9.9", 1234), None)
     finally:
         for process in (under_torchrun, alone):
             process.kill()
             process.wait()
         if under_torchrun.stdout is not None:
             under_torchrun.stdout.close()
-    assert rank_endpoint(alone.pid) is None  # gone
+    assert rank_store(alone.pid) == (None, None)  # gone
+    assert not launcher.is_running()
 
 
 def test_the_probe_interval_is_validated_and_the_collector_can_be_switched_off(
