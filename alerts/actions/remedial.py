@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,6 +26,18 @@ log = logging.getLogger(__name__)
 
 #: The alert that says a node answers nothing (alerts/rules/nodes.yml).
 NODE_DOWN = "StormwatchNodeDown"
+#: The alerts of a hang, whose evidence the node agents collect when they see it.
+HANG_ALERTS = frozenset(
+    {"StormwatchTrainingHung", "StormwatchRankStalled", "StormwatchRankHungInPhase"}
+)
+#: Seconds after a hang alert starts firing before an action may stop the job's ranks. The
+#: node agents detect the hang at the same threshold as the rules and ask each hung rank
+#: for its flight-recorder dump, waiting up to 5 s for the answers
+#: (``stormwatch.agent.watch.hangdumps.DUMP_WAIT_SECONDS``); a stop before that changes
+#: what the ranks show (Slurm sends SIGCONT, then SIGTERM: a stopped rank runs on into
+#: the collective its peers wait in, and no rank is behind any more). 5 s, a scan (1 s),
+#: and a scrape's worth of margin.
+EVIDENCE_WAIT_S = 7.0
 #: How far back a job's ranks are looked up on nodes (their series go stale when the node
 #: stops answering; :func:`unreachable_nodes`).
 JOB_NODES_LOOKBACK = "10m"
@@ -68,10 +81,15 @@ class _BackendAction(Action):
         prometheus: where the actions that stop ranks (:attr:`Action.stops_ranks`) check,
             before they run, that every node of the job answers (:meth:`precheck`); None:
             not checked.
+        evidence_wait: seconds after a hang alert started before those actions run
+            (:data:`EVIDENCE_WAIT_S`).
+        clock: Unix time source.
     """
 
     backend: PlatformBackend
     prometheus: AsyncPrometheusAPI | None = None
+    evidence_wait: float = EVIDENCE_WAIT_S
+    clock: Callable[[], float] = time.time
 
     def describe(self, incident: IncidentRecord) -> str:
         """What the action would do (for dry-run and approval messages)."""
@@ -83,7 +101,12 @@ class _BackendAction(Action):
         return None
 
     async def precheck(self, incident: IncidentRecord) -> str | None:
-        """A restart waits for the scheduler while a node of the job is unreachable.
+        """A restart waits for a hang's evidence, and for the scheduler while a node of
+        the job is unreachable.
+
+        An action that stops ranks for a hang alert (:data:`HANG_ALERTS`) starts no sooner
+        than :data:`EVIDENCE_WAIT_S` after the alert started firing: the node agents are
+        collecting the hung ranks' flight recorders meanwhile.
 
         The ranks on a node that answers nothing cannot be stopped, so a restart in place
         cannot complete (a Slurm requeue stays COMPLETING until Slurm sets the node DOWN;
@@ -95,7 +118,16 @@ class _BackendAction(Action):
         the action runs (logged): the check never holds a remedy back on its own failure.
         """
         job = incident_job(incident)
-        if not self.stops_ranks or self.prometheus is None or job is None:
+        if not self.stops_ranks:
+            return None
+        if incident.alertname in HANG_ALERTS:
+            early = incident.starts_at + self.evidence_wait - self.clock()
+            if early > 0:
+                log.info(
+                    "%s for job %s: %.1f s for the hang's evidence first", self.kind, job, early
+                )
+                await asyncio.sleep(early)
+        if self.prometheus is None or job is None:
             return None
         try:
             nodes = await unreachable_nodes(self.prometheus, job)
@@ -188,6 +220,8 @@ RANK_STOPPING_KINDS: frozenset[str] = frozenset(
 )
 
 __all__ = [
+    "EVIDENCE_WAIT_S",
+    "HANG_ALERTS",
     "NODE_DOWN",
     "RANK_STOPPING_KINDS",
     "CheckpointNow",

@@ -14,6 +14,7 @@ decision runs against a Prometheus stand-in behind :class:`AsyncPrometheusAPI`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +67,10 @@ class _Backend:
 def incident(kit: Any) -> Callable[..., IncidentRecord]:
     """A StormwatchTrainingHung incident with the given labels."""
 
-    def make(**labels: str) -> IncidentRecord:
-        return cast(IncidentRecord, kit.closed_incident("StormwatchTrainingHung", labels, 1.8e9))
+    def make(at: float | None = None, **labels: str) -> IncidentRecord:
+        """Started firing at Unix time ``at`` (default: a minute ago)."""
+        started = time.time() - 60 if at is None else at
+        return cast(IncidentRecord, kit.closed_incident("StormwatchTrainingHung", labels, started))
 
     return make
 
@@ -155,3 +158,19 @@ def test_actions_that_stop_no_rank_are_not_held_back(
     hung = incident(training_job="j")
     assert asyncio.run(CheckpointNow(_Backend(), prometheus).precheck(hung)) is None
     assert prometheus.queries == []
+
+
+def test_a_restart_for_a_hang_waits_for_its_evidence_after_the_alert_started(
+    incident: Callable[..., IncidentRecord],
+) -> None:
+    """The agents ask the hung ranks for their flight recorders when they see the hang (up
+    to 5 s); a restart before then (Slurm: SIGCONT, SIGTERM) changes what they show. The
+    lab's FC-10 zero-code case: no culprit named, the stopped rank had run on."""
+    action = RestartWorkers(_Backend(), _Prometheus(), evidence_wait=1.0)
+    started = time.monotonic()
+    fresh = incident(at=time.time(), training_job="j")
+    assert asyncio.run(action.precheck(fresh)) is None
+    assert 0.8 < time.monotonic() - started < 3.0
+    started = time.monotonic()
+    assert asyncio.run(action.precheck(incident(training_job="j"))) is None  # a minute ago
+    assert time.monotonic() - started < 0.5
