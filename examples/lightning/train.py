@@ -281,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(Regressor(args), ckpt_path=resume)
     if trainer.is_global_zero:
         print(f"lightning: trained to step {trainer.global_step}", file=sys.stderr)
+    # Lightning leaves the process group alive after fit(); destroyed at interpreter exit
+    # instead, gloo's threads can still run while C++ statics go, and the process aborts
+    # ("terminate called without an active exception", exit -6) after training completed:
+    # seen once in benchmarks/lightning_bench.py's quick run (the bare trial, 2026-12-05).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 
