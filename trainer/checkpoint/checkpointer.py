@@ -50,7 +50,7 @@ from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
 from stormwatch.trainer.checkpoint.state import RankLayout, SavedState, TrainState
 from stormwatch.trainer.config import CheckpointConfig
-from stormwatch.trainer.errors import CheckpointError
+from stormwatch.trainer.errors import CheckpointError, Terminated
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ T = TypeVar("T")
 #: :data:`stormwatch.faults.control_file.CHECKPOINT_PHASES` (the ``checkpoint_kill`` fault
 #: point of :class:`stormwatch.trainer.control.ControlChannel` is the hook).
 FaultHook = Callable[[str, int], None]
+
+
+def _reraise_stop(exc: BaseException) -> None:
+    """Raise the stop request (:class:`Terminated`: SIGTERM while a save ran) that ``exc``
+    is or that DCP wrapped (a ``CheckpointException``'s failures); else return. A save cut
+    short by a stop is not a failed save: counting it fired StormwatchCheckpointFailing
+    for 15 minutes after a planned restart (the 30-minute soak, 2026-12-05), and the
+    partial folder is left for the next start to prune, as a crash's is."""
+    if isinstance(exc, Terminated):
+        raise exc
+    failures = getattr(exc, "failures", None)
+    for wrapped in failures.values() if isinstance(failures, dict) else ():
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(inner, Terminated):
+            raise inner from exc
 
 
 class _Writer(FileSystemWriter):
@@ -164,6 +179,7 @@ class Checkpointer:
                     process_group=self._group,
                 )
             except DCP_ERRORS as exc:
+                _reraise_stop(exc)
                 raise CheckpointError(
                     f"starting the save of step {step} failed: {describe_dcp_error(exc)}"
                 ) from exc
@@ -172,6 +188,7 @@ class Checkpointer:
         try:
             dcp.save(self._state.capture(step), checkpoint_id=tmp_dir, storage_writer=writer)
         except DCP_ERRORS as exc:
+            _reraise_stop(exc)  # the partial folder is pruned at the next start
             self._discard(tmp_dir)  # every rank is past its writes: DCP gathered the failure
             raise CheckpointError(
                 f"saving step {step} into {tmp_dir} failed: {describe_dcp_error(exc)}"
@@ -205,6 +222,7 @@ class Checkpointer:
         try:
             pending.future.result()
         except DCP_ERRORS as exc:
+            _reraise_stop(exc)
             error = describe_dcp_error(exc, ranks=False)  # _finalize names the rank
         self._finalize(pending.step, pending.tmp_dir, self._gather_outcome(pending.tmp_dir, error))
         return pending.step
