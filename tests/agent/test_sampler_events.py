@@ -25,7 +25,7 @@ def _published(sampler: GpuSampler) -> threading.Event:
     return seen
 
 
-def test_an_xid_is_published_at_once_between_samples_ten_seconds_apart() -> None:
+def test_fc03_an_xid_is_published_at_once_between_samples_ten_seconds_apart() -> None:
     fake = FakeNvml(2)
     fake.nvmlInit()
     sampler = GpuSampler(fake, SamplerOptions(interval=10.0, nvlink=False, processes=False))
