@@ -28,7 +28,11 @@ reached its first step). The threshold adapts to the job:
   rendezvous, loads a checkpoint and runs first steps that build communicators and
   caches: seconds to minutes with no step time to scale by. Its start-up stages are
   phases too, so this bounds only what falls outside them (the interpreter's start
-  before ``stormwatch.telemetry.init``, the first steps).
+  before ``stormwatch.telemetry.init``, the first steps). The warm-up counts from the
+  process's start: until a new process reports, its heartbeat is its predecessor's (the
+  agent keeps a rank's last heartbeat), and the threshold grows by the time from that
+  heartbeat to the new process's start (a rank rejoining minutes after its node was out
+  is not hung on arrival).
 
 Entering a phase is a heartbeat, so a rank that marks the start-up stages
 (``rendezvous``, ``mesh``, ``parallelize``, ``checkpoint_load``) is judged from before
@@ -184,6 +188,9 @@ class HangDetector:
         self._episodes: collections.Counter[RankKey] = collections.Counter()
         # key -> (the process's start, steps it completed): its warm-up
         self._warmup: dict[RankKey, tuple[float | None, int]] = {}
+        # key -> seconds from the heartbeat to the start of the process that has not
+        # reported yet (its heartbeat is still its predecessor's)
+        self._inherited: dict[RankKey, float] = {}
 
     def threshold(self, job: str) -> float:
         """Seconds without a heartbeat after which a warm rank of ``job`` is hung:
@@ -195,11 +202,14 @@ class HangDetector:
 
     def rank_threshold(self, key: RankKey) -> float:
         """The stall threshold of rank ``key`` now: the job's, at least ``warmup_seconds``
-        while its process has completed fewer than ``warmup_steps`` steps."""
+        while its process has completed fewer than ``warmup_steps`` steps; plus, while
+        its heartbeat is still a predecessor's (a new process that has not reported yet,
+        e.g. a rank that rejoins after its node was out), the time from that heartbeat to
+        the process's start, so that its warm-up counts from its own start."""
         limit = self.threshold(key[0])
         if self.warming_up(key):
-            return max(limit, self.settings.warmup_seconds)
-        return limit
+            limit = max(limit, self.settings.warmup_seconds)
+        return limit + self._inherited.get(key, 0.0)
 
     def warming_up(self, key: RankKey) -> bool:
         """Whether rank ``key``'s current process has completed fewer than
@@ -230,6 +240,10 @@ class HangDetector:
         current = [r for r in ranks if r.heartbeat is not None and r.heartbeat > 0]
         for r in current:
             self._step_time(r)
+        self._inherited = {}
+        for r in current:
+            if r.alive and r.heartbeat is not None and (r.started_at or 0.0) > r.heartbeat:
+                self._inherited[r.key] = (r.started_at or 0.0) - r.heartbeat
         seen = {r.key for r in current}
         for r in current:
             assert r.heartbeat is not None

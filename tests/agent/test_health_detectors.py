@@ -257,6 +257,28 @@ def test_issue18_a_new_process_warms_up_before_the_short_threshold_applies() -> 
     assert detector.thresholds() == {key: 5.0}
 
 
+def test_issue18_a_rank_rejoining_after_minutes_warms_up_from_its_own_start() -> None:
+    """A new process that has not reported yet still carries its predecessor's heartbeat
+    (the agent keeps a rank's last one): the soak's rank rejoining 2.5 minutes after its
+    node was out was hung on arrival. Its warm-up counts from its own start: the threshold
+    grows by the time from the inherited heartbeat to the start, back to normal once it
+    reports."""
+    detector = HangDetector()  # floor 5, factor 3, 3 warm-up steps, 60 s
+    key = (JOB, 2)
+    for t in range(0, 21):  # the first process, 1 s steps
+        detector.observe(float(t), [RankProgress(key, True, float(t), float(t), started_at=-1.0)])
+    assert detector.rank_threshold(key) == 5.0
+    # its node is out; the rank rejoins at t=170 with the heartbeat of t=20
+    for t in range(170, 230):
+        out = detector.observe(float(t), [RankProgress(key, True, 20.0, 20.0, started_at=170.0)])
+        assert out == [], t  # 60 s of its own warm-up, not 150 s of the predecessor's silence
+    assert detector.thresholds() == {key: 150.0 + 60.0}
+    hung = detector.observe(231.0, [RankProgress(key, True, 20.0, 20.0, started_at=170.0)])
+    assert [t.kind for t in hung] == [HANG]  # still hung if its start-up outlasts a warm-up
+    detector.observe(232.0, [RankProgress(key, True, 232.0, 21.0, started_at=170.0)])
+    assert detector.rank_threshold(key) == 60.0  # it reported: its own heartbeat now
+
+
 def test_issue18_a_job_without_step_marks_is_judged_at_the_warm_up_threshold() -> None:
     """No step marks (a job whose heartbeat is its collectives only): no step time to scale
     by, so the threshold stays ``warmup_seconds`` (60 s by default)."""
