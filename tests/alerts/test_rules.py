@@ -361,6 +361,7 @@ PROMTOOL_CASES = {
         "loss_spike_fires_and_resolves",
         "checkpoint_failing_fires_on_a_failed_save_and_resolves",
         "collective_bus_bandwidth_drop_fires_and_resolves",
+        "collective_bus_bandwidth_is_judged_at_the_present_world_size",
         "fc14_minute_long_steps_alert_for_a_straggler_not_for_jitter_or_one_slow_step",
     ],
     "targets_test.yml": [
