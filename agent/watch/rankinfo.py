@@ -12,10 +12,12 @@ shared by every job's rank of that number.
 from __future__ import annotations
 
 import dataclasses
+import signal
+from collections.abc import Iterable
 from pathlib import Path
 
 from stormwatch.agent.watch.proc_exits import signal_name
-from stormwatch.contracts.rank_env import RankEnv
+from stormwatch.contracts.rank_env import RankEnv, RankKey
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,23 @@ def marker_time(
     except OSError:
         return None
     return stamp if not written_by.isdigit() or int(written_by) == pid else None
+
+
+def is_stop(asked: float | None, code: int | None, job: str, heartbeats: Iterable[RankKey]) -> bool:
+    """Whether a rank's exit that was not a clean finish was a stop: it was asked to stop
+    (``asked``: the time of its stop marker), or it ended by SIGTERM (``code`` as
+    :func:`.procs.exit_status`: -15, or 143 from a handler that exits like a shell) in a
+    job that uses the telemetry API on the node (``heartbeats``: the ranks whose heartbeat
+    was read, with ``job`` among their jobs).
+
+    The second case is a rank stopped before its telemetry started, which could not mark
+    the request: torchrun ending the group it had just started for a new rendezvous round
+    while a peer node cannot reach the store. A job without the API has no marker at all:
+    its SIGTERM exits still count (docs/runbooks.md, StormwatchRankStalled).
+    """
+    if asked is not None:
+        return True
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM) and any(k[0] == job for k in heartbeats)
 
 
 def exit_attributes(

@@ -21,14 +21,13 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
    unlabelled ranks (``claim_unlabelled``: right for one agent per host, wrong in
    the lab, where all nodes share one PID namespace: ``--no-claim-unlabelled-ranks``);
    claimed rank processes under no launcher are *orphans* (:mod:`.orphans`), still ranks;
-4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid)
-   and counts an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was
-   written during that process's life and its exit status, when known, is 0 (the
-   API writes the marker at a clean interpreter exit, which ``sys.exit(3)`` is too),
-   or it was asked to stop (its ``rank<R>.stopping``, written at SIGTERM: a cancel,
-   requeue, preemption, torchrun stopping workers for a restart or resize), whatever its
-   status (SIGKILL after the grace period too; :func:`.rankinfo.marker_time`), unless this agent's own
-   ``kill_rank`` fault sent the SIGTERM (:meth:`RankWatcher.note_fault_signal`);
+4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid) and counts
+   an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was written during that
+   process's life and its exit status, when known, is 0 (the API writes the marker at a
+   clean interpreter exit, which ``sys.exit(3)`` is too), or it was a stop
+   (:func:`.rankinfo.is_stop`: its ``rank<R>.stopping``, written at SIGTERM, whatever its
+   status; or a SIGTERM exit before its telemetry could mark it, in a job using the API),
+   unless this agent's own ``kill_rank`` fault sent the SIGTERM (:meth:`note_fault_signal`);
 5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
    has live-gauge files, so dead ranks' current-state gauges disappear while
    their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
@@ -67,7 +66,13 @@ from stormwatch.agent.watch.procs import (
     is_torchrun_agent,
     same_time,
 )
-from stormwatch.agent.watch.rankinfo import RankExit, RankInfo, exit_attributes, marker_time
+from stormwatch.agent.watch.rankinfo import (
+    RankExit,
+    RankInfo,
+    exit_attributes,
+    is_stop,
+    marker_time,
+)
 from stormwatch.agent.watch.trainer_files import (
     HEARTBEAT_METRIC,
     LIVE_GAUGES,
@@ -404,23 +409,18 @@ class RankWatcher:
             asked = self._marked_at(tracked, "stopping")  # also a fault's SIGTERM
             if asked is not None:
                 self._stop_requests[key] = asked
-            stopped = not clean and tracked.pid not in self._fault_signalled and asked is not None
+            stopped = not clean and tracked.pid not in self._fault_signalled
+            stopped = stopped and is_stop(asked, code, key[0], self._progress)
             self._fault_signalled.discard(tracked.pid)
             if clean:
                 log.info("rank %s of job %s (pid %d) finished", key[1], key[0], tracked.pid)
             elif stopped:
-                log.info(
-                    "rank %s of job %s (pid %d) stopped on request (SIGTERM), status %s",
-                    key[1],
-                    key[0],
-                    tracked.pid,
-                    code,
-                )
+                msg = "rank %s of job %s (pid %d) stopped on request (SIGTERM), status %s"
+                log.info(msg, *reversed(key), tracked.pid, code)
             else:
                 self._unexpected[key] += 1
-                log.warning(
-                    "rank %s of job %s (pid %d) exited unexpectedly", key[1], key[0], tracked.pid
-                )
+                msg = "rank %s of job %s (pid %d) exited unexpectedly"
+                log.warning(msg, *reversed(key), tracked.pid)
             self._trace_exit(tracked, clean=clean, replaced=replaced, code=code)
             gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code, stopped)
             self._exit_counts[(key[0], key[1], gone_rank.reason)] += 1

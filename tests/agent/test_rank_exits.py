@@ -192,6 +192,66 @@ def test_issue18_a_rank_asked_to_stop_is_a_stop_unless_a_kill_rank_fault_sent_th
     )
 
 
+#: A rank still importing torch: no telemetry yet, SIGTERM's default action.
+STARTING_RANK = "import time\ntime.sleep(120)\n"
+
+
+def test_04_a_rank_stopped_before_its_telemetry_started_is_a_stop_in_a_job_using_the_api(
+    start_agent: Any, fake_torchrun: Any, tools: Any
+) -> None:
+    """Game day 04's false RankCrashLoop: while node 1 could not reach the store, node 0's
+    torchrun ended the group it had just started, three times, before the ranks' telemetry
+    started, so they could write no stop marker. A SIGTERM exit without a marker is a stop
+    in a job that uses the API here (a heartbeat of one of its ranks was read); the agent's
+    own ``kill_rank`` SIGTERM stays a failure, and so does every SIGTERM exit of a job
+    without the API (it never marks one)."""
+    agent = start_agent()
+    if not agent.agent.watcher.exits.available:
+        pytest.skip(f"no proc connector: {agent.agent.watcher.exits.reason}")
+    reporting = fake_torchrun([0], world_size=3, env={"FAKE_RANK_STOP_MARKER": "1"})
+    job = reporting.job
+    starting = fake_torchrun([1, 2], job=job, world_size=3, rank_code=STARTING_RANK)
+    plain = fake_torchrun([0], rank_code=STARTING_RANK)  # a job without the API
+    tools.wait_for(lambda: len(_ranks(tools, agent, job)) == 3 and _ranks(tools, agent, plain.job))
+    tools.wait_for(
+        lambda: (
+            tools.scrape(agent.url).value(
+                "stormwatch_train_steps_total", training_job=job, rank="0"
+            )
+            == 3
+        )
+    )
+    time.sleep(1.5)  # a scan reads rank 0's heartbeat
+    os.kill(starting.wait_pid(1), signal.SIGTERM)  # its torchrun's new rendezvous round
+    os.kill(plain.wait_pid(0), signal.SIGTERM)
+    reply = tools.http(
+        "POST",
+        agent.fault_url + "/v1/faults",
+        body={"id": "term2", "kind": "kill_rank", "rank": 2, "job": job, "signal": "SIGTERM"},
+        token=tools.token,
+    )
+    assert reply.status == 201, reply.text
+    events = tools.wait_for(
+        lambda: (found := _events(tools, agent, job)).keys() == {1, 2} and found
+    )
+    assert events[1]["reason"] == "stopped", events[1]
+    assert events[2]["reason"] != "stopped", events[2]
+    plain_exit = tools.wait_for(lambda: _events(tools, agent, plain.job).get(0))
+    assert plain_exit["reason"] != "stopped", plain_exit
+    scrape = tools.wait_for(
+        lambda: (
+            (s := tools.scrape(agent.url)).value(
+                "stormwatch_rank_unexpected_exits_total", training_job=plain.job, rank="0"
+            )
+            == 1
+            and s
+        )
+    )
+    unexpected = "stormwatch_rank_unexpected_exits_total"
+    assert scrape.value(unexpected, training_job=job, rank="1") == 0
+    assert scrape.value(unexpected, training_job=job, rank="2") == 1
+
+
 def test_a_watcher_without_exit_events_counts_the_exit_as_unknown(
     fake_torchrun: Any, metrics_dir: Path, tools: Any
 ) -> None:
