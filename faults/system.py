@@ -143,6 +143,24 @@ def option_value(cmdline: Sequence[str], *names: str) -> str | None:
     return None
 
 
+def store_endpoint(cmdline: Sequence[str]) -> tuple[str, int] | None:
+    """The rendezvous store a torchrun command line names, as ``(host, port)``:
+    ``--rdzv-endpoint HOST:PORT`` (or ``--rdzv_endpoint``; an IPv6 host in brackets loses
+    them), else ``--master-addr``/``--master-port`` (static rendezvous). None when it names
+    none, or a port that is not an integer in 1..65535 (torchrun's own default then
+    applies, which this cannot know). Loopback hosts are returned as they are."""
+    rdzv = option_value(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
+    if rdzv:
+        host, _, port = rdzv.rpartition(":")
+    else:
+        host = option_value(cmdline, "--master-addr", "--master_addr") or ""
+        port = option_value(cmdline, "--master-port", "--master_port") or ""
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 def rank_option(ctx: FaultContext, job: str | None, *names: str) -> Path | None:
     """An option of the trainer (after ``train`` on a rank's command line), resolved."""
     for info in job_ranks(ctx, job):

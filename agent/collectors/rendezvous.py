@@ -48,7 +48,7 @@ from prometheus_client.core import Metric
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.contracts.rank_env import is_torchrun_agent
-from stormwatch.faults.system import option_value
+from stormwatch.faults.system import store_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +77,11 @@ def _parse(host: str | None, port: str | None) -> Endpoint | None:
 
 
 def launcher_endpoint(cmdline: Sequence[str]) -> Endpoint | None:
-    """The store a torchrun command line names: ``--rdzv-endpoint HOST:PORT`` (or
-    ``--rdzv_endpoint``), else ``--master-addr``/``--master-port``; None for none, a
+    """The store a torchrun command line names (:func:`~stormwatch.faults.system.store_endpoint`:
+    ``--rdzv-endpoint``, else ``--master-addr``/``--master-port``); None for none, a
     malformed one, or a loopback host."""
-    rdzv = option_value(cmdline, "--rdzv-endpoint", "--rdzv_endpoint")
-    if rdzv:
-        host, _, port = rdzv.rpartition(":")
-        return _parse(host, port)
-    return _parse(
-        option_value(cmdline, "--master-addr", "--master_addr"),
-        option_value(cmdline, "--master-port", "--master_port"),
-    )
+    endpoint = store_endpoint(cmdline)
+    return None if endpoint is None else _parse(endpoint[0], str(endpoint[1]))
 
 
 class Launcher(Protocol):

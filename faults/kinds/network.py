@@ -39,9 +39,9 @@ from stormwatch.faults.limits import JobName, NodeName
 from stormwatch.faults.node import FaultContext
 from stormwatch.faults.system import (
     job_ranks,
-    option_value,
     run,
     short_tag,
+    store_endpoint,
     torchruns,
     wait_until,
 )
@@ -87,7 +87,8 @@ class PartitionRequest(FaultRequest):
 
 
 class IsolateStoreRequest(FaultRequest):
-    """``isolate_store``: ``store`` ``host:port`` (default: the job's ``--rdzv-endpoint``)."""
+    """``isolate_store``: ``store`` ``host:port`` (default: the job's torchrun's store,
+    :func:`~stormwatch.faults.system.store_endpoint`)."""
 
     kind: Literal["isolate_store"]
     store: str | None = Field(default=None, pattern=r"^[^:\s]+:[0-9]{1,5}$")
@@ -278,17 +279,20 @@ class IsolateStore(_IptablesFault[IsolateStoreRequest]):
 
     def prepare(self, ctx: FaultContext) -> None:
         spec = self.request
-        store = spec.store
-        if store is None:
+        endpoint = None
+        if spec.store is not None:  # validated: HOST:PORT
+            host, port = spec.store.rsplit(":", 1)
+            endpoint = host, int(port)
+        else:
             for agent in torchruns(ctx, job_ranks(ctx, spec.job)):
-                store = option_value(agent.cmdline(), "--rdzv-endpoint", "--rdzv_endpoint")
-                if store:
+                endpoint = store_endpoint(agent.cmdline())
+                if endpoint is not None:
                     break
-        if not store or ":" not in store:
+        if endpoint is None:
             raise FaultTargetNotFound(
                 f"no rendezvous endpoint found on node {ctx.node}; give 'store' (host:port)"
             )
-        host, port = store.rsplit(":", 1)
+        host, port = endpoint[0], str(endpoint[1])
         try:
             address = socket.gethostbyname(host)
         except OSError as exc:

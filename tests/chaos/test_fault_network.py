@@ -291,17 +291,27 @@ finally:
 """
 
 
-def test_isolate_store_defaults_to_the_jobs_rendezvous_endpoint(net, tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["rdzv-endpoint", "master-addr"])
+def test_isolate_store_defaults_to_the_jobs_rendezvous_endpoint(
+    net, tmp_path: Path, form: str
+) -> None:
+    """The job's store, as its torchrun names it: ``--rdzv-endpoint`` (c10d rendezvous) or
+    ``--master-addr``/``--master-port`` (static rendezvous), like the agent's store probe."""
     script = tmp_path / "bin" / "torchrun"  # the agent recognises torchrun by name
     script.parent.mkdir()
     script.write_text(LAUNCHER)
     endpoint = f"{net.addr_b}:{PEER}"
+    names = (
+        ["--rdzv-endpoint", endpoint]
+        if form == "rdzv-endpoint"
+        else ["--master-addr", net.addr_b, "--master-port", str(PEER)]
+    )
     launcher = subprocess.Popen(
-        [sys.executable, str(script), "--rdzv-endpoint", endpoint, "job-rdzv", str(net.metrics_dir)]
+        [sys.executable, str(script), *names, "job-rdzv", str(net.metrics_dir)]
     )
     try:
         body = {
-            "id": "store-default",
+            "id": f"store-default-{form}",
             "kind": "isolate_store",
             "job": "job-rdzv",
             "ttl_seconds": 60,
@@ -313,7 +323,7 @@ def test_isolate_store_defaults_to_the_jobs_rendezvous_endpoint(net, tmp_path: P
         assert reply[0] == 201 and reply[1]["details"]["store"] == endpoint, reply
         assert not net.a_connects(net.addr_b, PEER)
         assert net.a_connects(net.addr_b, OTHER)
-        assert net.revert("store-default")[0] == 200
+        assert net.revert(f"store-default-{form}")[0] == 200
         assert net.a_connects(net.addr_b, PEER) and net.rules() == []
     finally:
         launcher.terminate()
