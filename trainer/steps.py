@@ -205,15 +205,18 @@ class StepLoop:
         sampler = self._sampler
         last_step = sampler.next_step - 1
         self._model.train()
-        while sampler.next_step <= self._config.steps:
-            self._arm(sampler.next_step)
-            with self._session.span("step", step=sampler.next_step):
-                last_step, final_loss = self._step()
-            if self._evaluator is not None and self._evaluator.due(last_step):
-                self._evaluator.run(last_step)
-            if self._config.step_delay > 0:
-                time.sleep(self._config.step_delay)
-        self._cadence.commit_pending()  # async: commit the last save before "done"
+        try:
+            while sampler.next_step <= self._config.steps:
+                self._arm(sampler.next_step)
+                with self._session.span("step", step=sampler.next_step):
+                    last_step, final_loss = self._step()
+                if self._evaluator is not None and self._evaluator.due(last_step):
+                    self._evaluator.run(last_step)
+                if self._config.step_delay > 0:
+                    time.sleep(self._config.step_delay)
+            self._cadence.commit_pending()  # async: commit the last save before "done"
+        finally:
+            self._checkpointer.close()  # async: the writer thread, staging buffers, cached plan
         return last_step, final_loss
 
     def _arm(self, step: int) -> None:
@@ -245,6 +248,7 @@ class StepLoop:
             ),
         )
         norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
+        self._cadence.before_update()  # async: the save's copy of the state must have ended
         with counter, self._session.span("optimizer"):
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)

@@ -7,7 +7,10 @@ write has finished (also agreed through that all-reduce), or before the next
 save, or at the end of training. Every save and commit runs through the
 :class:`~stormwatch.trainer.checkpoint.budget.FailureBudget` (a failed one is
 counted, too many in a row stop the job) inside a ``checkpoint_save`` /
-``checkpoint_commit`` span.
+``checkpoint_commit`` span. In async mode the loop also waits, before its next
+optimizer step, for a save's copy of the state when it has not ended yet (a
+``checkpoint_copy`` span, only then): the loop's blocking time per async save is
+``checkpoint_save`` + ``checkpoint_copy`` + ``checkpoint_commit``.
 
 Saves and commits are a ``checkpoint_save`` phase (:func:`stormwatch.telemetry.phase`)
 with a bound that follows this run's own saves: :data:`SAVE_BOUND_FACTOR` x the longest
@@ -78,6 +81,15 @@ class CheckpointCadence:
         pending = self._checkpointer.pending_step
         with self._tracing.span("checkpoint_commit", step=pending), self._phase():
             self._budget.run(pending or step, self._checkpointer.finish)
+
+    def before_update(self) -> None:
+        """Before the optimizer changes the parameters in place: wait for the async save's
+        copy of the state, if it is still running (a ``checkpoint_copy`` span of its step)."""
+        if not self._checkpointer.copy_pending():
+            return
+        pending = self._checkpointer.pending_step
+        with self._tracing.span("checkpoint_copy", step=pending), self._phase():
+            self._checkpointer.wait_for_copy()
 
     def save_if_due(self, step: int, *, last_step: int, requested: bool) -> None:
         """Save after ``step`` when it is due, the last one, or ``requested`` by any rank."""
