@@ -102,17 +102,16 @@ class BackgroundSaver:
 
     Args:
         protocol: the save's collective steps over the checkpointer's own group.
-        accelerator: stage into pinned memory with non-blocking copies on a side stream
-            (``torch.accelerator.is_available()``; DCP's non-blocking copy requires it).
+        accelerator: the state is on an accelerator (GPU): stage into pinned memory with
+            non-blocking copies on a side stream (DCP's non-blocking copy requires one).
 
     One save at a time: the caller waits for ``done`` before the next :meth:`start`
     (the next copy overwrites the staging buffers).
     """
 
-    def __init__(self, protocol: SaveProtocol, *, accelerator: bool | None = None) -> None:
-        if accelerator is None:
-            accelerator = torch.accelerator.is_available()
+    def __init__(self, protocol: SaveProtocol, *, accelerator: bool) -> None:
         self._protocol = protocol
+        self._accelerator = accelerator
         self._stager = DefaultStager(
             StagingOptions(
                 use_pinned_memory=accelerator,
@@ -131,6 +130,11 @@ class BackgroundSaver:
         over the protocol's group, in the order of the calls.
         """
         copied: Future[Any]
+        if self._accelerator:
+            # DCP's side-stream copy does not wait for the compute stream: the step's
+            # optimizer kernels must have run (the loop's loss read has waited for them
+            # already, so this costs nothing there).
+            torch.accelerator.synchronize()
         try:
             staged = self._stager.stage(captured)
         except DCP_ERRORS as exc:  # not even handed to the staging thread

@@ -110,7 +110,8 @@ class Checkpointer:
                 else None
             )
             self._background = BackgroundSaver(
-                SaveProtocol(root, keep=config.keep, layout=layout, hook=fault_hook, group=group)
+                SaveProtocol(root, keep=config.keep, layout=layout, hook=fault_hook, group=group),
+                accelerator=any(p.device.type != "cpu" for p in state.model.parameters()),
             )
 
     @property
