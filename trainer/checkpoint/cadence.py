@@ -2,9 +2,10 @@
 
 A save follows every ``every``-th step, the last step, and a step at which any
 rank asked for one (a chaos ``checkpoint_now`` request, agreed through the
-gradient-norm all-reduce). In async mode a save is committed once every rank's
-write has finished (also agreed through that all-reduce), or before the next
-save, or at the end of training. Every save and commit runs through the
+gradient-norm all-reduce). In async mode a save is written and committed on the
+checkpointer's writer thread; the loop records the commit once every rank's save
+has ended (also agreed through that all-reduce), or before the next save, or at
+the end of training. Every save and commit runs through the
 :class:`~stormwatch.trainer.checkpoint.budget.FailureBudget` (a failed one is
 counted, too many in a row stop the job) inside a ``checkpoint_save`` /
 ``checkpoint_commit`` span. In async mode the loop also waits, before its next
@@ -75,7 +76,7 @@ class CheckpointCadence:
                 self._longest = max(self._longest, time.monotonic() - started)
 
     def commit_written(self, step: int, *, every_rank_written: bool) -> None:
-        """Commit the async save in flight once every rank's write has finished."""
+        """Record the async save in flight once every rank's save has ended (committed or failed)."""
         if not every_rank_written:
             return
         pending = self._checkpointer.pending_step
@@ -101,7 +102,7 @@ class CheckpointCadence:
             self._budget.run(step, functools.partial(self._checkpointer.save, step))
 
     def commit_pending(self) -> None:
-        """Wait for and commit the async save in flight, if any (before a save, at the end)."""
+        """Wait for the async save in flight, if any, and record it (before a save, at the end)."""
         pending = self._checkpointer.pending_step
         if pending is None:
             return
