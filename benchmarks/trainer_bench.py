@@ -41,10 +41,11 @@ repetition's ratio, with their min..max):
   measurable: its distance from 1 at most the largest distance from 1 of the
   A/A ratios), plus the channel's own per-step work timed directly;
 * checkpoint blocking: time the training loop spends in its
-  ``checkpoint_save`` + ``checkpoint_commit`` spans per checkpoint, async /
-  sync (target <= 0.1), same state; the first and the last checkpoint of each
-  trial are left out (one-time set-up; the final commit waits for the write
-  on purpose);
+  ``checkpoint_save`` + ``checkpoint_copy`` (async: waiting for the save's copy
+  of the state before the next optimizer step, when it has not ended) +
+  ``checkpoint_commit`` spans per checkpoint, async / sync (target <= 0.1),
+  same state; the first and the last checkpoint of each trial are left out
+  (one-time set-up; the final commit waits for the write on purpose);
 * exposed communication: collective wait / step time, from the trainer's own
   ``stormwatch_train_collective_wait_seconds`` and ``..._compute_seconds``
   counters (instrumented trials, per rank; the wait includes the
@@ -59,6 +60,7 @@ made on any figure: the table is for people; README.md "Benchmarks" records runs
 Usage::
 
     .venv/bin/python benchmarks/trainer_bench.py [--quick] [--reps 5] [--json results.json]
+        [--variants ckpt-sync,ckpt-async]   # the checkpoint trials alone
 
 The plan and what each rank runs: ``trainer_trials.py``; the printed table and
 notes: ``trainer_report.py`` (siblings of this script).
@@ -199,22 +201,8 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         busy = result["compute_seconds"] + result["wait_seconds"]
         return float(result["wait_seconds"] / busy) if busy > 0 else float("nan")
 
-    ckpt: dict[str, list[float]] = {}
-    for variant in ("ckpt-sync", "ckpt-async"):
-        for span in ("checkpoint_save", "checkpoint_commit"):
-            ckpt[f"{variant}/{span}"] = [blocking(rep, variant, span) for rep in range(plan.reps)]
-    sync = [
-        a + b
-        for a, b in zip(
-            ckpt["ckpt-sync/checkpoint_save"], ckpt["ckpt-sync/checkpoint_commit"], strict=True
-        )
-    ]
-    async_ = [
-        a + b
-        for a, b in zip(
-            ckpt["ckpt-async/checkpoint_save"], ckpt["ckpt-async/checkpoint_commit"], strict=True
-        )
-    ]
+    if not set(STEP_VARIANTS) <= set(plan.variants):  # --variants ckpt-sync,ckpt-async
+        return _ckpt_figures(plan, blocking, [r for r in ranks[0] if r["rep"] >= 0])
     fractions = [
         median([exposed(rep, rank) for rep in range(plan.reps)]) for rank in range(len(ranks))
     ]
@@ -227,12 +215,34 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "cpu_ratio": {v: paired(v, "cpu") for v in STEP_VARIANTS[1:]},
         "channel_cost": _channel_cost(bare_wall),
         "counter_cost": _counter_cost(pooled("bare", "cpu"), per_step),
+        "exposed_fraction_by_rank": fractions,
+        **_ckpt_figures(plan, blocking, [r for r in ranks[0] if r["rep"] >= 0]),
+    }
+
+
+def _ckpt_figures(plan: Plan, blocking: Any, rank0: list[dict[str, Any]]) -> dict[str, Any]:
+    """Checkpoint blocking per save, by span and in all (``checkpoint_save`` +
+    ``checkpoint_copy`` + ``checkpoint_commit``), sync and async, per repetition; with
+    ``--variants`` of the checkpoint trials alone, also their step wall times."""
+    spans = ("checkpoint_save", "checkpoint_copy", "checkpoint_commit")
+    ckpt: dict[str, list[float]] = {}
+    for variant in ("ckpt-sync", "ckpt-async"):
+        for span in spans:
+            ckpt[f"{variant}/{span}"] = [blocking(rep, variant, span) for rep in range(plan.reps)]
+    sync, async_ = (
+        [sum(ckpt[f"{variant}/{span}"][rep] for span in spans) for rep in range(plan.reps)]
+        for variant in ("ckpt-sync", "ckpt-async")
+    )
+    return {
         "ckpt_parts_seconds": {k: median(v) for k, v in ckpt.items()},
         "ckpt_sync_seconds": sync,
         "ckpt_async_seconds": async_,
         "ckpt_ratio": [a / s for a, s in zip(async_, sync, strict=True)],
-        "checkpoint_bytes": max(r.get("checkpoint_bytes", 0) for r in ranks[0]),
-        "exposed_fraction_by_rank": fractions,
+        "checkpoint_bytes": max(r.get("checkpoint_bytes", 0) for r in rank0),
+        "ckpt_wall_seconds": {
+            v: median([x for r in rank0 if r["variant"] == v for x in r["wall"]])
+            for v in ("ckpt-sync", "ckpt-async")
+        },
     }
 
 
@@ -275,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, help=f"repetitions (default {Plan.reps})")
     parser.add_argument("--steps", type=int, help=f"steps per trial (default {Plan.steps})")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--variants",
+        type=lambda text: tuple(text.split(",")),
+        help="comma-separated subset to run: all of them (default), or ckpt-sync,ckpt-async",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -284,12 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, reps=args.reps)
     if args.steps is not None:
         plan = dataclasses.replace(plan, steps=args.steps)
+    if args.variants is not None:
+        if set(args.variants) not in ({"ckpt-sync", "ckpt-async"}, set(VARIANTS)):
+            parser.error(f"--variants takes ckpt-sync,ckpt-async or all of {','.join(VARIANTS)}")
+        plan = dataclasses.replace(plan, variants=tuple(v for v in VARIANTS if v in args.variants))
     if plan.reps < 1 or plan.steps <= plan.warmup:
         parser.error(f"--reps must be >= 1 and --steps > {plan.warmup} (the warm-up steps)")
     trials = len(plan.trials())
     print(
-        f">> {NPROC} ranks, {trials} trials ({plan.reps} x {len(VARIANTS)} variants, "
-        f"{trials - plan.reps * len(VARIANTS)} warm-up), "
+        f">> {NPROC} ranks, {trials} trials ({plan.reps} x {len(plan.variants)} variants, "
+        f"{trials - plan.reps * len(plan.variants)} warm-up), "
         f"{plan.steps} steps each ({plan.ckpt_steps} for checkpoints)",
         flush=True,
     )

@@ -44,12 +44,14 @@ def _table(title: str, figures: dict[str, Any]) -> Any:
     def verdict(value: float, limit: float) -> str:
         return f"<= {limit}" + (" OK" if value <= limit else " MISSED")
 
-    wall, cpu = figures["wall_seconds"], figures["cpu_seconds"]
+    wall, cpu = figures.get("wall_seconds", {}), figures.get("cpu_seconds", {})
     table = Table(title=title)
     for column in ("measure", "baseline", "measured", "ratio (median)", "min..max", "target"):
         table.add_column(column, justify="left" if column == "measure" else "right")
 
     def step_row(label: str, variant: str, kind: str, target: str) -> None:
+        if variant not in figures.get(f"{kind}_ratio", {}):  # --variants: not run
+            return
         values = figures[f"{kind}_ratio"][variant]
         source = wall if kind == "wall" else cpu
         ratio = median(values)
@@ -92,7 +94,9 @@ def _table(title: str, figures: dict[str, Any]) -> Any:
         spread(figures["ckpt_ratio"]),
         verdict(ratio, 0.1),
     )
-    by_rank = figures["exposed_fraction_by_rank"]
+    by_rank = figures.get("exposed_fraction_by_rank")
+    if by_rank is None:  # --variants: not run
+        return table
     table.add_row(
         "exposed communication: collective wait / step time (instrumented)",
         "-",
@@ -106,8 +110,28 @@ def _table(title: str, figures: dict[str, Any]) -> Any:
 
 def _print_notes(figures: dict[str, Any], host: dict[str, str], ckpt_every: int) -> None:
     """The notes under the table: direct timings, checkpoint spans, the machine."""
-    wall = figures["wall_seconds"]
+    wall = figures["ckpt_wall_seconds"]
+    if "channel_cost" in figures:  # not run with --variants ckpt-sync,ckpt-async
+        _print_step_notes(figures)
+    parts = figures["ckpt_parts_seconds"]
+    print(
+        f"checkpoint blocking by span (median ms per save): sync save "
+        f"{parts['ckpt-sync/checkpoint_save'] * 1000:.1f}; async save (state-dict capture, "
+        f"hand-over) {parts['ckpt-async/checkpoint_save'] * 1000:.1f} + waiting for the copy "
+        f"before the next optimizer step {parts['ckpt-async/checkpoint_copy'] * 1000:.1f} + "
+        f"commit (recorded; written in the background) "
+        f"{parts['ckpt-async/checkpoint_commit'] * 1000:.1f}. Step wall time while "
+        f"checkpointing every {ckpt_every}: sync {_ms(wall['ckpt-sync'])}, "
+        f"async {_ms(wall['ckpt-async'])} (copy and writes overlap training)"
+    )
+    print(
+        f"machine: {host['cpu']}; torch {host['torch']}, Python {host['python']}; "
+        f"{host['date']}; load average after the run: {host['loadavg']}"
+    )
 
+
+def _print_step_notes(figures: dict[str, Any]) -> None:
+    """The direct timings of collective counting and of the control channel."""
     cost = figures["channel_cost"]
     counting = figures["counter_cost"]
     print(
@@ -116,22 +140,9 @@ def _print_notes(figures: dict[str, Any], host: dict[str, str], ckpt_every: int)
         f"{counting['collectives_per_step']:.1f} collectives per step = "
         f"{counting['share'] * 100:.2f} % of a bare step's CPU time"
     )
-    parts = figures["ckpt_parts_seconds"]
     print(
         f"control channel work per step (poll + checks; file of expired faults), timed directly: "
         f"{cost['seconds'] * 1e6:.1f} us = {cost['share'] * 100:.3f} % of a bare step"
-    )
-    print(
-        f"checkpoint blocking by span (median ms per save): sync save "
-        f"{parts['ckpt-sync/checkpoint_save'] * 1000:.1f}; async save (staging, agreeing) "
-        f"{parts['ckpt-async/checkpoint_save'] * 1000:.1f} + commit (marker, checksums, rename) "
-        f"{parts['ckpt-async/checkpoint_commit'] * 1000:.1f}. Step wall time while "
-        f"checkpointing every {ckpt_every}: sync {_ms(wall['ckpt-sync'])}, "
-        f"async {_ms(wall['ckpt-async'])} (writes overlap training)"
-    )
-    print(
-        f"machine: {host['cpu']}; torch {host['torch']}, Python {host['python']}; "
-        f"{host['date']}; load average after the run: {host['loadavg']}"
     )
 
 

@@ -39,13 +39,17 @@ class Plan:
     ckpt_d_model: int = 256
     ckpt_layers: int = 4
     warmup_trials: bool = True
+    #: the variants run (``--variants``), in VARIANTS' order
+    variants: tuple[str, ...] = VARIANTS
 
     def trials(self) -> list[tuple[int, str]]:
         """(repetition, variant) in run order; repetition -1 is a warm-up trial."""
-        out = [(-1, "instrumented"), (-1, "ckpt-async")] if self.warmup_trials else []
+        variants = tuple(self.variants)
+        warmups = [(-1, v) for v in ("instrumented", "ckpt-async") if v in variants]
+        out = warmups if self.warmup_trials else []
         for rep in range(self.reps):
-            shift = rep % len(VARIANTS)
-            out += [(rep, v) for v in VARIANTS[shift:] + VARIANTS[:shift]]
+            shift = rep % len(variants)
+            out += [(rep, v) for v in variants[shift:] + variants[:shift]]
         return out
 
 
@@ -127,8 +131,13 @@ def _counters(metrics_dir: Path, rank: int) -> tuple[float, float, float]:
 
 
 def _span_seconds(spans_file: Path, last_step: int, first_step: int) -> dict[str, list[float]]:
-    """checkpoint_save / checkpoint_commit durations (s) of checkpoints first_step < s < last_step."""
-    out: dict[str, list[float]] = {"checkpoint_save": [], "checkpoint_commit": []}
+    """checkpoint_save / _copy / _commit durations (s) of checkpoints first_step < s < last_step
+    (``checkpoint_copy``: the loop waiting for an async save's copy before its optimizer step)."""
+    out: dict[str, list[float]] = {
+        "checkpoint_save": [],
+        "checkpoint_copy": [],
+        "checkpoint_commit": [],
+    }
     for line in spans_file.read_text().splitlines():
         span = json.loads(line)
         if span["name"] not in out:

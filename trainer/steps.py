@@ -6,7 +6,8 @@ file armed for the step, forward and backward of every micro-batch
 (:class:`~stormwatch.trainer.passes.ForwardBackward`; the fault points that act
 before the first backward), the global gradient norm over every stage (one world
 all-reduce, not counted with the step's collectives, that also carries two votes:
-a requested checkpoint and a finished async write), the optimizer step, the loss
+a requested checkpoint and a finished async save), a wait for an async save's copy
+of the state if it has not ended (it must hold its own step's values), the optimizer step, the loss
 all-reduced over the data-parallel dimensions and ``pp`` (the logged loss is the
 global mean, identical on every rank), the step's telemetry and progress line
 (:class:`StepReport`: compute vs collective-wait split, MFU, memory), then commits
@@ -143,7 +144,8 @@ class StepLoop:
 
     Each step: the chaos fault points armed for it, forward and backward
     (:class:`~stormwatch.trainer.passes.ForwardBackward`), the global gradient norm
-    (one world all-reduce carrying the checkpoint votes), the optimizer, the
+    (one world all-reduce carrying the checkpoint votes), the async save's copy
+    awaited, the optimizer, the
     global mean loss, the step's report, then commits and saves
     (:class:`~stormwatch.trainer.checkpoint.cadence.CheckpointCadence`);
     collectives counted by the :class:`CollectiveCounter`.
@@ -205,15 +207,18 @@ class StepLoop:
         sampler = self._sampler
         last_step = sampler.next_step - 1
         self._model.train()
-        while sampler.next_step <= self._config.steps:
-            self._arm(sampler.next_step)
-            with self._session.span("step", step=sampler.next_step):
-                last_step, final_loss = self._step()
-            if self._evaluator is not None and self._evaluator.due(last_step):
-                self._evaluator.run(last_step)
-            if self._config.step_delay > 0:
-                time.sleep(self._config.step_delay)
-        self._cadence.commit_pending()  # async: commit the last save before "done"
+        try:
+            while sampler.next_step <= self._config.steps:
+                self._arm(sampler.next_step)
+                with self._session.span("step", step=sampler.next_step):
+                    last_step, final_loss = self._step()
+                if self._evaluator is not None and self._evaluator.due(last_step):
+                    self._evaluator.run(last_step)
+                if self._config.step_delay > 0:
+                    time.sleep(self._config.step_delay)
+            self._cadence.commit_pending()  # async: commit the last save before "done"
+        finally:
+            self._checkpointer.close()  # async: the writer thread, staging buffers, cached plan
         return last_step, final_loss
 
     def _arm(self, step: int) -> None:
@@ -245,6 +250,7 @@ class StepLoop:
             ),
         )
         norm_seconds = time.perf_counter() - norm_started  # ~all of it waits in the all-reduce
+        self._cadence.before_update()  # async: the save's copy of the state must have ended
         with counter, self._session.span("optimizer"):
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)

@@ -2,12 +2,16 @@
 
 A save follows every ``every``-th step, the last step, and a step at which any
 rank asked for one (a chaos ``checkpoint_now`` request, agreed through the
-gradient-norm all-reduce). In async mode a save is committed once every rank's
-write has finished (also agreed through that all-reduce), or before the next
-save, or at the end of training. Every save and commit runs through the
+gradient-norm all-reduce). In async mode a save is written and committed on the
+checkpointer's writer thread; the loop records the commit once every rank's save
+has ended (also agreed through that all-reduce), or before the next save, or at
+the end of training. Every save and commit runs through the
 :class:`~stormwatch.trainer.checkpoint.budget.FailureBudget` (a failed one is
 counted, too many in a row stop the job) inside a ``checkpoint_save`` /
-``checkpoint_commit`` span.
+``checkpoint_commit`` span. In async mode the loop also waits, before its next
+optimizer step, for a save's copy of the state when it has not ended yet (a
+``checkpoint_copy`` span, only then): the loop's blocking time per async save is
+``checkpoint_save`` + ``checkpoint_copy`` + ``checkpoint_commit``.
 
 Saves and commits are a ``checkpoint_save`` phase (:func:`stormwatch.telemetry.phase`)
 with a bound that follows this run's own saves: :data:`SAVE_BOUND_FACTOR` x the longest
@@ -72,12 +76,21 @@ class CheckpointCadence:
                 self._longest = max(self._longest, time.monotonic() - started)
 
     def commit_written(self, step: int, *, every_rank_written: bool) -> None:
-        """Commit the async save in flight once every rank's write has finished."""
+        """Record the async save in flight once every rank's save has ended (committed or failed)."""
         if not every_rank_written:
             return
         pending = self._checkpointer.pending_step
         with self._tracing.span("checkpoint_commit", step=pending), self._phase():
             self._budget.run(pending or step, self._checkpointer.finish)
+
+    def before_update(self) -> None:
+        """Before the optimizer changes the parameters in place: wait for the async save's
+        copy of the state, if it is still running (a ``checkpoint_copy`` span of its step)."""
+        if not self._checkpointer.copy_pending():
+            return
+        pending = self._checkpointer.pending_step
+        with self._tracing.span("checkpoint_copy", step=pending), self._phase():
+            self._checkpointer.wait_for_copy()
 
     def save_if_due(self, step: int, *, last_step: int, requested: bool) -> None:
         """Save after ``step`` when it is due, the last one, or ``requested`` by any rank."""
@@ -89,7 +102,7 @@ class CheckpointCadence:
             self._budget.run(step, functools.partial(self._checkpointer.save, step))
 
     def commit_pending(self) -> None:
-        """Wait for and commit the async save in flight, if any (before a save, at the end)."""
+        """Wait for the async save in flight, if any, and record it (before a save, at the end)."""
         pending = self._checkpointer.pending_step
         if pending is None:
             return

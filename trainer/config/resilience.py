@@ -26,9 +26,9 @@ class CheckpointConfig:
         keep: number of complete checkpoints to keep (default 3); older ones
             are deleted only after a newer one is complete (FC-11).
         mode: ``"sync"`` (default: training waits for the save) or
-            ``"async"`` (``dcp.async_save``: training goes on while a
-            background thread writes; committed once every rank's write
-            has finished, see :mod:`stormwatch.trainer.checkpoint.checkpointer`).
+            ``"async"`` (training goes on while a background thread copies,
+            writes and commits; the loop blocks for the state-dict capture, and
+            for the copy only if it has not ended by the next optimizer step, see :mod:`stormwatch.trainer.checkpoint.background`).
         failures_allowed: failed saves in a row the job trains through (each is
             counted and logged, the partial folder is left for the next resume's
             clean-up); one more stops the job with the last error. 0: the first
@@ -48,8 +48,8 @@ class CheckpointConfig:
         "--checkpoint-mode",
         default="sync",
         choices=CHECKPOINT_MODES,
-        help="sync: training waits for each save; async: dcp.async_save, committed when "
-        "every rank's write has finished.",
+        help="sync: training waits for each save; async: copied, written and committed in "
+        "the background (DCP) while training goes on.",
     )
     failures_allowed: int = option(
         "--checkpoint-failures-allowed",
