@@ -422,6 +422,7 @@ def test_promtool_case_table_matches_the_test_file(file: str) -> None:
         "at_15s_a_healthy_job_is_not_hung_between_scrapes_and_a_stall_still_fires",
         "issue18_ranks_waiting_for_a_node_no_agent_shows_are_not_named",
         "issue18_ranks_waiting_after_a_node_came_back_are_not_named",
+        "issue18_ranks_waiting_for_peers_that_are_leaving_are_not_named",
         "issue18_a_rank_whose_agent_exports_no_threshold_gets_the_fallback",
         "issue18_a_rank_that_just_left_a_phase_is_not_stalled_while_its_heartbeat_catches_up",
     ],
