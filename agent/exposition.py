@@ -171,6 +171,8 @@ class ExpositionCache:
         self._generation = 0  # bumped by invalidate()
         self._rendered_generation = -1
         self.renders = 0
+        #: CPU seconds (of the rendering threads) every render took since construction.
+        self.render_cpu_seconds = 0.0
         self._render_seconds = 0.0
         self.durations = RenderDurations()
         self._live.register(self.durations)
@@ -210,7 +212,9 @@ class ExpositionCache:
         generation = self._generation
         snapshot = self._sampler.latest if self._sampler is not None else None
         started = self._monotonic()
+        cpu_started = time.thread_time()
         bodies = {fmt: self._render(fmt) for fmt in sorted(self._formats)}
+        self.render_cpu_seconds += time.thread_time() - cpu_started
         self._bodies = bodies
         self._body, self._snapshot = bodies[False], snapshot
         self._render_seconds = self._monotonic() - started

@@ -67,7 +67,7 @@ class NvlinkCollector:
                 for series in targets:
                     value = series.value(device, name)
                     if value is not None:
-                        family.add_metric(series.labels, value, series.extra)
+                        family.add_labelled(series.label_dict, value)
             if not device.nvlink.present:
                 supported.add_metric([gpu, "all"], 0.0)
                 continue
