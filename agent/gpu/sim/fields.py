@@ -1,7 +1,8 @@
 """Field values of the simulated GPUs (``nvmlDeviceGetFieldValues``).
 
 Each supported ``NVML_FI_DEV_*`` id maps to a function of the simulated GPU
-(and, for per-link fields, the link): NVLink link count, throughput (scope =
+(and, for per-link fields, the link): NVLink link count, link state (scope = link),
+throughput (scope =
 link) and error counters (per-link, scoped and totals), ECC, retired pages,
 remapped rows, PCIe replays, memory temperature, violation timers. Every other
 id, and the ids in ``SimGpu.unsupported_fields``, answers NOT_SUPPORTED in its
@@ -146,6 +147,17 @@ def _fill_field(
             return
         set_field(entry, "valueType", _UINT)
         entry.value.uiVal = len(gpu.links)
+        set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
+        return
+    if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
+        if not 0 <= scope < len(gpu.links):
+            set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            return
+        active = gpu.links[scope].active
+        set_field(entry, "valueType", _UINT)
+        entry.value.uiVal = (
+            pynvml.NVML_NVLINK_STATE_ACTIVE if active else pynvml.NVML_NVLINK_STATE_INACTIVE
+        )
         set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
         return
     if field_id in _COUNTER_FIELDS:
