@@ -186,3 +186,19 @@ def test_the_agent_imports_no_kubernetes_trainer_or_platform_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_nvlink_series_reuse_their_labels_and_equal_a_fresh_collectors() -> None:
+    sampler = _sampler(FakeNvml(2, links_per_gpu=4))
+    sampler.sample()
+    warm = NvlinkCollector(sampler, hostname="n")
+    list(warm.collect())
+    sampler.sample()
+    again = list(warm.collect())
+    fresh = list(NvlinkCollector(sampler, hostname="n").collect())
+    assert [(f.name, f.samples) for f in again] == [(f.name, f.samples) for f in fresh]
+    data = next(f for f in again if f.name == "stormwatch_nvlink_data_bytes")
+    before = {tuple(s.labels.values()): s.labels for s in data.samples}
+    after = list(warm.collect())
+    data = next(f for f in after if f.name == "stormwatch_nvlink_data_bytes")
+    assert data.samples and all(before[tuple(s.labels.values())] is s.labels for s in data.samples)
