@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 import stormwatch
-from stormwatch.agent import textformat
+from stormwatch.agent import kube, textformat
 from stormwatch.agent.collectors import (
     Collector,
     CollectorSet,
@@ -59,7 +59,7 @@ from stormwatch.agent.faults import FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
-from stormwatch.agent.kube import PodAttribution, PodResourcesLister
+from stormwatch.agent.kube import PodAttribution
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
 from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
 from stormwatch.agent.watch.events import EventLog
@@ -319,7 +319,7 @@ def build_collectors(
         pods = (
             None
             if cfg.pod_resources_socket is None
-            else PodAttribution(_kubelet(cfg.pod_resources_socket))
+            else PodAttribution(kube.KubeletPodResources(cfg.pod_resources_socket))  # imports gRPC
         )
         builders: dict[str, Callable[[], Collector]] = {
             "gpu": lambda: GpuCollector(
@@ -480,13 +480,6 @@ def _stop_processes(procs: Iterable[psutil.Process], *, grace_s: float) -> StopR
     from stormwatch.platforms.stopping import stop_processes
 
     return stop_processes(procs, grace_s=grace_s)
-
-
-def _kubelet(socket: str) -> PodResourcesLister:
-    """The kubelet's gRPC client, imported here: only an agent on Kubernetes loads gRPC."""
-    from stormwatch.agent.kube.kubelet import KubeletPodResources
-
-    return KubeletPodResources(socket)
 
 
 __all__ = [
