@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import http.client
 import os
 import threading
@@ -50,6 +51,7 @@ def profile(
         )
         async with Agent(config) as agent:
             await asyncio.sleep(3)
+            gc.freeze()  # as `stormwatch agent run` does once started
 
             def scrape_loop() -> None:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
