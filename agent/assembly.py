@@ -24,17 +24,18 @@ import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import psutil
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 import stormwatch
-from stormwatch.agent import textformat
+from stormwatch.agent import kube, textformat
 from stormwatch.agent.collectors import (
     Collector,
     CollectorSet,
@@ -58,7 +59,7 @@ from stormwatch.agent.faults import FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
-from stormwatch.agent.kube import KubeletPodResources, PodAttribution
+from stormwatch.agent.kube import PodAttribution
 from stormwatch.agent.tracing import AgentTracing, TracingSettings
 from stormwatch.agent.watch.detectors import HangSettings, StragglerSettings
 from stormwatch.agent.watch.events import EventLog
@@ -68,7 +69,7 @@ from stormwatch.agent.watch.proc_exits import open_exit_source
 from stormwatch.agent.watch.procs import is_torchrun_agent
 from stormwatch.agent.watch.ranks import RankExit, RankWatcher
 from stormwatch.faults import FaultContext, FaultError, SimulatedGpus
-from stormwatch.platforms.stopping import stop_processes
+from stormwatch.faults.node import StopResult
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def start_fault_manager(
             state_dir=Path(cfg.resolved_state_dir),
             gpu=gpu,
             simulated_gpus=simulated_gpus,
-            stop_processes=stop_processes,
+            stop_processes=_stop_processes,
         ),
         clock=clock,
         tracer=tracer,
@@ -318,7 +319,7 @@ def build_collectors(
         pods = (
             None
             if cfg.pod_resources_socket is None
-            else PodAttribution(KubeletPodResources(cfg.pod_resources_socket))
+            else PodAttribution(kube.KubeletPodResources(cfg.pod_resources_socket))  # imports gRPC
         )
         builders: dict[str, Callable[[], Collector]] = {
             "gpu": lambda: GpuCollector(
@@ -471,6 +472,14 @@ async def run_in_background(stack: Stack, work: Coroutine[Any, Any, None], name:
             await task
 
     stack.push_async_callback(cancel)
+
+
+def _stop_processes(procs: Iterable[psutil.Process], *, grace_s: float) -> StopResult:
+    """:func:`stormwatch.platforms.stopping.stop_processes`, imported when a fault stops
+    processes: the platforms package (the lab, Slurm) is not the agent's to load."""
+    from stormwatch.platforms.stopping import stop_processes
+
+    return stop_processes(procs, grace_s=grace_s)
 
 
 __all__ = [

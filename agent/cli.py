@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import gc
 import json
 import re
 import signal
@@ -300,6 +301,11 @@ async def _serve(config: AgentConfig) -> None:
                 f"GPU backend {node_agent.gpu_backend}; spans to {node_agent.trace_destination})",
                 err=True,
             )
+            # What start-up made (modules, the catalogue, settings) lives as long as the
+            # process: keep it out of the cyclic GC's full collections, which otherwise walk
+            # it at every one (~0.15 % of a core at 1 s sampling and scrapes,
+            # benchmarks/agent_bench.py). The process is the CLI's, so the choice is too.
+            gc.freeze()
             await stop.wait()
             click.echo(f"stormwatch agent {config.node}: stopping", err=True)
     finally:

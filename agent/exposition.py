@@ -7,8 +7,8 @@ scrape made the agent's scrape latency several times node_exporter's
 exposition (text format 0.0.4, ``prometheus_client.generate_latest``) once per
 period and a scrape serves the cached bytes:
 
-- it renders right after each GPU sample (the sampler notifies it), and at the
-  latest every period: the GPU sample interval capped at
+- it renders right after each GPU sample (the sampler notifies it; unless a scrape
+  that came first already rendered that sample), and at the latest every period: the GPU sample interval capped at
   :data:`MAX_EXPOSITION_AGE` (1 s), so that rank and trainer state stay fresh when
   GPUs are sampled rarely;
 - a scrape renders itself (in the executor) only when the cache is *stale*:
@@ -171,6 +171,8 @@ class ExpositionCache:
         self._generation = 0  # bumped by invalidate()
         self._rendered_generation = -1
         self.renders = 0
+        #: CPU seconds (of the rendering threads) every render took since construction.
+        self.render_cpu_seconds = 0.0
         self._render_seconds = 0.0
         self.durations = RenderDurations()
         self._live.register(self.durations)
@@ -196,6 +198,25 @@ class ExpositionCache:
         with self._lock:
             return self._refresh_locked()[False]
 
+    def refresh_if_behind(self) -> bool:
+        """The background's render: render now (every format asked for) unless a scrape
+        already rendered what the cache must hold, i.e. the sampler's latest snapshot, the
+        latest state change, less than a period ago (a scrape that came between a sample and
+        this render rendered it itself; rendering again would double the CPU for nothing).
+        Returns whether it rendered (blocking; thread-safe)."""
+        with self._lock:
+            snapshot = self._sampler.latest if self._sampler is not None else None
+            if (
+                self._body is not None
+                and snapshot is self._snapshot
+                and self._rendered_generation == self._generation
+                and self._monotonic() - self._rendered_at < self.period
+                and self._formats <= self._bodies.keys()
+            ):
+                return False
+            self._refresh_locked()
+            return True
+
     def _refresh_if_stale(self, openmetrics_format: bool) -> bytes:
         """Render unless a render that finished while we waited for the lock (the
         background's, or another scrape's) already made the cache fresh."""
@@ -210,7 +231,9 @@ class ExpositionCache:
         generation = self._generation
         snapshot = self._sampler.latest if self._sampler is not None else None
         started = self._monotonic()
+        cpu_started = time.thread_time()
         bodies = {fmt: self._render(fmt) for fmt in sorted(self._formats)}
+        self.render_cpu_seconds += time.thread_time() - cpu_started
         self._bodies = bodies
         self._body, self._snapshot = bodies[False], snapshot
         self._render_seconds = self._monotonic() - started
@@ -314,7 +337,7 @@ class ExpositionCache:
                 if not self.wanted():
                     continue
                 try:
-                    await loop.run_in_executor(None, self.refresh)
+                    await loop.run_in_executor(None, self.refresh_if_behind)
                 except Exception:
                     log.exception("rendering the exposition failed; scrapes will retry")
         finally:

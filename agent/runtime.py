@@ -225,6 +225,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(EXPIRY_PERIOD)
+            if not self.faults.expiry_due():
+                continue
             try:
                 if await loop.run_in_executor(None, self.faults.revert_expired):
                     self.exposition.invalidate()

@@ -49,6 +49,11 @@ class DcgmFamily(Metric):
             labels.update(extra)
         self.add_sample(self.name, labels, float(value))
 
+    def add_labelled(self, labels: dict[str, str], value: float) -> None:
+        """One series whose whole label set is ``labels`` (kept as is, not copied: the
+        caller shares one dict among the series' families and must not change it)."""
+        self.add_sample(self.name, labels, float(value))
+
 
 def _bare_counter(family: Metric) -> bool:
     """A counter whose samples are named like the family (no ``_total``)."""

@@ -4,30 +4,38 @@
 Setup: one ``stormwatch agent run`` with a simulated 8-GPU node (18 NVLinks
 per GPU, 1 s sampling) and 8 "ranks" (live processes) that wrote prometheus-client
 multiprocess files: step-time histograms, per-collective-op duration
-histograms and counters, and live gauges, like the trainer does.
+histograms and counters, and live gauges, like the trainer does. Next to it two
+node-exporters: "A" is the baseline, "B" an identical copy whose ratio to A is the
+A/A row (the noise of this machine).
 
-Measured, side by side in one run:
+Measured, side by side in one run, over ``--reps`` (3) repetitions of
+``--seconds`` (30 s) each, every target scraped every ``--interval`` (1 s, the
+target cadence) in the same loop (the order rotated each repetition):
 
-* scrape latency p50/p99 of ``GET /metrics`` (agent vs node-exporter, scrapes
-  interleaved over one keep-alive connection each, like Prometheus);
-* the same, and the CPU share of one core, with a scrape every
-  ``--paced-interval`` (2 s) for ``--paced-seconds`` (30 s), like Prometheus
-  (the agent renders its exposition ahead of the predicted scrape, so this is
-  the realistic case);
-* CPU share of one core of the agent over ``--cpu-seconds`` (30 s) of 1 s
-  sampling with no scrapes (target <= 2 %), plus the CPU cost of one scrape
-  (from the latency phase);
-* resident memory (RSS, and the peak VmHWM).
+* the CPU share of one core of each process while scraped (target: agent <= 3x
+  node-exporter A);
+* resident memory (``VmRSS``) at the end of each repetition (target: agent <= 2x);
+  and the floor no Python agent can go under: a bare interpreter that imported
+  only prometheus-client and aiohttp's server (printed as the reason row);
+* scrape latency p50/p99 (pooled over the repetitions);
+* the agent's CPU with 1 s sampling and no scrapes (``--idle-seconds``, 10 s).
+
+Ratios are the median of the per-repetition ratios, with their min-max. Then,
+with the targets stopped, a profile (``--profile-seconds``, 20 s): the same agent
+in this process, scraped every ``--interval``, its CPU split by phase: per thread
+(GPU sampling, rank watching, the HTTP event loop, the render executor), the
+render by collector (:attr:`CollectorSet.cpu_seconds`; ``trainer`` is the merge of
+the ranks' multiprocess files) and by what was re-encoded vs reused.
 
 Usage::
 
-    .venv/bin/python benchmarks/agent_bench.py [--gpus 8] [--ranks 8] [--scrapes 200]
-        [--cpu-seconds 30] [--json results.json] [--no-node-exporter]
+    .venv/bin/python benchmarks/agent_bench.py [--gpus 8] [--ranks 8] [--reps 3]
+        [--seconds 30] [--interval 1] [--json results.json] [--no-node-exporter]
 
 node-exporter: the Debian package ``prometheus-node-exporter``. When the binary
 is missing and we are root with apt, it is installed (with a message); otherwise
-its column is skipped with a note. Everything runs on 127.0.0.1 in a temporary
-directory that is removed afterwards. Takes about 2 minutes.
+its columns are skipped with a note. Everything runs on 127.0.0.1 in a temporary
+directory that is removed afterwards. Takes about 3 minutes.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from agent_report import profile, report
 
 NODE_EXPORTER = "prometheus-node-exporter"
 
@@ -85,6 +94,13 @@ RANK_CODE = textwrap.dedent(
     while True:
         time.sleep(3600)
     """
+)
+
+#: The memory floor of a Python exporter: the interpreter with prometheus-client and
+#: aiohttp's server imported, nothing else.
+FLOOR_CODE = (
+    "import prometheus_client, aiohttp.web\n"
+    "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS')))"
 )
 
 
@@ -139,6 +155,14 @@ def node_exporter_binary(allow_install: bool) -> tuple[str | None, str]:
     return (found, "") if found else (None, f"{NODE_EXPORTER} still missing after apt-get")
 
 
+def vm_rss(pid: int | str = "self") -> int:
+    """``VmRSS`` of a process, bytes (0 when it is gone)."""
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return int(next(x for x in lines if x.startswith("VmRSS:")).split()[1]) * 1024
+    return 0
+
+
 class Target:
     """A process serving /metrics on 127.0.0.1, scraped over one keep-alive connection."""
 
@@ -147,9 +171,8 @@ class Target:
         self.ps = psutil.Process(proc.pid)
         self._conn: http.client.HTTPConnection | None = None
         self.latencies: list[float] = []
-        self.cpu_during_scrapes = 0.0
-        self.paced_latencies: list[float] = []
-        self.paced_cpu = 0.0
+        self.cpu_shares: list[float] = []
+        self.rss: list[int] = []
         self.bytes = 0
         self.series = 0
 
@@ -170,16 +193,6 @@ class Target:
     def cpu_seconds(self) -> float:
         times = self.ps.cpu_times()
         return float(times.user + times.system)
-
-    def memory(self) -> tuple[int, int]:
-        """(RSS, peak RSS) in bytes."""
-        rss = self.ps.memory_info().rss
-        peak = rss
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-        return rss, peak
 
     def close(self) -> None:
         if self._conn is not None:
@@ -218,6 +231,25 @@ def start_ranks(count: int, metrics_dir: Path, procs: list[subprocess.Popen[byte
             raise SystemExit("a simulated rank failed to write its metrics")
 
 
+def agent_options(args: argparse.Namespace, work: Path, port: int) -> list[str]:
+    return [
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--node",
+        "bench",
+        "--metrics-dir",
+        str(work / "metrics"),
+        "--state-dir",
+        str(work / "state"),
+        "--gpu-backend",
+        "sim",
+        "--sim-gpus",
+        str(args.gpus),
+        "--sample-interval",
+        "1",
+    ]
+
+
 def start_agent(args: argparse.Namespace, work: Path, procs: list[Any]) -> Target:
     port = free_port()
     script = Path(sys.executable).with_name("stormwatch")
@@ -225,43 +257,25 @@ def start_agent(args: argparse.Namespace, work: Path, procs: list[Any]) -> Targe
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     log = (work / "agent.log").open("wb")
     proc = subprocess.Popen(
-        [
-            *command,
-            "agent",
-            "run",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--node",
-            "bench",
-            "--metrics-dir",
-            str(work / "metrics"),
-            "--state-dir",
-            str(work / "state"),
-            "--gpu-backend",
-            "sim",
-            "--sim-gpus",
-            str(args.gpus),
-            "--sample-interval",
-            "1",
-        ],
+        [*command, "agent", "run", *agent_options(args, work, port)],
         stdout=log,
         stderr=log,
         env=env,
     )
     procs.append(proc)
     wait_http("127.0.0.1", port, "/healthz")
-    return Target("stormwatch agent", proc, port)
+    return Target("agent", proc, port)
 
 
-def start_node_exporter(binary: str, work: Path, procs: list[Any]) -> Target:
+def start_node_exporter(binary: str, name: str, work: Path, procs: list[Any]) -> Target:
     port = free_port()
-    log = (work / "node-exporter.log").open("wb")
+    log = (work / f"{name}.log").open("wb")
     proc = subprocess.Popen(
         [binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log
     )
     procs.append(proc)
     wait_http("127.0.0.1", port, "/metrics")
-    return Target("node-exporter", proc, port)
+    return Target(name, proc, port)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -270,36 +284,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def measure_scrapes(targets: list[Target], count: int) -> None:
-    for target in targets:  # warm up: first scrapes compile, fill caches, open connections
-        for _ in range(3):
-            target.scrape()
-    for target in targets:
-        target.cpu_during_scrapes = -target.cpu_seconds()
-    for _ in range(count):
-        for target in targets:  # interleaved: both see the same machine load
-            target.latencies.append(target.scrape())
-    for target in targets:
-        target.cpu_during_scrapes += target.cpu_seconds()
-
-
 def measure_paced(targets: list[Target], interval: float, seconds: float) -> None:
-    """Scrape each target every ``interval`` s for ``seconds`` s, like Prometheus does:
-    latencies and the CPU share of one core under that load."""
-    for target in targets:
-        target.paced_latencies = []
-        target.paced_cpu = -target.cpu_seconds()
+    """One repetition: scrape each target every ``interval`` s for ``seconds`` s, like
+    Prometheus; appends each target's CPU share of one core and its RSS."""
+    before = [t.cpu_seconds() for t in targets]
     started = time.monotonic()
-    deadline = started + seconds
-    tick = started
+    deadline, tick = started + seconds, started
     while tick < deadline:
         for target in targets:
-            target.paced_latencies.append(target.scrape())
+            target.latencies.append(target.scrape())
         tick += interval
         time.sleep(max(0.0, tick - time.monotonic()))
     elapsed = time.monotonic() - started
-    for target in targets:
-        target.paced_cpu = (target.paced_cpu + target.cpu_seconds()) / elapsed
+    for target, cpu in zip(targets, before, strict=True):
+        target.cpu_shares.append((target.cpu_seconds() - cpu) / elapsed)
+        target.rss.append(vm_rss(target.proc.pid))
 
 
 def measure_idle_cpu(target: Target, seconds: float) -> float:
@@ -308,83 +307,53 @@ def measure_idle_cpu(target: Target, seconds: float) -> float:
     return (target.cpu_seconds() - start_cpu) / (time.monotonic() - start)
 
 
-def report(results: dict[str, Any], note: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    agent, node = results["agent"], results.get("node_exporter")
-    table = Table(title=f"agent vs node-exporter ({results['setup']})")
-    table.add_column("measure")
-    table.add_column("stormwatch agent", justify="right")
-    table.add_column("node-exporter", justify="right")
-    table.add_column("agent / node-exporter", justify="right")
-
-    def row(label: str, key: str, fmt: str, scale: float = 1.0) -> None:
-        a = agent[key] * scale
-        n = node[key] * scale if node else None
-        ratio = f"{a / n:.2f}x" if n else "-"
-        table.add_row(label, fmt.format(a), fmt.format(n) if n is not None else "-", ratio)
-
-    row("scrape p50 (ms)", "p50_s", "{:.2f}", 1000)
-    row("scrape p99 (ms)", "p99_s", "{:.2f}", 1000)
-    row("scrape mean (ms)", "mean_s", "{:.2f}", 1000)
-    row("exposition size (KiB)", "bytes", "{:.0f}", 1 / 1024)
-    row("series", "series", "{:.0f}")
-    row("CPU per scrape (ms)", "cpu_per_scrape_s", "{:.2f}", 1000)
-    paced = f"{results['paced_interval']:g} s"
-    row(f"paced scrape p50 (ms), every {paced}", "paced_p50_s", "{:.2f}", 1000)
-    row(f"paced scrape p99 (ms), every {paced}", "paced_p99_s", "{:.2f}", 1000)
-    row(f"CPU share, a scrape every {paced} (%)", "paced_cpu_share", "{:.2f}", 100)
-    row("RSS (MiB)", "rss_bytes", "{:.1f}", 1 / 2**20)
-    row("peak RSS (MiB)", "peak_rss_bytes", "{:.1f}", 1 / 2**20)
-    Console().print(table)
-    cpu = Table(title="agent CPU, share of one core")
-    cpu.add_column("condition")
-    cpu.add_column("share", justify="right")
-    cpu.add_column("target", justify="right")
-    share = agent["cpu_idle_share"]
-    cpu.add_row(
-        f"1 s sampling, no scrapes ({results['cpu_seconds']:.0f} s)",
-        f"{share * 100:.2f} %",
-        "<= 2 %" + (" OK" if share <= 0.02 else " MISSED"),
+def memory_floor() -> int:
+    """RSS (bytes) of this interpreter with only prometheus-client and aiohttp.web imported."""
+    out = subprocess.run(
+        [sys.executable, "-c", FLOOR_CODE], check=True, capture_output=True, text=True
     )
-    cpu.add_row(
-        f"a scrape every {results['paced_interval']:g} s (measured)",
-        f"{agent['paced_cpu_share'] * 100:.2f} %",
-        "",
-    )
-    Console().print(cpu)
-    if note:
-        print(f"note: {note}")
-    print(f"load average during the run: {results['loadavg']}")
+    return int(out.stdout.strip()) * 1024
+
+
+def ratios(numerator: list[float], denominator: list[float]) -> dict[str, float]:
+    """Median, min and max of the per-repetition ratios."""
+    values = [n / d for n, d in zip(numerator, denominator, strict=True) if d]
+    if not values:
+        return {}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs (18 NVLinks each)")
     parser.add_argument("--ranks", type=int, default=8, help="simulated ranks' metric files")
-    parser.add_argument("--scrapes", type=int, default=200, help="scrapes per target")
-    parser.add_argument("--cpu-seconds", type=float, default=30.0, help="idle CPU window")
-    parser.add_argument(
-        "--paced-interval", type=float, default=2.0, help="scrape interval of the paced phase"
-    )
-    parser.add_argument(
-        "--paced-seconds", type=float, default=30.0, help="length of the paced phase"
-    )
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (>= 1)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of a repetition")
+    parser.add_argument("--interval", type=float, default=1.0, help="scrape interval (s)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0, help="no-scrape window")
+    parser.add_argument("--profile-seconds", type=float, default=20.0, help="0: no profile")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--no-node-exporter", action="store_true", help="skip that column")
+    parser.add_argument("--no-node-exporter", action="store_true", help="skip those columns")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install")
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
 
     note = ""
     binary: str | None = None
     if args.no_node_exporter:
-        note = "node-exporter column skipped (--no-node-exporter)"
+        note = "node-exporter columns skipped (--no-node-exporter)"
     else:
         binary, note = node_exporter_binary(allow_install=not args.no_install)
         if binary is None:
-            note = f"node-exporter column skipped: {note}"
+            note = f"node-exporter columns skipped: {note}"
 
+    results: dict[str, Any] = {
+        "setup": f"{args.gpus} sim GPUs x 18 NVLinks, {args.ranks} ranks, {os.cpu_count()} CPUs",
+        "interval": args.interval,
+        "idle_seconds": args.idle_seconds,
+        "reps": args.reps,
+    }
     with tempfile.TemporaryDirectory(prefix="stormwatch-bench-") as tmp, processes() as procs:
         work = Path(tmp)
         (work / "metrics").mkdir()
@@ -394,44 +363,56 @@ def main(argv: list[str] | None = None) -> int:
         agent = start_agent(args, work, procs)
         targets = [agent]
         if binary is not None:
-            targets.append(start_node_exporter(binary, work, procs))
+            targets += [
+                start_node_exporter(binary, f"node-exporter {n}", work, procs) for n in "AB"
+            ]
         time.sleep(3)  # a few samples, GPM intervals, a P2P refresh
-        print(f">> {args.scrapes} interleaved scrapes per target", flush=True)
-        measure_scrapes(targets, args.scrapes)
-        print(
-            f">> a scrape every {args.paced_interval:g} s for {args.paced_seconds:.0f} s",
-            flush=True,
-        )
-        measure_paced(targets, args.paced_interval, args.paced_seconds)
+        for target in targets:  # warm up: first scrapes compile, fill caches, open connections
+            for _ in range(3):
+                target.scrape()
+        for rep in range(args.reps):
+            order = targets[rep % len(targets) :] + targets[: rep % len(targets)]
+            print(f">> repetition {rep + 1}/{args.reps}: {args.seconds:.0f} s", flush=True)
+            measure_paced(order, args.interval, args.seconds)
         for target in targets:
             target.close()
-        print(f">> agent CPU over {args.cpu_seconds:.0f} s of sampling without scrapes", flush=True)
-        time.sleep(3 * args.paced_interval + 1)  # the agent stops rendering ahead
-        idle_share = measure_idle_cpu(agent, args.cpu_seconds)
-        results: dict[str, Any] = {
-            "setup": f"{args.gpus} sim GPUs x 18 NVLinks, {args.ranks} ranks, "
-            f"{os.cpu_count()} CPUs",
-            "cpu_seconds": args.cpu_seconds,
-            "paced_interval": args.paced_interval,
-            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-        }
+        print(f">> agent CPU over {args.idle_seconds:.0f} s without scrapes", flush=True)
+        time.sleep(3 * args.interval + 1)  # the agent stops rendering ahead
+        idle = measure_idle_cpu(agent, args.idle_seconds)
         for target in targets:
-            rss, peak = target.memory()
-            key = "agent" if target is agent else "node_exporter"
+            key = {"agent": "agent", "node-exporter A": "node_exporter"}.get(target.name, "ne_b")
             results[key] = {
-                "p50_s": percentile(target.latencies, 50),
-                "p99_s": percentile(target.latencies, 99),
-                "mean_s": statistics.fmean(target.latencies),
-                "bytes": target.bytes,
+                "cpu_share": statistics.median(target.cpu_shares),
+                "cpu_shares": target.cpu_shares,
+                "rss": statistics.median(target.rss),
+                "rss_samples": target.rss,
+                "p50": percentile(target.latencies, 50),
+                "p99": percentile(target.latencies, 99),
                 "series": target.series,
-                "cpu_per_scrape_s": target.cpu_during_scrapes / len(target.latencies),
-                "paced_p50_s": percentile(target.paced_latencies, 50),
-                "paced_p99_s": percentile(target.paced_latencies, 99),
-                "paced_cpu_share": target.paced_cpu,
-                "rss_bytes": rss,
-                "peak_rss_bytes": peak,
+                "bytes": target.bytes,
             }
-        results["agent"]["cpu_idle_share"] = idle_share
+        results["agent"]["idle_cpu_share"] = idle
+        if binary is not None:
+            a, b, n = agent, targets[1], targets[2]
+            results["cpu_ratio"] = ratios(a.cpu_shares, b.cpu_shares)
+            results["cpu_aa"] = ratios(n.cpu_shares, b.cpu_shares)
+            results["rss_ratio"] = ratios([float(x) for x in a.rss], [float(x) for x in b.rss])
+            results["rss_aa"] = ratios([float(x) for x in n.rss], [float(x) for x in b.rss])
+            results["rss_floor"] = memory_floor()
+        for target in targets:  # the profile runs alone
+            target.proc.terminate()
+            target.proc.wait(15)
+        if args.profile_seconds > 0:
+            print(f">> profile: the agent in-process for {args.profile_seconds:.0f} s", flush=True)
+            results["profile"] = profile(
+                gpus=args.gpus,
+                metrics_dir=work / "metrics",
+                state_dir=work / "profile-state",
+                interval=args.interval,
+                seconds=args.profile_seconds,
+                port=free_port(),
+            )
+        results["loadavg"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     report(results, note)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stormwatch.agent.gpu.model import DeviceReading, MigReading
+from stormwatch.agent.gpu.model import DCGM_LABELS, DeviceReading, MigReading
 from stormwatch.agent.kube.podresources import PodAttribution, PodRef
 
 #: Framebuffer metrics read per MIG instance (its own memory).
@@ -29,6 +29,10 @@ MIG_ABSENT_PREFIXES: tuple[str, ...] = (
     "DCGM_FI_DEV_DEC_UTIL",
     "DCGM_FI_PROF_",
 )
+
+#: Label dicts a :class:`DcgmSeries` keeps (one per GPU or MIG instance and pod): far more
+#: than a node has, few enough to stay small when pods come and go.
+_LABEL_DICTS_KEPT = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,11 @@ class Series:
     extra: dict[str, str]
     mig: MigReading | None
     pod: PodRef | None
+    #: Every label of the series (the six, then ``extra``): one dict shared by the
+    #: series' samples in every family, and from one collect to the next while the labels
+    #: stay the same (so comparing samples with the last render's stops at the dict's
+    #: identity).
+    label_dict: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     def value(self, device: DeviceReading, name: str) -> float | None:
         """``name``'s value for this target (None: absent, never 0)."""
@@ -70,6 +79,18 @@ class DcgmSeries:
     def __init__(self, hostname: str, pods: PodAttribution | None = None) -> None:
         self._hostname = hostname
         self.pods = pods
+        self._dicts: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], dict[str, str]] = {}
+
+    def _series(
+        self, labels: list[str], extra: dict[str, str], mig: MigReading | None, pod: PodRef | None
+    ) -> Series:
+        key = (tuple(labels), tuple(extra.items()))
+        label_dict = self._dicts.get(key)
+        if label_dict is None:
+            if len(self._dicts) >= _LABEL_DICTS_KEPT:
+                self._dicts.clear()  # GPUs, MIG layouts and pods churned: start again
+            label_dict = self._dicts[key] = dict(zip(DCGM_LABELS, labels, strict=True)) | extra
+        return Series(labels, extra, mig, pod, label_dict)
 
     def refresh(self) -> None:
         """Re-read the kubelet's allocations (cached; call once per collect)."""
@@ -80,12 +101,12 @@ class DcgmSeries:
         labels = device.dcgm_label_values(self._hostname)
         if not device.mig:
             pod = self._pod((device.uuid, device.device))
-            return [Series(labels, pod.labels() if pod else {}, None, pod)]
+            return [self._series(labels, pod.labels() if pod else {}, None, pod)]
         out = []
         for mig in device.mig:
             pod = self._pod((mig.uuid, f"{device.device}/gi{mig.gpu_instance_id}"))
             extra = mig.label_values() | (pod.labels() if pod else {})
-            out.append(Series(labels, extra, mig, pod))
+            out.append(self._series(labels, extra, mig, pod))
         return out
 
     def _pod(self, ids: tuple[str, ...]) -> PodRef | None:

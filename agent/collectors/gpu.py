@@ -125,7 +125,7 @@ class GpuCollector:
                 for series in targets:
                     value = series.value(device, name)
                     if value is not None:
-                        family.add_metric(series.labels, float(value), series.extra)
+                        family.add_labelled(series.label_dict, value)
             if pods is not None:
                 for series in targets:
                     instance = "" if series.mig is None else str(series.mig.gpu_instance_id)

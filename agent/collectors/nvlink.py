@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stormwatch.agent.catalogue import load_catalogue
-from stormwatch.agent.collectors.base import new_family
+from stormwatch.agent.collectors.base import LabelSets, new_family
 from stormwatch.agent.collectors.dcgm_series import DcgmSeries
 from stormwatch.agent.collectors.gpu import latest_snapshot
 from stormwatch.agent.gpu.model import DCGM_LABELS
@@ -41,6 +41,7 @@ class NvlinkCollector:
     ) -> None:
         self._sampler = sampler
         self._series = DcgmSeries(hostname, pods)
+        self._labels = LabelSets()
         self._dcgm_names = tuple(
             spec.name
             for spec in load_catalogue().by_source("nvlink")
@@ -67,24 +68,25 @@ class NvlinkCollector:
                 for series in targets:
                     value = series.value(device, name)
                     if value is not None:
-                        family.add_metric(series.labels, value, series.extra)
+                        family.add_labelled(series.label_dict, value)
             if not device.nvlink.present:
                 supported.add_metric([gpu, "all"], 0.0)
                 continue
+            add = self._labels.add
             for link in device.nvlink.links:
                 name = str(link.link)
                 if link.active is not None:
-                    link_up.add_metric([gpu, name], 1.0 if link.active else 0.0)
+                    add(link_up, (gpu, name), 1.0 if link.active else 0.0)
                 if link.supported is not None:
-                    supported.add_metric([gpu, name], 1.0 if link.supported else 0.0)
+                    add(supported, (gpu, name), 1.0 if link.supported else 0.0)
                 for counter in LINK_COUNTERS:
                     if counter in link.errors:
-                        errors.add_metric([gpu, name, counter], link.errors[counter])
+                        add(errors, (gpu, name, counter), link.errors[counter])
                 if not link.supported:
                     continue
                 for direction, value in (("tx", link.tx_bytes), ("rx", link.rx_bytes)):
                     if value is not None:
-                        data.add_metric([gpu, name, direction], value)
+                        add(data, (gpu, name, direction), value)
         for (gpu_index, peer), status in sorted(snapshot.p2p.items()):
             if gpu_index in labels_of and peer in labels_of:
                 p2p.add_metric(

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
+from prometheus_client.samples import Sample
 
 from stormwatch.agent.collectors.base import new_family
 from stormwatch.agent.watch.folder import TrainerFolder
@@ -40,6 +41,10 @@ class TrainerCollector:
         self._folder = folder
         #: Samples left out so far because their labels cannot be encoded as UTF-8.
         self.unencodable = 0
+        #: Family name -> (the samples merged at the last collect, those kept): an idle
+        #: job's samples are the same objects from one render to the next (the merge
+        #: reuses its result when no file changed), so they are not checked again.
+        self._checked: dict[str, tuple[list[Sample], list[Sample]]] = {}
 
     def collect(self) -> Iterator[Metric]:
         with self._folder.lock:  # the series, the counts and the folded files of one moment
@@ -57,10 +62,18 @@ class TrainerCollector:
 
     def _encodable_only(self, families: list[Metric]) -> list[Metric]:
         dropped = 0
+        checked: dict[str, tuple[list[Sample], list[Sample]]] = {}
         for family in families:
+            last = self._checked.get(family.name)
+            if last is not None and last[0] == family.samples:
+                checked[family.name] = last
+                family.samples = list(last[1])
+                continue
             kept = [s for s in family.samples if _encodable(s.labels)]
             dropped += len(family.samples) - len(kept)
-            family.samples = kept
+            checked[family.name] = (list(family.samples), kept)
+            family.samples = list(kept)
+        self._checked = checked
         if dropped:
             self.unencodable += dropped
             log.warning(

@@ -69,7 +69,7 @@ class XidCollector:
             seen = snapshot.last_xid.get(device.index)
             value = seen[0] if seen is not None and now - seen[1] <= self._window else 0
             for series in self._series.of(device):
-                last.add_metric(series.labels, float(value), series.extra)
+                last.add_labelled(series.label_dict, value)
                 for (gpu, code), n in sorted(recent.items()):
                     if gpu == device.index:
                         windowed.add_metric([*series.labels, str(code)], float(n), series.extra)

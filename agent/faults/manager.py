@@ -52,6 +52,11 @@ class FaultManager:
         self._clock = clock
         self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.RLock()
+        #: Earliest TTL among the active faults as of the last ledger read, lowered by each
+        #: apply (-inf: not read yet, +inf: none). Only this manager adds faults to its
+        #: ledger (one agent per state dir); others may only revert them, which can
+        #: leave this early, never late.
+        self._next_expiry = float("-inf")
 
     @property
     def ledger(self) -> FaultLedger:
@@ -97,6 +102,7 @@ class FaultManager:
             fault = self._bind(spec)
             fault.prepare(self._ctx)
             now = self._clock()
+            self._next_expiry = min(self._next_expiry, now + spec.ttl_seconds)
             self._ledger.record_injecting(
                 id=spec.id,
                 kind=spec.kind,
@@ -192,18 +198,29 @@ class FaultManager:
             log.warning("fault %s (%s) reverted: %s", fault_id, record.kind, reason)
             return reverted
 
+    def expiry_due(self) -> bool:
+        """Whether :meth:`revert_expired` may find something to revert: a fault's TTL has
+        passed, or the ledger was not read yet. Reads no ledger (the agent asks 4 times a
+        second; the SQLite read and the executor hop it saves were ~0.3 % of a core)."""
+        return self._clock() >= self._next_expiry
+
     def revert_expired(self) -> list[FaultRecord]:
         """Revert every active fault whose TTL has passed; errors are logged and retried later."""
-        now = self._clock()
-        done = []
-        for record in self._ledger.active():
-            if record.expires_at > now:
-                continue
-            try:
-                done.append(self.revert(record.id, reason="ttl"))
-            except FaultError as exc:
-                log.error("fault %s: TTL revert failed (will retry): %s", record.id, exc)
-        return done
+        with self._lock:
+            now = self._clock()
+            done = []
+            pending = float("inf")
+            for record in self._ledger.active():
+                if record.expires_at > now:
+                    pending = min(pending, record.expires_at)
+                    continue
+                try:
+                    done.append(self.revert(record.id, reason="ttl"))
+                except FaultError as exc:
+                    log.error("fault %s: TTL revert failed (will retry): %s", record.id, exc)
+                    pending = now  # retried at the next check
+            self._next_expiry = pending
+            return done
 
     def recover(self) -> list[FaultRecord]:
         """At start-up: revert faults left half-applied by a crash, then expired ones."""

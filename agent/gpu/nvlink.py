@@ -1,8 +1,9 @@
 """NVLink sampling through the field-values API (FC-04, FC-05).
 
 For each GPU: find the links (``NVML_FI_DEV_NVLINK_LINK_COUNT``, else probe
-until NVML says the link index is invalid), check each link's state with
-``nvmlDeviceGetNvLinkState``, then read ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}``
+until NVML says the link index is invalid), read every link's state with one
+``nvmlDeviceGetFieldValues`` call (``NVML_FI_DEV_NVLINK_GET_STATE``; a link the
+field cannot answer is asked with ``nvmlDeviceGetNvLinkState``), then read ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}``
 (and ``RAW`` for link 0, dcgm-exporter's ``DCGM_FI_DEV_NVLINK_BANDWIDTH_L0``)
 with one ``nvmlDeviceGetFieldValues`` call, one entry per active link
 (``scopeId`` = link), and the error counters with another
@@ -57,9 +58,15 @@ def _link_count(api: NvmlApi, handle: Any, sink: ErrorSink) -> int | None:
 
 
 def _states(api: NvmlApi, handle: Any, count: int | None, sink: ErrorSink) -> list[LinkReading]:
+    """Each link's state: all known links in one field-values call, the rest (or all of
+    them when the count is unknown or the driver lacks the field) one call per link."""
     limit = count if count is not None else pynvml.NVML_NVLINK_MAX_LINKS
+    batched = _batched_states(api, handle, count, sink) if count else {}
     links: list[LinkReading] = []
     for link in range(limit):
+        if link in batched:
+            links.append(LinkReading(link, active=batched[link]))
+            continue
         try:
             state = api.nvmlDeviceGetNvLinkState(handle, link)
         except pynvml.NVMLError as exc:
@@ -73,6 +80,38 @@ def _states(api: NvmlApi, handle: Any, count: int | None, sink: ErrorSink) -> li
             continue
         links.append(LinkReading(link, active=state == pynvml.NVML_FEATURE_ENABLED))
     return links
+
+
+#: ``NVML_FI_DEV_NVLINK_GET_STATE`` answers taken as they are (link -> active); any other
+#: state (sleep, traffic disabled) is asked of ``nvmlDeviceGetNvLinkState``, whose answer
+#: the agent has always exported.
+_FIELD_STATES = {pynvml.NVML_NVLINK_STATE_ACTIVE: True, pynvml.NVML_NVLINK_STATE_INACTIVE: False}
+
+
+def _batched_states(api: NvmlApi, handle: Any, count: int, sink: ErrorSink) -> dict[int, bool]:
+    """Links ``0 .. count-1`` -> active, read with one ``nvmlDeviceGetFieldValues`` call
+    (``NVML_FI_DEV_NVLINK_GET_STATE``, ``scopeId`` = link) instead of ``count``
+    ``nvmlDeviceGetNvLinkState`` calls (18 per H100/H200). A link whose entry failed
+    (a driver without the field answers NOT_SUPPORTED) or holds another state is left out,
+    for the per-link call; a failed call is recorded (unless NOT_SUPPORTED) and leaves
+    every link to it.
+
+    Raises:
+        DeviceDown: a device-fatal error.
+    """
+    field = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+    try:
+        entries = api.nvmlDeviceGetFieldValues(handle, [(field, link) for link in range(count)])
+    except pynvml.NVMLError as exc:
+        check(_FIELDS_CALL, error_code(exc), sink, expected=UNSUPPORTED)
+        return {}
+    states: dict[int, bool] = {}
+    for link, entry in enumerate(entries):
+        if entry_return(entry) == pynvml.NVML_SUCCESS:
+            active = _FIELD_STATES.get(int(field_value(entry)))
+            if active is not None:
+                states[link] = active
+    return states
 
 
 _DIRECTIONS = (

@@ -10,11 +10,10 @@ pod mapper matches the same ids (its ``transformation/kubernetes.go``) and adds
 ``namespace``, ``pod`` and ``container`` to the GPU's series; so does
 :class:`PodAttribution`.
 
-The messages are built at import from a descriptor of the subset of
-``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`` that ``List`` needs
-(field numbers as there; fields not declared here are skipped on parsing), so no
-generated code or protoc is needed. :class:`PodResourcesLister` is the seam:
-tests serve the real protocol from a gRPC server on a unix socket.
+The gRPC client is :mod:`.kubelet` (imported only on Kubernetes, when the agent is
+given a pod-resources socket: gRPC and protobuf are ~9 MiB of the agent's memory).
+:class:`PodResourcesLister` is the seam: tests serve the real protocol from a gRPC
+server on a unix socket.
 """
 
 from __future__ import annotations
@@ -23,11 +22,8 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
-
-import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from stormwatch.agent.errors import PodResourcesError
 
@@ -35,64 +31,9 @@ log = logging.getLogger(__name__)
 
 #: The kubelet's pod-resources socket (kubelet ``--pod-resources-socket``'s default path).
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-#: gRPC path of ``List``.
-LIST_METHOD = "/v1.PodResourcesLister/List"
 #: Resources whose device ids are GPUs (dcgm-exporter: ``nvidia.com/gpu`` and ``nvidia.com/mig-*``).
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-
-
-def _messages() -> dict[str, type[Any]]:
-    """Message classes of the ``List`` subset of the kubelet's v1 ``api.proto``."""
-    T = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="stormwatch/kubelet/podresources/v1/api.proto", package="v1", syntax="proto3"
-    )
-
-    def message(name: str, *fields: tuple[str, int, int, int, str]) -> None:
-        m = fdp.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            f = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                f.type_name = type_name
-
-    one, many = T.LABEL_OPTIONAL, T.LABEL_REPEATED
-    message("ListPodResourcesRequest")
-    message(
-        "ListPodResourcesResponse", ("pod_resources", 1, T.TYPE_MESSAGE, many, ".v1.PodResources")
-    )
-    message(
-        "PodResources",
-        ("name", 1, T.TYPE_STRING, one, ""),
-        ("namespace", 2, T.TYPE_STRING, one, ""),
-        ("containers", 3, T.TYPE_MESSAGE, many, ".v1.ContainerResources"),
-    )
-    message(
-        "ContainerResources",
-        ("name", 1, T.TYPE_STRING, one, ""),
-        ("devices", 2, T.TYPE_MESSAGE, many, ".v1.ContainerDevices"),
-    )
-    message(
-        "ContainerDevices",
-        ("resource_name", 1, T.TYPE_STRING, one, ""),
-        ("device_ids", 2, T.TYPE_STRING, many, ""),
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    names = (
-        "ListPodResourcesRequest",
-        "ListPodResourcesResponse",
-        "PodResources",
-        "ContainerResources",
-        "ContainerDevices",
-    )
-    return {
-        n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{n}")) for n in names
-    }
-
-
-#: The v1 messages by name (``messages["ListPodResourcesResponse"]()``...); a test server uses them too.
-messages: Mapping[str, type[Any]] = _messages()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,35 +56,6 @@ class PodResourcesLister(Protocol):
     """
 
     def allocations(self) -> dict[str, PodRef]: ...
-
-
-class KubeletPodResources:
-    """:class:`PodResourcesLister` over the kubelet's unix socket (gRPC ``List``).
-
-    Args:
-        socket: path of the kubelet's pod-resources socket.
-        timeout: seconds for one ``List`` (the kubelet answers from memory).
-    """
-
-    def __init__(self, socket: str = DEFAULT_SOCKET, *, timeout: float = 2.0) -> None:
-        self.socket = socket
-        self._timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix://{socket}")
-        self._list = self._channel.unary_unary(
-            LIST_METHOD,
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=messages["ListPodResourcesResponse"].FromString,
-        )
-
-    def allocations(self) -> dict[str, PodRef]:
-        try:
-            response = self._list(messages["ListPodResourcesRequest"](), timeout=self._timeout)
-        except grpc.RpcError as exc:
-            raise PodResourcesError(f"pod-resources List on {self.socket}: {exc}") from exc
-        return gpu_allocations(response.pod_resources)
-
-    def close(self) -> None:
-        self._channel.close()
 
 
 def gpu_allocations(pods: Iterable[Any]) -> dict[str, PodRef]:
@@ -217,13 +129,10 @@ class PodAttribution:
 __all__ = [
     "DEFAULT_SOCKET",
     "GPU_RESOURCE",
-    "LIST_METHOD",
     "MIG_RESOURCE_PREFIX",
-    "KubeletPodResources",
     "PodAttribution",
     "PodRef",
     "PodResourcesError",
     "PodResourcesLister",
     "gpu_allocations",
-    "messages",
 ]

@@ -2,7 +2,7 @@
 
 :class:`KubeletServer` implements ``v1.PodResourcesLister/List`` with grpcio,
 answering from :attr:`KubeletServer.pods` (set by the test), so that
-:class:`~stormwatch.agent.kube.podresources.KubeletPodResources` is exercised
+:class:`~stormwatch.agent.kube.kubelet.KubeletPodResources` is exercised
 over the same wire format and transport as against a kubelet.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from stormwatch.agent.kube.podresources import LIST_METHOD, messages
+from stormwatch.agent.kube.kubelet import LIST_METHOD, messages
 
 
 @dataclasses.dataclass

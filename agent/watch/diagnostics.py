@@ -29,11 +29,13 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stormwatch.agent.watch.procs import train_option
 from stormwatch.contracts.rank_env import RankKey
-from stormwatch.postmortem import Culprit
-from stormwatch.telemetry.dump import dump_path, rank_dump_paths
+
+if TYPE_CHECKING:  # imported when a hang is diagnosed (see .hangdumps)
+    from stormwatch.postmortem import Culprit
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ def _dump(target: RankTarget) -> str:
     folder = target.dump_dir
     if folder is None:
         return "## trainer dump: the rank names no --dump-dir / --log-dir / STORMWATCH_DUMP_DIR\n"
+    from stormwatch.telemetry.dump import dump_path, rank_dump_paths
+
     found = rank_dump_paths(folder, target.key[1])  # every attempt's: the newest is shown
     path = max(found, key=_mtime) if found else dump_path(folder, target.key[1])
     try:

@@ -23,12 +23,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stormwatch.agent.watch.diagnostics import RankTarget
-from stormwatch.postmortem import Culprit, culprit_from_dumps
-from stormwatch.telemetry.culprit import reduce_dump
-from stormwatch.telemetry.dump import DumpRecord, latest_dump
-from stormwatch.telemetry.dump_requests import POLL_SECONDS, write_request
+
+# The trainer's dump files and the post-mortem's culprit rules are imported when a hang
+# is diagnosed, not at start-up: the agent's steady state never needs them (with their
+# packages, ~5 MiB of its memory).
+if TYPE_CHECKING:
+    from stormwatch.postmortem import Culprit
+    from stormwatch.telemetry.dump import DumpRecord
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ class HangCulprit:
 def ask(targets: Sequence[RankTarget], *, reason: str, now: float) -> dict[int, Path]:
     """Write a dump request for every target that has a dump folder; rank -> its folder
     (requests that cannot be written are logged and left out)."""
+    from stormwatch.telemetry.dump_requests import write_request
+
     asked: dict[int, Path] = {}
     for target in targets:
         folder = target.dump_dir
@@ -80,6 +86,9 @@ def answers(
 ) -> dict[int, DumpRecord]:
     """rank -> its dump written at or after ``since``, waiting up to ``wait`` seconds for
     every rank in ``asked`` (returns early once all have answered)."""
+    from stormwatch.telemetry.dump import latest_dump
+    from stormwatch.telemetry.dump_requests import POLL_SECONDS
+
     found: dict[int, DumpRecord] = {}
     deadline = clock() + wait
     while True:
@@ -99,6 +108,9 @@ def diagnose(
 ) -> HangCulprit:
     """Ask ``targets`` (one job's running ranks on this node) for their dumps and name the
     culprit (see the module docstring)."""
+    from stormwatch.postmortem import culprit_from_dumps
+    from stormwatch.telemetry.culprit import reduce_dump
+
     asked = ask(targets, reason=reason, now=now)
     got = answers(asked, since=now, wait=wait) if asked else {}
     culprit = culprit_from_dumps((reduce_dump(d) for d in got.values()), asked) if got else None

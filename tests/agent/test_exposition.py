@@ -114,3 +114,21 @@ def test_agent_scrapes_serve_the_sample_taken_just_before(start_agent: Any, tool
     assert tools.scrape(agent.url).value(replays, gpu="0") == 7, "no new sample yet"
     agent.sample()
     assert tools.scrape(agent.url).value(replays, gpu="0") == 8
+
+
+def test_the_background_does_not_render_again_what_a_scrape_just_rendered() -> None:
+    clock = Clock()
+    sampler = _sampler()
+    cache, rendered = _cache(clock, sampler)
+    cache.refresh()
+    sampler.sample()
+    cache.body()  # the scrape came between the sample and the background's render
+    assert len(rendered) == 2
+    assert not cache.refresh_if_behind(), "same snapshot, rendered just now"
+    clock.now += 1.0
+    assert cache.refresh_if_behind(), "a period old: rendered again (rank and trainer state)"
+    sampler.sample()
+    assert cache.refresh_if_behind(), "a new sample"
+    cache.invalidate()
+    assert cache.refresh_if_behind(), "a state change"
+    assert len(rendered) == 5

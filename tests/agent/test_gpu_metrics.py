@@ -97,6 +97,7 @@ def _reset(agent: Any) -> None:
     """Healthy GPUs and freshly acquired handles (so identity call sites run again)."""
     fake: FakeNvml = agent.fake
     fake.clear_errors()
+    fake.gpus[1].unsupported_fields.discard(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)
     fake.lose_gpu(1)
     agent.sample()  # drops GPU 1's cached handle
     fake.lose_gpu(1, lost=False)
@@ -119,6 +120,8 @@ def test_nvml_error_on_one_gpu_keeps_metrics_200_and_other_gpu_exported(
     )
     if gpm:
         gpu_agent.sample()  # GPM metrics need a previous GPM sample of the re-acquired GPU
+    if call == "nvmlDeviceGetNvLinkState":  # asked only where the batched state field is not
+        gpu_agent.fake.gpus[1].unsupported_fields.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)
     gpu_agent.fake.inject_error(call, code, gpu=1)
     gpu_agent.sample()
     scrape = tools.scrape(gpu_agent.url)  # asserts HTTP 200

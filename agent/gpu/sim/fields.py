@@ -1,7 +1,8 @@
 """Field values of the simulated GPUs (``nvmlDeviceGetFieldValues``).
 
 Each supported ``NVML_FI_DEV_*`` id maps to a function of the simulated GPU
-(and, for per-link fields, the link): NVLink link count, throughput (scope =
+(and, for per-link fields, the link): NVLink link count, link state (scope = link),
+throughput (scope =
 link) and error counters (per-link, scoped and totals), ECC, retired pages,
 remapped rows, PCIe replays, memory temperature, violation timers. Every other
 id, and the ids in ``SimGpu.unsupported_fields``, answers NOT_SUPPORTED in its
@@ -22,6 +23,8 @@ from stormwatch.agent.gpu.sim.devices import SimGpu, SimLink
 #: ctypes' own attribute setter: pynvml's structures wrap it in Python (str
 #: encoding), which costs most of a simulated sample.
 set_field = ctypes.Structure.__setattr__
+#: ... and its getter (the entry's ``value`` union, without pynvml's wrapper).
+get_field = ctypes.Structure.__getattribute__
 
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
@@ -129,7 +132,7 @@ def _fill_throughput(entry: Any, gpu: SimGpu, field_id: int, scope: int, elapsed
     overhead = _THROUGHPUT_FIELDS[field_id]
     kib = link.kib_per_second * elapsed * overhead if link.active else 0.0
     set_field(entry, "valueType", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
-    entry.value.ullVal = int(kib)
+    get_field(entry, "value").ullVal = int(kib)
     set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
 
 
@@ -145,7 +148,18 @@ def _fill_field(
         if not gpu.links:
             return
         set_field(entry, "valueType", _UINT)
-        entry.value.uiVal = len(gpu.links)
+        get_field(entry, "value").uiVal = len(gpu.links)
+        set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
+        return
+    if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
+        if not 0 <= scope < len(gpu.links):
+            set_field(entry, "nvmlReturn", pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            return
+        active = gpu.links[scope].active
+        set_field(entry, "valueType", _UINT)
+        get_field(entry, "value").uiVal = (
+            pynvml.NVML_NVLINK_STATE_ACTIVE if active else pynvml.NVML_NVLINK_STATE_INACTIVE
+        )
         set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
         return
     if field_id in _COUNTER_FIELDS:
@@ -175,7 +189,7 @@ def _fill_field(
     else:
         return
     set_field(entry, "valueType", _ULL)
-    entry.value.ullVal = int(value)
+    get_field(entry, "value").ullVal = int(value)
     set_field(entry, "nvmlReturn", pynvml.NVML_SUCCESS)
 
 

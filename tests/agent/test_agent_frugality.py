@@ -1,0 +1,204 @@
+"""The agent does only the work that changed (issue 20): renders, NVML calls, ledger reads
+and imports it can skip are skipped, and what it serves stays the same bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from stormwatch.agent.collectors import CollectorSet, GpuCollector, NvlinkCollector, new_family
+from stormwatch.agent.collectors import base as collectors_base
+from stormwatch.agent.faults import FaultManager
+from stormwatch.agent.gpu.fake import FakeNvml
+from stormwatch.agent.gpu.model import DCGM_LABELS
+from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+
+
+class _Mutable:
+    """A collector whose families are whatever the test last set: name -> label values
+    -> value."""
+
+    name = "mutable"
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[tuple[str, ...], float]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for name, series in self.values.items():
+            family = new_family(name)
+            for labels, value in series.items():
+                family.add_metric(list(labels), value)
+            yield family
+
+
+def _health_free(text: bytes) -> bytes:
+    """The exposition without the collector-health families (durations differ per call)."""
+    return b"".join(
+        line + b"\n" for line in text.splitlines() if b"stormwatch_collector_" not in line
+    )
+
+
+#: Successive states: a value changes, a family's series change order, a family goes,
+#: nothing changes.
+STATES: list[dict[str, dict[tuple[str, ...], float]]] = [
+    {"stormwatch_gpu_up": {("0",): 1.0, ("1",): 1.0}, "stormwatch_gpu_devices": {(): 2.0}},
+    {"stormwatch_gpu_up": {("0",): 1.0, ("1",): 0.0}, "stormwatch_gpu_devices": {(): 2.0}},
+    {"stormwatch_gpu_devices": {(): 2.0}, "stormwatch_gpu_up": {("1",): 0.0, ("0",): 1.0}},
+    {"stormwatch_gpu_devices": {(): 3.0}},
+    {"stormwatch_gpu_devices": {(): 3.0}},
+]
+
+
+@pytest.mark.parametrize("openmetrics_format", [False, True])
+def test_render_after_changes_is_byte_identical_to_generate_latest(
+    openmetrics_format: bool,
+) -> None:
+    source = _Mutable()
+    collectors = CollectorSet([source])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collectors)
+    full = openmetrics.generate_latest if openmetrics_format else generate_latest
+    for state in STATES:
+        source.values = {name: dict(series) for name, series in state.items()}
+        ours = collectors.render(openmetrics_format=openmetrics_format)
+        theirs = full(registry).removesuffix(b"# EOF\n")
+        assert _health_free(ours) == _health_free(theirs)
+        assert b"stormwatch_gpu_devices" in ours
+
+
+def test_a_family_whose_samples_did_not_change_is_not_encoded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    encoded: list[str] = []
+    real = collectors_base.render_text
+
+    def counting(family: Metric) -> bytes:
+        encoded.append(family.name)
+        return real(family)
+
+    monkeypatch.setattr(collectors_base, "render_text", counting)
+    source = _Mutable()
+    collectors = CollectorSet([source])
+    source.values = {"stormwatch_gpu_up": {("0",): 1.0}, "stormwatch_gpu_devices": {(): 1.0}}
+    first = collectors.render()
+    encoded.clear()
+    assert _health_free(collectors.render()) == _health_free(first)
+    assert [n for n in encoded if not n.startswith("stormwatch_collector_")] == []
+    source.values["stormwatch_gpu_up"][("0",)] = 0.0
+    collectors.render()
+    assert [n for n in encoded if not n.startswith("stormwatch_collector_")] == [
+        "stormwatch_gpu_up"
+    ]
+    assert collectors.reused_families >= 2
+    assert collectors.cpu_seconds["mutable"] > 0.0
+
+
+def _sampler(fake: FakeNvml) -> GpuSampler:
+    fake.nvmlInit()
+    return GpuSampler(fake, SamplerOptions(interval=1.0, xid=False))
+
+
+def test_nvlink_states_of_a_gpu_are_read_in_one_field_values_call() -> None:
+    fake = FakeNvml(2, links_per_gpu=18)
+    fake.gpus[1].links[5].active = False
+    snapshot = _sampler(fake).sample()
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 0
+    states = [[link.active for link in d.nvlink.links] for d in snapshot.devices if d.nvlink]
+    assert states[0] == [True] * 18
+    assert states[1] == [True] * 5 + [False] + [True] * 12
+
+
+def test_a_driver_without_the_nvlink_state_field_is_asked_link_by_link() -> None:
+    batched_fake, fallback_fake = FakeNvml(1, links_per_gpu=4), FakeNvml(1, links_per_gpu=4)
+    for fake in (batched_fake, fallback_fake):
+        fake.gpus[0].links[2].active = False
+    fallback_fake.gpus[0].unsupported_fields.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)
+    batched = _sampler(batched_fake).sample().devices[0].nvlink
+    fallback = _sampler(fallback_fake).sample().devices[0].nvlink
+    assert fallback_fake.calls["nvmlDeviceGetNvLinkState"] == 4
+    assert batched is not None and fallback is not None
+
+    def states(reading: Any) -> list[tuple[bool | None, bool | None]]:
+        return [(link.active, link.supported) for link in reading.links]
+
+    assert (
+        states(fallback) == states(batched) == [(True, True)] * 2 + [(False, None)] + [(True, True)]
+    )
+
+
+def test_gpu_series_share_one_label_dict_across_families_and_collects() -> None:
+    sampler = _sampler(FakeNvml(1, links_per_gpu=2))
+    sampler.sample()
+    gpu, nvlink = GpuCollector(sampler, hostname="n"), NvlinkCollector(sampler, hostname="n")
+
+    def dcgm_labels() -> list[dict[str, str]]:
+        families = [*gpu.collect(), *nvlink.collect()]
+        return [s.labels for f in families for s in f.samples if tuple(s.labels) == DCGM_LABELS]
+
+    first = dcgm_labels()
+    sampler.sample()
+    second = dcgm_labels()
+    # One dict per collector (gpu, nvlink), whatever the family and the sample.
+    assert len(first) > 20 and len({id(labels) for labels in first + second}) == 2
+
+
+class _Ledger:
+    def __init__(self) -> None:
+        self.reads = 0
+        self.records: list[Any] = []
+
+    def active(self) -> list[Any]:
+        self.reads += 1
+        return list(self.records)
+
+
+def test_the_fault_ledger_is_read_only_when_a_ttl_may_have_passed() -> None:
+    now = [1000.0]
+    ledger = _Ledger()
+    manager = FaultManager(ledger, None, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert manager.expiry_due()  # never read: read once
+    manager.revert_expired()
+    assert ledger.reads == 1 and not manager.expiry_due()  # nothing active: nothing due
+    ledger.records = [types.SimpleNamespace(id="f", expires_at=1005.0)]
+    manager._next_expiry = float("-inf")  # as after an apply
+    manager.revert_expired()
+    assert not manager.expiry_due()
+    now[0] = 1005.0
+    assert manager.expiry_due()
+
+
+def test_the_agent_imports_no_kubernetes_trainer_or_platform_code() -> None:
+    code = (
+        "import sys, stormwatch.agent.cli, stormwatch.agent.runtime\n"
+        "heavy = ('grpc', 'google.protobuf', 'stormwatch.postmortem', 'stormwatch.telemetry',"
+        " 'stormwatch.platforms', 'torch', 'rich')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or"
+        " '.'.join(m.split('.')[:2]) in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_nvlink_series_reuse_their_labels_and_equal_a_fresh_collectors() -> None:
+    sampler = _sampler(FakeNvml(2, links_per_gpu=4))
+    sampler.sample()
+    warm = NvlinkCollector(sampler, hostname="n")
+    list(warm.collect())
+    sampler.sample()
+    again = list(warm.collect())
+    fresh = list(NvlinkCollector(sampler, hostname="n").collect())
+    assert [(f.name, f.samples) for f in again] == [(f.name, f.samples) for f in fresh]
+    data = next(f for f in again if f.name == "stormwatch_nvlink_data_bytes")
+    before = {tuple(s.labels.values()): s.labels for s in data.samples}
+    after = list(warm.collect())
+    data = next(f for f in after if f.name == "stormwatch_nvlink_data_bytes")
+    assert data.samples and all(before[tuple(s.labels.values())] is s.labels for s in data.samples)
