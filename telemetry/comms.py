@@ -60,8 +60,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from stormwatch.telemetry.collective_ops import (
     KERNELS,
@@ -93,9 +92,8 @@ class CollectiveSink(Protocol):
         """Bookkeeping failed (the collective itself was not affected)."""
 
 
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One observed collective.
+class CollectiveRecord(NamedTuple):
+    """One observed collective (a named tuple: made for every collective, ~0.3 us).
 
     Attributes:
         op: label from :data:`OP_LABELS`.

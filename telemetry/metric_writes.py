@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -108,6 +109,21 @@ class MetricWriter:
             slots[index] += 1
             slots[-1] += value
 
+    def observe_many(self, name: str, buckets: Sequence[int], total: float, *extra: str) -> None:
+        """Observations of histogram ``name`` counted elsewhere: ``buckets[i]`` of them in
+        bucket ``i`` (non-cumulative, +Inf last), their values summing to ``total``."""
+        key = (name, extra)
+        if not self.deferred:
+            _add_observations(self._child(key), [*buckets, total])
+            return
+        with self._lock:
+            slots = self._observed.get(key)
+            if slots is None:
+                slots = self._observed[key] = [0.0] * (len(self._bounds[name]) + 1)
+            for index, count in enumerate(buckets):
+                slots[index] += count
+            slots[-1] += total
+
     # ------------------------------------------------------------------ flushing
     @property
     def pending(self) -> bool:
@@ -133,11 +149,16 @@ class MetricWriter:
             for key, amount in incs.items():
                 self._child(key).inc(amount)
             for key, slots in observed.items():
-                child = self._child(key)
-                child._sum.inc(slots[-1])
-                for index, count in enumerate(slots[:-1]):
-                    if count:
-                        child._buckets[index].inc(count)
+                _add_observations(self._child(key), slots)
+
+
+def _add_observations(child: Any, slots: Sequence[float]) -> None:
+    """Add bucket counts ``slots[:-1]`` and the sum ``slots[-1]`` to a histogram child
+    (prometheus-client's per-bucket values: see the module docstring)."""
+    child._sum.inc(slots[-1])
+    for index, count in enumerate(slots[:-1]):
+        if count:
+            child._buckets[index].inc(count)
 
 
 __all__ = ["Key", "MetricWriter"]

@@ -27,6 +27,7 @@ are those of the same updates written one by one. No torch import here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -379,6 +380,24 @@ class RankMetrics:
     def collective(self, *, mesh_dim: str, op: str, size: int, seconds: float) -> None:
         """One collective of nccl-tests size ``size`` bytes took ``seconds``."""
         self._w.observe("stormwatch_collective_latency_seconds", max(seconds, 0.0), mesh_dim, op)
+        self._w.inc("stormwatch_collective_size_bytes", size, mesh_dim, op)
+
+    def collective_totals(self, *, op: str, calls: int, nbytes: float, seconds: float) -> None:
+        """``calls`` collectives ``op`` of ``nbytes`` input bytes in all, and ``seconds`` from
+        issue to completion of those completed (what :meth:`collective_issued` and
+        :meth:`collective_completed` one by one add up to)."""
+        self._w.inc("stormwatch_collective_calls", calls, op)
+        self._w.inc("stormwatch_collective_bytes", nbytes, op)
+        self._w.inc("stormwatch_collective_duration_seconds", seconds, op)
+
+    def collective_latencies(
+        self, *, mesh_dim: str, op: str, size: float, buckets: Sequence[int], total: float
+    ) -> None:
+        """Completed collectives of ``(mesh_dim, op)``, counted per latency bucket of
+        :data:`COLLECTIVE_LATENCY_BUCKETS` (+Inf last; non-cumulative) with latencies summing
+        to ``total`` seconds and sizes to ``size`` bytes (what :meth:`collective` one by
+        one adds up to)."""
+        self._w.observe_many("stormwatch_collective_latency_seconds", buckets, total, mesh_dim, op)
         self._w.inc("stormwatch_collective_size_bytes", size, mesh_dim, op)
 
     def bandwidth(self, *, mesh_dim: str, op: str, algbw: float, busbw: float) -> None:

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from stormwatch.telemetry.events import EventLog
 from stormwatch.telemetry.flusher import Flusher
 from stormwatch.telemetry.lifecycle.steps import rss_bytes
-from stormwatch.telemetry.metrics import RankMetrics
+from stormwatch.telemetry.metrics import COLLECTIVE_LATENCY_BUCKETS, RankMetrics
 from stormwatch.telemetry.perf import bus_factor, collective_size
+from stormwatch.telemetry.tally import CollectiveTally
 
 if TYPE_CHECKING:
     from stormwatch.telemetry.comms import CollectiveRecord
@@ -100,8 +101,8 @@ class RankTelemetry:
         self.errors: collections.Counter[str] = collections.Counter()
         self._metrics: RankMetrics | None = None
         self._events: EventLog | None = None
-        # (mesh_dim, op) -> [size bytes, seconds, group size] of this step's collectives
-        self._step_collectives: dict[tuple[str, str], list[float]] = {}
+        # every collective, in plain numbers until the flusher's turn (and this step's)
+        self._tally = CollectiveTally(COLLECTIVE_LATENCY_BUCKETS)
         self._lock = threading.Lock()
         self._fault_step = -1
         self._faults_seen: set[str] = set()  # points recorded in step _fault_step
@@ -143,13 +144,27 @@ class RankTelemetry:
         self._flush()
 
     def _flush_metrics(self) -> None:
-        if self._metrics is None:
+        metrics = self._metrics
+        if metrics is None:
             return
+        ops, latencies = self._tally.take()
+        for op in ops:
+            metrics.collective_totals(
+                op=op.op, calls=op.calls, nbytes=op.nbytes, seconds=op.seconds
+            )
+        for dim in latencies:
+            metrics.collective_latencies(
+                mesh_dim=dim.mesh_dim,
+                op=dim.op,
+                size=dim.size,
+                buckets=dim.buckets,
+                total=dim.total,
+            )
         if self._rss_wanted:
             self._rss_wanted = False
             for kind, nbytes in rss_bytes().items():
-                self._metrics.memory(kind=kind, nbytes=nbytes)
-        self._metrics.flush()
+                metrics.memory(kind=kind, nbytes=nbytes)
+        metrics.flush()
 
     def _flush_events(self) -> None:
         if self._events is None:
@@ -296,8 +311,7 @@ class RankTelemetry:
         Also sets the algbw/busbw gauges from the collectives seen since the
         previous call (see :mod:`stormwatch.telemetry.perf`).
         """
-        with self._lock:
-            collectives, self._step_collectives = self._step_collectives, {}
+        collectives = self._tally.take_step()
         if self._metrics is None:
             return
         metrics = self._metrics
@@ -309,7 +323,7 @@ class RankTelemetry:
                 wait_seconds=wait_seconds,
             )
         for (mesh_dim, op), (size, seconds, n) in collectives.items():
-            factor = bus_factor(op, int(n))
+            factor = bus_factor(op, n)
             if seconds > 0 and size > 0:
                 algbw = size / seconds
                 self._guard(
@@ -417,14 +431,14 @@ class RankTelemetry:
             self._events.deferred = False
             self._guard("events", self._events.close)
 
-    # CollectiveSink
+    # CollectiveSink: plain numbers on the issuing thread, written by the flusher
     def on_issue(self, op: str, nbytes: int) -> None:
         if self._metrics is not None:
-            self._guard("metrics", self._metrics.collective_issued, op, nbytes)
+            self._tally.issued(op, nbytes)
 
     def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
         if self._metrics is not None:
-            self._guard("metrics", self._metrics.collective_completed, op, seconds)
+            self._tally.completed(op, seconds)
             self.progress(force=False, ago=ago)
 
     def on_error(self, where: str, exc: BaseException) -> None:
@@ -434,21 +448,17 @@ class RankTelemetry:
     def on_collective(self, record: CollectiveRecord) -> None:
         if self._metrics is None:
             return
-        size = collective_size(record.op, record.nbytes, record.group_size)
-        with self._lock:
-            entry = self._step_collectives.setdefault(
-                (record.mesh_dim, record.op), [0.0, 0.0, float(record.group_size)]
+        try:
+            size = collective_size(record.op, record.nbytes, record.group_size)
+            self._tally.observed(
+                record.mesh_dim,
+                record.op,
+                size=size,
+                seconds=record.seconds,
+                group=record.group_size,
             )
-            entry[0] += size
-            entry[1] += record.seconds
-        self._guard(
-            "metrics",
-            self._metrics.collective,
-            mesh_dim=record.mesh_dim,
-            op=record.op,
-            size=size,
-            seconds=record.seconds,
-        )
+        except Exception as exc:
+            self._failed("metrics", exc)
 
 
 __all__ = [
