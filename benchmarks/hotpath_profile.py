@@ -38,7 +38,10 @@ GROUPS = (
     ("prometheus-client", ("prometheus_client",)),
     ("event log", ("telemetry/events.py", "pydantic", "json/")),
     ("spans (OpenTelemetry)", ("opentelemetry", "telemetry/tracing.py", "lifecycle/spans.py")),
-    ("metrics batching (in memory)", ("telemetry/metric_writes.py", "telemetry/flusher.py", "telemetry/tally.py")),
+    (
+        "metrics batching (in memory)",
+        ("telemetry/metric_writes.py", "telemetry/flusher.py", "telemetry/tally.py"),
+    ),
     ("step mark (session, checks)", ("telemetry/lifecycle", "telemetry/rank.py")),
     ("metrics wrapper", ("telemetry/metrics.py",)),
     ("torch / gloo (the step itself)", ("torch",)),
