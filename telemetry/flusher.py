@@ -21,6 +21,7 @@ here.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -39,6 +40,9 @@ def _flush_at_exit() -> None:
 
 
 atexit.register(_flush_at_exit)
+# A forked child is not the rank: it must not write what the rank held (its own pid's
+# files would count it twice).
+os.register_at_fork(after_in_child=_RUNNING.clear)
 
 
 class Flusher:
