@@ -40,7 +40,11 @@ GROUPS = (
     ("spans (OpenTelemetry)", ("opentelemetry", "telemetry/tracing.py", "lifecycle/spans.py")),
     (
         "metrics batching (in memory)",
-        ("telemetry/metric_writes.py", "telemetry/flusher.py", "telemetry/tally.py"),
+        (
+            "telemetry/handoff/metric_writes.py",
+            "telemetry/handoff/flusher.py",
+            "telemetry/handoff/tally.py",
+        ),
     ),
     ("step mark (session, checks)", ("telemetry/lifecycle", "telemetry/rank.py")),
     ("metrics wrapper", ("telemetry/metrics.py",)),

@@ -7,7 +7,7 @@ job-level view is :mod:`stormwatch.telemetry.ranklogs`).
 
 Records, one JSON object per line, appended with their keys in this order (a step
 record, with ``deferred=True``, is queued on the training thread and encoded and
-written by the rank's flusher thread within 0.1 s, :mod:`stormwatch.telemetry.flusher`;
+written by the rank's flusher thread within 0.1 s, :mod:`stormwatch.telemetry.handoff.flusher`;
 every other record is written at once, after the queued ones, so the order holds):
 
 * ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size",

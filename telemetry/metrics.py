@@ -19,8 +19,8 @@ State gauges use ``multiprocess_mode="livemax"``: one process writes each
 Counters and histograms are never deleted.
 
 A training rank's :class:`RankMetrics` is ``deferred``: its updates are plain numbers in
-memory until a flush writes them (:mod:`stormwatch.telemetry.metric_writes`, from the
-rank's flusher thread, :mod:`stormwatch.telemetry.flusher`); names, labels and values
+memory until a flush writes them (:mod:`stormwatch.telemetry.handoff.metric_writes`, from the
+rank's flusher thread, :mod:`stormwatch.telemetry.handoff.flusher`); names, labels and values
 are those of the same updates written one by one. No torch import here.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge, Histogram, values
 
 from stormwatch.contracts.labels import TRAINING_JOB_LABEL
-from stormwatch.telemetry.metric_writes import MetricWriter
+from stormwatch.telemetry.handoff.metric_writes import MetricWriter
 
 
 @dataclass(frozen=True)
@@ -249,8 +249,8 @@ class RankMetrics:
         job: the job's name, the ``training_job`` label's value.
         rank: global rank (``rank`` label value).
         deferred: hold every update in memory until :meth:`flush`
-            (:mod:`stormwatch.telemetry.metric_writes`; what a training rank does, with a
-            background :class:`~stormwatch.telemetry.flusher.Flusher`); ``False``: each
+            (:mod:`stormwatch.telemetry.handoff.metric_writes`; what a training rank does, with a
+            background :class:`~stormwatch.telemetry.handoff.flusher.Flusher`); ``False``: each
             update is written at once.
 
     Raises:

@@ -1,9 +1,9 @@
 """One rank's telemetry: metrics, event log and done marker behind one guard.
 
 :class:`RankTelemetry` is what the training loop talks to. Per step and per collective it
-only records in memory (the metrics deferred, :mod:`stormwatch.telemetry.metric_writes`;
+only records in memory (the metrics deferred, :mod:`stormwatch.telemetry.handoff.metric_writes`;
 step records queued, :class:`~stormwatch.telemetry.events.EventLog`); its
-:class:`~stormwatch.telemetry.flusher.Flusher` thread writes them every 0.1 s. The rare
+:class:`~stormwatch.telemetry.handoff.flusher.Flusher` thread writes them every 0.1 s. The rare
 records that must be visible at once (start, phases, checkpoints, fault points, the
 stop request, done) flush on the calling thread, after what was queued. Every call is
 guarded: a failing sink (full disk, unwritable folder, bad value) is logged
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stormwatch.telemetry.events import EventLog
-from stormwatch.telemetry.flusher import Flusher
+from stormwatch.telemetry.handoff.flusher import Flusher
+from stormwatch.telemetry.handoff.tally import CollectiveTally
 from stormwatch.telemetry.lifecycle.steps import rss_bytes
 from stormwatch.telemetry.metrics import COLLECTIVE_LATENCY_BUCKETS, RankMetrics
 from stormwatch.telemetry.perf import bus_factor, collective_size
-from stormwatch.telemetry.tally import CollectiveTally
 
 if TYPE_CHECKING:
     from stormwatch.telemetry.comms import CollectiveRecord

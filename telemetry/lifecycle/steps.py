@@ -59,7 +59,7 @@ class StepRecord:
         memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
         sample_rss: read this process's resident memory into the ``rss`` memory gauge off
             the training thread (the rank's flusher reads ``/proc`` within 0.1 s of the
-            step, :mod:`stormwatch.telemetry.flusher`), instead of ``memory`` measured by
+            step, :mod:`stormwatch.telemetry.handoff.flusher`), instead of ``memory`` measured by
             the caller: what :meth:`Session.step` does.
     """
 

@@ -1,7 +1,7 @@
 """The background thread that hands a rank's batched telemetry to its files.
 
 A training rank records its per-step and per-collective telemetry in memory
-(:class:`~stormwatch.telemetry.metric_writes.MetricWriter` deferred, the event log's
+(:class:`~stormwatch.telemetry.handoff.metric_writes.MetricWriter` deferred, the event log's
 queue, :class:`~stormwatch.telemetry.events.EventLog`); :class:`Flusher` calls each
 ``flush`` every :data:`FLUSH_INTERVAL` seconds from one daemon thread, so no file write,
 JSON encoding or prometheus-client call happens on the training thread in a step.

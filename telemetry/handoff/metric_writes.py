@@ -10,7 +10,7 @@ Python numbers in memory, under one lock (~0.5 us): the gauge's latest value, th
 counter's sum, the histogram's per-bucket counts and sum; :meth:`MetricWriter.flush`
 writes what accumulated into the multiprocess files in one go (one ``set`` per gauge, one
 ``inc`` per counter, one ``inc`` per touched bucket), from a background thread
-(:class:`~stormwatch.telemetry.flusher.Flusher`) or from the caller at a moment that must
+(:class:`~stormwatch.telemetry.handoff.flusher.Flusher`) or from the caller at a moment that must
 be visible at once (start, phase, checkpoint, done). Exposition after a flush is exactly
 what the same updates made one by one would give: a gauge keeps the last value, counters
 and histogram sums add up (floating-point sums are added in another order: equal to the

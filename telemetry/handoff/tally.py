@@ -6,7 +6,7 @@ records each collective into, on the thread that issued it: one slot per ``op`` 
 input bytes, issue-to-completion seconds) and one per ``(mesh_dim, op)`` (nccl-tests size,
 latency histogram bucket counts and sum; and this step's size, seconds and group size for
 the bandwidth gauges), each a preallocated list of floats changed in place under one
-lock (~1 us a collective). The flusher (:mod:`stormwatch.telemetry.flusher`) takes the
+lock (~1 us a collective). The flusher (:mod:`stormwatch.telemetry.handoff.flusher`) takes the
 totals (:meth:`CollectiveTally.take`) and adds them to the prometheus-client counters and
 histogram with one write per series; the step mark takes the step's
 (:meth:`CollectiveTally.take_step`). The metrics are those of the same collectives
