@@ -17,8 +17,11 @@ repetition, their order rotating, so all of them see the same machine load:
   variants differ on this machine (the noise floor).
 
 A step is one optimizer step of rank 0, from one ``on_train_batch_end`` to the next (the
-example's ``--step-times``: wall and process CPU time, all threads), after ``warmup``
-steps. Ratios are the median over repetitions of each repetition's ratio of medians
+example's ``--step-times``: wall time, process CPU time (all threads) and the training
+thread's CPU time, which the telemetry's flusher thread is not part of), after ``warmup``
+steps. Then the floor: the API's step mark with the example's two collectives counted
+and the callback's gradient norm, timed directly on one thread
+(``hotpath_profile.py --style api``), with the profile of where that time goes. Ratios are the median over repetitions of each repetition's ratio of medians
 (variant / bare), with their min..max; the overhead per step is the difference of the
 medians pooled over all repetitions. No figure is judged: the table is for people;
 docs/instrument-your-job.md "PyTorch Lightning" records a run.
@@ -47,12 +50,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hotpath_profile import in_child as hot_path_profile
+from hotpath_profile import summary
 from trainer_bench import machine
 from trainer_report import median
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning" / "train.py"
+#: The example's StormwatchCallback hooks timed per step (its STEP_HOOKS).
+STEP_HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
 NPROC = 2
 VARIANTS = ("bare", "stormwatch", "bare-again")
+#: wall time, process CPU time (all threads), the training thread's CPU time
+KINDS = ("wall", "cpu", "thread")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +88,9 @@ QUICK = Plan(reps=1, steps=25, warmup=5)
 
 
 def run_trial(work: Path, plan: Plan, variant: str, timeout: float) -> dict[str, list[float]]:
+    """One torchrun of the example; rank 0's step times after the warm-up (``hooks``: the
+    callback's per-step hooks, timed on the training thread; with it, its collectives per
+    step)."""
     """One torchrun of the example; rank 0's step times after the warm-up."""
     trial = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=work))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORMWATCH_", "SLURM_"))}
@@ -103,8 +115,27 @@ def run_trial(work: Path, plan: Plan, variant: str, timeout: float) -> dict[str,
             f"the {variant} trial failed (exit {done.returncode}):\n{done.stderr[-3000:]}"
         )
     times = json.loads((trial / "steps.json").read_text())
+    result = {kind: times[kind][plan.warmup :] for kind in (*KINDS, "hooks")}
+    if variant == "stormwatch":  # rank 0's collectives per step, as it counted them
+        calls = _collective_calls(trial / "metrics")
+        result["collectives_per_step"] = [calls / plan.steps]
     shutil.rmtree(trial, ignore_errors=True)
-    return {kind: times[kind][plan.warmup :] for kind in ("wall", "cpu")}
+    return result
+
+
+def _collective_calls(metrics_dir: Path) -> float:
+    """Rank 0's ``stormwatch_collective_calls_total``, all ops."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+    return sum(
+        s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "stormwatch_collective_calls_total" and s.labels.get("rank") == "0"
+    )
 
 
 def aggregate(plan: Plan, results: dict[tuple[int, str], dict[str, list[float]]]) -> dict[str, Any]:
@@ -120,11 +151,39 @@ def aggregate(plan: Plan, results: dict[tuple[int, str], dict[str, list[float]]]
         ]
 
     figures: dict[str, Any] = {}
-    for kind in ("wall", "cpu"):
+    for kind in KINDS:
         figures[f"{kind}_seconds"] = {v: pooled(v, kind) for v in VARIANTS}
         figures[f"{kind}_ratio"] = {v: paired(v, kind) for v in VARIANTS[1:]}
         figures[f"{kind}_overhead_seconds"] = pooled("stormwatch", kind) - pooled("bare", kind)
+    figures["hook_seconds"] = pooled("stormwatch", "hooks")
+    figures["collectives_per_step"] = pooled("stormwatch", "collectives_per_step")
     return figures
+
+
+def _grad_norm_seconds(width: int, rounds: int = 2000) -> float:
+    """The callback's gradient norm (``on_before_optimizer_step``) over the example's
+    parameters (``FEATURES`` -> ``width`` -> ``width`` -> 1), seconds per step."""
+    import torch
+
+    shapes = [(width, 32), (width,), (width, width), (width,), (1, width), (1,)]
+    grads = [torch.randn(shape) for shape in shapes]
+    started = time.thread_time()
+    for _ in range(rounds):
+        float(torch.nn.utils.get_total_norm(grads))
+    return (time.thread_time() - started) / rounds
+
+
+def floor(plan: Plan) -> dict[str, Any]:
+    """What the callback costs a step at the least, timed directly on one thread: the
+    API's step mark with the example's two collectives per step counted (Lightning's
+    SIGTERM broadcast and DDP's all-reduce; ``hotpath_profile.py --style api``) plus the
+    gradient norm."""
+    quick = plan.reps == 1
+    hot = hot_path_profile(
+        collectives=2, steps=50 if quick else 300, rounds=3 if quick else 7, style="api"
+    )
+    grad = _grad_norm_seconds(plan.width)
+    return {"hot_path": hot, "grad_norm_seconds": grad, "seconds": hot["overhead_seconds"] + grad}
 
 
 def report(title: str, figures: dict[str, Any], host: dict[str, str]) -> None:
@@ -137,9 +196,11 @@ def report(title: str, figures: dict[str, Any], host: dict[str, str]) -> None:
         table.add_column(column, justify="left" if column == "measure" else "right")
     rows = (
         ("overhead: step wall time, stormwatch / bare", "stormwatch", "wall"),
-        ("overhead: step CPU time, stormwatch / bare", "stormwatch", "cpu"),
+        ("overhead: training thread's CPU time, stormwatch / bare", "stormwatch", "thread"),
+        ("overhead: process CPU time (all threads), stormwatch / bare", "stormwatch", "cpu"),
         ("noise floor (A/A): wall, bare again / bare", "bare-again", "wall"),
-        ("noise floor (A/A): CPU, bare again / bare", "bare-again", "cpu"),
+        ("noise floor (A/A): training thread's CPU, bare again / bare", "bare-again", "thread"),
+        ("noise floor (A/A): process CPU, bare again / bare", "bare-again", "cpu"),
     )
     for label, variant, kind in rows:
         ratios = figures[f"{kind}_ratio"][variant]
@@ -154,9 +215,31 @@ def report(title: str, figures: dict[str, Any], host: dict[str, str]) -> None:
     Console(width=150).print(table)
     print(
         f"overhead per step (pooled medians): wall "
-        f"{figures['wall_overhead_seconds'] * 1e6:.0f} us, CPU "
+        f"{figures['wall_overhead_seconds'] * 1e6:.0f} us, training thread CPU "
+        f"{figures['thread_overhead_seconds'] * 1e6:.0f} us, process CPU "
         f"{figures['cpu_overhead_seconds'] * 1e6:.0f} us"
     )
+    bare = figures["thread_seconds"]["bare"]
+    hooks = figures["hook_seconds"]
+    print(
+        f"in situ, rank 0: the callback's per-step hooks ({', '.join(STEP_HOOKS)}) took "
+        f"{hooks * 1e6:.0f} us of the training thread per step (median), "
+        f"{hooks / bare:.3f} of the bare step; {figures['collectives_per_step']:.1f} "
+        "collectives counted per step"
+    )
+    floor = figures.get("floor")
+    if floor is not None:
+        print(
+            f"the per-step floor, timed directly on the training thread: the API's step "
+            f"with its {floor['hot_path']['collectives_per_step']} collectives counted "
+            f"{floor['hot_path']['overhead_seconds'] * 1e6:.0f} us, the callback's "
+            f"gradient norm {floor['grad_norm_seconds'] * 1e6:.0f} us: "
+            f"{floor['seconds'] * 1e6:.0f} us = {floor['seconds'] / bare:.3f} of this bare "
+            f"step's training-thread CPU ({bare * 1e3:.2f} ms); 1.02 needs a step of "
+            f"{floor['seconds'] / 0.02 * 1e3:.1f} ms or more"
+        )
+        print("where the API's cost remains on the training thread:")
+        print(summary(floor["hot_path"]))
     print("machine: " + ", ".join(f"{k} {v}" for k, v in host.items()))
 
 
@@ -190,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures = aggregate(plan, results)
+    figures["floor"] = floor(plan)
     host = machine()
     title = (
         f"Lightning job (width {plan.width}, batch {plan.batch_size}), StormwatchCallback vs "

@@ -27,7 +27,9 @@ Measured (medians; ratios are the median over repetitions of each
 repetition's ratio, with their min..max):
 
 * instrumentation overhead: instrumented / bare step time (target <= 1.02),
-  in wall time and in process CPU time (all threads: gloo, span export);
+  in wall time, in the training thread's CPU time (``time.thread_time`` of rank 0's
+  main thread: what the telemetry costs the thread that trains; its flusher, span
+  exporter and gloo's threads are others) and in process CPU time (all threads);
   CPU time is the robust figure on a shared machine, where wall time swings
   with the neighbours' load;
 * collective counting, timed directly (the per-step ratios of a few per
@@ -46,6 +48,11 @@ repetition's ratio, with their min..max):
   ``checkpoint_commit`` spans per checkpoint, async / sync (target <= 0.1),
   same state; the first and the last checkpoint of each trial are left out
   (one-time set-up; the final commit waits for the write on purpose);
+* where the remaining cost lies: ``hotpath_profile.py`` in a child process (one
+  process, gloo at world size 1, a stand-in step with the collectives per step of rank
+  0): the training thread's CPU per step with and without the telemetry, and a cProfile
+  of the instrumented steps summarised by part (collective counting, spans, step mark,
+  prometheus-client, ...);
 * exposed communication: collective wait / step time, from the trainer's own
   ``stormwatch_train_collective_wait_seconds`` and ``..._compute_seconds``
   counters (instrumented trials, per rank; the wait includes the
@@ -88,6 +95,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hotpath_profile import in_child as hot_path_profile
 from trainer_report import median, report
 from trainer_trials import (
     DP,
@@ -211,12 +219,19 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
     return {
         "wall_seconds": {v: pooled(v, "wall") for v in VARIANTS},
         "cpu_seconds": {v: pooled(v, "cpu") for v in STEP_VARIANTS},
+        "thread_seconds": {v: pooled(v, "thread") for v in STEP_VARIANTS},
         "wall_ratio": {v: paired(v, "wall") for v in STEP_VARIANTS[1:]},
         "cpu_ratio": {v: paired(v, "cpu") for v in STEP_VARIANTS[1:]},
+        "thread_ratio": {v: paired(v, "thread") for v in STEP_VARIANTS[1:]},
         "channel_cost": _channel_cost(bare_wall),
         "counter_cost": _counter_cost(pooled("bare", "cpu"), per_step),
         "exposed_fraction_by_rank": fractions,
         **_ckpt_figures(plan, blocking, [r for r in ranks[0] if r["rep"] >= 0]),
+        "hot_path": hot_path_profile(
+            collectives=round(per_step) if per_step == per_step else 21,
+            steps=40 if plan.reps == 1 else 200,
+            rounds=3 if plan.reps == 1 else 7,
+        ),
     }
 
 

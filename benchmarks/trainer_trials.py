@@ -205,18 +205,22 @@ def worker(work: Path) -> int:
             self.warmup, self.metrics_dir = warmup, metrics_dir
             self.wall: list[float] = []
             self.cpu: list[float] = []
+            self.thread: list[float] = []  # the training thread's CPU alone
             self.at_warm: tuple[float, float, float] | None = None
-            self._last = (0.0, 0.0)
+            self._last = (0.0, 0.0, 0.0)
 
         def step(self, *, step: int, **rest: Any) -> None:
-            now = (time.perf_counter(), time.process_time())
+            now = (time.perf_counter(), time.process_time(), time.thread_time())
             if step > self.warmup + 1:
                 self.wall.append(now[0] - self._last[0])
                 self.cpu.append(now[1] - self._last[1])
+                self.thread.append(now[2] - self._last[2])
             if step == self.warmup + 1 and self.metrics_dir is not None:
-                # called before step_details(step): the counters hold steps 1..warmup
+                # called before step_details(step): the counters hold steps 1..warmup;
+                # the metrics are flushed every 0.1 s: wait for the flusher to catch up
+                time.sleep(0.3)
                 self.at_warm = _counters(self.metrics_dir, env.rank)
-            self._last = (time.perf_counter(), time.process_time())
+            self._last = (time.perf_counter(), time.process_time(), time.thread_time())
 
     results: list[dict[str, Any]] = []
     trials = plan.trials()
@@ -237,6 +241,7 @@ def worker(work: Path) -> int:
             rank=env.rank,
             wall=recorder.wall,
             cpu=recorder.cpu,
+            thread=recorder.thread,
             at_warm=recorder.at_warm,
             metrics_dir=metrics_dir,
             trial_dir=trial_dir,
@@ -262,12 +267,19 @@ def _trial_result(
     rank: int,
     wall: list[float],
     cpu: list[float],
+    thread: list[float],
     at_warm: tuple[float, float, float] | None,
     metrics_dir: Path | None,
     trial_dir: Path,
 ) -> dict[str, Any]:
     """One trial's figures on this rank: step times, counters after warm-up, checkpoint spans."""
-    result: dict[str, Any] = {"rep": rep, "variant": variant, "wall": wall, "cpu": cpu}
+    result: dict[str, Any] = {
+        "rep": rep,
+        "variant": variant,
+        "wall": wall,
+        "cpu": cpu,
+        "thread": thread,
+    }
     if metrics_dir is not None and at_warm is not None:
         compute, wait, calls = _counters(metrics_dir, rank)
         result["compute_seconds"] = compute - at_warm[0]

@@ -139,6 +139,11 @@ class OpSpec:
 
     def input_bytes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, bool]:
         """(bytes of the input tensors on this rank, 0 for ``barrier``; whether all are on the CPU)."""
+        if len(self.inputs) == 1 and self.label != "barrier":  # most ops: one input argument
+            value = self._argument(self.inputs[0], args, kwargs)
+            if type(value) is torch.Tensor:
+                return value.numel() * value.element_size(), value.device.type == "cpu"
+            return _tensor_bytes(value)
         nbytes, on_cpu = 0, True
         for where in self.inputs:
             size, cpu = _tensor_bytes(self._argument(where, args, kwargs))

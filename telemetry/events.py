@@ -5,8 +5,10 @@ discriminated by ``event``), the writer (:class:`EventLog`) and the line
 parser every reader uses (:func:`parse_events`, :func:`read_events`; the
 job-level view is :mod:`stormwatch.telemetry.ranklogs`).
 
-Records, one JSON object per line, appended and flushed as they happen, with
-their keys in this order:
+Records, one JSON object per line, appended with their keys in this order (a step
+record, with ``deferred=True``, is queued on the training thread and encoded and
+written by the rank's flusher thread within 0.1 s, :mod:`stormwatch.telemetry.handoff.flusher`;
+every other record is written at once, after the queued ones, so the order holds):
 
 * ``{"event": "start", "time", "rank", "attempt", "resumed_from_step", "pid", "world_size",
   "job_attempt", "restarted_by"}``
@@ -42,9 +44,11 @@ counted, never fatal. No torch import here (a test checks it).
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, TextIO
@@ -160,6 +164,12 @@ RankEvent = Annotated[
 _RANK_EVENT: TypeAdapter[RankEvent] = TypeAdapter(RankEvent)
 
 
+#: Step records queued for the writer at most (a minute of 6 ms steps, ~2 MB); beyond,
+#: a step record is dropped and counted (:attr:`EventLog.dropped`): a stuck writer must
+#: not grow the rank's memory without bound.
+MAX_PENDING = 10_000
+
+
 def log_path(log_dir: Path, rank: int) -> Path:
     """``<log_dir>/rank<rank>.jsonl``."""
     return log_dir / f"rank{rank}.jsonl"
@@ -208,6 +218,8 @@ class EventLog:
         attempt: torchrun restart count, copied into every record.
         clock: Unix time source (default :func:`time.time`).
         world_size: ranks of this incarnation's rendezvous (written in ``start``; None: left out).
+        deferred: queue step records in memory (at most :data:`MAX_PENDING`) for
+            :meth:`flush` on another thread; ``False``: every record is written at once.
 
     Raises:
         OSError: the file cannot be opened (callers treat this as a telemetry failure).
@@ -221,6 +233,7 @@ class EventLog:
         attempt: int,
         clock: Callable[[], float],
         world_size: int | None = None,
+        deferred: bool = False,
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.path = log_path(log_dir, rank)
@@ -230,12 +243,49 @@ class EventLog:
         self._clock = clock
         self._job_attempt: int | None = None
         self._restarted_by: list[str] | None = None
+        self.deferred = deferred
+        #: Step records dropped because the queue was full (never reset).
+        self.dropped = 0
+        # (time, step, loss, step_seconds) of the step records not yet written
+        self._queue: collections.deque[tuple[float, int, float | None, float]] = collections.deque()
+        self._lock = threading.Lock()  # the file: queued lines and direct records in order
         self._file: TextIO = self.path.open("a", encoding="utf-8")
 
-    def _write(self, record: _Record) -> None:
-        # One write() per line: a SIGKILL can cut the log between records, not inside one.
-        self._file.write(record.to_line() + "\n")
-        self._file.flush()
+    def _queued_lines(self) -> list[str]:
+        """Encode and take the queued step records (under ``_lock``)."""
+        lines = []
+        queue = self._queue
+        while queue:
+            at, step, loss, seconds = queue.popleft()
+            record = StepEvent(
+                time=at,
+                step=step,
+                loss=loss,
+                loss_hex=None if loss is None else float.hex(loss),
+                attempt=self._attempt,
+                step_seconds=seconds,
+            )
+            lines.append(record.to_line() + "\n")
+        return lines
+
+    def _write(self, record: _Record | None) -> None:
+        # Whole lines per write(): a SIGKILL can cut the log between records, not inside one.
+        with self._lock:
+            lines = self._queued_lines()
+            if record is not None:
+                lines.append(record.to_line() + "\n")
+            if lines:
+                self._file.write("".join(lines))
+                self._file.flush()
+
+    def flush(self) -> None:
+        """Write the queued step records (the flusher's call; any thread).
+
+        Raises:
+            OSError: the write failed (the records taken are lost, not retried).
+        """
+        if self._queue:
+            self._write(None)
 
     def start(self, *, resumed_from_step: int | None) -> None:
         """The rank is ready to train (after any resume)."""
@@ -258,7 +308,14 @@ class EventLog:
         self._restarted_by = list(failed_nodes) if attempt > 0 else None
 
     def step(self, *, step: int, loss: float | None, step_seconds: float) -> None:
-        """One completed step with its global mean loss (``None``: not reported)."""
+        """One completed step with its global mean loss (``None``: not reported); queued
+        when deferred (dropped and counted in :attr:`dropped` when the queue is full)."""
+        if self.deferred:
+            if len(self._queue) >= MAX_PENDING:
+                self.dropped += 1
+                return
+            self._queue.append((self._clock(), step, loss, step_seconds))
+            return
         self._write(
             StepEvent(
                 time=self._clock(),
@@ -289,11 +346,14 @@ class EventLog:
         self._write(FaultEvent(time=self._clock(), point=point, step=step, attempt=self._attempt))
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
+        """Write the queued records and close the file (idempotent)."""
+        if not self._file.closed:
+            self.flush()
         self._file.close()
 
 
 __all__ = [
+    "MAX_PENDING",
     "CheckpointEvent",
     "CheckpointFailedEvent",
     "DoneEvent",

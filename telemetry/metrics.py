@@ -16,18 +16,25 @@ state; a trainer rank creates one :class:`RankMetrics`.
 State gauges use ``multiprocess_mode="livemax"``: one process writes each
 ``(training_job, rank)`` series, so the max is that process's value, and the agent's
 ``mark_process_dead(pid)`` deletes the file of a rank that exited (FC-01).
-Counters and histograms are never deleted. No torch import here.
+Counters and histograms are never deleted.
+
+A training rank's :class:`RankMetrics` is ``deferred``: its updates are plain numbers in
+memory until a flush writes them (:mod:`stormwatch.telemetry.handoff.metric_writes`, from the
+rank's flusher thread, :mod:`stormwatch.telemetry.handoff.flusher`); names, labels and values
+are those of the same updates written one by one. No torch import here.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram, values
 
 from stormwatch.contracts.labels import TRAINING_JOB_LABEL
+from stormwatch.telemetry.handoff.metric_writes import MetricWriter
 
 
 @dataclass(frozen=True)
@@ -241,15 +248,18 @@ class RankMetrics:
         metrics_dir: the node's metrics folder (created if missing).
         job: the job's name, the ``training_job`` label's value.
         rank: global rank (``rank`` label value).
+        deferred: hold every update in memory until :meth:`flush`
+            (:mod:`stormwatch.telemetry.handoff.metric_writes`; what a training rank does, with a
+            background :class:`~stormwatch.telemetry.handoff.flusher.Flusher`); ``False``: each
+            update is written at once.
 
     Raises:
         OSError: the folder cannot be created or written.
     """
 
-    def __init__(self, metrics_dir: Path, *, job: str, rank: int) -> None:
+    def __init__(self, metrics_dir: Path, *, job: str, rank: int, deferred: bool = False) -> None:
         enable_multiprocess(metrics_dir)
         self.metrics_dir = metrics_dir
-        self._labels = {TRAINING_JOB_LABEL: job, "rank": str(rank)}
         made: dict[str, Gauge | Counter | Histogram] = {}
         for spec in CATALOGUE:
             if spec.kind == "gauge":
@@ -270,28 +280,43 @@ class RankMetrics:
                     buckets=spec.buckets or STEP_DURATION_BUCKETS,
                     registry=None,
                 )
-        self._m = made
+        self._w = MetricWriter(made, (job, str(rank)), deferred=deferred)
 
-    def _gauge(self, name: str) -> Gauge:
-        metric = self._m[name]
-        assert isinstance(metric, Gauge)
-        return metric.labels(**self._labels)
+    @property
+    def pending(self) -> bool:
+        """Whether updates wait for :meth:`flush` (deferred mode)."""
+        return self._w.pending
 
-    def _counter(self, name: str, **extra: str) -> Counter:
-        metric = self._m[name]
-        assert isinstance(metric, Counter)
-        return metric.labels(**self._labels, **extra)
+    @property
+    def deferred(self) -> bool:
+        """Whether updates wait for :meth:`flush`; set ``False`` to write them at once
+        again (what is pending is written first)."""
+        return self._w.deferred
+
+    @deferred.setter
+    def deferred(self, value: bool) -> None:
+        if not value:
+            self._w.flush()
+        self._w.deferred = value
+
+    def flush(self) -> None:
+        """Write the deferred updates into the files now (any thread).
+
+        Raises:
+            Exception: what prometheus-client raised (a full disk).
+        """
+        self._w.flush()
 
     def job_info(self, *, world_size: int, node_restarts: int) -> None:
         """Set the gauges that describe the job (once per process); the job attempt is
         the node's count until :meth:`job_attempt` sets the agreed one."""
-        self._gauge("stormwatch_train_world_size").set(world_size)
-        self._gauge("stormwatch_train_node_restarts").set(node_restarts)
-        self._gauge("stormwatch_train_job_restarts").set(node_restarts)
+        self._w.set("stormwatch_train_world_size", world_size)
+        self._w.set("stormwatch_train_node_restarts", node_restarts)
+        self._w.set("stormwatch_train_job_restarts", node_restarts)
 
     def job_attempt(self, attempt: int) -> None:
         """The job attempt every rank agreed (:mod:`stormwatch.telemetry.restarts`)."""
-        self._gauge("stormwatch_train_job_restarts").set(attempt)
+        self._w.set("stormwatch_train_job_restarts", attempt)
 
     def started(self, *, step: int, timestamp: float) -> None:
         """The rank is ready to train from ``step`` (0 or the resumed step).
@@ -299,8 +324,8 @@ class RankMetrics:
         Sets the step and the heartbeat so that a rank that hangs before its
         first step goes stale instead of having no series at all.
         """
-        self._gauge("stormwatch_train_step").set(step)
-        self._gauge("stormwatch_train_last_step_timestamp_seconds").set(timestamp)
+        self._w.set("stormwatch_train_step", step)
+        self._w.set("stormwatch_train_last_step_timestamp_seconds", timestamp)
         self.progress(timestamp)
 
     def step(
@@ -314,109 +339,114 @@ class RankMetrics:
     ) -> None:
         """Record one completed step (``seconds`` > 0 wall time, ``tokens`` processed;
         ``None``: not reported, the loss gauge and token counters are left alone)."""
-        self._gauge("stormwatch_train_step").set(step)
+        w = self._w
+        w.set("stormwatch_train_step", step)
         if loss is not None:
-            self._gauge("stormwatch_train_loss").set(loss)
-        self._gauge("stormwatch_train_last_step_timestamp_seconds").set(timestamp)
+            w.set("stormwatch_train_loss", loss)
+        w.set("stormwatch_train_last_step_timestamp_seconds", timestamp)
         self.progress(timestamp)
         if seconds > 0 and tokens is not None:
-            self._gauge("stormwatch_train_tokens_per_second").set(tokens / seconds)
-        histogram = self._m["stormwatch_train_step_duration_seconds"]
-        assert isinstance(histogram, Histogram)
-        histogram.labels(**self._labels).observe(seconds)
-        self._counter("stormwatch_train_steps").inc()
+            w.set("stormwatch_train_tokens_per_second", tokens / seconds)
+        w.observe("stormwatch_train_step_duration_seconds", seconds)
+        w.inc("stormwatch_train_steps", 1)
         if tokens is not None:
-            self._counter("stormwatch_train_tokens").inc(tokens)
+            w.inc("stormwatch_train_tokens", tokens)
 
     def progress(self, timestamp: float) -> None:
         """The rank showed progress at Unix time ``timestamp`` (the heartbeat)."""
-        self._gauge("stormwatch_train_last_progress_timestamp_seconds").set(timestamp)
+        self._w.set("stormwatch_train_last_progress_timestamp_seconds", timestamp)
 
     def phase(self, name: str, *, deadline: float) -> None:
         """Set phase ``name``'s deadline (Unix time; 0: not in the phase)."""
-        gauge = self._m["stormwatch_train_phase_deadline_timestamp_seconds"]
-        assert isinstance(gauge, Gauge)
-        gauge.labels(**self._labels, phase=name).set(deadline)
+        self._w.set("stormwatch_train_phase_deadline_timestamp_seconds", deadline, name)
 
     def learning_rate(self, value: float) -> None:
         """Set the last step's learning rate."""
-        self._gauge("stormwatch_train_learning_rate").set(value)
+        self._w.set("stormwatch_train_learning_rate", value)
 
     def samples(self, count: int) -> None:
         """Count ``count`` samples of the last step."""
-        self._counter("stormwatch_train_samples").inc(count)
+        self._w.inc("stormwatch_train_samples", count)
 
     def collective_issued(self, op: str, nbytes: int) -> None:
         """Count one collective ``op`` with ``nbytes`` input bytes."""
-        self._counter("stormwatch_collective_calls", op=op).inc()
-        self._counter("stormwatch_collective_bytes", op=op).inc(nbytes)
+        self._w.inc("stormwatch_collective_calls", 1, op)
+        self._w.inc("stormwatch_collective_bytes", nbytes, op)
 
     def collective_completed(self, op: str, seconds: float) -> None:
         """Add the issue-to-completion time of one collective ``op``."""
-        self._counter("stormwatch_collective_duration_seconds", op=op).inc(max(seconds, 0.0))
+        self._w.inc("stormwatch_collective_duration_seconds", max(seconds, 0.0), op)
 
     def collective(self, *, mesh_dim: str, op: str, size: int, seconds: float) -> None:
         """One collective of nccl-tests size ``size`` bytes took ``seconds``."""
-        labels = {**self._labels, "mesh_dim": mesh_dim, "op": op}
-        histogram = self._m["stormwatch_collective_latency_seconds"]
-        assert isinstance(histogram, Histogram)
-        histogram.labels(**labels).observe(max(seconds, 0.0))
-        self._counter("stormwatch_collective_size_bytes", mesh_dim=mesh_dim, op=op).inc(size)
+        self._w.observe("stormwatch_collective_latency_seconds", max(seconds, 0.0), mesh_dim, op)
+        self._w.inc("stormwatch_collective_size_bytes", size, mesh_dim, op)
+
+    def collective_totals(self, *, op: str, calls: int, nbytes: float, seconds: float) -> None:
+        """``calls`` collectives ``op`` of ``nbytes`` input bytes in all, and ``seconds`` from
+        issue to completion of those completed (what :meth:`collective_issued` and
+        :meth:`collective_completed` one by one add up to)."""
+        self._w.inc("stormwatch_collective_calls", calls, op)
+        self._w.inc("stormwatch_collective_bytes", nbytes, op)
+        self._w.inc("stormwatch_collective_duration_seconds", seconds, op)
+
+    def collective_latencies(
+        self, *, mesh_dim: str, op: str, size: float, buckets: Sequence[int], total: float
+    ) -> None:
+        """Completed collectives of ``(mesh_dim, op)``, counted per latency bucket of
+        :data:`COLLECTIVE_LATENCY_BUCKETS` (+Inf last; non-cumulative) with latencies summing
+        to ``total`` seconds and sizes to ``size`` bytes (what :meth:`collective` one by
+        one adds up to)."""
+        self._w.observe_many("stormwatch_collective_latency_seconds", buckets, total, mesh_dim, op)
+        self._w.inc("stormwatch_collective_size_bytes", size, mesh_dim, op)
 
     def bandwidth(self, *, mesh_dim: str, op: str, algbw: float, busbw: float) -> None:
         """Set the last step's algorithm and bus bandwidth (bytes/s) of ``(mesh_dim, op)``."""
-        labels = {**self._labels, "mesh_dim": mesh_dim, "op": op}
-        for name, value in (
-            ("stormwatch_collective_algbw_bytes_per_second", algbw),
-            ("stormwatch_collective_busbw_bytes_per_second", busbw),
-        ):
-            gauge = self._m[name]
-            assert isinstance(gauge, Gauge)
-            gauge.labels(**labels).set(value)
+        self._w.set("stormwatch_collective_algbw_bytes_per_second", algbw, mesh_dim, op)
+        self._w.set("stormwatch_collective_busbw_bytes_per_second", busbw, mesh_dim, op)
 
     def breakdown(self, *, compute_seconds: float, wait_seconds: float) -> None:
         """The last step's compute and collective-wait seconds (gauges and counters)."""
-        self._gauge("stormwatch_train_step_compute_seconds").set(compute_seconds)
-        self._gauge("stormwatch_train_step_collective_wait_seconds").set(wait_seconds)
-        self._counter("stormwatch_train_compute_seconds").inc(max(compute_seconds, 0.0))
-        self._counter("stormwatch_train_collective_wait_seconds").inc(max(wait_seconds, 0.0))
+        w = self._w
+        w.set("stormwatch_train_step_compute_seconds", compute_seconds)
+        w.set("stormwatch_train_step_collective_wait_seconds", wait_seconds)
+        w.inc("stormwatch_train_compute_seconds", max(compute_seconds, 0.0))
+        w.inc("stormwatch_train_collective_wait_seconds", max(wait_seconds, 0.0))
 
     def grad_norm(self, value: float) -> None:
         """Set the last step's global gradient norm."""
-        self._gauge("stormwatch_train_grad_norm").set(value)
+        self._w.set("stormwatch_train_grad_norm", value)
 
     def mfu(self, *, ratio: float, peak_flops: float) -> None:
         """Set the last step's MFU and the peak FLOP/s it was computed against."""
-        self._gauge("stormwatch_train_mfu_ratio").set(ratio)
-        self._gauge("stormwatch_train_peak_flops_per_second").set(peak_flops)
+        self._w.set("stormwatch_train_mfu_ratio", ratio)
+        self._w.set("stormwatch_train_peak_flops_per_second", peak_flops)
 
     def memory(self, *, kind: str, nbytes: int) -> None:
         """Set this rank's memory of ``kind`` (``rss``, ``cuda_max_allocated``) in bytes."""
-        gauge = self._m["stormwatch_train_memory_bytes"]
-        assert isinstance(gauge, Gauge)
-        gauge.labels(**self._labels, kind=kind).set(nbytes)
+        self._w.set("stormwatch_train_memory_bytes", nbytes, kind)
 
     def checkpoint_committed(self, *, timestamp: float) -> None:
         """A checkpoint was committed at Unix time ``timestamp``."""
-        self._gauge("stormwatch_train_last_checkpoint_timestamp_seconds").set(timestamp)
+        self._w.set("stormwatch_train_last_checkpoint_timestamp_seconds", timestamp)
 
     def checkpoint_interval(self, steps: int) -> None:
         """Set the checkpoint interval in steps (0: off); also starts the failure counter at
         0, so that ``increase()`` sees the first failed save."""
-        self._gauge("stormwatch_train_checkpoint_interval_steps").set(steps)
-        self._counter("stormwatch_train_checkpoint_failures")
+        self._w.set("stormwatch_train_checkpoint_interval_steps", steps)
+        self._w.inc("stormwatch_train_checkpoint_failures", 0)
 
     def checkpoint_failed(self) -> None:
         """Count one failed checkpoint save."""
-        self._counter("stormwatch_train_checkpoint_failures").inc()
+        self._w.inc("stormwatch_train_checkpoint_failures", 1)
 
     def fault(self, point: str) -> None:
         """Count one step in which fault point ``point`` took effect."""
-        self._counter("stormwatch_train_fault_injections", point=point).inc()
+        self._w.inc("stormwatch_train_fault_injections", 1, point)
 
-    def telemetry_error(self, sink: str) -> None:
-        """Count one failed telemetry write."""
-        self._counter("stormwatch_train_telemetry_errors", sink=sink).inc()
+    def telemetry_error(self, sink: str, count: int = 1) -> None:
+        """Count ``count`` failed telemetry writes of ``sink``."""
+        self._w.inc("stormwatch_train_telemetry_errors", count, sink)
 
 
 __all__ = [

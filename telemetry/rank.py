@@ -1,6 +1,11 @@
 """One rank's telemetry: metrics, event log and done marker behind one guard.
 
-:class:`RankTelemetry` is what the training loop talks to. Every call is
+:class:`RankTelemetry` is what the training loop talks to. Per step and per collective it
+only records in memory (the metrics deferred, :mod:`stormwatch.telemetry.handoff.metric_writes`;
+step records queued, :class:`~stormwatch.telemetry.events.EventLog`); its
+:class:`~stormwatch.telemetry.handoff.flusher.Flusher` thread writes them every 0.1 s. The rare
+records that must be visible at once (start, phases, checkpoints, fault points, the
+stop request, done) flush on the calling thread, after what was queued. Every call is
 guarded: a failing sink (full disk, unwritable folder, bad value) is logged
 at WARNING (first failure per sink, then every 100th), counted in
 :attr:`RankTelemetry.errors` and in ``stormwatch_train_telemetry_errors_total``
@@ -21,7 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stormwatch.telemetry.events import EventLog
-from stormwatch.telemetry.metrics import RankMetrics
+from stormwatch.telemetry.handoff.flusher import Flusher
+from stormwatch.telemetry.handoff.tally import CollectiveTally
+from stormwatch.telemetry.lifecycle.steps import rss_bytes
+from stormwatch.telemetry.metrics import COLLECTIVE_LATENCY_BUCKETS, RankMetrics
 from stormwatch.telemetry.perf import bus_factor, collective_size
 
 if TYPE_CHECKING:
@@ -93,15 +101,22 @@ class RankTelemetry:
         self.errors: collections.Counter[str] = collections.Counter()
         self._metrics: RankMetrics | None = None
         self._events: EventLog | None = None
-        # (mesh_dim, op) -> [size bytes, seconds, group size] of this step's collectives
-        self._step_collectives: dict[tuple[str, str], list[float]] = {}
+        # every collective, in plain numbers until the flusher's turn (and this step's)
+        self._tally = CollectiveTally(COLLECTIVE_LATENCY_BUCKETS)
         self._lock = threading.Lock()
         self._fault_step = -1
         self._faults_seen: set[str] = set()  # points recorded in step _fault_step
-        self._progress_at = 0.0  # Unix time of the last heartbeat written
+        self._progress_at = 0.0  # Unix time of the last heartbeat recorded
+        self._rss_wanted = False  # a step asked for the RSS: the flusher reads it
+        self._events_dropped = 0  # step records dropped, already counted as errors
         if config.metrics_dir is not None:
             self._metrics = self._guard(
-                "metrics", RankMetrics, config.metrics_dir, job=config.job, rank=rank
+                "metrics",
+                RankMetrics,
+                config.metrics_dir,
+                job=config.job,
+                rank=rank,
+                deferred=True,
             )
             if self._metrics is not None:
                 self._guard(
@@ -119,7 +134,55 @@ class RankTelemetry:
                 attempt=attempt,
                 clock=clock,
                 world_size=world_size,
+                deferred=True,
             )
+        self._flusher = Flusher(
+            (("metrics", self._flush_metrics), ("events", self._flush_events)),
+            on_error=self._failed,
+        )
+        self._flusher.start()
+        self._flush()
+
+    def _flush_metrics(self) -> None:
+        metrics = self._metrics
+        if metrics is None:
+            return
+        ops, latencies = self._tally.take()
+        for op in ops:
+            metrics.collective_totals(
+                op=op.op, calls=op.calls, nbytes=op.nbytes, seconds=op.seconds
+            )
+        for dim in latencies:
+            metrics.collective_latencies(
+                mesh_dim=dim.mesh_dim,
+                op=dim.op,
+                size=dim.size,
+                buckets=dim.buckets,
+                total=dim.total,
+            )
+        if self._rss_wanted:
+            self._rss_wanted = False
+            for kind, nbytes in rss_bytes().items():
+                metrics.memory(kind=kind, nbytes=nbytes)
+        metrics.flush()
+
+    def _flush_events(self) -> None:
+        if self._events is None:
+            return
+        try:
+            self._events.flush()
+        finally:
+            dropped = self._events.dropped - self._events_dropped
+            if dropped > 0:
+                self._events_dropped += dropped
+                full = RuntimeError(
+                    f"{dropped} step records dropped: the event log's queue was full"
+                )
+                self._failed("events", full, dropped)
+
+    def _flush(self) -> None:
+        """Write what is recorded now, on the calling thread (a record that must be seen)."""
+        self._flusher.flush()
 
     def _guard(self, sink: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -128,20 +191,21 @@ class RankTelemetry:
             self._failed(sink, exc)
             return None
 
-    def _failed(self, sink: str, exc: BaseException) -> None:
-        self.errors[sink] += 1
-        count = self.errors[sink]
-        if count == 1 or count % _LOG_EVERY == 0:
+    def _failed(self, sink: str, exc: BaseException, count: int = 1) -> None:
+        """``count`` failures of ``sink`` (logged on the first and every 100th)."""
+        before = self.errors[sink]
+        self.errors[sink] += count
+        if before == 0 or before // _LOG_EVERY != self.errors[sink] // _LOG_EVERY:
             log.warning(
                 "telemetry sink %s failed (%d failures so far; training continues): %s",
                 sink,
-                count,
+                self.errors[sink],
                 exc,
-                exc_info=count == 1,
+                exc_info=before == 0,
             )
         if self._metrics is not None and sink != "metrics":
             try:
-                self._metrics.telemetry_error(sink)
+                self._metrics.telemetry_error(sink, count)
             except Exception:
                 self.errors["metrics"] += 1
 
@@ -163,6 +227,7 @@ class RankTelemetry:
             )
         if self._events is not None:
             self._guard("events", self._events.start, resumed_from_step=resumed_from_step)
+        self._flush()
 
     def job_attempt(self, attempt: int, *, failed_nodes: tuple[str, ...] = ()) -> None:
         """The job attempt every rank agreed (:mod:`stormwatch.telemetry.restarts`) and the
@@ -171,10 +236,11 @@ class RankTelemetry:
             self._guard("metrics", self._metrics.job_attempt, attempt)
         if self._events is not None:
             self._events.job_attempt(attempt, failed_nodes=failed_nodes)
+        self._flush()
 
     def step(self, *, step: int, loss: float | None, seconds: float, tokens: int | None) -> None:
         """Record a completed step (global mean ``loss``, wall ``seconds``, ``tokens``;
-        ``None``: not reported)."""
+        ``None``: not reported); in memory, written by the flusher within 0.1 s."""
         if self._metrics is not None:
             self._guard(
                 "metrics",
@@ -208,6 +274,7 @@ class RankTelemetry:
         if self._metrics is not None:
             self._guard("metrics", self._metrics.phase, name, deadline=deadline)
         self.progress()
+        self._flush()
 
     def extras(self, *, learning_rate: float | None, samples: int | None) -> None:
         """The step's learning rate and samples (``None``: not reported)."""
@@ -227,6 +294,7 @@ class RankTelemetry:
         mfu: float | None = None,
         peak_flops: float | None = None,
         memory: Mapping[str, int] | None = None,
+        sample_rss: bool = False,
     ) -> None:
         """Record the per-step breakdown; call after :meth:`step` for the same step.
 
@@ -237,12 +305,13 @@ class RankTelemetry:
             grad_norm: global gradient L2 norm.
             mfu: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
             memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
+            sample_rss: the flusher reads this process's RSS into ``memory{kind="rss"}``
+                (off the training thread, within 0.1 s).
 
         Also sets the algbw/busbw gauges from the collectives seen since the
         previous call (see :mod:`stormwatch.telemetry.perf`).
         """
-        with self._lock:
-            collectives, self._step_collectives = self._step_collectives, {}
+        collectives = self._tally.take_step()
         if self._metrics is None:
             return
         metrics = self._metrics
@@ -254,7 +323,7 @@ class RankTelemetry:
                 wait_seconds=wait_seconds,
             )
         for (mesh_dim, op), (size, seconds, n) in collectives.items():
-            factor = bus_factor(op, int(n))
+            factor = bus_factor(op, n)
             if seconds > 0 and size > 0:
                 algbw = size / seconds
                 self._guard(
@@ -271,6 +340,8 @@ class RankTelemetry:
             self._guard("metrics", metrics.mfu, ratio=mfu, peak_flops=peak_flops)
         for kind, nbytes in (memory or {}).items():
             self._guard("metrics", metrics.memory, kind=kind, nbytes=nbytes)
+        if sample_rss:
+            self._rss_wanted = True
 
     def fault(self, *, point: str, step: int) -> None:
         """A chaos fault point took effect during ``step`` (recorded once per point and step)."""
@@ -285,6 +356,7 @@ class RankTelemetry:
             self._guard("metrics", self._metrics.fault, point)
         if self._events is not None:
             self._guard("events", self._events.fault, point=point, step=step)
+        self._flush()
 
     def checkpoint(self, *, step: int) -> None:
         """Record a complete checkpoint of ``step`` (event and last-checkpoint timestamp)."""
@@ -293,6 +365,7 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.checkpoint, step=step)
         self.progress()
+        self._flush()
 
     def checkpoint_failed(self, *, step: int, error: str) -> None:
         """Record a failed checkpoint save after ``step`` (counter and event)."""
@@ -301,6 +374,7 @@ class RankTelemetry:
         if self._events is not None:
             self._guard("events", self._events.checkpoint_failed, step=step, error=error)
         self.progress()
+        self._flush()
 
     def stop_requested(self, *, deadline: float) -> None:
         """The rank was asked to stop (SIGTERM): write its pid to
@@ -324,28 +398,47 @@ class RankTelemetry:
         """Export the checkpoint interval in steps (0 when checkpointing is off)."""
         if self._metrics is not None:
             self._guard("metrics", self._metrics.checkpoint_interval, steps)
+        self._flush()
 
     def done(self, *, step: int | None) -> None:
-        """Log the done record and touch ``<metrics-dir>/rank<R>.done``."""
+        """Log the done record, write every recorded metric, then touch
+        ``<metrics-dir>/rank<R>.done``."""
         if self._events is not None:
             self._guard("events", self._events.done, step=step)
+        self._flush()
         if self._config.metrics_dir is not None:
             marker = done_marker_path(self._config.metrics_dir, self._rank)
             self._guard("done_marker", marker.touch)
 
+    def flush(self) -> None:
+        """Write everything recorded so far now, on the calling thread (a SIGTERM's dump,
+        the end of the session)."""
+        self._flush()
+
+    def flush_on_signal(self, timeout: float = 1.0) -> None:
+        """Write everything recorded so far from a signal handler: on a helper thread,
+        waited for at most ``timeout`` seconds (the interrupted code may hold a lock)."""
+        if not self._flusher.flush_within(timeout):
+            log.warning("telemetry flush on SIGTERM did not finish within %.1f s", timeout)
+
     def close(self) -> None:
-        """Close the event log."""
+        """Stop the flusher after a last round (nothing recorded is left unwritten), then
+        close the event log. Later records are written at once (no thread)."""
+        self._flusher.stop()
+        if self._metrics is not None:
+            self._metrics.deferred = False
         if self._events is not None:
+            self._events.deferred = False
             self._guard("events", self._events.close)
 
-    # CollectiveSink
+    # CollectiveSink: plain numbers on the issuing thread, written by the flusher
     def on_issue(self, op: str, nbytes: int) -> None:
         if self._metrics is not None:
-            self._guard("metrics", self._metrics.collective_issued, op, nbytes)
+            self._tally.issued(op, nbytes)
 
     def on_complete(self, op: str, seconds: float, ago: float = 0.0) -> None:
         if self._metrics is not None:
-            self._guard("metrics", self._metrics.collective_completed, op, seconds)
+            self._tally.completed(op, seconds)
             self.progress(force=False, ago=ago)
 
     def on_error(self, where: str, exc: BaseException) -> None:
@@ -355,21 +448,17 @@ class RankTelemetry:
     def on_collective(self, record: CollectiveRecord) -> None:
         if self._metrics is None:
             return
-        size = collective_size(record.op, record.nbytes, record.group_size)
-        with self._lock:
-            entry = self._step_collectives.setdefault(
-                (record.mesh_dim, record.op), [0.0, 0.0, float(record.group_size)]
+        try:
+            size = collective_size(record.op, record.nbytes, record.group_size)
+            self._tally.observed(
+                record.mesh_dim,
+                record.op,
+                size=size,
+                seconds=record.seconds,
+                group=record.group_size,
             )
-            entry[0] += size
-            entry[1] += record.seconds
-        self._guard(
-            "metrics",
-            self._metrics.collective,
-            mesh_dim=record.mesh_dim,
-            op=record.op,
-            size=size,
-            seconds=record.seconds,
-        )
+        except Exception as exc:
+            self._failed("metrics", exc)
 
 
 __all__ = [

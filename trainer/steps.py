@@ -86,6 +86,7 @@ class StepReport:
     ) -> None:
         self._dims = dims
         self._device_type = device_type
+        self._on_gpu = device_type == "cuda"
         self._flops_per_token = flops_per_token
         self._session = session
         self._progress = progress
@@ -126,7 +127,9 @@ class StepReport:
                     peak=peak,
                 ),
                 peak_flops=peak,
-                memory=memory_bytes(self._device_type),
+                # on the CPU the RSS is read by the session's flusher: no /proc read here
+                memory=memory_bytes(self._device_type) if self._on_gpu else None,
+                sample_rss=not self._on_gpu,
             )
         )
         if self._progress is not None:

@@ -30,7 +30,7 @@ What each Lightning hook reports (the public API only: ``init``, ``step``, ``pha
   ``tokens(batch)`` says how many a batch holds, the first optimizer's first learning
   rate, and the gradient norm.
 * ``on_before_optimizer_step``: the L2 norm of the gradients (``grad_norm=True``, the
-  default), for strategies whose ranks hold the whole gradient (DDP, one device); it is
+  default; of the module's parameters as listed at ``on_train_start``), for strategies whose ranks hold the whole gradient (DDP, one device); it is
   left out under sharded ones (FSDP, DeepSpeed), where a rank holds a shard.
 * ``on_validation_start``/``end``: the ``eval`` phase (sanity check included).
 * ``on_save_checkpoint`` (every rank; rank 0 then writes the file and all meet in a
@@ -147,6 +147,8 @@ class StormwatchCallback(pl.Callback):
         self._saving: int | None = None  # the step of a checkpoint being saved
         self._marked = -1  # the last step marked
         self._failed: set[str] = set()  # counts whose function failed (left out since)
+        # the module's parameters, listed once per fit (the norm reads their .grad each step)
+        self._parameters: list[torch.nn.Parameter] | None = None
         self._reset_step()
         if launched_per_rank(os.environ):
             self._init()
@@ -156,6 +158,7 @@ class StormwatchCallback(pl.Callback):
         phases, which belong to this process."""
         state = dict(self.__dict__)
         state["_phases"] = {}
+        state["_parameters"] = None
         return state
 
     def _init(self) -> None:
@@ -236,6 +239,11 @@ class StormwatchCallback(pl.Callback):
         if session is not None:
             session.start(resumed_from_step=trainer.global_step or None)
         self._marked = trainer.global_step
+        self._parameters = (
+            list(pl_module.parameters())
+            if self._want_grad_norm and _whole_gradients(trainer.strategy)
+            else None
+        )
         self._reset_step()
 
     @_guarded
@@ -277,9 +285,10 @@ class StormwatchCallback(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if not self._want_grad_norm or not _whole_gradients(trainer.strategy):
+        parameters = self._parameters  # listed at on_train_start, under DDP or one device
+        if parameters is None:
             return
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        grads = [p.grad for p in parameters if p.grad is not None]
         if grads:
             self._grad_norm = float(torch.nn.utils.get_total_norm(grads))
 

@@ -36,6 +36,8 @@ def count(
     """(ok, value) of an optional integer >= 0 argument (a step, tokens, samples)."""
     if value is None:
         return True, None
+    if type(value) is int and value >= 0:  # the common case, without the Protocol check
+        return True, value
     kind = _kind(value)
     if not isinstance(value, bool) and isinstance(value, SupportsIndex):
         try:
@@ -64,6 +66,8 @@ def real(
     """(ok, value) of an optional real-number argument (NaN and inf pass: see :func:`finite`)."""
     if value is None:
         return True, None
+    if type(value) is float:  # the common case
+        return True, value
     if not isinstance(value, (bool, str, bytes)):
         try:
             return True, float(_detached(value))  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ from stormwatch.telemetry.lifecycle.guard import never_raises, warn_once
 from stormwatch.telemetry.lifecycle.launch import Placement, Settings
 from stormwatch.telemetry.lifecycle.sigterm import SigtermDump
 from stormwatch.telemetry.lifecycle.spans import SessionSpans
-from stormwatch.telemetry.lifecycle.steps import PhaseContext, StepClock, StepRecord, rss_bytes
+from stormwatch.telemetry.lifecycle.steps import PhaseContext, StepClock, StepRecord
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
 from stormwatch.telemetry.rank import RankTelemetry
 from stormwatch.telemetry.restarts import JobAttempt, agree_job_attempt
@@ -246,7 +246,7 @@ class Session:
                 learning_rate=args.learning_rate,
                 grad_norm=args.grad_norm,
                 wait_seconds=wait,
-                memory=rss_bytes(),
+                sample_rss=True,  # read by the flusher: no /proc read on this thread
             )
         )
 
@@ -272,6 +272,7 @@ class Session:
             mfu=record.mfu,
             peak_flops=record.peak_flops,
             memory=record.memory,
+            sample_rss=record.sample_rss,
         )
         telemetry.extras(learning_rate=record.learning_rate, samples=record.samples)
         with self._lock:
@@ -478,6 +479,8 @@ class Session:
     def _on_signal(self, signum: int) -> None:
         self._sigterm.answered()
         self._sigterm.dump_once("written by the API's handler")
+        # what the flusher holds, before a default action ends the process without atexit
+        self._telemetry.flush_on_signal()
 
     @never_raises()
     def stop_requested(self) -> None:

@@ -57,6 +57,10 @@ class StepRecord:
             ``None``: no compute/wait breakdown exported.
         mfu / peak_flops: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
         memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
+        sample_rss: read this process's resident memory into the ``rss`` memory gauge off
+            the training thread (the rank's flusher reads ``/proc`` within 0.1 s of the
+            step, :mod:`stormwatch.telemetry.handoff.flusher`), instead of ``memory`` measured by
+            the caller: what :meth:`Session.step` does.
     """
 
     step: int
@@ -70,6 +74,7 @@ class StepRecord:
     mfu: float | None = None
     peak_flops: float | None = None
     memory: Mapping[str, int] | None = None
+    sample_rss: bool = False
 
 
 def rss_bytes() -> dict[str, int]:

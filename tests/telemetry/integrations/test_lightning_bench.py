@@ -21,13 +21,18 @@ def test_quick_lightning_benchmark_prints_the_overhead_and_the_noise_floor(
         tmp_path,
         (
             "overhead: step wall time, stormwatch / bare",
-            "overhead: step CPU time, stormwatch / bare",
+            "overhead: training thread's CPU time, stormwatch / bare",
+            "overhead: process CPU time (all threads), stormwatch / bare",
             "noise floor (A/A): wall, bare again / bare",
             "overhead per step (pooled medians)",
+            "the callback's per-step hooks",
+            "the per-step floor, timed directly on the training thread",
+            "where the API's cost remains on the training thread",
             "machine: ",
         ),
         timeout=280,
     )
-    ratios = [r for kind in ("wall", "cpu") for rs in result[f"{kind}_ratio"].values() for r in rs]
-    assert len(ratios) == 4 and all(math.isfinite(r) and r > 0 for r in ratios)
+    kinds = ("wall", "cpu", "thread")
+    ratios = [r for kind in kinds for rs in result[f"{kind}_ratio"].values() for r in rs]
+    assert len(ratios) == 6 and all(math.isfinite(r) and r > 0 for r in ratios)
     assert result["plan"]["reps"] == 1 and result["machine"]["torch"]
