@@ -25,6 +25,7 @@ Exceptions::
         ├── CollectorError          a collector cannot collect (collector_up 0)
         ├── DeviceDown              internal to the GPU sampler: a device-fatal NVML error
         ├── LedgerError             the fault ledger cannot be opened or written
+        ├── FaultsLeftApplied       a clean stop left faults applied (the next start retries)
         ├── PodResourcesError       the kubelet's pod-resources socket did not answer
         ├── FaultNotFound           unknown fault id (404; a stormwatch.faults.FaultError too)
         └── FaultConflict           fault id reused with another request (409; likewise)
@@ -41,6 +42,7 @@ from stormwatch.agent.errors import (
     CollectorError,
     FaultConflict,
     FaultNotFound,
+    FaultsLeftApplied,
     LedgerError,
     NvmlUnavailable,
     WebConfigError,
@@ -69,6 +71,7 @@ __all__ = [
     "FaultManager",
     "FaultNotFound",
     "FaultRecord",
+    "FaultsLeftApplied",
     "GpuSampler",
     "HangSettings",
     "LedgerError",

@@ -8,9 +8,10 @@ exists, so a failure half-way tears down only what was made, in reverse order:
 * :func:`open_ledger`: the fault ledger (SQLite under the state dir);
 * :func:`start_rank_watch` and :func:`start_rank_health`: the rank watcher (with the
   proc connector's exit source) and the hang / straggler monitor;
-* :func:`start_fault_manager`: the fault API's manager (recovers the ledger; reverts
-  what is applied on a clean stop, FC-13);
 * :func:`open_gpu`: the NVML backend (real or simulated) and its sampler;
+* :func:`start_fault_manager`: the fault API's manager (recovers the ledger; reverts
+  what is applied on a clean stop, FC-13). Made after everything a fault acts on (the
+  GPU backend, the rank watcher), so its shutdown revert runs while they are still open;
 * :func:`build_collectors` and :func:`build_exposition`: the collectors and the
   cached ``/metrics`` exposition;
 * :func:`listen` and :func:`run_in_background`: the HTTP listeners and the agent's
@@ -53,7 +54,7 @@ from stormwatch.agent.collectors import (
     new_family,
 )
 from stormwatch.agent.config import AgentConfig
-from stormwatch.agent.errors import AgentConfigError
+from stormwatch.agent.errors import AgentConfigError, FaultsLeftApplied
 from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
 from stormwatch.agent.faults import FaultLedger, FaultManager
 from stormwatch.agent.gpu.backend import GpuBackend, NvmlApi, open_backend
@@ -223,10 +224,13 @@ def start_fault_manager(
     clock: Callable[[], float],
 ) -> FaultManager:
     """The fault manager, its ledger recovered; on a clean stop it reverts every fault
-    still applied (FC-13).
+    still applied (FC-13), then raises :class:`FaultsLeftApplied` if one stays applied.
+
+    Call it after :func:`open_gpu` and :func:`start_rank_watch`: the stack unwinds in
+    reverse, so the shutdown revert runs while NVML and the watcher are still open.
 
     Args:
-        gpu: the open NVML backend, once there is one (GPU faults act on it).
+        gpu: the open NVML backend, if any (GPU faults act on it).
     """
 
     def simulated_gpus() -> SimulatedGpus | None:
@@ -252,13 +256,17 @@ def start_fault_manager(
 
     async def revert_on_shutdown() -> None:
         loop = asyncio.get_running_loop()
+        failures: list[tuple[str, str]] = []
         for record in await loop.run_in_executor(None, faults.ledger.active):
             try:
                 await loop.run_in_executor(None, _revert_at_shutdown, faults, record.id)
             except FaultError as exc:
+                failures.append((record.id, str(exc)))
                 log.error(
                     "fault %s not reverted at shutdown (the next start retries): %s", record.id, exc
                 )
+        if failures:
+            raise FaultsLeftApplied(failures)
 
     stack.push_async_callback(revert_on_shutdown)
     return faults

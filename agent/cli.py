@@ -281,7 +281,7 @@ def run(
         )
         values["fault_listen_host"] = fault_host
         values["fault_listen_port"] = fault_port
-    if node:
+    if node is not None:  # given, even empty: the config refuses an empty name
         values["node"] = node
     config = AgentConfig.build(**values)
     asyncio.run(_serve(config))

@@ -8,9 +8,11 @@ environment variables < command-line flags. Construct with
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,9 +24,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from stormwatch.agent.errors import AgentConfigError
 from stormwatch.urls import is_http_url
+
+log = logging.getLogger(__name__)
 
 #: Every collector the agent has; each can be switched off with ``--disable-collector``.
 COLLECTOR_NAMES: tuple[str, ...] = (
@@ -44,6 +49,32 @@ COLLECTOR_NAMES: tuple[str, ...] = (
 GpuBackendName = Literal["auto", "nvml", "sim"]
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+#: Fields that ``stormwatch agent run`` sets from an option not named ``--<field-name>``.
+OPTION_OF_FIELD = {
+    "listen_host": "--listen",
+    "listen_port": "--listen",
+    "fault_listen_host": "--fault-api-listen",
+    "fault_listen_port": "--fault-api-listen",
+    "disabled_collectors": "--disable-collector",
+}
+#: Fields with no command-line option (the Python API's and the tests').
+FIELDS_WITHOUT_OPTION = frozenset(
+    {
+        "rank_scan_interval",
+        "rank_retention_seconds",
+        "xid_window_seconds",
+        "clock_events_window_seconds",
+        "max_request_bytes",
+    }
+)
+
+
+def option_of(field: str) -> str | None:
+    """The ``stormwatch agent run`` option that sets ``field`` (None: no option does)."""
+    if field in FIELDS_WITHOUT_OPTION or field not in AgentConfig.model_fields:
+        return None
+    return OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
 
 
 def default_state_dir(node: str) -> Path:
@@ -142,7 +173,9 @@ class AgentConfig(BaseModel):
             so that DCGM series carry ``namespace``/``pod``/``container`` (None: off).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: NaN and infinities are refused as such ("a finite number"),
+    # not by whichever bound they happen to fail.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     listen_host: str = "0.0.0.0"
     listen_port: int = Field(default=9400, ge=0, le=65535)
@@ -185,6 +218,10 @@ class AgentConfig(BaseModel):
     @field_validator("node")
     @classmethod
     def _node_name(cls, value: str) -> str:
+        if not value:
+            raise ValueError(
+                "must not be empty: give the node's name, or leave it out for the host name"
+            )
         if not _NODE_RE.match(value):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return value
@@ -223,16 +260,12 @@ class AgentConfig(BaseModel):
 
     @classmethod
     def build(cls, **values: Any) -> AgentConfig:
-        """Validate ``values``; raise :class:`AgentConfigError` naming the field."""
+        """Validate ``values``; raise :class:`AgentConfigError` naming each field, its
+        command-line option (``sample_interval (--sample-interval)``) and the value given."""
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = "; ".join(
-                ".".join(str(p) for p in err["loc"])
-                + ": " * bool(err["loc"])
-                + err["msg"].removeprefix("Value error, ")
-                for err in exc.errors()
-            )
+            problems = "; ".join(_problem(err) for err in exc.errors())
             raise AgentConfigError(f"agent config: {problems}") from exc
 
     @property
@@ -286,33 +319,65 @@ class AgentConfig(BaseModel):
         return token
 
 
+def _problem(err: ErrorDetails) -> str:
+    """One validation error as ``field (--option): message (got value)``, the style of the
+    agent's other errors (``metrics_dir (--metrics-dir): ...``)."""
+    message = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a rule across fields: its message names them
+        return message
+    field = ".".join(str(p) for p in err["loc"])
+    option = option_of(str(err["loc"][0]))
+    label = field if option is None else f"{field} ({option})"
+    return f"{label}: {message} (got {err['input']!r})"
+
+
 def ensure_metrics_dir(path: Path) -> None:
-    """Create the metrics dir itself when missing, never its parents (a typo must
-    not silently build a tree, e.g. at the filesystem root).
+    """Check the metrics dir can hold the agent's and the ranks' files; create the folder
+    itself when missing (logged), never its parents (a typo must not silently build a
+    tree, e.g. at the filesystem root).
 
     Raises:
-        AgentConfigError: the parent is missing, or the folder cannot be created.
+        AgentConfigError: the parent is missing, the folder cannot be created, or no file
+            can be created in it (read-only, or a virtual filesystem such as /proc or /sys).
     """
-    if path.is_dir():
-        return
-    if not path.parent.is_dir():
-        raise AgentConfigError(
-            f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
-            "exist; create it or fix --metrics-dir"
-        )
+    if not path.is_dir():
+        if path.exists():
+            raise AgentConfigError(
+                f"metrics_dir (--metrics-dir): {path} is not a folder; give a folder"
+            )
+        if not path.parent.is_dir():
+            raise AgentConfigError(
+                f"metrics_dir (--metrics-dir): parent folder {path.parent} of {path} does not "
+                "exist; create it or fix --metrics-dir"
+            )
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise AgentConfigError(
+                f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}; "
+                "give a writable folder"
+            ) from exc
+        log.warning("metrics_dir (--metrics-dir): created %s (it did not exist)", path)
     try:
-        path.mkdir(exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".stormwatch-probe-")
     except OSError as exc:
         raise AgentConfigError(
-            f"metrics_dir (--metrics-dir): cannot create {path}: {exc.strerror}"
+            f"metrics_dir (--metrics-dir): cannot create files in {path}: {exc.strerror}; "
+            "the agent and the ranks write there: give a writable folder on a regular "
+            "filesystem (not /proc or /sys)"
         ) from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 __all__ = [
     "COLLECTOR_NAMES",
+    "FIELDS_WITHOUT_OPTION",
+    "OPTION_OF_FIELD",
     "AgentConfig",
     "GpuBackendName",
     "default_state_dir",
     "ensure_metrics_dir",
+    "option_of",
     "parse_listen",
 ]

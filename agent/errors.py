@@ -38,7 +38,8 @@ class FaultNotFound(AgentError, FaultError):
 
 
 class FaultConflict(AgentError, FaultError):
-    """A fault id is reused with a different request body (HTTP 409)."""
+    """A fault id cannot take this request (HTTP 409): it is reused with a different body,
+    or its fault failed when applied (a retry takes a new id)."""
 
     http_status = 409
 
@@ -52,6 +53,24 @@ class PodResourcesError(AgentError):
     """The kubelet's pod-resources API did not answer (socket missing, refused, timeout)."""
 
 
+class FaultsLeftApplied(AgentError):
+    """A clean stop could not revert every applied fault (the CLI exits 1; the next start
+    retries them from the ledger).
+
+    Attributes:
+        fault_ids: the faults still applied, oldest first.
+    """
+
+    def __init__(self, failures: list[tuple[str, str]]) -> None:
+        self.fault_ids = tuple(fault_id for fault_id, _ in failures)
+        reasons = "; ".join(f"{fault_id}: {why}" for fault_id, why in failures)
+        super().__init__(
+            f"{len(failures)} fault(s) still applied after the agent stopped ({reasons}); "
+            "the next start of this agent (same --state-dir) retries the revert, or undo "
+            "them by hand"
+        )
+
+
 class LedgerError(AgentError):
     """The fault ledger (SQLite under ``--state-dir``) cannot be opened or written."""
 
@@ -63,6 +82,7 @@ __all__ = [
     "DeviceDown",
     "FaultConflict",
     "FaultNotFound",
+    "FaultsLeftApplied",
     "LedgerError",
     "NvmlUnavailable",
     "PodResourcesError",

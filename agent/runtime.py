@@ -20,6 +20,7 @@ from pathlib import Path
 from stormwatch.agent import assembly
 from stormwatch.agent.collectors import RendezvousCollector
 from stormwatch.agent.config import AgentConfig, ensure_metrics_dir
+from stormwatch.agent.errors import FaultsLeftApplied
 from stormwatch.agent.gpu.backend import NvmlApi
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.sampler import GpuSampler
@@ -100,7 +101,9 @@ class Agent:
         try:
             await self._start()
         except BaseException:
-            await self._stack.aclose()
+            # Each fault left applied is logged; the start's own error is the one to report.
+            with contextlib.suppress(FaultsLeftApplied):
+                await self._stack.aclose()
             raise
 
     async def _start(self) -> None:
@@ -124,6 +127,11 @@ class Agent:
         self.health = assembly.start_rank_health(
             cfg, stack, watcher=self.watcher, events=self.events, clock=clock
         )
+        gpu = assembly.open_gpu(cfg, stack, fake=self._fake, clock=clock)
+        if gpu is not None:
+            self.gpu_backend, self.gpu_api = gpu.backend.name, gpu.backend.api
+            self.sampler = gpu.sampler
+        # After what faults act on (NVML, the watcher): their shutdown revert runs first.
         self.faults = assembly.start_fault_manager(
             cfg,
             stack,
@@ -133,10 +141,6 @@ class Agent:
             tracer=tracer,
             clock=clock,
         )
-        gpu = assembly.open_gpu(cfg, stack, fake=self._fake, clock=clock)
-        if gpu is not None:
-            self.gpu_backend, self.gpu_api = gpu.backend.name, gpu.backend.api
-            self.sampler = gpu.sampler
 
         collectors = assembly.build_collectors(
             cfg,
@@ -207,7 +211,11 @@ class Agent:
         )
 
     async def stop(self) -> None:
-        """Stop serving and release everything (idempotent)."""
+        """Stop serving, revert every applied fault and release everything (idempotent).
+
+        Raises:
+            FaultsLeftApplied: a fault could not be reverted (everything else is released).
+        """
         await self._stack.aclose()
 
     def _unsupported_metrics(self) -> dict[str, dict[str, str]]:

@@ -15,13 +15,15 @@ Fault API listener (``--fault-api-listen``; off unless given; every request
 needs the Bearer token of ``--token-file``; TLS from the web config):
 
 =========================  ======================================================
-``POST /v1/faults``        apply a fault -> 201, or 200 for a repeat
+``POST /v1/faults``        apply a fault -> 201, or 200 for a repeat (409 for a
+                           repeat of a fault that failed: retry with a new id)
 ``GET /v1/faults``         every fault in the ledger
 ``GET /v1/faults/{id}``    one fault
 ``DELETE /v1/faults/{id}`` revert a fault now
 =========================  ======================================================
 
-Errors are JSON ``{"error": "..."}``; a 400 also lists ``fields``
+Errors are JSON ``{"error": "..."}``, aiohttp's own too (an unknown path's 404, a
+method's 405, a body's 413); a 400 also lists ``fields``
 (``[{"field": "rank", "message": "..."}]``). A missing or wrong basic-auth
 password gets 401 with ``WWW-Authenticate: Basic``; a missing or wrong token
 401 with ``WWW-Authenticate: Bearer``. Request bodies above the
@@ -89,6 +91,10 @@ def _too_deep(raw: bytes) -> bool:
     return False
 
 
+#: Headers of aiohttp's plain-text error body, replaced by the JSON body's.
+_BODY_HEADERS = frozenset({"content-type", "content-length"})
+
+
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
@@ -153,8 +159,11 @@ def build_fault_app(deps: ApiDeps) -> web.Application:
 
 
 def _application(deps: ApiDeps, *, auth: Middleware, api: _Api) -> web.Application:
-    """An application with the request size limit, the extra headers and ``auth``."""
-    return web.Application(client_max_size=deps.max_request_bytes, middlewares=[api.headers, auth])
+    """An application with the request size limit, the extra headers, JSON errors and
+    ``auth``."""
+    return web.Application(
+        client_max_size=deps.max_request_bytes, middlewares=[api.headers, api.json_errors, auth]
+    )
 
 
 class _Api:
@@ -173,6 +182,30 @@ class _Api:
             raise
         response.headers.update(self._deps.headers)
         return response
+
+    @web.middleware
+    async def json_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """aiohttp's own error answers (no route 404, 405, 413) as JSON ``{"error": ...}``,
+        like the handlers' errors, keeping their status and headers (``Allow`` of a 405)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400 or exc.content_type == "application/json":
+                raise
+            if isinstance(exc, web.HTTPMethodNotAllowed):
+                allowed = ", ".join(sorted(exc.allowed_methods))
+                message = f"method {request.method} not allowed on {request.path}; use {allowed}"
+            elif isinstance(exc, web.HTTPNotFound):
+                message = f"no such path {request.path} on this listener"
+            elif isinstance(exc, web.HTTPRequestEntityTooLarge):
+                message = (
+                    f"body: larger than the {self._deps.max_request_bytes}-byte limit; "
+                    "send a smaller request"
+                )
+            else:
+                message = exc.reason
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+            return web.json_response({"error": message}, status=exc.status, headers=headers)
 
     @web.middleware
     async def basic_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -1,8 +1,9 @@
 """What every fault kind's agent side provides: a request model and an object with
 ``prepare`` / ``inject`` / ``revert`` / ``verify``.
 
-Life of a fault on a node (driven by the agent's ``FaultManager``): the kind's
-cross-field checks run first (:meth:`stormwatch.faults.kind.FaultKind.problems`);
+Life of a fault on a node (driven by the agent's ``FaultManager``): the request
+model validates the fields and the kind's cross-field checks (:attr:`FaultRequest.checks`,
+each naming the field at fault, so a bad request is a validation error, HTTP 400);
 ``prepare`` resolves the target without side effects (raising
 :class:`~stormwatch.faults.errors.FaultTargetNotFound` -> 404); the ledger then
 records the fault as ``injecting``; ``inject`` applies it and returns an
@@ -16,13 +17,42 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from stormwatch.faults.limits import AGENT_TTL_SECONDS, FaultId, TtlSeconds
 from stormwatch.faults.node import FaultContext
+
+#: A broken cross-field rule: the field at fault and the problem, one sentence.
+Problem = tuple[str, str]
+#: A cross-field rule of a kind: its :data:`Problem`, or None. It reads the fields by name,
+#: so it runs on the request and on the experiment model alike.
+Check = Callable[[Any], "Problem | None"]
+
+
+def check_fields(model: BaseModel, checks: Sequence[Check]) -> None:
+    """Run ``checks`` on ``model`` (from a pydantic ``after`` model validator).
+
+    Raises:
+        ValidationError: one error per broken rule, located at the field it names (type
+            ``cross_field``), so callers report it like any other field's error.
+    """
+    found = [problem for check in checks if (problem := check(model)) is not None]
+    if found:
+        raise ValidationError.from_exception_data(
+            type(model).__name__,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("cross_field", "{problem}", {"problem": message}),
+                    loc=(field,),
+                    input=getattr(model, field, None),
+                )
+                for field, message in found
+            ],
+        )
 
 
 class FaultRequest(BaseModel):
@@ -36,11 +66,20 @@ class FaultRequest(BaseModel):
     """
 
     # strict: JSON types are checked, not coerced ("0" is not a rank; true is not 1).
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # allow_inf_nan=False: NaN and infinities are not numbers of seconds, watts, ...
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    #: The kind's cross-field rules (its experiment model runs the same ones).
+    checks: ClassVar[tuple[Check, ...]] = ()
 
     id: FaultId
     kind: str
     ttl_seconds: TtlSeconds = AGENT_TTL_SECONDS
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> FaultRequest:
+        check_fields(self, self.checks)
+        return self
 
 
 RequestT = TypeVar("RequestT", bound=FaultRequest)
@@ -105,4 +144,4 @@ class Fault(abc.ABC, Generic[RequestT]):
         return None
 
 
-__all__ = ["Fault", "FaultRequest", "Injection", "RequestT"]
+__all__ = ["Check", "Fault", "FaultRequest", "Injection", "Problem", "RequestT", "check_fields"]

@@ -18,20 +18,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import Field, create_model
 
-from stormwatch.faults.base import Fault, FaultRequest
+from stormwatch.faults.base import Check, Fault, FaultRequest, Problem
 from stormwatch.faults.limits import EXPERIMENT_TTL_SECONDS, TtlSeconds
 from stormwatch.faults.targeting import AgentDirectory, ExperimentFault
 
-#: A cross-field rule of a kind: the problem (one sentence) or None. It reads the fields by
-#: name, so it runs on the request and on the experiment model alike.
-Check = Callable[[Any], "str | None"]
 #: Request fields an experiment never sets (the agent-side id; the controller adds ``job``).
 _ALWAYS_AGENT_ONLY = frozenset({"id", "kind", "ttl_seconds", "job"})
 
@@ -172,7 +169,6 @@ class FaultKind:
         request: the agent's request model; None for a controller-side kind.
         fault: the agent-side implementation; None for a controller-side kind.
         agent_only: request fields an experiment cannot set (agent defaults apply).
-        checks: cross-field rules (see :data:`Check`).
         ttl_default: ``ttl_seconds`` default in an experiment file, seconds.
     """
 
@@ -183,7 +179,6 @@ class FaultKind:
     request: type[FaultRequest] | None = None
     fault: type[Fault[Any]] | None = None
     agent_only: frozenset[str] = frozenset()
-    checks: tuple[Check, ...] = ()
     ttl_default: float = EXPERIMENT_TTL_SECONDS
 
     @functools.cached_property
@@ -216,9 +211,15 @@ class FaultKind:
         model.definition = self
         return model
 
-    def problems(self, fault: object) -> list[str]:
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """The cross-field rules (:data:`~stormwatch.faults.base.Check`), declared once on
+        the request model (:attr:`FaultRequest.checks`); the experiment model runs them too."""
+        return self.request.checks if self.request is not None else ()
+
+    def problems(self, fault: object) -> list[Problem]:
         """What the cross-field checks find wrong with ``fault`` (a request or an experiment
-        fault of this kind); empty when nothing."""
+        fault of this kind), as ``(field, problem)``; empty when nothing."""
         found = [check(fault) for check in self.checks]
         return [problem for problem in found if problem is not None]
 

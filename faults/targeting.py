@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from stormwatch.faults.base import check_fields
 from stormwatch.faults.errors import UnplaceableFault
 from stormwatch.faults.limits import NodeName, Rank
 
@@ -54,7 +55,7 @@ class ExperimentFault(BaseModel):
     checks run as a validator (their message is the validation error's).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     #: The kind this model was generated for (set on each generated model).
     definition: ClassVar[FaultKind]
@@ -71,8 +72,7 @@ class ExperimentFault(BaseModel):
 
     @model_validator(mode="after")
     def _kind_checks(self) -> ExperimentFault:
-        for problem in self.definition.problems(self):
-            raise ValueError(problem)
+        check_fields(self, self.definition.checks)
         return self
 
     @property

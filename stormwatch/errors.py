@@ -29,6 +29,7 @@
     │   ├── CollectorError          a collector cannot collect (collector_up 0)
     │   ├── DeviceDown              internal to the GPU sampler: a device-fatal NVML error
     │   ├── LedgerError             the agent's fault ledger cannot be opened or written
+    │   ├── FaultsLeftApplied       a clean stop left faults applied (the next start retries)
     │   ├── PodResourcesError       the kubelet's pod-resources socket did not answer
     │   ├── FaultNotFound           (a stormwatch.faults.FaultError too; 404)
     │   └── FaultConflict           (likewise; 409)

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from stormwatch.agent.errors import FaultConflict, FaultNotFound
-from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord
+from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord, FaultState
 from stormwatch.faults import (
     AGENT_KINDS,
     Fault,
@@ -70,10 +71,10 @@ class FaultManager:
             (same request: one effect, the earlier record is returned).
 
         Raises:
-            FaultConflict: the id exists with a different request.
+            FaultConflict: the id exists with a different request, or its fault failed
+                (409; a retry takes a new id).
             FaultTargetNotFound / FaultTargetAmbiguous: nothing was applied.
-            FaultError: the request breaks one of its kind's cross-field rules (nothing was
-                applied), or applying failed (recorded as ``failed``).
+            FaultError: applying failed (recorded as ``failed``).
         """
         attributes = {
             f"stormwatch.fault.{key}": value
@@ -97,6 +98,13 @@ class FaultManager:
                 if existing.spec != body:
                     raise FaultConflict(
                         f"fault {spec.id!r} exists with another request; use a new id"
+                    )
+                if existing.state is FaultState.FAILED:
+                    # A replay must not read as success, nor silently try again under an id
+                    # whose record says it failed: the caller chooses to retry, with a new id.
+                    raise FaultConflict(
+                        f"fault {spec.id!r} failed when it was applied ({existing.error}); "
+                        "nothing of it is in force. To try again, POST it with a new id"
                     )
                 return existing, False
             fault = self._bind(spec)
@@ -132,15 +140,10 @@ class FaultManager:
             return record, True
 
     def _bind(self, spec: FaultRequest) -> Fault[FaultRequest]:
-        """The agent-side fault of ``spec``, after its kind's cross-field checks.
-
-        Raises:
-            FaultError: the first check that fails (nothing was applied).
-        """
+        """The agent-side fault of ``spec`` (validated, cross-field rules included, by its
+        request model: :func:`stormwatch.faults.parse_request` answers 400 before this)."""
         definition = self._kinds[spec.kind]
         assert definition.fault is not None  # AGENT_KINDS only
-        for problem in definition.problems(spec):
-            raise FaultError(problem)
         return definition.fault(spec)
 
     def get(self, fault_id: str) -> FaultRecord:
@@ -184,7 +187,14 @@ class FaultManager:
                 raise FaultError(
                     f"fault {fault_id!r} has kind {record.kind!r}, unknown to this agent"
                 )
-            fault = self._bind(definition.request.model_validate(record.spec))
+            try:
+                request = definition.request.model_validate(record.spec)
+            except ValidationError as exc:  # written by an agent with other rules
+                raise FaultError(
+                    f"fault {fault_id!r}: its recorded request no longer validates ({exc}); "
+                    "undo it by hand"
+                ) from exc
+            fault = self._bind(request)
             try:
                 outcome = fault.revert(self._ctx, record.injection)
             except Exception as exc:

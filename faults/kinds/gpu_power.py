@@ -17,8 +17,8 @@ from typing import Any, Literal
 import pynvml
 from pydantic import Field
 
-from stormwatch.faults.base import Fault, FaultRequest, Injection
-from stormwatch.faults.errors import FaultError
+from stormwatch.faults.base import Fault, FaultRequest, Injection, Problem
+from stormwatch.faults.errors import FaultError, FaultTargetNotFound, InvalidFaultRequest
 from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import GpuIndex
 from stormwatch.faults.node import FaultContext
@@ -28,19 +28,23 @@ from stormwatch.faults.targeting import NodeOrRank
 MIN_CLOCK_MHZ = 210
 
 
+def _something_capped(fault: Any) -> Problem | None:
+    if fault.watts is None and fault.max_clock_mhz is None:
+        return ("watts", "give 'watts', 'max_clock_mhz' or both")
+    return None
+
+
 class GpuPowerCapRequest(FaultRequest):
     """``gpu_power_cap``: ``gpu``, ``watts`` and/or ``max_clock_mhz``."""
 
     kind: Literal["gpu_power_cap"]
     gpu: GpuIndex = 0
+    #: Checked against the GPU's own range when applied (``prepare``).
     watts: float | None = Field(default=None, gt=0, le=5000)
-    max_clock_mhz: int | None = Field(default=None, gt=0, le=10_000)
+    #: At least :data:`MIN_CLOCK_MHZ`, the bottom of the lock range.
+    max_clock_mhz: int | None = Field(default=None, ge=MIN_CLOCK_MHZ, le=10_000)
 
-
-def _something_capped(fault: Any) -> str | None:
-    if fault.watts is None and fault.max_clock_mhz is None:
-        return "give 'watts', 'max_clock_mhz' or both"
-    return None
+    checks = (_something_capped,)
 
 
 @contextlib.contextmanager
@@ -66,7 +70,42 @@ class GpuPowerCap(Fault[GpuPowerCapRequest]):
     """Set the power limit / lock clocks through NVML; revert restores what was there."""
 
     def prepare(self, ctx: FaultContext) -> None:
-        return None  # the fields were checked (_something_capped); NVML answers at inject
+        """Check the GPU exists and ``watts`` is within its settable range, without changing
+        anything (NVML's own refusal of a value in range is the inject's error).
+
+        Raises:
+            FaultTargetNotFound: no GPU ``gpu`` on this node (404).
+            InvalidFaultRequest: ``watts`` outside the GPU's power limit constraints (400).
+            FaultError: NVML is not available.
+        """
+        spec = self.request
+        with _nvml(ctx) as nvml:
+            try:
+                count = int(nvml.nvmlDeviceGetCount())
+            except pynvml.NVMLError as exc:
+                raise FaultError(f"gpu_power_cap: NVML cannot count GPUs: {exc}") from exc
+            if not 0 <= spec.gpu < count:
+                raise FaultTargetNotFound(
+                    f"gpu: node {ctx.node} has {count} GPU(s), no GPU {spec.gpu}"
+                )
+            if spec.watts is None:
+                return
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(spec.gpu)
+                low_mw, high_mw = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+            except pynvml.NVMLError:
+                return  # no range to check against: the inject's NVML call decides
+        if not low_mw <= spec.watts * 1000 <= high_mw:
+            raise InvalidFaultRequest(
+                [
+                    (
+                        "watts",
+                        f"GPU {spec.gpu} accepts a power limit of {low_mw / 1000:g} to "
+                        f"{high_mw / 1000:g} W (NVML's power management limit constraints); "
+                        f"got {spec.watts:g}: give a value in that range",
+                    )
+                ]
+            )
 
     def inject(self, ctx: FaultContext) -> Injection:
         spec = self.request
@@ -80,9 +119,7 @@ class GpuPowerCap(Fault[GpuPowerCapRequest]):
                     )
                     nvml.nvmlDeviceSetPowerManagementLimit(handle, int(spec.watts * 1000))
                 if spec.max_clock_mhz is not None:
-                    nvml.nvmlDeviceSetGpuLockedClocks(
-                        handle, min(MIN_CLOCK_MHZ, spec.max_clock_mhz), spec.max_clock_mhz
-                    )
+                    nvml.nvmlDeviceSetGpuLockedClocks(handle, MIN_CLOCK_MHZ, spec.max_clock_mhz)
                     details["clocks_locked"] = True
             except pynvml.NVMLError as exc:
                 self._restore(nvml, details)  # nothing half-applied
@@ -127,7 +164,6 @@ GPU_POWER_CAP = FaultKind(
     targeting=NodeOrRank,
     request=GpuPowerCapRequest,
     fault=GpuPowerCap,
-    checks=(_something_capped,),
 )
 
 __all__ = ["GPU_POWER_CAP", "MIN_CLOCK_MHZ", "GpuPowerCap", "GpuPowerCapRequest"]

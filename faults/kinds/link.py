@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.base import Fault, FaultRequest, Injection, Problem
 from stormwatch.faults.errors import FaultError
 from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.node import FaultContext
@@ -52,6 +52,12 @@ class BandwidthLimitRequest(FaultRequest):
     device: str = _DEVICE
 
 
+def _down_within_period(fault: Any) -> Problem | None:
+    if fault.down_seconds >= fault.period_seconds:
+        return ("down_seconds", "must be shorter than period_seconds")
+    return None
+
+
 class LinkFlapRequest(FaultRequest):
     """``link_flap``: ``period_seconds`` (4), ``down_seconds`` (1), ``device``,
     ``delay_seconds`` (0.5: the inject's answer leaves before the link goes down, as for
@@ -63,11 +69,7 @@ class LinkFlapRequest(FaultRequest):
     device: str = _DEVICE
     delay_seconds: float = Field(default=0.5, ge=0, le=60)
 
-
-def _down_within_period(fault: Any) -> str | None:
-    if fault.down_seconds >= fault.period_seconds:
-        return "down_seconds must be shorter than period_seconds"
-    return None
+    checks = (_down_within_period,)
 
 
 def _handle(fault_id: str) -> str:
@@ -256,7 +258,6 @@ LINK_FLAP = FaultKind(
     request=LinkFlapRequest,
     fault=LinkFlap,
     agent_only=frozenset({"device", "delay_seconds"}),
-    checks=(_down_within_period,),
 )
 
 __all__ = [

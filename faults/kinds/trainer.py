@@ -23,7 +23,7 @@ from typing import Any, Literal
 import psutil
 from pydantic import Field
 
-from stormwatch.faults.base import Fault, FaultRequest, Injection
+from stormwatch.faults.base import Fault, FaultRequest, Injection, Problem
 from stormwatch.faults.control_file import ENTRY, arm, control_path, disarm, read_entries
 from stormwatch.faults.errors import FaultError
 from stormwatch.faults.kind import DetectClass, DetectClassBy, FaultKind, Placement, Target, Traits
@@ -34,6 +34,32 @@ from stormwatch.faults.targeting import RankTarget
 
 _TIMED = ("slow_step", "collective_delay")
 _COLLECTIVE = ("collective_delay", "collective_hang")
+
+
+def _seconds_of_point(fault: Any) -> Problem | None:
+    needs_seconds = fault.point in _TIMED
+    if needs_seconds and fault.seconds is None:
+        return ("seconds", f"'seconds' is required for point {fault.point}: give the delay")
+    if not needs_seconds and fault.seconds is not None:
+        return ("seconds", f"'seconds' is not used by point {fault.point}: drop it")
+    return None
+
+
+def _step_of_point(fault: Any) -> Problem | None:
+    if fault.point == "error_at_step" and fault.step is None:
+        return ("step", "'step' is required for point error_at_step: give the step to fail at")
+    if fault.point != "error_at_step" and fault.step is not None:
+        return ("step", f"'step' is only for point error_at_step, not {fault.point}: drop it")
+    return None
+
+
+def _collective_filters(fault: Any) -> Problem | None:
+    if fault.point not in _COLLECTIVE and (fault.op or fault.mesh_dim):
+        return (
+            "op" if fault.op else "mesh_dim",
+            "'op' and 'mesh_dim' apply to collective_delay/collective_hang only: drop it",
+        )
+    return None
 
 
 class TrainerFaultRequest(FaultRequest):
@@ -48,24 +74,7 @@ class TrainerFaultRequest(FaultRequest):
     mesh_dim: str | None = Field(default=None, min_length=1)
     step: int | None = Field(default=None, ge=1)
 
-
-def _seconds_of_point(fault: Any) -> str | None:
-    needs_seconds = fault.point in _TIMED
-    if needs_seconds != (fault.seconds is not None):
-        return f"'seconds' is {'required' if needs_seconds else 'not used'} for {fault.point}"
-    return None
-
-
-def _step_of_point(fault: Any) -> str | None:
-    if (fault.point == "error_at_step") != (fault.step is not None):
-        return "'step' is required for error_at_step and only for it"
-    return None
-
-
-def _collective_filters(fault: Any) -> str | None:
-    if fault.point not in _COLLECTIVE and (fault.op or fault.mesh_dim):
-        return "'op' and 'mesh_dim' apply to collective_delay/collective_hang only"
-    return None
+    checks = (_seconds_of_point, _step_of_point, _collective_filters)
 
 
 class TrainerFault(Fault[TrainerFaultRequest]):
@@ -162,7 +171,6 @@ TRAINER_FAULT = FaultKind(
     targeting=RankTarget,
     request=TrainerFaultRequest,
     fault=TrainerFault,
-    checks=(_seconds_of_point, _step_of_point, _collective_filters),
 )
 
 __all__ = ["TRAINER_FAULT", "TrainerFault", "TrainerFaultRequest"]

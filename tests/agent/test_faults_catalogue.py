@@ -195,7 +195,8 @@ def test_power_cap_out_of_range_is_refused_and_leaves_nothing_applied(
     agent = start_agent(fake=fake)
     body = {"id": "cap-bad", "kind": "gpu_power_cap", "watts": 50.0, "ttl_seconds": 30}
     reply = tools.http("POST", agent.fault_url + "/v1/faults", body=body, token=tools.token)
-    assert reply.status == 500 and "NVML refused" in reply.json()["error"]
+    assert reply.status == 400 and reply.json()["fields"][0]["field"] == "watts", reply.text
+    assert "200 to 700 W" in reply.json()["error"]
     assert fake.gpus[0].power_limit_mw == 700_000
 
 

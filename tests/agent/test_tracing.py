@@ -276,7 +276,7 @@ def test_an_otlp_endpoint_that_does_not_parse_stops_agent_run_with_exit_2(tmp_pa
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert "otlp_endpoint: expected http(s)://HOST:PORT" in done.stderr
+    assert "otlp_endpoint (--otlp-endpoint): expected http(s)://HOST:PORT" in done.stderr
 
 
 class _Server:

@@ -29,6 +29,7 @@ from stormwatch.faults import (
     parse_request,
 )
 from stormwatch.faults.kind import Blast
+from stormwatch.faults.kinds.link import LinkFlapRequest
 from stormwatch.plan import load_failure_table
 
 KINDS = list(REGISTRY.values())
@@ -209,14 +210,16 @@ def test_limits_are_the_same_on_both_sides() -> None:
 
 def test_a_cross_field_rule_is_one_declaration_for_both_sides() -> None:
     definition = REGISTRY["link_flap"]
-    with pytest.raises(ValidationError, match="down_seconds must be shorter than period_seconds"):
+    with pytest.raises(
+        ValidationError, match="down_seconds\n  must be shorter than period_seconds"
+    ):
         definition.experiment.model_validate(
             {"kind": "link_flap", "node": "n0", "period_seconds": 1, "down_seconds": 2}
         )
-    request = parse_request(
-        {"id": "a", "kind": "link_flap", "period_seconds": 1.0, "down_seconds": 2.0}
-    )
-    assert definition.problems(request) == ["down_seconds must be shorter than period_seconds"]
+    with pytest.raises(InvalidFaultRequest) as raised:
+        parse_request({"id": "a", "kind": "link_flap", "period_seconds": 1.0, "down_seconds": 2.0})
+    assert raised.value.problems == (("down_seconds", "must be shorter than period_seconds"),)
+    assert definition.checks == LinkFlapRequest.checks
 
 
 def test_categories_come_from_the_traits() -> None:
