@@ -17,13 +17,13 @@ from stormwatch.alerts import (
     rule_test_files,
     run_rule_tests,
 )
-from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.rulefiles import (
     DEFAULT_RUNBOOK_BASE_URL,
     render_rules_cmd,
     rule_groups,
     write_rule_files,
 )
+from stormwatch.durations import parse_duration
 from stormwatch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
