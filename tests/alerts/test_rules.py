@@ -831,6 +831,17 @@ def test_render_rules_reads_the_environment_and_refuses_a_relative_base(tmp_path
     assert not (tmp_path / "bad").exists()
 
 
+def test_render_rules_names_an_unwritable_out_folder_instead_of_a_traceback(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(
+        ConfigError, match=r"^--out: cannot write .*a-file/rules: .*writable folder"
+    ):
+        write_rule_files(blocker / "rules", "https://x/y")
+
+
 def test_packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits(
     tmp_path: Path,
 ) -> None:
