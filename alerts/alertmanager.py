@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.alerts.durations import format_duration
 from stormwatch.contracts.labels import TRAINING_JOB_LABEL
+from stormwatch.durations import format_duration
 from stormwatch.errors import ConfigError
 from stormwatch.urls import is_http_url
 

@@ -19,7 +19,6 @@ from stormwatch.alerts.alertmanager import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.incident_report.cli import postmortem_cmd
 from stormwatch.alerts.incidents_table import incidents_table, read_store
 from stormwatch.alerts.inventory import inventory_cmd
@@ -37,6 +36,7 @@ from stormwatch.alerts.rulefiles import (
 from stormwatch.clients import ResponderClient
 from stormwatch.clients.http import HttpOptions
 from stormwatch.contracts.responder import ActionRecord, IncidentRecord
+from stormwatch.durations import parse_duration
 from stormwatch.errors import ConfigError
 from stormwatch.platforms import PlatformSettings, load_platform_settings, load_target_file
 

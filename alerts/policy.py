@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from stormwatch.alerts.durations import parse_duration
+from stormwatch.durations import parse_duration
 from stormwatch.errors import ConfigError
 from stormwatch.yamltext import yaml_mapping
 

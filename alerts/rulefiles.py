@@ -89,24 +89,28 @@ def write_rule_files(out: Path, runbook_base: str) -> list[Path]:
     """Write the shipped rule files into ``out`` (same names), runbooks on ``runbook_base``.
 
     Raises:
-        ConfigError: ``runbook_base`` is not an absolute http(s) URL.
+        ConfigError: ``runbook_base`` is not an absolute http(s) URL, or ``out`` cannot be
+            written (named as ``--out``).
     """
     prefix = runbook_url("", runbook_base)  # raises before anything is written
-    out.mkdir(parents=True, exist_ok=True)
+    shipped = [(path.name, path.read_text(encoding="utf-8")) for path in rule_files()]
     written = []
-    for path in rule_files():
-        text = path.read_text(encoding="utf-8")
-        # A textual swap keeps the files' comments and layout; the shipped files hold the
-        # default base in every runbook_url (tests/alerts/test_rules.py).
-        target = out / path.name
-        target.write_text(
-            text.replace(
-                f'runbook_url: "{DEFAULT_RUNBOOK_BASE_URL}#',
-                f'runbook_url: "{prefix}',
-            ),
-            encoding="utf-8",
-        )
-        written.append(target)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in shipped:
+            # A textual swap keeps the files' comments and layout; the shipped files hold the
+            # default base in every runbook_url (tests/alerts/test_rules.py).
+            target = out / name
+            target.write_text(
+                text.replace(
+                    f'runbook_url: "{DEFAULT_RUNBOOK_BASE_URL}#',
+                    f'runbook_url: "{prefix}',
+                ),
+                encoding="utf-8",
+            )
+            written.append(target)
+    except OSError as exc:  # as dashboards build and plan report it
+        raise ConfigError(f"--out: cannot write {out}: {exc}; pick a writable folder") from exc
     return written
 
 

@@ -24,6 +24,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from stormwatch.dashboards import cluster, incidents, node_gpu, nvlink, training
+from stormwatch.durations import parse_duration
 from stormwatch.errors import ConfigError
 from stormwatch.urls import is_http_url
 
@@ -87,8 +88,14 @@ def provisioning(
         scrape_interval: the Prometheus' scrape interval (``timeInterval``, a Prometheus
             duration such as ``30s``), Grafana's lower bound for ``$__interval``; None
             leaves Grafana's default.
+
+    Raises:
+        ConfigError: ``prometheus_url`` is not an http(s) URL, or ``scrape_interval`` is
+            not a Prometheus duration > 0.
     """
-    json_data = {"timeInterval": scrape_interval} if scrape_interval else {}
+    json_data = (
+        {} if scrape_interval is None else {"timeInterval": _check_interval(scrape_interval)}
+    )
     return {
         "provisioning/dashboards/stormwatch.yaml": {
             "apiVersion": 1,
@@ -119,6 +126,17 @@ def provisioning(
             ],
         },
     }
+
+
+def _check_interval(text: str) -> str:
+    """``text`` if it is a Prometheus duration > 0 (what Grafana's ``timeInterval`` takes).
+
+    Raises:
+        ConfigError: it is not (the message names ``--scrape-interval`` and examples).
+    """
+    if parse_duration(text, "--scrape-interval") <= 0:
+        raise ConfigError(f"--scrape-interval: must be longer than 0 (got {text!r}); e.g. 15s, 1m")
+    return text.strip()
 
 
 def write(out_dir: Path, prometheus_url: str, *, scrape_interval: str | None = None) -> list[Path]:

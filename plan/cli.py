@@ -352,7 +352,9 @@ def plan(
     (`stormwatch chaos suite`), else the documented defaults; the output says which.
     """
     table = load_failure_table(rates)
+    options = click.get_current_context().command.params
     settings = make_settings(
+        {o.name: o.opts[0] for o in options if o.name is not None},  # errors name the option
         **values,
         detect_overrides=_pairs("--detect", detect, table),
         recover_overrides=_pairs("--recover", recover, table),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import ValidationError
 
 from stormwatch.errors import ConfigError, StormwatchError
@@ -17,23 +19,32 @@ class InvalidPlanInput(PlanError, ConfigError):
     exit_code = 2
 
 
-def from_validation_error(where: str, exc: ValidationError) -> InvalidPlanInput:
-    """One :class:`InvalidPlanInput` listing every pydantic error as ``where: field.path: msg``.
+def from_validation_error(
+    where: str, exc: ValidationError, names: Mapping[str, str] | None = None
+) -> InvalidPlanInput:
+    """One :class:`InvalidPlanInput` listing every pydantic error as ``where: field.path: msg``,
+    or ``--option: msg`` for a field that ``names`` maps to the option that set it.
 
     Args:
         where: what was being validated (a file name, ``plan settings``).
         exc: the pydantic error to translate.
+        names: field -> command-line option (``interval_s`` -> ``--interval``).
     """
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        parts = [str(p) for p in err["loc"]]
+        if names and parts and parts[0] in names:
+            parts[0] = names[parts[0]]
+            where_loc = ".".join(parts)
+        else:
+            where_loc = f"{where}: {'.'.join(parts)}" if parts else where
         got = (
             f" (got {err['input']!r})"
             if "input" in err and not isinstance(err["input"], dict)
             else ""
         )
         message = str(err["msg"]).removeprefix("Value error, ")  # a validator names its field
-        lines.append(f"{where}: {loc + ': ' if loc else ''}{message}{got}")
+        lines.append(f"{where_loc}: {message}{got}")
     return InvalidPlanInput("\n".join(lines))
 
 

@@ -23,6 +23,7 @@ from measured post-mortems (:mod:`.postmortems`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -56,7 +57,7 @@ class FailureCategory(BaseModel):
 class FailureTable(BaseModel):
     """Observed interruptions per category on ``gpus`` GPUs over ``days`` days."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     source: str
     gpus: int = Field(gt=0)
@@ -122,6 +123,13 @@ def load_failure_table(path: Path | None = None) -> FailureTable:
         raw = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise InvalidPlanInput(f"{where}: cannot read failure table: {exc}") from exc
+    if not isinstance(raw, dict):
+        what = "is empty" if raw is None else f"holds a {type(raw).__name__}, not a mapping"
+        raise InvalidPlanInput(
+            f"{where}: the failure table {what}; it must be a YAML mapping with source, gpus, "
+            "days and categories (a list of id, name, count), as the bundled "
+            "llama3_table5.yaml (stormwatch/plan/llama3_table5.yaml)"
+        )
     try:
         return FailureTable.model_validate(raw)
     except ValidationError as exc:
@@ -135,7 +143,7 @@ class CategoryTimes(BaseModel):
     replacing the failed node. ``source`` says where the numbers came from.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     detect_s: float = Field(ge=0)
     restart_s: float = Field(ge=0)
@@ -160,9 +168,12 @@ class PlanSettings(BaseModel):
       * ``in_memory_write_s`` 1, ``in_memory_load_s`` 10: checkpoints kept in host
         or peer memory (as in Gemini, SOSP 2023) for the what-if.
       * ``spare_swap_s`` 30: a hot spare is already up; swapping it in replaces ``replace_s``.
+
+    Every number must be finite (``inf`` and ``nan`` are rejected: an infinite time makes
+    the analytic and the simulated ETTR disagree, or the optimum undefined).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpus: int = Field(gt=0, description="GPUs in the job")
     days: float = Field(default=54.0, gt=0, description="wall-clock length of the run")
@@ -193,12 +204,17 @@ class PlanSettings(BaseModel):
         return self
 
 
-def make_settings(**values: object) -> PlanSettings:
-    """Build :class:`PlanSettings`, turning pydantic errors into :class:`InvalidPlanInput`."""
+def make_settings(names: Mapping[str, str] | None = None, **values: object) -> PlanSettings:
+    """Build :class:`PlanSettings`, turning pydantic errors into :class:`InvalidPlanInput`.
+
+    Args:
+        names: field -> the command-line option that set it (errors then name the option).
+        values: the settings.
+    """
     try:
         return PlanSettings.model_validate(values)
     except ValidationError as exc:
-        raise from_validation_error("plan settings", exc) from exc
+        raise from_validation_error("plan settings", exc, names) from exc
 
 
 def resolve_times(

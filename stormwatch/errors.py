@@ -36,6 +36,7 @@
     ├── stormwatch.trainer.TrainerError
     │   ├── CorpusError             corpus unreadable or too small
     │   ├── CheckpointError         save/resume failed (raised on every rank together)
+    │   │   └── ResumeRefused       (a ConfigError too; exit 2) damaged or mismatched checkpoints
     │   ├── Terminated              SIGTERM received (torchrun teardown); exit status 143
     │   ├── InjectedFault           the ``error_at_step`` fault point fired
     │   └── ControlFileError        a control file does not parse (never raised out of training)

@@ -32,6 +32,8 @@ Exceptions::
     └── TrainerError
         ├── CorpusError      corpus unreadable or too small
         ├── CheckpointError  save/resume failed (raised on every rank together)
+        │   └── ResumeRefused  (a ConfigError too; exit 2) every checkpoint damaged, or
+        │                      the latest written with settings this run changes
         ├── Terminated       SIGTERM received (torchrun teardown); exit status 143
         ├── InjectedFault    the ``error_at_step`` fault point fired
         └── ControlFileError a control file does not parse (logged, never raised
@@ -61,6 +63,7 @@ from stormwatch.trainer.errors import (
     ControlFileError,
     CorpusError,
     InjectedFault,
+    ResumeRefused,
     Terminated,
     TrainerError,
     UnwritableDirError,
@@ -109,6 +112,7 @@ __all__ = [
     "OptimConfig",
     "ParallelDims",
     "RankEnv",
+    "ResumeRefused",
     "TelemetryConfig",
     "Terminated",
     "TrainConfig",

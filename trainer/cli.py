@@ -173,8 +173,8 @@ def _config(values: Mapping[str, Any]) -> TrainConfig:
 
     return TrainConfig(
         **option_values(TrainConfig, values),
+        data=part(DataConfig),  # first: a bad --seq-len is named seq_len, not max_seq_len
         model=part(ModelConfig, max_seq_len=values["seq_len"]),
-        data=part(DataConfig),
         optim=part(OptimConfig),
         evaluation=part(EvalConfig),
         checkpoint=part(CheckpointConfig),

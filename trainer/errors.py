@@ -19,6 +19,15 @@ class CheckpointError(TrainerError):
     """A checkpoint could not be saved, found or loaded consistently on every rank."""
 
 
+class ResumeRefused(CheckpointError, ConfigError):
+    """The checkpoint folder cannot be resumed by this run: every checkpoint in it is damaged,
+    or the latest was written with settings this run changes. A user's decision (exit status
+    2): the message names the folders or the options and how to proceed. Raised on every rank.
+    """
+
+    exit_code = 2
+
+
 class Terminated(TrainerError):
     """The rank received SIGTERM (torchrun tearing the worker group down); exit status 143."""
 
@@ -56,6 +65,7 @@ __all__ = [
     "ControlFileError",
     "CorpusError",
     "InjectedFault",
+    "ResumeRefused",
     "Terminated",
     "TrainerError",
     "UnwritableDirError",

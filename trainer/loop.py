@@ -58,6 +58,7 @@ from stormwatch.faults.control_file import control_path
 from stormwatch.trainer.checkpoint.budget import FailureBudget
 from stormwatch.trainer.checkpoint.cadence import CheckpointCadence
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
+from stormwatch.trainer.checkpoint.settings import run_settings
 from stormwatch.trainer.checkpoint.state import RankLayout, TrainState
 from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import ControlChannel
@@ -400,6 +401,7 @@ def _checkpointer(
         on_commit=functools.partial(_committed, session, budget),
         fault_hook=control.checkpoint_phase,
         group_timeout=group_timeout,
+        settings=run_settings(config, global_batch=sampler.global_batch),
         layout=RankLayout(
             rank=env.rank,
             world_size=env.world_size,

@@ -15,8 +15,8 @@ from stormwatch.alerts import (
     render_alertmanager_config,
     write_alertmanager_config,
 )
-from stormwatch.alerts.durations import format_duration, parse_duration
 from stormwatch.alerts.rulefiles import run_tool
+from stormwatch.durations import format_duration, parse_duration
 from stormwatch.errors import ConfigError
 
 

@@ -17,13 +17,13 @@ from stormwatch.alerts import (
     rule_test_files,
     run_rule_tests,
 )
-from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.rulefiles import (
     DEFAULT_RUNBOOK_BASE_URL,
     render_rules_cmd,
     rule_groups,
     write_rule_files,
 )
+from stormwatch.durations import parse_duration
 from stormwatch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -829,6 +829,17 @@ def test_render_rules_reads_the_environment_and_refuses_a_relative_base(tmp_path
     with pytest.raises(ConfigError):
         write_rule_files(tmp_path / "bad", "runbooks.md")
     assert not (tmp_path / "bad").exists()
+
+
+def test_render_rules_names_an_unwritable_out_folder_instead_of_a_traceback(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(
+        ConfigError, match=r"^--out: cannot write .*a-file/rules: .*writable folder"
+    ):
+        write_rule_files(blocker / "rules", "https://x/y")
 
 
 def test_packet_loss_names_the_node_whose_stack_drops_not_the_peer_that_retransmits(

@@ -29,7 +29,7 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from stormwatch.alerts import rule_files
-from stormwatch.alerts.durations import parse_duration
+from stormwatch.durations import parse_duration
 from stormwatch.lab.services.definitions import ALERT_FOR_GRACE_PERIOD, go_duration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.untimed]

@@ -157,3 +157,19 @@ def test_bad_prometheus_url_is_a_config_error(tmp_path: Path, url: str) -> None:
     assert isinstance(result.exception, ConfigError), result.exception
     assert "--prometheus-url" in str(result.exception)
     assert not (tmp_path / "dashboards").exists()
+
+
+@pytest.mark.parametrize(
+    ("interval", "message"),
+    [("abc", "'abc' is not a duration"), ("0s", "must be longer than 0"), ("", "not a duration")],
+)
+def test_bad_scrape_interval_is_a_config_error_and_writes_nothing(
+    tmp_path: Path, interval: str, message: str
+) -> None:
+    result = CliRunner().invoke(
+        root, ["dashboards", "build", "--out", str(tmp_path), "--scrape-interval", interval]
+    )
+    assert isinstance(result.exception, ConfigError), result.exception
+    assert str(result.exception).startswith("--scrape-interval: ")
+    assert message in str(result.exception)
+    assert list(tmp_path.iterdir()) == []

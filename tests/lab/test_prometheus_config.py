@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stormwatch.alerts.durations import parse_duration
 from stormwatch.alerts.policy import load_policy
 from stormwatch.dashboards import build_all
+from stormwatch.durations import parse_duration
 from stormwatch.lab import LabConfig
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import (

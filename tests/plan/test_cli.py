@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import stormwatch.plan as plan
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -51,6 +53,36 @@ def test_plan_rejects_bad_input_with_a_clear_message_and_exit_2(stormwatch) -> N
     assert proc.returncode == 2 and "unknown category 'gremlins'" in proc.stderr
     proc = stormwatch("plan", "--gpus", "8", "--detect", "nic")
     assert proc.returncode == 2 and "--detect: expected CATEGORY=SECONDS" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "inf"], "error: --interval: Input should be a finite number (got inf)"),
+        (["--interval", "0"], "error: --interval: Input should be greater than 0 (got 0.0)"),
+        (["--checkpoint-write", "inf"], "error: --checkpoint-write: Input should be a finite"),
+        (["--in-memory-write", "inf"], "error: --in-memory-write: Input should be a finite"),
+        (["--restart", "inf"], "error: --restart: Input should be a finite number"),
+        (["--detect-time", "inf"], "error: --detect-time: Input should be a finite number"),
+        (["--days", "nan"], "error: --days: Input should be a finite number"),
+    ],
+)
+def test_plan_rejects_non_finite_and_out_of_range_times_naming_the_option(
+    stormwatch, args: list[str], message: str
+) -> None:
+    proc = stormwatch("plan", "--gpus", "16", "--no-scorecard", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and "plan settings" not in proc.stderr
+
+
+def test_plan_says_a_rates_file_is_empty_and_what_it_must_hold(tmp_path: Path, stormwatch) -> None:
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("")
+    proc = stormwatch("plan", "--gpus", "8", "--no-scorecard", "--rates", str(rates))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{rates}: the failure table is empty; it must be a YAML mapping" in proc.stderr
+    assert "categories" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_plan_names_a_rates_file_that_is_not_utf8_instead_of_a_traceback(

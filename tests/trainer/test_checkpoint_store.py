@@ -72,7 +72,7 @@ def test_fc11_shards_without_marker_or_metadata_are_skipped_for_the_latest_compl
     assert {p.path for p in found.partial} == {crashed_in_tmp, tmp_path / "step-00000008"}
 
 
-def test_fc11_resaving_a_step_replaces_its_partial_folder(tmp_path):
+def test_fc11_resaving_a_step_sets_its_partial_folder_aside_and_keeps_it(tmp_path):
     partial = tmp_path / "step-00000006"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"old shard")
@@ -80,7 +80,25 @@ def test_fc11_resaving_a_step_replaces_its_partial_folder(tmp_path):
     assert final == partial
     assert store.incomplete_reason(final) is None
     assert (final / "__0_0.distcp").read_bytes() == b"shard"
-    assert [p.name for p in tmp_path.iterdir()] == ["step-00000006"]  # nothing set aside remains
+    (aside,) = [p for p in tmp_path.iterdir() if p != final]  # not this save's to delete
+    assert aside.name.startswith("step-00000006.damaged-")
+    assert (aside / "__0_0.distcp").read_bytes() == b"old shard"
+    assert store.scan(tmp_path).partial == ()  # no checkpoint pattern matches it
+
+
+def test_prune_never_deletes_a_partial_final_folder_or_a_file(tmp_path):
+    for step in (2, 4):
+        store.commit(_fake_save(tmp_path, step), step)
+    (tmp_path / "step-00000003").mkdir()  # a final name holding only shards: damage, or a copy
+    (tmp_path / "step-00000003" / "__0_0.distcp").write_bytes(b"shard")
+    (tmp_path / "step-00000099").write_text("a stray file")
+    crashed = _fake_save(tmp_path, 6, marker=False)
+    assert sorted(store.prune(tmp_path, keep=1)) == [tmp_path / "step-00000002", crashed]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000003",
+        "step-00000004",
+        "step-00000099",
+    ]
 
 
 def test_commit_refuses_to_replace_a_complete_checkpoint(tmp_path):
@@ -121,9 +139,11 @@ def test_marker_checksums_detect_a_damaged_file(tmp_path):
     reason = store.checksum_mismatch(checkpoint)
     assert reason is not None and "checksum mismatch in __0_0.distcp" in reason
     assert not store.sound(final)
-    # a corrupt final folder may be replaced by a new save of the same step
+    # a new save of the same step takes the name; the corrupt folder is set aside, kept
     replacement = store.commit(_fake_save(tmp_path, 6), 6)
     assert replacement == final and store.sound(final)
+    (aside,) = [p for p in tmp_path.iterdir() if store.DAMAGED_INFIX in p.name]
+    assert (aside / "__0_0.distcp").read_bytes() == b"shard but flipped"
 
 
 def test_markers_without_checksums_still_count_as_complete(tmp_path):

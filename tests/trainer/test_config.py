@@ -107,12 +107,12 @@ def test_parallel_dims_mesh_is_unavailable_before_it_is_built():
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: ModelConfig(d_model=65, n_heads=4), "model.d_model"),
-        (lambda: ModelConfig(dropout=1.0), "model.dropout"),
-        (lambda: ModelConfig(n_layers=0), "model.n_layers"),
-        (lambda: DataConfig(micro_batch=0), "data.micro_batch"),
+        (lambda: ModelConfig(d_model=65, n_heads=4), "d_model"),
+        (lambda: ModelConfig(dropout=1.0), "dropout"),
+        (lambda: ModelConfig(n_layers=0), "n_layers"),
+        (lambda: DataConfig(micro_batch=0), "micro_batch"),
         (lambda: DataConfig(seed=-1), "seed"),
-        (lambda: DataConfig(seq_len=64, corpus_max_bytes=10), "data.corpus_max_bytes"),
+        (lambda: DataConfig(seq_len=64, corpus_max_bytes=10), "corpus_max_bytes"),
         (lambda: OptimConfig(lr=0.0), "lr"),
         (lambda: OptimConfig(lr=float("nan")), "lr"),
         (lambda: CheckpointConfig(every=0), "checkpoint_every"),
@@ -128,6 +128,7 @@ def test_parallel_dims_mesh_is_unavailable_before_it_is_built():
         (lambda: TrainConfig(steps=1, pp=2, pp_microbatches=-1), "pp_microbatches"),
         (lambda: TrainConfig(steps=1, pp=3), "pp"),  # 2 layers cannot fill 3 stages
         (lambda: TrainConfig(steps=1, pp=2, pp_microbatches=3), "pp_microbatches"),  # 4 % 3
+        (lambda: TrainConfig(steps=1, pp_microbatches=3), "pp_microbatches"),  # 4 % 3, pp=1 too
         (lambda: TrainConfig(steps=1, pp=2, pp_microbatches=1), "pp_microbatches"),  # 1F1B: >= pp
         (lambda: CheckpointConfig(mode="lazy"), "checkpoint_mode"),
         (lambda: TelemetryConfig(peak_flops=0.0), "peak_flops"),

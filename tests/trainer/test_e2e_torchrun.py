@@ -288,6 +288,9 @@ def test_fc11_partial_checkpoint_is_skipped_and_its_step_saved_again(
     assert [c.step for c in found.complete] == [4, 6, 8]
     assert found.partial == ()  # pruned after the new save was committed
     assert store.sound(latest)
+    # the damaged steps 6 and 8 were set aside at resume, kept (not this run's to delete)
+    aside = sorted(p.name[:13] for p in run.checkpoints.iterdir() if store.DAMAGED_INFIX in p.name)
+    assert aside == [store.step_dir_name(STEPS - 2), store.step_dir_name(STEPS)]
 
 
 def test_single_process_without_torchrun_runs_as_world_size_one(tmp_path):

@@ -11,8 +11,13 @@ renames the folder atomically to ``step-XXXXXXXX``, prunes old checkpoints (keep
 the newest ``keep``) and broadcasts the outcome, so all ranks succeed or raise
 together. Resume: rank 0 scans the folder, warns about every partial checkpoint it
 skips, picks the latest complete one whose files match the checksums in its marker
-(a corrupt one is skipped with a warning naming the file) and broadcasts the choice;
-then every rank loads it. No rank ever acts on a filesystem check of its own.
+(a corrupt one is skipped with a warning naming the file), checks that this run's
+settings may resume it (:mod:`stormwatch.trainer.checkpoint.settings`) and broadcasts
+the choice; then every rank loads it. Final-named folders it skipped (partial or
+corrupt) are set aside, never deleted (:func:`~stormwatch.trainer.checkpoint.store.set_aside`);
+when the folder holds such folders and no usable checkpoint at all, resume is refused
+(:class:`~stormwatch.trainer.errors.ResumeRefused`) instead of starting over beside
+them. No rank ever acts on a filesystem check of its own.
 Layout helpers: :mod:`stormwatch.trainer.checkpoint.store`.
 
 Sync mode (``mode="sync"``): the whole protocol on the training thread.
@@ -45,9 +50,10 @@ from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.background import BackgroundSaver, InFlight
 from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
 from stormwatch.trainer.checkpoint.protocol import FaultHook, SaveProtocol
+from stormwatch.trainer.checkpoint.settings import check_resume
 from stormwatch.trainer.checkpoint.state import RankLayout, SavedState, TrainState
 from stormwatch.trainer.config import CheckpointConfig
-from stormwatch.trainer.errors import CheckpointError, Terminated
+from stormwatch.trainer.errors import CheckpointError, ResumeRefused, Terminated
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,8 @@ class Checkpointer:
         group_timeout: collective timeout of the async mode's own gloo group (the job's
             ``--collective-timeout``; ``None``: torch's default, 30 minutes, which a
             save with a frozen peer would wait for).
+        settings: this run's settings, recorded in each marker and compared on resume
+            (:func:`stormwatch.trainer.checkpoint.settings.run_settings`; empty: none).
 
     All public methods but :meth:`wait_for_copy`, :meth:`write_finished` and
     :meth:`close` are collective: every rank must call them in the same order.
@@ -93,14 +101,18 @@ class Checkpointer:
         on_commit: Callable[[int], None] | None = None,
         fault_hook: FaultHook | None = None,
         group_timeout: timedelta | None = None,
+        settings: dict[str, int | float | str] | None = None,
     ) -> None:
         self._config = config
+        self._settings = dict(settings or {})
         self._state = SavedState(state, layout)
         self._layout = layout
         self._on_commit = on_commit
         self._pending: InFlight | None = None
         root = config.directory or Path()
-        self._sync = SaveProtocol(root, keep=config.keep, layout=layout, hook=fault_hook)
+        self._sync = SaveProtocol(
+            root, keep=config.keep, layout=layout, hook=fault_hook, settings=self._settings
+        )
         self._background: BackgroundSaver | None = None
         if self.enabled and config.mode == "async":
             # The writer thread runs collectives: give it its own group.
@@ -110,7 +122,14 @@ class Checkpointer:
                 else None
             )
             self._background = BackgroundSaver(
-                SaveProtocol(root, keep=config.keep, layout=layout, hook=fault_hook, group=group),
+                SaveProtocol(
+                    root,
+                    keep=config.keep,
+                    layout=layout,
+                    hook=fault_hook,
+                    group=group,
+                    settings=self._settings,
+                ),
                 accelerator=any(p.device.type != "cpu" for p in state.model.parameters()),
             )
 
@@ -233,6 +252,8 @@ class Checkpointer:
             (checkpointing disabled, empty folder).
 
         Raises:
+            ResumeRefused: on every rank, if the folder holds damaged checkpoints and no
+                usable one, or the latest was written with settings this run may not change.
             CheckpointError: on every rank, if the chosen checkpoint cannot be loaded.
         """
         if not self.enabled:
@@ -258,6 +279,7 @@ class Checkpointer:
 
     def _choose_latest(self) -> tuple[int, str, bool] | None:
         found = store.scan(self._sync.root)
+        damaged = [(p.path, p.reason) for p in found.partial if p.final]
         for partial in found.partial:
             log.warning("skipping partial checkpoint %s: %s", partial.path, partial.reason)
         latest = None
@@ -267,7 +289,10 @@ class Checkpointer:
                 latest = candidate
                 break
             log.warning("skipping corrupt checkpoint %s: %s", candidate.path, corrupt)
+            damaged.append((candidate.path, corrupt))
         if latest is None:
+            if damaged:
+                raise ResumeRefused(_nothing_usable(self._sync.root, damaged))
             return None
         layout = self._layout
         marker = latest.marker
@@ -276,6 +301,12 @@ class Checkpointer:
             layout.dp,
             layout.tp,
         )
+        for warning in check_resume(
+            marker.settings, self._settings, origin=latest.path, same_layout=same
+        ):
+            log.warning("%s", warning)
+        for path, reason in damaged:  # kept, out of the way of saves and prunes
+            store.set_aside(path, reason)
         if not same:
             log.warning(
                 "checkpoint %s was written by world_size=%d dp=%d tp=%d, this run has "
@@ -291,6 +322,18 @@ class Checkpointer:
                 layout.tp,
             )
         return latest.step, str(latest.path), same
+
+
+def _nothing_usable(root: Path, damaged: list[tuple[Path, str]]) -> str:
+    """The refusal of a folder whose checkpoints are all damaged: each one and why, and
+    how to go on (nothing was changed)."""
+    listing = "; ".join(f"{path.name}: {reason}" for path, reason in damaged)
+    return (
+        f"--checkpoint-dir {root} holds no usable checkpoint, only damaged ones ({listing}); "
+        "not starting over beside them (nothing was changed). Resume needs a complete "
+        "checkpoint: restore one, or start a new run with a new --checkpoint-dir, or move "
+        f"the damaged folders out of {root}"
+    )
 
 
 __all__ = ["Checkpointer", "FaultHook"]

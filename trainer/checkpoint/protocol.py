@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.planner import SavePlanner
 
 from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.state import RankLayout
-from stormwatch.trainer.errors import CheckpointError
+from stormwatch.trainer.errors import CheckpointError, ResumeRefused
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class SaveProtocol:
         layout: this rank's position (written into the marker).
         hook: the fault hook called at each phase, or ``None``.
         group: the process group of the collectives (``None``: the default group).
+        settings: the run's settings, written into the marker
+            (:mod:`stormwatch.trainer.checkpoint.settings`).
     """
 
     def __init__(
@@ -86,8 +88,10 @@ class SaveProtocol:
         layout: RankLayout,
         hook: FaultHook | None,
         group: dist.ProcessGroup | None = None,
+        settings: dict[str, int | float | str] | None = None,
     ) -> None:
         self.root = root
+        self._settings = dict(settings or {})
         self._keep = keep
         self._layout = layout
         self._hook = hook
@@ -163,18 +167,23 @@ class SaveProtocol:
         """Run ``decide`` on rank 0 only and give every rank its result (or its error).
 
         Raises:
+            ResumeRefused: on every rank, with rank 0's message, if ``decide`` raised it.
             CheckpointError: on every rank, with rank 0's error, if ``decide`` raised.
         """
         box: list[Any] = [None]
         if self._layout.rank == 0:
             try:
                 box[0] = ("ok", decide())
+            except ResumeRefused as exc:  # the user's decision: its message as it is
+                box[0] = ("refused", str(exc))
             except Exception as exc:  # raised on every rank below, with this text
                 log.debug("checkpoint decision failed on rank 0", exc_info=True)
                 box[0] = ("error", f"{type(exc).__name__}: {exc}")
         if self._layout.world_size > 1:
             dist.broadcast_object_list(box, src=0, group=self._group)
         status, value = box[0]
+        if status == "refused":
+            raise ResumeRefused(value)
         if status == "error":
             raise CheckpointError(f"rank 0: {value}")
         return value
@@ -215,6 +224,7 @@ class SaveProtocol:
             attempt=layout.attempt,
             time=time.time(),
             checksums=checksums,
+            settings=self._settings,
         )
         store.write_marker(tmp_dir, marker)
         final = store.commit(tmp_dir, step)

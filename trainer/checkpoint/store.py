@@ -14,8 +14,16 @@ fsyncs, and renames the folder to ``step-XXXXXXXX`` (an atomic rename on one
 filesystem). A checkpoint is **complete** only if its folder has the
 canonical name, ``.metadata`` and a valid marker whose step matches the
 name and whose listed files all exist. Everything else under the root that
-looks like a checkpoint is *partial*: skipped (with a warning) on resume,
-deleted by :func:`prune` once a newer checkpoint is complete.
+looks like a checkpoint is *partial*: skipped (with a warning) on resume.
+
+What is deleted, and what never is: :func:`prune` deletes complete checkpoints
+beyond ``keep`` and this trainer's own leftovers (``.tmp-`` folders of saves that
+never committed, ``.partial-`` folders of older versions), never a final-named
+``step-XXXXXXXX`` folder that is partial: the save protocol never leaves one (the
+rename comes after the marker), so it is damage or a copy, and it is the user's.
+Such folders (and complete ones whose checksums do not match) are set aside as
+``step-XXXXXXXX.damaged-<token>`` (:func:`set_aside`) by resume and by a save of the
+same step, with a warning, and never deleted. Files (not folders) are ignored.
 
 Only rank 0 calls the functions that change the folder; the caller
 broadcasts rank 0's decisions (:mod:`stormwatch.trainer.checkpoint.checkpointer`). No
@@ -43,6 +51,8 @@ log = logging.getLogger(__name__)
 _STEP_RE = re.compile(r"^step-(\d{8})$")
 _TMP_RE = re.compile(r"^step-(\d{8})\.tmp-(.+)$")
 _ASIDE_RE = re.compile(r"^step-(\d{8})\.partial-(.+)$")
+#: Damaged folders set aside by :func:`set_aside`: no checkpoint pattern matches them.
+DAMAGED_INFIX = ".damaged-"
 
 
 class CompletionMarker(BaseModel):
@@ -59,6 +69,8 @@ class CompletionMarker(BaseModel):
         checksums: file name -> ``crc32:<8 hex digits>`` of every file in
             ``files`` (empty in markers written before checksums existed:
             such checkpoints are not verified).
+        settings: the run's settings a resume compares, by option (``--d-model``: 64;
+            :mod:`stormwatch.trainer.checkpoint.settings`); empty in older markers.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,6 +83,7 @@ class CompletionMarker(BaseModel):
     attempt: int
     time: float
     checksums: dict[str, str] = {}
+    settings: dict[str, int | float | str] = {}
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,12 @@ class PartialCheckpoint:
 
     path: Path
     reason: str
+
+    @property
+    def final(self) -> bool:
+        """True for a final-named ``step-XXXXXXXX`` folder (damage or a copy: never the
+        leftover of a save, which stays in its ``.tmp-`` folder until the marker is written)."""
+        return _STEP_RE.match(self.path.name) is not None
 
 
 @dataclass(frozen=True)
@@ -136,7 +155,11 @@ def incomplete_reason(path: Path) -> str | None:
         return f"no {MARKER_NAME} (save was not committed)"
     try:
         marker = read_marker(path)
-    except (OSError, ValueError, ValidationError) as exc:
+    except ValidationError as exc:  # one line: the first problem (pydantic's text spans several)
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"unreadable {MARKER_NAME}: {where + ': ' if where else ''}{first['msg']}"
+    except (OSError, ValueError) as exc:
         return f"unreadable {MARKER_NAME}: {exc}"
     if marker.step != int(match.group(1)):
         return f"marker says step {marker.step}, folder name says {int(match.group(1))}"
@@ -147,14 +170,21 @@ def incomplete_reason(path: Path) -> str | None:
 
 
 def scan(root: Path) -> CheckpointScan:
-    """Classify the checkpoint folders directly under ``root`` (missing root: empty scan)."""
+    """Classify the checkpoint folders directly under ``root`` (missing root: empty scan).
+
+    Files are ignored, whatever their name (a stray ``step-00000099`` file is not a
+    checkpoint, and nothing here may try to delete it).
+    """
     complete: list[CompleteCheckpoint] = []
     partial: list[PartialCheckpoint] = []
     if not root.is_dir():
         return CheckpointScan((), ())
     for path in sorted(root.iterdir()):
-        if not (
-            _STEP_RE.match(path.name) or _TMP_RE.match(path.name) or _ASIDE_RE.match(path.name)
+        if (
+            not (
+                _STEP_RE.match(path.name) or _TMP_RE.match(path.name) or _ASIDE_RE.match(path.name)
+            )
+            or not path.is_dir()
         ):
             continue
         reason = incomplete_reason(path)
@@ -221,12 +251,33 @@ def write_marker(folder: Path, marker: CompletionMarker) -> None:
     _fsync_dir(folder)
 
 
+def set_aside(path: Path, reason: str) -> Path:
+    """Rename a damaged checkpoint folder to ``<name>.damaged-<token>`` (kept, never deleted:
+    it is not this run's to delete) and warn, naming both paths and ``reason``.
+
+    Raises:
+        OSError: the rename failed.
+    """
+    aside = path.with_name(f"{path.name}{DAMAGED_INFIX}{uuid.uuid4().hex[:8]}")
+    os.rename(path, aside)
+    _fsync_dir(path.parent)
+    log.warning(
+        "set damaged checkpoint %s aside as %s (%s); it is kept: inspect it, or delete it "
+        "when it is no longer needed",
+        path,
+        aside.name,
+        reason,
+    )
+    return aside
+
+
 def commit(tmp_dir: Path, step: int) -> Path:
     """Rename a finished temporary folder to ``step-XXXXXXXX`` and return the final path.
 
-    A partial or corrupt folder already holding the final name (a crash
-    after an older rename, a copy, a damaged shard) is first renamed aside (``.partial-<token>``) and then
-    deleted, so the final name only ever points at a complete checkpoint.
+    A partial or corrupt folder already holding the final name (a copy, a damaged
+    shard: never a leftover of a save) is first set aside (:func:`set_aside`, with a
+    warning; it is kept), so the final name only ever points at a complete checkpoint
+    and a save never overwrites a folder it did not create.
 
     Raises:
         FileExistsError: a *complete* checkpoint of ``step`` already exists.
@@ -236,11 +287,9 @@ def commit(tmp_dir: Path, step: int) -> Path:
     if final.exists():
         if sound(final):
             raise FileExistsError(f"complete checkpoint {final} already exists")
-        aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
-        os.rename(final, aside)
+        set_aside(final, f"a save of step {step} needs its name")
         os.rename(tmp_dir, final)
         _fsync_dir(final.parent)
-        shutil.rmtree(aside, ignore_errors=True)
     else:
         os.rename(tmp_dir, final)
         _fsync_dir(final.parent)
@@ -248,14 +297,17 @@ def commit(tmp_dir: Path, step: int) -> Path:
 
 
 def prune(root: Path, *, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints, and every partial folder.
+    """Delete all but the newest ``keep`` complete checkpoints, and the partial folders
+    saves leave (``.tmp-``, ``.partial-``); a partial *final-named* folder is kept (not
+    this trainer's leftover: see the module docstring).
 
     Call only right after a successful :func:`commit` (so no save is in
     flight). Returns the folders removed; failures to remove are left for
     the next prune.
     """
     found = scan(root)
-    doomed = [c.path for c in found.complete[:-keep]] + [p.path for p in found.partial]
+    doomed = [c.path for c in found.complete[:-keep]]
+    doomed += [p.path for p in found.partial if not p.final]
     removed = []
     for path in doomed:
         try:
@@ -267,6 +319,7 @@ def prune(root: Path, *, keep: int) -> list[Path]:
 
 
 __all__ = [
+    "DAMAGED_INFIX",
     "MARKER_NAME",
     "METADATA_NAME",
     "CheckpointScan",
@@ -280,6 +333,7 @@ __all__ = [
     "prune",
     "read_marker",
     "scan",
+    "set_aside",
     "sound",
     "step_dir_name",
     "tmp_dir_name",

@@ -48,8 +48,10 @@ class ModelConfig:
     dropout: float = option("--dropout", default=0.1, help="Dropout probability.")
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "n_layers", "max_seq_len"):
-            check_positive_int(getattr(self, name), f"model.{name}")
+        # Named as the options are (--d-model: d_model); max_seq_len and d_ff have none.
+        for name in ("d_model", "n_heads", "n_layers"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.max_seq_len, "model.max_seq_len")
         check(
             isinstance(self.d_ff, int) and self.d_ff >= 0,
             "model.d_ff",
@@ -57,12 +59,12 @@ class ModelConfig:
         )
         check(
             self.d_model % self.n_heads == 0,
-            "model.d_model",
+            "d_model",
             f"must be divisible by n_heads ({self.d_model} % {self.n_heads} != 0)",
         )
         check(
             isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0,
-            "model.dropout",
+            "dropout",
             f"must be in [0, 1) (got {self.dropout!r})",
         )
 
@@ -123,18 +125,18 @@ class DataConfig:
             "seed",
             f"must be an integer in [0, 2**63) (got {self.seed!r})",
         )
-        check_positive_int(self.seq_len, "data.seq_len")
-        check_positive_int(self.micro_batch, "data.micro_batch")
+        check_positive_int(self.seq_len, "seq_len")
+        check_positive_int(self.micro_batch, "micro_batch")
         if self.global_batch is not None:
             check_positive_int(self.global_batch, "global_batch")
         check(
             isinstance(self.corpus_max_bytes, int) and self.corpus_max_bytes > self.seq_len + 1,
-            "data.corpus_max_bytes",
+            "corpus_max_bytes",
             f"must be an integer > seq_len + 1 = {self.seq_len + 1} (got {self.corpus_max_bytes!r})",
         )
         for name, flag, value in (
             ("global_batch", "--global-batch", self.global_batch),
-            ("data.micro_batch", "--micro-batch", self.micro_batch),
+            ("micro_batch", "--micro-batch", self.micro_batch),
         ):
             check(
                 value is None or value <= self.max_batch,

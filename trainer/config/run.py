@@ -76,8 +76,8 @@ class TrainConfig:
     pp_microbatches: int = option(
         "--pp-microbatches",
         default=0,
-        help="Pipeline micro-batches per step; divides --micro-batch, >= --pp for 1F1B. "
-        "0 means --pp.",
+        help="Pipeline micro-batches per step (used with --pp > 1, checked always); divides "
+        "--micro-batch, >= --pp for 1F1B. 0 means --pp.",
     )
     step_delay: float = option(
         "--step-delay",
@@ -147,27 +147,27 @@ class TrainConfig:
             "pp_microbatches",
             f"must be an integer >= 0, 0 meaning pp (got {self.pp_microbatches!r})",
         )
-        if self.pp == 1:
-            return
-        check(
-            self.evaluation.every == 0,
-            "eval_every",
-            f"evaluation runs the whole model forward, which a pipeline stage (pp={self.pp}) "
-            "does not hold; pass --eval-every 0, or --pp 1",
-        )
-        check(
-            self.pp <= self.model.n_layers,
-            "pp",
-            f"must be <= n_layers: every stage needs a block (pp={self.pp}, "
-            f"n_layers={self.model.n_layers})",
-        )
-        check(
+        if self.pp > 1:
+            check(
+                self.evaluation.every == 0,
+                "eval_every",
+                f"evaluation runs the whole model forward, which a pipeline stage "
+                f"(pp={self.pp}) does not hold; pass --eval-every 0, or --pp 1",
+            )
+            check(
+                self.pp <= self.model.n_layers,
+                "pp",
+                f"must be <= n_layers: every stage needs a block (pp={self.pp}, "
+                f"n_layers={self.model.n_layers})",
+            )
+        check(  # as --help says, with or without a pipeline (pp=1 simply does not use it)
             self.data.micro_batch % self.microbatches == 0,
             "pp_microbatches",
             f"must divide micro_batch ({self.data.micro_batch} sequences into "
-            f"{self.microbatches} micro-batches)",
+            f"{self.microbatches} micro-batches); pass --pp-microbatches as a divisor of "
+            f"--micro-batch {self.data.micro_batch}, or 0 (= --pp)",
         )
-        if self.pp_schedule == "1F1B":
+        if self.pp > 1 and self.pp_schedule == "1F1B":
             check(
                 self.microbatches >= self.pp,
                 "pp_microbatches",

@@ -1,6 +1,6 @@
 """Prometheus-style durations (``1s``, ``500ms``, ``1m30s``) <-> seconds.
 
-Alertmanager and Prometheus write durations as strings; our configs hold
+Alertmanager, Prometheus and Grafana write durations as strings; our configs hold
 seconds (float) and convert only at the file boundary.
 """
 
