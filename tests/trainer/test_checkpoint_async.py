@@ -26,25 +26,17 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.checkpoint.state import RankLayout, TrainState
-from stormwatch.trainer.config import CheckpointConfig
+from stormwatch.trainer.config import CheckpointConfig, DataConfig
+from stormwatch.trainer.data.batches import BatchSampler
+from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import CheckpointError
 
 LAYOUT = RankLayout(rank=0, world_size=1, dp=1, tp=1, dp_rank=0, attempt=0)
 
 
-class _Sampler:
-    """What the checkpoint needs of the batch sampler."""
-
-    global_batch = 4
-
-    def __init__(self) -> None:
-        self.next_step = 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step, "global_batch": self.global_batch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_step = state["next_step"]
+def _sampler() -> BatchSampler:
+    """The trainer's sampler over a small corpus: a global batch of 4 (micro-batch 4)."""
+    return BatchSampler(load_stdlib_corpus(4096), config=DataConfig(), dp=1, dp_rank=0)
 
 
 @pytest.fixture
@@ -62,7 +54,7 @@ def _state(seed: int) -> TrainState:
     return TrainState(
         model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=1e-2),
-        sampler=_Sampler(),  # type: ignore[arg-type]
+        sampler=_sampler(),
         seed=seed,
     )
 

@@ -19,24 +19,16 @@ from stormwatch.trainer.checkpoint.checkpointer import Checkpointer
 from stormwatch.trainer.checkpoint.settings import check_resume, run_settings
 from stormwatch.trainer.checkpoint.state import RankLayout, TrainState
 from stormwatch.trainer.config import CheckpointConfig, DataConfig, ModelConfig, TrainConfig
+from stormwatch.trainer.data.batches import BatchSampler
+from stormwatch.trainer.data.corpus import load_stdlib_corpus
 from stormwatch.trainer.errors import ResumeRefused
 
 LAYOUT = RankLayout(rank=0, world_size=1, dp=1, tp=1, dp_rank=0, attempt=0)
 
 
-class _Sampler:
-    """What the checkpoint needs of the batch sampler."""
-
-    global_batch = 4
-
-    def __init__(self) -> None:
-        self.next_step = 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step, "global_batch": self.global_batch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_step = state["next_step"]
+def _sampler() -> BatchSampler:
+    """The trainer's sampler over a small corpus: a global batch of 4 (micro-batch 4)."""
+    return BatchSampler(load_stdlib_corpus(4096), config=DataConfig(), dp=1, dp_rank=0)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +50,7 @@ def _checkpointer(root: Path, *, keep: int = 5, **settings: Any) -> Checkpointer
     state = TrainState(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        sampler=_Sampler(),  # type: ignore[arg-type]
+        sampler=_sampler(),
         seed=0,
     )
     config = CheckpointConfig(directory=root, every=2, keep=keep)
