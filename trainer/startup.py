@@ -196,16 +196,17 @@ def imports_without_gc() -> Iterator[None]:
     """Import the training stack with Python's cyclic garbage collector paused, then
     freeze what was imported (``gc.freeze()``: later collections skip it).
 
-    Importing torch, DTensor, DCP and dynamo allocates about a million long-lived objects
-    (functions, classes, dicts) and almost no cyclic garbage, yet the collector keeps
-    traversing the growing heap while they load; and at exit the interpreter's final
-    collection traverses all of them again. Measured on the 2-core development machine
-    (``python -c "import stormwatch.trainer.loop, ..."``, CPU seconds, median of 3,
-    README.md "Benchmarks", recovery): 3.5 with the collector as it is, 2.1 paused and
-    frozen, of which about 0.4 at import and 0.9 at exit, per rank. A restart pays both:
-    the old ranks' exits before torchrun starts the new ones, and the new ones' imports,
-    four ranks on two cores. Frozen objects are never collected, which costs nothing for
-    modules (they live until the process ends).
+    Importing torch, DTensor, DCP and dynamo leaves about 480,000 objects tracked by the
+    collector (functions, classes, dicts) and almost no cyclic garbage, yet the collector
+    keeps traversing the growing heap while they load; and at exit the interpreter's
+    final collection traverses all of them again. Measured on the 2-core development
+    machine (a fresh interpreter that imports the loop and exits, CPU seconds, median of
+    3; ``benchmarks/recovery_bench.py``, README.md "Benchmarks"): 3.5-3.8 with the
+    collector as it is, 2.1-2.5 paused and frozen, about 0.4 of the saving at import and
+    0.9 at exit, per rank. A restart pays both: the old ranks' exits before torchrun
+    starts the new ones, and the new ones' imports, four ranks on two cores. Frozen
+    objects are never collected, which costs nothing for modules (they live until the
+    process ends).
     """
     enabled = gc.isenabled()
     gc.disable()
