@@ -10,30 +10,37 @@ hosted by node 0 with the lab's ``--nnodes 1:2``, ``--rdzv-conf``, ``--max-resta
 :data:`KILL_AFTER` the benchmark SIGKILLs rank 1 (as ``experiments/kill-rank.yaml`` does)
 and times, from the kill:
 
-* ``survivors stopped``: the last of the old workers gone (torchrun noticed the dead
-  rank, SIGTERMed the others, they wrote their post-mortem dumps and exited); the
-  benchmark polls the agents' children every :data:`POLL` seconds;
-* ``new workers started``: the new workers' process start (the kernel's, psutil);
+* ``old workers all exited``: the last of the old workers gone from its torchrun's
+  children (the survivors failed in a collective or were SIGTERMed by torchrun, wrote
+  their post-mortem dumps, exited and were reaped); polled every :data:`POLL` seconds;
+* ``new workers started``: the first new worker's process start (the kernel's, psutil);
 * each part of the new ranks' start-up, from the trainer's own timeline
   (:mod:`stormwatch.trainer.startup`: ``cli``, ``imports``, ``telemetry``, ``rendezvous``,
   ``mesh``, ``data``, ``parallelize``, ``checkpoint_load``; its log record with
   ``--log-format json``): when the slowest rank ended it, and its seconds (mean of the ranks);
 * ``first step``: rank 0's first step record after the kill (``rank0.jsonl``; the
   step's end; the kill-to-first-step time the issue targets at <= 5 s);
-* CPU seconds each new rank used until then (psutil, all threads), and the CPU
-  seconds of the imports alone, one process on an otherwise idle interpreter
-  (``python -c "import stormwatch.trainer.loop"``): what a rank cannot do in less
-  wall time than its CPU time when four of them share two cores.
+* CPU seconds each new rank used until then (psutil, all threads), and the torchrun
+  agents' CPU over the trial (share of one core);
+* the CPU seconds of a fresh interpreter that imports the training loop and exits, with
+  the garbage collector as it is and as the CLI imports (paused, then frozen): what a
+  rank cannot do in less wall time than its CPU time when four of them share two cores.
 
 Variants, interleaved in each repetition (their order rotating): ``lab`` (as the lab
-launches) and ``lab-again`` (identical: the A/A row, the noise floor). Figures are
-medians with min..max over repetitions. No assertion is made on any figure.
+launches) and ``lab-again`` (identical: the A/A row, the noise floor); ``--before DIR``
+adds ``before``, the same job with the ``torchrun`` and ``stormwatch`` of another
+installation (e.g. the main branch's ``.venv/bin``), ``--monitor S`` a variant with
+torchrun's ``--monitor-interval S``. Figures are medians with min..max over
+repetitions. No assertion is made on any figure; the last lines give the 2-core floor
+(ranks x CPU per rank / cores), the estimate with a core per rank, and the target.
 
 Usage::
 
     .venv/bin/python benchmarks/recovery_bench.py [--quick] [--reps 3] [--json out.json]
+        [--before ../main/.venv/bin] [--monitor 0.1]
 
-About 4 minutes on 2 shared cores (``--quick``: one repetition, about 1.5 minutes).
+About 5 minutes on 2 shared cores at load 11 (``--quick``: one repetition, about 2
+minutes; each variant adds a trial per repetition, about 40 s).
 Everything runs in a temporary directory that is removed afterwards.
 """
 
@@ -83,6 +90,7 @@ class Variant:
     rdzv_conf: dict[str, object] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     bin: Path = BIN
+    monitor_interval: float = MONITOR_INTERVAL
 
 
 VARIANTS = (Variant("lab"), Variant("lab-again"))
@@ -103,7 +111,7 @@ def _torchrun(variant: Variant, node: int, port: int, run: Path) -> list[str]:
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"),
         *("--rdzv-id", "recovery", "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())),
         *("--local-addr", "127.0.0.1", "--max-restarts", "3"),
-        *("--monitor-interval", str(MONITOR_INTERVAL), "--no-python"),
+        *("--monitor-interval", str(variant.monitor_interval), "--no-python"),
         str(variant.bin / "stormwatch"),
         *("-v", "--log-format", "json", "train", "--dp", "auto", "--tp", str(NPROC)),
         *("--steps", "10000", "--global-batch", "8", "--checkpoint-every", str(CKPT_EVERY)),
@@ -201,6 +209,7 @@ def trial(variant: Variant, run: Path) -> dict[str, Any]:
     logs = run / "logs"
     deadline = time.time() + TRIAL_TIMEOUT
     with _agents(variant, run) as agents:
+        began = time.time()
         _wait("step", lambda: len(_steps(logs / "rank1.jsonl")) >= KILL_AFTER, deadline, agents)
         old = _workers(agents)
         victim = [e for e in read_events(logs / "rank1.jsonl") if e.event == "start"][-1].pid
@@ -224,11 +233,11 @@ def trial(variant: Variant, run: Path) -> dict[str, Any]:
                 if pid not in old:
                     new.setdefault(pid, proc)
                     with contextlib.suppress(psutil.Error):
-                        times = proc.cpu_times()
-                        cpu[pid] = times.user + times.system
+                        cpu[pid] = _cpu(proc)
             after = _steps(logs / "rank0.jsonl", since=killed)
             first = after[0] if after else None
             time.sleep(POLL)
+        agent_cpu = sum(_cpu(psutil.Process(a.pid)) for a in agents) / (time.time() - began)
     if gone is None:
         raise RuntimeError("the old workers did not all exit")
     starts = sorted(p.create_time() - killed for p in new.values())
@@ -241,7 +250,13 @@ def trial(variant: Variant, run: Path) -> dict[str, Any]:
         "first_step": first.time - killed,
         "first_step_seconds": first.step_seconds or 0.0,
         "cpu_per_rank": statistics.mean(cpu.values()) if cpu else 0.0,
+        "agent_cpu_share": agent_cpu,
     }
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def _breakdown(records: list[dict[str, Any]], killed: float) -> dict[str, Any]:
@@ -325,7 +340,8 @@ def report(results: dict[str, list[dict[str, Any]]], imports: dict[str, float], 
               f"{'' if cpu_parts is None else _fmt(cpu_parts):>24}")  # fmt: skip
     print()
     print(f"{'variant':<16} {'kill -> first step':>24} {'ratio to lab':>20} "
-          f"{'old workers exited':>24} {'new started':>24} {'CPU per new rank':>24}")  # fmt: skip
+          f"{'old workers exited':>24} {'new started':>24} {'CPU per new rank':>24} "
+          f"{'torchrun agents CPU':>20}")  # fmt: skip
     for name, trials in results.items():
         ratios = [t["first_step"] / b["first_step"] for t, b in zip(trials, base, strict=True)]
         label = "A/A: lab-again" if name == "lab-again" else name
@@ -333,7 +349,8 @@ def report(results: dict[str, list[dict[str, Any]]], imports: dict[str, float], 
               f"{statistics.median(ratios):>9.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
               f"{_fmt([t['survivors_stopped'] for t in trials]):>24} "
               f"{_fmt([t['workers_started'] for t in trials]):>24} "
-              f"{_fmt([t['cpu_per_rank'] for t in trials]):>24}")  # fmt: skip
+              f"{_fmt([t['cpu_per_rank'] for t in trials]):>24} "
+              f"{100 * _median(trials, 'agent_cpu_share'):>17.1f} %")  # fmt: skip
     print(f"\nimport of the training loop + exit, one process, CPU: {imports['plain']:.2f} s with "
           f"the GC as it is, {imports['cli']:.2f} s as the CLI imports (GC paused, then frozen)")  # fmt: skip
     cores = os.cpu_count() or 1
@@ -369,9 +386,17 @@ def main() -> int:
         help="bin folder of another installation (e.g. the main branch's .venv/bin): "
         "a variant 'before' run with its torchrun and stormwatch, interleaved",
     )
+    parser.add_argument(
+        "--monitor",
+        type=float,
+        action="append",
+        default=[],
+        help="add a variant with this torchrun --monitor-interval (seconds; repeatable)",
+    )
     args = parser.parse_args()
     reps = 1 if args.quick else args.reps
     variants = VARIANTS + ((Variant("before", bin=args.before),) if args.before else ())
+    variants += tuple(Variant(f"monitor {m:g} s", monitor_interval=m) for m in args.monitor)
     results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="stormwatch-recovery-") as tmp:
         for rep in range(reps):
