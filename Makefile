@@ -159,11 +159,14 @@ test: setup system-test
 #                     StormwatchCallback vs none, with an A/A row (~5 min on 2 cores)
 #   scrape_bench.py   the agent's render after 1,000 rank restarts vs a fresh node
 #                     (target <= 1.5x), with the unfolded folder and an A/A row (~4 min)
+#   recovery_bench.py  a rank SIGKILLed -> first step after torchrun's restart (target
+#                     <= 5 s), broken down by start-up part, with an A/A row (~5 min)
 bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
 	$(PY) benchmarks/lightning_bench.py
 	$(PY) benchmarks/scrape_bench.py
+	$(PY) benchmarks/recovery_bench.py
 
 # Regenerate deploy/kubernetes/{base,examples} from the code (rules, dashboards, ports).
 deploy-manifests: venv

@@ -32,6 +32,8 @@ Exceptions (:mod:`.errors`)::
         └── UnplaceableFault        the controller cannot place it on the cluster's agents
 """
 
+from typing import TYPE_CHECKING, Any
+
 from stormwatch.faults.base import Fault, FaultRequest, Injection
 from stormwatch.faults.errors import (
     FaultError,
@@ -51,16 +53,42 @@ from stormwatch.faults.kind import (
 )
 from stormwatch.faults.limits import MAX_TTL_SECONDS
 from stormwatch.faults.node import FaultContext, RankDirectory, SimulatedGpus
-from stormwatch.faults.registry import (
-    AGENT_KINDS,
-    FAULT_CATEGORIES,
-    REGISTRY,
-    AnyExperimentFault,
-    category_of,
-    detect_class_of,
-    parse_request,
-)
 from stormwatch.faults.targeting import AgentDirectory, ExperimentFault
+
+if TYPE_CHECKING:
+    from stormwatch.faults.registry import (
+        AGENT_KINDS,
+        FAULT_CATEGORIES,
+        REGISTRY,
+        AnyExperimentFault,
+        category_of,
+        detect_class_of,
+        parse_request,
+    )
+
+#: Imported on first use: the registry builds every kind's models (about 0.2 CPU-seconds),
+#: which the trainer, importing only :mod:`.control_file`, never needs (README.md,
+#: "Benchmarks", recovery).
+_REGISTRY_NAMES = frozenset(
+    {
+        "AGENT_KINDS",
+        "FAULT_CATEGORIES",
+        "REGISTRY",
+        "AnyExperimentFault",
+        "category_of",
+        "detect_class_of",
+        "parse_request",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REGISTRY_NAMES:
+        from stormwatch.faults import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AGENT_KINDS",

@@ -45,6 +45,7 @@ from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.paths import DirOption, check_writable_dirs
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import RankEnv
+from stormwatch.trainer.startup import StartupTimeline, imports_without_gc
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,14 @@ def _train(env: RankEnv, given: Mapping[str, Any]) -> int:
         check_otlp_available()  # names the pip package before anything starts
     progress = ConsoleProgress(**option_values(ProgressConfig, values))  # validates --log-every
     check_writable_dirs(_dir_options(config, given, values))
+    startup = StartupTimeline.of_this_process()
+    startup.mark("cli")
 
-    from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
+    with imports_without_gc():
+        from stormwatch.trainer.loop import train as run_training  # imports torch (seconds)
 
-    run_training(config, env, progress=progress if env.rank == 0 else None)
+    startup.mark("imports")
+    run_training(config, env, progress=progress if env.rank == 0 else None, startup=startup)
     return 0
 
 

@@ -51,6 +51,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+
+# torch imports dynamo at the first DTensor or optimizer call anyway (torch._compile's
+# _disable_dynamo); imported here, it loads under the CLI's GC pause (imports_without_gc).
+import torch._dynamo
 import torch.distributed as dist
 
 import stormwatch.telemetry as swt
@@ -64,7 +68,7 @@ from stormwatch.trainer.config import TrainConfig
 from stormwatch.trainer.control import ControlChannel
 from stormwatch.trainer.data.batches import BatchSampler, derive_seed
 from stormwatch.trainer.data.corpus import load_stdlib_corpus
-from stormwatch.trainer.errors import ControlFileError, Terminated
+from stormwatch.trainer.errors import Terminated
 from stormwatch.trainer.evaluation import Evaluator
 from stormwatch.trainer.instrument import (
     model_flops_per_token,
@@ -75,6 +79,7 @@ from stormwatch.trainer.parallel.dims import ParallelDims
 from stormwatch.trainer.passes import ForwardBackward
 from stormwatch.trainer.progress import ConsoleProgress
 from stormwatch.trainer.runtime import Distributed, RankEnv, check_group_timeouts, distributed
+from stormwatch.trainer.startup import StartupStages, StartupTimeline
 from stormwatch.trainer.steps import StepLoop, StepReport
 
 log = logging.getLogger(__name__)
@@ -100,6 +105,7 @@ def train(
     env: RankEnv,
     *,
     progress: ConsoleProgress | None = None,
+    startup: StartupTimeline | None = None,
 ) -> TrainResult:
     """Run one rank of a training job; collective across the job's ranks.
 
@@ -109,6 +115,9 @@ def train(
         progress: human progress lines (the CLI passes one to rank 0 only);
             it also warns when the checkpoint resumed from is already at or
             past ``config.steps`` (nothing is trained then).
+        startup: this process's start-up timeline so far (the CLI marks ``cli`` and
+            ``imports``); default: a new one from the process start. Logged when the
+            rank is ready (:mod:`stormwatch.trainer.startup`).
 
     Raises:
         ConfigError: the degrees do not fit the world size.
@@ -129,6 +138,7 @@ def train(
         world_size=env.world_size,
     )
     with contextlib.ExitStack() as stack:
+        timeline = StartupTimeline.of_this_process() if startup is None else startup
         session = _session(config)
         stack.callback(session.shutdown, clean=False)  # after a clean end: does nothing
         stack.enter_context(_sigterm_raises(session))
@@ -141,16 +151,18 @@ def train(
             else control_path(config.control.directory, env.rank),
             attempt=env.attempt,
         )
+        stages = StartupStages(session, control, timeline)
+        timeline.mark("telemetry")
         timeout = config.debug.collective_timeout
         try:
-            with _stage("rendezvous", session, control):  # the heartbeat starts here
+            with stages.stage("rendezvous"):  # the heartbeat starts here
                 group = stack.enter_context(
                     distributed(
                         env, timeout=None if timeout is None else timedelta(seconds=timeout)
                     )
                 )
                 env = _agree_attempt(env, session, control)
-            return _run(config, env, dims, group, session, progress, control)
+            return _run(config, env, dims, group, stages, progress)
         except BaseException as exc:
             # Before the process group is destroyed: the flight recorder still has its entries.
             session.dump(exc)  # its errno too: a port conflict is told by it
@@ -174,25 +186,6 @@ def _agree_attempt(env: RankEnv, session: swt.Session, control: ControlChannel) 
         )
     control.attempt = agreed.attempt
     return dataclasses.replace(env, attempt=agreed.attempt, node_restarts=env.attempt)
-
-
-@contextlib.contextmanager
-def _stage(name: str, session: swt.Session, control: ControlChannel) -> Iterator[None]:
-    """Start-up stage ``name`` (``rendezvous``, ``mesh``, ``parallelize``,
-    ``checkpoint_load``): a telemetry phase, so the rank has a heartbeat and a deadline
-    before its first step and a hang or dump names the stage; its fault points
-    (``stage_*``) fire inside it, first."""
-    with session.phase(name):
-        control.on_fire = functools.partial(_fired, session, 0)  # step 0: before any step
-        try:
-            control.stage(name)
-        except ControlFileError as exc:  # a bad file arms nothing; training goes on
-            session.report_error("control", exc)
-        yield
-
-
-def _fired(session: swt.Session, step: int, point: str) -> None:
-    session.fault(point, step)
 
 
 def _session(config: TrainConfig) -> swt.Session:
@@ -266,12 +259,12 @@ def _run(
     env: RankEnv,
     dims: ParallelDims,
     group: Distributed,
-    session: swt.Session,
+    stages: StartupStages,
     progress: ConsoleProgress | None,
-    control: ControlChannel,
 ) -> TrainResult:
     """Steps 1-7 of the module docstring, once the process group exists."""
-    with _stage("mesh", session, control):
+    session, control = stages.session, stages.control
+    with stages.stage("mesh"):
         dims.build_mesh(group.device_type, group_options=group.group_options)
     session.label_groups(dims.group_names())  # collectives labelled by mesh dimension
     dp_rank = dims.dp_rank(env.rank)  # over dp_replicate x dp_shard
@@ -282,12 +275,13 @@ def _run(
     )
     corpus = load_stdlib_corpus(config.data.corpus_max_bytes)
     sampler = BatchSampler(corpus, config=config.data, dp=dims.dp, dp_rank=dp_rank)
-    with _stage("parallelize", session, control):
+    stages.timeline.mark("data")
+    with stages.stage("parallelize"):
         built = _build_model(config, dims, device, sampler, dp_rank=dp_rank)
     budget = FailureBudget(
         config.checkpoint.failures_allowed, functools.partial(_save_failed, session)
     )
-    with _stage("checkpoint_load", session, control), session.span("checkpoint_load"):
+    with stages.stage("checkpoint_load"), session.span("checkpoint_load"):
         checkpointer = _checkpointer(  # async mode: makes its own process group
             config, env, dims, built, sampler, budget, session, control, group.timeout
         )
@@ -295,7 +289,9 @@ def _run(
         # must time out like the default group, or a lost peer blocks it for 30 minutes.
         check_group_timeouts(group.timeout)
         resumed = checkpointer.load_latest()
-    _announce_start(config, env, dims, session, progress, resumed, checkpointer, sampler)
+    stages.announce(
+        config, env, dims, progress, resumed=resumed, checkpointer=checkpointer, sampler=sampler
+    )
     counter = session.collective_counter()
     counter.enabled = config.telemetry.count_collectives  # False: trainer_bench.py's baseline
     steps = StepLoop(
@@ -457,44 +453,6 @@ def _build_model(
     # seed, step and micro-batch index, not of dp); this only covers what runs before.
     torch.manual_seed(derive_seed("dropout", seed, dp_rank))  # seeds CUDA too
     return _Built(parallel=parallel, optimizer=optimizer, flops_per_token=flops_per_token)
-
-
-def _announce_start(
-    config: TrainConfig,
-    env: RankEnv,
-    dims: ParallelDims,
-    session: swt.Session,
-    progress: ConsoleProgress | None,
-    resumed: int | None,
-    checkpointer: Checkpointer,
-    sampler: BatchSampler,
-) -> None:
-    """The start record and line, and the warning when the checkpoint resumed from is
-    already at or past ``config.steps`` (nothing is trained then)."""
-    session.start(resumed_from_step=resumed)
-    session.checkpoint_interval(config.checkpoint.every if checkpointer.enabled else 0)
-    log.info("rank %d: training steps %d..%d", env.rank, sampler.next_step, config.steps)
-    if progress is not None:
-        progress.start(
-            world_size=env.world_size,
-            mesh=dims.mesh_degrees,
-            resumed_from_step=resumed,
-            steps=config.steps,
-            checkpoint_dir=config.checkpoint.directory,
-        )
-    if resumed is not None and resumed >= config.steps:
-        log.info(
-            "rank %d: checkpoint step %d >= steps %d, nothing to train",
-            env.rank,
-            resumed,
-            config.steps,
-        )
-        if progress is not None:
-            progress.nothing_to_do(
-                checkpoint_step=resumed,
-                steps=config.steps,
-                checkpoint_dir=config.checkpoint.directory,
-            )
 
 
 __all__ = ["TrainResult", "train"]

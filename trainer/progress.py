@@ -54,11 +54,14 @@ class ConsoleProgress:
         resumed_from_step: int | None,
         steps: int,
         checkpoint_dir: Path | None,
+        startup_seconds: float | None = None,
     ) -> None:
         """The run is set up (after resume); ``steps`` is the last step to run.
 
         ``mesh`` is ``(dimension, degree)`` outermost first, e.g.
-        ``ParallelDims.mesh_degrees`` (``(("pp", 2), ("dp_shard", 2), ("tp", 1))``).
+        ``ParallelDims.mesh_degrees`` (``(("pp", 2), ("dp_shard", 2), ("tp", 1))``);
+        ``startup_seconds``: from this process's start to now (given: the line says
+        "(ready N s after start)"; :class:`~stormwatch.trainer.startup.StartupTimeline`).
         """
         self._started = time.monotonic()
         if self.quiet:
@@ -67,9 +70,10 @@ class ConsoleProgress:
             "fresh start" if resumed_from_step is None else f"resumed from step {resumed_from_step}"
         )
         checkpoints = "off" if checkpoint_dir is None else str(checkpoint_dir)
+        ready = "" if startup_seconds is None else f" (ready {startup_seconds:.1f} s after start)"
         self._write(
-            f"world size {world_size}, mesh {' x '.join(f'{n}={d}' for n, d in mesh)}, {origin}, "
-            f"training to step {steps}; checkpoints: {checkpoints}"
+            f"world size {world_size}, mesh {' x '.join(f'{n}={d}' for n, d in mesh)}, {origin}"
+            f"{ready}, training to step {steps}; checkpoints: {checkpoints}"
         )
 
     def step(self, *, step: int, last_step: int, loss: float, seconds: float, tokens: int) -> None:

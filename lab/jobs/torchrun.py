@@ -46,9 +46,13 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import stormwatch_command
 from stormwatch.lab.state import LabState, NodeState
 
-#: torchrun's monitor interval, seconds: how fast it notices a dead worker (default 0.1 s
-#: in torch 2.x costs CPU on a two-core machine; 0.5 s still reacts within a step).
-MONITOR_INTERVAL = 0.5
+#: torchrun's monitor interval, seconds: how often each agent looks at its workers and at
+#: the rendezvous, so how fast it notices a dead worker or a peer node's restart; every
+#: restart waits for it on each node in turn. torch's default. Measured with
+#: benchmarks/recovery_bench.py on the 2-core machine (load 11-13, README.md "Benchmarks"):
+#: 0.1 s against 0.5 s started the new workers 0.7 s sooner after a kill (median 1.49 s vs
+#: 2.17 s, 6 and 12 trials) for about 2 % more of one core across both agents (9 % vs 7 %).
+MONITOR_INTERVAL = 0.1
 
 
 def torchrun_binary() -> str:

@@ -19,3 +19,17 @@ def test_importing_faults_imports_no_component_package_and_not_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[] False", out.stdout + out.stderr
+
+
+def test_the_control_file_alone_leaves_the_registry_unimported_until_asked_for() -> None:
+    # The trainer imports only the control file; the registry builds every kind's models.
+    code = (
+        "import sys, stormwatch.faults.control_file\n"
+        "print('stormwatch.faults.registry' in sys.modules)\n"
+        "import stormwatch.faults as faults\n"
+        "print(len(faults.REGISTRY) > 0, faults.parse_request.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "stormwatch.faults.registry"], out.stderr

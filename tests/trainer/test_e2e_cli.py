@@ -40,7 +40,8 @@ def test_standalone_run_prints_progress_and_rerun_past_steps_warns(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("train: ")]
     assert len(lines) == 3, done.stderr
-    assert "world size 1, mesh dp_shard=1 x tp=1, fresh start, training to step 3" in lines[0]
+    assert "world size 1, mesh dp_shard=1 x tp=1, fresh start (ready " in lines[0]
+    assert "s after start), training to step 3" in lines[0]
     assert "checkpoints: ck" in lines[0]
     assert lines[1].startswith("train: step 3/3  loss ")
     assert "tokens/s" in lines[1]

@@ -6,10 +6,11 @@ descheduled for a few seconds on a loaded 2-core box fails the mesh creation), w
 faults armed on rank 3 through its control file:
 
 * attempt 0: the rank is frozen (SIGSTOP, resumed after :data:`FREEZE_SECONDS`) just
-  before the first collective of the layout's sub-groups: at the start of the
-  ``parallelize`` stage for dp x tp (TP's first scatter, on ``tp``), at the start of
-  step 1 for pp x dp (``pp``'s first send/recv, ``dp_shard``'s first all-gather) and HSDP
-  (``dp_shard``, then ``dp_replicate``). Its peers must fail by the collective timeout,
+  before the first collective of the layout's sub-groups: at the start of step 1 for
+  dp x tp (``dp_shard``'s first all-gather, ``tp``'s first all-reduce; TP no longer
+  scatters the weights at start-up: every rank keeps its own slice), pp x dp (``pp``'s
+  first send/recv, ``dp_shard``'s first all-gather) and HSDP (``dp_shard``, then
+  ``dp_replicate``). Its peers must fail by the collective timeout,
   inside a sub-group's collective, within the timeout plus :data:`DETECTION_BUDGET`: before
   the fix those groups had torch's 30 minutes, the peers simply waited for the frozen
   rank to resume and the attempt finished without a restart;
@@ -49,7 +50,7 @@ FAULTY_RANK = 3
 LAYOUTS: dict[str, tuple[list[str], dict[str, Any], dict[str, Any]]] = {
     "dp x tp": (
         ["--dp", "2", "--tp", "2"],
-        {"point": "stage_freeze", "stage": "parallelize"},
+        {"point": "freeze_at_step", "step": 1},
         {"point": "kill_at_step", "step": 1},
     ),
     "pp x dp": (

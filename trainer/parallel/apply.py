@@ -134,6 +134,12 @@ def _apply_tensor_parallel(model: ByteLM, dims: ParallelDims) -> None:
     replicated input. Embeddings, norms and the head stay replicated across
     ``"tp"`` (they are small at this size). Outputs are plain (replicated)
     tensors, so what PP sends between stages is too.
+
+    Each rank keeps its own slice of its own copy (``src_data_rank=None``) instead of
+    receiving rank 0's by scatter (torch's default): every rank built the same weights
+    under the same seed (:func:`stormwatch.trainer.loop.train`), so the slices are the
+    same, without one collective per parameter in the start-up (README.md
+    "Benchmarks", recovery).
     """
     tp_mesh = dims["tp"]
     for block in model.layers.values():
@@ -148,6 +154,7 @@ def _apply_tensor_parallel(model: ByteLM, dims: ParallelDims) -> None:
                 "mlp.w1": ColwiseParallel(),
                 "mlp.w2": RowwiseParallel(),
             },
+            src_data_rank=None,  # identical weights on every rank: no scatter
         )
 
 
