@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -33,9 +33,7 @@ import psutil
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
-import stormwatch
 from stormwatch.agent import kube, textformat
 from stormwatch.agent.collectors import (
     Collector,
@@ -51,8 +49,8 @@ from stormwatch.agent.collectors import (
     RendezvousCollector,
     TrainerCollector,
     XidCollector,
-    new_family,
 )
+from stormwatch.agent.collectors.info import InfoCollector
 from stormwatch.agent.config import AgentConfig
 from stormwatch.agent.errors import AgentConfigError, FaultsLeftApplied
 from stormwatch.agent.exposition import MAX_EXPOSITION_AGE, ExpositionCache, LiveAges
@@ -370,21 +368,6 @@ def build_collectors(
     return collectors
 
 
-class _InfoCollector:
-    """``stormwatch_agent_info`` and ``stormwatch_agent_spans_total``."""
-
-    def __init__(self, node: str, backend: str, tracing: AgentTracing) -> None:
-        self._node, self._backend, self._tracing = node, backend, tracing
-
-    def collect(self) -> Iterator[Metric]:
-        info = new_family("stormwatch_agent_info")
-        info.add_metric([self._node, stormwatch.__version__, self._backend], 1.0)
-        spans = new_family("stormwatch_agent_spans_total")
-        for outcome, n in sorted(self._tracing.counts().items()):
-            spans.add_metric([outcome], float(n))
-        yield from (info, spans)
-
-
 @dataclasses.dataclass(frozen=True)
 class Exposition:
     """What ``/metrics`` serves.
@@ -413,7 +396,7 @@ def build_exposition(
     """The collector set, the registry and the cached exposition, re-rendered when a rank
     appears or goes (the watcher's listener) and at least every ``sample_interval``."""
     collector_set = CollectorSet(collectors, tracer=tracing.tracer)
-    info = _InfoCollector(cfg.node, gpu_backend, tracing)
+    info = InfoCollector(cfg.node, gpu_backend, tracing.counts)
     info_registry = CollectorRegistry(auto_describe=False)
     info_registry.register(info)
     registry = CollectorRegistry(auto_describe=False)
