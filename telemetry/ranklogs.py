@@ -57,9 +57,17 @@ class RankLog:
 
     @property
     def finished(self) -> bool:
-        """The rank logged ``done`` in its latest attempt."""
-        latest = self.latest_attempt
-        return any(isinstance(e, DoneEvent) and e.attempt == latest for e in self.events)
+        """The rank's latest process logged ``done``: a ``done`` event after its last
+        ``start`` (file order; any ``done`` when it logged no start).
+
+        Not by ``attempt``: TORCHELASTIC_RESTART_COUNT starts at 0 again under a new
+        torchrun (a Slurm requeue, a resubmission), so the highest attempt can be an
+        earlier process's (game day 04: attempts 0, 1, then 0 after the requeue, which
+        finished).
+        """
+        starts = [i for i, e in enumerate(self.events) if isinstance(e, StartEvent)]
+        latest = self.events[starts[-1] :] if starts else self.events
+        return any(isinstance(e, DoneEvent) for e in latest)
 
     @property
     def done_at(self) -> float:

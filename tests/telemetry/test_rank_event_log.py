@@ -140,6 +140,26 @@ def test_a_missing_log_or_folder_reads_as_empty(tmp_path: Path) -> None:
         read_events(tmp_path / "rank0.jsonl")
 
 
+def test_a_rank_that_finished_after_a_requeue_is_finished(tmp_path: Path) -> None:
+    """Game day 04: torchrun restarted the workers (attempt 1), then the responder requeued
+    the Slurm job and a new torchrun counted from 0 again; that process finished. The
+    latest process is the last ``start``, not the highest attempt."""
+    for attempt, at, done in ((0, 10.0, False), (1, 20.0, False), (0, 30.0, True)):
+        log = EventLog(tmp_path, rank=0, attempt=attempt, clock=lambda at=at: at, world_size=4)
+        log.start(resumed_from_step=None if at == 10.0 else 20)
+        log.step(step=21, loss=2.0, step_seconds=1.0)
+        if done:
+            log.done(step=21)
+        log.close()
+    ranks = read_job_logs(tmp_path)
+    assert ranks[0].finished and ranks[0].done_at == 30.0
+    # and one that finished before a requeue whose process has not finished is not
+    again = EventLog(tmp_path, rank=0, attempt=0, clock=lambda: 40.0, world_size=4)
+    again.start(resumed_from_step=21)
+    again.close()
+    assert not read_job_logs(tmp_path)[0].finished
+
+
 def test_job_logs_answer_restarts_world_size_and_the_final_trajectory(tmp_path: Path) -> None:
     first = EventLog(tmp_path, rank=0, attempt=0, clock=lambda: 10.0, world_size=4)
     first.start(resumed_from_step=None)
