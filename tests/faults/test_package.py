@@ -33,3 +33,12 @@ def test_the_control_file_alone_leaves_the_registry_unimported_until_asked_for()
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["False", "True", "stormwatch.faults.registry"], out.stderr
+
+
+def test_the_lazily_imported_names_are_exactly_the_registrys() -> None:
+    """``stormwatch.faults`` lists the registry's names to import them on first use: the
+    list and the registry's ``__all__`` must not drift apart."""
+    import stormwatch.faults as faults
+    from stormwatch.faults import registry
+
+    assert frozenset(registry.__all__) == faults._REGISTRY_NAMES
