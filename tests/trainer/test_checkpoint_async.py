@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultSavePlanner
@@ -37,15 +35,6 @@ LAYOUT = RankLayout(rank=0, world_size=1, dp=1, tp=1, dp_rank=0, attempt=0)
 def _sampler() -> BatchSampler:
     """The trainer's sampler over a small corpus: a global batch of 4 (micro-batch 4)."""
     return BatchSampler(load_stdlib_corpus(4096), config=DataConfig(), dp=1, dp_rank=0)
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _state(seed: int) -> TrainState:
@@ -95,7 +84,7 @@ def _assert_bitwise(actual: dict[str, torch.Tensor], expected: dict[str, torch.T
         assert torch.equal(actual[key], value), key
 
 
-@pytest.mark.usefixtures("group")
+@pytest.mark.usefixtures("one_rank_group")
 def test_the_save_plan_is_made_once_and_the_staging_buffers_are_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,7 +119,7 @@ def test_the_save_plan_is_made_once_and_the_staging_buffers_are_reused(
     assert [c.step for c in store.scan(tmp_path).complete] == [1, 2, 3]
 
 
-@pytest.mark.usefixtures("group")
+@pytest.mark.usefixtures("one_rank_group")
 def test_write_and_commit_run_on_the_writer_thread_while_training_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -164,7 +153,7 @@ def test_write_and_commit_run_on_the_writer_thread_while_training_goes_on(
     checkpointer.close()
 
 
-@pytest.mark.usefixtures("group")
+@pytest.mark.usefixtures("one_rank_group")
 def test_a_save_overlapping_the_next_optimizer_step_holds_its_own_step_bitwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,7 +187,7 @@ def test_a_save_overlapping_the_next_optimizer_step_holds_its_own_step_bitwise(
     assert not torch.equal(expected[1]["p.0.weight"], expected[2]["p.0.weight"])
 
 
-@pytest.mark.usefixtures("group")
+@pytest.mark.usefixtures("one_rank_group")
 def test_a_failed_background_write_raises_at_finish_and_leaves_nothing_complete(
     tmp_path: Path,
 ) -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from stormwatch.trainer.checkpoint import store
@@ -31,13 +29,8 @@ def _sampler() -> BatchSampler:
     return BatchSampler(load_stdlib_corpus(4096), config=DataConfig(), dp=1, dp_rank=0)
 
 
-@pytest.fixture(autouse=True)
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+#: Every test here runs in a one-rank gloo group (conftest).
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def _settings(**model: Any) -> dict[str, int | float | str]:
