@@ -19,7 +19,7 @@ DEFAULT_LIMIT_MW = 700_000
 @pytest.mark.parametrize(
     "caps", [{"watts": 300}, {"max_clock_mhz": 900}, {"watts": 250, "max_clock_mhz": 1000}]
 )
-def test_clean_stop_reverts_gpu_power_cap_before_nvml_shuts_down(
+def test_fc13_clean_stop_reverts_gpu_power_cap_before_nvml_shuts_down(
     start_agent: Any, tools: Any, tmp_path: Path, caps: dict[str, int]
 ) -> None:
     fake = FakeNvml(2)
@@ -48,7 +48,7 @@ def test_a_fault_left_applied_at_stop_fails_the_stop(start_agent: Any, tools: An
     fake.clear_errors()
 
 
-def test_agent_process_reverts_a_power_cap_on_sigterm_and_exits_0(
+def test_fc13_agent_process_reverts_a_power_cap_on_sigterm_and_exits_0(
     agent_process: Any, tools: Any
 ) -> None:
     agent = agent_process()

@@ -66,7 +66,9 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_a_folder_of_only_damaged_checkpoints_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+def test_fc11_a_folder_of_only_damaged_checkpoints_is_refused_and_left_as_it_was(
+    tmp_path: Path,
+) -> None:
     _saved(tmp_path, 4, 6, 8)
     _flip(tmp_path / "step-00000004" / store.METADATA_NAME)
     (tmp_path / "step-00000006" / store.MARKER_NAME).unlink()
@@ -92,7 +94,7 @@ def test_leftovers_of_saves_that_never_committed_still_start_fresh(tmp_path: Pat
     assert not crashed.exists()  # the save's own leftover is pruned, as before
 
 
-def test_damaged_checkpoints_beside_a_usable_one_are_set_aside_and_never_pruned(
+def test_fc11_damaged_checkpoints_beside_a_usable_one_are_set_aside_and_never_pruned(
     tmp_path: Path,
 ) -> None:
     _saved(tmp_path, 2, 4, 6)
