@@ -35,7 +35,14 @@ _FIXED = (
     "AccountingStorageType=accounting_storage/none",
     "JobCompType=jobcomp/none",
     "SchedulerType=sched/backfill",
-    "SchedulerParameters=batch_sched_delay=0",
+    # sched_interval: seconds between the main scheduler's passes over the pending jobs
+    # (default 60). A job submitted or ended triggers a pass, but a job that becomes
+    # eligible by the clock does not: a requeued job waits cred_expire + 1 s and then, at
+    # the default, up to a minute more. At 1 s a requeued job starts within a second of
+    # its begin time (tests/lab/test_slurm_cluster.py), so after a node is set DOWN it runs
+    # on the nodes left, not on the lost node as soon as that node returns (where Slurm
+    # fails it: the old incarnation of the same job id is still being cleaned up there).
+    "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
     "GresTypes=gpu",
     # Seconds slurmctld remembers a finished job (default 300 s): the lab reads its jobs'
     # end states back from Slurm for as long as the lab is up.

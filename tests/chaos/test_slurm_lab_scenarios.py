@@ -284,7 +284,9 @@ def test_chaos_run_against_a_hand_written_slurm_target_kills_a_rank_detects_and_
 # Long enough that Slurm's requeue runs the job again while node1 is still DOWN: DOWN comes
 # up to SlurmdTimeout (15 s) + a ping interval after the cut (30 s measured in CI), and the
 # requeued job may start cred_expire + 1 = 11 s after it is PENDING again (about 4 s after
-# DOWN), so about 46 s after the cut. With a 45 s cut the job started 1.2 s after node1
+# DOWN), so about 46 s after the cut; it does start then because the lab's scheduler passes
+# every second (sched_interval=1, lab/slurm/render.py: at Slurm's default 60 s the job waited
+# for node1's return in CI and Slurm failed it there, as below). With a 45 s cut the job started 1.2 s after node1
 # came back, on node1, and Slurm failed it at once (the old incarnation of the same job
 # id was still being cleaned up there): a race of the scenario's timing, not the subject.
 CUT_SECONDS = 60

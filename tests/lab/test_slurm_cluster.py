@@ -82,6 +82,34 @@ def test_a_drained_node_is_read_back_with_its_reason(slurm_cluster: SlurmCluster
     assert slurm_cluster.wait_ready(timeout=10)["node2"].state == "IDLE"
 
 
+def test_a_requeued_job_starts_again_within_seconds_of_its_begin_time(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """A requeued job may start ``cred_expire + 1`` s later; nothing else holds it back.
+
+    At Slurm's default ``sched_interval`` (60 s) it waited for the next scheduler pass,
+    25 s in CI, long enough for a node cut off from the lab to return and take the job
+    again (tests/chaos/test_slurm_lab_scenarios.py's node cut failed so).
+    """
+    job = slurm_cluster.commands.submit(
+        ["--nodes=1", "--requeue", f"--chdir={slurm_cluster.config.run_dir}", "--wrap", "sleep 300"]
+    )
+    _wait_state(slurm_cluster, job, {"RUNNING"}, timeout=20)
+    try:
+        slurm_cluster.commands.requeue(job)
+        requeued = time.monotonic()
+        _wait_state(slurm_cluster, job, {"PENDING"}, timeout=20)
+        eligible = slurm_cluster.config.cred_expire_s + 1
+        _wait_state(slurm_cluster, job, {"RUNNING"}, timeout=eligible + 30)
+        waited = time.monotonic() - requeued
+        print(f"requeue to running again: {waited:.1f} s (eligible after {eligible} s)")
+        # KillWait (5 s) at most before PENDING, then the begin time, then 1 s passes.
+        assert waited <= eligible + slurm_cluster.config.kill_wait_s + 4.0
+    finally:
+        slurm_cluster.commands(["scancel", job])
+        _wait_state(slurm_cluster, job, {"CANCELLED"}, timeout=30)
+
+
 def test_stop_with_a_running_job_leaves_no_process_file_mount_or_namespace(
     slurm_cluster: SlurmCluster, slurm_network: tuple[str, ipaddress.IPv4Network]
 ) -> None:
