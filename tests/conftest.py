@@ -286,6 +286,64 @@ def wait_for() -> Callable[..., Any]:
     return _poll
 
 
+@contextlib.contextmanager
+def _prometheus(folder: Path, rules: list[dict[str, Any]]) -> Iterator[str]:
+    """A real Prometheus on a free loopback port, evaluating ``rules`` (one group) every
+    second and scraping itself; yields its URL once its API answers."""
+    import yaml
+
+    from stormwatch.clients import PrometheusAPIError, PrometheusClient
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rules.yml").write_text(
+        yaml.safe_dump({"groups": [{"name": "test", "rules": rules}]})
+    )
+    port = _free_tcp_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(folder / "rules.yml")],
+        "scrape_configs": [
+            {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        ],
+    }
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    with open(folder / "log", "w") as log:
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = PrometheusClient(url)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.query("vector(1)")
+                break
+            except PrometheusAPIError:
+                pass
+            assert proc.poll() is None, (folder / "log").read_text()
+            assert time.monotonic() < deadline, "Prometheus did not answer"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def prometheus_with_rules() -> Callable[[Path, list[dict[str, Any]]], Any]:
+    """``with prometheus_with_rules(folder, rules) as url``: a real Prometheus (the
+    ``prometheus`` binary) evaluating ``rules`` every second, stopped at the end."""
+    return _prometheus
+
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

@@ -61,7 +61,10 @@ class ProbeContext:
         job: the job under test.
         jobs: to ask whether it ended.
         prometheus: None when the target has no Prometheus.
-        variables: placeholder values (``job``, ``steps``, ...).
+        variables: placeholder values (``job``, ``steps``, ...; ``since_start`` is added at
+            each evaluation from ``started_at``).
+        started_at: Unix time the run started (``${since_start}``; None: ``${since_start}``
+            is the time since this context was made).
         since: Unix time of the experiment's latest fault (None before any):
             ``progressing`` only counts steps completed after it.
         clock: Unix time source.
@@ -73,10 +76,19 @@ class ProbeContext:
     jobs: JobControl
     prometheus: AsyncPrometheusClient | None
     variables: dict[str, str]
+    started_at: float | None = None
     since: float | None = None
     clock: Callable[[], float] = field(default=time.time)
     agents: tuple[AgentEndpoint, ...] = ()
     session: aiohttp.ClientSession | None = None
+
+
+def variables_now(ctx: ProbeContext) -> dict[str, str]:
+    """``ctx.variables`` and ``since_start``: whole seconds since ``ctx.started_at`` (at
+    least 1, rounded up), as a PromQL duration (``95s``)."""
+    started = ctx.clock() if ctx.started_at is None else ctx.started_at
+    seconds = max(1, math.ceil(ctx.clock() - started))
+    return {**ctx.variables, "since_start": f"{seconds}s"}
 
 
 async def check(provider: Provider, ctx: ProbeContext) -> ProbeOutcome:
@@ -95,7 +107,7 @@ async def check(provider: Provider, ctx: ProbeContext) -> ProbeOutcome:
 
 
 async def _http(provider: HttpProvider, ctx: ProbeContext) -> ProbeOutcome:
-    url = expand(provider.url, ctx.variables)
+    url = expand(provider.url, variables_now(ctx))
     if ctx.session is None:
         return ProbeOutcome(False, "no HTTP session", {"url": url}, terminal=True)
     try:
@@ -208,7 +220,7 @@ async def wait_for(
 
 
 async def _prometheus(provider: PrometheusProvider, ctx: ProbeContext) -> ProbeOutcome:
-    query = expand(provider.query, ctx.variables)
+    query = expand(provider.query, variables_now(ctx))
     tolerance = provider.tolerance.describe()
     if ctx.prometheus is None:
         return ProbeOutcome(False, "no Prometheus in this target", {"query": query}, terminal=True)

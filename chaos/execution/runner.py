@@ -340,6 +340,7 @@ class Runner:
             jobs=self.target.jobs,
             prometheus=services.prometheus,
             variables=job_variables(self.experiment.job, job),
+            started_at=self.journal.started_at,
             agents=self.target.agents,
             session=services.session,
         )

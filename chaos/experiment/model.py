@@ -29,7 +29,10 @@ Probe providers: ``prometheus`` (PromQL vs tolerance), ``job`` (progressing/fini
 per window), ``loss`` (finite, bounded, not diverging).
 
 Probe queries may use the placeholders ``${job}``, ``${steps}``,
-``${checkpoint_every}`` and ``${world_size}``; the runner fills them in.
+``${checkpoint_every}``, ``${world_size}`` and ``${since_start}``; the runner fills them in.
+``${since_start}`` is the time since this run started, as a PromQL duration in whole
+seconds (``95s``), taken at each evaluation: a window ``[${since_start}]`` sees nothing of an
+earlier experiment (a fixed ``[2m]`` in a suite reaches into the one before).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from stormwatch.faults import REGISTRY, AnyExperimentFault
 from stormwatch.faults.limits import NodeName, Rank
 
 #: Placeholders a probe query may use (filled in by the runner at run time).
-PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size")
+PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size", "since_start")
 #: Placeholders a ``job.command`` may use (filled in from the job section when it starts).
 COMMAND_PLACEHOLDERS = ("job", "steps", "checkpoint_every", "seed", "step_delay")
 _PLACEHOLDER_RE = re.compile(r"\$\{([^}]*)\}")

@@ -172,14 +172,16 @@ def _selection_issues(path: str, action: ActionActivity, experiment: Experiment)
 
 def _query_issues(path: str, query: str, *, promql: bool = True) -> list[Issue]:
     """Unknown ``${placeholders}``; with ``promql``, a query Prometheus would reject (parsed
-    by promql-parser, the placeholders standing in as ``1``), so a typo fails before any fault."""
+    by promql-parser, the placeholders standing in as ``1``, ``${since_start}`` as ``1s``), so a
+    typo fails before any fault."""
     unknown = sorted({n for n in placeholders_in(query) if n not in PLACEHOLDERS})
     if unknown:
         allowed = ", ".join("${" + p + "}" for p in PLACEHOLDERS)
         return [Issue(path, f"unknown placeholder(s) {unknown} (allowed: {allowed})")]
     if promql:
         try:
-            promql_parser.parse(fill_placeholders(query, dict.fromkeys(PLACEHOLDERS, "1")))
+            stand_ins = {**dict.fromkeys(PLACEHOLDERS, "1"), "since_start": "1s"}
+            promql_parser.parse(fill_placeholders(query, stand_ins))
         except ValueError as exc:
             return [Issue(path, f"not valid PromQL: {exc}; fix the query (got {query!r})")]
     return []

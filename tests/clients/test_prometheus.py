@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import yaml
 
 from stormwatch.clients import (
     AsyncPrometheusClient,
@@ -32,62 +31,23 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus_url(
+    tmp_path_factory: pytest.TempPathFactory, prometheus_with_rules: Any
+) -> Iterator[str]:
     """A Prometheus evaluating one always-firing alert every second."""
-    folder = tmp_path_factory.mktemp("prom")
-    rules = {
-        "groups": [
-            {
-                "name": "test",
-                "rules": [
-                    {
-                        "alert": "AlwaysFiring",
-                        "expr": "vector(42)",
-                        "labels": {"severity": "test"},
-                        "annotations": {"summary": "always"},
-                    }
-                ],
-            }
-        ]
+    rule = {
+        "alert": "AlwaysFiring",
+        "expr": "vector(42)",
+        "labels": {"severity": "test"},
+        "annotations": {"summary": "always"},
     }
-    (folder / "rules.yml").write_text(yaml.safe_dump(rules))
-    port = _free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(folder / "rules.yml")],
-        "scrape_configs": [
-            {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-        ],
-    }
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    with open(folder / "log", "w") as log:
-        proc = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={folder / 'prometheus.yml'}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with prometheus_with_rules(tmp_path_factory.mktemp("prom"), [rule]) as url:
         client = PrometheusClient(url)
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                if any(a.state == "firing" for a in client.alerts()):
-                    break
-            except PrometheusAPIError:
-                pass
-            assert proc.poll() is None, (folder / "log").read_text()
+        while not any(a.state == "firing" for a in client.alerts()):
             assert time.monotonic() < deadline, "Prometheus did not evaluate the rule"
             time.sleep(0.2)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_instant_query_returns_samples(prometheus_url: str) -> None:
