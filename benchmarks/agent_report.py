@@ -1,22 +1,22 @@
 """The agent benchmark's in-process profile and its printed tables (``agent_bench.py``).
 
 :func:`profile` runs the agent in this process, scraped like Prometheus, and splits its
-CPU by thread (``/proc/self/task/<tid>/stat``, clock ticks: 10 ms resolution, so a
-profile of 20 s or more) and the render's by collector
+CPU by thread (``thread_cpu.py``; a thread Python did not start is read in clock
+ticks, 10 ms, so a profile of 20 s or more) and the render's by collector
 (:attr:`~stormwatch.agent.collectors.base.CollectorSet.cpu_seconds`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import http.client
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from thread_cpu import cpu_by_thread, difference
 
 
 def profile(
@@ -28,15 +28,7 @@ def profile(
     from stormwatch.agent.config import AgentConfig
     from stormwatch.agent.runtime import Agent
 
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def thread_cpu() -> dict[int, float]:
-        out = {}
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
-        return out
+    loop_thread = "event loop (HTTP, timers)"
 
     async def run() -> dict[str, Any]:
         config = AgentConfig(
@@ -66,22 +58,20 @@ def profile(
             collectors, cache = agent.collectors, agent.exposition
             cpu0, render0 = dict(collectors.cpu_seconds), cache.render_cpu_seconds
             fam0 = (collectors.rendered_families, collectors.reused_families, cache.renders)
-            before, started = thread_cpu(), time.monotonic()
+            before, started = cpu_by_thread(loop_thread), time.monotonic()
             scraper = threading.Thread(target=scrape_loop, name="bench-scraper")
             scraper.start()
             while scraper.is_alive():
                 await asyncio.sleep(0.2)
-            after, elapsed = thread_cpu(), time.monotonic() - started
-            names = {t.native_id: t.name for t in threading.enumerate()}
-            names[threading.get_native_id()] = "event loop (HTTP, timers)"
+            used = difference(before, cpu_by_thread(loop_thread))
+            elapsed = time.monotonic() - started
             by_thread: dict[str, float] = {}
-            for tid, cpu in after.items():
-                name = names.get(tid, "other")
+            for name, cpu in used.items():
                 if name == "bench-scraper":
                     continue
                 if name.startswith("asyncio_"):
                     name = "executor (renders, fault expiry)"
-                by_thread[name] = by_thread.get(name, 0.0) + cpu - before.get(tid, 0.0)
+                by_thread[name] = by_thread.get(name, 0.0) + cpu
             return {
                 "seconds": elapsed,
                 "threads": by_thread,

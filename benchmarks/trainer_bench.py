@@ -223,6 +223,7 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "wall_ratio": {v: paired(v, "wall") for v in STEP_VARIANTS[1:]},
         "cpu_ratio": {v: paired(v, "cpu") for v in STEP_VARIANTS[1:]},
         "thread_ratio": {v: paired(v, "thread") for v in STEP_VARIANTS[1:]},
+        "threads_seconds": {v: _by_thread(ranks[0], v) for v in ("bare", "instrumented")},
         "channel_cost": _channel_cost(bare_wall),
         "counter_cost": _counter_cost(pooled("bare", "cpu"), per_step),
         "exposed_fraction_by_rank": fractions,
@@ -233,6 +234,17 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
             rounds=3 if plan.reps == 1 else 7,
         ),
     }
+
+
+def _by_thread(rank0: list[dict[str, Any]], variant: str) -> dict[str, float]:
+    """CPU seconds per timed step by thread, over every repetition of ``variant``."""
+    trials = [r for r in rank0 if r["variant"] == variant and r["rep"] >= 0]
+    steps = sum(len(r["wall"]) for r in trials) or 1
+    total: dict[str, float] = {}
+    for trial in trials:
+        for name, seconds in trial.get("threads", {}).items():
+            total[name] = total.get(name, 0.0) + seconds
+    return {name: seconds / steps for name, seconds in total.items()}
 
 
 def _ckpt_figures(plan: Plan, blocking: Any, rank0: list[dict[str, Any]]) -> dict[str, Any]:

@@ -148,12 +148,34 @@ def _print_step_notes(figures: dict[str, Any]) -> None:
         f"control channel work per step (poll + checks; file of expired faults), timed directly: "
         f"{cost['seconds'] * 1e6:.1f} us = {cost['share'] * 100:.3f} % of a bare step"
     )
+    threads = figures.get("threads_seconds")
+    if threads:
+        _print_threads(threads["bare"], threads["instrumented"])
     hot = figures.get("hot_path")
     if hot is not None:
         from hotpath_profile import summary
 
         print("where the telemetry's cost remains on the training thread:")
         print(summary(hot))
+
+
+def _print_threads(bare: dict[str, float], instrumented: dict[str, float]) -> None:
+    """Rank 0's CPU per step by thread, bare and instrumented (``thread_cpu.py``)."""
+    rows = sorted(
+        set(bare) | set(instrumented),
+        key=lambda n: -(instrumented.get(n, 0.0) - bare.get(n, 0.0)),
+    )
+    print("where the process's CPU goes, rank 0, per step by thread (bare -> instrumented):")
+    for name in rows:
+        before, after = bare.get(name, 0.0), instrumented.get(name, 0.0)
+        if max(before, after) < 5e-6:
+            continue
+        print(
+            f"    {before * 1e3:8.3f} ms -> {after * 1e3:8.3f} ms  "
+            f"({(after - before) * 1e3:+.3f} ms)  {name}"
+        )
+    total = sum(instrumented.values()) - sum(bare.values())
+    print(f"    in all: {total * 1e3:+.3f} ms per step")
 
 
 __all__ = ["median", "report"]

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thread_cpu import Snapshot, cpu_by_thread, difference
+
 NPROC = 4
 DP, TP = 2, 2
 VARIANTS = ("bare", "counting", "instrumented", "disarmed", "bare-again", "ckpt-sync", "ckpt-async")
@@ -200,9 +202,12 @@ def worker(work: Path) -> int:
         plus everything the loop does around it (telemetry, spans, polling).
         """
 
-        def __init__(self, warmup: int, metrics_dir: Path | None) -> None:
+        def __init__(self, warmup: int, last: int, metrics_dir: Path | None) -> None:
             super().__init__(quiet=True)
-            self.warmup, self.metrics_dir = warmup, metrics_dir
+            self.warmup, self.last, self.metrics_dir = warmup, last, metrics_dir
+            # CPU seconds by thread from the first timed iteration's start to the last's end
+            self.threads_at_warm: Snapshot = {}
+            self.threads: dict[str, float] = {}
             self.wall: list[float] = []
             self.cpu: list[float] = []
             self.thread: list[float] = []  # the training thread's CPU alone
@@ -220,6 +225,10 @@ def worker(work: Path) -> int:
                 # the metrics are flushed every 0.1 s: wait for the flusher to catch up
                 time.sleep(0.3)
                 self.at_warm = _counters(self.metrics_dir, env.rank)
+            if step == self.warmup + 1:
+                self.threads_at_warm = cpu_by_thread("training thread")
+            elif step == self.last:
+                self.threads = difference(self.threads_at_warm, cpu_by_thread("training thread"))
             self._last = (time.perf_counter(), time.process_time(), time.thread_time())
 
     results: list[dict[str, Any]] = []
@@ -230,7 +239,7 @@ def worker(work: Path) -> int:
         if variant == "disarmed":
             write_expired_faults(control_path(trial_dir / "control", env.rank))
         metrics_dir = config.telemetry.metrics_dir
-        recorder = Recorder(plan.warmup, metrics_dir)
+        recorder = Recorder(plan.warmup, config.steps, metrics_dir)
         started = time.monotonic()
         train(config, dataclasses.replace(env, attempt=ATTEMPT_BASE + index), progress=recorder)
         KERNELS.uninstall()  # the next trial may be bare: no kernel on the c10d ops
@@ -242,6 +251,7 @@ def worker(work: Path) -> int:
             wall=recorder.wall,
             cpu=recorder.cpu,
             thread=recorder.thread,
+            threads=recorder.threads,
             at_warm=recorder.at_warm,
             metrics_dir=metrics_dir,
             trial_dir=trial_dir,
@@ -268,6 +278,7 @@ def _trial_result(
     wall: list[float],
     cpu: list[float],
     thread: list[float],
+    threads: dict[str, float],
     at_warm: tuple[float, float, float] | None,
     metrics_dir: Path | None,
     trial_dir: Path,
@@ -279,6 +290,7 @@ def _trial_result(
         "wall": wall,
         "cpu": cpu,
         "thread": thread,
+        "threads": threads,
     }
     if metrics_dir is not None and at_warm is not None:
         compute, wait, calls = _counters(metrics_dir, rank)

@@ -25,6 +25,7 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
             "noise floor (A/A): bare again / bare",
             "control channel work per step",
             "where the telemetry's cost remains on the training thread",
+            "where the process's CPU goes, rank 0, per step by thread",
             "machine: ",
         ),
         timeout=150,
@@ -41,3 +42,10 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
     assert len(fractions) == 4 and all(0 <= f <= 1 for f in fractions)  # a share, by rank
     assert result["checkpoint_bytes"] > 0
     assert result["machine"]["torch"]
+    # CPU by thread: the training thread does the step in both; the flusher has files to
+    # write only when instrumented (bare: the session's flusher has no sink)
+    threads = result["threads_seconds"]
+    assert threads["bare"]["training thread"] > 0
+    assert threads["instrumented"]["training thread"] > 0
+    flusher = {v: threads[v].get("stormwatch-flusher", 0.0) for v in ("bare", "instrumented")}
+    assert flusher["instrumented"] > flusher["bare"], flusher
