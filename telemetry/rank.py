@@ -42,6 +42,9 @@ _LOG_EVERY = 100
 #: this often (a write per collective would cost ~2 us each for nothing: the agent scans
 #: every 0.5 s and the stall threshold is at least 5 s).
 HEARTBEAT_RESOLUTION = 0.5
+#: Seconds between reads of the process's RSS when every step asks for it (a read is two
+#: /proc reads on the flusher's thread; a memory gauge a second old says as much).
+RSS_INTERVAL = 1.0
 
 
 class RankOutputs(Protocol):
@@ -108,6 +111,7 @@ class RankTelemetry:
         self._faults_seen: set[str] = set()  # points recorded in step _fault_step
         self._progress_at = 0.0  # Unix time of the last heartbeat recorded
         self._rss_wanted = False  # a step asked for the RSS: the flusher reads it
+        self._rss_next = 0.0  # monotonic time of the next RSS read (RSS_INTERVAL apart)
         self._events_dropped = 0  # step records dropped, already counted as errors
         if config.metrics_dir is not None:
             self._metrics = self._guard(
@@ -160,8 +164,8 @@ class RankTelemetry:
                 buckets=dim.buckets,
                 total=dim.total,
             )
-        if self._rss_wanted:
-            self._rss_wanted = False
+        if self._rss_wanted and (now := time.monotonic()) >= self._rss_next:
+            self._rss_wanted, self._rss_next = False, now + RSS_INTERVAL
             for kind, nbytes in rss_bytes().items():
                 metrics.memory(kind=kind, nbytes=nbytes)
         metrics.flush()
@@ -306,7 +310,8 @@ class RankTelemetry:
             mfu: model FLOPs utilisation (0..1) against ``peak_flops`` FLOP/s.
             memory: kind (``rss``, ``cuda_max_allocated``) -> bytes.
             sample_rss: the flusher reads this process's RSS into ``memory{kind="rss"}``
-                (off the training thread, within 0.1 s).
+                (off the training thread, at most every :data:`RSS_INTERVAL` seconds: the
+                first request at once, later ones within a second).
 
         Also sets the algbw/busbw gauges from the collectives seen since the
         previous call (see :mod:`stormwatch.telemetry.perf`).

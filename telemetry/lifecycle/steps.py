@@ -12,10 +12,11 @@ is the ``with`` block :meth:`Session.phase` returns. No torch import here.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from stormwatch.telemetry.phases import PHASES, PhaseSpec
 
@@ -77,12 +78,17 @@ class StepRecord:
     sample_rss: bool = False
 
 
+_PROCESS: list[Any] = []  # psutil.Process of this pid, made once (its init reads /proc)
+
+
 def rss_bytes() -> dict[str, int]:
     """``{"rss": bytes}`` of this process (psutil), ``{}`` when it cannot be read."""
     try:
         import psutil
 
-        return {"rss": int(psutil.Process().memory_info().rss)}
+        if not _PROCESS or _PROCESS[0].pid != os.getpid():  # first call, or a forked child
+            _PROCESS[:] = [psutil.Process()]
+        return {"rss": int(_PROCESS[0].memory_info().rss)}
     except Exception:  # memory is optional: a step is recorded without it
         return {}
 

@@ -130,8 +130,10 @@ from stormwatch.telemetry.metrics import RankMetrics
 folder = Path(sys.argv[1])
 now = RankMetrics(folder, job="now", rank=0)
 batched = RankMetrics(folder, job="batched", rank=0, deferred=True)
+# flushed after every step: what did not change since the last flush is not written again
+each = RankMetrics(folder, job="each", rank=0, deferred=True)
 values = [0.0, 1e-5, 3e-5, 1e-4, 0.25, 0.5, 1.0, 119.0, 120.0, 500.0, -1.0, math.nan]
-for metrics in (now, batched):
+for metrics in (now, batched, each):
     metrics.job_info(world_size=4, node_restarts=1)
     for i, seconds in enumerate(values):
         metrics.step(step=i, loss=1.0 / (i + 1), seconds=abs(seconds) + 0.001, tokens=64,
@@ -143,14 +145,18 @@ for metrics in (now, batched):
         metrics.breakdown(compute_seconds=0.01 * i, wait_seconds=0.001 * i)
         metrics.memory(kind="rss", nbytes=1000 + i)
         metrics.samples(3)
-        metrics.learning_rate(0.1 / (i + 1))
+        metrics.learning_rate(0.1 if i % 3 else 0.2)  # repeats, and returns to a value
         metrics.phase("eval", deadline=2000.0 + i)
         metrics.fault("slow_step")
         metrics.telemetry_error("events", 2)
+        metrics.samples(0)
+        if metrics is each:
+            metrics.flush()
     metrics.checkpoint_interval(10)
 assert batched.pending
 batched.flush()
-assert not batched.pending
+each.flush()
+assert not batched.pending and not each.pending
 """
 
 
@@ -161,11 +167,12 @@ def test_metrics_written_in_a_batch_equal_the_same_updates_one_by_one(tmp_path: 
         job = dict(labels)["training_job"]
         rest = tuple(item for item in labels if item[0] != "training_job")
         by_job.setdefault(job, {})[name, rest] = value
-    now, batched = by_job["now"], by_job["batched"]
-    assert now.keys() == batched.keys()
+    now = by_job["now"]
     assert any(name.endswith("_bucket") for name, _ in now)
-    for key, value in now.items():
-        assert batched[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
+    for job in ("batched", "each"):
+        assert now.keys() == by_job[job].keys(), job
+        for key, value in now.items():
+            assert by_job[job][key] == pytest.approx(value, rel=1e-12, nan_ok=True), (job, key)
 
 
 _HEARTBEAT = """
