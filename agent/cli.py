@@ -52,7 +52,8 @@ def agent() -> None:
     default="auto",
     show_default=True,
     envvar="STORMWATCH_AGENT_GPU_BACKEND",
-    help="nvml: the driver (required); sim: simulated GPUs; auto: nvml when a driver answers.",
+    help="nvml: the driver (required); sim: simulated GPUs; auto: nvml when a driver "
+    "answers, else no GPU metrics (a warning).",
 )
 @click.option(
     "--sim-gpus",

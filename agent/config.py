@@ -113,8 +113,9 @@ class AgentConfig(BaseModel):
         metrics_dir: the trainer's multiprocess directory (``STORMWATCH_METRICS_DIR``
             of the ranks); also where ``rank<R>.done`` markers appear. Created if missing.
         gpu_backend: ``nvml`` (real driver, required), ``sim`` (simulated GPUs),
-            ``auto`` (NVML when a driver answers, otherwise simulated).
-        sim_gpus: number of simulated GPUs (``sim`` / fallback of ``auto``).
+            ``auto`` (NVML when a driver answers, otherwise no GPU: a warning and
+            ``stormwatch_agent_info{gpu_backend="none"}``, never simulated GPUs).
+        sim_gpus: number of simulated GPUs (``sim``).
         token_file: file holding the Bearer token of the fault API (required
             with ``fault_listen_host``). It must hold an ASCII token.
         fault_listen_host, fault_listen_port: the fault API's own listener

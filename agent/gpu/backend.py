@@ -74,7 +74,8 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetAttributes(self, device: Any) -> Any: ...
 
 
-BackendName = Literal["nvml", "sim"]
+#: ``none``: ``auto`` found no driver (no GPU; the simulation API with zero devices).
+BackendName = Literal["nvml", "sim", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +102,10 @@ def open_backend(
 
     Args:
         choice: ``nvml`` requires a driver; ``sim`` always simulates; ``auto``
-            uses the driver when ``nvmlInit`` succeeds, otherwise simulates.
-        sim_gpus: GPUs to simulate when simulating (ignored with ``fake``).
+            uses the driver when ``nvmlInit`` succeeds, otherwise none (backend
+            ``none``: no GPU, no GPU metric, a warning; never simulated GPUs, which
+            would publish healthy devices for a node whose driver is broken).
+        sim_gpus: GPUs to simulate with ``sim`` (ignored with ``fake``).
         fake: a prepared :class:`FakeNvml` to use as the simulation (tests).
 
     Raises:
@@ -118,11 +121,18 @@ def open_backend(
                     f"gpu_backend: nvml requested but nvmlInit failed ({exc}); "
                     "install the NVIDIA driver or use --gpu-backend sim"
                 ) from exc
-            log.info("NVML unavailable (%s); simulating GPUs", exc)
+            log.warning(
+                "NVML unavailable (%s): this node exports no GPU metrics (gpu_backend "
+                "none); use --gpu-backend nvml to make a missing driver an error, or "
+                "--gpu-backend sim to simulate GPUs",
+                exc,
+            )
+            backend = GpuBackend("none", FakeNvml(0))
         else:
             backend = GpuBackend("nvml", pynvml)
     if backend is None:
         backend = GpuBackend("sim", fake if fake is not None else FakeNvml(sim_gpus))
+    if backend.name != "nvml":
         backend.api.nvmlInit()
     try:
         yield backend

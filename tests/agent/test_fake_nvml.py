@@ -94,10 +94,17 @@ def test_inject_error_rejects_typos() -> None:
         fake.inject_error("nvmlDeviceGetTemperature", 12345)
 
 
-def test_auto_backend_uses_the_driver_when_it_answers_else_simulates() -> None:
-    with open_backend("auto", sim_gpus=3) as backend:
-        assert backend.name == ("nvml" if _driver_present() else "sim")
-        assert backend.api.nvmlDeviceGetCount() >= (1 if backend.name == "nvml" else 3)
+def test_auto_backend_uses_the_driver_when_it_answers_else_no_gpu_never_simulated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node whose driver is broken must not publish healthy simulated H100s (fresh-user
+    pass, 2026-12-05: ``agent run`` on this GPU-less machine served DCGM temperatures)."""
+    with caplog.at_level("WARNING"), open_backend("auto", sim_gpus=3) as backend:
+        if _driver_present():
+            assert backend.name == "nvml" and backend.api.nvmlDeviceGetCount() >= 1
+        else:
+            assert backend.name == "none" and backend.api.nvmlDeviceGetCount() == 0
+            assert "exports no GPU metrics" in caplog.text and "--gpu-backend sim" in caplog.text
 
 
 @pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present")
