@@ -13,6 +13,8 @@ alert, Prometheus and the rank logs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stormwatch.agent.watch.events import RankExitEvent, RankHangCulpritEvent, RankHangEvent
 from stormwatch.agent.watch.proc_exits import signal_name
 from stormwatch.alerts.actions.remedial import RANK_STOPPING_KINDS
@@ -43,6 +45,19 @@ def exit_status(event: RankExitEvent) -> str:
     return "exited (status unknown: the agent saw no exit event)"
 
 
+def culprit_exits(events: Sequence[object]) -> list[RankExit]:
+    """The agents' rank exits that may name a culprit: unclean ones, except those the agent
+    classified as a stop (``reason="stopped"``: the rank was asked to stop, by torchrun
+    ending the siblings of a failed rank, a cancel or a requeue; a consequence, not a
+    clue). The demo's kill of rank 1 was called "uncertain" because rank 0's stop by
+    torchrun came 0.47 s after it, inside the tie window."""
+    return [
+        RankExit(e.time, e.rank, e.node, exit_status(e))
+        for e in events
+        if isinstance(e, RankExitEvent) and not e.clean and e.reason != "stopped"
+    ]
+
+
 def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
     """The engine's clues from what was read about the incident (``dumps`` compared)."""
     first = inputs.incident.first_alert
@@ -57,11 +72,7 @@ def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clue
         first_alert=FirstAlert(first.alertname, first.labels, inputs.incident.first_alert_tied),
         first_alert_at=inputs.incident.starts_at,
         onset=onset,
-        rank_exits=[
-            RankExit(e.time, e.rank, e.node, exit_status(e))
-            for e in inputs.agent_events
-            if isinstance(e, RankExitEvent) and not e.clean
-        ],
+        rank_exits=culprit_exits(inputs.agent_events),
         hang_diagnoses=[
             HangDiagnosis(e.time, e.rank, e.node, bool(e.certain), tuple(e.evidence or ()))
             for e in inputs.agent_events

@@ -80,3 +80,37 @@ def test_agents_that_disagree_leave_the_diagnosis_uncertain() -> None:
     b = HangDiagnosis(HUNG_AT + 32, 2, "node1", True)
     culprit = find_culprit(Clues(**{**clues.__dict__, "hang_diagnoses": [a, b]}))
     assert (culprit.rank, culprit.certain) == (1, False), culprit.evidence
+
+
+def test_an_exit_the_agent_classified_as_a_stop_does_not_make_the_killed_rank_uncertain() -> None:
+    """`make demo` (fresh-user pass, 2026-12-05): rank 1 SIGKILLed, then torchrun stopped
+    rank 0 0.47 s later (the agent: ``reason="stopped"``); the post-mortem called rank 1
+    "uncertain" because both exits fell inside the tie window."""
+    from stormwatch.agent.watch.events import RankExitEvent
+    from stormwatch.alerts.incident_report.clues import culprit_exits
+
+    killed = RankExitEvent(
+        time=HUNG_AT, node="node0", job="j", rank=1, clean=False, exit_code=-9,
+        exit_signal="SIGKILL", reason="signal",
+    )  # fmt: skip
+    stopped = RankExitEvent(
+        time=HUNG_AT + 0.47, node="node0", job="j", rank=0, clean=False, exit_code=-15,
+        exit_signal="SIGTERM", reason="stopped",
+    )  # fmt: skip
+    exits = culprit_exits([killed, stopped])
+    assert [e.rank for e in exits] == [1]
+    clues = Clues(
+        progress=_progress(),
+        dumps=(),
+        first_alert=FirstAlert("StormwatchRankStalled", {"training_job": "j", "rank": "1"}),
+        first_alert_at=HUNG_AT + 1,
+        onset=HUNG_AT,
+        rank_exits=exits,
+    )
+    culprit = find_culprit(clues)
+    assert (culprit.rank, culprit.method, culprit.certain) == (1, "rank_exit", True)
+    # the same two exits, both counted (the old filter): uncertain
+    both = Clues(**{**clues.__dict__, "rank_exits": [
+        RankExit(e.time, e.rank, e.node, "x") for e in (killed, stopped)
+    ]})  # fmt: skip
+    assert find_culprit(both).certain is False
