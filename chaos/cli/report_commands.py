@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import click
@@ -19,7 +20,8 @@ from stormwatch.errors import ConfigError
 @click.option(
     "--baseline-log-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Rank logs of the fault-free baseline job (…/jobs/<name>/logs).",
+    help="Rank logs of the fault-free baseline job (…/jobs/<name>/logs). Default: the "
+    "baseline the experiment's last post-mortem compared with, when its logs are still there.",
 )
 @click.option(
     "--offline",
@@ -63,6 +65,14 @@ def postmortem_cmd(
             "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
         )
 
+    if baseline_log_dir is None:
+        baseline_log_dir = previous_baseline(experiment_dir)
+        if baseline_log_dir is not None:
+            click.echo(
+                f"loss compared with {baseline_log_dir}, the baseline of the last post-mortem "
+                "(--baseline-log-dir to choose another)",
+                err=True,
+            )
     if not offline:
         reap_overdue(experiment_dir.parent.parent)
     target = None if offline else resolve_target(experiment_dir.parent.parent, target_file)
@@ -77,4 +87,20 @@ def postmortem_cmd(
     Console().print(md.read_text(encoding="utf-8"), markup=False, highlight=False)
 
 
-__all__ = ["postmortem_cmd"]
+def previous_baseline(experiment_dir: Path) -> Path | None:
+    """The rank logs of the baseline the experiment's last ``postmortem.json`` compared its
+    loss with (``loss.baseline``, a job of the run: ``RUN_DIR/jobs/<name>/logs``), if they
+    are still there; None otherwise (no post-mortem, none compared, logs gone). So that
+    rewriting a post-mortem does not silently drop its loss check."""
+    try:
+        saved = json.loads((experiment_dir / "postmortem.json").read_text(encoding="utf-8"))
+        name = saved["loss"]["baseline"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        return None
+    logs = experiment_dir.parent.parent / "jobs" / name / "logs"
+    return logs if logs.is_dir() else None
+
+
+__all__ = ["postmortem_cmd", "previous_baseline"]

@@ -422,6 +422,17 @@ def test_offline_postmortem_from_saved_evidence_writes_md_and_json(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "![loss per step, experiment vs baseline](loss.png)" in md.read_text()
 
+    # Rewritten without --baseline-log-dir (fresh-user pass: the demo's "loss identical:
+    # yes" became "n/a, no baseline run given"): the last post-mortem's baseline is reused
+    again = subprocess.run(
+        [str(STORMWATCH), "chaos", "postmortem", str(exp_dir), "--offline"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert f"loss compared with {baseline}" in again.stderr
+    rewritten = json.loads((exp_dir / "postmortem.json").read_text())
+    assert rewritten["loss"]["identical"] is True and rewritten["loss"]["compared_steps"] == 30
+
 
 def _slowed_logs(log_dir: Path, *, stall: tuple[float, float]) -> None:
     """Four ranks stepping every STEP s from T0, none between ``stall`` (a partition that
