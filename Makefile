@@ -154,13 +154,13 @@ test: setup system-test
 # Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
 #   agent_bench.py    the agent vs node-exporter, scraped every 1 s (~3 min)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
-#                     checkpoint blocking, exposed communication (~6 min on 2 cores)
+#                     checkpoint blocking, exposed communication (~7 min on 2 cores)
 #   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:
-#                     StormwatchCallback vs none, with an A/A row (~5 min on 2 cores)
+#                     StormwatchCallback vs none, with an A/A row (~7 min on 2 cores)
 #   scrape_bench.py   the agent's render after 1,000 rank restarts vs a fresh node
 #                     (target <= 1.5x), with the unfolded folder and an A/A row (~4 min)
 #   recovery_bench.py  a rank SIGKILLed -> first step after torchrun's restart (target
-#                     <= 5 s), broken down by start-up part, with an A/A row (~5 min)
+#                     <= 5 s), broken down by start-up part, with an A/A row (~8 min)
 bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
