@@ -192,7 +192,10 @@ def _alert(pm: ExperimentPostMortem, evidence: Evidence | None) -> None:
             if n.status == "firing" and n.group_key == incident.group_key and n.received_at >= t0
         ]
         pm.alert_received_at = min((n.received_at for n in firing), default=incident.opened_at)
-        if incident.closed_at is not None:
+        if pm.alert_resolved_at is None and incident.closed_at is not None:
+            # Prometheus did not see it resolve: the responder's close is the nearest fact
+            # (when both are known, Prometheus's time is kept, as the responder's own
+            # post-mortem reports it; the close comes a notification later)
             pm.alert_resolved_at = incident.closed_at
 
 
