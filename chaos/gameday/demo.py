@@ -49,7 +49,10 @@ BASELINE_JOB = "baseline"
 #: What a run directory of ours may hold besides the lab's own entries
 #: (:attr:`RunPaths.lab_entries`): the controller's; anything else and the demo refuses
 #: to delete it.
-_CONTROLLER_ENTRIES = frozenset({"experiments", "chaos"})
+#: The file that says a run directory is the demo's own (it deletes and rebuilds only those):
+#: ``--run-dir run`` must never wipe a user's lab, experiments and ledger.
+DEMO_MARKER = ".stormwatch-demo"
+_CONTROLLER_ENTRIES = frozenset({"experiments", "chaos", DEMO_MARKER})
 #: How long the post-mortem waits for the alert to be received and resolved (s). The
 #: rank-stalled rule resolves ~20 s after the rank steps again (alerts/rules/ranks.yml).
 RESOLVE_WAIT_SECONDS = 120.0
@@ -86,19 +89,30 @@ def demo_experiment(path: Path, steps: int | None) -> Experiment:
 
 
 def clean_run_dir(run_dir: Path, console: Console) -> None:
-    """Bring down a lab left in ``run_dir`` and delete the folder (only if it is ours).
+    """Bring down a lab left in ``run_dir`` and delete the folder (only if it is ours: an
+    earlier demo's, with :data:`DEMO_MARKER`, or empty).
 
     Raises:
-        ConfigError: ``run_dir`` holds files that a run directory never has.
+        ConfigError: ``run_dir`` holds files that a run directory never has, or is a run
+            directory the demo did not make (a user's lab: nothing is touched).
     """
     if not run_dir.exists():
         return
+    entries = list(run_dir.iterdir())
     ours = RunPaths.of(run_dir).lab_entries | _CONTROLLER_ENTRIES
-    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in ours)
+    foreign = sorted(p.name for p in entries if p.name not in ours)
     if foreign:
         raise ConfigError(
             f"--run-dir {run_dir}: refusing to delete it, it holds files that are not a "
             f"stormwatch run directory's ({', '.join(foreign[:5])}); choose another --run-dir"
+        )
+    if entries and not (run_dir / DEMO_MARKER).exists():
+        raise ConfigError(
+            f"--run-dir {run_dir}: refusing to delete it, it is a stormwatch run directory "
+            "that `stormwatch demo` did not make (a lab's, with its experiments and fault "
+            "ledger); the demo deletes and rebuilds its own: give it another --run-dir "
+            "(default run/demo), or remove this one yourself (a run/demo made before this "
+            "check has no marker either)"
         )
     if RunPaths.of(run_dir).state_file.exists():
         removed = Lab(run_dir).down()  # a no-op for a lab that is already down
@@ -236,6 +250,11 @@ def run_demo(
     console = reporter.console
     run_dir = run_dir.absolute()
     clean_run_dir(run_dir, console)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DEMO_MARKER).write_text(
+        "made by `stormwatch demo`: its next run deletes and rebuilds this folder\n",
+        encoding="utf-8",
+    )
     lab = Lab(run_dir)
     try:
         console.rule("1/4 lab up")

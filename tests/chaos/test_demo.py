@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stormwatch.chaos.gameday.demo import clean_run_dir
+from stormwatch.chaos.gameday.demo import DEMO_MARKER, clean_run_dir
 from stormwatch.errors import ConfigError
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
@@ -58,8 +58,27 @@ def test_clean_run_dir_removes_an_old_run_without_a_lab(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     (run_dir / "jobs" / "baseline" / "logs").mkdir(parents=True)
     (run_dir / "experiments").mkdir()
+    (run_dir / DEMO_MARKER).touch()
     clean_run_dir(run_dir, Console(file=io.StringIO()))
     assert not run_dir.exists()
+
+
+def test_clean_run_dir_never_deletes_a_run_directory_the_demo_did_not_make(
+    tmp_path: Path,
+) -> None:
+    """`stormwatch demo --run-dir run` (fresh-user pass): the user's own lab directory,
+    with its experiments and fault ledger, would have been brought down and deleted."""
+    run_dir = tmp_path / "run"
+    (run_dir / "experiments" / "20261205T010203-kill-rank-ab12").mkdir(parents=True)
+    (run_dir / "chaos").mkdir()
+    (run_dir / "chaos" / "ledger.sqlite").write_text("faults")
+    with pytest.raises(ConfigError, match=r"did not make.*another --run-dir"):
+        clean_run_dir(run_dir, Console(file=io.StringIO()))
+    assert (run_dir / "chaos" / "ledger.sqlite").read_text() == "faults"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    clean_run_dir(empty, Console(file=io.StringIO()))  # nothing to lose
+    assert not empty.exists()
 
 
 def test_clean_run_dir_takes_every_file_the_lab_writes_for_its_own(tmp_path: Path) -> None:
@@ -70,6 +89,7 @@ def test_clean_run_dir_takes_every_file_the_lab_writes_for_its_own(tmp_path: Pat
     (run_dir / "target.yaml").write_text("platform: lab\n")
     (run_dir / "slurm" / "etc").mkdir(parents=True)
     (run_dir / "chaos").mkdir()
+    (run_dir / DEMO_MARKER).touch()
     clean_run_dir(run_dir, Console(file=io.StringIO()))
     assert not run_dir.exists()
 
@@ -89,6 +109,7 @@ def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path)
     state = plan_state(RunPaths(run_dir), config)
     state.phase = "down"
     StateStore(RunPaths(run_dir)).save(state)
+    (run_dir / DEMO_MARKER).touch()
     output = io.StringIO()
 
     clean_run_dir(run_dir, Console(file=output))
