@@ -291,7 +291,10 @@ def run_demo(
             console.print(f"responder's incident post-mortem: {shown}", soft_wrap=True)
         hint = grafana_hint(RunPaths.of(run_dir).grafana_dir)
         if not keep_lab:  # its Prometheus goes down with the lab
-            hint += " (the lab's Prometheus is down after the demo: keep it with --keep-lab)"
+            hint += (
+                " (the lab's Prometheus is down after the demo: keep it with --keep-lab,"
+                " or `make demo DEMO_ARGS=--keep-lab`)"
+            )
         console.print(hint, soft_wrap=True)
         return DemoOutcome(run, pm, md)
     finally:
