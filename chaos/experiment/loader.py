@@ -9,6 +9,7 @@ exits 2). Nothing else happens before an experiment is valid.
 
 from __future__ import annotations
 
+import difflib
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -117,7 +118,13 @@ def _issue(err: Any) -> Issue:
         parent_path, parent = _resolve(Experiment, loc[:-1])
         path = _join(parent_path, loc[-1])
         valid = _keys(parent) if _is_model(parent) else "none"
-        return Issue(path, f"unknown key {loc[-1]!r} (valid keys: {valid})")
+        near = (
+            difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1)
+            if _is_model(parent)
+            else []
+        )
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return Issue(path, f"unknown key {loc[-1]!r} ({hint}valid keys: {valid})")
     path, target = _resolve(Experiment, loc)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         field = str(ctx.get("discriminator", "kind")).strip("'\"")

@@ -202,6 +202,12 @@ BAD = [
     ("bad-name", _mutate("method.0.name", "kill rank!"), "method[0].name", "should match pattern"),
     ("bad-job-name", _mutate("job.name", "Bad Name"), "job.name", "should match pattern"),
     (
+        "misspelt-key",
+        _mutate("job.checkpoint_evry", 10),
+        "job.checkpoint_evry",
+        "unknown key 'checkpoint_evry' (did you mean 'checkpoint_every'? valid keys: name,",
+    ),
+    (
         "command-placeholder",
         _mutate("job.command", ["python", "train.py", "--steps=${step}"]),
         "job.command",
