@@ -37,12 +37,13 @@ def yaml_mapping(
         not_mapping: what a top level that is not a mapping is told, with the valid keys.
 
     Raises:
-        error: ``"<where>: <invalid>: <parser message>"`` or ``"<where>: <not_mapping>"``.
+        error: ``"<where>: <invalid>: <problem> at line L, column C"`` (one line) or
+            ``"<where>: <not_mapping>"``.
     """
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise error(f"{where}: {invalid}: {exc}") from exc
+        raise error(f"{where}: {invalid}: {yaml_problem(exc)}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -138,7 +139,11 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None)
     mark = getattr(exc, "problem_mark", None)
     if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+        where = f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+        context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and opened is not None and opened.line != mark.line:
+            where += f" ({context} opened at line {opened.line + 1}, column {opened.column + 1})"
+        return where
     return str(exc).replace("\n", " ")
 
 

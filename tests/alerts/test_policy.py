@@ -78,6 +78,11 @@ def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
         ("rules: [{alertname: A, actions: [notify_only, notify_only]}]", "repeat a kind"),
         ("- just a list", "policy.yml: must be a mapping"),
         ("rules: [", "policy.yml: not valid YAML"),
+        (  # one line, with where (fresh-user pass: PyYAML's five lines and "<unicode string>")
+            "rules:\n  - alertname: X\n    actions: [a\n",
+            "not valid YAML: expected ',' or ']', but got '<stream end>' at line 4, column 1 "
+            "(while parsing a flow sequence opened at line 3, column 14)",
+        ),
     ],
 )
 def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
@@ -85,6 +90,7 @@ def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
         parse_policy(text, origin="policy.yml")
     assert str(err.value).startswith("policy.yml: ")
     assert expected in str(err.value)
+    assert "\n" not in str(err.value) and "<unicode string>" not in str(err.value)
 
 
 def test_backend_actions_without_a_backend_are_refused() -> None:
