@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from stormwatch.alerts.errors import NotAResponderDatabase
+from stormwatch.alerts.responder.schema import EXPECTED
 from stormwatch.alerts.responder.store import Store
 from stormwatch.errors import ConfigError
 from stormwatch.platforms import (
@@ -67,9 +68,7 @@ def postmortem_cmd(
 
     if not db_path.is_file():
         what = "is a folder, not a file" if db_path.is_dir() else "does not exist"
-        raise ConfigError(
-            f"--db: {db_path} {what}; pass the responder's database (stormwatch alerts serve --db)"
-        )
+        raise ConfigError(f"--db: {db_path} {what}; {EXPECTED}")
     try:  # read-only first: a wrong file is named, never given the responder's tables
         Store.open_readonly(db_path).close()
     except NotAResponderDatabase as exc:

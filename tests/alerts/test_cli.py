@@ -156,6 +156,7 @@ def test_postmortem_names_a_missing_or_folder_db_and_how_to_fix_it(
         out = _run(kit, "alerts", "postmortem", "1", "--db", str(db), check=False)
         assert out.returncode == 2, out.stderr
         assert f"--db: {db} {said}" in out.stderr and "alerts serve --db" in out.stderr
+        assert "run/demo/responder/responder.sqlite after `make demo`" in out.stderr
         assert "Traceback" not in out.stderr
 
 
