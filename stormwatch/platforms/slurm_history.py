@@ -110,7 +110,7 @@ def read_slurm_history(commands: SlurmCommands, job: str) -> SlurmHistory:
     reasons = sum(1 for n in nodes if n.reason)
     ids = ", ".join(info.job_id for info in jobs) or "none"
     what = (
-        f"scontrol show job/node: Slurm jobs named {job!r}: {ids}; "
+        f"scontrol show job/node: Slurm jobs named {job!r}: job id(s) {ids}; "
         f"{reasons} of {len(nodes)} nodes with a reason"
     )
     return SlurmHistory(events, what)

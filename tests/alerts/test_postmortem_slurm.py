@@ -70,7 +70,7 @@ def test_the_timeline_shows_the_requeue_the_drain_and_the_start_on_the_spare(kit
         "incident 3 closed",
     ]
     assert pm.inputs["slurm"] == (
-        "scontrol show job/node: Slurm jobs named 'llm': 7; 1 of 3 nodes with a reason "
+        "scontrol show job/node: Slurm jobs named 'llm': job id(s) 7; 1 of 3 nodes with a reason "
         "(3 events in the window)"
     )
 

@@ -121,7 +121,7 @@ def test_the_history_keeps_the_jobs_of_that_name_and_the_nodes_reasons_by_time()
         ("job 7 (llm)", "started on node[0,2]"),
     ]
     assert history.what == (
-        "scontrol show job/node: Slurm jobs named 'llm': 7; 1 of 2 nodes with a reason"
+        "scontrol show job/node: Slurm jobs named 'llm': job id(s) 7; 1 of 2 nodes with a reason"
     )
 
 
