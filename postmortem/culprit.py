@@ -41,7 +41,11 @@ STRAGGLER_FACTOR = 1.2
 #: Seconds before the onset a rank exit still counts as its cause (the agent sees an exit
 #: up to a poll interval late; the onset may be the last progress, just after it).
 EXIT_BEFORE_ONSET_S = 5.0
-#: Exits within this many seconds of the first are simultaneous (the culprit is uncertain).
+#: Exits within this many seconds of the first are simultaneous (the culprit is uncertain),
+#: unless the first was killed by a signal and the others ended themselves with an exit
+#: code: peers whose collectives failed when it died (gloo reports a dead peer in
+#: milliseconds to a second: `make demo`'s rank 3 exited with code 1 0.77 s after the
+#: SIGKILL of rank 1).
 EXIT_TIE_S = 1.0
 
 Method = Literal[
@@ -117,12 +121,14 @@ class RankHang:
 @dataclass(frozen=True)
 class RankExit:
     """A rank's process ended uncleanly, as a node agent saw it (``how``: in words, e.g.
-    ``was killed by SIGKILL``)."""
+    ``was killed by SIGKILL``; ``killed``: by a signal it did not handle, as opposed to
+    ending itself with an exit code, as a rank does when a collective fails under it)."""
 
     time: float
     rank: int
     node: str
     how: str
+    killed: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,15 +308,22 @@ def _rank_exit(
     if not exits:
         return None
     first = exits[0]
-    tied = [e for e in exits if e.time - first.time < EXIT_TIE_S]
+    others = [e for e in exits if e.time - first.time < EXIT_TIE_S and e.rank != first.rank]
+    victims = bool(others) and first.killed and not any(e.killed for e in others)
+    evidence = [
+        f"agent on {e.node}: rank {e.rank} {e.how} at {format_clock(e.time)}" for e in exits[:5]
+    ]
+    if victims:
+        evidence.append(
+            f"rank {first.rank} was killed; the rank(s) {', '.join(str(e.rank) for e in others)} "
+            "that exited within a second after it ended themselves (their collectives failed)"
+        )
     return Culprit(
         rank=first.rank,
         node=first.node,
         method="rank_exit",
-        certain=len({e.rank for e in tied}) == 1,
-        evidence=[
-            f"agent on {e.node}: rank {e.rank} {e.how} at {format_clock(e.time)}" for e in exits[:5]
-        ],
+        certain=not others or victims,
+        evidence=evidence,
     )
 
 

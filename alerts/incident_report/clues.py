@@ -52,7 +52,13 @@ def culprit_exits(events: Sequence[object]) -> list[RankExit]:
     clue). The demo's kill of rank 1 was called "uncertain" because rank 0's stop by
     torchrun came 0.47 s after it, inside the tie window."""
     return [
-        RankExit(e.time, e.rank, e.node, exit_status(e))
+        RankExit(
+            e.time,
+            e.rank,
+            e.node,
+            exit_status(e),
+            killed=e.exit_code is not None and e.exit_code < 0,
+        )
         for e in events
         if isinstance(e, RankExitEvent) and not e.clean and e.reason != "stopped"
     ]

@@ -114,3 +114,37 @@ def test_an_exit_the_agent_classified_as_a_stop_does_not_make_the_killed_rank_un
         RankExit(e.time, e.rank, e.node, "x") for e in (killed, stopped)
     ]})  # fmt: skip
     assert find_culprit(both).certain is False
+
+
+def test_peers_that_ended_themselves_after_a_killed_rank_are_its_victims() -> None:
+    """`make demo` again: rank 3 exited with code 1 0.77 s after rank 1's SIGKILL (its gloo
+    collective failed), inside the tie window; the killed rank is the culprit, certain.
+    Two ranks killed within a second stay uncertain."""
+    from stormwatch.agent.watch.events import RankExitEvent
+    from stormwatch.alerts.incident_report.clues import culprit_exits
+
+    killed = RankExitEvent(
+        time=HUNG_AT, node="node0", job="j", rank=1, clean=False, exit_code=-9,
+        exit_signal="SIGKILL", reason="signal",
+    )  # fmt: skip
+    victim = RankExitEvent(
+        time=HUNG_AT + 0.77, node="node1", job="j", rank=3, clean=False, exit_code=1,
+        reason="exit_code",
+    )  # fmt: skip
+    exits = culprit_exits([killed, victim])
+    assert [(e.rank, e.killed) for e in exits] == [(1, True), (3, False)]
+    clues = Clues(
+        progress=_progress(),
+        dumps=(),
+        first_alert=FirstAlert("StormwatchRankStalled", {"training_job": "j", "rank": "1"}),
+        first_alert_at=HUNG_AT + 1,
+        onset=HUNG_AT,
+        rank_exits=exits,
+    )
+    culprit = find_culprit(clues)
+    assert (culprit.rank, culprit.method, culprit.certain) == (1, "rank_exit", True)
+    assert any("ended themselves" in line for line in culprit.evidence)
+    both_killed = Clues(**{**clues.__dict__, "rank_exits": [
+        exits[0], RankExit(HUNG_AT + 0.77, 3, "node1", "was killed by SIGKILL", killed=True),
+    ]})  # fmt: skip
+    assert find_culprit(both_killed).certain is False
