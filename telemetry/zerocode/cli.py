@@ -43,7 +43,11 @@ _FOLDER = click.Path(file_okay=False, path_type=Path)
     # Options end at the first word of the command (or at --): its own options are its.
     context_settings={"help_option_names": ["-h", "--help"], "allow_interspersed_args": False},
 )
-@click.option("--job", help="Job name [env STORMWATCH_JOB, else SLURM_JOB_NAME, else train].")
+@click.option(
+    "--job",
+    help="Job name [env STORMWATCH_JOB, else each rank's TORCHELASTIC_RUN_ID (torchrun's "
+    "--rdzv-id; a random id under --standalone), else SLURM_JOB_NAME, else train].",
+)
 @click.option(
     "--metrics-dir",
     type=_FOLDER,
