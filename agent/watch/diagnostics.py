@@ -27,6 +27,7 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,27 @@ if TYPE_CHECKING:  # imported when a hang is diagnosed (see .hangdumps)
     from stormwatch.postmortem import Culprit
 
 log = logging.getLogger(__name__)
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def load_dump_modules() -> None:
+    """Import the trainer's dump modules and the post-mortem's culprit rules, one agent
+    thread at a time; call before importing from them (they are imported at the first
+    hang, not at start-up: ~5 MiB of the agent's memory).
+
+    Two threads importing submodules of a package that is not imported yet deadlock on
+    the import locks (the first holds ``stormwatch.telemetry`` and wants its ``dump``,
+    the second holds ``dump`` and wants the package: CPython raises ``_DeadlockError``).
+    The hang-diagnostics thread and the diagnostics writer did so at a hang (CI, cc13:
+    the zero-code hang named no culprit).
+    """
+    with _IMPORT_LOCK:
+        import stormwatch.postmortem
+        import stormwatch.telemetry.culprit
+        import stormwatch.telemetry.dump
+        import stormwatch.telemetry.dump_requests  # noqa: F401
+
 
 #: Seconds ``py-spy dump`` may take per rank.
 PY_SPY_TIMEOUT = 20.0
@@ -124,6 +146,7 @@ def _dump(target: RankTarget) -> str:
     folder = target.dump_dir
     if folder is None:
         return "## trainer dump: the rank names no --dump-dir / --log-dir / STORMWATCH_DUMP_DIR\n"
+    load_dump_modules()
     from stormwatch.telemetry.dump import dump_path, rank_dump_paths
 
     found = rank_dump_paths(folder, target.key[1])  # every attempt's: the newest is shown

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stormwatch.agent.watch.diagnostics import RankTarget
+from stormwatch.agent.watch.diagnostics import RankTarget, load_dump_modules
 
 # The trainer's dump files and the post-mortem's culprit rules are imported when a hang
 # is diagnosed, not at start-up: the agent's steady state never needs them (with their
@@ -60,6 +60,7 @@ class HangCulprit:
 def ask(targets: Sequence[RankTarget], *, reason: str, now: float) -> dict[int, Path]:
     """Write a dump request for every target that has a dump folder; rank -> its folder
     (requests that cannot be written are logged and left out)."""
+    load_dump_modules()
     from stormwatch.telemetry.dump_requests import write_request
 
     asked: dict[int, Path] = {}
@@ -86,6 +87,7 @@ def answers(
 ) -> dict[int, DumpRecord]:
     """rank -> its dump written at or after ``since``, waiting up to ``wait`` seconds for
     every rank in ``asked`` (returns early once all have answered)."""
+    load_dump_modules()
     from stormwatch.telemetry.dump import latest_dump
     from stormwatch.telemetry.dump_requests import POLL_SECONDS
 
@@ -108,6 +110,7 @@ def diagnose(
 ) -> HangCulprit:
     """Ask ``targets`` (one job's running ranks on this node) for their dumps and name the
     culprit (see the module docstring)."""
+    load_dump_modules()
     from stormwatch.postmortem import culprit_from_dumps
     from stormwatch.telemetry.culprit import reduce_dump
 

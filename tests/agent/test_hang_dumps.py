@@ -77,3 +77,61 @@ def test_a_zero_code_rank_answers_and_a_silent_one_is_reported(tmp_path: Path) -
     finally:
         rank.kill()
         rank.wait()
+
+
+_FIRST_HANG_ON_THREE_THREADS = """
+import importlib.abc, sys, threading, tempfile, time
+from pathlib import Path
+from stormwatch.agent.watch import diagnostics, hangdumps  # at start-up, as the agent
+
+class SlowPackage(importlib.abc.MetaPathFinder):
+    # finding stormwatch.telemetry takes 0.3 s: the window in which another thread, holding
+    # its own submodule's lock, finds the package not imported yet (milliseconds in the
+    # agent)
+    def find_spec(self, name, path, target=None):
+        if name != "stormwatch.telemetry":
+            return None
+        time.sleep(0.3)
+        return None  # the next finder finds it
+
+sys.meta_path.insert(0, SlowPackage())
+
+folder = Path(tempfile.mkdtemp())
+target = diagnostics.RankTarget(("j", 0), 1, ("python", "train.py"), None,
+                                {"STORMWATCH_DUMP_DIR": str(folder)})
+barrier, errors = threading.Barrier(3), []
+
+def run(call):
+    barrier.wait()
+    try:
+        call()
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+calls = (
+    lambda: hangdumps.ask([], reason="hang", now=0.0),
+    lambda: hangdumps.answers({}, since=0.0, wait=0.0),
+    lambda: diagnostics._dump(target),
+)
+threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+for t in threads: t.start()
+for t in threads: t.join()
+print(errors or "ok")
+"""
+
+
+def test_the_first_hang_imports_the_dump_modules_on_several_threads_without_deadlock() -> None:
+    """CI (cc13): the hang-diagnostics thread and the diagnostics writer imported the
+    telemetry package's dump modules at once for the first time; CPython raised
+    ``_DeadlockError`` and the zero-code hang was named by no culprit. Finding the package
+    is slowed to 0.3 s here, so that the threads meet in its import every time."""
+    import subprocess
+    import sys
+
+    for _ in range(3):  # a fresh interpreter each time: the first import is the race
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_HANG_ON_THREE_THREADS],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "ok", out.stdout + out.stderr

@@ -171,4 +171,6 @@ def test_the_history_readers_see_pending_running_the_requeue_and_the_drain_reaso
     drained = read[("node node1", "drained")]
     assert drained.detail.endswith(f"Reason=stormwatch: excluded from job {JOB} ({job_id})")
     assert abs(drained.at - time.time()) < 60
-    assert history.what.startswith(f"scontrol show job/node: Slurm jobs named 'llm': job id(s) {job_id};")
+    assert history.what.startswith(
+        f"scontrol show job/node: Slurm jobs named 'llm': job id(s) {job_id};"
+    )
