@@ -120,7 +120,7 @@ print(errors or "ok")
 """
 
 
-def test_the_first_hang_imports_the_dump_modules_on_several_threads_without_deadlock() -> None:
+def test_fc10_the_first_hang_imports_the_dump_modules_on_several_threads_without_deadlock() -> None:
     """CI (cc13): the hang-diagnostics thread and the diagnostics writer imported the
     telemetry package's dump modules at once for the first time; CPython raised
     ``_DeadlockError`` and the zero-code hang was named by no culprit. Finding the package

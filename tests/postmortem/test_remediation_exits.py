@@ -99,14 +99,7 @@ def test_an_exit_the_agent_classified_as_a_stop_does_not_make_the_killed_rank_un
     )  # fmt: skip
     exits = culprit_exits([killed, stopped])
     assert [e.rank for e in exits] == [1]
-    clues = Clues(
-        progress=_progress(),
-        dumps=(),
-        first_alert=FirstAlert("StormwatchRankStalled", {"training_job": "j", "rank": "1"}),
-        first_alert_at=HUNG_AT + 1,
-        onset=HUNG_AT,
-        rank_exits=exits,
-    )
+    clues = _stalled_rank_1(exits)
     culprit = find_culprit(clues)
     assert (culprit.rank, culprit.method, culprit.certain) == (1, "rank_exit", True)
     # the same two exits, both counted (the old filter): uncertain
@@ -133,14 +126,7 @@ def test_peers_that_ended_themselves_after_a_killed_rank_are_its_victims() -> No
     )  # fmt: skip
     exits = culprit_exits([killed, victim])
     assert [(e.rank, e.killed) for e in exits] == [(1, True), (3, False)]
-    clues = Clues(
-        progress=_progress(),
-        dumps=(),
-        first_alert=FirstAlert("StormwatchRankStalled", {"training_job": "j", "rank": "1"}),
-        first_alert_at=HUNG_AT + 1,
-        onset=HUNG_AT,
-        rank_exits=exits,
-    )
+    clues = _stalled_rank_1(exits)
     culprit = find_culprit(clues)
     assert (culprit.rank, culprit.method, culprit.certain) == (1, "rank_exit", True)
     assert any("ended themselves" in line for line in culprit.evidence)
@@ -148,3 +134,15 @@ def test_peers_that_ended_themselves_after_a_killed_rank_are_its_victims() -> No
         exits[0], RankExit(HUNG_AT + 0.77, 3, "node1", "was killed by SIGKILL", killed=True),
     ]})  # fmt: skip
     assert find_culprit(both_killed).certain is False
+
+
+def _stalled_rank_1(exits: list[RankExit]) -> Clues:
+    """RankStalled about rank 1 at the onset, with only these exits as clues."""
+    return Clues(
+        progress=_progress(),
+        dumps=(),
+        first_alert=FirstAlert("StormwatchRankStalled", {"training_job": "j", "rank": "1"}),
+        first_alert_at=HUNG_AT + 1,
+        onset=HUNG_AT,
+        rank_exits=exits,
+    )
