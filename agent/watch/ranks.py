@@ -10,16 +10,14 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
 2. lists processes (psutil) and finds rank launchers (:func:`is_rank_launcher`:
    torchrun agents, and Slurm step daemons for ``srun ... stormwatch run``)
    (steps 2 and 3: :mod:`.discovery`);
-3. among their descendants, takes the topmost process per rank whose
-   environment has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
-   ``TORCHELASTIC_RUN_ID`` (or srun's variables with ``STORMWATCH_RUN_ID``:
-   :func:`stormwatch.contracts.rank_env.rank_env`; job: ``STORMWATCH_JOB``, else
-   the run id) and that
-   this node *claims*: its metrics folder (``--metrics-dir`` after ``train`` on
-   its command line, else ``STORMWATCH_METRICS_DIR``; resolved) is this agent's
-   metrics directory, or it has no metrics folder at all and the watcher claims
-   unlabelled ranks (``claim_unlabelled``: right for one agent per host, wrong in
-   the lab, where all nodes share one PID namespace: ``--no-claim-unlabelled-ranks``);
+3. among their descendants, takes the topmost process per rank whose environment has
+   ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID`` (or srun's variables
+   with ``STORMWATCH_RUN_ID``: :func:`stormwatch.contracts.rank_env.rank_env`; job:
+   ``STORMWATCH_JOB``, else the run id) and that this node *claims*: its metrics folder
+   (``--metrics-dir`` after ``train`` on its command line, else ``STORMWATCH_METRICS_DIR``;
+   resolved) is this agent's metrics directory, or it has no metrics folder at all and the
+   watcher claims unlabelled ranks (``claim_unlabelled``: right for one agent per host,
+   wrong in the lab, where all nodes share one PID namespace: ``--no-claim-unlabelled-ranks``);
    claimed rank processes under no launcher are *orphans* (:mod:`.orphans`), still ranks;
 4. notices tracked ranks that exited (gone, zombie, or replaced by a new pid) and counts
    an *unexpected* exit unless ``<metrics-dir>/rank<R>.done`` was written during that
@@ -110,12 +108,13 @@ class RankWatcher:
         clock: Unix time.
         is_agent: ``(name, cmdline) -> bool`` recognising rank launchers.
         tracer: records a ``rank.exit`` span per exit noticed (default: no-op).
-        claim_unlabelled: claim ranks that name no metrics folder at all (default
-            True: on a real node one agent owns every rank of the host; the lab,
-            several agents in one PID namespace, sets it False).
-        on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed.
-        exits: where exit statuses come from (:func:`~.proc_exits.open_exit_source`);
-            None: only from zombies a scan catches.
+        claim_unlabelled: claim ranks that name no metrics folder at all (default True: on
+            a real node one agent owns every rank of the host; the lab, several agents in
+            one PID namespace, sets it False).
+        on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed, after
+            the scan's listeners: who reads an exit event then ``/metrics`` finds it in both.
+        exits: where exit statuses come from (:func:`~.proc_exits.open_exit_source`); None:
+            only from zombies a scan catches.
         on_orphan: called (on the scan thread) per rank process newly seen without its
             launcher (:mod:`.orphans`).
     """
@@ -139,7 +138,7 @@ class RankWatcher:
         self._exit_counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
         self._last_exit_code: dict[RankKey, int] = {}
         self._listeners: list[Callable[[], None]] = []
-        self._on_exit = on_exit
+        self._on_exit = on_exit or (lambda gone: None)
         #: Claimed rank processes no live launcher is above, as of the last scan.
         self.orphaned = OrphanTracker(on_orphan)
         self._finder = RankFinder(metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled)
@@ -170,7 +169,6 @@ class RankWatcher:
         # rank -> when its latest process was asked to stop (its stop marker's time)
         self._stop_requests: dict[RankKey, float] = {}
 
-    # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Scan once now, then every ``interval`` seconds on a background thread."""
         if self._thread is not None:
@@ -215,7 +213,6 @@ class RankWatcher:
         appeared, exited, was replaced or was forgotten; it must not raise."""
         self._listeners.append(listener)
 
-    # ----------------------------------------------------------------- reads
     @property
     def last_scan_at(self) -> float | None:
         """Unix time of the last completed scan."""
@@ -318,7 +315,6 @@ class RankWatcher:
             unexpected_exits=self._unexpected.get(key, 0),
         )
 
-    # ------------------------------------------------------------------ scan
     def scan(self) -> None:
         """One scan (see the module docstring). Thread-safe; raises on unexpected failures."""
         with self._scan_lock:
@@ -332,7 +328,7 @@ class RankWatcher:
             now = self._clock()
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
-                self._update(found, table, now)
+                gone = self._update(found, table, now)
                 self._note_stop_requests()
                 orphaned = self.orphaned.update(orphans, now)
                 for beats in (samples[HEARTBEAT_METRIC], samples[PROGRESS_METRIC]):
@@ -351,6 +347,11 @@ class RankWatcher:
         if orphaned or before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
             for listener in self._listeners:
                 listener()  # outside the locks
+        for exited in gone:
+            try:  # after the listeners: /metrics is stale by then, never behind the events
+                self._on_exit(exited)
+            except Exception:
+                log.warning("on_exit callback failed", exc_info=True)
 
     def _instances(self) -> dict[str, set[str]]:
         """Per job, the instances its running ranks carry (:attr:`RankEnv.instance`)."""
@@ -378,7 +379,9 @@ class RankWatcher:
         found: Found,
         table: Mapping[int, ProcEntry],
         now: float,
-    ) -> None:
+    ) -> list[RankExit]:
+        """Track ``found``; returns the exits noticed (the caller publishes them)."""
+        noticed: list[RankExit] = []
         for key, tracked in self._tracked.items():
             if not tracked.alive:
                 continue
@@ -427,11 +430,7 @@ class RankWatcher:
             self._exit_times[(key[0], key[1], gone_rank.reason)] = now
             if code is not None:
                 self._last_exit_code[key] = code
-            if self._on_exit is not None:
-                try:
-                    self._on_exit(gone_rank)
-                except Exception:
-                    log.warning("on_exit callback failed", exc_info=True)
+            noticed.append(gone_rank)
         for key, (proc, env) in found.items():
             known = self._tracked.get(key)
             if known is not None and known.alive and known.pid == proc.pid:
@@ -443,6 +442,7 @@ class RankWatcher:
             self._tracked[key] = _Tracked(env, process, proc.pid, proc.create_time)
             self._unexpected.setdefault(key, 0)
             log.info("rank %d of job %s is pid %d", env.rank, env.job, proc.pid)
+        return noticed
 
     def _trace_exit(
         self, tracked: _Tracked, *, clean: bool, replaced: bool, code: int | None

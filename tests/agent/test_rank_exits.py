@@ -344,6 +344,24 @@ def test_a_tracked_rank_s_exit_event_starts_a_scan_before_the_interval(
     assert [(e.rank, e.exit_code) for e in exits] == [(0, -9)]
 
 
+def test_cc14_an_exit_is_published_only_after_the_exposition_was_told_to_render_it(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    """CI cc14: the exit event (``/v1/events``) was recorded inside the scan, the
+    exposition's invalidation only at its end, so a scrape between them served the cached
+    body without the exit. The listeners (the exposition's ``changed``) now come first."""
+    order: list[str] = []
+    watcher = RankWatcher(metrics_dir, interval=600.0, on_exit=lambda e: order.append("exit"))
+    watcher.add_listener(lambda: order.append("listener"))
+    launcher = fake_torchrun([0])
+    pid = launcher.wait_pid(0)
+    tools.wait_for(lambda: watcher.scan() or watcher.ranks())
+    order.clear()
+    os.kill(pid, signal.SIGKILL)
+    tools.wait_for(lambda: watcher.scan() or "exit" in order)
+    assert order == ["listener", "exit"]
+
+
 def test_an_exit_listener_that_raises_does_not_stop_exits_being_received() -> None:
     source = open_exit_source()
     if not source.available:
