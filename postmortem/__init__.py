@@ -17,8 +17,9 @@ Modules:
 * :mod:`.progress`: the job's progress as the engine reads rank logs (``RankProgress``;
   the trainer's log reader makes it), restarts after a moment, steps lost, elapsed times;
 * :mod:`.measures`: impact (``Impact``) and the loss check (``LossCheck``);
-* :mod:`.culprit`: the culprit (``Culprit``) from neutral clues (dumps, exits, alerts,
-  straggler scores, heartbeats, XIDs), and of a hang in progress from its ranks' dumps;
+* :mod:`.clues`, :mod:`.culprit`: the culprit (``Culprit``) from neutral clues (dumps,
+  exits, alerts, straggler scores, heartbeats, XIDs), and of a hang in progress from its
+  ranks' dumps;
 * :mod:`.causes`: the node and rank that caused a restart, and why a restart itself failed
   (``port conflict on restart``, from the errno a rank's dump records);
 * :mod:`.timeline`: ``TimelineEvent`` and how rows of many sources merge;
@@ -40,7 +41,7 @@ from stormwatch.postmortem.causes import (
     port_conflicts,
     restart_failure,
 )
-from stormwatch.postmortem.culprit import (
+from stormwatch.postmortem.clues import (
     Clues,
     Culprit,
     FirstAlert,
@@ -48,10 +49,8 @@ from stormwatch.postmortem.culprit import (
     RankDump,
     RankExit,
     RankHang,
-    compare_dumps,
-    culprit_from_dumps,
-    find_culprit,
 )
+from stormwatch.postmortem.culprit import compare_dumps, culprit_from_dumps, find_culprit
 from stormwatch.postmortem.document import (
     Bullets,
     Document,

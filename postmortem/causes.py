@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stormwatch.postmortem.culprit import EXIT_BEFORE_ONSET_S, RankDump, RankExit
+from stormwatch.postmortem.clues import RankDump, RankExit
+from stormwatch.postmortem.culprit import EXIT_BEFORE_ONSET_S
 from stormwatch.postmortem.progress import Restart
 from stormwatch.postmortem.text import format_clock
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stormwatch.postmortem.causes import RestartFailure
-from stormwatch.postmortem.culprit import Culprit, RankDump
+from stormwatch.postmortem.clues import Culprit, RankDump
 from stormwatch.postmortem.document import Bullets, Document, Figure, KeyValues, Paragraph, Section
 from stormwatch.postmortem.measures import Impact
 from stormwatch.postmortem.text import MISSING, format_clock, format_optional, format_seconds

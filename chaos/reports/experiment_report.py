@@ -49,7 +49,7 @@ from stormwatch.postmortem import (
     write_report,
 )
 from stormwatch.postmortem.causes import failed_ranks, restart_failure
-from stormwatch.postmortem.culprit import RankDump
+from stormwatch.postmortem.clues import RankDump
 from stormwatch.postmortem.experiment import alert_name
 from stormwatch.postmortem.progress import StepDone, last_step, steps_until
 from stormwatch.postmortem.text import format_clock

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from stormwatch.postmortem import RankDump, culprit_from_dumps
+from stormwatch.telemetry.culprit import reduce_dump
+from stormwatch.telemetry.dump import DumpRecord
 
 
 def _dump(rank: int, enqueued: int, *, waiting: bool) -> RankDump:
@@ -53,3 +55,48 @@ def test_the_evidence_says_who_was_silent_and_who_waits() -> None:
         "rank(s) 1 did not answer the dump request, while rank(s) 0"
     )
     assert "group 0 default_pg: last enqueued #8" in culprit.evidence[1]
+
+
+def _gloo_dump(rank: int, enqueued: int, completed: int) -> RankDump:
+    """A rank's dump reduced as the agent reduces it, from torch's flight-recorder counters."""
+    record = DumpRecord.model_validate(
+        {
+            "rank": rank,
+            "time": 10.0,
+            "reason": "dump requested: hang of job j",
+            "flight_recorder": {
+                "pg_status": {
+                    "0": {
+                        "last_enqueued_collective": str(enqueued),
+                        "last_completed_collective": str(completed),
+                    }
+                }
+            },
+        }
+    )
+    return reduce_dump(record)
+
+
+def test_cc14_a_rank_behind_inside_the_collective_its_peers_passed_is_a_victim() -> None:
+    """CI cc14: rank 1 (node0) SIGSTOPped inside a gloo ring all-reduce; on node1, rank 2
+    had completed it (the ring brought it every chunk before rank 1 stopped) and waited in
+    the next, rank 3 still waited in it. Node1's agent named rank 3, a waiting rank."""
+    node1 = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=39)]
+    assert [d.waiting for d in node1] == [["0"], ["0"]]
+    assert culprit_from_dumps(node1, [2, 3]) is None
+    # Behind and inside no collective of that group is still the one that never issued it.
+    hung = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=40)]
+    culprit = culprit_from_dumps(hung, [2, 3])
+    assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
+    assert "group 0: 1 fewer" in culprit.evidence[2]
+
+
+def test_the_evidence_marks_a_rank_behind_inside_its_group_s_collective() -> None:
+    dumps = [
+        _gloo_dump(0, enqueued=41, completed=40),
+        _gloo_dump(1, enqueued=40, completed=39),
+        _gloo_dump(2, enqueued=40, completed=40),
+    ]
+    culprit = culprit_from_dumps(dumps, [0, 1, 2])
+    assert culprit is not None and (culprit.rank, culprit.certain) == (2, True)
+    assert "group 0: 1 fewer (inside its collective)" in culprit.evidence[2]
