@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,17 +81,30 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
 )
 
 
-def _config_options(func: Any) -> Any:
-    """Options that build a LabConfig (defaults: LabConfig's)."""
+def _config_options(func: Any, *, listed: Mapping[str, str] | None = None) -> Any:
+    """Options that build a LabConfig (defaults: LabConfig's). ``listed``: the fields
+    ``--help`` shows, with their help text there ("": the usual); the others are accepted,
+    hidden. None: all."""
     defaults = LabConfig()
     for flag, field, kind, text in reversed(_CONFIG_FLAGS):
         default = getattr(defaults, field)
         default = default if default is None or isinstance(default, (bool, int)) else str(default)
         typed = {} if kind is bool else {"type": kind}
         shown = default is not None
-        option = click.option(flag, field, default=default, show_default=shown, help=text, **typed)
+        hidden = listed is not None and field not in listed
+        text = (listed or {}).get(field) or text
+        option = click.option(
+            flag, field, default=default, show_default=shown, help=text, hidden=hidden, **typed
+        )
         func = option(func)
     return func
+
+
+def _sweep_options(func: Any) -> Any:
+    """``lab down``'s: ``lab up``'s options, accepted (one command line serves both), of
+    which only those a sweep without lab.json reads are listed."""
+    slurm = "Whether the lab ran Slurm (stop its daemons)."
+    return _config_options(func, listed={"prefix": "", "slurm": slurm})
 
 
 def _config(**values: Any) -> LabConfig:
@@ -218,14 +231,16 @@ def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> Non
 
 @lab.command()
 @run_dir_option
-@_config_options
+@_sweep_options
 def down(run_dir: Path, **values: Any) -> None:
     """Stop every lab process and remove its namespaces, veths and bridge.
 
     Uses <run-dir>/lab.json when present; otherwise sweeps the names the
-    options describe (--prefix). Safe to run twice, or after a crashed `lab up`.
-    Never touches a lab recorded in another run directory: without lab.json here,
-    it refuses when another run directory owns the prefix.
+    options describe (--prefix; --no-slurm: no Slurm daemons to stop). Safe to run
+    twice, or after a crashed `lab up`. Never touches a lab recorded in another run
+    directory: without lab.json here, it refuses when another run directory owns the
+    prefix. Accepts every option of `lab up` (unlisted here), so one command line
+    serves both.
     """
     console = _console()
     _reap_overdue(run_dir)

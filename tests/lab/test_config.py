@@ -243,3 +243,21 @@ def test_lab_status_keeps_one_line_per_row_at_80_columns(tmp_path: Any) -> None:
     assert node0[1:3] == ["swtcol-node0", str(LabConfig(nodes=2).node_address(0))]
     assert prometheus[-1] == state.prometheus_url + "/-/ready"
     assert job[0] == name and job[-1] == str(job_dir)
+
+
+def test_lab_down_lists_only_what_a_sweep_reads_and_still_takes_up_s_options(
+    tmp_path: Path,
+) -> None:
+    shown = CliRunner().invoke(lab, ["down", "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "--prefix" in shown.output and "--no-slurm" in shown.output
+    for meaningless in ("--nproc-per-node", "--grace-period", "--scheduler", "--nodes"):
+        assert meaningless not in shown.output
+    # The flags of `lab up` are still accepted: a script may pass one command line to both.
+    config = LabConfig(prefix="swdn")
+    gone = CliRunner().invoke(
+        lab,
+        ["down", "--run-dir", str(tmp_path), "--prefix", config.prefix, "--no-slurm",
+         "--nodes", "2", "--nproc-per-node", "1", "--grace-period", "3"],
+    )  # fmt: skip
+    assert gone.exit_code == 0, gone.output
