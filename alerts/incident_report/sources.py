@@ -231,8 +231,10 @@ def _read_slurm(inputs: Inputs, slurm: SlurmCommands, job: str | None) -> None:
         return
     try:
         history = read_slurm_history(slurm, job)
-    except BackendError as exc:
-        log.warning("post-mortem: Slurm not read: %s", exc)
+    except BackendError as exc:  # e.g. the lab is down: scontrol's munge errors, 4 lines
+        lines = str(exc).splitlines() or [""]
+        more = f" (+{len(lines) - 1} more lines in the report's inputs)" if len(lines) > 1 else ""
+        log.warning("post-mortem: Slurm not read (is slurmctld up?): %s%s", lines[0], more)
         inputs.inputs["slurm"] = f"none: {exc}"
         return
     start, end = inputs.window

@@ -85,6 +85,28 @@ def test_an_unreadable_slurm_is_named_in_the_inputs_and_the_rest_is_written(kit:
     assert "slurm" not in _gather(kit, None).inputs
 
 
+def test_a_lab_that_is_down_gives_one_warning_line_not_scontrol_s_munge_lines(
+    kit: Any, caplog: Any
+) -> None:
+    munge = (  # scontrol's kind of errors once the lab's munged is gone (after `make demo`)
+        "scontrol --oneliner show job: exit status 1: "
+        "scontrol: error: If munged is up, restart with --num-threads=10\n"
+        'scontrol: error: Munge encode failed: Failed to access "/run/munge/munge.socket.2"\n'
+        "scontrol: error: slurm_send_node_msg: auth_g_create: REQUEST_JOB_INFO has "
+        "authentication error\nslurm_load_jobs error: Protocol authentication error"
+    )
+
+    def down(argv: Sequence[str]) -> str:
+        raise BackendError(munge)
+
+    with caplog.at_level("WARNING"):
+        inputs = _gather(kit, SlurmCommands(runner=down))
+    [warning] = [r.getMessage() for r in caplog.records if "Slurm not read" in r.getMessage()]
+    assert "\n" not in warning and "is slurmctld up?" in warning, warning
+    assert warning.endswith("(+3 more lines in the report's inputs)"), warning
+    assert inputs.inputs["slurm"] == f"none: {munge}"  # all of it, where it is kept
+
+
 def test_the_responder_reads_slurm_for_post_mortems_only_on_the_slurm_platform(
     tmp_path: Path,
 ) -> None:
