@@ -104,7 +104,8 @@ def _sweep_options(func: Any) -> Any:
     """``lab down``'s: ``lab up``'s options, accepted (one command line serves both), of
     which only those a sweep without lab.json reads are listed."""
     slurm = "Whether the lab ran Slurm (stop its daemons)."
-    return _config_options(func, listed={"prefix": "", "slurm": slurm})
+    nodes = "Nodes the lab had (their Slurm runtime files)."
+    return _config_options(func, listed={"nodes": nodes, "prefix": "", "slurm": slurm})
 
 
 def _config(**values: Any) -> LabConfig:
@@ -236,7 +237,7 @@ def down(run_dir: Path, **values: Any) -> None:
     """Stop every lab process and remove its namespaces, veths and bridge.
 
     Uses <run-dir>/lab.json when present; otherwise sweeps the names the
-    options describe (--prefix; --no-slurm: no Slurm daemons to stop). Safe to run
+    options describe (--prefix, --nodes; --no-slurm: no Slurm daemons). Safe to run
     twice, or after a crashed `lab up`. Never touches a lab recorded in another run
     directory: without lab.json here, it refuses when another run directory owns the
     prefix. Accepts every option of `lab up` (unlisted here), so one command line

@@ -30,8 +30,10 @@ class RankDump(BaseModel):
         enqueued: process group (``name ranks``) -> last enqueued collective seq.
         behind: groups where this rank enqueued fewer collectives than a peer, with
             how many fewer (:func:`compare_dumps`).
-        waiting: process groups with a collective this rank enqueued and has not completed
-            (the flight recorder's counters): it entered that group's latest collective.
+        completed: process group (``name ranks``) -> last completed collective seq.
+        overtaken: groups where this rank is inside a collective that a peer has completed
+            already (:func:`compare_dumps`): a victim's state, the collective is done but for
+            a peer that stopped midway (a ring all-reduce completes on some ranks first).
         in_flight: the rank was inside a collective (enqueued but never completed,
             or a collective of our own record with no completion time).
     """
@@ -47,7 +49,8 @@ class RankDump(BaseModel):
     phase: str | None = None
     enqueued: dict[str, int] = Field(default_factory=dict)
     behind: dict[str, int] = Field(default_factory=dict)
-    waiting: list[str] = Field(default_factory=list)
+    completed: dict[str, int] = Field(default_factory=dict)
+    overtaken: list[str] = Field(default_factory=list)
     in_flight: bool = False
 
 

@@ -55,7 +55,8 @@ EXIT_TIE_S = 1.0
 
 
 def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
-    """Fill each dump's ``behind`` (per process group, vs. the furthest peer); by rank."""
+    """Fill each dump's ``behind`` (per process group, vs. the furthest peer) and
+    ``overtaken`` (inside a collective a peer completed); by rank."""
     ranks = sorted(dumps, key=lambda d: d.rank)
     groups = sorted({name for d in ranks for name in d.enqueued})
     for name in groups:
@@ -63,19 +64,24 @@ def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
         if len(counts) < 2:
             continue
         top = max(counts)
+        done = max((d.completed[name] for d in ranks if name in d.completed), default=None)
         for dump in ranks:
             mine = dump.enqueued.get(name)
             if mine is not None and mine < top:
                 dump.behind[name] = top - mine
+            inside = mine is not None and mine > dump.completed.get(name, mine)
+            if inside and done is not None and done >= mine and name not in dump.overtaken:
+                dump.overtaken.append(name)
     return ranks
 
 
 def _unissued(dump: RankDump) -> dict[str, int]:
-    """The groups where ``dump``'s rank is behind and not inside the group's collective: it
-    never issued what its peers did. Behind *inside* a group's collective is a victim's
-    state: a ring all-reduce completes on some ranks before others, and those left wait for
-    a peer that stopped (CI cc14: gloo, a SIGSTOPped rank; a waiting rank was named)."""
-    return {g: n for g, n in dump.behind.items() if g not in dump.waiting}
+    """The groups where ``dump``'s rank is behind, less those where it is inside a collective
+    a peer has completed: a ring all-reduce completes on some ranks before a peer stops and
+    leaves the others in it (CI cc14: gloo, a SIGSTOPped rank; a rank left waiting in it
+    was named). Behind inside a collective no peer completed stays evidence (an NCCL rank
+    whose kernel never ran while its peers enqueued the next)."""
+    return {g: n for g, n in dump.behind.items() if g not in dump.overtaken}
 
 
 def _flight_recorder(dumps: Sequence[RankDump]) -> Culprit | None:
@@ -95,7 +101,8 @@ def _flight_recorder(dumps: Sequence[RankDump]) -> Culprit | None:
     for dump in dumps:
         state = "waiting inside a collective" if dump.in_flight else "inside no collective"
         behind = ", ".join(
-            f"group {g}: {n} fewer" + (" (inside its collective)" if g in dump.waiting else "")
+            f"group {g}: {n} fewer"
+            + (" (inside a collective a peer completed)" if g in dump.overtaken else "")
             for g, n in sorted(dump.behind.items())
         )
         evidence.append(
@@ -120,35 +127,41 @@ def culprit_from_dumps(dumps: Iterable[RankDump], asked: Iterable[int]) -> Culpr
     waits inside a collective, the silent ones are what the others wait for: a rank that
     is stopped, or hung where even a thread of it cannot run, cannot answer (a dead one
     would have been seen exiting). Certain when exactly one rank is silent; a rank named
-    by the comparison while others are silent is uncertain.
+    by the comparison while others are silent is uncertain, and so is a silent rank when
+    a rank that answered waits in no collective and the comparison names no one.
     """
     compared = compare_dumps(dumps)
+    if not compared:
+        return None
     silent = sorted(set(asked) - {d.rank for d in compared})
-    if not silent or not compared:
-        return _flight_recorder(compared) if compared else None
-    if not all(d.in_flight for d in compared):
-        found = _flight_recorder(compared)
-        if found is not None:  # a silent rank might be part of it
-            found.certain = False
-            found.evidence.append(f"rank(s) {', '.join(map(str, silent))} did not answer")
+    found = _flight_recorder(compared)
+    if not silent:
         return found
-    waiting = ", ".join(str(d.rank) for d in compared)
+    all_wait = all(d.in_flight for d in compared)
+    if found is not None and not all_wait:  # a silent rank might be part of it
+        found.certain = False
+        found.evidence.append(f"rank(s) {', '.join(map(str, silent))} did not answer")
+        return found
+    quiet = ", ".join(map(str, silent))
+    answered = ", ".join(str(d.rank) for d in compared)
     evidence = [
-        f"rank(s) {', '.join(map(str, silent))} did not answer the dump request, while "
-        f"rank(s) {waiting} wait inside a collective: they wait for the silent one(s), "
-        "which are stopped or hung where no thread of theirs runs"
+        f"rank(s) {quiet} did not answer the dump request, while rank(s) {answered} wait "
+        "inside a collective: they wait for the silent one(s), which are stopped or hung "
+        "where no thread of theirs runs"
+        if all_wait
+        else f"rank(s) {quiet} did not answer the dump request, and the dumps of rank(s) "
+        f"{answered} name no one: the silent one(s) are the likely cause"
     ]
     for dump in compared:
         groups = ", ".join(
             f"group {g}: last enqueued #{n}" for g, n in sorted(dump.enqueued.items())
         )
-        evidence.append(
-            f"flight recorder, rank {dump.rank}: waiting inside a collective ({groups})"
-        )
+        state = "waiting inside a collective" if dump.in_flight else "inside no collective"
+        evidence.append(f"flight recorder, rank {dump.rank}: {state} ({groups})")
     return Culprit(
         rank=silent[0] if len(silent) == 1 else None,
         method="flight_recorder",
-        certain=len(silent) == 1,
+        certain=len(silent) == 1 and all_wait,
         evidence=evidence,
     )
 

@@ -17,9 +17,8 @@ REASON_CHARS = 300
 
 def reduce_dump(record: DumpRecord) -> RankDump:
     """The parts of one rank's dump that compare across ranks: per process group the last
-    collective enqueued, the groups whose latest collective it is inside (enqueued, not
-    completed), and whether the rank was inside a collective (one enqueued but not
-    completed, or one of our own record never observed complete)."""
+    collective enqueued and completed, and whether the rank was inside a collective (one
+    enqueued but not completed, or one of our own record never observed complete)."""
     dump = RankDump(
         rank=record.rank,
         attempt=record.attempt,
@@ -34,9 +33,10 @@ def reduce_dump(record: DumpRecord) -> RankDump:
         if enqueued is None:
             continue
         dump.enqueued[name] = enqueued
+        if completed is not None:
+            dump.completed[name] = completed
         if completed is not None and completed >= 0 and enqueued > completed:
             dump.in_flight = True
-            dump.waiting.append(name)
     if record.in_collective():
         dump.in_flight = True
     return dump

@@ -26,24 +26,24 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
    (:func:`.rankinfo.is_stop`: its ``rank<R>.stopping``, written at SIGTERM, whatever its
    status; or a SIGTERM exit before its telemetry could mark it, in a job using the API),
    unless this agent's own ``kill_rank`` fault sent the SIGTERM (:meth:`note_fault_signal`);
-5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still
-   has live-gauge files, so dead ranks' current-state gauges disappear while
-   their counters stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
-6. keeps the folder bounded (:meth:`.folder.TrainerFolder.maintain`): the other files
-   of exited processes are folded into one accumulator (counters keep their totals),
-   a job's fresh start drops its earlier start's series, and jobs gone for
-   ``forget_after`` are dropped.
+5. calls ``mark_process_dead(pid, metrics_dir)`` for every dead pid that still has
+   live-gauge files, so dead ranks' current-state gauges disappear while their counters
+   stay (FC-01) (:meth:`.trainer_files.TrainerFiles.mark_dead`);
+6. keeps the folder bounded (:meth:`.folder.TrainerFolder.maintain`): the other files of
+   exited processes are folded into one accumulator (counters keep their totals), a job's
+   fresh start drops its earlier start's series, and jobs gone for ``forget_after`` go.
 
-The last heartbeat of a rank is kept after it dies (so that it goes stale and
-a "no progress" alert fires) until a restarted rank reports a newer one. A rank
-that finished cleanly is forgotten at once; one that died is forgotten
-``forget_after`` seconds after its exit (counters are never dropped).
+The last heartbeat of a rank is kept after it dies (so that it goes stale and a "no
+progress" alert fires) until a restarted rank reports a newer one. A rank that finished
+cleanly is forgotten at once; one that died ``forget_after`` seconds after its exit
+(counters are never dropped).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -209,8 +209,8 @@ class RankWatcher:
             self._last_error = f"{type(exc).__name__}: {exc}"
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` (on the scan thread) after a scan in which a rank
-        appeared, exited, was replaced or was forgotten; it must not raise."""
+        """Call ``listener()`` (on the scan thread) after a scan in which a rank appeared,
+        exited, was replaced or was forgotten."""
         self._listeners.append(listener)
 
     @property
@@ -316,7 +316,23 @@ class RankWatcher:
         )
 
     def scan(self) -> None:
-        """One scan (see the module docstring). Thread-safe; raises on unexpected failures."""
+        """One scan (module docstring), thread-safe. Publishes what it noticed, failed or not:
+        listeners, then ``on_exit`` per exit (``/metrics`` never behind the events, CI cc14)."""
+        noticed: list[RankExit] = []
+        changed = False
+        try:
+            changed = self._scan(noticed)
+        finally:  # outside the locks
+            calls: list[Callable[[], None]] = list(self._listeners) if changed or noticed else []
+            for call in calls + [functools.partial(self._on_exit, e) for e in noticed]:
+                try:
+                    call()
+                except Exception:
+                    log.warning("rank watcher callback failed", exc_info=True)
+
+    def _scan(self, noticed: list[RankExit]) -> bool:
+        """:meth:`scan`'s work: exits go to ``noticed`` as counted; returns whether a rank
+        appeared, exited, was replaced or was forgotten (raises on unexpected failures)."""
         with self._scan_lock:
             samples = self._files.read(
                 LIVE_GAUGES, (HEARTBEAT_METRIC, PROGRESS_METRIC, STEP_METRIC)
@@ -328,7 +344,7 @@ class RankWatcher:
             now = self._clock()
             with self._lock:
                 before = {key: (t.pid, t.alive) for key, t in self._tracked.items()}
-                gone = self._update(found, table, now)
+                self._update(found, table, now, noticed)
                 self._note_stop_requests()
                 orphaned = self.orphaned.update(orphans, now)
                 for beats in (samples[HEARTBEAT_METRIC], samples[PROGRESS_METRIC]):
@@ -344,14 +360,7 @@ class RankWatcher:
                 self._alive_pids = frozenset(t.pid for t in self._tracked.values() if t.alive)
             self._last_scan_at = now
             self._last_error = None
-        if orphaned or before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}:
-            for listener in self._listeners:
-                listener()  # outside the locks
-        for exited in gone:
-            try:  # after the listeners: /metrics is stale by then, never behind the events
-                self._on_exit(exited)
-            except Exception:
-                log.warning("on_exit callback failed", exc_info=True)
+        return orphaned or before != {key: (t.pid, t.alive) for key, t in self._tracked.items()}
 
     def _instances(self) -> dict[str, set[str]]:
         """Per job, the instances its running ranks carry (:attr:`RankEnv.instance`)."""
@@ -379,9 +388,9 @@ class RankWatcher:
         found: Found,
         table: Mapping[int, ProcEntry],
         now: float,
-    ) -> list[RankExit]:
-        """Track ``found``; returns the exits noticed (the caller publishes them)."""
-        noticed: list[RankExit] = []
+        noticed: list[RankExit],
+    ) -> None:
+        """Track ``found``; appends each exit to ``noticed`` (the caller publishes them)."""
         for key, tracked in self._tracked.items():
             if not tracked.alive:
                 continue
@@ -408,7 +417,7 @@ class RankWatcher:
             tracked.exited_at = now
             # A done marker with a known failure (a job's sys.exit(3) passes the API's
             # clean shutdown at exit) is not a finish.
-            clean = self._finished_cleanly(tracked) and code in (None, 0)
+            clean = (self._marked_at(tracked, "done") is not None) and code in (None, 0)
             asked = self._marked_at(tracked, "stopping")  # also a fault's SIGTERM
             if asked is not None:
                 self._stop_requests[key] = asked
@@ -424,13 +433,14 @@ class RankWatcher:
                 self._unexpected[key] += 1
                 msg = "rank %s of job %s (pid %d) exited unexpectedly"
                 log.warning(msg, *reversed(key), tracked.pid)
-            self._trace_exit(tracked, clean=clean, replaced=replaced, code=code)
             gone_rank = RankExit(key[0], key[1], tracked.pid, clean, replaced, code, stopped)
             self._exit_counts[(key[0], key[1], gone_rank.reason)] += 1
             self._exit_times[(key[0], key[1], gone_rank.reason)] = now
             if code is not None:
                 self._last_exit_code[key] = code
             noticed.append(gone_rank)
+            attributes = exit_attributes(tracked.env, tracked.pid, clean, replaced, code)
+            self._tracer.start_span("rank.exit", attributes=attributes).end()
         for key, (proc, env) in found.items():
             known = self._tracked.get(key)
             if known is not None and known.alive and known.pid == proc.pid:
@@ -442,13 +452,6 @@ class RankWatcher:
             self._tracked[key] = _Tracked(env, process, proc.pid, proc.create_time)
             self._unexpected.setdefault(key, 0)
             log.info("rank %d of job %s is pid %d", env.rank, env.job, proc.pid)
-        return noticed
-
-    def _trace_exit(
-        self, tracked: _Tracked, *, clean: bool, replaced: bool, code: int | None
-    ) -> None:
-        attributes = exit_attributes(tracked.env, tracked.pid, clean, replaced, code)
-        self._tracer.start_span("rank.exit", attributes=attributes).end()
 
     def note_fault_signal(self, pid: int, *, sent: bool = True) -> None:
         """A fault of this agent is about to signal ``pid`` (``kill_rank``): its exit is a
@@ -460,9 +463,6 @@ class RankWatcher:
             else:
                 self._fault_signalled.discard(pid)
 
-    def _finished_cleanly(self, tracked: _Tracked) -> bool:
-        return self._marked_at(tracked, "done") is not None
-
     def _marked_at(self, tracked: _Tracked, what: str) -> float | None:
         return marker_time(
             self._dir, tracked.env.rank, what, pid=tracked.pid, create_time=tracked.create_time
@@ -472,7 +472,7 @@ class RankWatcher:
         for key, tracked in list(self._tracked.items()):
             if tracked.alive or tracked.exited_at is None:
                 continue
-            clean = self._finished_cleanly(tracked)
+            clean = self._marked_at(tracked, "done") is not None
             if clean or now - tracked.exited_at >= self._forget_after:
                 del self._tracked[key]
                 self._last_exit_code.pop(key, None)

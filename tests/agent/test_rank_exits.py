@@ -362,6 +362,35 @@ def test_cc14_an_exit_is_published_only_after_the_exposition_was_told_to_render_
     assert order == ["listener", "exit"]
 
 
+def test_an_exit_counted_by_a_scan_that_then_fails_is_still_published(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    """The exit is counted and the rank no longer tracked as alive, so the next scan would
+    not see it again: a scan failing after that (a gauge file gone under ``mark_dead``)
+    must still call the listeners and ``on_exit``."""
+    order: list[str] = []
+    watcher = RankWatcher(metrics_dir, interval=600.0, on_exit=lambda e: order.append("exit"))
+    watcher.add_listener(lambda: order.append("listener"))
+    launcher = fake_torchrun([0])
+    pid = launcher.wait_pid(0)
+    tools.wait_for(lambda: watcher.scan() or watcher.ranks())
+    order.clear()
+
+    def vanished(table: Any) -> None:
+        raise FileNotFoundError("a live-gauge file removed under the scan")
+
+    watcher._files.mark_dead = vanished
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while "exit" not in order:  # every scan fails; the one that sees the exit publishes it
+        assert time.monotonic() < deadline, "the exit was never published"
+        with pytest.raises(FileNotFoundError):
+            watcher.scan()
+        time.sleep(0.05)
+    assert order == ["listener", "exit"]
+    assert watcher.unexpected_exits()[(launcher.job, 0)] == 1
+
+
 def test_an_exit_listener_that_raises_does_not_stop_exits_being_received() -> None:
     source = open_exit_source()
     if not source.available:

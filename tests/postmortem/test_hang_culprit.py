@@ -77,13 +77,13 @@ def _gloo_dump(rank: int, enqueued: int, completed: int) -> RankDump:
     return reduce_dump(record)
 
 
-def test_cc14_a_rank_behind_inside_the_collective_its_peers_passed_is_a_victim() -> None:
+def test_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victim() -> None:
     """CI cc14: rank 1 (node0) SIGSTOPped inside a gloo ring all-reduce; on node1, rank 2
     had completed it (the ring brought it every chunk before rank 1 stopped) and waited in
     the next, rank 3 still waited in it. Node1's agent named rank 3, a waiting rank."""
     node1 = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=39)]
-    assert [d.waiting for d in node1] == [["0"], ["0"]]
     assert culprit_from_dumps(node1, [2, 3]) is None
+    assert [d.overtaken for d in node1] == [[], ["0"]]
     # Behind and inside no collective of that group is still the one that never issued it.
     hung = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=40)]
     culprit = culprit_from_dumps(hung, [2, 3])
@@ -91,7 +91,28 @@ def test_cc14_a_rank_behind_inside_the_collective_its_peers_passed_is_a_victim()
     assert "group 0: 1 fewer" in culprit.evidence[2]
 
 
-def test_the_evidence_marks_a_rank_behind_inside_its_group_s_collective() -> None:
+def test_a_rank_behind_inside_a_collective_no_peer_completed_is_still_named() -> None:
+    # NCCL: rank 1's kernel #40 never ran (its GPU is stuck before it) while its peers
+    # enqueued #41 behind #40; nobody completed #40: rank 1 is the likely culprit.
+    dumps = [
+        _gloo_dump(0, enqueued=41, completed=39),
+        _gloo_dump(1, enqueued=40, completed=39),
+        _gloo_dump(2, enqueued=41, completed=39),
+    ]
+    culprit = culprit_from_dumps(dumps, [0, 1, 2])
+    assert culprit is not None and (culprit.rank, culprit.certain) == (1, False)
+
+
+def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
+    # Rank 1 stopped midway through a ring all-reduce: rank 0 completed it and is between
+    # collectives, rank 2 is still inside it. Only the silent rank is left to name.
+    dumps = [_gloo_dump(0, enqueued=41, completed=41), _gloo_dump(2, enqueued=40, completed=39)]
+    culprit = culprit_from_dumps(dumps, [0, 1, 2])
+    assert culprit is not None and (culprit.rank, culprit.certain) == (1, False)
+    assert "the dumps of rank(s) 0, 2 name no one" in culprit.evidence[0]
+
+
+def test_the_evidence_marks_a_rank_behind_inside_a_collective_a_peer_completed() -> None:
     dumps = [
         _gloo_dump(0, enqueued=41, completed=40),
         _gloo_dump(1, enqueued=40, completed=39),
@@ -99,4 +120,4 @@ def test_the_evidence_marks_a_rank_behind_inside_its_group_s_collective() -> Non
     ]
     culprit = culprit_from_dumps(dumps, [0, 1, 2])
     assert culprit is not None and (culprit.rank, culprit.certain) == (2, True)
-    assert "group 0: 1 fewer (inside its collective)" in culprit.evidence[2]
+    assert "group 0: 1 fewer (inside a collective a peer completed)" in culprit.evidence[2]
