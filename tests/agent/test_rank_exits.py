@@ -344,12 +344,12 @@ def test_a_tracked_rank_s_exit_event_starts_a_scan_before_the_interval(
     assert [(e.rank, e.exit_code) for e in exits] == [(0, -9)]
 
 
-def test_cc14_an_exit_is_published_only_after_the_exposition_was_told_to_render_it(
+def _watched_rank(
     fake_torchrun: Any, metrics_dir: Path, tools: Any
-) -> None:
-    """CI cc14: the exit event (``/v1/events``) was recorded inside the scan, the
-    exposition's invalidation only at its end, so a scrape between them served the cached
-    body without the exit. The listeners (the exposition's ``changed``) now come first."""
+) -> tuple[RankWatcher, list[str], int, str]:
+    """A watcher (scanned only when the test says) that already tracks rank 0 of a new
+    job, recording the order of its listener's and ``on_exit``'s calls: (watcher, the
+    calls, rank 0's pid, the job)."""
     order: list[str] = []
     watcher = RankWatcher(metrics_dir, interval=600.0, on_exit=lambda e: order.append("exit"))
     watcher.add_listener(lambda: order.append("listener"))
@@ -357,6 +357,16 @@ def test_cc14_an_exit_is_published_only_after_the_exposition_was_told_to_render_
     pid = launcher.wait_pid(0)
     tools.wait_for(lambda: watcher.scan() or watcher.ranks())
     order.clear()
+    return watcher, order, pid, launcher.job
+
+
+def test_cc14_an_exit_is_published_only_after_the_exposition_was_told_to_render_it(
+    fake_torchrun: Any, metrics_dir: Path, tools: Any
+) -> None:
+    """CI cc14: the exit event (``/v1/events``) was recorded inside the scan, the
+    exposition's invalidation only at its end, so a scrape between them served the cached
+    body without the exit. The listeners (the exposition's ``changed``) now come first."""
+    watcher, order, pid, _ = _watched_rank(fake_torchrun, metrics_dir, tools)
     os.kill(pid, signal.SIGKILL)
     tools.wait_for(lambda: watcher.scan() or "exit" in order)
     assert order == ["listener", "exit"]
@@ -368,13 +378,7 @@ def test_an_exit_counted_by_a_scan_that_then_fails_is_still_published(
     """The exit is counted and the rank no longer tracked as alive, so the next scan would
     not see it again: a scan failing after that (a gauge file gone under ``mark_dead``)
     must still call the listeners and ``on_exit``."""
-    order: list[str] = []
-    watcher = RankWatcher(metrics_dir, interval=600.0, on_exit=lambda e: order.append("exit"))
-    watcher.add_listener(lambda: order.append("listener"))
-    launcher = fake_torchrun([0])
-    pid = launcher.wait_pid(0)
-    tools.wait_for(lambda: watcher.scan() or watcher.ranks())
-    order.clear()
+    watcher, order, pid, job = _watched_rank(fake_torchrun, metrics_dir, tools)
 
     def vanished(table: Any) -> None:
         raise FileNotFoundError("a live-gauge file removed under the scan")
@@ -388,7 +392,7 @@ def test_an_exit_counted_by_a_scan_that_then_fails_is_still_published(
             watcher.scan()
         time.sleep(0.05)
     assert order == ["listener", "exit"]
-    assert watcher.unexpected_exits()[(launcher.job, 0)] == 1
+    assert watcher.unexpected_exits()[(job, 0)] == 1
 
 
 def test_an_exit_listener_that_raises_does_not_stop_exits_being_received() -> None:

@@ -91,16 +91,31 @@ def test_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victim() -
     assert "group 0: 1 fewer" in culprit.evidence[2]
 
 
-def test_a_rank_behind_inside_a_collective_no_peer_completed_is_still_named() -> None:
-    # NCCL: rank 1's kernel #40 never ran (its GPU is stuck before it) while its peers
-    # enqueued #41 behind #40; nobody completed #40: rank 1 is the likely culprit.
-    dumps = [
-        _gloo_dump(0, enqueued=41, completed=39),
-        _gloo_dump(1, enqueued=40, completed=39),
-        _gloo_dump(2, enqueued=41, completed=39),
-    ]
+@pytest.mark.parametrize(
+    ("enqueued", "completed", "expected", "marked"),
+    [
+        # NCCL: rank 1's kernel #40 never ran (its GPU is stuck before it) while its peers
+        # enqueued #41 behind #40; nobody completed #40: rank 1 is the likely culprit.
+        ((41, 40, 41), (39, 39, 39), (1, False), ""),
+        # rank 0 completed #40 (a ring), rank 1 is left inside it, rank 2 never issued #41
+        (
+            (41, 40, 40),
+            (40, 39, 40),
+            (2, True),
+            "group 0: 1 fewer (inside a collective a peer completed)",
+        ),
+    ],
+)
+def test_a_rank_behind_inside_a_collective_is_named_only_when_no_peer_completed_it(
+    enqueued: tuple[int, int, int],
+    completed: tuple[int, int, int],
+    expected: tuple[int, bool],
+    marked: str,
+) -> None:
+    dumps = [_gloo_dump(r, enqueued=enqueued[r], completed=completed[r]) for r in range(3)]
     culprit = culprit_from_dumps(dumps, [0, 1, 2])
-    assert culprit is not None and (culprit.rank, culprit.certain) == (1, False)
+    assert culprit is not None and (culprit.rank, culprit.certain) == expected
+    assert marked in culprit.evidence[2]
 
 
 def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
@@ -110,14 +125,3 @@ def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
     culprit = culprit_from_dumps(dumps, [0, 1, 2])
     assert culprit is not None and (culprit.rank, culprit.certain) == (1, False)
     assert "the dumps of rank(s) 0, 2 name no one" in culprit.evidence[0]
-
-
-def test_the_evidence_marks_a_rank_behind_inside_a_collective_a_peer_completed() -> None:
-    dumps = [
-        _gloo_dump(0, enqueued=41, completed=40),
-        _gloo_dump(1, enqueued=40, completed=39),
-        _gloo_dump(2, enqueued=40, completed=40),
-    ]
-    culprit = culprit_from_dumps(dumps, [0, 1, 2])
-    assert culprit is not None and (culprit.rank, culprit.certain) == (2, True)
-    assert "group 0: 1 fewer (inside a collective a peer completed)" in culprit.evidence[2]
