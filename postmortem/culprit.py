@@ -69,19 +69,33 @@ def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
             mine = dump.enqueued.get(name)
             if mine is not None and mine < top:
                 dump.behind[name] = top - mine
-            inside = mine is not None and mine > dump.completed.get(name, mine)
+            inside = mine is not None and name in _inside(dump)
             if inside and done is not None and done >= mine and name not in dump.overtaken:
                 dump.overtaken.append(name)
     return ranks
 
 
+def _inside(dump: RankDump) -> set[str]:
+    """The groups whose last enqueued collective ``dump``'s rank has not completed (a
+    completed seq below 0 is unknown, as the telemetry's ``reduce_dump`` reads it)."""
+    return {
+        g
+        for g, n in dump.enqueued.items()
+        if dump.completed.get(g, -1) >= 0 and n > dump.completed[g]
+    }
+
+
 def _unissued(dump: RankDump) -> dict[str, int]:
-    """The groups where ``dump``'s rank is behind, less those where it is inside a collective
-    a peer has completed: a ring all-reduce completes on some ranks before a peer stops and
-    leaves the others in it (CI cc14: gloo, a SIGSTOPped rank; a rank left waiting in it
-    was named). Behind inside a collective no peer completed stays evidence (an NCCL rank
-    whose kernel never ran while its peers enqueued the next)."""
-    return {g: n for g, n in dump.behind.items() if g not in dump.overtaken}
+    """The groups where ``dump``'s rank is behind, less those its lag is explained on:
+    * it is inside a collective of *another* group: it waits there, and issues the rest when
+      that completes (the game day's hung rank: rank 3, inside its data-parallel all-reduce
+      with the hung rank 1, was behind rank 2 on their tensor-parallel group);
+    * it is inside a collective of that group a peer has completed: a ring all-reduce
+      completes on some ranks before a peer stops and leaves the others in it (CI cc14).
+    Behind inside the one collective no peer completed stays evidence (an NCCL rank whose
+    kernel never ran while its peers enqueued the next)."""
+    inside = _inside(dump)
+    return {g: n for g, n in dump.behind.items() if g not in dump.overtaken and not inside - {g}}
 
 
 def _flight_recorder(dumps: Sequence[RankDump]) -> Culprit | None:

@@ -58,20 +58,23 @@ def test_the_evidence_says_who_was_silent_and_who_waits() -> None:
 
 
 def _gloo_dump(rank: int, enqueued: int, completed: int) -> RankDump:
-    """A rank's dump reduced as the agent reduces it, from torch's flight-recorder counters."""
+    """A rank's dump reduced as the agent reduces it, from torch's flight-recorder counters
+    of one process group, ``"0"``."""
+    return _fr_dump(rank, {"0": (enqueued, completed)})
+
+
+def _fr_dump(rank: int, groups: dict[str, tuple[int, int]]) -> RankDump:
+    """The same with several groups: name -> (last enqueued, last completed)."""
+    status = {
+        name: {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
+        for name, (e, c) in groups.items()
+    }
     record = DumpRecord.model_validate(
         {
             "rank": rank,
             "time": 10.0,
             "reason": "dump requested: hang of job j",
-            "flight_recorder": {
-                "pg_status": {
-                    "0": {
-                        "last_enqueued_collective": str(enqueued),
-                        "last_completed_collective": str(completed),
-                    }
-                }
-            },
+            "flight_recorder": {"pg_status": status},
         }
     )
     return reduce_dump(record)
@@ -125,3 +128,20 @@ def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
     culprit = culprit_from_dumps(dumps, [0, 1, 2])
     assert culprit is not None and (culprit.rank, culprit.certain) == (1, False)
     assert "the dumps of rank(s) 0, 2 name no one" in culprit.evidence[0]
+
+
+def test_a_rank_waiting_in_one_group_and_behind_on_another_is_a_victim() -> None:
+    """The game day's hung rank (2026-12-05 10:01, dp=2 x tp=2, rank 1 on node0 blocked):
+    node1's rank 3 waited in its data-parallel all-reduce with rank 1 (group "1") and so was
+    one behind rank 2 on their tensor-parallel group ("2"), where rank 2 waited for it.
+    Node1's agent named rank 3 (uncertain): a waiting rank. Group names are the ranks' own
+    (rank 2's "1" is the other data-parallel group)."""
+    rank2 = _fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)})
+    rank3 = _fr_dump(3, {"0": (34, 34), "1": (136, 135), "2": (180, 180)})
+    assert culprit_from_dumps([rank2, rank3], [2, 3]) is None
+    # Inside no collective at all, the same lag names it: it never issued the next one.
+    idle = _fr_dump(3, {"0": (34, 34), "1": (136, 136), "2": (180, 180)})
+    culprit = culprit_from_dumps(
+        [_fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)}), idle], [2, 3]
+    )
+    assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
