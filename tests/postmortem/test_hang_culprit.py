@@ -80,7 +80,7 @@ def _fr_dump(rank: int, groups: dict[str, tuple[int, int]]) -> RankDump:
     return reduce_dump(record)
 
 
-def test_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victim() -> None:
+def test_fc10_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victim() -> None:
     """CI cc14: rank 1 (node0) SIGSTOPped inside a gloo ring all-reduce; on node1, rank 2
     had completed it (the ring brought it every chunk before rank 1 stopped) and waited in
     the next, rank 3 still waited in it. Node1's agent named rank 3, a waiting rank."""
@@ -109,7 +109,7 @@ def test_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victim() -
         ),
     ],
 )
-def test_a_rank_behind_inside_a_collective_is_named_only_when_no_peer_completed_it(
+def test_fc10_a_rank_behind_inside_a_collective_is_named_only_when_no_peer_completed_it(
     enqueued: tuple[int, int, int],
     completed: tuple[int, int, int],
     expected: tuple[int, bool],
@@ -121,7 +121,7 @@ def test_a_rank_behind_inside_a_collective_is_named_only_when_no_peer_completed_
     assert marked in culprit.evidence[2]
 
 
-def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
+def test_fc10_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
     # Rank 1 stopped midway through a ring all-reduce: rank 0 completed it and is between
     # collectives, rank 2 is still inside it. Only the silent rank is left to name.
     dumps = [_gloo_dump(0, enqueued=41, completed=41), _gloo_dump(2, enqueued=40, completed=39)]
@@ -130,7 +130,7 @@ def test_a_silent_rank_is_named_when_the_answers_name_no_one() -> None:
     assert "the dumps of rank(s) 0, 2 name no one" in culprit.evidence[0]
 
 
-def test_a_rank_waiting_in_one_group_and_behind_on_another_is_a_victim() -> None:
+def test_fc10_a_rank_waiting_in_one_group_and_behind_on_another_is_a_victim() -> None:
     """The game day's hung rank (2026-12-05 10:01, dp=2 x tp=2, rank 1 on node0 blocked):
     node1's rank 3 waited in its data-parallel all-reduce with rank 1 (group "1") and so was
     one behind rank 2 on their tensor-parallel group ("2"), where rank 2 waited for it.
