@@ -27,6 +27,7 @@ hang events that name one (:class:`RankHang`), else of the dumps (:attr:`RankDum
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from stormwatch.postmortem.clues import (
@@ -232,8 +233,8 @@ def _rank_exit(
 
 
 def _int(value: object) -> int | None:
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value):
+        return int(value)  # not isdigit(): it takes "--5" and "²", which int() refuses
     return None
 
 

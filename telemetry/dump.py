@@ -57,6 +57,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -84,8 +85,8 @@ def _int_or_none(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value):
+        return int(value)  # not isdigit(): it takes "--5" and "²", which int() refuses
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stormwatch.postmortem import RankDump, culprit_from_dumps
+from stormwatch.postmortem import Clues, FirstAlert, RankDump, culprit_from_dumps, find_culprit
 from stormwatch.telemetry.culprit import reduce_dump
 from stormwatch.telemetry.dump import DumpRecord
 
@@ -145,3 +145,28 @@ def test_fc10_a_rank_waiting_in_one_group_and_behind_on_another_is_a_victim() ->
         [_fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)}), idle], [2, 3]
     )
     assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
+
+
+@pytest.mark.parametrize("odd", ["--5", "²", "9" * 5000, "1e3", " 7"])
+def test_fc10_odd_counters_and_rank_labels_are_ignored_not_raised(odd: str) -> None:
+    """The agent's hang thread reduces whatever a dump holds: a counter `int()` refuses
+    (isdigit() accepted "--5" and "²") is no counter, and an alert's odd rank label no rank."""
+    record = DumpRecord.model_validate(
+        {
+            "rank": 0,
+            "flight_recorder": {
+                "pg_status": {
+                    "0": {"last_enqueued_collective": odd, "last_completed_collective": "1"}
+                }
+            },
+        }
+    )
+    assert reduce_dump(record).enqueued == {}
+    clues = Clues(
+        progress={},
+        dumps=[],
+        first_alert=FirstAlert(alertname="StormwatchRankStalled", labels={"rank": odd}),
+        first_alert_at=0.0,
+        straggler_scores={f"rank={odd}": 2.0},
+    )
+    assert find_culprit(clues).rank is None
