@@ -37,7 +37,10 @@ GROUPS = (
     ("collective counting", ("telemetry/comms.py", "telemetry/collective_ops.py")),
     ("prometheus-client", ("prometheus_client",)),
     ("event log", ("telemetry/events.py", "pydantic", "json/")),
-    ("spans (OpenTelemetry)", ("opentelemetry", "telemetry/tracing.py", "lifecycle/spans.py")),
+    (
+        "spans (OpenTelemetry)",
+        ("opentelemetry", "otel/timed.py", "telemetry/tracing.py", "lifecycle/spans.py"),
+    ),
     (
         "metrics batching (in memory)",
         (

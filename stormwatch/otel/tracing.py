@@ -15,10 +15,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import stormwatch
 from stormwatch.otel.exporters import CountingExporter, JsonLinesSpanExporter, otlp_exporter
 from stormwatch.otel.settings import TracingOptions, build_resource, resolve_endpoint, sdk_disabled
+from stormwatch.otel.timed import TimedSpan, TimedSpans
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class Tracing:
         self._closed = False
         self._pid = os.getpid()
         self.tracer: trace.Tracer = trace.NoOpTracer()
+        self._processors: list[SpanProcessor] = []  # this provider's, for timed spans
+        self._timed: TimedSpans | None = None
         if sdk_disabled():
             self.destination = "disabled (OTEL_SDK_DISABLED)"
             return
@@ -72,8 +76,13 @@ class Tracing:
         if exporter is None and not deferred and endpoint is None and options.spans_file is None:
             return  # nowhere to send spans: record none
         self.provider = TracerProvider(resource=build_resource(options), shutdown_on_exit=False)
-        self.provider.add_span_processor(self._ended)
+        self._add_processor(self._ended)
         self.tracer = self.provider.get_tracer(options.tracer_name, stormwatch.__version__)
+        self._timed = TimedSpans(
+            self.provider,
+            InstrumentationScope(options.tracer_name, stormwatch.__version__),
+            self._processors,
+        )
         self._register_lifecycle_hooks()
         if exporter is not None:
             self._attach(lambda: exporter, "the given exporter")
@@ -81,6 +90,12 @@ class Tracing:
             self.export_to(options.spans_file)
 
     # ---------------------------------------------------------------- public
+    def timed_span(self, name: str, attributes: dict[str, Any]) -> TimedSpan | None:
+        """A span for a hot loop (:mod:`stormwatch.otel.timed`: current while the ``with``
+        block runs, built without the SDK's span object); ``None`` when spans are off."""
+        timed = self._timed
+        return None if timed is None else timed.span(name, attributes)
+
     def export_to(self, spans_file: Path | None) -> None:
         """Start exporting: to the OTLP endpoint when one is configured, else as JSON lines
         to ``spans_file`` (spans that ended before are not exported).
@@ -183,7 +198,12 @@ class Tracing:
                     else self.options.flush_timeout * 1000
                 ),
             )
+        self._add_processor(processor)
+
+    def _add_processor(self, processor: SpanProcessor) -> None:
+        assert self.provider is not None
         self.provider.add_span_processor(processor)
+        self._processors.append(processor)
 
     def _register_lifecycle_hooks(self) -> None:
         ref = weakref.ref(self)
