@@ -141,6 +141,8 @@ class OpSpec:
         """(bytes of the input tensors on this rank, 0 for ``barrier``; whether all are on the CPU)."""
         if len(self.inputs) == 1 and self.label != "barrier":  # most ops: one input argument
             value = self._argument(self.inputs[0], args, kwargs)
+            if type(value) is list and len(value) == 1:  # allreduce_'s [tensor]
+                value = value[0]
             if type(value) is torch.Tensor:
                 return value.numel() * value.element_size(), value.device.type == "cpu"
             return _tensor_bytes(value)
