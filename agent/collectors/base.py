@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.samples import Sample
 
 from stormwatch.agent.catalogue import Catalogue, load_catalogue
-from stormwatch.agent.textformat import DcgmFamily, render_openmetrics, render_text
+from stormwatch.agent.textformat import DcgmFamily, SampleLines
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ class CollectorSet:
         self._texts: dict[
             tuple[str, bool], dict[tuple[str, str, str, str], tuple[list[Sample], bytes]]
         ] = {}
+        # Per (collector or "(health)" for the health families, OpenMetrics?): series' line prefixes.
+        self._lines: dict[tuple[str, bool], SampleLines] = {}
         #: Families encoded, and families whose last text was reused, since construction.
         self.rendered_families = 0
         self.reused_families = 0
@@ -177,7 +179,7 @@ class CollectorSet:
         of a registry holding this set, at half the cost).
         """
         parts = [self._run(c, openmetrics_format)[1] for c in self._collectors]
-        encode = render_openmetrics if openmetrics_format else render_text
+        encode = self._encoder(("(health)", openmetrics_format)).render
         parts.extend(encode(family) for family in self._health_families())
         return b"".join(parts)
 
@@ -235,12 +237,14 @@ class CollectorSet:
         ``Sample`` a collector hands back as is). A family is identified by name, type,
         HELP and unit; a change in any of them, or in the order of its samples, costs
         only a re-render. :attr:`rendered_families` and :attr:`reused_families` count
-        the two outcomes (for the benchmark's account and tests).
+        the two outcomes (for the benchmark's account and tests). A family that changed
+        is encoded by :class:`~stormwatch.agent.textformat.SampleLines`, which keeps each
+        series' escaped labels from the last time.
         """
         slot = (name, openmetrics_format)
         previous = self._texts.get(slot, {})
         current: dict[tuple[str, str, str, str], tuple[list[Sample], bytes]] = {}
-        encode = render_openmetrics if openmetrics_format else render_text
+        encode = self._encoder(slot).render
         parts = []
         for family in families:
             key = (family.name, family.type, family.documentation, family.unit)
@@ -255,6 +259,12 @@ class CollectorSet:
             parts.append(text)
         self._texts[slot] = current
         return b"".join(parts)
+
+    def _encoder(self, slot: tuple[str, bool]) -> SampleLines:
+        lines = self._lines.get(slot)
+        if lines is None:
+            lines = self._lines.setdefault(slot, SampleLines(openmetrics_format=slot[1]))
+        return lines
 
     def _health_families(self) -> Iterator[Metric]:
         up = new_family("stormwatch_collector_up")

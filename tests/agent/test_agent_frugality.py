@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from stormwatch.agent import textformat
 from stormwatch.agent.collectors import CollectorSet, GpuCollector, NvlinkCollector, new_family
 from stormwatch.agent.collectors import base as collectors_base
 from stormwatch.agent.faults import FaultManager
@@ -79,13 +80,13 @@ def test_a_family_whose_samples_did_not_change_is_not_encoded_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     encoded: list[str] = []
-    real = collectors_base.render_text
+    real = collectors_base.SampleLines.render
 
-    def counting(family: Metric) -> bytes:
+    def counting(self: collectors_base.SampleLines, family: Metric) -> bytes:
         encoded.append(family.name)
-        return real(family)
+        return real(self, family)
 
-    monkeypatch.setattr(collectors_base, "render_text", counting)
+    monkeypatch.setattr(collectors_base.SampleLines, "render", counting)
     source = _Mutable()
     collectors = CollectorSet([source])
     source.values = {"stormwatch_gpu_up": {("0",): 1.0}, "stormwatch_gpu_devices": {(): 1.0}}
@@ -202,3 +203,19 @@ def test_nvlink_series_reuse_their_labels_and_equal_a_fresh_collectors() -> None
     after = list(warm.collect())
     data = next(f for f in after if f.name == "stormwatch_nvlink_data_bytes")
     assert data.samples and all(before[tuple(s.labels.values())] is s.labels for s in data.samples)
+
+
+@pytest.mark.parametrize("openmetrics_format", [False, True])
+def test_gpu_and_nvlink_renders_over_samples_equal_the_library_encoding(
+    openmetrics_format: bool,
+) -> None:
+    sampler = _sampler(FakeNvml(2, links_per_gpu=4))
+    gpu = GpuCollector(sampler, hostname="n", export_age=False)
+    collectors = CollectorSet([gpu, NvlinkCollector(sampler, hostname="n")])
+    for _ in range(3):
+        sampler.sample()
+        ours = collectors.render(openmetrics_format=openmetrics_format)
+        # render_text/render_openmetrics: prometheus-client's encoders, family by family
+        theirs = textformat.render(collectors.collect(), openmetrics_format=openmetrics_format)
+        assert _health_free(ours) == _health_free(theirs)
+        assert b"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in ours
