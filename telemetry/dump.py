@@ -29,10 +29,11 @@ readers read both names::
   set before the process group is created; ``stormwatch train`` sets it
   (``--flight-recorder-entries``, default 2000) unless already set. Each
   entry has ``collective_seq_id``, ``profiling_name`` (e.g.
-  ``gloo:all_reduce``), ``process_group``, sizes and ``state``; ``pg_status``
-  gives each group's last enqueued / completed sequence number, which is
-  what a post-mortem compares across ranks to find the one that never
-  joined.
+  ``gloo:all_reduce``), ``pg_id``, ``process_group`` (``[name, desc]``), sizes and
+  ``state``; ``pg_status`` gives each group's last enqueued / completed sequence
+  number, which is what a post-mortem compares across ranks to find the one that
+  never joined. ``pg_status`` is keyed by the rank's own group index: readers compare
+  groups by name (:meth:`DumpRecord.group_status`).
 * ``collectives``: the last collectives seen by our collective counter
   (:meth:`~stormwatch.telemetry.comms.CollectiveCounter.recent`), with mesh
   dimension and ``seconds: null`` for those never observed complete.
@@ -140,21 +141,46 @@ class DumpRecord(BaseModel):
     collectives: list[Any] = Field(default_factory=list)
 
     def group_status(self) -> dict[str, GroupStatus]:
-        """Process group name -> its flight-recorder counters (groups without a readable
-        entry are left out)."""
+        """Process group -> its flight-recorder counters (groups without a readable entry
+        are left out), keyed so that the same key means the same group on every rank.
+
+        ``pg_status`` is keyed by the process's own group index (``pg_id``: the order in
+        which *this* rank created its groups), so in a dp=2 x tp=2 mesh rank 2's ``"1"`` and
+        rank 3's ``"1"`` are two different data-parallel groups. The recorder's entries give
+        each ``pg_id`` its group's name, which every member shares: a group with an entry in
+        the ring is keyed ``"<desc>:<name>"`` (e.g. ``"mesh_tp:4"``, ``"default_pg:0"``); one
+        whose entries left the ring keeps its index (no ``:``, so never equal to a name).
+        """
         recorder = self.flight_recorder if isinstance(self.flight_recorder, dict) else {}
         raw = recorder.get("pg_status") or {}
         if not isinstance(raw, dict):
             return {}
+        names = _group_names(recorder.get("entries"))
         return {
-            str(name): GroupStatus.model_validate(status)
-            for name, status in raw.items()
+            names.get(str(key), str(key)): GroupStatus.model_validate(status)
+            for key, status in raw.items()
             if isinstance(status, dict)
         }
 
     def in_collective(self) -> bool:
         """A collective of our own record was never observed complete (``seconds`` null)."""
         return any(isinstance(c, dict) and c.get("seconds", 0.0) is None for c in self.collectives)
+
+
+def _group_names(entries: object) -> dict[str, str]:
+    """``pg_id`` -> ``"<desc>:<name>"`` from flight-recorder entries (each has ``pg_id`` and
+    ``process_group: [name, desc]``; torch's FlightRecorder, 2.6 to 2.13)."""
+    names: dict[str, str] = {}
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        pg_id, group = entry.get("pg_id"), entry.get("process_group")
+        if pg_id is None or not isinstance(group, list) or not group:
+            continue
+        name = str(group[0])
+        desc = str(group[1]) if len(group) > 1 and group[1] else "group"
+        names.setdefault(str(pg_id), f"{desc}:{name}")
+    return names
 
 
 def read_dump(path: Path) -> DumpRecord:

@@ -170,3 +170,75 @@ def test_fc10_odd_counters_and_rank_labels_are_ignored_not_raised(odd: str) -> N
         straggler_scores={f"rank={odd}": 2.0},
     )
     assert find_culprit(clues).rank is None
+
+
+def _recorded_dump(rank: int, groups: dict[int, tuple[str, str, int, int]]) -> RankDump:
+    """A dump in torch's own shape (2.13, gloo, captured from a dp=2 x tp=2 mesh):
+    ``pg_status`` keyed by this rank's group index, and ring entries carrying each index's
+    ``pg_id`` with the group's ``process_group: [name, desc]``.
+    ``groups``: index -> (name, desc, last enqueued, last completed)."""
+    status = {
+        str(index): {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
+        for index, (_, _, e, c) in groups.items()
+    }
+    entries = [
+        {"pg_id": index, "process_group": [name, desc], "collective_seq_id": e}
+        for index, (name, desc, e, _) in groups.items()
+    ]
+    record = DumpRecord.model_validate(
+        {"rank": rank, "flight_recorder": {"pg_status": status, "entries": entries}}
+    )
+    return reduce_dump(record)
+
+
+def test_fc10_groups_are_compared_by_name_not_by_each_ranks_own_index() -> None:
+    """Rank 2's group index 1 is data-parallel group "1" (ranks 0, 2); rank 3's index 1 is
+    group "2" (ranks 1, 3): another group, whose counts say nothing about rank 2's. Compared
+    by index (before), rank 3 was "behind" on "1" while inside no collective: named."""
+    rank2 = _recorded_dump(
+        2,
+        {
+            0: ("0", "default_pg", 5, 5),
+            1: ("1", "mesh_dp", 137, 137),
+            2: ("4", "mesh_tp", 181, 180),
+        },
+    )
+    rank3 = _recorded_dump(
+        3,
+        {
+            0: ("0", "default_pg", 5, 5),
+            1: ("2", "mesh_dp", 136, 136),
+            2: ("4", "mesh_tp", 181, 181),
+        },
+    )
+    assert set(rank2.enqueued) == {"default_pg:0", "mesh_dp:1", "mesh_tp:4"}
+    assert set(rank3.enqueued) == {"default_pg:0", "mesh_dp:2", "mesh_tp:4"}
+    assert culprit_from_dumps([rank2, rank3], [2, 3]) is None
+    # The same counts on one shared group: rank 3 never issued #137 there.
+    shared = _recorded_dump(
+        3,
+        {
+            0: ("0", "default_pg", 5, 5),
+            1: ("1", "mesh_dp", 136, 136),
+            2: ("4", "mesh_tp", 181, 181),
+        },
+    )
+    culprit = culprit_from_dumps([rank2, shared], [2, 3])
+    assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
+    assert "group mesh_dp:1: 1 fewer" in culprit.evidence[2]
+
+
+def test_a_group_whose_entries_left_the_ring_keeps_its_index_never_a_name() -> None:
+    record = DumpRecord.model_validate(
+        {
+            "rank": 0,
+            "flight_recorder": {
+                "pg_status": {
+                    "1": {"last_enqueued_collective": "9", "last_completed_collective": "9"},
+                    "2": {"last_enqueued_collective": "4", "last_completed_collective": "4"},
+                },
+                "entries": [{"pg_id": 2, "process_group": ["1", ""]}, "odd", {"pg_id": 1}],
+            },
+        }
+    )
+    assert set(record.group_status()) == {"1", "group:1"}
