@@ -87,31 +87,53 @@ def new_histogram(name: str, catalogue: Catalogue | None = None) -> HistogramMet
 
 
 class LabelSets:
-    """Label dicts kept from one collect to the next, for collectors that export the same
-    series every time (per-link NVLink counters: ~1,300 series on 8 GPUs x 18 links).
+    """Samples kept from one collect to the next, for collectors that export the same
+    series every time (per-link NVLink counters: ~1,300 series on 8 GPUs x 18 links;
+    the DCGM families of every GPU).
 
     The first time a series is added it goes through the family's own ``add_metric``;
-    after that its sample name and label dict are reused (``add_sample``), which saves
-    building a dict per sample and lets the render's comparison with the last samples
-    stop at the dict's identity. Holds at most ``limit`` series, then starts again.
+    after that its sample name and label dict are reused, and so is the whole
+    ``Sample`` while its value stays the same (most NVLink states, support flags and
+    error counters, a GPU's identity-bound gauges): no dict, no tuple built per sample,
+    and the render's comparison with the last samples stops at the sample's identity.
+    A value of another type (``1`` after ``1.0``) makes a new sample, so the samples
+    are always those ``add_metric`` would have made. Holds at most ``limit`` series,
+    then starts again.
     """
 
     def __init__(self, limit: int = 65_536) -> None:
-        self._kept: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
+        self._kept: dict[tuple[str, tuple[str, ...]], Sample] = {}
+        self._labelled: dict[tuple[str, int], tuple[dict[str, str], Sample]] = {}
         self._limit = limit
 
     def add(self, family: Family, values: tuple[str, ...], value: float) -> None:
         """``family.add_metric(list(values), value)``, with the labels of the last time."""
         key = (family.name, values)
         kept = self._kept.get(key)
-        if kept is not None:
-            family.add_sample(kept[0], kept[1], value)
+        if kept is None:
+            family.add_metric(list(values), value)
+            if len(self._kept) >= self._limit:
+                self._kept.clear()
+            self._kept[key] = family.samples[-1]
             return
-        family.add_metric(list(values), value)
-        if len(self._kept) >= self._limit:
-            self._kept.clear()
-        sample = family.samples[-1]
-        self._kept[key] = (sample.name, sample.labels)
+        if kept.value != value or type(kept.value) is not type(value):
+            kept = self._kept[key] = Sample(kept.name, kept.labels, value)
+        family.samples.append(kept)
+
+    def add_labelled(self, family: DcgmFamily, labels: dict[str, str], value: float) -> None:
+        """``family.add_labelled(labels, value)``, reusing the last sample while
+        ``labels`` is the same dict (kept alive here, so its id is not reused) and the
+        value is equal."""
+        value = float(value)
+        key = (family.name, id(labels))
+        kept = self._labelled.get(key)
+        if kept is None or kept[0] is not labels or kept[1].value != value:
+            if len(self._labelled) >= self._limit:
+                self._labelled.clear()
+            family.add_labelled(labels, value)
+            self._labelled[key] = (labels, family.samples[-1])
+            return
+        family.samples.append(kept[1])
 
 
 class CollectorSet:

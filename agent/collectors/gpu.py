@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import Metric
 
 from stormwatch.agent.catalogue import load_catalogue
-from stormwatch.agent.collectors.base import Family, new_family
+from stormwatch.agent.collectors.base import Family, LabelSets, new_family
 from stormwatch.agent.collectors.dcgm_series import DcgmSeries
 from stormwatch.agent.collectors.gpu_health import health
 from stormwatch.agent.errors import CollectorError
@@ -76,6 +76,7 @@ class GpuCollector:
         self._export_age = export_age
         self._hostname = hostname
         self._series = DcgmSeries(hostname, pods)
+        self._labels = LabelSets()
         self._clock = clock
         self._events_window = events_window_seconds
         self._xid_window = xid_window_seconds
@@ -125,7 +126,7 @@ class GpuCollector:
                 for series in targets:
                     value = series.value(device, name)
                     if value is not None:
-                        family.add_labelled(series.label_dict, value)
+                        self._labels.add_labelled(family, series.label_dict, value)
             if pods is not None:
                 for series in targets:
                     instance = "" if series.mig is None else str(series.mig.gpu_instance_id)

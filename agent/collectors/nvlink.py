@@ -68,7 +68,7 @@ class NvlinkCollector:
                 for series in targets:
                     value = series.value(device, name)
                     if value is not None:
-                        family.add_labelled(series.label_dict, value)
+                        self._labels.add_labelled(family, series.label_dict, value)
             if not device.nvlink.present:
                 supported.add_metric([gpu, "all"], 0.0)
                 continue

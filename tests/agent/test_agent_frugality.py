@@ -219,3 +219,29 @@ def test_gpu_and_nvlink_renders_over_samples_equal_the_library_encoding(
         theirs = textformat.render(collectors.collect(), openmetrics_format=openmetrics_format)
         assert _health_free(ours) == _health_free(theirs)
         assert b"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in ours
+
+
+def test_an_unchanged_series_hands_back_its_last_sample_and_a_changed_one_a_fresh_sample() -> None:
+    kept = collectors_base.LabelSets()
+    first, second, third = (new_family("stormwatch_nvlink_link_up") for _ in range(3))
+    kept.add(first, ("0", "1"), 1.0)
+    kept.add(second, ("0", "1"), 1.0)
+    assert second.samples[0] is first.samples[0]
+    kept.add(third, ("0", "1"), 1)  # equal, but an int: what add_metric would store
+    fresh = new_family("stormwatch_nvlink_link_up")
+    fresh.add_metric(["0", "1"], 1)
+    assert third.samples == fresh.samples and type(third.samples[0].value) is int
+    assert third.samples[0].labels is first.samples[0].labels
+
+
+def test_a_dcgm_series_with_the_same_label_dict_and_value_reuses_its_sample() -> None:
+    kept = collectors_base.LabelSets()
+    labels = dict.fromkeys(DCGM_LABELS, "x")
+    families = [new_family("DCGM_FI_DEV_GPU_TEMP") for _ in range(4)]
+    kept.add_labelled(families[0], labels, 60)
+    kept.add_labelled(families[1], labels, 60.0)
+    kept.add_labelled(families[2], dict(labels), 60.0)
+    kept.add_labelled(families[3], labels, 61.0)
+    samples = [f.samples[0] for f in families]
+    assert samples[1] is samples[0] and samples[2] is not samples[0]
+    assert samples[2] == samples[0] and samples[3].value == 61.0
