@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 from typing import Any
 
 import pynvml
@@ -100,6 +101,44 @@ def field_value(entry: Any) -> float:
     return float(getattr(_get(entry, "value"), member))
 
 
+#: ``c_nvmlFieldValue_t`` as laid out in memory (pynvml's ``_fields_``, native alignment):
+#: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, the 8-byte value union.
+_ENTRY = struct.Struct("@IIqqII8s")
+#: valueType -> the union member's ctypes type as a struct code (as :data:`_MEMBER`).
+_DECODE = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: struct.Struct("@d"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: struct.Struct("@I"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: struct.Struct("@L"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: struct.Struct("@q"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: struct.Struct("@i"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: struct.Struct("@H"),
+}
+_ULL = struct.Struct("@Q")
+_PACKED = _ENTRY.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+
+
+def decode_entries(entries: Any) -> list[tuple[int, float]]:
+    """``(nvmlReturn, value)`` of each ``c_nvmlFieldValue_t`` an
+    ``nvmlDeviceGetFieldValues`` call returned: :func:`entry_return` and
+    :func:`field_value` of each (the value is meaningless where the entry failed).
+
+    A ctypes array of the structure is decoded from its memory in one pass
+    (~0.2 us an entry against ~0.6 us through ctypes' attributes: a GPU sample reads
+    ~160 entries a GPU); anything else, entry by entry.
+    """
+    if (
+        _PACKED
+        and isinstance(entries, ctypes.Array)
+        and entries._type_ is pynvml.c_nvmlFieldValue_t
+    ):
+        raw = ctypes.string_at(ctypes.addressof(entries), ctypes.sizeof(entries))
+        return [
+            (ret, float(_DECODE.get(kind, _ULL).unpack_from(value)[0]))
+            for _, _, _, _, kind, ret, value in _ENTRY.iter_unpack(raw)
+        ]
+    return [(entry_return(entry), field_value(entry)) for entry in entries]
+
+
 def read_fields(
     api: NvmlApi,
     handle: Any,
@@ -134,10 +173,9 @@ def read_fields(
             return {m.name: Unsupported(f"{FIELDS_CALL}: {error_name(code)}") for m in metrics}
         return {}
     out: dict[str, float | Unsupported] = {}
-    for metric, entry in zip(metrics, entries, strict=True):
-        ret = entry_return(entry)
+    for metric, (ret, value) in zip(metrics, decode_entries(entries), strict=True):
         if ret == pynvml.NVML_SUCCESS:
-            out[metric.name] = field_value(entry) * metric.scale
+            out[metric.name] = value * metric.scale
         elif check(FIELDS_CALL, ret, sink, expected=UNSUPPORTED) in UNSUPPORTED:
             out[metric.name] = Unsupported(f"NVML field {metric.field_name}: {error_name(ret)}")
     return out
@@ -147,6 +185,7 @@ __all__ = [
     "FIELDS_CALL",
     "FIELD_METRICS",
     "FieldMetric",
+    "decode_entries",
     "entry_return",
     "field_value",
     "read_fields",

@@ -19,7 +19,7 @@ from typing import Any
 import pynvml
 
 from stormwatch.agent.gpu.backend import NvmlApi
-from stormwatch.agent.gpu.fields import entry_return, field_value
+from stormwatch.agent.gpu.fields import decode_entries, entry_return, field_value
 from stormwatch.agent.gpu.model import LinkReading, NvlinkReading
 from stormwatch.agent.gpu.nvlink_errors import TOTAL_METRICS, read_link_errors
 from stormwatch.agent.gpu.nvml_errors import (
@@ -106,9 +106,9 @@ def _batched_states(api: NvmlApi, handle: Any, count: int, sink: ErrorSink) -> d
         check(_FIELDS_CALL, error_code(exc), sink, expected=UNSUPPORTED)
         return {}
     states: dict[int, bool] = {}
-    for link, entry in enumerate(entries):
-        if entry_return(entry) == pynvml.NVML_SUCCESS:
-            active = _FIELD_STATES.get(int(field_value(entry)))
+    for link, (ret, value) in enumerate(decode_entries(entries)):
+        if ret == pynvml.NVML_SUCCESS:
+            active = _FIELD_STATES.get(int(value))
             if active is not None:
                 states[link] = active
     return states
@@ -141,10 +141,9 @@ def _throughput(
     seen: dict[int, dict[str, float]] = {link: {} for link in active}
     unsupported: dict[int, int] = dict.fromkeys(active, 0)
     failed: set[int] = set()
-    for (link, direction, _), entry in zip(requests, entries, strict=True):
-        ret = entry_return(entry)
+    for (link, direction, _), (ret, value) in zip(requests, decode_entries(entries), strict=True):
         if ret == pynvml.NVML_SUCCESS:
-            seen[link][direction] = field_value(entry) * KIB
+            seen[link][direction] = value * KIB
         elif check(_FIELDS_CALL, ret, sink, expected=UNSUPPORTED) in UNSUPPORTED:
             if not direction.startswith("raw"):
                 unsupported[link] += 1

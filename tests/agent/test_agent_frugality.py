@@ -19,6 +19,7 @@ from stormwatch.agent import textformat
 from stormwatch.agent.collectors import CollectorSet, GpuCollector, NvlinkCollector, new_family
 from stormwatch.agent.collectors import base as collectors_base
 from stormwatch.agent.faults import FaultManager
+from stormwatch.agent.gpu import fields
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.model import DCGM_LABELS
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
@@ -245,3 +246,27 @@ def test_a_dcgm_series_with_the_same_label_dict_and_value_reuses_its_sample() ->
     samples = [f.samples[0] for f in families]
     assert samples[1] is samples[0] and samples[2] is not samples[0]
     assert samples[2] == samples[0] and samples[3].value == 61.0
+
+
+_VALUE_TYPES = [
+    (pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", -2.5),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 2**32 - 1),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**63 + 5),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**64 - 1),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(2**40)),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -7),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 65535),
+    (99, "ullVal", 12345),  # a value type this pynvml does not know: read as ullVal
+]
+
+
+def test_field_entries_decoded_from_memory_equal_their_ctypes_attributes() -> None:
+    entries = (pynvml.c_nvmlFieldValue_t * (len(_VALUE_TYPES) + 1))()
+    for entry, (kind, member, value) in zip(entries, _VALUE_TYPES, strict=False):
+        entry.valueType, entry.nvmlReturn = kind, pynvml.NVML_SUCCESS
+        setattr(entry.value, member, value)
+    entries[-1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    expected = [(fields.entry_return(e), fields.field_value(e)) for e in entries]
+    assert fields.decode_entries(entries) == expected
+    assert fields.decode_entries(list(entries)) == expected  # not an array: entry by entry
+    assert [value for _, value in expected[:3]] == [-2.5, 2**32 - 1, float(2**63 + 5)]
