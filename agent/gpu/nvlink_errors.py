@@ -60,6 +60,29 @@ def _scoped(counter: str, link: int) -> FieldMetric:
     return FieldMetric(f"{counter}:{link}", int(getattr(pynvml, constant)), constant)
 
 
+@functools.lru_cache(maxsize=64)
+def _plan(
+    active: tuple[int, ...],
+) -> tuple[tuple[FieldMetric, ...], tuple[int, ...], tuple[tuple[int, str] | None, ...]]:
+    """The fields to read for these active links, their scopes, and where each value goes
+    (``(link, counter)``, None for a DCGM total): the same for every sample while the
+    same links are up, so built once (a GPU's 18 links: 90 fields)."""
+    metrics: list[FieldMetric] = list(TOTAL_METRICS)
+    scopes: list[int] = [0] * len(TOTAL_METRICS)
+    targets: list[tuple[int, str] | None] = [None] * len(TOTAL_METRICS)
+    for link in active:
+        if link < LEGACY_LINKS:
+            for counter in _LEGACY_COUNTERS:
+                metrics.append(_legacy(counter, link))
+                scopes.append(0)
+                targets.append((link, counter))
+        for counter in _SCOPED_COUNTERS:
+            metrics.append(_scoped(counter, link))
+            scopes.append(link)
+            targets.append((link, counter))
+    return tuple(metrics), tuple(scopes), tuple(targets)
+
+
 def read_link_errors(
     api: NvmlApi, handle: Any, active: list[int], sink: ErrorSink
 ) -> tuple[dict[int, dict[str, float]], dict[str, float | Unsupported]]:
@@ -72,25 +95,18 @@ def read_link_errors(
     Raises:
         DeviceDown: a device-fatal NVML error.
     """
-    metrics: list[FieldMetric] = list(TOTAL_METRICS)
-    scopes: list[int] = [0] * len(TOTAL_METRICS)
-    for link in active:
-        if link < LEGACY_LINKS:
-            for counter in _LEGACY_COUNTERS:
-                metrics.append(_legacy(counter, link))
-                scopes.append(0)
-        for counter in _SCOPED_COUNTERS:
-            metrics.append(_scoped(counter, link))
-            scopes.append(link)
-    values = read_fields(api, handle, tuple(metrics), sink, scopes=tuple(scopes))
+    metrics, scopes, targets = _plan(tuple(active))
+    values = read_fields(api, handle, metrics, sink, scopes=scopes)
     per_link: dict[int, dict[str, float]] = {link: {} for link in active}
     totals: dict[str, float | Unsupported] = {}
-    for name, value in values.items():
-        counter, sep, link = name.partition(":")
-        if not sep:
-            totals[name] = value
+    for metric, target in zip(metrics, targets, strict=True):
+        value = values.get(metric.name)
+        if value is None:
+            continue  # the entry failed (recorded by read_fields)
+        if target is None:
+            totals[metric.name] = value
         elif not isinstance(value, Unsupported):
-            per_link[int(link)][counter] = value
+            per_link[target[0]][target[1]] = value
     return per_link, totals
 
 
