@@ -81,6 +81,7 @@ class RankFinder:
         self._launchers: dict[_ProcKey, bool] = {}
         self._claims: dict[_ProcKey, bool] = {}
         self._names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
+        self._entries: dict[int, ProcEntry] = {}  # the last table's settled entries
         self._settled_before = 0.0  # processes started before this Unix time are settled
 
     def process_table(self) -> dict[int, ProcEntry]:
@@ -90,6 +91,7 @@ class RankFinder:
         """
         table: dict[int, ProcEntry] = {}
         names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
+        entries: dict[int, ProcEntry] = {}
         boot = psutil.boot_time()
         self._settled_before = time.time() - SETTLE_SECONDS
         for pid in psutil.pids():
@@ -99,6 +101,17 @@ class RankFinder:
             ppid, zombie, create_time, comm, image = stat
             key = (pid, create_time, comm, image)
             known = self._names.get(key)
+            last = self._entries.get(pid)
+            if (
+                known is not None
+                and last is not None
+                and last.ppid == ppid
+                and last.zombie == zombie
+                and last.key == key
+            ):  # a settled process as the last scan saw it: that entry, not a new one
+                names[key] = known
+                table[pid] = entries[pid] = last
+                continue
             if known is None:
                 try:
                     proc = psutil.Process(pid)
@@ -119,8 +132,10 @@ class RankFinder:
             )
             if self._settled(entry):
                 names[key] = known
+                entries[pid] = entry
             table[pid] = entry
         self._names = names  # only live processes stay cached
+        self._entries = entries
         return table
 
     def discover(self, table: Mapping[int, ProcEntry]) -> Found:

@@ -3,12 +3,17 @@ and imports it can skip are skipped, and what it serves stays the same bytes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,6 +28,7 @@ from stormwatch.agent.gpu import fields
 from stormwatch.agent.gpu.fake import FakeNvml
 from stormwatch.agent.gpu.model import DCGM_LABELS
 from stormwatch.agent.gpu.sampler import GpuSampler, SamplerOptions
+from stormwatch.agent.watch import discovery
 
 
 class _Mutable:
@@ -270,3 +276,30 @@ def test_field_entries_decoded_from_memory_equal_their_ctypes_attributes() -> No
     assert fields.decode_entries(entries) == expected
     assert fields.decode_entries(list(entries)) == expected  # not an array: entry by entry
     assert [value for _, value in expected[:3]] == [-2.5, 2**32 - 1, float(2**63 + 5)]
+
+
+def test_a_settled_process_unchanged_since_the_last_scan_keeps_its_entry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(discovery, "SETTLE_SECONDS", -60.0)  # every process is settled
+    finder = discovery.RankFinder(tmp_path, is_agent=lambda *_: False, claim_unlabelled=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).cmdline()[1:2] != ["-c"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # until it has exec'd python
+        first, second = finder.process_table(), finder.process_table()
+        assert second[os.getpid()] is first[os.getpid()]
+        assert second[child.pid] is first[child.pid] and not first[child.pid].zombie
+        os.kill(child.pid, signal.SIGKILL)
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        third = finder.process_table()
+        assert third[child.pid].zombie  # a changed process: a fresh entry
+        assert third[os.getpid()] is first[os.getpid()]
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in finder.process_table()
