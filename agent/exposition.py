@@ -59,7 +59,7 @@ from prometheus_client.utils import floatToGoString
 
 from stormwatch.agent.collectors.base import new_family, new_histogram
 from stormwatch.agent.gpu.sampler import GpuSampler
-from stormwatch.agent.textformat import close, render
+from stormwatch.agent.textformat import SampleLines, close
 from stormwatch.agent.watch.ranks import RankWatcher
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,8 @@ class ExpositionCache:
         self._render = render
         self._live = CollectorRegistry(auto_describe=False)
         self._live.register(live)
+        # The live gauges' series never change: their lines reuse the escaped labels.
+        self._live_lines = {fmt: SampleLines(openmetrics_format=fmt) for fmt in (False, True)}
         self._sampler = sampler
         self.period = period
         self._monotonic = monotonic
@@ -299,7 +301,8 @@ class ExpositionCache:
         cached = self._bodies.get(openmetrics_format)
         if cached is None or self.stale():
             cached = self._refresh_if_stale(openmetrics_format)
-        live = render(self._live.collect(), openmetrics_format=openmetrics_format)
+        encode = self._live_lines[openmetrics_format].render
+        live = b"".join(encode(family) for family in self._live.collect())
         return close(cached + live, openmetrics_format=openmetrics_format)
 
     def stale_for(self, openmetrics_format: bool) -> bool:
