@@ -59,8 +59,14 @@ class DcgmFamily(Metric):
 
 
 def _bare_counter(family: Metric) -> bool:
-    """A counter whose samples are named like the family (no ``_total``)."""
-    return family.type == "counter" and all(s.name == family.name for s in family.samples)
+    """A counter whose samples are named like the family (no ``_total``): a
+    :class:`DcgmFamily` counter, or one whose samples all are so named. An empty
+    prometheus-client counter keeps the library's ``_total`` HELP and TYPE lines."""
+    if family.type != "counter":
+        return False
+    if isinstance(family, DcgmFamily):
+        return True
+    return bool(family.samples) and all(s.name == family.name for s in family.samples)
 
 
 def _as_unknown(family: Metric) -> Metric:
@@ -158,6 +164,8 @@ class SampleLines:
             prefix = self._prefixes.get(key)
             if prefix is None:
                 prefix = self._prefix(family, bare, sample, key)
+                if prefix is None:  # a line of another shape: the library encodes it all
+                    return encode(family, bare)
             lines.append(f"{prefix}{floatToGoString(value)}\n")
         return "".join(lines).encode()
 
@@ -178,13 +186,18 @@ class SampleLines:
         bare: bool,
         sample: Sample,
         key: tuple[bool, str, str, tuple[tuple[str, str], ...]],
-    ) -> str:
+    ) -> str | None:
+        """The kept ``name{labels} `` of ``sample``; ``None`` when the library's line for it
+        is not that prefix followed by the value (then nothing is kept or guessed)."""
         encode = _openmetrics if self._openmetrics else _text
         alone = Sample(sample.name, sample.labels, 0.0)
         text = encode(_with_samples(family, [alone]), bare).decode()
-        line = text[len(self._header(family, bare)) :]
-        if not line.endswith(_ZERO):  # the library changed its line: not ours to guess
-            raise RuntimeError(f"{family.name}: unexpected sample line {line!r}")
+        header = self._header(family, bare)
+        if not text.startswith(header) or not text.endswith(_ZERO):
+            return None
+        line = text[len(header) :]
+        if line.count("\n") != 1:
+            return None
         prefix = line[: -len(_ZERO) + 1]
         if len(self._prefixes) >= self._limit:
             self._prefixes.clear()

@@ -114,7 +114,20 @@ _DECODE = {
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: struct.Struct("@H"),
 }
 _ULL = struct.Struct("@Q")
-_PACKED = _ENTRY.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+
+
+def _layout_matches() -> bool:
+    """``_ENTRY`` describes this pynvml's structure: the same size, and valueType,
+    nvmlReturn and value at the offsets ``_ENTRY`` reads them from (else: entry by entry)."""
+    kind = pynvml.c_nvmlFieldValue_t
+    try:
+        offsets = (kind.valueType.offset, kind.nvmlReturn.offset, kind.value.offset)
+    except AttributeError:
+        return False
+    return _ENTRY.size == ctypes.sizeof(kind) and offsets == (24, 28, 32)
+
+
+_PACKED = _layout_matches()
 
 
 def decode_entries(entries: Any) -> list[tuple[int, float]]:

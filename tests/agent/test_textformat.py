@@ -155,3 +155,22 @@ def test_kept_prefixes_are_bounded() -> None:
         family.add_metric([str(gpu)], 1.0)
         assert lines.render(family) == render_text(family)
     assert len(lines._prefixes) <= 2
+
+
+def test_an_empty_counter_keeps_the_librarys_total_lines_and_a_dcgm_one_its_own_name() -> None:
+    empty = render_text(_empty_counter(0.0)).decode()
+    assert "# TYPE stormwatch_errors_total counter\n" in empty  # as once it has samples
+    assert "stormwatch_errors_total" in render_text(_counter(1.0)).decode()
+    dcgm = DcgmFamily("DCGM_FI_DEV_XID_ERRORS", "XID.", "counter", ["gpu"])
+    assert "# TYPE DCGM_FI_DEV_XID_ERRORS counter\n" in render_text(dcgm).decode()
+
+
+def test_a_sample_line_of_another_shape_is_left_to_the_library(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Were the library's line for a sample ever not "name{labels} value", nothing is kept.
+    monkeypatch.setattr(textformat, "_ZERO", " 0 # another shape\n")
+    lines = SampleLines(openmetrics_format=False)
+    for value in (1.0, 2.0):
+        assert lines.render(_gauge(value)) == render_text(_gauge(value))
+    assert lines._prefixes == {}
