@@ -166,7 +166,10 @@ def report(results: dict[str, Any], note: str) -> None:
         console.print(where)
     if note:
         print(f"note: {note}")
-    print(f"load average after the run: {results['loadavg']}")
+    print(
+        f"load average after the run: {results['loadavg']}; processes on the machine: "
+        f"{results.get('processes', '?')} (the rank watcher scans each)"
+    )
 
 
 __all__ = ["profile", "report"]
