@@ -93,6 +93,10 @@ def _int_or_none(value: object) -> int | None:
 
 #: An integer field that reads what is not one as None (dumps come from a dying process).
 LenientInt = Annotated[int | None, BeforeValidator(_int_or_none)]
+#: The default process group's key (:meth:`DumpRecord.group_status`): torch gives it
+#: ``pg_id`` 0, the name ``"0"`` and the description ``"default_pg"`` on every rank.
+DEFAULT_GROUP = "default_pg:0"
+
 #: A text field that reads null as "".
 LenientText = Annotated[str, BeforeValidator(lambda v: "" if v is None else str(v))]
 
@@ -142,22 +146,27 @@ class DumpRecord(BaseModel):
 
     def group_status(self) -> dict[str, GroupStatus]:
         """Process group -> its flight-recorder counters (groups without a readable entry
-        are left out), keyed so that the same key means the same group on every rank.
+        are left out), keyed so that one key means one group on every rank.
 
         ``pg_status`` is keyed by the process's own group index (``pg_id``: the order in
         which *this* rank created its groups), so in a dp=2 x tp=2 mesh rank 2's ``"1"`` and
         rank 3's ``"1"`` are two different data-parallel groups. The recorder's entries give
-        each ``pg_id`` its group's name, which every member shares: a group with an entry in
-        the ring is keyed ``"<desc>:<name>"`` (e.g. ``"mesh_tp:4"``, ``"default_pg:0"``); one
-        whose entries left the ring keeps its index (no ``:``, so never equal to a name).
+        each ``pg_id`` its group's name, which every member shares: such a group is keyed
+        ``"<desc>:<name>"`` (e.g. ``"mesh_tp:4"``, ``"default_pg:0"``). Index ``"0"`` is the
+        default group on every rank (torch creates it first), so it is keyed so without an
+        entry too. Any other group whose entries left the ring (its collectives are older
+        than the ring's last ``TORCH_FR_BUFFER_SIZE``) is keyed ``"rank<R>/pg<index>"``: this
+        rank's alone, never compared with another rank's, while still telling whether the
+        rank waits inside one of its collectives.
         """
         recorder = self.flight_recorder if isinstance(self.flight_recorder, dict) else {}
         raw = recorder.get("pg_status") or {}
         if not isinstance(raw, dict):
             return {}
         names = _group_names(recorder.get("entries"))
+        names.setdefault("0", DEFAULT_GROUP)
         return {
-            names.get(str(key), str(key)): GroupStatus.model_validate(status)
+            names.get(str(key), f"rank{self.rank}/pg{key}"): GroupStatus.model_validate(status)
             for key, status in raw.items()
             if isinstance(status, dict)
         }

@@ -53,7 +53,10 @@ def _dump(rank: int, at: float, *, behind: bool) -> dict[str, Any]:
                 "0": {"last_enqueued_collective": "55", "last_completed_collective": "-1"},
                 "2": {"last_enqueued_collective": str(seq), "last_completed_collective": "-1"},
             },
-            "entries": [],
+            # the ring's latest entry on group index 2 names it (the same group on every rank)
+            "entries": [
+                {"pg_id": 2, "process_group": ["3", "mesh_dp_shard"], "collective_seq_id": seq}
+            ],
         },
         "flight_recorder_error": None,
         "collectives": [

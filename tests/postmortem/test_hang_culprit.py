@@ -63,18 +63,26 @@ def _gloo_dump(rank: int, enqueued: int, completed: int) -> RankDump:
     return _fr_dump(rank, {"0": (enqueued, completed)})
 
 
-def _fr_dump(rank: int, groups: dict[str, tuple[int, int]]) -> RankDump:
-    """The same with several groups: name -> (last enqueued, last completed)."""
+def _fr_dump(
+    rank: int, groups: dict[str, tuple[int, int]], names: dict[str, str] | None = None
+) -> RankDump:
+    """The same with several groups: pg_status index -> (last enqueued, last completed);
+    ``names``: index -> the group's name, given by a ring entry (index "0" is the default
+    group without one)."""
     status = {
-        name: {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
-        for name, (e, c) in groups.items()
+        index: {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
+        for index, (e, c) in groups.items()
     }
+    entries = [
+        {"pg_id": int(index), "process_group": [name, "mesh"]}
+        for index, name in (names or {}).items()
+    ]
     record = DumpRecord.model_validate(
         {
             "rank": rank,
             "time": 10.0,
             "reason": "dump requested: hang of job j",
-            "flight_recorder": {"pg_status": status},
+            "flight_recorder": {"pg_status": status, "entries": entries},
         }
     )
     return reduce_dump(record)
@@ -86,12 +94,12 @@ def test_fc10_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victi
     the next, rank 3 still waited in it. Node1's agent named rank 3, a waiting rank."""
     node1 = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=39)]
     assert culprit_from_dumps(node1, [2, 3]) is None
-    assert [d.overtaken for d in node1] == [[], ["0"]]
+    assert [d.overtaken for d in node1] == [[], ["default_pg:0"]]
     # Behind and inside no collective of that group is still the one that never issued it.
     hung = [_gloo_dump(2, enqueued=41, completed=40), _gloo_dump(3, enqueued=40, completed=40)]
     culprit = culprit_from_dumps(hung, [2, 3])
     assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
-    assert "group 0: 1 fewer" in culprit.evidence[2]
+    assert "group default_pg:0: 1 fewer" in culprit.evidence[2]
 
 
 @pytest.mark.parametrize(
@@ -105,7 +113,7 @@ def test_fc10_cc14_a_rank_behind_inside_a_collective_a_peer_completed_is_a_victi
             (41, 40, 40),
             (40, 39, 40),
             (2, True),
-            "group 0: 1 fewer (inside a collective a peer completed)",
+            "group default_pg:0: 1 fewer (inside a collective a peer completed)",
         ),
     ],
 )
@@ -136,13 +144,14 @@ def test_fc10_a_rank_waiting_in_one_group_and_behind_on_another_is_a_victim() ->
     one behind rank 2 on their tensor-parallel group ("2"), where rank 2 waited for it.
     Node1's agent named rank 3 (uncertain): a waiting rank. Group names are the ranks' own
     (rank 2's "1" is the other data-parallel group)."""
-    rank2 = _fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)})
-    rank3 = _fr_dump(3, {"0": (34, 34), "1": (136, 135), "2": (180, 180)})
+    names2, names3 = {"1": "1", "2": "4"}, {"1": "2", "2": "4"}  # dp [0, 2], [1, 3]; tp [2, 3]
+    rank2 = _fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)}, names2)
+    rank3 = _fr_dump(3, {"0": (34, 34), "1": (136, 135), "2": (180, 180)}, names3)
     assert culprit_from_dumps([rank2, rank3], [2, 3]) is None
     # Inside no collective at all, the same lag names it: it never issued the next one.
-    idle = _fr_dump(3, {"0": (34, 34), "1": (136, 136), "2": (180, 180)})
+    idle = _fr_dump(3, {"0": (34, 34), "1": (136, 136), "2": (180, 180)}, names3)
     culprit = culprit_from_dumps(
-        [_fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)}), idle], [2, 3]
+        [_fr_dump(2, {"0": (34, 34), "1": (136, 136), "2": (181, 180)}, names2), idle], [2, 3]
     )
     assert culprit is not None and (culprit.rank, culprit.certain) == (3, True)
 
@@ -228,17 +237,39 @@ def test_fc10_groups_are_compared_by_name_not_by_each_ranks_own_index() -> None:
     assert "group mesh_dp:1: 1 fewer" in culprit.evidence[2]
 
 
-def test_a_group_whose_entries_left_the_ring_keeps_its_index_never_a_name() -> None:
-    record = DumpRecord.model_validate(
+def test_a_group_whose_entries_left_the_ring_is_never_compared_across_ranks() -> None:
+    """A real gloo dump (TORCH_FR_BUFFER_SIZE=8, dp=2 x tp=2, every collective completed):
+    the data-parallel groups [0, 2] (3 all-reduces) and [1, 3] (1) are index "2" on every
+    rank and their entries had left the ring. Compared by that index, rank 1 was "2 behind"
+    and node 0's diagnosis named it, certain, with no rank hung (breaker pass)."""
+
+    def record(rank: int, dp_calls: int) -> DumpRecord:
+        done = {"last_enqueued_collective": "12", "last_completed_collective": "12"}
+        dp = {"last_enqueued_collective": str(dp_calls), "last_completed_collective": str(dp_calls)}
+        return DumpRecord.model_validate(
+            {
+                "rank": rank,
+                "flight_recorder": {
+                    "pg_status": {"1": done, "2": dp, "0": done},
+                    "entries": [{"pg_id": 1, "process_group": ["1", "mesh_tp"]}],
+                },
+            }
+        )
+
+    zero, one = record(0, 3), record(1, 1)
+    assert set(zero.group_status()) == {"mesh_tp:1", "rank0/pg2", "default_pg:0"}
+    assert set(one.group_status()) == {"mesh_tp:1", "rank1/pg2", "default_pg:0"}
+    assert culprit_from_dumps([reduce_dump(zero), reduce_dump(one)], [0, 1]) is None
+    # Waiting inside such a group's collective still counts as waiting.
+    waiting = DumpRecord.model_validate(
         {
-            "rank": 0,
+            "rank": 1,
             "flight_recorder": {
                 "pg_status": {
-                    "1": {"last_enqueued_collective": "9", "last_completed_collective": "9"},
-                    "2": {"last_enqueued_collective": "4", "last_completed_collective": "4"},
+                    "2": {"last_enqueued_collective": "2", "last_completed_collective": "1"}
                 },
-                "entries": [{"pg_id": 2, "process_group": ["1", ""]}, "odd", {"pg_id": 1}],
+                "entries": ["odd", {"pg_id": 1}, {"pg_id": 3, "process_group": "x"}],
             },
         }
     )
-    assert set(record.group_status()) == {"1", "group:1"}
+    assert reduce_dump(waiting).in_flight

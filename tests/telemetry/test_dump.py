@@ -108,9 +108,12 @@ def test_the_flight_recorder_counters_read_as_numbers_and_odd_entries_are_left_o
     (tmp_path / "rank0.json").write_text(json.dumps(dump))
     record = read_dump(tmp_path / "rank0.json")
     status = record.group_status()
-    assert sorted(status) == ["0", "2"] and record.reason == ""
-    assert (status["0"].last_enqueued_collective, status["0"].last_completed_collective) == (55, -1)
-    assert status["2"].last_enqueued_collective is None
+    # the default group ("0") keeps its key on every rank; "2", without a ring entry naming
+    # it, is this rank's alone
+    assert sorted(status) == ["default_pg:0", "rank0/pg2"] and record.reason == ""
+    default = status["default_pg:0"]
+    assert (default.last_enqueued_collective, default.last_completed_collective) == (55, -1)
+    assert status["rank0/pg2"].last_enqueued_collective is None
     assert not record.in_collective()
 
 
