@@ -108,7 +108,7 @@ class RankTracing:
         """A span named ``name`` around the block (nested spans become children).
 
         Timed on this thread and built on the exporter's (:mod:`stormwatch.otel.timed`):
-        about 6 µs a span instead of the SDK's 23.
+        about 9 µs a span instead of the SDK's 21.
         """
         span = self._tracing.timed_span(name, attributes)
         return contextlib.nullcontext() if span is None else span

@@ -94,7 +94,7 @@ class Tracing:
         """A span for a hot loop (:mod:`stormwatch.otel.timed`: current while the ``with``
         block runs, built without the SDK's span object); ``None`` when spans are off."""
         timed = self._timed
-        return None if timed is None else timed.span(name, attributes)
+        return None if timed is None else timed.span(name, dict(attributes))
 
     def export_to(self, spans_file: Path | None) -> None:
         """Start exporting: to the OTLP endpoint when one is configured, else as JSON lines

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from stormwatch.logs import JsonFormatter
 from stormwatch.otel import Tracing, TracingOptions
@@ -19,7 +21,14 @@ from stormwatch.telemetry.tracing import RankTracing, SpanOptions
 
 @pytest.fixture(autouse=True)
 def _no_sampler_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED"):
+    for name in (
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_SDK_DISABLED",
+        "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+        "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -183,3 +192,62 @@ def test_rank_spans_are_timed_and_a_noop_without_a_destination(tmp_path: Path) -
     with silent.span("step", step=1):
         assert not trace.get_current_span().get_span_context().is_valid
     assert silent.close() == 0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "16"),  # the event's strings cut to 16
+        ("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "1"),  # one of the event's four attributes
+        ("OTEL_SPAN_EVENT_COUNT_LIMIT", "0"),  # no event at all
+    ],
+)
+def test_the_exception_event_is_bounded_by_the_span_limits_as_the_sdks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    path = tmp_path / "spans.jsonl"
+    tracing = _tracing(path)
+    for span in (tracing.tracer.start_as_current_span("sdk"), _timed(tracing, "timed")):
+        with pytest.raises(ValueError), span:
+            raise ValueError("a message well over sixteen characters long")
+    tracing.shutdown()
+    spans = _spans(path)
+
+    def events(name: str) -> list[dict[str, Any]]:
+        return [{**e, "timestamp": None} for e in spans[name]["events"]]
+
+    assert events("timed") == events("sdk")
+    assert os.environ[variable] == value
+
+
+def test_a_processor_added_to_the_provider_sees_timed_spans(tmp_path: Path) -> None:
+    tracing = _tracing(tmp_path / "spans.jsonl")
+    seen: list[str] = []
+
+    class Seen(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            seen.append(span.name)
+
+    assert tracing.provider is not None
+    tracing.provider.add_span_processor(Seen())
+    with tracing.tracer.start_as_current_span("sdk"):
+        pass
+    with _timed(tracing, "timed"):
+        pass
+    tracing.shutdown()
+    assert seen == ["sdk", "timed"]
+    assert tracing.counts() == {"ended": 2, "exported": 2, "failed": 0}
+
+
+def test_a_timed_span_is_entered_once(tmp_path: Path) -> None:
+    path = tmp_path / "spans.jsonl"
+    tracing = _tracing(path)
+    span = _timed(tracing, "once")
+    with pytest.raises(RuntimeError, match="entered already"), span, span:
+        pass
+    assert not trace.get_current_span().get_span_context().is_valid  # context restored
+    with pytest.raises(RuntimeError, match="entered already"), span:
+        pass
+    tracing.shutdown()
+    assert list(_spans(path)) == ["once"]
