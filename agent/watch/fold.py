@@ -52,7 +52,7 @@ from typing import Any
 
 from prometheus_client.mmap_dict import MmapedDict
 
-from stormwatch.agent.watch.merge import file_jobs, grow, key_job, split_total
+from stormwatch.agent.watch.merge import file_jobs, file_values, grow, key_job, split_total
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Accumulator:
             assert match is not None
             if match[1] != prefix:
                 continue
-            for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(str(path)):
+            for key, value, timestamp, _ in file_values(str(path)):
                 state[key] = _combine(how, state.get(key), value, timestamp)
         return state
 
@@ -207,7 +207,7 @@ class Accumulator:
             state = self._read(prefix)
             for path in by_prefix.get(prefix, []):
                 try:
-                    values = list(MmapedDict.read_all_values_from_file(str(path)))
+                    values = file_values(str(path))
                 except (OSError, RuntimeError):
                     log.warning("cannot fold %s (kept; retried)", path, exc_info=True)
                     unreadable.append(path.name)

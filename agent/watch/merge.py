@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.mmap_dict import MmapedDict, _read_all_values, _unpack_integer
+from prometheus_client.mmap_dict import _read_all_values, _unpack_integer
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
@@ -239,16 +239,35 @@ class FileReader:
         return families
 
 
+#: A multiprocess file's header: how much of it is used (4 bytes), then 4 of padding.
+_HEADER = 8
+
+
 def _used_bytes(path: str) -> tuple[bytes, int]:
     """The used part of a multiprocess file and its length, read as
     ``MmapedDict.read_all_values_from_file`` reads it (the first 4 bytes say how much of the
-    preallocated file is used)."""
+    preallocated file is used). A file shorter than its header holds no values: its
+    process was killed between creating it and prometheus-client sizing it (a rank
+    SIGKILLed, or ended by SIGTERM's default action, as its first value of that type was
+    written), which the library's reader would fail on."""
     with open(path, "rb") as infp:
         data = infp.read(mmap.PAGESIZE)
+        if len(data) < _HEADER:
+            return b"", _HEADER
         used = _unpack_integer(data, 0)[0]
         if used > len(data):
             data += infp.read(used - len(data))
     return data[:used], used
+
+
+def file_values(path: str) -> list[tuple[str, float, float, int]]:
+    """``MmapedDict.read_all_values_from_file(path)``, with a file shorter than its header
+    read as empty (see :func:`_used_bytes`).
+
+    Raises:
+        OSError: the file cannot be read; RuntimeError: it is corrupt (as the library).
+    """
+    return list(_read_all_values(*_used_bytes(path)))
 
 
 def merge(
@@ -341,7 +360,7 @@ def file_jobs(path: Path) -> frozenset[str]:
     Raises:
         OSError, RuntimeError: the file cannot be read (as the library's reader raises).
     """
-    values = MmapedDict.read_all_values_from_file(str(path))
+    values = file_values(str(path))
     return frozenset(job for key, *_ in values if (job := key_job(key)) is not None)
 
 
@@ -350,6 +369,7 @@ __all__ = [
     "Folded",
     "exact_sum",
     "file_jobs",
+    "file_values",
     "grow",
     "key_job",
     "merge",

@@ -488,3 +488,20 @@ def test_a_ranks_job_instance_is_its_launchers_else_the_slurm_job_else_the_run_i
 ) -> None:
     env = rank_env({**TORCHRUN_ENV, **extra})
     assert env is not None and env.instance == instance
+
+
+def test_a_file_its_rank_never_sized_is_read_as_empty_and_folded_away(metrics_dir: Path) -> None:
+    """A rank killed between creating a multiprocess file and prometheus-client sizing it
+    (CI cc18: SIGTERM's default action ended a rank mid-flush) leaves a 0-byte file, on
+    which the library's reader raises struct.error: the merge and the fold failed on every
+    scrape and upkeep while it stayed."""
+    folder = TrainerFolder(metrics_dir)
+    wrote, _ = _write(metrics_dir, "j", 1)
+    (metrics_dir / "counter_999999.db").touch()  # created, never sized: no header
+    (metrics_dir / "histogram_999999.db").write_bytes(b"\x08\x00")  # cut inside the header
+    before = _samples(folder.merge())
+    key = ("stormwatch_train_steps_total", (("rank", "0"), ("training_job", "j")))
+    assert before.get(key) == wrote["steps"]
+    _maintain(folder)
+    assert not (metrics_dir / "counter_999999.db").exists()
+    assert _samples(folder.merge()).get(key) == wrote["steps"]
