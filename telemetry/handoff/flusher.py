@@ -68,6 +68,10 @@ class Flusher:
         self._on_error = on_error
         self._interval = interval
         self._stop = threading.Event()
+        # One round at a time: a round takes what is recorded, then writes it, so a round
+        # begun meanwhile (a SIGTERM's) must wait for it, not return with nothing to write
+        # while the process ends under the first one (CI cc18: a 0-byte counter file).
+        self._round = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -76,17 +80,20 @@ class Flusher:
         _RUNNING.add(self)
 
     def flush(self) -> None:
-        """One round now, on the calling thread (the end of the session, a SIGTERM)."""
-        for sink, flush in self._flushes:
-            try:
-                flush()
-            except Exception as exc:
-                self._on_error(sink, exc)
+        """One round now, on the calling thread (the end of the session, a SIGTERM), after
+        any round in progress on another thread has finished writing."""
+        with self._round:
+            for sink, flush in self._flushes:
+                try:
+                    flush()
+                except Exception as exc:
+                    self._on_error(sink, exc)
 
     def flush_within(self, timeout: float) -> bool:
         """One round on a helper thread, waited for at most ``timeout`` seconds; whether it
-        finished. For a signal handler: the interrupted code may hold a lock a flush
-        needs, and the handler must not wait for it forever."""
+        finished (a round in progress is finished first). For a signal handler: the
+        interrupted code may hold a lock a flush needs, and the handler must not wait for
+        it forever."""
         helper = threading.Thread(target=self.flush, name=f"{self._thread.name}-now", daemon=True)
         helper.start()
         helper.join(timeout)

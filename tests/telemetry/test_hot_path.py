@@ -273,3 +273,34 @@ def test_a_full_event_queue_drops_step_records_and_counts_them(tmp_path: Path) -
         (("rank", "0"), ("sink", "events"), ("training_job", "full")),
     ]
     assert errors == 3
+
+
+def test_a_flush_on_sigterm_waits_for_the_round_in_progress() -> None:
+    """CI cc18: the flusher's own round had taken the records and was writing them when
+    the SIGTERM's round began; that one found nothing left, returned at once, and the
+    default action ended the process mid-write (a 0-byte counter file, lost totals)."""
+    import threading
+    import time
+
+    from stormwatch.telemetry.handoff.flusher import Flusher
+
+    pending, written = list(range(50)), []
+    writing = threading.Event()
+
+    def flush() -> None:
+        taken = pending[:]
+        del pending[:]
+        if taken:
+            writing.set()
+            time.sleep(0.3)  # a slow write of what this round took
+        written.extend(taken)
+
+    errors: list[BaseException] = []
+    flusher = Flusher([("metrics", flush)], on_error=lambda _s, e: errors.append(e), interval=0.01)
+    flusher.start()
+    try:
+        assert writing.wait(5)
+        assert flusher.flush_within(2.0)
+        assert written == list(range(50)) and errors == []
+    finally:
+        flusher.stop()
