@@ -134,10 +134,13 @@ def test_fc09_a_job_whose_rendezvous_closed_is_relaunched_under_a_fresh_id(lab: 
     )
     info = lab.start_job(spec)
     result = lab.wait_job("closed", timeout=180)
-    logs = {n: p.read_text()[-3000:] for n, p in info.node_logs.items()}
+    full = {n: p.read_text() for n, p in info.node_logs.items()}
+    logs = {n: text[-3000:] for n, text in full.items()}
     assert result.ok, (result, logs)
     assert lab.job("closed").relaunches == 1
-    assert all("relaunched as closed-r1" in text for text in logs.values()), logs
+    # the whole log: torchrun's own shutdown errors after the relaunch can fill the last
+    # 3,000 characters (CI cc18: "failed to shutdown the rendezvous 'closed-r1'")
+    assert all("relaunched as closed-r1" in text for text in full.values()), logs
 
 
 def test_a_job_whose_port_was_taken_is_relaunched_once_its_old_processes_are_gone(
