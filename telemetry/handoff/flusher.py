@@ -28,6 +28,9 @@ from collections.abc import Callable, Sequence
 
 #: Seconds between flushes (see the module docstring for the number).
 FLUSH_INTERVAL = 0.1
+#: Seconds a round waits for another thread's round in progress before it goes ahead
+#: (a round takes milliseconds; one blocked longer must not hold up an exit).
+ROUND_WAIT_S = 1.0
 
 # The started, not stopped flushers of this process: a last round at interpreter exit
 # (the thread is a daemon, killed at exit), whoever forgot to stop them.
@@ -71,7 +74,10 @@ class Flusher:
         # One round at a time: a round takes what is recorded, then writes it, so a round
         # begun meanwhile (a SIGTERM's) must wait for it, not return with nothing to write
         # while the process ends under the first one (CI cc18: a 0-byte counter file).
-        self._round = threading.Lock()
+        # Reentrant and waited for at most ROUND_WAIT_S: a signal handler's round on the
+        # thread it interrupted mid-round, or a round blocked in a write, must not hang
+        # the process's exit (the round then goes ahead, as it did without the lock).
+        self._round = threading.RLock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -82,12 +88,16 @@ class Flusher:
     def flush(self) -> None:
         """One round now, on the calling thread (the end of the session, a SIGTERM), after
         any round in progress on another thread has finished writing."""
-        with self._round:
+        waited = self._round.acquire(timeout=ROUND_WAIT_S)
+        try:
             for sink, flush in self._flushes:
                 try:
                     flush()
                 except Exception as exc:
                     self._on_error(sink, exc)
+        finally:
+            if waited:
+                self._round.release()
 
     def flush_within(self, timeout: float) -> bool:
         """One round on a helper thread, waited for at most ``timeout`` seconds; whether it
@@ -113,4 +123,4 @@ class Flusher:
         self.flush()
 
 
-__all__ = ["FLUSH_INTERVAL", "Flusher"]
+__all__ = ["FLUSH_INTERVAL", "ROUND_WAIT_S", "Flusher"]

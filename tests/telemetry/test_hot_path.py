@@ -304,3 +304,21 @@ def test_a_flush_on_sigterm_waits_for_the_round_in_progress() -> None:
         assert written == list(range(50)) and errors == []
     finally:
         flusher.stop()
+
+
+def test_a_round_inside_a_round_on_the_same_thread_goes_ahead() -> None:
+    """A signal handler (or what it chains to) flushing on the thread it interrupted
+    mid-round must not deadlock on the round lock."""
+    from stormwatch.telemetry.handoff.flusher import Flusher
+
+    calls: list[str] = []
+    flusher: Flusher
+
+    def flush() -> None:
+        calls.append("round")
+        if len(calls) == 1:
+            flusher.flush()  # as a handler interrupting this round would
+
+    flusher = Flusher([("metrics", flush)], on_error=lambda _s, _e: None)
+    flusher.flush()
+    assert calls == ["round", "round"]
