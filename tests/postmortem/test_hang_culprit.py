@@ -237,7 +237,7 @@ def test_fc10_groups_are_compared_by_name_not_by_each_ranks_own_index() -> None:
     assert "group mesh_dp:1: 1 fewer" in culprit.evidence[2]
 
 
-def test_a_group_whose_entries_left_the_ring_is_never_compared_across_ranks() -> None:
+def test_fc10_a_group_whose_entries_left_the_ring_is_never_compared_across_ranks() -> None:
     """A real gloo dump (TORCH_FR_BUFFER_SIZE=8, dp=2 x tp=2, every collective completed):
     the data-parallel groups [0, 2] (3 all-reduces) and [1, 3] (1) are index "2" on every
     rank and their entries had left the ring. Compared by that index, rank 1 was "2 behind"
