@@ -132,6 +132,11 @@ class RunPaths:
         return self.responder_dir / "responder.sqlite"
 
     @property
+    def responder_postmortems(self) -> Path:
+        """The responder's incident post-mortems (``incident-<id>/`` folders)."""
+        return self.responder_dir / "postmortems"
+
+    @property
     def slurm_dir(self) -> Path:
         """The lab's Slurm cluster: configs, munge, controller and node state
         (laid out by :class:`stormwatch.lab.slurm.SlurmPaths`)."""

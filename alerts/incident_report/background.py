@@ -65,6 +65,8 @@ class PostMortemWriter:
         self._follow_up_s = follow_up_s
         self._poll_s = poll_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self._following: set[asyncio.Task[None]] = set()  # past their first write
+        self._closing = False
         self._one_at_a_time = asyncio.Semaphore(1)
 
     def submit(self, incident_id: int) -> None:
@@ -90,9 +92,15 @@ class PostMortemWriter:
         files = await self._write_once(incident_id)
         if files is None or self._recovered is None:
             return
-        if files.postmortem.recovered_at is not None:  # written with the recovery in it
-            return
-        await self._follow_up(incident_id, files.postmortem, self._recovered)
+        if files.postmortem.recovered_at is not None or self._closing:
+            return  # written with the recovery in it, or the responder is stopping
+        task = asyncio.current_task()
+        assert task is not None
+        self._following.add(task)
+        try:
+            await self._follow_up(incident_id, files.postmortem, self._recovered)
+        finally:
+            self._following.discard(task)
 
     async def _follow_up(
         self,
@@ -126,8 +134,17 @@ class PostMortemWriter:
         log.info("incident %d: no recovery within %g s", incident_id, self._follow_up_s)
 
     async def aclose(self, timeout: float = 30.0) -> None:
-        """Let post-mortems being written finish (up to ``timeout`` s); cancel the rest
-        (and every wait for a recovery)."""
+        """Let every first post-mortem finish (its settle wait and its write, up to
+        ``timeout`` s in all); cancel at once every wait for a recovery (an incident whose
+        report was written already), then whatever is left at the timeout.
+
+        A responder stopped right after an incident closed (``lab down``: SIGTERM, then
+        SIGKILL after 5 s) still writes that incident's report; it does not stay up for a
+        recovery it may wait 10 minutes for.
+        """
+        self._closing = True
+        for task in self._following:
+            task.cancel()
         tasks = list(self._tasks)
         if not tasks:
             return

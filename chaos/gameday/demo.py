@@ -33,8 +33,10 @@ from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
 from stormwatch.chaos.gameday.baseline import train_baseline
+from stormwatch.chaos.reports.incidents import incident_postmortems
 from stormwatch.chaos.reports.report import generate_postmortem
 from stormwatch.chaos.target import lab_target
+from stormwatch.clients.responder import ResponderClient
 from stormwatch.errors import ConfigError
 from stormwatch.lab import Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
@@ -230,6 +232,7 @@ class DemoOutcome:
     run: ExperimentRun
     postmortem: ExperimentPostMortem
     postmortem_file: Path
+    incident_postmortems: list[Path]
 
 
 def run_demo(
@@ -285,10 +288,27 @@ def run_demo(
         reporter.stop()
         console.print(summary_table(run, pm))
         console.print(f"post-mortem: {md}\njournal: {run.journal_path}", soft_wrap=True)
-        incidents = sorted((run_dir / "responder" / "postmortems").glob("incident-*/postmortem.*"))
-        if incidents:
-            shown = ", ".join(str(path) for path in incidents if path.suffix in (".md", ".html"))
-            console.print(f"responder's incident post-mortem: {shown}", soft_wrap=True)
+        # The responder writes its own post-mortem of each incident a few seconds after it
+        # closed: wait for them before the lab (its Prometheus, the responder) goes down.
+        target = lab_target(run_dir)
+        pages = asyncio.run(
+            incident_postmortems(
+                ResponderClient(str(target.responder_url), token_file=target.responder_token_file),
+                since=run.journal.started_at,
+                folder=RunPaths.of(run_dir).responder_postmortems,
+                reporter=reporter,
+                # The experiment's alert resolved: its incident closes a notification later.
+                closing=lambda incident: (
+                    pm.alert_resolved_at is not None and incident.alertname == pm.alertname
+                ),
+            )
+        )
+        reporter.stop()
+        for page in pages:
+            console.print(
+                f"responder's incident post-mortem: {page.with_suffix('.md')}, {page}",
+                soft_wrap=True,
+            )
         hint = grafana_hint(RunPaths.of(run_dir).grafana_dir)
         if not keep_lab:  # its Prometheus goes down with the lab
             hint += (
@@ -296,7 +316,7 @@ def run_demo(
                 " or `make demo DEMO_ARGS=--keep-lab`)"
             )
         console.print(hint, soft_wrap=True)
-        return DemoOutcome(run, pm, md)
+        return DemoOutcome(run, pm, md, pages)
     finally:
         reporter.stop()
         if keep_lab:

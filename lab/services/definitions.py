@@ -338,7 +338,7 @@ def responder_spec(config: LabConfig, state: LabState, paths: RunPaths) -> Servi
         "--target",
         str(paths.target_file),
         "--postmortem-dir",
-        str(paths.responder_dir / "postmortems"),
+        str(paths.responder_postmortems),
     )
     return ServiceSpec("responder", cmd, f"{state.responder_url}/healthz")
 
