@@ -1,7 +1,8 @@
 """Finding this node's rank processes (steps 2 and 3 of a rank-watcher scan).
 
 One scan lists every process (:meth:`RankFinder.process_table`, one ``/proc/<pid>/stat``
-read each), finds rank launchers (``is_agent``: torchrun agents, Slurm step daemons) and,
+read each; or, while the proc connector has counted no process created, exec'd or ended
+since, reuses the last listing and what was found in it), finds rank launchers (``is_agent``: torchrun agents, Slurm step daemons) and,
 among their descendants that are not launchers themselves, takes the topmost process per
 rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
 ``TORCHELASTIC_RUN_ID``, or srun's with ``STORMWATCH_RUN_ID``:
@@ -44,6 +45,9 @@ _ProcKey = tuple[int, float, str, int]
 
 #: Seconds after its start before what a process's reads say is kept (fork, then exec).
 SETTLE_SECONDS = 1.0
+#: Longest reuse of one listing of the process table (s): a safety net under the proc
+#: connector's count of process events, which reuse relies on.
+RELIST_SECONDS = 10.0
 
 #: The rank processes one scan found: per ``(job, rank)``, its process and environment.
 Found = dict[RankKey, tuple[ProcEntry, RankEnv]]
@@ -64,6 +68,11 @@ class RankFinder:
         is_agent: ``(name, cmdline) -> bool`` recognising rank launchers.
         claim_unlabelled: claim ranks that name no metrics folder at all (right for one
             agent per host; the lab, several agents in one PID namespace, sets it False).
+        changes: the count of process events (forks, execs, exits;
+            :meth:`~.proc_exits.ExitSource.changes`), or None when unknown: while it stands
+            still, :meth:`process_table` returns its last listing (every process in it
+            settled, and listed less than :data:`RELIST_SECONDS` ago) instead of reading
+            every process again, and :meth:`discover_all` its last answer for it.
     """
 
     def __init__(
@@ -72,8 +81,21 @@ class RankFinder:
         *,
         is_agent: Callable[[str, Sequence[str]], bool],
         claim_unlabelled: bool,
+        changes: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._dir = Path(metrics_dir)
+        self._changes = changes
+        # The last listing, the event count read before it, when it was made (monotonic s)
+        # and whether it may be reused (every process in it settled).
+        self._listing: dict[int, ProcEntry] = {}
+        self._listed_at_count: int | None = None
+        self._listed_at = -RELIST_SECONDS
+        self._reusable = False
+        self._discovered: tuple[object, Found, list[Orphan]] | None = None
+        self._forgotten_for: object = None
+        #: Scans that listed every process, and scans that reused the last listing.
+        self.listings = 0
+        self.reuses = 0
         self._is_agent = is_agent
         self._claim_unlabelled = claim_unlabelled
         self._environ: dict[_ProcKey, Mapping[str, str] | None] = {}
@@ -85,10 +107,29 @@ class RankFinder:
         self._settled_before = 0.0  # processes started before this Unix time are settled
 
     def process_table(self) -> dict[int, ProcEntry]:
-        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~.procs.proc_stat`).
+        """Every process, from one ``/proc/<pid>/stat`` read each (:func:`~.procs.proc_stat`),
+        or the last listing while no process event came since (class docstring; the
+        returned mapping is shared: read it, do not change it).
 
         Name and command line (psutil) are read once per program a process runs.
         """
+        count = self._changes()  # read before listing: an event during it lists again
+        if (
+            count is not None
+            and count == self._listed_at_count
+            and self._reusable
+            and time.monotonic() - self._listed_at < RELIST_SECONDS
+        ):
+            self.reuses += 1
+            return self._listing
+        table = self._list()
+        self.listings += 1
+        self._listing, self._listed_at_count = table, count
+        self._listed_at = time.monotonic()
+        self._reusable = len(self._entries) == len(table)  # every process settled
+        return table
+
+    def _list(self) -> dict[int, ProcEntry]:
         table: dict[int, ProcEntry] = {}
         names: dict[_ProcKey, tuple[str, tuple[str, ...]]] = {}
         entries: dict[int, ProcEntry] = {}
@@ -153,6 +194,14 @@ class RankFinder:
         of the same ``(job, rank)`` (a rank's data-loader workers are part of the rank;
         once the rank is gone, they are orphans of their own).
         """
+        if self._discovered is not None and self._discovered[0] is table:  # a reused listing
+            _, found, orphans = self._discovered
+            return dict(found), list(orphans)
+        found, orphans = self._discover_all(table)
+        self._discovered = (table, dict(found), list(orphans))
+        return found, orphans
+
+    def _discover_all(self, table: Mapping[int, ProcEntry]) -> tuple[Found, list[Orphan]]:
         children: dict[int, list[int]] = collections.defaultdict(list)
         for entry in table.values():
             children[entry.ppid].append(entry.pid)
@@ -196,6 +245,9 @@ class RankFinder:
 
     def forget_gone(self, table: Mapping[int, ProcEntry]) -> None:
         """Drop what is cached about processes not in ``table`` (they are gone)."""
+        if table is self._forgotten_for:  # a reused listing: nothing new is gone
+            return
+        self._forgotten_for = table
         live = {p.key for p in table.values()}
         self._environ = {k: v for k, v in self._environ.items() if k in live}
         self._rank_envs = {k: v for k, v in self._rank_envs.items() if k in live}

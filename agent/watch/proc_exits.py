@@ -11,8 +11,12 @@ initial PID namespace, like the ones the rank watcher reads: the agent must run 
 the host's PID namespace (``hostPID``), as it must anyway to see the ranks.
 
 :class:`ProcConnector` listens on a background thread and remembers the last
-:data:`KEEP` exits of thread-group leaders (a classic BPF filter on the socket
-drops fork/exec/thread events in the kernel, so a busy host costs little). The
+:data:`KEEP` exits of thread-group leaders. It also counts every process created
+(``PROC_EVENT_FORK`` of a new thread group), every ``exec`` (``PROC_EVENT_EXEC``)
+and every exit (:meth:`~ExitSource.changes`): while the count stands still, the
+process table is as the rank watcher last listed it, and its scan reuses that
+listing (:class:`~.discovery.RankFinder`). A classic BPF filter on the socket drops
+thread events and the other kinds in the kernel, so a busy host costs little. The
 connector exists in the initial network namespace only; an agent started inside
 another one (the lab's nodes) opens its socket from a short-lived thread that
 joins the network namespace of PID 1 or of one of its own ancestors (``setns``,
@@ -47,6 +51,8 @@ NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
 CN_VAL_PROC = 1
 PROC_CN_MCAST_LISTEN = 1
+PROC_EVENT_FORK = 0x00000001
+PROC_EVENT_EXEC = 0x00000002
 PROC_EVENT_EXIT = 0x80000000
 NLMSG_DONE = 3
 SO_ATTACH_FILTER = 26
@@ -57,6 +63,8 @@ KEEP = 8192
 #: Offsets in a connector message: nlmsghdr (16) + cn_msg (20) = proc_event.
 _WHAT_OFFSET = 36
 _EXIT_OFFSET = 52  # after what, cpu, timestamp_ns: pid, tgid, exit_code, exit_signal
+#: A fork event's child: after parent_pid, parent_tgid: child_pid, child_tgid.
+_CHILD_OFFSET = _EXIT_OFFSET + 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +128,12 @@ class ExitSource(Protocol):
         thread, at once; it must be quick and must not raise)."""
         ...
 
+    def changes(self) -> int | None:
+        """A count of the process events received so far (a process created, an ``exec``,
+        an exit; also a burst of events lost), or None when it cannot be known: while it
+        stays the same, no process was created, replaced its program or ended."""
+        ...
+
     def close(self) -> None:
         """Stop listening."""
         ...
@@ -145,28 +159,42 @@ class UnavailableExits:
     def on_exit(self, listener: Callable[[int], None]) -> None:
         return None  # nothing is received: the listener is never called
 
+    def changes(self) -> int | None:
+        return None
+
     def close(self) -> None:
         return None
 
 
 def _exit_filter() -> bytes:
-    """Classic BPF: keep PROC_EVENT_EXIT of thread-group leaders (pid == tgid), drop the rest.
+    """Classic BPF: keep ``PROC_EVENT_EXIT`` of thread-group leaders (pid == tgid), every
+    ``PROC_EVENT_EXEC``, and ``PROC_EVENT_FORK`` of a new process (child pid == child tgid,
+    not a new thread); drop the rest (``include/uapi/linux/cn_proc.h``).
 
     Socket-filter loads are big-endian; the connector's fields are host-endian,
-    hence the swapped constant.
+    hence the swapped constants.
     """
-    exit_be = struct.unpack(">I", struct.pack("=I", PROC_EVENT_EXIT))[0]
-    ld_abs, tax, ret_k = 0x20, 0x07, 0x06
+
+    def swapped(value: int) -> int:
+        return int(struct.unpack(">I", struct.pack("=I", value))[0])
+
+    ld_abs, tax, ret_k, ja = 0x20, 0x07, 0x06, 0x05
     jeq_k, jeq_x = 0x15, 0x1D
-    program = [
-        (ld_abs, 0, 0, _WHAT_OFFSET),
-        (jeq_k, 0, 4, exit_be),  # not an exit -> drop
-        (ld_abs, 0, 0, _EXIT_OFFSET),  # pid
-        (tax, 0, 0, 0),
-        (ld_abs, 0, 0, _EXIT_OFFSET + 4),  # tgid
-        (jeq_x, 1, 0, 0),  # a thread -> drop
-        (ret_k, 0, 0, 0),
-        (ret_k, 0, 0, 0xFFFF),
+    program = [  # (code, jump if true, jump if false, k): jumps count from the next one
+        (ld_abs, 0, 0, _WHAT_OFFSET),  # 0
+        (jeq_k, 11, 0, swapped(PROC_EVENT_EXEC)),  # 1: an exec -> keep (13)
+        (jeq_k, 0, 4, swapped(PROC_EVENT_EXIT)),  # 2: neither exit (3) nor exec -> 7
+        (ld_abs, 0, 0, _EXIT_OFFSET),  # 3: pid
+        (tax, 0, 0, 0),  # 4
+        (ld_abs, 0, 0, _EXIT_OFFSET + 4),  # 5: tgid
+        (ja, 0, 0, 4),  # 6: -> 11
+        (jeq_k, 0, 4, swapped(PROC_EVENT_FORK)),  # 7: not a fork -> drop (12)
+        (ld_abs, 0, 0, _CHILD_OFFSET),  # 8: child pid
+        (tax, 0, 0, 0),  # 9
+        (ld_abs, 0, 0, _CHILD_OFFSET + 4),  # 10: child tgid
+        (jeq_x, 1, 0, 0),  # 11: a thread -> drop (12), else keep (13)
+        (ret_k, 0, 0, 0),  # 12: drop
+        (ret_k, 0, 0, 0xFFFF),  # 13: keep
     ]
     return b"".join(struct.pack("HBBI", *insn) for insn in program)
 
@@ -268,7 +296,8 @@ def _open_in_other_netns() -> socket.socket:
 
 
 class ProcConnector:
-    """Receives ``PROC_EVENT_EXIT`` on a background thread (see the module docstring).
+    """Receives ``PROC_EVENT_EXIT`` (and counts forks and execs) on a background thread
+    (see the module docstring).
 
     Raises (from the constructor):
         OSError: the connector cannot be subscribed to, here or in PID 1's namespace.
@@ -289,6 +318,7 @@ class ProcConnector:
         self._stop = threading.Event()
         self._reason: str | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._changes = 0  # written by the receiving thread only
         self._thread = threading.Thread(
             target=self._run, name="stormwatch-proc-connector", daemon=True
         )
@@ -317,6 +347,9 @@ class ProcConnector:
     def on_exit(self, listener: Callable[[int], None]) -> None:
         self._listeners.append(listener)
 
+    def changes(self) -> int | None:
+        return self._changes if self.available and not self._stop.is_set() else None
+
     def close(self) -> None:
         if self._stop.is_set():
             return
@@ -341,6 +374,7 @@ class ProcConnector:
                     return
                 if exc.errno == errno.ENOBUFS:  # a burst overflowed the socket: some lost
                     log.debug("proc connector: events lost (ENOBUFS)")
+                    self._changes += 1  # what was lost may have changed the process table
                     continue
                 self._reason = f"receiving failed: {exc}"
                 log.warning("proc connector stopped: %s; exit codes now unknown", exc)
@@ -359,11 +393,16 @@ class ProcConnector:
             offset += (length + 3) & ~3
             if len(message) < _EXIT_OFFSET + 16:
                 continue
-            if struct.unpack_from("=I", message, _WHAT_OFFSET)[0] != PROC_EVENT_EXIT:
+            what = struct.unpack_from("=I", message, _WHAT_OFFSET)[0]
+            if what in (PROC_EVENT_FORK, PROC_EVENT_EXEC):  # the filter kept new processes
+                self._changes += 1
+                continue
+            if what != PROC_EVENT_EXIT:
                 continue
             pid, tgid, status, _ = struct.unpack_from("=IIII", message, _EXIT_OFFSET)
             if pid != tgid:
                 continue
+            self._changes += 1
             event = ProcessExit(pid=pid, status=status, at=self._clock())
             with self._cond:
                 self._exits.pop(pid, None)

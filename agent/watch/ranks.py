@@ -7,9 +7,9 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
    and the progress heartbeat ``stormwatch_train_last_progress_timestamp_seconds``, which
    completed collectives advance too, so a job without step marks has one) and steps
    from the multiprocess files (:mod:`.trainer_files`), *before* dead ranks' live gauges go;
-2. lists processes (psutil) and finds rank launchers (:func:`is_rank_launcher`:
-   torchrun agents, and Slurm step daemons for ``srun ... stormwatch run``)
-   (steps 2 and 3: :mod:`.discovery`);
+2. lists processes (psutil; while no process was created, exec'd or ended since, the last
+   listing) and finds rank launchers (:func:`is_rank_launcher`: torchrun agents, and Slurm
+   step daemons for ``srun ... stormwatch run``) (steps 2 and 3: :mod:`.discovery`);
 3. among their descendants, takes the topmost process per rank whose environment has
    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID`` (or srun's variables
    with ``STORMWATCH_RUN_ID``: :func:`stormwatch.contracts.rank_env.rank_env`; job:
@@ -33,10 +33,9 @@ a tracked rank (:meth:`.proc_exits.ExitSource.on_exit`), one scan:
    exited processes are folded into one accumulator (counters keep their totals), a job's
    fresh start drops its earlier start's series, and jobs gone for ``forget_after`` go.
 
-The last heartbeat of a rank is kept after it dies (so that it goes stale and a "no
-progress" alert fires) until a restarted rank reports a newer one. A rank that finished
-cleanly is forgotten at once; one that died ``forget_after`` seconds after its exit
-(counters are never dropped).
+A dead rank's last heartbeat is kept (it goes stale, a "no progress" alert fires) until a
+restarted rank reports a newer one. A rank that finished cleanly is forgotten at once; one
+that died ``forget_after`` s after its exit (counters are never dropped).
 """
 
 from __future__ import annotations
@@ -113,8 +112,8 @@ class RankWatcher:
             one PID namespace, sets it False).
         on_exit: called (on the scan thread) with a :class:`RankExit` per exit noticed, after
             the scan's listeners: who reads an exit event then ``/metrics`` finds it in both.
-        exits: where exit statuses come from (:func:`~.proc_exits.open_exit_source`); None:
-            only from zombies a scan catches.
+        exits: exit statuses (:func:`~.proc_exits.open_exit_source`; its event count lets
+            scans reuse the process listing); None: only from zombies, every scan lists all.
         on_orphan: called (on the scan thread) per rank process newly seen without its
             launcher (:mod:`.orphans`).
     """
@@ -141,7 +140,10 @@ class RankWatcher:
         self._on_exit = on_exit or (lambda gone: None)
         #: Claimed rank processes no live launcher is above, as of the last scan.
         self.orphaned = OrphanTracker(on_orphan)
-        self._finder = RankFinder(metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled)
+        self._finder = RankFinder(
+            metrics_dir, is_agent=is_agent, claim_unlabelled=claim_unlabelled,
+            changes=self.exits.changes,
+        )  # fmt: skip
         #: The multiprocess folder's owner, shared with rank health and the render.
         self.folder = TrainerFolder(metrics_dir, retention=forget_after, clock=clock)
         self._files = TrainerFiles(metrics_dir, reader="rank watcher", folder=self.folder)
@@ -489,11 +491,5 @@ class RankWatcher:
                 del self._progress_seen[key]
 
 
-__all__ = [
-    "RankExit",
-    "RankInfo",
-    "RankKey",
-    "RankWatcher",
-    "is_rank_launcher",
-    "is_torchrun_agent",
-]
+# fmt: off
+__all__ = ["RankExit", "RankInfo", "RankKey", "RankWatcher", "is_rank_launcher", "is_torchrun_agent"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -303,3 +304,107 @@ def test_a_settled_process_unchanged_since_the_last_scan_keeps_its_entry(
         child.kill()
         child.wait()
     assert child.pid not in finder.process_table()
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    """A child that has exec'd python and sleeps (until killed)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).cmdline()[1:2] != ["-c"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return child
+
+
+def test_a_scan_reuses_the_listing_while_no_process_event_came(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(discovery, "SETTLE_SECONDS", -60.0)  # every process is settled
+    events = [0]  # the proc connector's count, here the test's to move
+    finder = discovery.RankFinder(
+        tmp_path, is_agent=lambda *_: False, claim_unlabelled=True, changes=lambda: events[0]
+    )
+    first = finder.process_table()
+    assert finder.process_table() is first and (finder.listings, finder.reuses) == (1, 1)
+    found, orphans = finder.discover_all(first)
+    found[("job", 0)] = None  # type: ignore[index,assignment]  # the caller's copy
+    assert finder.discover_all(first) == ({}, []) and orphans == []
+    child = _sleeper()
+    try:
+        assert finder.process_table() is first  # what reuse relies on: the event count
+        events[0] += 1  # the child's fork and exec
+        second = finder.process_table()
+        assert second is not first and child.pid in second and finder.listings == 2
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        events[0] += 1  # its exit
+        assert child.pid not in finder.process_table()
+    finally:
+        child.kill()
+        child.wait()
+    # A listing is reused for RELIST_SECONDS at most (a safety net under the count).
+    monkeypatch.setattr(discovery, "RELIST_SECONDS", 0.0)
+    assert finder.process_table() is not finder.process_table()
+
+
+def test_a_scan_lists_again_while_a_process_is_young_or_events_are_unknown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A process younger than SETTLE_SECONDS may not have exec'd its own program yet: what
+    # its reads say is not kept, and the listing that holds it is not reused.
+    monkeypatch.setattr(discovery, "SETTLE_SECONDS", 1e9)
+    finder = discovery.RankFinder(
+        tmp_path, is_agent=lambda *_: False, claim_unlabelled=True, changes=lambda: 0
+    )
+    assert finder.process_table() is not finder.process_table()
+    monkeypatch.setattr(discovery, "SETTLE_SECONDS", -60.0)
+    unknown = discovery.RankFinder(tmp_path, is_agent=lambda *_: False, claim_unlabelled=True)
+    assert unknown.process_table() is not unknown.process_table()  # no count: no reuse
+    assert unknown.reuses == 0
+
+
+def test_the_proc_connector_counts_processes_execs_and_exits_but_not_threads() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the proc connector needs CAP_NET_ADMIN on older kernels")
+    from stormwatch.agent.watch.proc_exits import ProcConnector
+
+    connector = ProcConnector()
+    try:
+
+        def moved(action: Any) -> int:
+            """How far the count moved over ``action`` (other processes on the machine
+            move it too: the test's thresholds leave room for them)."""
+            before = connector.changes()
+            action()
+            time.sleep(0.3)  # the receiving thread's lag
+            after = connector.changes()
+            assert before is not None and after is not None
+            return after - before
+
+        def threads() -> None:
+            for _ in range(5):
+                batch = [threading.Thread(target=time.sleep, args=(0.001,)) for _ in range(100)]
+                for thread in batch:
+                    thread.start()
+                for thread in batch:
+                    thread.join()
+
+        def fork_exec_exit() -> None:
+            subprocess.run(["true"], check=True)
+
+        def exec_in_place() -> None:  # one process: sh, then `exec true` in its place
+            subprocess.run(["sh", "-c", "exec true"], check=True)
+
+        # 500 threads, none counted: what moves the count is the machine's other processes
+        # (the least of three tries; counted threads would move it by 500 each time).
+        assert min(moved(threads) for _ in range(3)) < 100
+        assert moved(fork_exec_exit) >= 3
+        assert moved(exec_in_place) >= 3  # fork, sh's exec, true's exec in place, exit
+        started = time.time()
+        child = subprocess.Popen(["sh", "-c", "exit 7"])
+        child.wait()
+        exited = connector.lookup(child.pid, since=started, wait=2.0)
+        assert exited is not None and exited.code == 7  # exits still reported as before
+    finally:
+        connector.close()
+    assert connector.changes() is None  # closed: unknown, so every scan lists again

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -175,6 +176,7 @@ def test_a_ranks_store_is_its_torchruns_else_its_own_environment(tmp_path: Path)
         [sys.executable, "-c", "import time; time.sleep(60)"],
         env={**os.environ, "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "1234"},
     )
+    rank = None
     try:
         assert under_torchrun.stdout is not None
         rank = int(under_torchrun.stdout.readline())
@@ -183,6 +185,9 @@ def test_a_ranks_store_is_its_torchruns_else_its_own_environment(tmp_path: Path)
         assert launcher is not None and launcher.is_running()
         assert rank_store(alone.pid) == (("10.9.9.9", 1234), None)
     finally:
+        if rank is not None:  # the launcher's child: killing the launcher leaves it running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
         for process in (under_torchrun, alone):
             process.kill()
             process.wait()
