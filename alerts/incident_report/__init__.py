@@ -29,16 +29,12 @@ from stormwatch.alerts.incident_report.background import (
     PostMortemFiles,
     PostMortemWriter,
 )
+from stormwatch.contracts.responder import incident_folder
 from stormwatch.postmortem import IncidentPostMortem
 
 if TYPE_CHECKING:
     from stormwatch.clients.http import HttpOptions
     from stormwatch.platforms.slurm import SlurmCommands
-
-
-def incident_folder(postmortem_dir: Path, incident_id: int) -> Path:
-    """``<postmortem_dir>/incident-<id>``."""
-    return Path(postmortem_dir) / f"incident-{incident_id}"
 
 
 def write_incident_postmortem(

@@ -235,6 +235,34 @@ class DemoOutcome:
     incident_postmortems: list[Path]
 
 
+def _incident_postmortems(
+    run_dir: Path, run: ExperimentRun, pm: ExperimentPostMortem, reporter: ConsoleReporter
+) -> list[Path]:
+    """Wait for the responder's post-mortem of each incident the experiment closed (it writes
+    them a few seconds after the close) before the lab, its Prometheus and the responder go
+    down; print where they are (:func:`~stormwatch.chaos.reports.incidents.incident_postmortems`)."""
+    target = lab_target(run_dir)
+    pages = asyncio.run(
+        incident_postmortems(
+            ResponderClient(str(target.responder_url), token_file=target.responder_token_file),
+            since=run.journal.started_at,
+            folder=RunPaths.of(run_dir).responder_postmortems,
+            reporter=reporter,
+            # The experiment's alert resolved: its incident closes a notification later.
+            closing=lambda incident: (
+                pm.alert_resolved_at is not None and incident.alertname == pm.alertname
+            ),
+        )
+    )
+    reporter.stop()
+    for page in pages:
+        reporter.console.print(
+            f"responder's incident post-mortem: {page.with_suffix('.md')}, {page}",
+            soft_wrap=True,
+        )
+    return pages
+
+
 def run_demo(
     *,
     run_dir: Path,
@@ -288,27 +316,7 @@ def run_demo(
         reporter.stop()
         console.print(summary_table(run, pm))
         console.print(f"post-mortem: {md}\njournal: {run.journal_path}", soft_wrap=True)
-        # The responder writes its own post-mortem of each incident a few seconds after it
-        # closed: wait for them before the lab (its Prometheus, the responder) goes down.
-        target = lab_target(run_dir)
-        pages = asyncio.run(
-            incident_postmortems(
-                ResponderClient(str(target.responder_url), token_file=target.responder_token_file),
-                since=run.journal.started_at,
-                folder=RunPaths.of(run_dir).responder_postmortems,
-                reporter=reporter,
-                # The experiment's alert resolved: its incident closes a notification later.
-                closing=lambda incident: (
-                    pm.alert_resolved_at is not None and incident.alertname == pm.alertname
-                ),
-            )
-        )
-        reporter.stop()
-        for page in pages:
-            console.print(
-                f"responder's incident post-mortem: {page.with_suffix('.md')}, {page}",
-                soft_wrap=True,
-            )
+        pages = _incident_postmortems(run_dir, run, pm, reporter)
         hint = grafana_hint(RunPaths.of(run_dir).grafana_dir)
         if not keep_lab:  # its Prometheus goes down with the lab
             hint += (

@@ -1,7 +1,7 @@
 """Wait for the responder's post-mortems of the incidents an experiment closed.
 
 The responder writes an incident's post-mortem in the background,
-:data:`~stormwatch.alerts.incident_report.SETTLE_SECONDS` after the incident closed (so
+``SETTLE_SECONDS`` (:mod:`stormwatch.alerts.incident_report`) after the incident closed (so
 that the workers' last lines and dumps are on disk), which takes a few seconds with
 Prometheus. A controller that brings its lab down as soon as its own report is written
 (``stormwatch demo``) must wait for those reports first: the lab's Prometheus and the
@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stormwatch.alerts.incident_report import incident_folder
 from stormwatch.chaos.execution.reporter import Reporter
 from stormwatch.clients.errors import ResponderClientError
 from stormwatch.clients.responder import ResponderClient
-from stormwatch.contracts.responder import IncidentRecord
+from stormwatch.contracts.responder import IncidentRecord, incident_folder
 from stormwatch.errors import ConfigError
 from stormwatch.postmortem.files import HTML
 

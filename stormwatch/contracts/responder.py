@@ -10,6 +10,7 @@ sides use the same models.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
@@ -159,6 +160,12 @@ class ActionRecord(_Record):
     data: dict[str, JsonValue]
 
 
+def incident_folder(postmortem_dir: Path, incident_id: int) -> Path:
+    """Where the responder writes the post-mortem of incident ``incident_id``:
+    ``<postmortem_dir>/incident-<id>`` (``postmortem.json``, ``.md``, then ``.html`` last)."""
+    return Path(postmortem_dir) / f"incident-{incident_id}"
+
+
 __all__ = [
     "FINAL_ACTION_STATUSES",
     "ActionRecord",
@@ -168,4 +175,5 @@ __all__ = [
     "IncidentStatus",
     "MemberStatus",
     "NotificationRecord",
+    "incident_folder",
 ]
