@@ -288,7 +288,7 @@ def serve_cmd(
     Prints `listening on URL` once ready; stops cleanly on SIGINT/SIGTERM.
     """
     host, port = _host_port(listen, "--listen")
-    policy = load_policy(policy_file) if policy_file is not None else default_policy()
+    policy = default_policy() if policy_file is None else load_policy(policy_file, field="--policy")
     if dry_run:
         policy = policy.model_copy(update={"dry_run": True})
     platform_settings = PlatformSettings()
@@ -486,7 +486,7 @@ def approve_cmd(action_id: int, url: str, token_file: Path, actor: str | None) -
 @click.argument("policy_file", type=click.Path(path_type=Path))
 def policy_check_cmd(policy_file: Path) -> None:
     """Validate a runbook policy file and print the alert -> actions mapping."""
-    policy = load_policy(policy_file)
+    policy = load_policy(policy_file, field="POLICY_FILE")
     for rule in policy.rules:
         click.echo(f"{rule.alertname}: {', '.join(rule.actions)}")
     click.echo(f"ok: {len(policy.rules)} rules, dry_run={str(policy.dry_run).lower()}")

@@ -185,8 +185,11 @@ def parse_policy(text: str, *, origin: str = "<policy>") -> Policy:
         raise ConfigError(f"{origin}: {exc}") from exc
 
 
-def load_policy(path: Path) -> Policy:
+def load_policy(path: Path, *, field: str = "policy file") -> Policy:
     """Read and validate a policy file.
+
+    ``field`` is how the caller's user gave the path (``--policy`` for an option,
+    ``POLICY_FILE`` for a positional argument); errors reading the file start with it.
 
     Raises:
         ConfigError: unreadable or invalid (see :func:`parse_policy`).
@@ -194,10 +197,13 @@ def load_policy(path: Path) -> Policy:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"--policy: cannot read {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(
+            f"{field}: cannot read {path}: {exc.strerror or exc}; "
+            "give the path of a runbook policy YAML file"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"--policy: {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML"
+            f"{field}: {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML"
         ) from exc
     return parse_policy(text, origin=str(path))
 

@@ -15,6 +15,7 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     ├── LabPermissionError          not root (also a ConfigError)
     ├── PortInUseError              a root-namespace port is taken (also a ConfigError)
     ├── LabNotUpError               no lab in the run directory
+    │   └── LabNotFoundError        down: nothing of a lab in the run dir (ConfigError)
     ├── LabOwnedElsewhereError      the prefix belongs to a lab in another run dir (ConfigError)
     ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
     ├── SlurmError                  the Slurm cluster: a tool missing, munge, a survivor of stop
@@ -41,6 +42,7 @@ from stormwatch.lab.errors import (
     JobError,
     JobTimeoutError,
     LabError,
+    LabNotFoundError,
     LabNotUpError,
     LabOwnedElsewhereError,
     LabPermissionError,
@@ -70,6 +72,7 @@ __all__ = [
     "Lab",
     "LabConfig",
     "LabError",
+    "LabNotFoundError",
     "LabNotUpError",
     "LabOwnedElsewhereError",
     "LabPermissionError",

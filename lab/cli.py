@@ -236,12 +236,12 @@ def up(run_dir: Path, startup_timeout: float, force: bool, **values: Any) -> Non
 def down(run_dir: Path, **values: Any) -> None:
     """Stop every lab process and remove its namespaces, veths and bridge.
 
-    Uses <run-dir>/lab.json when present; otherwise sweeps the names the
-    options describe (--prefix, --nodes; --no-slurm: no Slurm daemons). Safe to run
-    twice, or after a crashed `lab up`. Never touches a lab recorded in another run
-    directory: without lab.json here, it refuses when another run directory owns the
-    prefix. Accepts every option of `lab up` (unlisted here), so one command line
-    serves both.
+    Uses <run-dir>/lab.json when present; otherwise sweeps the names the options
+    describe (--prefix, --nodes; --no-slurm: no Slurm daemons). Safe to run twice, or
+    after a crashed `lab up`; a run directory with nothing of a lab in it (and nothing of
+    one left to sweep) is an error. Never touches a lab recorded in another run directory:
+    without lab.json here, it refuses when another run directory owns the prefix. Accepts
+    every option of `lab up` (unlisted here), so one command line serves both.
     """
     console = _console()
     _reap_overdue(run_dir)

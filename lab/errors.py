@@ -23,6 +23,11 @@ class LabNotUpError(LabError):
     """There is no lab in the run directory (no ``lab.json``, or it was brought down)."""
 
 
+class LabNotFoundError(LabNotUpError, ConfigError):
+    """``lab down`` was given a run directory with nothing of a lab in it: no ``lab.json`` nor
+    other file of one, and no process, namespace or link of one (``--run-dir`` typo?)."""
+
+
 class ServiceFailedError(LabError):
     """A lab service exited or did not become healthy in time.
 
@@ -59,6 +64,7 @@ __all__ = [
     "JobError",
     "JobTimeoutError",
     "LabError",
+    "LabNotFoundError",
     "LabNotUpError",
     "LabOwnedElsewhereError",
     "LabPermissionError",

@@ -27,6 +27,7 @@ from stormwatch.lab.config import JobSpec, LabConfig
 from stormwatch.lab.errors import (
     JobError,
     LabError,
+    LabNotFoundError,
     LabNotUpError,
     LabOwnedElsewhereError,
 )
@@ -212,6 +213,12 @@ class Lab:
             "`stormwatch lab up`, or `stormwatch lab up --force` to rebuild anyway"
         )
 
+    def _holds_lab_files(self) -> bool:
+        """The run directory holds ``lab.json`` or another file the lab writes (the lock
+        alone is not one: an earlier ``lab down`` here may have left only that)."""
+        names = self.paths.lab_entries - {self.paths.lock_file.name}
+        return any((self.run_dir / name).exists() for name in names)
+
     def _refuse_if_owned_elsewhere(self, config: LabConfig, action: str) -> None:
         others = teardown.other_labs(self.network, config, self.run_dir)
         if others:
@@ -294,12 +301,25 @@ class Lab:
             LabPermissionError: not root.
             LabOwnedElsewhereError: there is no ``lab.json`` here and a lab in another
                 run directory uses the prefix (nothing is touched).
+            LabNotFoundError: the run directory does not exist or holds no file of a lab,
+                and no process, namespace or link of one exists (nothing is created).
             LabError: something could not be removed (after trying everything else).
         """
         preflight.require_privileges("lab down")
+        fallback = config or LabConfig()
+        if not self._holds_lab_files():
+            # Nothing here to lock or to read: a mistyped run directory is refused before
+            # the lock creates it, unless the sweep has something of this lab to remove.
+            self._refuse_if_owned_elsewhere(fallback, "lab down")
+            if not teardown.leftovers(self.network, fallback, self.run_dir):
+                raise LabNotFoundError(
+                    f"--run-dir: no lab in {self.run_dir} (no lab.json, and no process, "
+                    f"namespace or link of a lab with prefix {fallback.prefix!r}); is it "
+                    "mistyped? Give the run directory `lab up` used (./run unless --run-dir "
+                    "or STORMWATCH_LAB_DIR said otherwise); nothing was touched"
+                )
         with self._store.locked(), teardown.signals_deferred():
             state = self._store.load()
-            fallback = config or LabConfig()
             if state is None:
                 self._refuse_if_owned_elsewhere(fallback, "lab down")
             return teardown.teardown(

@@ -48,6 +48,17 @@ def live_owner(prefix: str, run_dir: Path) -> Path | None:
     return claim.run_dir
 
 
+def leftovers(network: NetworkLayer, config: LabConfig, run_dir: Path) -> list[str]:
+    """What a sweep without ``lab.json`` would find of the lab in ``run_dir``: namespaces and
+    links with ``config``'s names, processes with its marker, its Slurm cluster's remains."""
+    found = [f"netns {n}" for n in network.namespaces() if config.owns_netns(n)]
+    found += [f"link {n}" for n in network.links() if config.owns_link(n)]
+    found += [f"process {p.pid}" for p in procs.processes_marked(run_dir)]
+    if config.slurm:
+        found += lab_cluster(run_dir, config).leftovers()
+    return found
+
+
 def other_labs(network: NetworkLayer, config: LabConfig, run_dir: Path) -> list[str]:
     """Run directories of other labs that use ``config``'s prefix: the registry's live
     owner, and the markers of lab processes inside namespaces with the prefix's names."""
@@ -291,6 +302,7 @@ def _remove_kernel_objects(
 
 
 __all__ = [
+    "leftovers",
     "live_owner",
     "other_labs",
     "remove_resource",

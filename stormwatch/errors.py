@@ -54,6 +54,7 @@
     │   ├── LabPermissionError      (a ConfigError too)
     │   ├── PortInUseError          (a ConfigError too)
     │   ├── LabNotUpError
+    │   │   └── LabNotFoundError    lab down: nothing of a lab in the run dir (a ConfigError too)
     │   ├── LabOwnedElsewhereError  (a ConfigError too)
     │   ├── ServiceFailedError
     │   ├── SlurmError              the lab's Slurm cluster could not be set up or taken apart

@@ -61,6 +61,8 @@ PLACEHOLDERS = ("job", "steps", "checkpoint_every", "world_size", "since_start")
 COMMAND_PLACEHOLDERS = ("job", "steps", "checkpoint_every", "seed", "step_delay")
 _PLACEHOLDER_RE = re.compile(r"\$\{([^}]*)\}")
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+#: The experiment file format this stormwatch reads (the file's ``version:``).
+EXPERIMENT_VERSION = 1
 
 
 class _Model(BaseModel):
@@ -410,7 +412,9 @@ class Safeguard(_Model):
 class Experiment(_Model):
     """A chaos experiment (see the module docstring for the file shape)."""
 
-    version: Literal[1]
+    # The default only lets _version word a missing version itself (pydantic's own says
+    # "required field missing (one of 1)"); None is always refused, so the field is required.
+    version: Literal[1] = Field(default=None, validate_default=True)
     title: str = Field(min_length=1)
     description: str = ""
     tags: list[str] = Field(default_factory=list)
@@ -422,6 +426,27 @@ class Experiment(_Model):
     expect: Expectations = Field(default_factory=Expectations)
     blast_radius: BlastRadius = Field(default_factory=BlastRadius)
     safeguards: list[Safeguard] = Field(default_factory=list)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        """Refuse any version but :data:`EXPERIMENT_VERSION` in plain words, with the fix."""
+        expected = EXPERIMENT_VERSION
+        if type(value) is int and value == expected:
+            return value
+        if value is None:
+            raise ValueError(
+                f"missing; this stormwatch reads version {expected}: add `version: {expected}`"
+            )
+        if type(value) is int:
+            raise ValueError(
+                f"this stormwatch reads version {expected} only, not {value}: write the file "
+                f"for version {expected} (`version: {expected}`), or use a stormwatch that "
+                f"reads version {value}"
+            )
+        raise ValueError(
+            f"must be the number {expected} (got {value!r}): write `version: {expected}`"
+        )
 
 
 def placeholders_in(text: str) -> list[str]:

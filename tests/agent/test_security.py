@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +24,7 @@ import bcrypt
 import pytest
 
 from stormwatch.agent import AgentConfigError
+from stormwatch.agent.cli import agent as agent_cli
 from stormwatch.agent.errors import WebConfigError
 from stormwatch.agent.webconfig import load_web_config
 
@@ -328,3 +330,63 @@ def test_token_file_without_the_fault_api_is_a_usage_error(tmp_path: Path) -> No
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--token-file is only used by the fault API" in done.stderr
     assert "add --fault-api-listen HOST:PORT" in done.stderr and "drop --token-file" in done.stderr
+
+
+# ------------------------------------------------------------ the README's commands
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _securing_section_commands() -> list[str]:
+    """The shell lines of the README's "Securing the node agent" console blocks (a line
+    continued with a backslash joined to the next)."""
+    section = README.read_text().split("### Securing the node agent", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```console\n")[1:]]
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_readme_commands_for_securing_the_agent_run_as_written(
+    tmp_path: Path, cert: tuple[Path, Path], password_hash: str
+) -> None:
+    """Run as written, except that /etc and /run are folders under tmp_path and both
+    listeners are on 127.0.0.1 (any free port)."""
+    commands = _securing_section_commands()
+    [agent_line] = [c for c in commands if c.startswith("stormwatch agent run ")]
+    required = [o for p in agent_cli.commands["run"].params if p.required for o in p.opts]
+    assert required and all(option in agent_line.split() for option in required), agent_line
+    etc = tmp_path / "etc" / "stormwatch"
+    etc.mkdir(parents=True)
+    for source, name in zip(cert, ("agent.crt", "agent.key"), strict=True):
+        shutil.copy(source, etc / name)
+    (etc / "web.yml").write_text(
+        "tls_server_config: {cert_file: agent.crt, key_file: agent.key}\n"
+        f"basic_auth_users:\n  {USER}: '{password_hash}'\n"
+    )
+    here = {"/etc/stormwatch": str(etc), "/run/stormwatch": str(tmp_path / "run" / "stormwatch")}
+    here |= {"0.0.0.0:9400": "127.0.0.1:0", "0.0.0.0:9401": "127.0.0.1:0"}
+    script = []
+    for command in commands:
+        for written, local in here.items():
+            command = command.replace(written, local)
+        # exec: the agent is bash's process, so terminate() below stops it.
+        script.append(("exec " if command.startswith("stormwatch agent run") else "") + command)
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
+    log = tmp_path / "agent.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            ["bash", "-euc", "\n".join(script)], stdout=sink, stderr=sink, env=env
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on https://" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert "fault API on https://" in log.read_text()
+        assert (etc / "agent.token").read_text().strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

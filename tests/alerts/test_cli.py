@@ -276,7 +276,8 @@ def test_settings_files_that_are_not_utf8_are_named_with_exit_2(kit: Any, tmp_pa
     serve = ("alerts", "serve", "--db", str(tmp_path / "r.sqlite"), "--token-file", str(token),
              "--listen", "127.0.0.1:0")  # fmt: skip
     runs = {
-        "--policy": _run(kit, "alerts", "policy-check", str(binary), check=False),
+        "POLICY_FILE": _run(kit, "alerts", "policy-check", str(binary), check=False),
+        "--policy": _run(kit, *serve, "--policy", str(binary), check=False),
         "--platform-config": _run(kit, *serve, "--platform", "slurm", "--platform-config",
                                   str(binary), check=False),
     }  # fmt: skip

@@ -119,3 +119,25 @@ def test_policy_check_cli_prints_rules_and_rejects_bad_files(kit: Any, tmp_path:
     )
     assert out.returncode == 2
     assert f"{bad}: rules.0.actions.0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_missing_policy_file_is_named_as_the_user_gave_it(kit: Any, tmp_path: Path) -> None:
+    """policy-check takes the file as an argument, serve as --policy: each error names its own."""
+    missing = tmp_path / "missing.yml"
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    serve = [kit.stormwatch, "alerts", "serve", "--db", str(tmp_path / "r.sqlite"),
+             "--token-file", str(token), "--listen", "127.0.0.1:0", "--policy", str(missing)]  # fmt: skip
+    runs = {
+        "POLICY_FILE": [kit.stormwatch, "alerts", "policy-check", str(missing)],
+        "--policy": serve,
+    }
+    for field, argv in runs.items():
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert out.stderr.strip().splitlines() == [
+            f"error: {field}: cannot read {missing}: No such file or directory; "
+            "give the path of a runbook policy YAML file"
+        ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["token"]

@@ -137,7 +137,19 @@ BAD = [
     ),
     ("missing-steps", _mutate("job.steps", None, delete=True), "job.steps", "required"),
     ("steps-float", _mutate("job.steps", 50.5), "job.steps", "valid integer"),
-    ("wrong-version", _mutate("version", 2), "version", "Input should be 1"),
+    (
+        "wrong-version",
+        _mutate("version", 2),
+        "version",
+        "this stormwatch reads version 1 only, not 2: write the file for version 1",
+    ),
+    (
+        "missing-version",
+        _mutate("version", None, delete=True),
+        "version",
+        "missing; this stormwatch reads version 1: add `version: 1`",
+    ),
+    ("version-a-string", _mutate("version", "1"), "version", "must be the number 1 (got '1')"),
     ("empty-method", _mutate("method", []), "method", "at least 1 item"),
     (
         "no-probes",
@@ -306,6 +318,21 @@ def test_validate_command_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
     assert (
         f"{bad}:{RANK_LINE}: method[0].fault.rank" in both.stderr and "Traceback" not in both.stderr
     )
+
+
+def test_validate_says_in_plain_words_which_version_it_reads(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(_mutate("version", None, delete=True))
+    out = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[1:] == [
+        f"{missing}: version: missing; this stormwatch reads version 1: add `version: 1`"
+    ]
 
 
 def test_run_with_invalid_experiment_exits_2_and_starts_nothing(tmp_path: Path) -> None:

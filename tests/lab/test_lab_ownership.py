@@ -6,8 +6,9 @@ one marked process stand in for "a lab with this prefix is up in run dir A".
 
 from __future__ import annotations
 
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from stormwatch.lab.services import procs
 from stormwatch.lab.state import ProcessRecord, StateStore, plan_state
 
 pytestmark = pytest.mark.root
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +77,55 @@ def test_down_with_a_mistyped_run_dir_refuses_and_names_the_owner(
 
 def test_a_stale_claim_does_not_block_down(tmp_path: Path, lab_config: LabConfig) -> None:
     registry.claim(lab_config.prefix, tmp_path / "gone")  # no lab.json there
+    (tmp_path / "here" / "logs").mkdir(parents=True)  # a lab's remains, without its lab.json
     assert Lab(tmp_path / "here").down(lab_config) == []
+
+
+def test_down_where_there_is_nothing_of_a_lab_exits_2_and_creates_nothing(
+    tmp_path: Path, lab_config: LabConfig, run_cli: RunCli
+) -> None:
+    missing, empty = tmp_path / "typo", tmp_path / "empty"
+    empty.mkdir()
+    (empty / ".lab.lock").touch()  # what an earlier `lab down` here left: not a lab
+    for run_dir in (missing, empty):
+        out = run_cli("lab", "down", "--run-dir", str(run_dir), "--prefix", lab_config.prefix)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.splitlines() == [
+            f"error: --run-dir: no lab in {run_dir} (no lab.json, and no process, namespace or "
+            f"link of a lab with prefix {lab_config.prefix!r}); is it mistyped? Give the run "
+            "directory `lab up` used (./run unless --run-dir or STORMWATCH_LAB_DIR said "
+            "otherwise); nothing was touched"
+        ]
+    assert not missing.exists()
+    assert [p.name for p in empty.iterdir()] == [".lab.lock"]
+
+
+def test_down_of_a_lab_that_is_down_already_is_a_quiet_success(
+    tmp_path: Path, lab_config: LabConfig, run_cli: RunCli
+) -> None:
+    paths = RunPaths.of(tmp_path / "lab")
+    state = plan_state(paths, lab_config)
+    state.phase = "down"
+    StateStore(paths).save(state)
+    out = run_cli("lab", "down", "--run-dir", str(paths.run_dir), "--prefix", lab_config.prefix)
+    assert out.returncode == 0, out.stderr
+    assert "lab down: nothing was left" in out.stderr
+
+
+def test_down_without_any_file_of_the_lab_still_stops_its_marked_processes(
+    tmp_path: Path, lab_config: LabConfig, run_cli: RunCli
+) -> None:
+    """The run directory is gone (deleted after a crash), a process of its lab lives on."""
+    gone = RunPaths.of(tmp_path / "gone").run_dir
+    env = {procs.LAB_MARKER_ENV: str(gone), "PATH": "/usr/bin:/bin"}
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    try:
+        out = run_cli("lab", "down", "--run-dir", str(gone), "--prefix", lab_config.prefix)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert orphan.wait(timeout=30) is not None
+    finally:
+        orphan.kill()
+        orphan.wait(timeout=30)
 
 
 def test_down_without_registry_spares_another_labs_namespace_and_processes(
