@@ -245,7 +245,7 @@ def down(run_dir: Path, **values: Any) -> None:
     """
     console = _console()
     _reap_overdue(run_dir)
-    removed = Lab(run_dir).down(_config(**values), progress=_printer(console))
+    removed = Lab(run_dir).down(_config(**values), progress=_printer(console), missing_ok=False)
     console.print("[bold]lab down[/]: " + ("nothing was left" if not removed else "all removed"))
 
 

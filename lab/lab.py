@@ -287,12 +287,19 @@ class Lab:
 
     # -- down --------------------------------------------------------------------------
     def down(
-        self, config: LabConfig | None = None, *, progress: Progress | None = None
+        self,
+        config: LabConfig | None = None,
+        *,
+        progress: Progress | None = None,
+        missing_ok: bool = True,
     ) -> list[str]:
         """Stop every process of the lab and remove its namespaces, links and files.
 
         Uses ``lab.json`` when present; ``config`` (default :class:`LabConfig`) names
         what to sweep when it is not. Safe to call twice, or after a crashed ``up``.
+        ``missing_ok`` (the default; ``stormwatch lab down`` passes False): a run directory
+        with nothing of a lab in it, and nothing of one left to sweep, is left as it is
+        (not created) and nothing is returned.
 
         Returns:
             What was removed, one line each.
@@ -301,8 +308,9 @@ class Lab:
             LabPermissionError: not root.
             LabOwnedElsewhereError: there is no ``lab.json`` here and a lab in another
                 run directory uses the prefix (nothing is touched).
-            LabNotFoundError: the run directory does not exist or holds no file of a lab,
-                and no process, namespace or link of one exists (nothing is created).
+            LabNotFoundError: without ``missing_ok``, the run directory does not exist or
+                holds no file of a lab, and no process, namespace or link of one exists
+                (nothing is created).
             LabError: something could not be removed (after trying everything else).
         """
         preflight.require_privileges("lab down")
@@ -312,6 +320,8 @@ class Lab:
             # the lock creates it, unless the sweep has something of this lab to remove.
             self._refuse_if_owned_elsewhere(fallback, "lab down")
             if not teardown.leftovers(self.network, fallback, self.run_dir):
+                if missing_ok:  # a caller cleaning up after a failed `up`, say
+                    return []
                 raise LabNotFoundError(
                     f"--run-dir: no lab in {self.run_dir} (no lab.json, and no process, "
                     f"namespace or link of a lab with prefix {fallback.prefix!r}); is it "

@@ -98,6 +98,9 @@ def test_down_where_there_is_nothing_of_a_lab_exits_2_and_creates_nothing(
         ]
     assert not missing.exists()
     assert [p.name for p in empty.iterdir()] == [".lab.lock"]
+    # The library's default, for a caller cleaning up after a failed `up` (the demo, the
+    # tests): nothing to do, said by an empty list, and the error it is handling stays its.
+    assert Lab(missing).down(lab_config) == [] and not missing.exists()
 
 
 def test_down_of_a_lab_that_is_down_already_is_a_quiet_success(
