@@ -168,7 +168,8 @@ def report(results: dict[str, Any], note: str) -> None:
         print(f"note: {note}")
     print(
         f"load average after the run: {results['loadavg']}; processes on the machine: "
-        f"{results.get('processes', '?')} (the rank watcher scans each)"
+        f"{results.get('processes', '?')} (the rank watcher lists them when one was "
+        "created, exec'd or ended)"
     )
 
 
