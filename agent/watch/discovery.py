@@ -2,9 +2,9 @@
 
 One scan lists every process (:meth:`RankFinder.process_table`, one ``/proc/<pid>/stat``
 read each; or, while the proc connector has counted no process created, exec'd or ended
-since, reuses the last listing and what was found in it), finds rank launchers (``is_agent``: torchrun agents, Slurm step daemons) and,
-among their descendants that are not launchers themselves, takes the topmost process per
-rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+since, reuses the last listing and what was found in it), finds rank launchers
+(``is_agent``: torchrun agents, Slurm step daemons) and, among their descendants that
+are not launchers themselves, takes the topmost process per rank whose environment says it is one (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
 ``TORCHELASTIC_RUN_ID``, or srun's with ``STORMWATCH_RUN_ID``:
 :func:`stormwatch.contracts.rank_env.rank_env`) and that this node *claims*
 (:meth:`RankFinder.claims`). A process's name, command line, environment and claim are

@@ -492,4 +492,5 @@ class RankWatcher:
 
 
 # fmt: off
-__all__ = ["RankExit", "RankInfo", "RankKey", "RankWatcher", "is_rank_launcher", "is_torchrun_agent"]
+__all__ = ["RankExit", "RankInfo", "RankKey", "RankWatcher", "is_rank_launcher",
+           "is_torchrun_agent"]

@@ -240,7 +240,7 @@ def _incident_postmortems(
 ) -> list[Path]:
     """Wait for the responder's post-mortem of each incident the experiment closed (it writes
     them a few seconds after the close) before the lab, its Prometheus and the responder go
-    down; print where they are (:func:`~stormwatch.chaos.reports.incidents.incident_postmortems`)."""
+    down; print where they are (:mod:`stormwatch.chaos.reports.incidents`)."""
     target = lab_target(run_dir)
     pages = asyncio.run(
         incident_postmortems(
