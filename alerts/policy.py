@@ -162,12 +162,17 @@ def parse_policy(text: str, *, origin: str = "<policy>") -> Policy:
     """Validate policy YAML text.
 
     Raises:
-        ConfigError: not YAML, not a mapping, or invalid; the message names
+        ConfigError: not YAML, not a mapping, empty, or invalid; the message names
             ``origin``, the field path and the fix (the valid keys for an unknown one).
     """
     data = yaml_mapping(
         text, origin, not_mapping="must be a mapping with keys dry_run, guards, rules"
     )
+    if not data:  # read as no rules, it would turn every remediation off without a word
+        raise ConfigError(
+            f"{origin}: empty; a policy names its rules (`rules:` with an alertname and its "
+            "actions each); write `rules: []` for a responder that runs no action"
+        )
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:

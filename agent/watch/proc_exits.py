@@ -361,9 +361,24 @@ class ProcConnector:
         os.close(self._wake_w)
 
     def _run(self) -> None:
+        try:
+            self._receive()
+        except Exception as exc:  # the count must not stand still behind a dead thread
+            if self._stop.is_set():
+                return
+            self._reason = f"receiving failed: {exc!r}"
+            log.warning("proc connector stopped: %r; exit codes now unknown", exc, exc_info=True)
+            with self._cond:
+                self._cond.notify_all()
+
+    def _receive(self) -> None:
+        # poll, not select: select refuses a descriptor number of 1024 or more
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while not self._stop.is_set():
-            readable, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
-            if self._wake_r in readable:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake_r in ready:
                 return
             try:
                 data = self._sock.recv(65536)
@@ -376,11 +391,7 @@ class ProcConnector:
                     log.debug("proc connector: events lost (ENOBUFS)")
                     self._changes += 1  # what was lost may have changed the process table
                     continue
-                self._reason = f"receiving failed: {exc}"
-                log.warning("proc connector stopped: %s; exit codes now unknown", exc)
-                with self._cond:
-                    self._cond.notify_all()
-                return
+                raise
             self._parse(data)
 
     def _parse(self, data: bytes) -> None:

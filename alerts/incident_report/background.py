@@ -138,9 +138,11 @@ class PostMortemWriter:
         ``timeout`` s in all); cancel at once every wait for a recovery (an incident whose
         report was written already), then whatever is left at the timeout.
 
-        A responder stopped right after an incident closed (``lab down``: SIGTERM, then
-        SIGKILL after 5 s) still writes that incident's report; it does not stay up for a
-        recovery it may wait 10 minutes for.
+        A responder stopped right after an incident closed goes on to write that incident's
+        report, within what its stop allows (``lab down`` SIGKILLs after 5 s, less than the
+        settle wait and a write on a loaded lab: ``stormwatch demo`` waits for the reports
+        before it brings the lab down); it does not stay up for a recovery it may wait
+        10 minutes for.
         """
         self._closing = True
         for task in self._following:

@@ -438,11 +438,11 @@ class Experiment(_Model):
             raise ValueError(
                 f"missing; this stormwatch reads version {expected}: add `version: {expected}`"
             )
-        if type(value) is int:
+        if type(value) is int:  # a later version's file, or a version that never was
+            later = f", or use a stormwatch that reads version {value}" if value > expected else ""
             raise ValueError(
                 f"this stormwatch reads version {expected} only, not {value}: write the file "
-                f"for version {expected} (`version: {expected}`), or use a stormwatch that "
-                f"reads version {value}"
+                f"for version {expected} (`version: {expected}`){later}"
             )
         raise ValueError(
             f"must be the number {expected} (got {value!r}): write `version: {expected}`"

@@ -242,9 +242,14 @@ def _incident_postmortems(
     them a few seconds after the close) before the lab, its Prometheus and the responder go
     down; print where they are (:mod:`stormwatch.chaos.reports.incidents`)."""
     target = lab_target(run_dir)
+    try:  # the experiment is over: a responder that cannot be asked is said, not raised
+        client = ResponderClient(str(target.responder_url), token_file=target.responder_token_file)
+    except ConfigError as exc:
+        reporter.event(f"  the responder's incident post-mortems: {exc}")
+        return []
     pages = asyncio.run(
         incident_postmortems(
-            ResponderClient(str(target.responder_url), token_file=target.responder_token_file),
+            client,
             since=run.journal.started_at,
             folder=RunPaths.of(run_dir).responder_postmortems,
             reporter=reporter,

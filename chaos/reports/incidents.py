@@ -57,15 +57,17 @@ async def incident_postmortems(
         The ``postmortem.html`` of each such incident that exists, by incident id; an
         incident whose report is still missing at the timeout is named to ``reporter``.
         Empty when the responder cannot be asked or closed no incident (both said to
-        ``reporter``; never raises for them).
+        ``reporter``; never raises for them). An unreachable responder, a 5xx or a slow
+        answer is asked again until the timeout (each request bounded by what is left of
+        it); a 4xx (a wrong token: 401) or a setting error ends the wait at once.
     """
     deadline = time.monotonic() + timeout
+    pages: dict[int, Path] = {}  # as last listed
     while True:
-        try:
-            incidents = [i for i in await responder.incidents() if i.opened_at >= since]
-        except (ResponderClientError, ConfigError) as exc:
-            reporter.event(f"  the responder's incident post-mortems: cannot list incidents: {exc}")
-            return []
+        listed = await _incidents(responder, deadline, timeout, reporter)
+        if listed is None:  # said to the reporter; what an earlier look found stays found
+            return [page for _, page in sorted(pages.items()) if page.exists()]
+        incidents = [i for i in listed if i.opened_at >= since]
         pages = {
             i.id: incident_folder(folder, i.id) / HTML for i in incidents if i.status == "closed"
         }
@@ -88,9 +90,35 @@ async def incident_postmortems(
         waiting += [f"incident {_ids(still_open)} to close"] if still_open else []
         reporter.status(f"waiting for the responder: {', '.join(waiting)}")
         await asyncio.sleep(POLL_SECONDS)
-    if not pages:
+    if not pages and not still_open:
         reporter.event("  the responder closed no incident during the experiment")
     return [page for _, page in sorted(pages.items()) if page.exists()]
+
+
+async def _incidents(
+    responder: ResponderClient, deadline: float, timeout: float, reporter: Reporter
+) -> list[IncidentRecord] | None:
+    """The responder's incidents, asked again while it is unreachable, failing (5xx) or slow
+    until ``deadline`` (monotonic s); None, said to ``reporter``, when it refused (4xx), a
+    setting is wrong, or the deadline passed."""
+    while True:
+        try:
+            return await asyncio.wait_for(
+                responder.incidents(), max(deadline - time.monotonic(), POLL_SECONDS)
+            )
+        except (ResponderClientError, ConfigError, TimeoutError) as exc:
+            status = getattr(exc, "status", None)
+            refused = isinstance(exc, ConfigError) or (status is not None and status < 500)
+            if refused or time.monotonic() >= deadline:
+                # a refusal (401, 404...) or a setting: asking again changes nothing
+                for_how_long = "" if refused else f" (for {timeout:g} s)"
+                reporter.event(
+                    "  the responder's incident post-mortems: cannot list incidents: "
+                    f"{exc}{for_how_long}"
+                )
+                return None
+            reporter.status(f"waiting for the responder: {exc}")
+            await asyncio.sleep(POLL_SECONDS)
 
 
 def _ids(ids: list[int]) -> str:

@@ -408,3 +408,63 @@ def test_the_proc_connector_counts_processes_execs_and_exits_but_not_threads() -
     finally:
         connector.close()
     assert connector.changes() is None  # closed: unknown, so every scan lists again
+
+
+def test_a_connector_whose_receiver_fails_says_so_and_its_count_becomes_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaker pass (stop 36): a receiving thread that died of anything but OSError left the
+    # connector "available" with a count that never moved, so scans reused a stale listing.
+    if os.geteuid() != 0:
+        pytest.skip("the proc connector needs CAP_NET_ADMIN on older kernels")
+    from stormwatch.agent.watch.proc_exits import ProcConnector
+
+    connector = ProcConnector()
+    try:
+
+        def broken(data: bytes) -> None:
+            raise ValueError("a message it cannot read")
+
+        monkeypatch.setattr(connector, "_parse", broken)
+        deadline = time.monotonic() + 10
+        while connector.available:
+            assert time.monotonic() < deadline
+            subprocess.run(["true"], check=True)  # an event for the receiver
+            time.sleep(0.05)
+        assert connector.changes() is None
+        assert connector.reason is not None and "a message it cannot read" in connector.reason
+    finally:
+        connector.close()
+
+
+def test_the_connector_receives_on_a_descriptor_above_1023() -> None:
+    # select() refuses descriptors of 1024 or more: an agent with many files open
+    # before its connector must still receive (it polls).
+    if os.geteuid() != 0:
+        pytest.skip("the proc connector needs CAP_NET_ADMIN on older kernels")
+    import resource
+
+    from stormwatch.agent.watch.proc_exits import ProcConnector
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        connector = ProcConnector()
+        try:
+            assert connector._sock.fileno() >= 1024
+            before = connector.changes()
+            started = time.time()
+            child = subprocess.Popen(["sh", "-c", "exit 5"])
+            child.wait()
+            exited = connector.lookup(child.pid, since=started, wait=5.0)
+            assert exited is not None and exited.code == 5
+            assert connector.available and connector.changes() != before
+        finally:
+            connector.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -77,6 +77,11 @@ def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
         ),
         ("rules: [{alertname: A, actions: [notify_only, notify_only]}]", "repeat a kind"),
         ("- just a list", "policy.yml: must be a mapping"),
+        # Breaker pass (stop 36): an empty file passed as no rules, and `alerts serve --policy`
+        # with it turned every remediation off without a word.
+        ("", "policy.yml: empty; a policy names its rules"),
+        ("# all commented out\n", "write `rules: []` for a responder that runs no action"),
+        ("{}", "policy.yml: empty"),
         ("rules: [", "policy.yml: not valid YAML"),
         (  # one line, with where (fresh-user pass: PyYAML's five lines and "<unicode string>")
             "rules:\n  - alertname: X\n    actions: [a\n",
@@ -86,6 +91,7 @@ def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
     ],
 )
 def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
+    assert parse_policy("rules: []").rules == ()  # no action, said so: still accepted
     with pytest.raises(ConfigError) as err:
         parse_policy(text, origin="policy.yml")
     assert str(err.value).startswith("policy.yml: ")

@@ -150,6 +150,12 @@ BAD = [
         "missing; this stormwatch reads version 1: add `version: 1`",
     ),
     ("version-a-string", _mutate("version", "1"), "version", "must be the number 1 (got '1')"),
+    (  # a version that never was: no "use a stormwatch that reads version 0" (breaker pass)
+        "version-zero",
+        _mutate("version", 0),
+        "version",
+        "this stormwatch reads version 1 only, not 0: write the file for version 1 (`version: 1`)",
+    ),
     ("empty-method", _mutate("method", []), "method", "at least 1 item"),
     (
         "no-probes",
@@ -485,3 +491,14 @@ def test_an_alias_is_refused_naming_its_line(tmp_path: Path) -> None:
     bad.write_text("title: x\nbase: &b {a: 1}\n")
     with pytest.raises(InvalidExperiment, match=r"at line 2, column 7"):
         load_experiment(bad)
+
+
+def test_a_version_below_1_is_not_offered_a_stormwatch_that_reads_it() -> None:
+    from pydantic import ValidationError
+
+    from stormwatch.chaos.experiment.model import Experiment
+
+    for version, offered in ((0, False), (-1, False), (2, True)):
+        with pytest.raises(ValidationError) as caught:
+            Experiment.model_validate({"version": version})
+        assert ("use a stormwatch that reads" in str(caught.value)) is offered, version
