@@ -108,16 +108,17 @@ async def _incidents(
             )
         except (ResponderClientError, ConfigError, TimeoutError) as exc:
             status = getattr(exc, "status", None)
+            what = str(exc) or "no answer in time"  # a TimeoutError says nothing itself
             refused = isinstance(exc, ConfigError) or (status is not None and status < 500)
             if refused or time.monotonic() >= deadline:
                 # a refusal (401, 404...) or a setting: asking again changes nothing
                 for_how_long = "" if refused else f" (for {timeout:g} s)"
                 reporter.event(
                     "  the responder's incident post-mortems: cannot list incidents: "
-                    f"{exc}{for_how_long}"
+                    f"{what}{for_how_long}"
                 )
                 return None
-            reporter.status(f"waiting for the responder: {exc}")
+            reporter.status(f"waiting for the responder: {what}")
             await asyncio.sleep(POLL_SECONDS)
 
 
