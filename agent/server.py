@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from stormwatch.agent.collectors.base import CollectorSet
-from stormwatch.agent.exposition import ExpositionCache
+from stormwatch.agent.exposition import GZIP_LEVEL, ExpositionCache
 from stormwatch.agent.faults import FaultManager
 from stormwatch.agent.textformat import close, render
 from stormwatch.agent.watch.events import EventLog
@@ -246,20 +246,25 @@ class _Api:
     async def metrics(self, request: web.Request) -> web.Response:
         """The exposition in the format the ``Accept`` header prefers (prometheus-client's
         ``choose_encoder``: OpenMetrics 1.0 or the text format), gzipped when
-        ``Accept-Encoding`` allows it (its ``gzip_accepted``)."""
+        ``Accept-Encoding`` allows it (its ``gzip_accepted``; from the cache, the cached
+        part compressed once per render: :meth:`.ExpositionCache.gzipped`)."""
         _, content_type = choose_encoder(request.headers.get("Accept", ""))
         om = content_type.startswith("application/openmetrics-text")
+        gzipped = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         cache = self._deps.exposition
+        headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
         if cache is None:
             body = await self._blocking(_render_registry, self._deps.registry, om)
-        elif cache.stale_for(om):
-            body = await self._blocking(cache.body, om)
+            if gzipped:
+                body = await self._blocking(gzip.compress, body, GZIP_LEVEL)
+            return web.Response(body=body, headers=headers)
+        serve = cache.gzipped if gzipped else cache.body
+        if cache.stale_for(om) or (gzipped and not cache.gzip_ready(om)):
+            body = await self._blocking(serve, om)
         else:  # the cached bytes plus the live age gauges: microseconds, no executor hop
-            body = cache.body(om)
-        headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
-        if gzip_accepted(request.headers.get("Accept-Encoding", "")):
-            body = await self._blocking(gzip.compress, body, 6)
-            headers["Content-Encoding"] = "gzip"
+            body = serve(om)
         return web.Response(body=body, headers=headers)
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -20,6 +20,11 @@ target cadence) in the same loop (the order rotated each repetition):
 * scrape latency p50/p99 (pooled over the repetitions);
 * the agent's CPU with 1 s sampling and no scrapes (``--idle-seconds``, 10 s).
 
+Every scrape asks as Prometheus 2.x does (:data:`SCRAPE_HEADERS`: OpenMetrics first, and
+``Accept-Encoding: gzip``), so each target does the encoding and compression a real
+scrape costs it; ``--scrape plain`` asks for uncompressed text 0.0.4 (the benchmark's
+scrapes before 2026-12-05 22:30 UTC).
+
 Ratios are the median of the per-repetition ratios, with their min-max. Then,
 with the targets stopped, a profile (``--profile-seconds``, 20 s): the same agent
 in this process, scraped every ``--interval``, its CPU split by phase: per thread
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import http.client
 import json
 import os
@@ -163,11 +169,25 @@ def vm_rss(pid: int | str = "self") -> int:
     return 0
 
 
+#: What a scrape asks for, by ``--scrape``: ``prometheus`` is Prometheus 2.x's own Accept
+#: header (its ``scrapeAcceptHeader``: OpenMetrics 1.0.0, 0.0.1, then text 0.0.4) and gzip.
+SCRAPE_HEADERS: dict[str, dict[str, str]] = {
+    "prometheus": {
+        "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+        "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        "Accept-Encoding": "gzip",
+    },
+    "plain": {"Accept": "text/plain"},
+}
+
+
 class Target:
     """A process serving /metrics on 127.0.0.1, scraped over one keep-alive connection."""
 
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], port: int) -> None:
-        self.name, self.proc, self.port = name, proc, port
+    def __init__(
+        self, name: str, proc: subprocess.Popen[bytes], port: int, headers: dict[str, str]
+    ) -> None:
+        self.name, self.proc, self.port, self.headers = name, proc, port, headers
         self.ps = psutil.Process(proc.pid)
         self._conn: http.client.HTTPConnection | None = None
         self.latencies: list[float] = []
@@ -180,13 +200,15 @@ class Target:
         if self._conn is None:
             self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         started = time.perf_counter()
-        self._conn.request("GET", "/metrics", headers={"Accept": "text/plain"})
+        self._conn.request("GET", "/metrics", headers=self.headers)
         reply = self._conn.getresponse()
         body = reply.read()
         elapsed = time.perf_counter() - started
         if reply.status != 200:
             raise SystemExit(f"{self.name}: /metrics answered {reply.status}")
-        self.bytes = len(body)
+        self.bytes = len(body)  # as sent (compressed, when gzip was asked and given)
+        if reply.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
         self.series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         return elapsed
 
@@ -264,10 +286,12 @@ def start_agent(args: argparse.Namespace, work: Path, procs: list[Any]) -> Targe
     )
     procs.append(proc)
     wait_http("127.0.0.1", port, "/healthz")
-    return Target("agent", proc, port)
+    return Target("agent", proc, port, SCRAPE_HEADERS[args.scrape])
 
 
-def start_node_exporter(binary: str, name: str, work: Path, procs: list[Any]) -> Target:
+def start_node_exporter(
+    binary: str, name: str, work: Path, procs: list[Any], headers: dict[str, str]
+) -> Target:
     port = free_port()
     log = (work / f"{name}.log").open("wb")
     proc = subprocess.Popen(
@@ -275,7 +299,7 @@ def start_node_exporter(binary: str, name: str, work: Path, procs: list[Any]) ->
     )
     procs.append(proc)
     wait_http("127.0.0.1", port, "/metrics")
-    return Target(name, proc, port)
+    return Target(name, proc, port, headers)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -335,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-node-exporter", action="store_true", help="skip those columns")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install")
+    parser.add_argument(
+        "--scrape",
+        choices=sorted(SCRAPE_HEADERS),
+        default="prometheus",
+        help="ask as Prometheus does (OpenMetrics, gzip; the default) or for plain text",
+    )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
@@ -353,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "interval": args.interval,
         "idle_seconds": args.idle_seconds,
         "reps": args.reps,
+        "scrape": args.scrape,
     }
     with tempfile.TemporaryDirectory(prefix="stormwatch-bench-") as tmp, processes() as procs:
         work = Path(tmp)
@@ -364,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         targets = [agent]
         if binary is not None:
             targets += [
-                start_node_exporter(binary, f"node-exporter {n}", work, procs) for n in "AB"
+                start_node_exporter(
+                    binary, f"node-exporter {n}", work, procs, SCRAPE_HEADERS[args.scrape]
+                )
+                for n in "AB"
             ]
         time.sleep(3)  # a few samples, GPM intervals, a P2P refresh
         for target in targets:  # warm up: first scrapes compile, fill caches, open connections
@@ -411,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                 interval=args.interval,
                 seconds=args.profile_seconds,
                 port=free_port(),
+                headers=SCRAPE_HEADERS[args.scrape],
             )
         results["loadavg"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
         # the rank watcher scans every process on the machine: its cost grows with them

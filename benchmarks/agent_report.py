@@ -20,11 +20,19 @@ from thread_cpu import cpu_by_thread, difference
 
 
 def profile(
-    *, gpus: int, metrics_dir: Path, state_dir: Path, interval: float, seconds: float, port: int
+    *,
+    gpus: int,
+    metrics_dir: Path,
+    state_dir: Path,
+    interval: float,
+    seconds: float,
+    port: int,
+    headers: dict[str, str],
 ) -> dict[str, Any]:
     """Run the agent (``gpus`` simulated GPUs, the ranks' files in ``metrics_dir``) in this
-    process for ``seconds``, scraped on ``port`` every ``interval`` s; its CPU (seconds)
-    by thread, the render's, by collector, and the families encoded vs reused."""
+    process for ``seconds``, scraped on ``port`` every ``interval`` s with ``headers`` (the
+    benchmark's: as Prometheus asks); its CPU (seconds) by thread, the render's, by
+    collector, and the families encoded vs reused."""
     from stormwatch.agent.config import AgentConfig
     from stormwatch.agent.runtime import Agent
 
@@ -49,7 +57,7 @@ def profile(
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                 tick = start = time.monotonic()
                 while tick < start + seconds:
-                    conn.request("GET", "/metrics", headers={"Accept": "text/plain"})
+                    conn.request("GET", "/metrics", headers=headers)
                     conn.getresponse().read()
                     tick += interval
                     time.sleep(max(0.0, tick - time.monotonic()))
@@ -91,7 +99,8 @@ def report(results: dict[str, Any], note: str) -> None:
 
     console = Console(width=110)
     agent, node = results["agent"], results.get("node_exporter")
-    every = f"every {results['interval']:g} s"
+    asked = {"prometheus": "as Prometheus asks: OpenMetrics, gzip", "plain": "plain text"}
+    every = f"every {results['interval']:g} s, {asked.get(results.get('scrape', ''), 'plain text')}"
     table = Table(title=f"agent vs node-exporter, scraped {every} ({results['setup']})")
     for column in ("measure", "agent", "node-exporter A", "ratio (min-max)", "target"):
         table.add_column(column, justify="left" if column == "measure" else "right")

@@ -6,6 +6,7 @@ over the fake NVML; the agent-level test scrapes a real agent.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from stormwatch.agent import FakeNvml
@@ -132,3 +133,44 @@ def test_the_background_does_not_render_again_what_a_scrape_just_rendered() -> N
     cache.invalidate()
     assert cache.refresh_if_behind(), "a state change"
     assert len(rendered) == 5
+
+
+def test_the_gzipped_body_is_one_gzip_stream_of_the_body_compressed_once_per_render() -> None:
+    import gzip
+    import zlib
+
+    clock = Clock()
+    cache, rendered = _cache(clock)  # no sampler: the live part is the render histogram
+    for openmetrics in (False, True):
+        assert cache.gzip_ready(openmetrics) is False
+        served = cache.gzipped(openmetrics)
+        assert gzip.decompress(served) == cache.body(openmetrics)
+        stream = zlib.decompressobj(16 + zlib.MAX_WBITS)  # one member, nothing after it
+        stream.decompress(served)
+        assert stream.eof and stream.unused_data == b""
+        assert served[:2] == b"\x1f\x8b"
+    assert cache.body(True).endswith(b"# EOF\n")
+    head = cache._gzipped[False][1]
+    cache.gzipped(False)
+    assert cache._gzipped[False][1] is head  # the cached part is not compressed again
+    # A render compresses what scrapers asked gzipped, off the scrapes (the background's).
+    clock.now += 5.0
+    cache.refresh()
+    assert cache.gzip_ready(False) and cache.gzip_ready(True)
+    assert cache._gzipped[False][1] is not head
+    assert gzip.decompress(cache.gzipped(False)) == cache.body(False)
+    assert cache.body(False).startswith(b"# rendered %d\n" % (len(rendered) - 1))  # text first
+
+
+def test_the_gzipped_body_carries_this_scrapes_live_ages() -> None:
+    import gzip
+
+    clock = Clock()
+    sampler = _sampler()
+    cache, _ = _cache(clock, sampler)
+    cache.refresh()
+    first = gzip.decompress(cache.gzipped(False))
+    time.sleep(0.01)  # the snapshot's age, computed at each scrape, moves: only it
+    second = gzip.decompress(cache.gzipped(False))
+    assert first.startswith(b"# rendered 1\n") and second.startswith(b"# rendered 1\n")
+    assert first != second and b"stormwatch_gpu_snapshot_age_seconds" in second
