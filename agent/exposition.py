@@ -36,8 +36,10 @@ period and a scrape serves the cached bytes:
 
 Formats: the server negotiates with prometheus-client's ``choose_encoder`` (text
 0.0.4 or OpenMetrics 1.0) and ``gzip_accepted``; the cache keeps one body per
-format a scraper has asked for (:mod:`stormwatch.agent.textformat`), rendered
-together, so a Prometheus that prefers OpenMetrics is served from the cache too.
+format a scraper has asked for in the last :data:`FORMAT_KEEP_SECONDS` (text alone
+before any scrape; :mod:`stormwatch.agent.textformat`), rendered together, so a
+Prometheus that prefers OpenMetrics is served from the cache too, and pays for no text
+body.
 
 Gzip (what Prometheus asks for): the cached part of a body is compressed once per
 render (:meth:`ExpositionCache.gzipped`); a scrape continues a copy of that
@@ -78,6 +80,10 @@ SCRAPES_KEPT = 6
 #: Buckets (seconds) of ``stormwatch_agent_render_duration_seconds``: prometheus-client's
 #: defaults (5 ms .. 10 s), which span a few-ms render to one past a 10 s scrape timeout.
 RENDER_BUCKETS: tuple[float, ...] = tuple(b for b in Histogram.DEFAULT_BUCKETS if b != math.inf)
+#: A format (text 0.0.4 or OpenMetrics) no scrape asked for in this long (s) is no longer
+#: rendered ahead (a scrape that asks for it again renders it itself): a Prometheus that
+#: negotiates OpenMetrics does not pay for a text body nobody reads.
+FORMAT_KEEP_SECONDS = 300.0
 #: zlib level of the gzipped exposition: the fastest (nginx's default ``gzip_comp_level``).
 #: On the benchmark's 364 KB body: 0.85 ms and 28 KB, against 2.3 ms and 24 KB at 6.
 GZIP_LEVEL = 1
@@ -175,12 +181,12 @@ class ExpositionCache:
         self.period = period
         self._monotonic = monotonic
         self._lock = threading.Lock()  # one render at a time
-        self._body: bytes | None = None  # the text format's, for staleness
         self._bodies: dict[bool, bytes] = {}  # OpenMetrics? -> body
         # OpenMetrics? -> (the body compressed, its gzip stream so far, the compressor)
         self._gzipped: dict[bool, tuple[bytes, bytes, zlib._Compress]] = {}
-        self._gzip_formats: set[bool] = set()  # the formats scrapers asked gzipped
-        self._formats: set[bool] = {False}  # the formats scrapers asked for
+        # OpenMetrics? -> when a scrape last asked for it (monotonic s), plain or gzipped
+        self._asked: dict[bool, float] = {}
+        self._asked_gzipped: dict[bool, float] = {}
         self._snapshot: object = None
         self._rendered_at = float("-inf")
         self._generation = 0  # bumped by invalidate()
@@ -211,7 +217,7 @@ class ExpositionCache:
         """Render now (every format asked for so far) and keep the result; returns
         the text format's body (blocking; thread-safe)."""
         with self._lock:
-            return self._refresh_locked()[False]
+            return self._refresh_locked(False)[False]
 
     def refresh_if_behind(self) -> bool:
         """The background's render: render now (every format asked for) unless a scrape
@@ -222,37 +228,45 @@ class ExpositionCache:
         with self._lock:
             snapshot = self._sampler.latest if self._sampler is not None else None
             if (
-                self._body is not None
+                self._bodies
                 and snapshot is self._snapshot
                 and self._rendered_generation == self._generation
                 and self._monotonic() - self._rendered_at < self.period
-                and self._formats <= self._bodies.keys()
+                and self._wanted(self._asked) <= self._bodies.keys()
             ):
                 return False
             self._refresh_locked()
             return True
 
+    def _wanted(self, asked: dict[bool, float]) -> set[bool]:
+        """The formats asked for in the last :data:`FORMAT_KEEP_SECONDS`."""
+        now = self._monotonic()
+        # tuple(): one copy under the GIL, while a scrape on the event loop may add a format
+        return {fmt for fmt, at in tuple(asked.items()) if now - at <= FORMAT_KEEP_SECONDS}
+
     def _refresh_if_stale(self, openmetrics_format: bool) -> bytes:
         """Render unless a render that finished while we waited for the lock (the
         background's, or another scrape's) already made the cache fresh."""
         with self._lock:
-            self._formats.add(openmetrics_format)
             cached = self._bodies.get(openmetrics_format)
             if cached is not None and not self.stale():
                 return cached
-            return self._refresh_locked()[openmetrics_format]
+            return self._refresh_locked(openmetrics_format)[openmetrics_format]
 
-    def _refresh_locked(self) -> dict[bool, bytes]:
+    def _refresh_locked(self, also: bool | None = None) -> dict[bool, bytes]:
+        """Render ``also`` and every format asked for lately (text when none was)."""
         generation = self._generation
         snapshot = self._sampler.latest if self._sampler is not None else None
         started = self._monotonic()
         cpu_started = time.thread_time()
-        bodies = {fmt: self._render(fmt) for fmt in sorted(self._formats)}
-        for fmt in self._gzip_formats & bodies.keys():  # compressed here, off the scrapes
+        formats = self._wanted(self._asked) | ({also} if also is not None else set())
+        formats = formats or {False}
+        bodies = {fmt: self._render(fmt) for fmt in sorted(formats)}
+        for fmt in self._wanted(self._asked_gzipped) & bodies.keys():  # off the scrapes
             self._compress(fmt, bodies[fmt])
         self.render_cpu_seconds += time.thread_time() - cpu_started
         self._bodies = bodies
-        self._body, self._snapshot = bodies[False], snapshot
+        self._snapshot = snapshot
         self._render_seconds = self._monotonic() - started
         self.durations.observe(self._render_seconds)
         self._rendered_generation = generation
@@ -264,7 +278,7 @@ class ExpositionCache:
         """Whether a scrape must render instead of serving the cache."""
         snapshot = self._sampler.latest if self._sampler is not None else None
         return (
-            self._body is None
+            not self._bodies
             or snapshot is not self._snapshot
             or self._rendered_generation != self._generation
             or self._monotonic() - self._rendered_at > 2 * self.period
@@ -318,7 +332,7 @@ class ExpositionCache:
     def gzipped(self, openmetrics_format: bool = False) -> bytes:
         """:meth:`body`'s bytes as one gzip stream (RFC 1952), the cached part compressed
         once per render (module docstring). Blocking as :meth:`body`; thread-safe."""
-        self._gzip_formats.add(openmetrics_format)
+        self._asked_gzipped[openmetrics_format] = self._monotonic()
         cached, tail = self._parts(openmetrics_format)
         kept = self._gzipped.get(openmetrics_format)
         if kept is None or kept[0] is not cached:
@@ -341,7 +355,8 @@ class ExpositionCache:
 
     def _parts(self, openmetrics_format: bool) -> tuple[bytes, bytes]:
         """(the cached exposition, this scrape's live gauges and end), counting the scrape."""
-        self._scrapes.append(self._monotonic())
+        self._scrapes.append(now := self._monotonic())
+        self._asked[openmetrics_format] = now
         cached = self._bodies.get(openmetrics_format)
         if cached is None or self.stale():
             cached = self._refresh_if_stale(openmetrics_format)

@@ -174,3 +174,36 @@ def test_the_gzipped_body_carries_this_scrapes_live_ages() -> None:
     second = gzip.decompress(cache.gzipped(False))
     assert first.startswith(b"# rendered 1\n") and second.startswith(b"# rendered 1\n")
     assert first != second and b"stormwatch_gpu_snapshot_age_seconds" in second
+
+
+def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None:
+    from stormwatch.agent import exposition
+
+    clock = Clock()
+    formats: list[bool] = []
+
+    def render(openmetrics_format: bool) -> bytes:
+        formats.append(openmetrics_format)
+        return b"# rendered\n"
+
+    cache = ExpositionCache(
+        render, live=LiveAges(None, None), sampler=None, period=1.0, monotonic=clock
+    )
+    cache.refresh()  # the agent's start: text, before any scrape
+    assert formats == [False]
+    cache.body(True)  # Prometheus negotiates OpenMetrics: that scrape renders it
+    formats.clear()
+    clock.now += 1.5
+    assert cache.refresh_if_behind()
+    assert formats == [True]  # no text body nobody reads
+    cache.body(False)  # someone curls the text format once
+    clock.now += 1.5
+    formats.clear()
+    assert cache.refresh_if_behind()
+    assert formats == [False, True]
+    clock.now += exposition.FORMAT_KEEP_SECONDS
+    cache.body(True)
+    formats.clear()
+    clock.now += 1.5
+    assert cache.refresh_if_behind()
+    assert formats == [True]  # the text format lapsed
