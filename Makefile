@@ -152,7 +152,8 @@ test: setup system-test
 	if [ $$e2e -ne 0 ]; then exit $$e2e; fi; exit $$fast_rc
 
 # Speed and memory targets live here, not in timed tests (README.md "Benchmarks").
-#   agent_bench.py    the agent vs node-exporter, scraped every 1 s (~3 min)
+#   agent_bench.py    the agent vs node-exporter, scraped every 1 s as Prometheus asks (~3 min;
+#                     --quick: the smoke test the suite runs)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
 #                     checkpoint blocking, exposed communication (~7 min on 2 cores)
 #   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:

@@ -36,6 +36,7 @@ Usage::
 
     .venv/bin/python benchmarks/agent_bench.py [--gpus 8] [--ranks 8] [--reps 3]
         [--seconds 30] [--interval 1] [--json results.json] [--no-node-exporter]
+        [--scrape prometheus|plain] [--quick]
 
 node-exporter: the Debian package ``prometheus-node-exporter``. When the binary
 is missing and we are root with apt, it is installed (with a message); otherwise
@@ -360,12 +361,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-node-exporter", action="store_true", help="skip those columns")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install")
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 2 GPUs, 2 ranks, one 4 s repetition, 2 s idle, 3 s profile; "
+        "never installs node-exporter (its columns are skipped without it)",
+    )
+    parser.add_argument(
         "--scrape",
         choices=sorted(SCRAPE_HEADERS),
         default="prometheus",
         help="ask as Prometheus does (OpenMetrics, gzip; the default) or for plain text",
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.gpus, args.ranks, args.reps, args.seconds = 2, 2, 1, 4.0
+        args.idle_seconds, args.profile_seconds, args.no_install = 2.0, 3.0, True
     if args.reps < 1:
         parser.error("--reps must be >= 1")
 

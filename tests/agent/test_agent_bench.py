@@ -1,0 +1,39 @@
+"""benchmarks/agent_bench.py runs end to end (--quick) and prints its rows; no figure is judged.
+
+Its scrapes ask as Prometheus does (OpenMetrics, gzip), so the agent's gzip and OpenMetrics
+paths serve every scrape here; node-exporter's columns appear where it is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
+
+
+def test_quick_benchmark_prints_the_agents_rows_and_where_its_cpu_goes(
+    tmp_path: Path, quick_benchmark: Any
+) -> None:
+    _, result = quick_benchmark(
+        "agent_bench.py",
+        tmp_path,
+        (
+            "as Prometheus asks: OpenMetrics, gzip",
+            "CPU share of one core",
+            "resident memory (VmRSS)",
+            "scrape p50 (ms)",
+            "where the agent's CPU goes",
+            "thread: stormwatch-rank-watcher",
+            "processes on the machine: ",
+        ),
+        timeout=300,
+    )
+    agent = result["agent"]
+    assert result["scrape"] == "prometheus"
+    assert math.isfinite(agent["cpu_share"]) and agent["cpu_share"] >= 0
+    assert agent["series"] > 100 and agent["rss"] > 0  # the body was decompressed and read
+    assert result["profile"]["renders"] >= 1, result["profile"]
