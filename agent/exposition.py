@@ -44,8 +44,9 @@ body.
 Gzip (what Prometheus asks for): the cached part of a body is compressed once per
 render (:meth:`ExpositionCache.gzipped`); a scrape continues a copy of that
 compressor's state (``zlib.Compress.copy``) with its live gauges and ends the stream,
-so every scrape still gets one ordinary gzip stream of exactly :meth:`~ExpositionCache.body`'s
-bytes, for a few microseconds more than the plain body. Level 1 (:data:`GZIP_LEVEL`).
+so every scrape still gets one ordinary gzip stream of exactly the bytes of
+:meth:`~ExpositionCache.body`, for a few microseconds more than the plain body. Level 1
+(:data:`GZIP_LEVEL`).
 """
 
 from __future__ import annotations
