@@ -201,9 +201,32 @@ def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None
     formats.clear()
     assert cache.refresh_if_behind()
     assert formats == [False, True]
-    clock.now += exposition.FORMAT_KEEP_SECONDS
-    cache.body(True)
+    for _ in range(6):  # OpenMetrics every minute; the text format is not asked again
+        clock.now += 60.0
+        cache.body(True)
     formats.clear()
     clock.now += 1.5
     assert cache.refresh_if_behind()
-    assert formats == [True]  # the text format lapsed
+    assert formats == [True]  # the text format lapsed after FORMAT_KEEP_SECONDS
+    assert exposition.FORMAT_KEEP_SECONDS < 6 * 60.0
+
+
+def test_a_scraper_slower_than_the_format_keep_time_keeps_its_format_rendered_ahead() -> None:
+    # Breaker pass (stop 36): a scrape every 10 minutes outlived the 300 s keep time, so the
+    # background rendered a text body nobody read and every scrape rendered itself.
+    clock = Clock()
+    formats: list[bool] = []
+
+    def render(openmetrics_format: bool) -> bytes:
+        formats.append(openmetrics_format)
+        return b"# rendered\n"
+
+    cache = ExpositionCache(
+        render, live=LiveAges(None, None), sampler=None, period=1.0, monotonic=clock
+    )
+    for _ in range(4):
+        cache.body(True)
+        clock.now += 600.0
+    formats.clear()
+    assert cache.refresh_if_behind()
+    assert formats == [True]
