@@ -56,7 +56,9 @@ def net(tmp_path: Path) -> Iterator[object]:
 
 
 LAUNCHER = """
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
+# the test stops it with SIGTERM: exit through `finally`, or its rank outlives the test
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 job, metrics = sys.argv[-2], sys.argv[-1]
 env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", TORCHELASTIC_RUN_ID=job,
            STORMWATCH_JOB=job, STORMWATCH_METRICS_DIR=metrics)
