@@ -176,10 +176,8 @@ def test_the_gzipped_body_carries_this_scrapes_live_ages() -> None:
     assert first != second and b"stormwatch_gpu_snapshot_age_seconds" in second
 
 
-def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None:
-    from stormwatch.agent import exposition
-
-    clock = Clock()
+def _format_cache(clock: Clock) -> tuple[ExpositionCache, list[bool]]:
+    """A cache without GPUs and the formats its renders were asked for, in order."""
     formats: list[bool] = []
 
     def render(openmetrics_format: bool) -> bytes:
@@ -189,6 +187,14 @@ def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None
     cache = ExpositionCache(
         render, live=LiveAges(None, None), sampler=None, period=1.0, monotonic=clock
     )
+    return cache, formats
+
+
+def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None:
+    from stormwatch.agent import exposition
+
+    clock = Clock()
+    cache, formats = _format_cache(clock)
     cache.refresh()  # the agent's start: text, before any scrape
     assert formats == [False]
     cache.body(True)  # Prometheus negotiates OpenMetrics: that scrape renders it
@@ -215,15 +221,7 @@ def test_a_scraper_slower_than_the_format_keep_time_keeps_its_format_rendered_ah
     # Breaker pass (stop 36): a scrape every 10 minutes outlived the 300 s keep time, so the
     # background rendered a text body nobody read and every scrape rendered itself.
     clock = Clock()
-    formats: list[bool] = []
-
-    def render(openmetrics_format: bool) -> bytes:
-        formats.append(openmetrics_format)
-        return b"# rendered\n"
-
-    cache = ExpositionCache(
-        render, live=LiveAges(None, None), sampler=None, period=1.0, monotonic=clock
-    )
+    cache, formats = _format_cache(clock)
     for _ in range(4):
         cache.body(True)
         clock.now += 600.0
