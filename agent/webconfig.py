@@ -39,11 +39,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-import bcrypt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stormwatch.agent.errors import WebConfigError
-from stormwatch.yamltext import yaml_mapping
 
 ClientAuthType = Literal[
     "NoClientCert",
@@ -129,6 +127,8 @@ def load_web_config(path: Path) -> WebConfig:
         WebConfigError: unreadable file, invalid YAML, an unknown or invalid key
             (named, with the fix), or a certificate/key/CA file that cannot be loaded.
     """
+    from stormwatch.yamltext import yaml_mapping  # only an agent given a web config reads YAML
+
     where = f"web config {path}"
     try:
         text = path.read_text(encoding="utf-8")
@@ -278,6 +278,8 @@ class BasicAuth:
         """Whether ``user`` exists and ``password`` matches its bcrypt hash."""
         if self.cached(user, password):
             return True
+        import bcrypt  # only an agent with basic-auth users loads it
+
         hashed = self._users.get(user)
         if hashed is None:
             # Spend the same time as for a known user: no user enumeration by timing.

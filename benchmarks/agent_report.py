@@ -132,13 +132,24 @@ def report(results: dict[str, Any], note: str) -> None:
         table.add_row(
             "A/A noise: node-exporter B / A, RSS", "", mib[1], span(results["rss_aa"]), ""
         )
-        floor = results["rss_floor"]
+        floors = results["rss_floors"]
+        for label, key in (
+            ("floor: python + prometheus_client + aiohttp.web only", "exporter"),
+            ("floor: + the agent's other libraries (pydantic, OTel SDK, ...)", "libraries"),
+        ):
+            table.add_row(
+                label,
+                f"{floors[key] / 2**20:.1f} MiB",
+                mib[1],
+                f"{floors[key] / node['rss']:.2f}x",
+                "why the RSS row can be missed",
+            )
         table.add_row(
-            "floor: python + prometheus_client + aiohttp.web only",
-            f"{floor / 2**20:.1f} MiB",
-            mib[1],
-            f"{floor / node['rss']:.2f}x",
-            "why the RSS row can be missed",
+            "the agent's own code and state: RSS above the libraries' floor",
+            f"{(agent['rss'] - floors['libraries']) / 2**20:.1f} MiB",
+            "",
+            "",
+            "",
         )
         for label, key, scale in (("scrape p50", "p50", 1000), ("scrape p99", "p99", 1000)):
             a, n = agent[key] * scale, node[key] * scale

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from stormwatch import faults as fault_kinds
 from stormwatch.agent.errors import FaultConflict, FaultNotFound
 from stormwatch.agent.faults.ledger import FaultLedger, FaultRecord, FaultState
 from stormwatch.faults import (
-    AGENT_KINDS,
     Fault,
     FaultContext,
     FaultError,
@@ -32,7 +32,10 @@ class FaultManager:
         ledger: durable store.
         ctx: what faults act on.
         kinds: kind name -> its declaration (default: every kind an agent applies,
-            :data:`stormwatch.faults.AGENT_KINDS`).
+            :data:`stormwatch.faults.AGENT_KINDS`, read on the first apply or revert: the
+            registry builds every kind's models, about 3 MiB of the agent's memory and
+            0.1 CPU-second that an agent never asked for a fault does not pay; README.md,
+            "Benchmarks").
         clock: Unix time.
         tracer: records a ``fault.inject`` / ``fault.revert`` span per action
             (default: no-op).
@@ -43,13 +46,13 @@ class FaultManager:
         ledger: FaultLedger,
         ctx: FaultContext,
         *,
-        kinds: Mapping[str, FaultKind] = AGENT_KINDS,
+        kinds: Mapping[str, FaultKind] | None = None,
         clock: Callable[[], float] = time.time,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self._ledger = ledger
         self._ctx = ctx
-        self._kinds = dict(kinds)
+        self._kind_map = dict(kinds) if kinds is not None else None
         self._clock = clock
         self._tracer = tracer or trace.NoOpTracer()
         self._lock = threading.RLock()
@@ -58,6 +61,12 @@ class FaultManager:
         #: ledger (one agent per state dir); others may only revert them, which can
         #: leave this early, never late.
         self._next_expiry = float("-inf")
+
+    @property
+    def _kinds(self) -> dict[str, FaultKind]:
+        if self._kind_map is None:
+            self._kind_map = dict(fault_kinds.AGENT_KINDS)
+        return self._kind_map
 
     @property
     def ledger(self) -> FaultLedger:

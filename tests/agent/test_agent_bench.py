@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
 def test_quick_benchmark_prints_the_agents_rows_and_where_its_cpu_goes(
     tmp_path: Path, quick_benchmark: Any
 ) -> None:
-    _, result = quick_benchmark(
+    stdout, result = quick_benchmark(
         "agent_bench.py",
         tmp_path,
         (
@@ -37,3 +37,9 @@ def test_quick_benchmark_prints_the_agents_rows_and_where_its_cpu_goes(
     assert math.isfinite(agent["cpu_share"]) and agent["cpu_share"] >= 0
     assert agent["series"] > 100 and agent["rss"] > 0  # the body was decompressed and read
     assert result["profile"]["renders"] >= 1, result["profile"]
+    if result.get("node_exporter"):  # the RSS rows and their floors need node-exporter
+        floors = result["rss_floors"]
+        # The libraries' floor holds the exporter floor's two imports and more.
+        assert 0 < floors["exporter"] < floors["libraries"], floors
+        assert "floor: + the agent's" in stdout  # rich wraps the rest of the label
+        assert "the agent's own code" in stdout
