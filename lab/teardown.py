@@ -173,10 +173,14 @@ def stop_slurm(run_dir: Path, config: LabConfig, report: Progress) -> tuple[list
     if not config.slurm:
         return [], []
     cluster = lab_cluster(run_dir, config)
-    found = cluster.leftovers()
-    if not found:
+    processes, files = cluster.remains()
+    if not processes and not files:
         return [], []
-    report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({len(found)} left)"))
+    left = (
+        f"{len(processes)} {'process' if len(processes) == 1 else 'processes'}; "
+        f"{len(files)} runtime {'file' if len(files) == 1 else 'files'} to delete"
+    )
+    report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({left})"))
     try:
         cluster.stop()
     except SlurmError as exc:
