@@ -185,7 +185,39 @@ def stop_slurm(run_dir: Path, config: LabConfig, report: Progress) -> tuple[list
         cluster.stop()
     except SlurmError as exc:
         return [], [str(exc)]
-    return ["Slurm cluster"], []
+    return ["the Slurm cluster"], []
+
+
+#: The first word of a :func:`teardown` line (``process agent-node0``, ``netns sw-node0``)
+#: -> what :func:`removed_summary` counts it as, singular and plural.
+_REMOVED_KINDS = {
+    "process": ("process", "processes"),
+    "netns": ("network namespace", "network namespaces"),
+    "veth": ("veth", "veths"),
+    "bridge": ("bridge", "bridges"),
+}
+
+
+def removed_summary(removed: list[str]) -> str:
+    """One line for :func:`teardown`'s lines, counted by kind in the order they came:
+    ``removed the Slurm cluster, 6 processes, 3 network namespaces and 1 bridge``; a line of
+    no kind there (``the Slurm cluster``, ``2 unrecorded processes``) is shown as it is."""
+    if not removed:
+        return "nothing was left to remove"
+    counts: dict[str, int] = {}
+    for line in removed:
+        kind = line.split(" ", 1)[0]
+        key = kind if kind in _REMOVED_KINDS else line
+        counts[key] = counts.get(key, 0) + 1
+    parts = []
+    for key, n in counts.items():
+        if key not in _REMOVED_KINDS:
+            parts.append(key)
+            continue
+        singular, plural = _REMOVED_KINDS[key]
+        parts.append(f"{n} {singular if n == 1 else plural}")
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return f"removed {listed}"
 
 
 def _recorded_trees(state: LabState | None) -> dict[str, list[psutil.Process]]:
@@ -310,6 +342,7 @@ __all__ = [
     "live_owner",
     "other_labs",
     "remove_resource",
+    "removed_summary",
     "signals_deferred",
     "stop_processes",
     "stop_slurm",

@@ -1,5 +1,5 @@
-"""What ``lab down`` says while it stops the lab's Slurm cluster, without a real cluster
-(its processes and runtime files are stood in for; nothing is stopped)."""
+"""What ``lab down`` says: while it stops the lab's Slurm cluster (without a real cluster: its
+processes and runtime files are stood in for, nothing is stopped), and what it removed."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_stopping_the_slurm_cluster_says_how_many_processes_and_files_are_left(
     assert [e.message for e in events] == [
         "stopping the Slurm cluster (3 processes; 2 runtime files to delete)"
     ]
-    assert (removed, problems, len(stopped)) == (["Slurm cluster"], [], 1)
+    assert (removed, problems, len(stopped)) == (["the Slurm cluster"], [], 1)
 
 
 def test_a_slurm_cluster_with_nothing_left_is_not_stopped(
@@ -44,3 +44,31 @@ def test_a_slurm_cluster_with_nothing_left_is_not_stopped(
 
     assert teardown.stop_slurm(tmp_path / "run", LabConfig(), events.append) == ([], [])
     assert events == []
+
+
+@pytest.mark.parametrize(
+    ("removed", "summary"),
+    [
+        ([], "nothing was left to remove"),
+        (["netns a"], "removed 1 network namespace"),
+        (
+            [
+                "the Slurm cluster",
+                "process agent-node0",
+                "process agent-node1",
+                "process prometheus",
+                "2 unrecorded processes",
+                "netns sw-node0",
+                "netns sw-node1",
+                "veth sw-v0",
+                "bridge sw-br0",
+            ],
+            "removed the Slurm cluster, 3 processes, 2 unrecorded processes, "
+            "2 network namespaces, 1 veth and 1 bridge",
+        ),
+    ],
+)
+def test_what_lab_down_removed_is_one_line_counted_by_kind(
+    removed: list[str], summary: str
+) -> None:
+    assert teardown.removed_summary(removed) == summary
