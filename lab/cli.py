@@ -25,6 +25,7 @@ from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services import definitions as services
 from stormwatch.lab.state import JobResult
 from stormwatch.lab.status import render_status
+from stormwatch.lab.teardown import removed_summary
 from stormwatch.telemetry.events import parse_event
 
 #: Default run directory (``--run-dir``, environment ``STORMWATCH_LAB_DIR``): ``./run``,
@@ -246,7 +247,7 @@ def down(run_dir: Path, **values: Any) -> None:
     console = _console()
     _reap_overdue(run_dir)
     removed = Lab(run_dir).down(_config(**values), progress=_printer(console), missing_ok=False)
-    console.print("[bold]lab down[/]: " + ("nothing was left" if not removed else "all removed"))
+    console.print("[bold]lab down[/]: " + escape(removed_summary(removed)))
 
 
 @lab.command()

@@ -4,6 +4,7 @@ it prints them."""
 from __future__ import annotations
 
 import ipaddress
+import shlex
 import time
 from pathlib import Path
 
@@ -226,7 +227,11 @@ def _service_cells(service: ServiceStatus | None) -> list[str]:
 def render_status(status: LabStatus, console: Console) -> None:
     """Print ``status`` as ``lab status`` does: a verdict line, then nodes, services and
     jobs tables with one line per row at the console's width (narrower than
-    :data:`STATUS_WIDE_COLUMNS`: without namespaces, addresses, URLs and job folders)."""
+    :data:`STATUS_WIDE_COLUMNS`: without namespaces, addresses, URLs and job folders).
+    A lab that is down gets one line saying so and how to start it, and its jobs."""
+    if status.phase == "down":
+        _render_down(status, console)
+        return
     width = console.width
     wide = width >= STATUS_WIDE_COLUMNS
     colour = "green" if status.healthy else "red"
@@ -263,24 +268,46 @@ def render_status(status: LabStatus, console: Console) -> None:
     console.print(one_line_table(columns, rows, width=width, title="Services"))
     if status.slurm is not None:
         _render_slurm(status.slurm, console)
-    if status.jobs:
-        now = time.time()
-        columns = [Col(header="job", flex=True, min_width=12), Col(header="state")]
-        columns.append(Col(header="exit codes", flex=True, min_width=16))
-        columns.append(Col(header="folder", flex=True) if wide else Col(header="age"))
-        rows = []
-        for job in status.jobs:
-            state = "running" if job.running else ("stopped" if job.stopped else "ended")
-            codes = ", ".join(
-                f"{n}={'running' if c is None and job.running else c}"
-                for n, c in job.exit_codes.items()
-            )
-            last = escape(str(job.job_dir)) if wide else short_age(now - job.started_at)
-            rows.append([escape(job.name), state, escape(codes), last])
-        console.print(one_line_table(columns, rows, width=width, title="Jobs"))
-        for job in status.jobs:
-            if job.problem:
-                console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
+    _render_jobs(status.jobs, console)
+
+
+def _render_down(status: LabStatus, console: Console) -> None:
+    """A stopped lab: that it is not running and how to start it, its last error, and the
+    jobs it ran (no nodes or services table: nothing of them is left to show)."""
+    run_dir = escape(str(status.run_dir))
+    console.print(
+        f"lab in {run_dir}: [bold]down[/], not running; start it with "
+        f"`stormwatch lab up --run-dir {escape(shlex.quote(str(status.run_dir)))}`",
+        soft_wrap=True,  # one line, the command copy-pastable
+    )
+    if status.error:
+        console.print(f"[red]last error:[/] {escape(status.error)}")
+    _render_jobs(status.jobs, console)
+
+
+def _render_jobs(jobs: list[JobStatus], console: Console) -> None:
+    """The jobs table (nothing when there is no job) and each stranded job's problem."""
+    if not jobs:
+        return
+    width = console.width
+    wide = width >= STATUS_WIDE_COLUMNS
+    now = time.time()
+    columns = [Col(header="job", flex=True, min_width=12), Col(header="state")]
+    columns.append(Col(header="exit codes", flex=True, min_width=16))
+    columns.append(Col(header="folder", flex=True) if wide else Col(header="age"))
+    rows = []
+    for job in jobs:
+        state = "running" if job.running else ("stopped" if job.stopped else "ended")
+        codes = ", ".join(
+            f"{n}={'running' if c is None and job.running else c}"
+            for n, c in job.exit_codes.items()
+        )
+        last = escape(str(job.job_dir)) if wide else short_age(now - job.started_at)
+        rows.append([escape(job.name), state, escape(codes), last])
+    console.print(one_line_table(columns, rows, width=width, title="Jobs"))
+    for job in jobs:
+        if job.problem:
+            console.print(f"[red]job {escape(job.name)}:[/] {escape(job.problem)}")
 
 
 def _render_slurm(slurm: SlurmStatus, console: Console) -> None:

@@ -173,15 +173,51 @@ def stop_slurm(run_dir: Path, config: LabConfig, report: Progress) -> tuple[list
     if not config.slurm:
         return [], []
     cluster = lab_cluster(run_dir, config)
-    found = cluster.leftovers()
-    if not found:
+    processes, files = cluster.remains()
+    if not processes and not files:
         return [], []
-    report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({len(found)} left)"))
+    left = (
+        f"{len(processes)} {'process' if len(processes) == 1 else 'processes'}; "
+        f"{len(files)} runtime {'file' if len(files) == 1 else 'files'} to delete"
+    )
+    report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({left})"))
     try:
         cluster.stop()
     except SlurmError as exc:
         return [], [str(exc)]
-    return ["Slurm cluster"], []
+    return ["the Slurm cluster"], []
+
+
+#: The first word of a :func:`teardown` line (``process agent-node0``, ``netns sw-node0``)
+#: -> what :func:`removed_summary` counts it as, singular and plural.
+_REMOVED_KINDS = {
+    "process": ("process", "processes"),
+    "netns": ("network namespace", "network namespaces"),
+    "veth": ("veth", "veths"),
+    "bridge": ("bridge", "bridges"),
+}
+
+
+def removed_summary(removed: list[str]) -> str:
+    """One line for :func:`teardown`'s lines, counted by kind in the order they came:
+    ``removed the Slurm cluster, 6 processes, 3 network namespaces and 1 bridge``; a line of
+    no kind there (``the Slurm cluster``, ``2 unrecorded processes``) is shown as it is."""
+    if not removed:
+        return "nothing was left to remove"
+    counts: dict[str, int] = {}
+    for line in removed:
+        kind = line.split(" ", 1)[0]
+        key = kind if kind in _REMOVED_KINDS else line
+        counts[key] = counts.get(key, 0) + 1
+    parts = []
+    for key, n in counts.items():
+        if key not in _REMOVED_KINDS:
+            parts.append(key)
+            continue
+        singular, plural = _REMOVED_KINDS[key]
+        parts.append(f"{n} {singular if n == 1 else plural}")
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return f"removed {listed}"
 
 
 def _recorded_trees(state: LabState | None) -> dict[str, list[psutil.Process]]:
@@ -306,6 +342,7 @@ __all__ = [
     "live_owner",
     "other_labs",
     "remove_resource",
+    "removed_summary",
     "signals_deferred",
     "stop_processes",
     "stop_slurm",

@@ -42,7 +42,8 @@ class ProbeOutcome:
 
     Attributes:
         ok: the condition held.
-        detail: one line for humans (``4 == 4``, ``rank 1 last stepped 12.3 s ago``).
+        detail: one line for humans (``4 (wanted == 4)``, ``value 2, wanted == 4``,
+            ``ranks 0-3 at step 25, last step 3.1 s ago``).
         output: what was observed, for the journal.
         terminal: the condition can no longer hold (e.g. the job failed): stop waiting.
     """
@@ -146,8 +147,9 @@ async def _ranks(provider: RanksProvider, ctx: ProbeContext) -> ProbeOutcome:
     output: JsonValue = {"alive_ranks": alive_ranks, "errors": list(errors)}
     if errors:
         return ProbeOutcome(False, "agents did not answer: " + "; ".join(errors), output)
-    ok = provider.tolerance.accepts(float(count))
-    return ProbeOutcome(ok, f"{count} ranks alive {'' if ok else 'not '}{tolerance}", output)
+    if not provider.tolerance.accepts(float(count)):
+        return ProbeOutcome(False, f"{count} ranks alive, wanted {tolerance}", output)
+    return ProbeOutcome(True, f"{count} ranks alive (wanted {tolerance})", output)
 
 
 def _progress(provider: ProgressProvider, ctx: ProbeContext) -> ProbeOutcome:
@@ -233,10 +235,12 @@ async def _prometheus(provider: PrometheusProvider, ctx: ProbeContext) -> ProbeO
     if not samples:
         return ProbeOutcome(False, f"no data (wanted {tolerance})", output)
     bad = [s for s in samples if not provider.tolerance.accepts(s.value)]
-    shown = ", ".join(f"{s.value:g}" for s in samples[:6])
+    shown = ", ".join(f"{s.value:g}" for s in samples[:6]) + (", …" if len(samples) > 6 else "")
+    wanted = tolerance if len(samples) == 1 else f"each {tolerance}"
     if bad:
-        return ProbeOutcome(False, f"{shown} not {tolerance}", output)
-    return ProbeOutcome(True, f"{shown} {tolerance}", output)
+        what = "value" if len(samples) == 1 else "values"
+        return ProbeOutcome(False, f"{what} {shown}, wanted {wanted}", output)
+    return ProbeOutcome(True, f"{shown} (wanted {wanted})", output)
 
 
 def rank_spans(ranks: list[int]) -> str:

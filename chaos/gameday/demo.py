@@ -41,6 +41,7 @@ from stormwatch.errors import ConfigError
 from stormwatch.lab import Lab, LabConfig, ProgressEvent
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.services.definitions import grafana_hint
+from stormwatch.lab.teardown import removed_summary
 from stormwatch.postmortem import ExperimentPostMortem
 
 #: The demo's experiment in a source checkout; the packaged copy is used otherwise
@@ -120,21 +121,10 @@ def clean_run_dir(run_dir: Path, console: Console) -> None:
         removed = Lab(run_dir).down()  # a no-op for a lab that is already down
         if removed:
             console.print(
-                f"brought down the lab left in {run_dir} ({lab_down_summary(removed)})",
+                f"brought down the lab left in {run_dir} ({removed_summary(removed)})",
                 soft_wrap=True,
             )
     shutil.rmtree(run_dir)
-
-
-def lab_down_summary(removed: list[str]) -> str:
-    """One line for what ``Lab.down`` removed."""
-    if not removed:
-        return "nothing was left to remove"
-    return (
-        f"removed {len(removed)} {'thing' if len(removed) == 1 else 'things'}: "
-        + ", ".join(removed[:3])
-        + (", …" if len(removed) > 3 else "")
-    )
 
 
 def _lab_progress(reporter: ConsoleReporter) -> Callable[[ProgressEvent], None]:
@@ -341,7 +331,7 @@ def run_demo(
             console.rule("lab down")
             removed = lab.down(progress=_lab_progress(reporter))
             reporter.stop()
-            console.print(f"lab down: {lab_down_summary(removed)}", soft_wrap=True)
+            console.print(f"lab down: {removed_summary(removed)}", soft_wrap=True)
 
 
 __all__ = [
@@ -350,7 +340,6 @@ __all__ = [
     "default_experiment",
     "demo",
     "demo_experiment",
-    "lab_down_summary",
     "run_demo",
     "summary_table",
 ]

@@ -276,9 +276,14 @@ class SlurmCluster:
 
     def leftovers(self) -> list[str]:
         """What of the cluster still exists (processes, runtime files); [] after :meth:`stop`."""
-        found = [f"process {p.pid}" for p in daemons.cluster_processes(self.config)]
-        found += [str(p) for p in daemons.runtime_files(self.config) if p.exists()]
-        return found
+        processes, files = self.remains()
+        return [f"process {p.pid}" for p in processes] + [str(p) for p in files]
+
+    def remains(self) -> tuple[list[psutil.Process], list[Path]]:
+        """The cluster's live processes and its runtime files and folders that exist
+        (:meth:`leftovers`, apart); both empty after :meth:`stop`."""
+        processes = daemons.cluster_processes(self.config)
+        return processes, [p for p in daemons.runtime_files(self.config) if p.exists()]
 
     def __enter__(self) -> SlurmCluster:
         self.start()

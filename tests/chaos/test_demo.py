@@ -116,12 +116,3 @@ def test_clean_run_dir_is_quiet_about_a_lab_that_is_already_down(tmp_path: Path)
 
     assert output.getvalue() == ""
     assert not run_dir.exists()
-
-
-def test_lab_down_summary_is_one_line() -> None:
-    from stormwatch.chaos.gameday.demo import lab_down_summary
-
-    assert lab_down_summary([]) == "nothing was left to remove"
-    assert lab_down_summary(["netns a", "netns b", "veth c", "bridge d"]) == (
-        "removed 4 things: netns a, netns b, veth c, …"
-    )

@@ -1,0 +1,71 @@
+"""What ``lab status`` prints for a lab that is down (lab.json of a stopped lab; nothing is
+started)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from stormwatch.lab import LabConfig
+from stormwatch.lab.paths import RunPaths
+from stormwatch.lab.state import StateStore, plan_state
+from stormwatch.lab.status import JobStatus, LabStatus, render_status
+
+STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
+
+
+def test_a_stopped_lab_says_it_is_not_running_and_how_to_start_it(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path / "run")
+    state = plan_state(paths, LabConfig(nodes=2, prefix="swtdown"))
+    state.phase = "down"  # what `lab down` leaves: lab.json, no process, no namespace
+    StateStore(paths).save(state)
+
+    out = subprocess.run(
+        [STORMWATCH, "lab", "status", "--run-dir", str(paths.run_dir)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+    assert out.returncode == 1, out.stderr  # as before: only a healthy lab exits 0
+    assert out.stdout.splitlines() == [
+        f"lab in {paths.run_dir}: down, not running; start it with "
+        f"`stormwatch lab up --run-dir {paths.run_dir}`"
+    ]
+
+
+def test_a_stopped_lab_still_lists_the_jobs_it_ran(tmp_path: Path) -> None:
+    job = JobStatus(
+        name="baseline",
+        running=False,
+        stopped=True,
+        started_at=time.time() - 60,
+        exit_codes={"node0": None, "node1": None},
+        job_dir=tmp_path / "jobs" / "baseline",
+    )
+    status = LabStatus(
+        run_dir=tmp_path,
+        phase="down",
+        healthy=False,
+        prometheus_url="http://127.0.0.1:19090",
+        alertmanager_url="http://127.0.0.1:19093",
+        responder_url="http://127.0.0.1:19095",
+        nodes=[],
+        services=[],
+        jobs=[job],
+        error="lab up: prometheus did not become ready",
+        target_file=tmp_path / "target.yaml",
+    )
+    console = Console(record=True, width=200)
+
+    render_status(status, console)
+
+    text = console.export_text()
+    assert text.startswith(f"lab in {tmp_path}: down, not running; start it with `stormwatch")
+    assert "last error: lab up: prometheus did not become ready" in text
+    assert "Jobs" in text and "baseline" in text and "stopped" in text
+    assert "Nodes" not in text and "Services" not in text and "not healthy" not in text
+    assert "target file" not in text
