@@ -35,7 +35,8 @@ period and a scrape serves the cached bytes:
   (alert ``StormwatchAgentRenderSlow``).
 
 Formats: the server negotiates with prometheus-client's ``choose_encoder`` (text
-0.0.4 or OpenMetrics 1.0) and ``gzip_accepted``; the cache keeps one body per
+0.0.4 or OpenMetrics 1.0) and gzips when ``Accept-Encoding`` asks for it with a q-value
+above 0 (:func:`stormwatch.agent.server.gzip_wanted`); the cache keeps one body per
 format a scraper has asked for in the last :data:`FORMAT_KEEP_SECONDS` (text alone
 before any scrape; :mod:`stormwatch.agent.textformat`), rendered together, so a
 Prometheus that prefers OpenMetrics is served from the cache too, and pays for no text

@@ -35,6 +35,7 @@ the default executor so the event loop keeps answering.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import hmac
@@ -46,7 +47,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder
 
 from stormwatch import faults as fault_kinds
 from stormwatch.agent.collectors.base import CollectorSet
@@ -167,6 +168,26 @@ def _application(deps: ApiDeps, *, auth: Middleware, api: _Api) -> web.Applicati
     )
 
 
+def gzip_wanted(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header asks for gzip: ``gzip`` (or ``x-gzip``) named
+    with a q-value above 0 (RFC 9110, section 12.5.3); ``gzip;q=0`` refuses it. Like
+    prometheus-client's ``gzip_accepted``, which ignores q-values, ``*`` alone does not
+    ask for it; a q-value that is not a number counts as 1."""
+    wanted = False
+    for item in accept_encoding.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                with contextlib.suppress(ValueError):
+                    q = float(value)
+        wanted = wanted or q > 0
+    return wanted
+
+
 class _Api:
     def __init__(self, deps: ApiDeps) -> None:
         self._deps = deps
@@ -247,11 +268,11 @@ class _Api:
     async def metrics(self, request: web.Request) -> web.Response:
         """The exposition in the format the ``Accept`` header prefers (prometheus-client's
         ``choose_encoder``: OpenMetrics 1.0 or the text format), gzipped when
-        ``Accept-Encoding`` allows it (its ``gzip_accepted``; from the cache, the cached
+        ``Accept-Encoding`` accepts it (:func:`gzip_wanted`; from the cache, the cached
         part compressed once per render: :meth:`.ExpositionCache.gzipped`)."""
         _, content_type = choose_encoder(request.headers.get("Accept", ""))
         om = content_type.startswith("application/openmetrics-text")
-        gzipped = gzip_accepted(request.headers.get("Accept-Encoding", ""))
+        gzipped = gzip_wanted(request.headers.get("Accept-Encoding", ""))
         cache = self._deps.exposition
         headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
         if gzipped:
