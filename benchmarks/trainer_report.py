@@ -157,6 +157,16 @@ def _print_step_notes(figures: dict[str, Any]) -> None:
 
         print("where the telemetry's cost remains on the training thread:")
         print(summary(hot))
+        bare = figures.get("thread_seconds", {}).get("bare")
+        if bare and "kernels_seconds" in hot:
+            per_call = hot["kernels_seconds"] / hot["collectives_per_step"]
+            floor = per_call * counting["collectives_per_step"]
+            print(
+                f"the floor of counting collectives from Python on this benchmark's step: "
+                f"{per_call * 1e6:.1f} us x {counting['collectives_per_step']:.1f} collectives "
+                f"= {floor * 1e3:.2f} ms, {1 + floor / bare:.3f} of the bare step's "
+                f"training-thread CPU ({bare * 1e3:.1f} ms)"
+            )
 
 
 def _print_threads(bare: dict[str, float], instrumented: dict[str, float]) -> None:

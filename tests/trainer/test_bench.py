@@ -25,6 +25,8 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
             "noise floor (A/A): bare again / bare",
             "control channel work per step",
             "where the telemetry's cost remains on the training thread",
+            "of which the collectives' Python kernels alone",
+            "the floor of counting collectives from Python on this benchmark's step",
             "where the process's CPU goes, rank 0, per step by thread",
             "machine: ",
         ),
@@ -49,3 +51,4 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
     assert threads["instrumented"]["training thread"] > 0
     flusher = {v: threads[v].get("stormwatch-flusher", 0.0) for v in ("bare", "instrumented")}
     assert flusher["instrumented"] > flusher["bare"], flusher
+    assert math.isfinite(result["hot_path"]["kernels_seconds"])  # the kernels' floor, timed
