@@ -56,8 +56,8 @@ def failed_ranks(
     :data:`~stormwatch.postmortem.culprit.EXIT_BEFORE_ONSET_S`). When the start names no
     node (a trainer older than ``restarted_by``), only the node of the earliest such exit:
     the other nodes' ranks exited because torchrun stopped them for the restart, and are
-    not its cause. Equal times go to the lower rank. Empty without a restart or an exit
-    (``exits``: by time or not; times are Unix seconds)."""
+    not its cause. Equal times go to the lower rank. In the order the ranks failed; empty
+    without a restart or an exit (``exits``: by time or not; times are Unix seconds)."""
     started = restart.started_at
     if started is None:
         return {}
@@ -73,7 +73,7 @@ def failed_ranks(
         found.setdefault(exit_.node, exit_)
         if not nodes:  # no node named: the first unclean exit is the cause, and only it
             break
-    return {node: e.rank for node, e in sorted(found.items())}
+    return {node: e.rank for node, e in found.items()}  # in the order they failed
 
 
 def port_conflicts(dumps: Iterable[RankDump], *, since: float | None = None) -> list[RankDump]:

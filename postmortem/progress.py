@@ -123,9 +123,11 @@ class Restart:
     def counts(self, ranks: Mapping[str, int] | None = None) -> str | None:
         """Both restart counts of the restart and what caused it, as shown: ``job attempt 2
         (node-local counts 1, 1); restarted by a failure on nodeB (rank 3)``; ``None``
-        without a start. ``ranks``: node -> the rank that failed on it
-        (:func:`stormwatch.postmortem.causes.failed_ranks`); a node it names that the start
-        does not (an older trainer recorded none) is named as well."""
+        without a start. ``ranks``: node -> the rank that failed on it, in the order they
+        failed (:func:`stormwatch.postmortem.causes.failed_ranks`); several are chained in
+        that order, ``nodeA (rank 1), then on nodeB (rank 3)``, so that a rank that failed
+        because the first one did (its collectives broke) does not read as a second cause.
+        The start's other nodes (no exit seen there; an older trainer named none) follow."""
         if not self.starts:
             return None
         first = self.starts[0]
@@ -133,11 +135,11 @@ class Restart:
         job = "unknown" if first.job_attempt is None else str(first.job_attempt)
         text = f"job attempt {job} (node-local counts {nodes})"
         ranks = ranks or {}
-        failed = list(first.restarted_by) + sorted(set(ranks) - set(first.restarted_by))
+        ranked = ", then on ".join(f"{node} (rank {rank})" for node, rank in ranks.items())
+        others = [node for node in first.restarted_by if node not in ranks]
+        failed = ", ".join(([ranked] if ranked else []) + others)
         if failed:
-            text += "; restarted by a failure on " + ", ".join(
-                f"{node} (rank {ranks[node]})" if node in ranks else node for node in failed
-            )
+            text += "; restarted by a failure on " + failed
         return text
 
     @property

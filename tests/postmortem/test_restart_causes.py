@@ -61,6 +61,36 @@ def test_the_restart_names_the_rank_that_failed_on_the_node_that_caused_it() -> 
     assert failed_ranks(restart_after(progress, 40.0), exits) == {}  # no restart: no cause
 
 
+def test_a_rank_that_failed_after_the_first_is_named_after_it_not_beside_it() -> None:
+    """Both torchrun agents name their node (``make demo``): rank 1 was killed on node0 and
+    rank 3 on node1 exited 0.4 s later, its collectives broken. The restart line used to read
+    "a failure on node0 (rank 1), node1 (rank 3)", two causes; it now says which came first,
+    whatever order the start lists the nodes in."""
+    start = WorkerStart(
+        time=10.0, attempt=1, resumed_from_step=4, job_attempt=1, restarted_by=("node1", "node0")
+    )
+    progress = {
+        r: RankProgress(rank=r, marks=(WorkerStart(time=1.0, attempt=0, job_attempt=0), start))
+        for r in range(4)
+    }
+    restart = restart_after(progress, 4.0)
+    exits = [
+        RankExit(5.4, 3, "node1", "exited with code 1"),
+        RankExit(5.0, 1, "node0", "was killed by SIGKILL"),
+        RankExit(5.5, 0, "node0", "exited with code 143"),  # stopped for the restart
+    ]
+    ranks = failed_ranks(restart, exits, since=4.0)
+    assert list(ranks.items()) == [("node0", 1), ("node1", 3)]  # in the order they failed
+    assert restart.counts(ranks) == (
+        "job attempt 1 (node-local counts 1); "
+        "restarted by a failure on node0 (rank 1), then on node1 (rank 3)"
+    )
+    # a node the start names without an exit seen there still follows
+    assert restart.counts({"node0": 1}) == (
+        "job attempt 1 (node-local counts 1); restarted by a failure on node0 (rank 1), node1"
+    )
+
+
 def test_a_dump_with_errno_eaddrinuse_after_the_onset_is_a_port_conflict_on_restart() -> None:
     conflict = RankDump(
         rank=0, attempt=1, time=12.0, phase="rendezvous", errno=errno.EADDRINUSE,
