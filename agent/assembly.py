@@ -418,6 +418,7 @@ def build_exposition(
         ),
         sampler=sampler,
         period=min(cfg.sample_interval, MAX_EXPOSITION_AGE),
+        forget=collector_set.forget_format,
     )
     watcher.add_listener(cache.changed)
     return Exposition(collector_set, registry, cache)

@@ -162,6 +162,10 @@ class ExpositionCache:
         sampler: whose ``latest`` snapshot the cache must hold (None: no GPUs).
         period: seconds between background renders (> 0).
         monotonic: the clock of the cache's age.
+        forget: called with a format once a render leaves it out (no scraper asked for it
+            lately), so that the renderer drops what it kept for it
+            (:meth:`.CollectorSet.forget_format`: the text format's family texts and line
+            prefixes, rendered before Prometheus's first scrape asked for OpenMetrics).
     """
 
     def __init__(
@@ -172,10 +176,12 @@ class ExpositionCache:
         sampler: GpuSampler | None,
         period: float,
         monotonic: Callable[[], float] = time.monotonic,
+        forget: Callable[[bool], None] | None = None,
     ) -> None:
         if period <= 0:
             raise ValueError(f"period must be > 0 (got {period})")
         self._render = render
+        self._forget = forget
         self._live = CollectorRegistry(auto_describe=False)
         self._live.register(live)
         # The live gauges' series never change: their lines reuse the escaped labels.
@@ -274,6 +280,10 @@ class ExpositionCache:
         # that found the cache stale), and published with the bodies below
         for fmt in self._wanted(self._asked_gzipped) & bodies.keys():
             self._compress(fmt, bodies[fmt], keep=True)
+        for fmt in self._bodies.keys() - bodies.keys():  # lapsed: nobody asked lately
+            self._gzipped.pop(fmt, None)
+            if self._forget is not None:
+                self._forget(fmt)
         self.render_cpu_seconds += time.thread_time() - cpu_started
         self._bodies = bodies
         self._snapshot = snapshot

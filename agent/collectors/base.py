@@ -282,6 +282,15 @@ class CollectorSet:
         self._texts[slot] = current
         return b"".join(parts)
 
+    def forget_format(self, openmetrics_format: bool) -> None:
+        """Drop what renders of one format keep: each family's last text and samples, and
+        the series' line prefixes. :class:`~stormwatch.agent.exposition.ExpositionCache`
+        calls it, on its rendering thread, when no scraper asked for that format lately; a
+        later render of it encodes every family again."""
+        for kept in (self._texts, self._lines):
+            for slot in [slot for slot in kept if slot[1] == openmetrics_format]:
+                del kept[slot]
+
     def _encoder(self, slot: tuple[str, bool]) -> SampleLines:
         lines = self._lines.get(slot)
         if lines is None:

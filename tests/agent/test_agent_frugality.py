@@ -112,6 +112,22 @@ def test_a_family_whose_samples_did_not_change_is_not_encoded_again(
     assert collectors.cpu_seconds["mutable"] > 0.0
 
 
+def test_a_forgotten_format_keeps_nothing_and_renders_again_the_same_bytes() -> None:
+    source = _Mutable()
+    collectors = CollectorSet([source])
+    source.values = {"stormwatch_gpu_up": {("0",): 1.0}, "stormwatch_gpu_devices": {(): 1.0}}
+    text, om = collectors.render(), collectors.render(openmetrics_format=True)
+    collectors.forget_format(False)  # the text format lapsed
+    kept = [*collectors._texts, *collectors._lines]
+    assert kept and all(openmetrics for _, openmetrics in kept), kept  # OpenMetrics stays
+    rendered = collectors.rendered_families
+    assert _health_free(collectors.render()) == _health_free(text)  # encoded afresh
+    assert collectors.rendered_families > rendered
+    reused = collectors.reused_families
+    assert _health_free(collectors.render(openmetrics_format=True)) == _health_free(om)
+    assert collectors.reused_families > reused  # its kept texts were not touched
+
+
 def _sampler(fake: FakeNvml) -> GpuSampler:
     fake.nvmlInit()
     return GpuSampler(fake, SamplerOptions(interval=1.0, xid=False))

@@ -176,8 +176,11 @@ def test_the_gzipped_body_carries_this_scrapes_live_ages() -> None:
     assert first != second and b"stormwatch_gpu_snapshot_age_seconds" in second
 
 
-def _format_cache(clock: Clock) -> tuple[ExpositionCache, list[bool]]:
-    """A cache without GPUs and the formats its renders were asked for, in order."""
+def _format_cache(
+    clock: Clock, forgotten: list[bool] | None = None
+) -> tuple[ExpositionCache, list[bool]]:
+    """A cache without GPUs and the formats its renders were asked for, in order (and, in
+    ``forgotten``, the formats it told the renderer to forget)."""
     formats: list[bool] = []
 
     def render(openmetrics_format: bool) -> bytes:
@@ -185,7 +188,12 @@ def _format_cache(clock: Clock) -> tuple[ExpositionCache, list[bool]]:
         return b"# rendered\n"
 
     cache = ExpositionCache(
-        render, live=LiveAges(None, None), sampler=None, period=1.0, monotonic=clock
+        render,
+        live=LiveAges(None, None),
+        sampler=None,
+        period=1.0,
+        monotonic=clock,
+        forget=None if forgotten is None else forgotten.append,
     )
     return cache, formats
 
@@ -194,7 +202,8 @@ def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None
     from stormwatch.agent import exposition
 
     clock = Clock()
-    cache, formats = _format_cache(clock)
+    forgotten: list[bool] = []
+    cache, formats = _format_cache(clock, forgotten)
     cache.refresh()  # the agent's start: text, before any scrape
     assert formats == [False]
     cache.body(True)  # Prometheus negotiates OpenMetrics: that scrape renders it
@@ -202,6 +211,7 @@ def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None
     clock.now += 1.5
     assert cache.refresh_if_behind()
     assert formats == [True]  # no text body nobody reads
+    assert forgotten == [False]  # and the renderer keeps nothing of it
     cache.body(False)  # someone curls the text format once
     clock.now += 1.5
     formats.clear()
@@ -214,6 +224,7 @@ def test_only_the_formats_scrapers_asked_for_lately_are_rendered_ahead() -> None
     clock.now += 1.5
     assert cache.refresh_if_behind()
     assert formats == [True]  # the text format lapsed after FORMAT_KEEP_SECONDS
+    assert forgotten == [False, False]
     assert exposition.FORMAT_KEEP_SECONDS < 6 * 60.0
 
 
