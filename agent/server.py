@@ -182,6 +182,7 @@ def gzip_wanted(accept_encoding: str) -> bool:
         for param in params:
             key, _, value = param.partition("=")
             if key.strip().lower() == "q":
+                # Quietly: a q-value that is not a number counts as 1, as documented above.
                 with contextlib.suppress(ValueError):
                     q = float(value)
         wanted = wanted or q > 0

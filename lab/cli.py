@@ -265,7 +265,7 @@ def status(run_dir: Path, as_json: bool) -> int:
     if as_json:
         click.echo(result.model_dump_json(indent=2))
     else:
-        render_status(result, Console(highlight=False))
+        render_status(result, Console(highlight=False), up_flags=_CONFIG_FLAGS)
     return 0 if result.healthy else 1
 
 

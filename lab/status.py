@@ -6,12 +6,15 @@ from __future__ import annotations
 import ipaddress
 import shlex
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
 
+from stormwatch.lab.config import LabConfig
 from stormwatch.lab.jobs import launch
 from stormwatch.lab.netns import NetworkLayer
 from stormwatch.lab.paths import RunPaths
@@ -131,6 +134,9 @@ class LabStatus(BaseModel):
     error: str | None = None
     #: The lab's target file (``lab up`` writes it), None when there is none.
     target_file: Path | None = None
+    #: The lab's configuration, for the ``lab up`` line of a lab that is down (not in
+    #: ``--json``, which is as before).
+    config: LabConfig | None = Field(default=None, exclude=True)
 
 
 def _health_urls(state: LabState) -> dict[str, str]:
@@ -207,6 +213,7 @@ def collect_status(state: LabState, network: NetworkLayer) -> LabStatus:
         target_file=target
         if (target := RunPaths.of(state.run_dir).target_file).is_file()
         else None,
+        config=state.config,
     )
 
 
@@ -224,13 +231,17 @@ def _service_cells(service: ServiceStatus | None) -> list[str]:
     return [str(service.pid), running, healthy]
 
 
-def render_status(status: LabStatus, console: Console) -> None:
+def render_status(
+    status: LabStatus, console: Console, *, up_flags: Iterable[tuple[str, str, Any, str]] = ()
+) -> None:
     """Print ``status`` as ``lab status`` does: a verdict line, then nodes, services and
     jobs tables with one line per row at the console's width (narrower than
     :data:`STATUS_WIDE_COLUMNS`: without namespaces, addresses, URLs and job folders).
-    A lab that is down gets one line saying so and how to start it, and its jobs."""
+    A lab that is down gets one line saying so and how to start it (``lab up`` with the
+    options of ``up_flags`` that give its configuration: :func:`up_options`), and its jobs."""
     if status.phase == "down":
-        _render_down(status, console)
+        options = up_options(status.config, up_flags) if status.config is not None else []
+        _render_down(status, console, options)
         return
     width = console.width
     wide = width >= STATUS_WIDE_COLUMNS
@@ -271,13 +282,30 @@ def render_status(status: LabStatus, console: Console) -> None:
     _render_jobs(status.jobs, console)
 
 
-def _render_down(status: LabStatus, console: Console) -> None:
+def up_options(config: LabConfig, flags: Iterable[tuple[str, str, Any, str]]) -> list[str]:
+    """The options among ``flags`` (``lab up``'s: flag, LabConfig field, type, help) that
+    give ``config``: those of its settings that are not the defaults."""
+    defaults = LabConfig()
+    options: list[str] = []
+    for flag, field, kind, _ in flags:
+        value = getattr(config, field)
+        if value == getattr(defaults, field):
+            continue
+        if kind is bool:
+            on, off = flag.split("/")
+            options.append(on if value else off)
+        else:
+            options += [flag, str(value)]
+    return options
+
+
+def _render_down(status: LabStatus, console: Console, up_options: list[str]) -> None:
     """A stopped lab: that it is not running and how to start it, its last error, and the
     jobs it ran (no nodes or services table: nothing of them is left to show)."""
     run_dir = escape(str(status.run_dir))
+    command = shlex.join(["stormwatch", "lab", "up", "--run-dir", str(status.run_dir), *up_options])
     console.print(
-        f"lab in {run_dir}: [bold]down[/], not running; start it with "
-        f"`stormwatch lab up --run-dir {escape(shlex.quote(str(status.run_dir)))}`",
+        f"lab in {run_dir}: [bold]down[/], not running; start it with `{escape(command)}`",
         soft_wrap=True,  # one line, the command copy-pastable
     )
     if status.error:

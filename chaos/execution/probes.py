@@ -235,7 +235,11 @@ async def _prometheus(provider: PrometheusProvider, ctx: ProbeContext) -> ProbeO
     if not samples:
         return ProbeOutcome(False, f"no data (wanted {tolerance})", output)
     bad = [s for s in samples if not provider.tolerance.accepts(s.value)]
-    shown = ", ".join(f"{s.value:g}" for s in samples[:6]) + (", …" if len(samples) > 6 else "")
+    listed = samples
+    if len(samples) > 6 and bad:  # not all are shown: the values that failed come first
+        failed = {id(s) for s in bad}
+        listed = bad + [s for s in samples if id(s) not in failed]
+    shown = ", ".join(f"{s.value:g}" for s in listed[:6]) + (", …" if len(samples) > 6 else "")
     wanted = tolerance if len(samples) == 1 else f"each {tolerance}"
     if bad:
         what = "value" if len(samples) == 1 else "values"

@@ -36,6 +36,8 @@ class StandInPrometheus:
         ([4.0, 3.0], False, "values 4, 3, wanted each == 4"),
         ([4.0, 4.0], True, "4, 4 (wanted each == 4)"),
         ([4.0] * 7, True, "4, 4, 4, 4, 4, 4, … (wanted each == 4)"),
+        # More than the six shown: those that failed are among them, first.
+        ([4.0] * 6 + [3.0, 5.0], False, "values 3, 5, 4, 4, 4, 4, …, wanted each == 4"),
         ([], False, "no data (wanted == 4)"),
     ],
 )

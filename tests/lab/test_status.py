@@ -3,7 +3,9 @@ started)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from stormwatch.lab import LabConfig
+from stormwatch.lab import cli as lab_cli
 from stormwatch.lab.paths import RunPaths
 from stormwatch.lab.state import StateStore, plan_state
 from stormwatch.lab.status import JobStatus, LabStatus, render_status
@@ -33,8 +36,38 @@ def test_a_stopped_lab_says_it_is_not_running_and_how_to_start_it(tmp_path: Path
     assert out.returncode == 1, out.stderr  # as before: only a healthy lab exits 0
     assert out.stdout.splitlines() == [
         f"lab in {paths.run_dir}: down, not running; start it with "
-        f"`stormwatch lab up --run-dir {paths.run_dir}`"
+        f"`stormwatch lab up --run-dir {paths.run_dir} --nodes 2 --prefix swtdown`"
     ]
+
+
+def test_the_command_that_starts_a_stopped_lab_again_gives_its_configuration(
+    tmp_path: Path,
+) -> None:
+    """The `lab up` line names the options the lab was started with, not the defaults'
+    (which would start another lab); --json is as before, without the configuration."""
+    paths = RunPaths.of(tmp_path / "run dir")
+    config = LabConfig(
+        nodes=5, prefix="swtdown2", slurm=False, scheduler="direct", prometheus_port=29090
+    )
+    state = plan_state(paths, config)
+    state.phase = "down"
+    StateStore(paths).save(state)
+    env = {**os.environ, "COLUMNS": "300"}
+    run = [STORMWATCH, "lab", "status", "--run-dir", str(paths.run_dir)]
+
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+    shown = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=60, env=env)
+
+    line = out.stdout.splitlines()[0]
+    command = shlex.split(line.split("start it with `", 1)[1].removesuffix("`"))
+    assert command[:3] == ["stormwatch", "lab", "up"], line
+    ctx = lab_cli.up.make_context("up", command[3:])
+    assert ctx.params["run_dir"] == paths.run_dir
+    values = {k: v for k, v in ctx.params.items() if k not in ("run_dir", "force")}
+    assert lab_cli._config(**values).model_dump(exclude={"startup_timeout"}) == config.model_dump(
+        exclude={"startup_timeout"}
+    )
+    assert "config" not in json.loads(shown.stdout)
 
 
 def test_a_stopped_lab_still_lists_the_jobs_it_ran(tmp_path: Path) -> None:
