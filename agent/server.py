@@ -41,6 +41,7 @@ import gzip
 import hmac
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -185,6 +186,8 @@ def gzip_wanted(accept_encoding: str) -> bool:
                 # Quietly: a q-value that is not a number counts as 1, as documented above.
                 with contextlib.suppress(ValueError):
                     q = float(value)
+                if math.isnan(q):  # "nan" parses, and is not a number either
+                    q = 1.0
         wanted = wanted or q > 0
     return wanted
 

@@ -283,7 +283,9 @@ def _stop_everything(
         removed += [f"process {name}" for name, tree in alive.items() if tree]
         unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
         if unrecorded > 0:
-            removed.append(f"{unrecorded} unrecorded processes")
+            removed.append(
+                f"{unrecorded} unrecorded {'process' if unrecorded == 1 else 'processes'}"
+            )
     return removed, problems
 
 

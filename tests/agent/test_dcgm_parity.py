@@ -124,7 +124,7 @@ def test_openmetrics_and_gzip_are_negotiated_through_prometheus_client(
     assert "Content-Encoding" not in plain.headers
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in plain.text
     # q=0 refuses a coding (RFC 9110, 12.5.3); prometheus-client's gzip_accepted ignored it.
-    for refusing in ("gzip;q=0", "deflate, gzip;q=0.0", "gzip; q=0, *"):
+    for refusing in ("gzip;q=0", "deflate, gzip;q=0.0", "gzip; q=0, *", "gzip;q=-1"):
         reply = tools.http("GET", agent.url + "/metrics", headers={"Accept-Encoding": refusing})
         assert "Content-Encoding" not in reply.headers, refusing
         assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in reply.text

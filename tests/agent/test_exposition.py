@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from stormwatch.agent import FakeNvml
 from stormwatch.agent.exposition import ExpositionCache, LiveAges
 from stormwatch.agent.gpu.sampler import GpuSampler
@@ -239,3 +241,28 @@ def test_a_scraper_slower_than_the_format_keep_time_keeps_its_format_rendered_ah
     formats.clear()
     assert cache.refresh_if_behind()
     assert formats == [True]
+
+
+@pytest.mark.parametrize(
+    ("header", "wanted"),
+    [
+        ("gzip", True),
+        ("GZIP;Q=0.5", True),
+        ("x-gzip", True),
+        ("br, gzip;q=0.001", True),
+        ("gzip;q=abc", True),  # not a number: counts as 1
+        ("gzip;q=nan", True),
+        ("", False),
+        ("identity", False),
+        ("*", False),  # as prometheus-client: gzip must be named
+        ("gzip;q=0", False),
+        ("gzip;q=0.0, *", False),
+        ("gzip;q=-1", False),
+    ],
+)
+def test_gzip_is_served_when_accept_encoding_names_it_with_a_positive_q_value(
+    header: str, wanted: bool
+) -> None:
+    from stormwatch.agent.server import gzip_wanted
+
+    assert gzip_wanted(header) is wanted
