@@ -219,9 +219,13 @@ def _rank_exit(
         f"agent on {e.node}: rank {e.rank} {e.how} at {format_clock(e.time)}" for e in exits[:5]
     ]
     if victims:
+        names = ", ".join(str(e.rank) for e in others)
         evidence.append(
-            f"rank {first.rank} was killed; the rank(s) {', '.join(str(e.rank) for e in others)} "
-            "that exited within a second after it ended themselves (their collectives failed)"
+            f"rank {first.rank} was killed; rank {names}, which exited within a second after "
+            "it, ended itself (its collectives failed)"
+            if len(others) == 1
+            else f"rank {first.rank} was killed; ranks {names}, which exited within a second "
+            "after it, ended themselves (their collectives failed)"
         )
     return Culprit(
         rank=first.rank,

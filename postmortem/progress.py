@@ -124,10 +124,11 @@ class Restart:
         """Both restart counts of the restart and what caused it, as shown: ``job attempt 2
         (node-local counts 1, 1); restarted by a failure on nodeB (rank 3)``; ``None``
         without a start. ``ranks``: node -> the rank that failed on it, in the order they
-        failed (:func:`stormwatch.postmortem.causes.failed_ranks`); several are chained in
-        that order, ``nodeA (rank 1), then on nodeB (rank 3)``, so that a rank that failed
-        because the first one did (its collectives broke) does not read as a second cause.
-        The start's other nodes (no exit seen there; an older trainer named none) follow."""
+        failed (:func:`stormwatch.postmortem.causes.failed_ranks`); the first is the
+        cause and the others follow it, ``nodeA (rank 1), followed by nodeB (rank 3)``, so
+        that a rank that failed because the first one did (its collectives broke) does not
+        read as a second cause. The start's other nodes (no exit seen there; an older
+        trainer named none) follow as well."""
         if not self.starts:
             return None
         first = self.starts[0]
@@ -135,11 +136,12 @@ class Restart:
         job = "unknown" if first.job_attempt is None else str(first.job_attempt)
         text = f"job attempt {job} (node-local counts {nodes})"
         ranks = ranks or {}
-        ranked = ", then on ".join(f"{node} (rank {rank})" for node, rank in ranks.items())
-        others = [node for node in first.restarted_by if node not in ranks]
-        failed = ", ".join(([ranked] if ranked else []) + others)
-        if failed:
-            text += "; restarted by a failure on " + failed
+        failed = [f"{node} (rank {rank})" for node, rank in ranks.items()]
+        failed += [node for node in first.restarted_by if node not in ranks]
+        if ranks and len(failed) > 1:
+            text += f"; restarted by a failure on {failed[0]}, followed by " + ", ".join(failed[1:])
+        elif failed:  # no exit seen: the nodes the start names, in its order
+            text += "; restarted by a failure on " + ", ".join(failed)
         return text
 
     @property

@@ -143,15 +143,21 @@ def _summary(pm: IncidentPostMortem) -> str:
     if pm.restart_failure is not None:
         parts[0] += f" A restart failed: {pm.restart_failure.cause}."
     if pm.time_to_detect_seconds is not None:
-        parts.append(f"Detected {pm.time_to_detect_seconds:.0f} s after the onset")
+        parts.append(f"Detected {_seconds(pm.time_to_detect_seconds)} after the onset")
     if pm.time_to_recover_seconds is not None:
-        parts.append(f"recovered after {pm.time_to_recover_seconds:.0f} s")
+        parts.append(f"recovered after {_seconds(pm.time_to_recover_seconds)}")
     impact = pm.impact
     if impact.steps_lost is not None:
         parts.append(f"{impact.steps_lost} steps lost")
     if impact.gpu_hours_lost is not None:
         parts.append(f"{impact.gpu_hours_lost:.3f} GPU-hours lost")
     return parts[0] + (" " + "; ".join(parts[1:]) + "." if len(parts) > 1 else "")
+
+
+def _seconds(value: float) -> str:
+    """``0.2 s``, ``9.3 s``, ``42 s``: tenths below 10 s, so a sub-second detection does not
+    read "0 s" beside the table's 0.2 s."""
+    return f"{value:.1f} s" if abs(value) < 10 else f"{value:.0f} s"
 
 
 __all__ = ["JOURNAL_MATCH_S", "build"]

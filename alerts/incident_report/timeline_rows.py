@@ -89,7 +89,9 @@ def _responder_rows(inputs: Inputs) -> list[TimelineEvent]:
             at=incident.opened_at,
             event=f"incident {incident.id} opened",
             source="responder",
-            detail=incident.group_key,
+            # the alert group's labels, not Alertmanager's group key (its route's matchers)
+            detail=", ".join(f"{k}={v}" for k, v in sorted(incident.group_labels.items()))
+            or incident.alertname,
         )
     ]
     if incident.closed_at is not None:
@@ -154,7 +156,7 @@ def _recovery_rows(pm: IncidentPostMortem, restart: Restart) -> list[TimelineEve
             at=dump.time,
             event=f"rank {dump.rank} wrote a dump",
             source="trainer",
-            detail=dump.reason[:100],
+            detail=dump.reason if len(dump.reason) <= 160 else dump.reason[:159] + "…",
         )
         for dump in pm.dumps
     ]

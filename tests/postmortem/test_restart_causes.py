@@ -83,11 +83,12 @@ def test_a_rank_that_failed_after_the_first_is_named_after_it_not_beside_it() ->
     assert list(ranks.items()) == [("node0", 1), ("node1", 3)]  # in the order they failed
     assert restart.counts(ranks) == (
         "job attempt 1 (node-local counts 1); "
-        "restarted by a failure on node0 (rank 1), then on node1 (rank 3)"
+        "restarted by a failure on node0 (rank 1), followed by node1 (rank 3)"
     )
     # a node the start names without an exit seen there still follows
     assert restart.counts({"node0": 1}) == (
-        "job attempt 1 (node-local counts 1); restarted by a failure on node0 (rank 1), node1"
+        "job attempt 1 (node-local counts 1); "
+        "restarted by a failure on node0 (rank 1), followed by node1"
     )
 
 
