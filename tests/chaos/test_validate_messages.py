@@ -1,5 +1,6 @@
-"""What ``chaos validate`` says of a file, read as a fresh user reads it, and comments in
-the shipped experiment that claim only what validation checks."""
+"""What ``chaos validate`` says of a file, read as a fresh user reads it: the most useful
+problem first, no problem said twice, and comments in the shipped experiment that claim
+only what validation checks."""
 
 from __future__ import annotations
 
@@ -53,3 +54,25 @@ def test_the_kill_rank_world_size_comment_claims_only_what_validate_checks(
     for world in (3, 5):
         out = _validate(_kill_rank_with(tmp_path, f"ws{world}.yaml", world_size=world))
         assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr
+
+
+def test_a_misspelt_key_is_said_once_with_its_did_you_mean(tmp_path: Path) -> None:
+    """It also said 'job.checkpoint_every: required field missing', first, for the same typo."""
+    path = _kill_rank_with(tmp_path, "typo-field.yaml", checkpoint_every=None, checkpoint_evry=10)
+    out = _validate(path)
+    assert out.returncode == 2, out.stderr
+    problems = out.stderr.splitlines()
+    assert problems[0] == f"error: {path}: invalid experiment (1 problem)", out.stderr
+    assert len(problems) == 2, out.stderr
+    assert ": job.checkpoint_evry: unknown key 'checkpoint_evry' (did you mean " in problems[1]
+    assert "required field missing" not in out.stderr
+
+
+def test_a_misspelt_key_comes_before_other_problems_which_are_kept(tmp_path: Path) -> None:
+    """A missing field that no misspelt key names is still reported, after the misspelling."""
+    path = _kill_rank_with(
+        tmp_path, "two.yaml", steps=None, checkpoint_every=None, checkpoint_evry=10
+    )
+    problems = _validate(path).stderr.splitlines()[1:]
+    assert [p.split(": ", 2)[1] for p in problems] == ["job.checkpoint_evry", "job.steps"]
+    assert problems[1].endswith("job.steps: required field missing (an integer)")
