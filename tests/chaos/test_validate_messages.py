@@ -1,6 +1,6 @@
 """What ``chaos validate`` says of a file, read as a fresh user reads it: the most useful
-problem first, no problem said twice, and comments in the shipped experiment that claim
-only what validation checks."""
+problem first, no problem said twice, counts in plain English, and comments in the shipped
+experiment that claim only what validation checks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from stormwatch.chaos.errors import SelectionError
+from stormwatch.chaos.experiment.selection import Shape
 from stormwatch.chaos.gameday.demo import REPO_EXPERIMENT
 
 STORMWATCH = Path(sys.executable).with_name("stormwatch")
@@ -76,3 +79,31 @@ def test_a_misspelt_key_comes_before_other_problems_which_are_kept(tmp_path: Pat
     problems = _validate(path).stderr.splitlines()[1:]
     assert [p.split(": ", 2)[1] for p in problems] == ["job.checkpoint_evry", "job.steps"]
     assert problems[1].endswith("job.steps: required field missing (an integer)")
+
+
+@pytest.mark.parametrize(
+    ("world", "said"),
+    [
+        (1, "the job has 1 rank (job.world_size), so use 0"),
+        (2, "the job has 2 ranks (job.world_size), so use 0-1"),
+    ],
+)
+def test_a_rank_out_of_range_names_the_ranks_in_plain_english(
+    tmp_path: Path, world: int, said: str
+) -> None:
+    """One rank was '1 ranks ..., so use 0-0'."""
+    data = yaml.safe_load(REPO_EXPERIMENT.read_text())
+    data["job"]["world_size"] = world
+    data["method"][0]["fault"]["rank"] = world
+    path = tmp_path / f"ws{world}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = _validate(path)
+    assert out.returncode == 2
+    assert out.stderr.rstrip().endswith(f"rank {world} is out of range: {said}"), out.stderr
+
+
+def test_a_selected_rank_out_of_range_counts_one_rank_in_the_singular() -> None:
+    with pytest.raises(SelectionError, match=r"the job has 1 rank \(0\)$"):
+        Shape.generic(1, 1).check_rank(1)
+    with pytest.raises(SelectionError, match=r"the job has 4 ranks \(0-3\)$"):
+        Shape.generic(2, 2).check_rank(4)
