@@ -348,6 +348,9 @@ def metrics(fmt: str, pattern: str | None, wide: bool) -> None:
     everything. Long label lists are cut with an ellipsis too: use --wide,
     --format csv or --format json for the whole row.
 
+    A --grep that matches nothing says so on stderr and prints no table (csv:
+    the header only; json: []); it still exits 0.
+
     \b
     Examples:
       stormwatch agent metrics --grep '^DCGM_FI_DEV_.*TEMP'
@@ -361,7 +364,13 @@ def metrics(fmt: str, pattern: str | None, wide: bool) -> None:
             raise AgentConfigError(
                 f"--grep: invalid regular expression {pattern!r}: {exc}"
             ) from exc
-        specs = [spec for spec in specs if regex.search(spec.name)]
+        matched = [spec for spec in specs if regex.search(spec.name)]
+        if not matched:
+            # On stderr: csv and json stay valid (a header, []); the table is not printed.
+            click.echo(
+                f"no metric matches {pattern!r} ({len(specs)} metrics in the catalogue)", err=True
+            )
+        specs = matched
     if fmt == "json":
         click.echo(json.dumps([spec.model_dump(mode="json") for spec in specs], indent=2))
         return
@@ -373,7 +382,8 @@ def metrics(fmt: str, pattern: str | None, wide: bool) -> None:
                 [spec.name, spec.type, spec.unit, " ".join(spec.labels), spec.source, spec.help]
             )
         return
-    _print_table(specs, wide=wide)
+    if specs:
+        _print_table(specs, wide=wide)
 
 
 def _print_table(specs: list[MetricSpec], *, wide: bool) -> None:

@@ -77,7 +77,8 @@ class ResolvedTarget:
 def plan_shape(
     experiment: Experiment, target: ResolvedTarget | None = None
 ) -> tuple[Shape | None, str]:
-    """The shape to resolve targets against, and where it came from."""
+    """The shape to resolve targets against, and where it came from; with no shape, the
+    job's world size in words and why its ranks' nodes are not known before the run."""
     if target is not None and target.shape is not None:
         return target.shape, target.description
     fixed = static_shape(experiment)
@@ -89,7 +90,15 @@ def plan_shape(
             Shape.generic(DEFAULT_LAB_NODES, world // DEFAULT_LAB_NODES),
             f"job.world_size on the default {DEFAULT_LAB_NODES}-node lab",
         )
-    return None, "unknown until run time"
+    on_the_target = target is not None and target.problem is None
+    if world is None:
+        return None, "the world size is not in the job section: the target's, known at run time"
+    if on_the_target:
+        return None, f"{world} ranks (job.world_size)"
+    return None, (
+        f"{world} ranks (job.world_size); their nodes are known only at run time ({world} ranks "
+        f"do not split evenly over the default lab's {DEFAULT_LAB_NODES} nodes)"
+    )
 
 
 def lab_shape(run_dir: Path) -> Shape | None:
@@ -213,7 +222,8 @@ def _print_target_and_job(
             f"  [red]target: {escape(target.description)} could not be resolved: "
             f"{escape(target.problem)}[/]"
         )
-        source = f"{source}; not the target's"
+        if shape is not None:
+            source = f"{source}; not the target's"
     elif target is not None:
         p(f"  target: {escape(target.description)}")
         if target.shape is None:

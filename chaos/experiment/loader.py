@@ -93,8 +93,7 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     try:
         experiment = Experiment.model_validate(data)
     except pydantic.ValidationError as exc:
-        issues = [_issue(err) for err in exc.errors()]
-        raise InvalidExperiment(file, _with_lines(issues, text)) from exc
+        raise InvalidExperiment(file, _with_lines(_issues(exc.errors()), text)) from exc
     issues = semantic_issues(experiment)
     if issues:
         raise InvalidExperiment(file, _with_lines(issues, text))
@@ -110,21 +109,43 @@ def _with_lines(issues: list[Issue], text: str) -> list[Issue]:
 # --- pydantic error -> Issue -------------------------------------------------------------------
 
 
+def _issues(errors: list[Any]) -> list[Issue]:
+    """pydantic's ``errors`` as issues. A misspelt key comes first, with its did-you-mean;
+    the "required field missing" of the field it names is left out (the same mistake)."""
+    misspelt: list[Issue] = []
+    meant: set[str] = set()
+    others: list[tuple[str, Issue]] = []
+    for err in errors:
+        if err["type"] == "extra_forbidden":
+            issue, near = _unknown_key(tuple(err["loc"]))
+            if near is not None:
+                misspelt.append(issue)
+                meant.add(near)
+                continue
+        else:
+            issue = _issue(err)
+        others.append((err["type"], issue))
+    return misspelt + [i for kind, i in others if not (kind == "missing" and i.path in meant)]
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> tuple[Issue, str | None]:
+    """The issue of the unknown key at ``loc``, and the path of the key it is closest to
+    (None: none is close)."""
+    parent_path, parent = _resolve(Experiment, loc[:-1])
+    path = _join(parent_path, loc[-1])
+    if not _is_model(parent):
+        return Issue(path, f"unknown key {loc[-1]!r} (valid keys: none)"), None
+    near = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    issue = Issue(path, f"unknown key {loc[-1]!r} ({hint}valid keys: {_keys(parent)})")
+    return issue, _join(parent_path, near[0]) if near else None
+
+
 def _issue(err: Any) -> Issue:
+    """One pydantic error other than an unknown key (:func:`_unknown_key`) as an issue."""
     kind: str = err["type"]
     loc: tuple[Any, ...] = tuple(err["loc"])
     ctx: dict[str, Any] = err.get("ctx") or {}
-    if kind == "extra_forbidden":
-        parent_path, parent = _resolve(Experiment, loc[:-1])
-        path = _join(parent_path, loc[-1])
-        valid = _keys(parent) if _is_model(parent) else "none"
-        near = (
-            difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1)
-            if _is_model(parent)
-            else []
-        )
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        return Issue(path, f"unknown key {loc[-1]!r} ({hint}valid keys: {valid})")
     path, target = _resolve(Experiment, loc)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         field = str(ctx.get("discriminator", "kind")).strip("'\"")

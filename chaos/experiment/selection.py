@@ -67,8 +67,8 @@ class Shape:
     def check_rank(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise SelectionError(
-                f"rank {rank} is out of range: the job has {self.world_size} ranks "
-                f"(0-{self.world_size - 1})"
+                f"rank {rank} is out of range: the job has {ranks_phrase(self.world_size)} "
+                f"({rank_range(self.world_size)})"
             )
         return rank
 
@@ -176,6 +176,16 @@ def allowed_ranks(fraction: float, world_size: int) -> int:
     return max(1, math.floor(fraction * world_size + 1e-9))
 
 
+def ranks_phrase(world_size: int) -> str:
+    """``world_size`` ranks in words: ``'1 rank'``, ``'4 ranks'``."""
+    return f"{world_size} rank" + ("" if world_size == 1 else "s")
+
+
+def rank_range(world_size: int) -> str:
+    """The ranks of a job of ``world_size``: ``'0'`` for one rank, else ``'0-3'``."""
+    return "0" if world_size == 1 else f"0-{world_size - 1}"
+
+
 def static_shape(experiment: Experiment) -> Shape | None:
     """The job's shape when the file fixes it (``nodes`` and ``nproc_per_node``), else None."""
     job = experiment.job
@@ -190,6 +200,8 @@ __all__ = [
     "blast_radius_problem",
     "expand",
     "fault_ranks",
+    "rank_range",
+    "ranks_phrase",
     "select_ranks",
     "static_shape",
     "touched_ranks",

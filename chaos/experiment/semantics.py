@@ -27,6 +27,8 @@ from stormwatch.chaos.experiment.selection import (
     Shape,
     blast_radius_problem,
     expand,
+    rank_range,
+    ranks_phrase,
     static_shape,
 )
 
@@ -88,8 +90,8 @@ def _action_issues(path: str, action: ActionActivity, experiment: Experiment) ->
         issues.append(
             Issue(
                 f"{path}.fault.rank",
-                f"rank {rank} is out of range: the job has "
-                f"{world} ranks ({_world_source(experiment)}), so use 0-{world - 1}",
+                f"rank {rank} is out of range: the job has {ranks_phrase(world)} "
+                f"({_world_source(experiment)}), so use {rank_range(world)}",
             )
         )
     issues.extend(_selection_issues(path, action, experiment))

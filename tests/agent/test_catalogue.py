@@ -228,7 +228,7 @@ def test_metrics_grep_filters_by_name_in_every_format_and_wide_shows_help() -> N
     rows = list(csv.DictReader(io.StringIO(as_csv.output)))
     assert rows and all("TEMP" in row["name"] for row in rows)
     as_json = runner.invoke(agent_cli, ["metrics", "--grep", "nomatch-xyz", "--format", "json"])
-    assert as_json.exit_code == 0 and json.loads(as_json.output) == []
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == []
     # Wide enough that no column but help wraps (a wrapped labels cell would interleave).
     wide = runner.invoke(
         agent_cli, ["metrics", "--grep", "^stormwatch_rank_up$", "--wide"], env={"COLUMNS": "200"}
@@ -238,6 +238,22 @@ def test_metrics_grep_filters_by_name_in_every_format_and_wide_shows_help() -> N
     assert load_catalogue()["stormwatch_rank_up"].help in text and "source" in text
     bad = runner.invoke(agent_cli, ["metrics", "--grep", "("])
     assert bad.exit_code != 0 and "--grep" in str(bad.exception)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "stdout"),
+    [("table", ""), ("csv", "name,type,unit,labels,source,help\n"), ("json", "[]\n")],
+    ids=["table", "csv", "json"],
+)
+def test_metrics_grep_that_matches_nothing_says_so_on_stderr(fmt: str, stdout: str) -> None:
+    """It printed an empty table (title and header) and nothing else; csv and json stay
+    valid for a pipe (a header, []); the exit is 0 as for any listing."""
+    argv = ["metrics", "--grep", "zzzz", "--format", fmt]
+    result = CliRunner().invoke(agent_cli, argv, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert result.stdout == stdout
+    total = len(load_catalogue())
+    assert result.stderr == f"no metric matches 'zzzz' ({total} metrics in the catalogue)\n"
 
 
 def test_exposition_passes_promtool_except_dcgm_label_case(start_agent: Any, tools: Any) -> None:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
-from stormwatch.chaos.experiment.dryrun import print_plan, resolved_from
+from stormwatch.chaos.experiment.dryrun import ResolvedTarget, print_plan, resolved_from
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.platform_target import slurm_target
 from stormwatch.cli import main
@@ -90,3 +91,45 @@ def test_suite_refuses_an_attaching_target_before_anything_starts(
     assert "job.attach: a suite starts one job per experiment" in output
     assert "give a target file with job.submit" in output and "Traceback" not in output
     assert not run_dir.exists()
+
+
+def _plan_of_world(tmp_path: Path, world: int | None, target: ResolvedTarget | None) -> str:
+    data = yaml.safe_load(EXPERIMENT.read_text())
+    if world is None:
+        del data["job"]["world_size"]
+    else:
+        data["job"]["world_size"] = world
+    path = tmp_path / f"ws{world}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    console = Console(record=True, width=400, highlight=False, soft_wrap=True)
+    print_plan(load_experiment(path), path, console, target)
+    return next(line for line in console.export_text().splitlines() if "job experiment" in line)
+
+
+NO_LAB = ResolvedTarget("the lab in run", problem="no lab in run (no lab.json)")
+
+
+@pytest.mark.parametrize("target", [None, NO_LAB], ids=["no-target", "lab-not-up"])
+def test_the_dry_run_says_the_world_size_whose_nodes_only_the_run_knows(
+    tmp_path: Path, target: ResolvedTarget | None
+) -> None:
+    """3 ranks do not split over the default lab's 2 nodes: the job line said 'unknown until
+    run time; not the target's', naming neither the world size nor what is unknown."""
+    line = _plan_of_world(tmp_path, 3, target)
+    assert line.endswith(
+        "seed 0, 3 ranks (job.world_size); their nodes are known only at run time "
+        "(3 ranks do not split evenly over the default lab's 2 nodes)"
+    ), line
+    unset = _plan_of_world(tmp_path, None, target)
+    assert unset.endswith(
+        "seed 0, the world size is not in the job section: the target's, known at run time"
+    ), unset
+
+
+def test_the_dry_run_on_a_submitting_target_names_the_world_size_without_the_default_lab(
+    tmp_path: Path,
+) -> None:
+    line = _plan_of_world(tmp_path, 3, ResolvedTarget("a job of train.sbatch"))
+    assert line.endswith(
+        "seed 0, 3 ranks (job.world_size); the target's nodes are known once its job is allocated"
+    ), line
