@@ -152,7 +152,7 @@ def _summary(pm: ExperimentPostMortem) -> KeyValues:
             ("last step before the fault", format_optional(pm.last_step_before_fault)),
             ("restart count (job; node-local)", pm.restart_count or "—"),
             (
-                "restart failed by",
+                "restart failure",
                 pm.restart_failure.cause if pm.restart_failure is not None else "none seen",
             ),
             ("resumed from step", format_optional(pm.resumed_from_step)),

@@ -116,7 +116,7 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
         ),
         ("hung in (phase or start-up stage)", culprit.phase or MISSING),
         (
-            "restart failed by",
+            "restart failure",
             pm.restart_failure.cause if pm.restart_failure is not None else "none seen",
         ),
         ("onset", f"{format_clock(pm.onset_at)} ({pm.onset_source or MISSING})"),

@@ -49,7 +49,11 @@ def revert(all_: bool, fault_ids: tuple[str, ...], run_dir: Path) -> int:
                 f"no fault ledger at {path}, so no fault {', '.join(fault_ids)}; check "
                 "--run-dir (the run directory the experiment ran in)"
             )
-        console.print(f"no fault ledger at {path}: nothing to revert")
+        console.print(
+            f"no fault ledger at {path}: nothing to revert (an experiment run elsewhere: give "
+            "its run directory with --run-dir)",
+            soft_wrap=True,
+        )
         return 0
     ledger = Ledger(path, create=False)
     if all_:

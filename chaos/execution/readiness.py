@@ -17,6 +17,7 @@ from stormwatch.chaos.experiment.model import (
     ProbeActivity,
     PrometheusProvider,
 )
+from stormwatch.chaos.experiment.selection import rank_range
 from stormwatch.chaos.target import JobControl, Target
 from stormwatch.clients import AsyncPrometheusClient, PrometheusAPIError
 from stormwatch.contracts.journal import JobRef
@@ -60,7 +61,8 @@ async def preflight(
         if rank is not None and rank >= target.world_size:
             raise LabNotReady(
                 f"{fault.kind}: rank {rank} does not exist (world size "
-                f"{target.world_size}: ranks 0-{target.world_size - 1})"
+                f"{target.world_size}: {'rank' if target.world_size == 1 else 'ranks'} "
+                f"{rank_range(target.world_size)})"
             )
         unknown = [node for node in fault.target_nodes() if node not in known_nodes]
         if known_nodes and unknown:

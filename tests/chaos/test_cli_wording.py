@@ -61,6 +61,19 @@ def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: P
     assert "nothing to revert: give --all or one or more FAULT_IDS" in str(neither.exception)
 
 
+def test_revert_all_without_a_ledger_says_where_it_looked_and_how_to_point_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Exit 0 (a clean-up that never ran an experiment relies on it), but a mistyped run
+    directory is told how to name the right one (fresh-user pass, 2026-12-06)."""
+    result = CliRunner().invoke(chaos, ["revert", "--all", "--run-dir", str(tmp_path / "typo")])
+    assert result.exit_code == 0, result.output
+    assert f"no fault ledger at {tmp_path / 'typo'}" in result.output
+    assert "nothing to revert (an experiment run elsewhere: give its run directory with " in (
+        result.output
+    )
+
+
 def test_revert_of_a_fault_id_the_ledger_lacks_is_a_config_error_naming_it(tmp_path: Path) -> None:
     # No ledger at all: a named fault cannot be there (a wrong --run-dir, most likely).
     missing = CliRunner().invoke(chaos, ["revert", "f-1", "--run-dir", str(tmp_path / "nope")])

@@ -620,7 +620,7 @@ def test_a_restart_that_failed_on_a_taken_port_is_its_own_cause_in_the_experimen
     assert pm.restart_failure.cause == "port conflict on restart"
     assert pm.restart_failure.ranks == [0]  # not the dump from before the fault
     md = _markdown(pm)
-    assert "| restart failed by | port conflict on restart |" in md
+    assert "| restart failure | port conflict on restart |" in md
     assert "## Restart failed: port conflict on restart" in md and "rendezvous" in md
 
     (dumps / failed_name(failed)).unlink()

@@ -58,7 +58,7 @@ async def _preflight(text: str, target: Target) -> None:
     [
         ("{kind: partition, nodes: [node9], ttl_seconds: 5}", "node node9 is not in the lab"),
         ("{kind: bandwidth_limit, node: nodeX, rate_kbit: 100}", "node nodeX is not in the lab"),
-        ("{kind: freeze_ranks, rank: 7}", "rank 7 does not exist"),
+        ("{kind: freeze_ranks, rank: 7}", r"rank 7 does not exist \(world size 4: ranks 0-3\)"),
     ],
 )
 def test_preflight_names_a_fault_target_that_is_not_in_the_lab(
@@ -66,3 +66,14 @@ def test_preflight_names_a_fault_target_that_is_not_in_the_lab(
 ) -> None:
     with pytest.raises(LabNotReady, match=named):
         asyncio.run(_preflight(_experiment(fault), _target(tmp_path)))
+
+
+def test_preflight_words_a_one_rank_target_in_the_singular(tmp_path: Path) -> None:
+    one = Target(
+        run_dir=tmp_path,
+        jobs=AttachedJobs(tmp_path, world_size=1),
+        world_size=1,
+        agents=(AgentEndpoint(node="node0", url="http://127.0.0.1:9"),),
+    )
+    with pytest.raises(LabNotReady, match=r"rank 2 does not exist \(world size 1: rank 0\)$"):
+        asyncio.run(_preflight(_experiment("{kind: freeze_ranks, rank: 2}"), one))

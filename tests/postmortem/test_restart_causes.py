@@ -146,6 +146,6 @@ def test_the_incident_post_mortem_reports_a_port_conflict_on_restart_as_its_own_
         restart_failure=restart_failure([dump], since=10.0),
     )  # fmt: skip
     text = render_markdown(incident_document(pm))
-    assert "| restart failed by | port conflict on restart |" in text
+    assert "| restart failure | port conflict on restart |" in text
     assert "## Restart failed: port conflict on restart" in text
     assert "could not bind a port" in text
