@@ -26,6 +26,7 @@ from stormwatch.lab.progress import Progress, ProgressEvent
 from stormwatch.lab.services import procs
 from stormwatch.lab.slurm.lab_cluster import lab_cluster
 from stormwatch.lab.state import LabState, NetResource, ProcessRecord, StateStore
+from stormwatch.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,8 @@ def stop_slurm(run_dir: Path, config: LabConfig, report: Progress) -> tuple[list
     if not processes and not files:
         return [], []
     left = (
-        f"{len(processes)} {'process' if len(processes) == 1 else 'processes'}; "
-        f"{len(files)} runtime {'file' if len(files) == 1 else 'files'} to delete"
+        f"{plural(len(processes), 'process', 'processes')}; "
+        f"{plural(len(files), 'runtime file')} to delete"
     )
     report(ProgressEvent("remove", "slurm", f"stopping the Slurm cluster ({left})"))
     try:
@@ -214,8 +215,7 @@ def removed_summary(removed: list[str]) -> str:
         if key not in _REMOVED_KINDS:
             parts.append(key)
             continue
-        singular, plural = _REMOVED_KINDS[key]
-        parts.append(f"{n} {singular if n == 1 else plural}")
+        parts.append(plural(n, *_REMOVED_KINDS[key]))
     listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
     return f"removed {listed}"
 
@@ -283,9 +283,7 @@ def _stop_everything(
         removed += [f"process {name}" for name, tree in alive.items() if tree]
         unrecorded = len(victims) - sum(len(tree) for tree in alive.values())
         if unrecorded > 0:
-            removed.append(
-                f"{unrecorded} unrecorded {'process' if unrecorded == 1 else 'processes'}"
-            )
+            removed.append(plural(unrecorded, "unrecorded process", "unrecorded processes"))
     return removed, problems
 
 

@@ -34,11 +34,6 @@ TARGET = click.option(
 )
 
 
-def plural(count: int, word: str) -> str:
-    """``1 rollback``, ``2 rollbacks``."""
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def reap_overdue(run_dir: Path) -> list[RevertOutcome]:
     """Revert faults past their TTL in ``run_dir``'s ledger (their controller and reaper
     died) and say so on stderr; every command that takes --run-dir does this first."""
@@ -58,4 +53,4 @@ def reap_overdue(run_dir: Path) -> list[RevertOutcome]:
     return outcomes
 
 
-__all__ = ["RUN_DIR", "TARGET", "plural", "reap_overdue"]
+__all__ = ["RUN_DIR", "TARGET", "reap_overdue"]

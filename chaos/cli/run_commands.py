@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.chaos.cli.common import RUN_DIR, TARGET, plural, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, TARGET, reap_overdue
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import InvalidExperiment
 from stormwatch.chaos.execution.runner import EXIT_OK, Runner, RunnerConfig, run_experiment
@@ -18,6 +18,7 @@ from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.contracts.journal import Journal
 from stormwatch.errors import ConfigError
+from stormwatch.words import plural
 
 
 def _activities(count: int) -> str:

@@ -8,10 +8,11 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from stormwatch.chaos.cli.common import RUN_DIR, plural, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, reap_overdue
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, EXIT_OK
 from stormwatch.chaos.soak.settings import SoakSettings
+from stormwatch.words import plural
 
 
 def _default(name: str) -> Any:

@@ -10,11 +10,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from stormwatch.chaos.cli.common import RUN_DIR, TARGET, plural, reap_overdue
+from stormwatch.chaos.cli.common import RUN_DIR, TARGET, reap_overdue
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, EXIT_OK
 from stormwatch.chaos.gameday.scorecard import ScorecardRow
 from stormwatch.errors import ConfigError
+from stormwatch.words import plural
 
 if TYPE_CHECKING:
     from stormwatch.chaos.gameday.suite import SuiteEntry

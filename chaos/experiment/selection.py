@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from stormwatch.chaos.errors import SelectionError
 from stormwatch.chaos.experiment.model import ActionActivity, Experiment, TargetSelector
 from stormwatch.faults import Blast, ExperimentFault, Target
+from stormwatch.words import plural
 
 _NODE_INDEX = re.compile(r"(\d+)$")
 
@@ -67,7 +68,7 @@ class Shape:
     def check_rank(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise SelectionError(
-                f"rank {rank} is out of range: the job has {ranks_phrase(self.world_size)} "
+                f"rank {rank} is out of range: the job has {plural(self.world_size, 'rank')} "
                 f"({rank_range(self.world_size)})"
             )
         return rank
@@ -176,11 +177,6 @@ def allowed_ranks(fraction: float, world_size: int) -> int:
     return max(1, math.floor(fraction * world_size + 1e-9))
 
 
-def ranks_phrase(world_size: int) -> str:
-    """``world_size`` ranks in words: ``'1 rank'``, ``'4 ranks'``."""
-    return f"{world_size} rank" + ("" if world_size == 1 else "s")
-
-
 def rank_range(world_size: int) -> str:
     """The ranks of a job of ``world_size``: ``'0'`` for one rank, else ``'0-3'``."""
     return "0" if world_size == 1 else f"0-{world_size - 1}"
@@ -201,7 +197,6 @@ __all__ = [
     "expand",
     "fault_ranks",
     "rank_range",
-    "ranks_phrase",
     "select_ranks",
     "static_shape",
     "touched_ranks",

@@ -28,9 +28,9 @@ from stormwatch.chaos.experiment.selection import (
     blast_radius_problem,
     expand,
     rank_range,
-    ranks_phrase,
     static_shape,
 )
+from stormwatch.words import plural
 
 
 def semantic_issues(experiment: Experiment) -> list[Issue]:
@@ -90,7 +90,7 @@ def _action_issues(path: str, action: ActionActivity, experiment: Experiment) ->
         issues.append(
             Issue(
                 f"{path}.fault.rank",
-                f"rank {rank} is out of range: the job has {ranks_phrase(world)} "
+                f"rank {rank} is out of range: the job has {plural(world, 'rank')} "
                 f"({_world_source(experiment)}), so use {rank_range(world)}",
             )
         )
