@@ -176,6 +176,54 @@ def rank_option(ctx: FaultContext, job: str | None, *names: str) -> Path | None:
     return None
 
 
+SIGNAL_SETTLE_S = 2.0
+"""How long a SIGSTOP or SIGCONT may take to show in the process's state (s). Signals are
+asynchronous: the state changes when the target is next scheduled, which on a loaded node
+takes milliseconds, not seconds."""
+
+
+def _is_stopped(process: psutil.Process) -> bool | None:
+    """Whether ``process`` is stopped (state ``T``); None when it is gone."""
+    try:
+        return bool(process.status() == psutil.STATUS_STOPPED)
+    except psutil.Error:
+        return None
+
+
+def wait_stopped(
+    processes: Sequence[psutil.Process], timeout: float = SIGNAL_SETTLE_S
+) -> list[int]:
+    """Wait until every one of ``processes`` shows stopped after a SIGSTOP.
+
+    Returns:
+        The pids still not stopped after ``timeout`` seconds (empty: all stopped). A process
+        that is gone counts as done: there is nothing left to stop.
+    """
+
+    def running() -> list[int]:
+        return [p.pid for p in processes if _is_stopped(p) is False]
+
+    wait_until(lambda: not running(), timeout)
+    return running()
+
+
+def wait_continued(
+    processes: Sequence[psutil.Process], timeout: float = SIGNAL_SETTLE_S
+) -> list[int]:
+    """Wait until none of ``processes`` shows stopped after a SIGCONT.
+
+    Returns:
+        The pids still stopped after ``timeout`` seconds (empty: all continued). A process
+        that is gone counts as continued.
+    """
+
+    def stopped() -> list[int]:
+        return [p.pid for p in processes if _is_stopped(p)]
+
+    wait_until(lambda: not stopped(), timeout)
+    return stopped()
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02) -> bool:
     """Poll ``predicate()`` until true or ``timeout`` seconds pass (at least once); returns
     whether it became true."""
@@ -190,6 +238,7 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
 
 __all__ = [
     "COMMAND_TIMEOUT_S",
+    "SIGNAL_SETTLE_S",
     "job_orphans",
     "job_ranks",
     "option_value",
@@ -201,5 +250,7 @@ __all__ = [
     "short_tag",
     "torchrun_of",
     "torchruns",
+    "wait_continued",
+    "wait_stopped",
     "wait_until",
 ]

@@ -18,7 +18,6 @@ Applying faults is :mod:`stormwatch.chaos.execution.injection.placement`.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.errors import StormwatchError
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.faults.kinds.orphans import describe_orphans
+from stormwatch.faults.system import same_process, wait_continued
 
 #: How long revert keeps trying an agent it cannot reach (a flapping link comes back), seconds.
 UNREACHABLE_RETRY_S = 6.0
@@ -44,17 +44,6 @@ AGENT_BACK_TIMEOUT_S = 90.0
 KILL_AGENT_SETTLE_S = 1.5
 #: Agent-side states of a part that is no longer in force.
 _CLOSED = (FaultState.REVERTED, FaultState.FAILED)
-
-
-def same_process(pid: int, create_time: float) -> psutil.Process | None:
-    """The live process ``pid`` if it started at ``create_time`` (within 10 ms), else None."""
-    try:
-        process = psutil.Process(pid)
-        if abs(process.create_time() - create_time) < 0.01:
-            return process
-    except psutil.Error:  # gone, or not ours to inspect: not that live process
-        return None
-    return None
 
 
 async def undo_fault(
@@ -84,7 +73,7 @@ async def undo_fault(
     """
     placement = spec.traits.placement
     if placement is Placement.CONTROLLER:
-        return _sigcont(fault_id, spec, target)
+        return await _sigcont(fault_id, spec, target)
     if placement is Placement.RANK_AGENT:
         return await _forget(fault_id, spec, target, agents, expires_at)
     if not target.requests or target.token_file is None:
@@ -102,22 +91,26 @@ async def undo_fault(
     return f"{spec.kind} reverted ({'; '.join(done)})"
 
 
-def _sigcont(fault_id: str, spec: ExperimentFault, target: FaultTarget) -> str:
-    """SIGCONT the recorded process if it is still the same one (a gone process is fine).
+async def _sigcont(fault_id: str, spec: ExperimentFault, target: FaultTarget) -> str:
+    """SIGCONT the recorded process if it is still the same one (a gone process is fine),
+    and wait up to :data:`~stormwatch.faults.system.SIGNAL_SETTLE_S` for it to run again.
 
     Raises:
-        FaultError: the process exists but cannot be signalled.
+        FaultError: the process exists but cannot be signalled, or is still stopped.
     """
     if target.pid is None or target.pid_create_time is None:
         raise FaultError(f"fault {fault_id}: {spec.kind} needs the target pid and start time")
-    if same_process(target.pid, target.pid_create_time) is None:
+    process = same_process((target.pid, target.pid_create_time))
+    if process is None:
         return f"process {target.pid} is gone; nothing to continue"
     try:
-        os.kill(target.pid, signal.SIGCONT)
-    except ProcessLookupError:
+        process.send_signal(signal.SIGCONT)
+    except psutil.NoSuchProcess:
         return f"process {target.pid} is gone; nothing to continue"
-    except OSError as exc:
+    except psutil.Error as exc:
         raise FaultError(f"fault {fault_id}: SIGCONT {target.pid}: {exc}") from exc
+    if await asyncio.to_thread(wait_continued, [process]):
+        raise FaultError(f"fault {fault_id}: pid {target.pid} is still stopped after SIGCONT")
     return f"SIGCONT sent to pid {target.pid}"
 
 
@@ -232,6 +225,5 @@ __all__ = [
     "AGENT_BACK_TIMEOUT_S",
     "KILL_AGENT_SETTLE_S",
     "UNREACHABLE_RETRY_S",
-    "same_process",
     "undo_fault",
 ]

@@ -54,12 +54,12 @@ from stormwatch.faults.system import (
     same_process,
     torchrun_of,
     torchruns,
+    wait_continued,
+    wait_stopped,
     wait_until,
 )
 from stormwatch.faults.targeting import AgentDirectory, NodeOrRank, NoTarget
 
-#: How long revert waits for SIGCONT to show (process state leaves ``T``), seconds.
-CONTINUE_TIMEOUT_S = 2.0
 #: How long ``kill_node_processes`` waits to see its SIGKILLed processes gone, seconds
 #: (:data:`stormwatch.platforms.stopping.CONFIRM_TIMEOUT_S`).
 KILL_CONFIRM_S = 5.0
@@ -306,9 +306,8 @@ class FreezeRanks(Fault[FreezeRanksRequest]):
                 with contextlib.suppress(psutil.Error):  # gone: nothing to continue
                     process.send_signal(signal.SIGCONT)
             raise
-        stopped = [p for ref in sent if (p := same_process(ref)) is not None]
         # the signal is asynchronous: answer once the processes are seen stopped
-        wait_until(lambda: all(_stopped(p) for p in stopped), CONTINUE_TIMEOUT_S)
+        wait_stopped([p for ref in sent if (p := same_process(ref)) is not None])
         return Injection(target_pid=int(sent[-1][0]), details={"processes": sent})
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
@@ -330,18 +329,14 @@ class FreezeRanks(Fault[FreezeRanksRequest]):
         self.verify(ctx, injection)
 
     def verify(self, ctx: FaultContext, injection: Injection | None) -> None:
-        """No recorded process is still stopped (waiting up to ``CONTINUE_TIMEOUT_S``).
+        """No recorded process is still stopped (waiting up to ``SIGNAL_SETTLE_S``).
 
         Raises:
             FaultError: naming the pids still stopped.
         """
-        alive = _recorded(injection)
-
-        def stopped() -> list[int]:
-            return [p.pid for p in alive if _stopped(p)]
-
-        if not wait_until(lambda: not stopped(), CONTINUE_TIMEOUT_S):
-            raise FaultError(f"processes still stopped after SIGCONT: {stopped()}")
+        still = wait_continued(_recorded(injection))
+        if still:
+            raise FaultError(f"processes still stopped after SIGCONT: {still}")
 
 
 def _recorded(injection: Injection | None) -> list[psutil.Process]:
@@ -356,13 +351,6 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False  # gone
-
-
-def _stopped(process: psutil.Process) -> bool:
-    try:
-        return bool(process.status() == psutil.STATUS_STOPPED)
-    except psutil.Error:
-        return True  # gone: nothing left to wait for
 
 
 KILL_TORCHRUN = FaultKind(

@@ -29,7 +29,14 @@ from stormwatch.faults.errors import FaultError
 from stormwatch.faults.kind import DetectClass, FaultKind, Placement, Target, Traits
 from stormwatch.faults.limits import JobName, Rank
 from stormwatch.faults.node import FaultContext
-from stormwatch.faults.system import process_ref, rank_process, same_process, short_tag, wait_until
+from stormwatch.faults.system import (
+    process_ref,
+    rank_process,
+    same_process,
+    short_tag,
+    wait_continued,
+    wait_until,
+)
 from stormwatch.faults.targeting import RankTarget
 
 log = logging.getLogger(__name__)
@@ -221,21 +228,14 @@ class CpuThrottle(Fault[CpuThrottleRequest]):
 
 
 def _check_continued(refs: list[list[float]]) -> None:
-    alive = [p for ref in refs if (p := same_process(ref)) is not None]
-    if not wait_until(lambda: not any(_stopped(p) for p in alive), 2.0):
-        raise FaultError("cpu_throttle: a process is still stopped after SIGCONT")
+    still = wait_continued([p for ref in refs if (p := same_process(ref)) is not None])
+    if still:
+        raise FaultError(f"cpu_throttle: processes still stopped after SIGCONT: {still}")
 
 
 def _check_removed(folder: Path) -> None:
     if folder.exists():
         raise FaultError(f"cpu_throttle: cgroup {folder} is still there")
-
-
-def _stopped(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_STOPPED
-    except psutil.Error:
-        return False
 
 
 def _signal_refs(refs: list[list[float]], number: signal.Signals) -> None:

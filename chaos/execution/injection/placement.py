@@ -20,8 +20,8 @@ Reverting is :mod:`stormwatch.chaos.ledger.undo` (from the ledger entry alone).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,10 +34,10 @@ from stormwatch import faults
 from stormwatch.chaos.clients.agent import AgentClient
 from stormwatch.chaos.errors import FaultError, RankNotFound, ServiceError
 from stormwatch.chaos.ledger.tokens import agent_token
-from stormwatch.chaos.ledger.undo import same_process
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.faults.kinds.orphans import describe_orphans
+from stormwatch.faults.system import same_process, wait_stopped
 from stormwatch.platforms.endpoints import AgentEndpoint
 
 log = logging.getLogger(__name__)
@@ -227,12 +227,15 @@ async def _sigstop(
 ) -> InjectionResult:
     if target.pid is None or target.pid_create_time is None:
         raise FaultError(f"fault {fault_id}: {spec.kind} needs the target pid and start time")
-    if same_process(target.pid, target.pid_create_time) is None:
+    process = same_process((target.pid, target.pid_create_time))
+    if process is None:
         raise FaultError(f"fault {fault_id}: rank process {target.pid} is gone")
     try:
-        os.kill(target.pid, signal.SIGSTOP)
-    except OSError as exc:
+        process.send_signal(signal.SIGSTOP)
+    except psutil.Error as exc:
         raise FaultError(f"fault {fault_id}: SIGSTOP {target.pid}: {exc}") from exc
+    # the signal is asynchronous: answer once the process is seen stopped, as the agent does
+    await asyncio.to_thread(wait_stopped, [process])
     now = time.time()
     return InjectionResult(
         applied_at=now,
