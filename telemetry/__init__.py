@@ -357,7 +357,11 @@ def phase(name: str, *, bound_seconds: float | None = None) -> PhaseContext:
 @never_raises()
 def checkpoint(step: int, *, error: str | BaseException | None = None) -> None:
     """A checkpoint of ``step`` was committed (complete on disk), or its save failed with
-    ``error`` (the job trained on)."""
+    ``error`` (the job trained on).
+
+    A save cut short by the job ending is logged, not counted as failed: one after the rank
+    was asked to stop (SIGTERM), or whose ``error`` (an exception, not its text) says a peer
+    was lost (:func:`stormwatch.telemetry.failures.lost_peer`: a rank died or left)."""
     current = _CURRENT.session
     if current is None:
         _before_init("checkpoint")

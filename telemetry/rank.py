@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stormwatch.telemetry.events import EventLog
+from stormwatch.telemetry.failures import lost_peer
 from stormwatch.telemetry.handoff.flusher import Flusher
 from stormwatch.telemetry.handoff.tally import CollectiveTally
 from stormwatch.telemetry.lifecycle.steps import rss_bytes
@@ -113,6 +114,7 @@ class RankTelemetry:
         self._rss_wanted = False  # a step asked for the RSS: the flusher reads it
         self._rss_next = 0.0  # monotonic time of the next RSS read (RSS_INTERVAL apart)
         self._events_dropped = 0  # step records dropped, already counted as errors
+        self._stopping = False  # asked to stop (SIGTERM): a save cut short is not failed
         if config.metrics_dir is not None:
             self._metrics = self._guard(
                 "metrics",
@@ -372,6 +374,19 @@ class RankTelemetry:
         self.progress()
         self._flush()
 
+    def save_cut_short(self, step: int, error: str | BaseException) -> bool:
+        """Whether the save of ``step`` that failed with ``error`` was cut short by the job
+        ending, not failed: the rank was asked to stop (:meth:`stop_requested`), or
+        ``error`` says a peer was lost (:func:`~stormwatch.telemetry.failures.lost_peer`).
+        Such a save is logged, not counted: counting it fired StormwatchCheckpointFailing
+        after planned restarts and elastic resizes of fault-free jobs."""
+        lost = None if isinstance(error, str) else lost_peer(error)
+        if not (self._stopping or lost is not None):
+            return False
+        why = "a stop request" if self._stopping else f"a lost peer ({lost})"
+        log.info("the save of step %d was cut short by %s: not a failed save", step, why)
+        return True
+
     def checkpoint_failed(self, *, step: int, error: str) -> None:
         """Record a failed checkpoint save after ``step`` (counter and event)."""
         if self._metrics is not None:
@@ -388,6 +403,7 @@ class RankTelemetry:
         file write, and the phase, a metric whose lock the interrupted code may hold, is
         set once the handler has returned. The agent reads the pid, so another job's rank
         of the same number in the same folder is not taken for this one."""
+        self._stopping = True
         if self._config.metrics_dir is not None:
             marker = stop_marker_path(self._config.metrics_dir, self._rank)
             self._guard("done_marker", marker.write_text, f"{os.getpid()}\n")

@@ -325,7 +325,7 @@ class Session:
     # ------------------------------------------------------------------ checkpoints
     @never_raises()
     def checkpoint(self, step: int, *, error: str | BaseException | None = None) -> None:
-        """A checkpoint of ``step`` was committed, or its save failed with ``error``."""
+        """A checkpoint of ``step`` committed, or failed: :func:`stormwatch.telemetry.checkpoint`."""
         if not self._open("checkpoint"):
             return
         if step is None:
@@ -337,8 +337,8 @@ class Session:
         self._ensure_started(None)
         if error is None:
             self._telemetry.checkpoint(step=number)
-            return
-        self._telemetry.checkpoint_failed(step=number, error=checks.error_text(error))
+        elif not self._telemetry.save_cut_short(number, error):
+            self._telemetry.checkpoint_failed(step=number, error=checks.error_text(error))
 
     @never_raises()
     def checkpoint_interval(self, steps: int) -> None:

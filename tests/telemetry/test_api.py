@@ -306,3 +306,33 @@ def test_a_run_that_marks_every_nth_step_is_resumed_only_when_it_resumes(
     assert out.returncode == 0, out.stderr
     start = events(tmp_path)[0]
     assert (start["event"], start["resumed_from_step"]) == ("start", resumed)
+
+
+def test_a_save_cut_short_by_a_stop_or_a_lost_peer_is_not_counted_as_failed(
+    tmp_path: Path,
+) -> None:
+    """The soak's end-to-end test (2026-12-06): a peer that left mid-save (an elastic
+    resize) counted a failed save on the ranks left, and StormwatchCheckpointFailing fired
+    on a fault-free job. The reference trainer re-raises such a failure itself; a job using
+    the API (Lightning's callback reports the exception a save raised) hands it over."""
+    out = run_job(
+        """
+        import torch.distributed as dist
+        import stormwatch.telemetry as swt
+        swt.init()
+        swt.step(1)
+        swt.checkpoint(1, error=OSError(28, "No space left on device"))
+        swt.checkpoint(2, error=RuntimeError(
+            "[pair.cc:553] Connection closed by peer [10.213.0.11]:17334"))
+        swt.checkpoint(3, error=dist.DistBackendError("NCCL communicator was aborted"))
+        swt.checkpoint(4, error="Connection closed by peer")  # text: not told apart
+        swt.session().stop_requested()
+        swt.checkpoint(5, error=OSError(5, "Input/output error"))
+        swt.shutdown()
+        """,
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    failed = [e for e in events(tmp_path) if e["event"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [1, 4]
+    assert samples(tmp_path / "metrics")[("stormwatch_train_checkpoint_failures_total", ())] == 2

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+from stormwatch.telemetry.failures import rank_failures
 from stormwatch.trainer.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,10 @@ def describe_dcp_error(exc: BaseException, *, ranks: bool = True) -> str:
     """One line for a DCP failure: each failing rank's own exception (a
     CheckpointException's text is every rank's whole traceback), prefixed with
     ``rank R:`` unless ``ranks`` is False."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        parts = []
-        for rank, wrapped in sorted(failures.items()):
-            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-            prefix = f"rank {rank}: " if ranks else ""
-            parts.append(f"{prefix}{type(inner).__name__}: {inner}")
-        return "; ".join(parts)
-    return f"{type(exc).__name__}: {exc}"
+    return "; ".join(
+        f"{f'rank {rank}: ' if ranks and rank is not None else ''}{type(inner).__name__}: {inner}"
+        for rank, inner in rank_failures(exc)
+    )
 
 
 class FailureBudget:

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from stormwatch.telemetry.failures import lost_peer, rank_failures
 from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.background import BackgroundSaver, InFlight
 from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
@@ -58,19 +59,30 @@ from stormwatch.trainer.errors import CheckpointError, ResumeRefused, Terminated
 log = logging.getLogger(__name__)
 
 
-def _reraise_stop(exc: BaseException) -> None:
-    """Raise the stop request (:class:`Terminated`: SIGTERM while a save ran) that ``exc``
-    is or that DCP wrapped (a ``CheckpointException``'s failures); else return. A save cut
-    short by a stop is not a failed save: counting it fired StormwatchCheckpointFailing
-    for 15 minutes after a planned restart (the 30-minute soak, 2026-12-05), and the
-    partial folder is left for the next start to prune, as a crash's is."""
-    if isinstance(exc, Terminated):
-        raise exc
-    failures = getattr(exc, "failures", None)
-    for wrapped in failures.values() if isinstance(failures, dict) else ():
-        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+def _reraise_job_failure(exc: BaseException) -> None:
+    """Raise what ends the job rather than fails the save, if ``exc`` is or wraps one (DCP
+    wraps every rank's failure in a ``CheckpointException``); else return, and the caller
+    counts a failed save.
+
+    * A stop request (:class:`Terminated`: SIGTERM while a save ran). Counting it fired
+      StormwatchCheckpointFailing for 15 minutes after a planned restart (the 30-minute
+      soak, 2026-12-05).
+    * A lost peer (:func:`~stormwatch.telemetry.failures.lost_peer`: a rank died or
+      left mid-save). The process group is broken: the job fails here as it would at its
+      next collective. Counting it fired the same alert after an elastic resize (the soak's
+      end-to-end test, 2026-12-06: node1 left during a save).
+
+    The partial folder is left for the next start to prune, as a crash's is."""
+    for _rank, inner in rank_failures(exc):
         if isinstance(inner, Terminated):
+            if inner is exc:
+                raise exc
             raise inner from exc
+    peer = lost_peer(exc)
+    if peer is exc:
+        raise exc
+    if peer is not None:
+        raise peer from exc
 
 
 class Checkpointer:
@@ -171,7 +183,7 @@ class Checkpointer:
         try:
             self._sync.write(self._state.capture(step), tmp_dir, step)
         except DCP_ERRORS as exc:
-            _reraise_stop(exc)  # the partial folder is pruned at the next start
+            _reraise_job_failure(exc)  # the partial folder is pruned at the next start
             self._sync.discard(tmp_dir)  # every rank is past its writes: DCP gathered the failure
             raise CheckpointError(
                 f"saving step {step} into {tmp_dir} failed: {describe_dcp_error(exc)}"
@@ -221,7 +233,7 @@ class Checkpointer:
         except CheckpointError:
             raise
         except DCP_ERRORS as exc:  # the writer thread's own bug, not an agreed outcome
-            _reraise_stop(exc)
+            _reraise_job_failure(exc)
             raise CheckpointError(
                 f"saving step {pending.step} failed: {describe_dcp_error(exc)}"
             ) from exc

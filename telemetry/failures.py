@@ -1,0 +1,54 @@
+"""What an exception from a collective or a checkpoint save says about its cause.
+
+:func:`lost_peer` tells a collective that failed because a rank at the other end is gone
+(it died, or left in an elastic resize) from any other failure. The job cannot go on past
+one: its process group is broken, and it fails at its next collective. So a save cut short
+by one is not a failed save (:meth:`stormwatch.telemetry.Session.checkpoint`; the reference
+trainer's checkpointer re-raises it): counting it fired StormwatchCheckpointFailing on a
+fault-free elastic job (the soak's end-to-end test, 2026-12-06).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+#: What gloo's TCP transport says when the rank at the other end of a connection is gone:
+#: torch raises it as a plain ``RuntimeError`` (gloo/transport/tcp/pair.cc: "Connection
+#: closed by peer", or a read error naming ``ECONNRESET``).
+GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Socket closed")
+
+
+def rank_failures(exc: BaseException) -> Iterator[tuple[int | None, BaseException]]:
+    """``(rank, exception)`` for each rank's failure that a DCP ``CheckpointException``
+    wraps (DCP gathers every rank's; its ``failures`` maps rank to ``(exception,
+    traceback)``), by rank; ``(None, exc)`` for any other exception."""
+    failures = getattr(exc, "failures", None)
+    if not (isinstance(failures, dict) and failures):
+        yield None, exc
+        return
+    for rank, wrapped in sorted(failures.items()):
+        yield rank, wrapped[0] if isinstance(wrapped, tuple) else wrapped
+
+
+def lost_peer(exc: BaseException) -> BaseException | None:
+    """The failure in ``exc``, or among the ranks' failures DCP wrapped in it, that says a
+    collective lost its peer; None if there is none.
+
+    NCCL raises ``torch.distributed.DistBackendError`` (the communicator aborted), a broken
+    TCP connection ``DistNetworkError``, gloo a ``RuntimeError`` naming the closed or reset
+    connection (:data:`GLOO_PEER_GONE`). A timed-out collective is not a lost peer: a peer
+    slow to write (slow storage) times its peers out too.
+    """
+    # Importing this package does not import torch: without it loaded, no torch error exists.
+    dist = sys.modules.get("torch.distributed")
+    dist_errors = () if dist is None else (dist.DistBackendError, dist.DistNetworkError)
+    for _rank, inner in rank_failures(exc):
+        if isinstance(inner, dist_errors):
+            return inner
+        if isinstance(inner, RuntimeError) and any(m in str(inner) for m in GLOO_PEER_GONE):
+            return inner
+    return None
+
+
+__all__ = ["GLOO_PEER_GONE", "lost_peer", "rank_failures"]
