@@ -22,7 +22,7 @@ KILLED = {"point": "checkpoint_kill", "phase": "before_shards", "step": 2, "atte
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_peer_lost_mid_save_fails_the_job_and_counts_no_failed_save(
+def test_fc11_a_peer_killed_mid_save_fails_the_job_and_counts_no_failed_save(
     tmp_path: Path, torchrun_train: Any, mode: str
 ) -> None:
     run = torchrun_train(
