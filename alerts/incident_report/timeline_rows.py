@@ -178,7 +178,10 @@ def _recovery_rows(pm: IncidentPostMortem, restart: Restart) -> list[TimelineEve
 
 
 def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
-    """Spans worth a line: errors, checkpoint loads/saves, and steps 5x slower than their median."""
+    """Spans worth a line: errors, checkpoint loads/saves, and steps 5x slower than their median.
+
+    A span that ended in an error is placed at its end, when the error was raised: at its
+    start, a step killed mid-way read as failing before the fault that killed it."""
     by_name: dict[str, list[float]] = {}
     for span in inputs.spans:
         by_name.setdefault(span.name, []).append(span.end - span.start)
@@ -191,10 +194,12 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
             what = "error" if span.error else ("slow" if slow else "span")
             rows.append(
                 TimelineEvent(
-                    at=span.start,
+                    at=span.end if span.error else span.start,
                     event=f"trace: {span.name} ({what})",
                     source=f"trace rank {span.rank}",
-                    detail=f"{seconds:.2f} s",
+                    detail=f"ended in an error after {seconds:.2f} s"
+                    if span.error
+                    else f"{seconds:.2f} s",
                 )
             )
     return rows

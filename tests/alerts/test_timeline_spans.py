@@ -1,0 +1,32 @@
+"""Which trace spans an incident's timeline shows, and where (fresh-user finding, 2026-12-06:
+a `step (error)` row at -0.1 s read as failing before the fault that killed it)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from stormwatch.alerts.incident_report.sources import Inputs, Span
+from stormwatch.alerts.incident_report.timeline_rows import _span_rows
+
+
+def _rows(*spans: Span) -> list[tuple[float | None, str, str]]:
+    inputs = Inputs(
+        incident=cast(Any, None), actions=[], audit=[], window=(0.0, 100.0), spans=list(spans)
+    )
+    return [(row.at, row.event, row.detail) for row in _span_rows(inputs)]
+
+
+def test_an_error_span_is_placed_when_it_ended_and_says_so() -> None:
+    steps = [Span("step", 0, 10.0 + i, 10.5 + i, error=False) for i in range(5)]
+    killed = Span("step", 0, 49.9, 50.7, error=True)  # the fault landed at 50.0
+    assert _rows(*steps, killed) == [(50.7, "trace: step (error)", "ended in an error after 0.80 s")]
+
+
+def test_a_checkpoint_or_slow_span_is_placed_when_it_began() -> None:
+    steps = [Span("step", 1, 10.0 + i, 10.5 + i, error=False) for i in range(5)]
+    slow = Span("step", 1, 30.0, 33.0, error=False)
+    save = Span("checkpoint_save", 1, 40.0, 40.2, error=False)
+    assert _rows(*steps, slow, save) == [
+        (30.0, "trace: step (slow)", "3.00 s"),
+        (40.0, "trace: checkpoint_save (span)", "0.20 s"),
+    ]
