@@ -224,6 +224,7 @@ def aggregate(plan: Plan, ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "cpu_ratio": {v: paired(v, "cpu") for v in STEP_VARIANTS[1:]},
         "thread_ratio": {v: paired(v, "thread") for v in STEP_VARIANTS[1:]},
         "threads_seconds": {v: _by_thread(ranks[0], v) for v in ("bare", "instrumented")},
+        "gc": {v: _gc(ranks[0], v) for v in ("bare", "instrumented")},
         "channel_cost": _channel_cost(bare_wall),
         "counter_cost": _counter_cost(pooled("bare", "cpu"), per_step),
         "exposed_fraction_by_rank": fractions,
@@ -245,6 +246,15 @@ def _by_thread(rank0: list[dict[str, Any]], variant: str) -> dict[str, float]:
         for name, seconds in trial.get("threads", {}).items():
             total[name] = total.get(name, 0.0) + seconds
     return {name: seconds / steps for name, seconds in total.items()}
+
+
+def _gc(rank0: list[dict[str, Any]], variant: str) -> dict[str, float]:
+    """The garbage collector on rank 0's training thread per timed step, over every repetition
+    of ``variant``: its CPU seconds and its collections of each generation."""
+    trials = [r for r in rank0 if r["variant"] == variant and r["rep"] >= 0 and "gc" in r]
+    steps = sum(len(r["wall"]) for r in trials) or 1
+    keys = ("seconds", "gen0", "gen1", "gen2")
+    return {k: sum(r["gc"][k] for r in trials) / steps for k in keys}
 
 
 def _ckpt_figures(plan: Plan, blocking: Any, rank0: list[dict[str, Any]]) -> dict[str, Any]:

@@ -151,6 +151,16 @@ def _print_step_notes(figures: dict[str, Any]) -> None:
     threads = figures.get("threads_seconds")
     if threads:
         _print_threads(threads["bare"], threads["instrumented"])
+    collector = figures.get("gc")
+    if collector:
+        print("the garbage collector on the training thread, rank 0, per step:")
+        for variant in ("bare", "instrumented"):
+            g = collector[variant]
+            print(
+                f"    {variant:<12} {g['seconds'] * 1e3:7.3f} ms in "
+                f"{g['gen0']:.2f} / {g['gen1']:.3f} / {g['gen2']:.4f} collections "
+                "(generation 0 / 1 / 2)"
+            )
     hot = figures.get("hot_path")
     if hot is not None:
         from hotpath_profile import summary

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,40 @@ def write_expired_faults(path: Path) -> None:
     write_entries(path, [ENTRY.validate_python(f) for f in faults])
 
 
+class _GcTimer:
+    """The garbage collector's collections on the training thread between :meth:`start` and
+    :meth:`stop`: their count by generation and their thread CPU seconds (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._began = 0.0
+        self.seconds = 0.0
+        self.counts = [0, 0, 0]
+        self._on = False
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if not self._on or threading.get_ident() != self._thread:
+            return
+        if phase == "start":
+            self._began = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._began
+            self.counts[info["generation"]] += 1
+
+    def start(self) -> None:
+        self._on = True
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        self._on = False
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def result(self) -> dict[str, float]:
+        return {"seconds": self.seconds, **{f"gen{g}": n for g, n in enumerate(self.counts)}}
+
+
 def worker(work: Path) -> int:
     """One torchrun rank: every trial of the plan, results to ``<work>/rank<R>.json``."""
     from stormwatch.faults.control_file import control_path
@@ -213,6 +249,7 @@ def worker(work: Path) -> int:
             self.thread: list[float] = []  # the training thread's CPU alone
             self.at_warm: tuple[float, float, float] | None = None
             self._last = (0.0, 0.0, 0.0)
+            self.gc = _GcTimer()
 
         def step(self, *, step: int, **rest: Any) -> None:
             now = (time.perf_counter(), time.process_time(), time.thread_time())
@@ -227,8 +264,10 @@ def worker(work: Path) -> int:
                 self.at_warm = _counters(self.metrics_dir, env.rank)
             if step == self.warmup + 1:
                 self.threads_at_warm = cpu_by_thread("training thread")
+                self.gc.start()
             elif step == self.last:
                 self.threads = difference(self.threads_at_warm, cpu_by_thread("training thread"))
+                self.gc.stop()
             self._last = (time.perf_counter(), time.process_time(), time.thread_time())
 
     results: list[dict[str, Any]] = []
@@ -252,6 +291,7 @@ def worker(work: Path) -> int:
             cpu=recorder.cpu,
             thread=recorder.thread,
             threads=recorder.threads,
+            gc=recorder.gc.result(),
             at_warm=recorder.at_warm,
             metrics_dir=metrics_dir,
             trial_dir=trial_dir,
@@ -279,6 +319,7 @@ def _trial_result(
     cpu: list[float],
     thread: list[float],
     threads: dict[str, float],
+    gc: dict[str, float],
     at_warm: tuple[float, float, float] | None,
     metrics_dir: Path | None,
     trial_dir: Path,
@@ -291,6 +332,7 @@ def _trial_result(
         "cpu": cpu,
         "thread": thread,
         "threads": threads,
+        "gc": gc,
     }
     if metrics_dir is not None and at_warm is not None:
         compute, wait, calls = _counters(metrics_dir, rank)

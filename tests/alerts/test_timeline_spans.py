@@ -19,7 +19,9 @@ def _rows(*spans: Span) -> list[tuple[float | None, str, str]]:
 def test_an_error_span_is_placed_when_it_ended_and_says_so() -> None:
     steps = [Span("step", 0, 10.0 + i, 10.5 + i, error=False) for i in range(5)]
     killed = Span("step", 0, 49.9, 50.7, error=True)  # the fault landed at 50.0
-    assert _rows(*steps, killed) == [(50.7, "trace: step (error)", "ended in an error after 0.80 s")]
+    assert _rows(*steps, killed) == [
+        (50.7, "trace: step (error)", "ended in an error after 0.80 s")
+    ]
 
 
 def test_a_checkpoint_or_slow_span_is_placed_when_it_began() -> None:
