@@ -2,8 +2,9 @@
 
 The components' settings files (the agent's web config, the responder's runbook policy)
 are YAML mappings validated by a pydantic model; this is the step before the model:
-YAML syntax, an empty file, a top level that is not a mapping. Each caller names its
-file and words the two problems as its users know them.
+YAML syntax, a duplicate key (refused: YAML keeps the last one silently), an empty file, a
+top level that is not a mapping. Each caller names its file and words the problems as its
+users know them.
 
 Files a user writes by hand and whose problems are reported with their line (experiment
 files, target files) are read with :class:`StrictLoader` (duplicate keys and anchors
@@ -41,7 +42,7 @@ def yaml_mapping(
             ``"<where>: <not_mapping>"``.
     """
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise error(f"{where}: {invalid}: {yaml_problem(exc)}") from exc
     if data is None:
@@ -51,9 +52,14 @@ def yaml_mapping(
     return data
 
 
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)
-    and anchors/aliases (a "billion laughs" file would expand to gigabytes).
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys: PyYAML keeps the last one silently, so
+    a web config listing one user twice let the second password win unseen."""
+
+
+class StrictLoader(UniqueKeyLoader):
+    """:class:`UniqueKeyLoader` that also rejects anchors/aliases (a "billion laughs" file
+    would expand to gigabytes).
 
     :attr:`kind` names the files in the anchor message (``experiment files``); a subclass
     sets its own.
@@ -74,7 +80,7 @@ class StrictLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+def _construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -89,7 +95,7 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
     return loader.construct_mapping(node, deep=deep)
 
 
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def join_path(path: str, element: Any) -> str:
@@ -147,4 +153,12 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return str(exc).replace("\n", " ")
 
 
-__all__ = ["StrictLoader", "join_path", "key_lines", "line_of", "yaml_mapping", "yaml_problem"]
+__all__ = [
+    "StrictLoader",
+    "UniqueKeyLoader",
+    "join_path",
+    "key_lines",
+    "line_of",
+    "yaml_mapping",
+    "yaml_problem",
+]

@@ -218,6 +218,10 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(
         ),
         ("- just\n- a list\n", "expected a mapping"),
         ("key: [unclosed\n", "invalid YAML"),
+        (  # YAML keeps the last of two equal keys silently: the second password won unseen
+            "basic_auth_users:\n  prometheus: $2b$12$x\n  prometheus: $2b$12$y\n",
+            "invalid YAML: duplicate key 'prometheus' at line 3, column 3",
+        ),
         ("tls_server_config: {cert_file: g.crt, key_file: g.key}\n", "not a PEM certificate"),
         (
             "tls_server_config: {cert_file: g.crt, key_file: g.key, min_version: TLS13, "

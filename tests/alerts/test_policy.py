@@ -88,6 +88,10 @@ def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
             "not valid YAML: expected ',' or ']', but got '<stream end>' at line 4, column 1 "
             "(while parsing a flow sequence opened at line 3, column 14)",
         ),
+        (  # YAML keeps the last of two equal keys silently: the first guards were lost
+            "guards: {max_concurrent: 1}\nrules: []\nguards: {max_concurrent: 5}\n",
+            "not valid YAML: duplicate key 'guards' at line 3, column 1",
+        ),
     ],
 )
 def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
