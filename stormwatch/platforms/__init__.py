@@ -39,7 +39,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from stormwatch.errors import ConfigError
@@ -74,6 +73,7 @@ from stormwatch.platforms.targets import (
     TargetFile,
     load_target_file,
 )
+from stormwatch.yamltext import yaml_mapping
 
 #: The platforms ``--platform`` accepts.
 PLATFORMS = ("lab", "kubernetes", "slurm")
@@ -87,15 +87,18 @@ def load_platform_settings(path: Path) -> PlatformSettings:
         ConfigError: unreadable, not YAML, or invalid (the message names the field).
     """
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--platform-config: cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--platform-config: {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML"
         ) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--platform-config: {path} is not valid YAML: {exc}") from exc
+    data = yaml_mapping(
+        text,
+        f"--platform-config {path}",
+        not_mapping="must be a mapping with the sections kubernetes, slurm, grace_period_s",
+    )
     try:
         return PlatformSettings.model_validate(data)
     except ValidationError as exc:

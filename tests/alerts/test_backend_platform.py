@@ -84,9 +84,20 @@ def test_kubernetes_without_a_cluster_configuration_is_a_clear_error(
             "kubernetes.namespace: 'Bad_NS!' is not a Kubernetes namespace name",
         ),
         ("slurm: {nproc_per_node: -3}\n", "slurm.nproc_per_node: Input should be greater"),
-        ("slurm: [\n", "is not valid YAML"),
+        ("slurm: [\n", "not valid YAML: expected the node content"),
+        ("slurm: {}\nslurm: {nproc_per_node: 4}\n", "not valid YAML: duplicate key 'slurm'"),
+        ("- slurm\n", "must be a mapping with the sections kubernetes, slurm, grace_period_s"),
     ],
-    ids=["unknown-k8s-key", "unknown-slurm-key", "unknown-section", "bad-namespace", "neg", "yaml"],
+    ids=[
+        "unknown-k8s-key",
+        "unknown-slurm-key",
+        "unknown-section",
+        "bad-namespace",
+        "neg",
+        "yaml",
+        "duplicate",
+        "list",
+    ],
 )
 def test_the_platform_config_file_rejects_mistakes_naming_field_and_fix(
     tmp_path: Path, text: str, said: str
