@@ -239,12 +239,24 @@ async def _prometheus(provider: PrometheusProvider, ctx: ProbeContext) -> ProbeO
     if len(samples) > 6 and bad:  # not all are shown: the values that failed come first
         failed = {id(s) for s in bad}
         listed = bad + [s for s in samples if id(s) not in failed]
-    shown = ", ".join(f"{s.value:g}" for s in listed[:6]) + (", …" if len(samples) > 6 else "")
+    accepts = provider.tolerance.accepts
+    shown = ", ".join(_shown(s.value, accepts) for s in listed[:6])
+    shown += ", …" if len(samples) > 6 else ""
     wanted = tolerance if len(samples) == 1 else f"each {tolerance}"
     if bad:
         what = "value" if len(samples) == 1 else "values"
         return ProbeOutcome(False, f"{what} {shown}, wanted {wanted}", output)
     return ProbeOutcome(True, f"{shown} (wanted {wanted})", output)
+
+
+def _shown(value: float, accepts: Callable[[float], bool]) -> str:
+    """``value`` in six significant digits, or as many more as it takes for the text to pass
+    or fail the tolerance as the value does (3.9999999 failing ``== 4`` read "value 4")."""
+    for digits in (6, 9, 12):
+        text = f"{value:.{digits}g}"
+        if accepts(float(text)) == accepts(value):
+            return text
+    return repr(value)
 
 
 def rank_spans(ranks: list[int]) -> str:

@@ -39,6 +39,10 @@ class StandInPrometheus:
         # More than the six shown: those that failed are among them, first.
         ([4.0] * 6 + [3.0, 5.0], False, "values 3, 5, 4, 4, 4, 4, …, wanted each == 4"),
         ([], False, "no data (wanted == 4)"),
+        # Six digits would read "value 4, wanted == 4" (breaker's finding, stop 37).
+        ([3.9999999], False, "value 3.9999999, wanted == 4"),
+        ([4.000000000001], False, "value 4.000000000001, wanted == 4"),
+        ([1234567.8, 4.0], False, "values 1.23457e+06, 4, wanted each == 4"),
     ],
 )
 def test_the_prometheus_probe_says_what_it_saw_and_what_it_wanted(
