@@ -52,10 +52,12 @@ def postmortem_cmd(
     from stormwatch.chaos.reports.report import generate_postmortem
 
     if not experiment_dir.is_dir():
+        an_id = len(experiment_dir.parts) == 1 and not experiment_dir.is_absolute()
         candidate = run_dir / "experiments" / experiment_dir
-        if len(experiment_dir.parts) != 1 or not candidate.is_dir():
+        if not (an_id and candidate.is_dir()):
+            also = f" (nor {candidate})" if an_id else ""  # a path is not looked up as an id
             raise ConfigError(
-                f"EXPERIMENT_DIR {experiment_dir}: no such folder (nor {candidate}); give "
+                f"EXPERIMENT_DIR {experiment_dir}: no such folder{also}; give "
                 "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
             )
         experiment_dir = candidate

@@ -51,6 +51,21 @@ def test_postmortem_of_a_folder_without_a_journal_says_so(tmp_path: Path) -> Non
     assert "lab.json" not in message
 
 
+def test_postmortem_of_a_missing_folder_names_it_once_and_an_id_where_it_was_looked_up(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "x"
+    result = CliRunner().invoke(chaos, ["postmortem", str(missing)])
+    assert str(result.exception) == (  # a path: not looked up as an id (it read "(nor <path>)")
+        f"EXPERIMENT_DIR {missing}: no such folder; give RUN_DIR/experiments/<id> or an id of "
+        "an experiment in --run-dir"
+    )
+    result = CliRunner().invoke(chaos, ["postmortem", "e1", "--run-dir", str(tmp_path)])
+    assert f"EXPERIMENT_DIR e1: no such folder (nor {tmp_path / 'experiments' / 'e1'})" in str(
+        result.exception
+    )
+
+
 def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: Path) -> None:
     both = CliRunner().invoke(chaos, ["revert", "--all", str(tmp_path)])
     assert isinstance(both.exception, ConfigError)
