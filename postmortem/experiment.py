@@ -48,7 +48,8 @@ class ExperimentPostMortem(BaseModel):
         fault_*: the first fault the method injected (``fault_at``: the agent's ``applied_at``).
         alertname / alert_labels / alert_firing_at / alert_received_at / alert_resolved_at:
             the alert about the job that fired after the fault, and when the responder
-            received it and it resolved.
+            received it and it resolved; ``alert_resolved_source``: who saw it resolve
+            (``prometheus``; ``responder``, its incident's close, when Prometheus did not).
         workers_restarted_at / recovered_at / recovered_by: the recovery (a restarted
             worker's first step, or every rank stepping after the fault was removed).
         time_to_detect_seconds / time_to_recover_seconds: fault -> alert firing, fault ->
@@ -84,6 +85,7 @@ class ExperimentPostMortem(BaseModel):
     alert_firing_at: float | None = None
     alert_received_at: float | None = None
     alert_resolved_at: float | None = None
+    alert_resolved_source: Literal["prometheus", "responder"] | None = None
     workers_restarted_at: float | None = None
     recovered_at: float | None = None
     detected: bool = False

@@ -179,6 +179,7 @@ def _alert(pm: ExperimentPostMortem, evidence: Evidence | None) -> None:
     if chosen is not None:
         pm.alertname, pm.alert_labels = chosen.alertname, chosen.labels
         pm.alert_firing_at, pm.alert_resolved_at = chosen.firing_at, chosen.resolved_at
+        pm.alert_resolved_source = "prometheus" if chosen.resolved_at is not None else None
     elif incident is not None:  # Prometheus said nothing, the responder knows when it started
         pm.alertname, pm.alert_labels = incident.alertname, incident.labels
         pm.alert_firing_at = incident.starts_at
@@ -196,7 +197,7 @@ def _alert(pm: ExperimentPostMortem, evidence: Evidence | None) -> None:
             # Prometheus did not see it resolve: the responder's close is the nearest fact
             # (when both are known, Prometheus's time is kept, as the responder's own
             # post-mortem reports it; the close comes a notification later)
-            pm.alert_resolved_at = incident.closed_at
+            pm.alert_resolved_at, pm.alert_resolved_source = incident.closed_at, "responder"
 
 
 def _about(labels: dict[str, str], pm: ExperimentPostMortem) -> bool:
@@ -288,7 +289,7 @@ def _timeline(pm: ExperimentPostMortem, journal: Journal) -> list[TimelineEvent]
         TimelineEvent(
             at=pm.alert_resolved_at,
             event="alert resolved",
-            source="responder/prometheus",
+            source=pm.alert_resolved_source or "prometheus",
             detail=alert,
         ),
         TimelineEvent(

@@ -297,11 +297,29 @@ def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
         "experiment ended",
     ]
     assert pm.notes == []
+    resolved = next(e for e in pm.timeline if e.event == "alert resolved")
+    assert (resolved.source, pm.alert_resolved_source) == ("prometheus", "prometheus")
     md = _markdown(pm)
     assert "| time to detect (fault → alert firing) | 2.0 s |" in md
     assert "| steps lost | 5 |" in md
     assert "Bitwise identical to the baseline at all 30 steps from step 21" in md
     assert "+2.0 s | alert firing" in md
+
+
+def test_a_resolve_prometheus_did_not_see_is_the_responder_s_close_and_sourced_so(
+    recorded: tuple[Path, Path, Path],
+) -> None:
+    """The row named one source, "responder/prometheus", whichever told it (fresh-user pass:
+    the responder's own report says "prometheus")."""
+    exp_dir, _, baseline = recorded
+    evidence = _evidence()
+    # the range query ended before the resolve
+    evidence.alerts[-1] = evidence.alerts[-1].model_copy(update={"resolved_at": None})
+    pm = postmortem_from_files(exp_dir, evidence=evidence, baseline_log_dir=baseline)
+    assert pm.alert_resolved_at is not None
+    assert pm.alert_resolved_at - FAULT_AT == pytest.approx(41.0)  # the incident's close
+    resolved = next(e for e in pm.timeline if e.event == "alert resolved")
+    assert (resolved.source, pm.alert_resolved_source) == ("responder", "responder")
 
 
 def test_recovery_is_found_when_rank0_node_keeps_its_restart_count(tmp_path: Path) -> None:
