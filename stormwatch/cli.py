@@ -131,6 +131,15 @@ def main(argv: list[str] | None = None) -> Any:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # a group alone: its help
+            exc.show()
+            sys.exit(exc.exit_code)
+        # one line, in the style of every other error (click's own is Usage, Try, Error)
+        where = exc.ctx.command_path if exc.ctx is not None else "stormwatch"
+        message = exc.format_message().rstrip(".")
+        click.secho(f"error: {message} (see `{where} --help`)", fg="red", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
