@@ -119,7 +119,9 @@ class HypothesisChecker:
         section = journal.steady_state_before if phase == "before" else journal.steady_state_after
         hypothesis = self._ctx.experiment.steady_state_hypothesis
         self._ctx.reporter.event(f"steady state ({phase}): {hypothesis.title}")
-        met = True
+        # After the fault, recovery comes first: the experiment's own probes (a job that
+        # finishes) read after it, not "all 4 ranks progressing" after "finished".
+        met = await self._recovered() if phase == "after" else True
         for probe in hypothesis.probes:
             if phase not in probe.phases:
                 continue
@@ -131,8 +133,6 @@ class HypothesisChecker:
                 probe.poll_seconds,
             )
             met = met and outcome.ok
-        if phase == "after":
-            met = await self._recovered() and met
         section.met = met
         self._ctx.writer.save()
         return met
@@ -141,7 +141,8 @@ class HypothesisChecker:
         """After a fault that is over once sent (kill_rank), every rank must complete a step (or
         finish) *after* it: a job that had already finished, or never came back, did not recover.
 
-        Journaled as the after-phase probe ``job-recovered``; True when there is nothing to check.
+        Journaled as the after-phase probe ``job-recovered``, the phase's first; True when there
+        is nothing to check.
         """
         if not self._faults.self_reverting:
             return True

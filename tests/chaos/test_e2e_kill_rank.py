@@ -106,7 +106,7 @@ def test_e2e_kill_rank_is_detected_received_recovered_with_identical_loss(tmp_pa
     assert pm.resumed_from_step == 20 and pm.steps_lost is not None and pm.steps_lost >= 5, report
     # Steps 21-40 after the restart (25 of 30 asked of the 50-step default: in proportion).
     assert pm.loss.identical is True and pm.loss.compared_steps >= 17, report
-    assert [p.name for p in journal.steady_state_after.probes][-1] == "job-recovered"
+    assert journal.steady_state_after.probes[0].name == "job-recovered"
     faults = Ledger(ledger_path(run_dir), create=False).entries()
     assert [(f.state, f.kind) for f in faults] == [("reverted", "kill_rank")] * 2
     assert '"phase": "down"' in (run_dir / "lab.json").read_text()

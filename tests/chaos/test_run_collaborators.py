@@ -550,8 +550,8 @@ def test_the_hypothesis_checker_adds_a_recovery_check_only_after_a_fault_that_re
 
     assert [r.name for r in run.journal.steady_state_before.probes] == ["rank-steps"]
     assert [(r.name, r.status) for r in run.journal.steady_state_after.probes] == [
+        ("job-recovered", "succeeded"),  # recovery first, then the experiment's own probes
         ("rank-steps", "succeeded"),
-        ("job-recovered", "succeeded"),
     ]
     assert run.journal.steady_state_before.met and run.journal.steady_state_after.met
     assert load_journal(run.path).steady_state_after.met is True
