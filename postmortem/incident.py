@@ -129,10 +129,13 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
         ("last step before the restart", format_optional(impact.last_step_before)),
         ("resumed from step", format_optional(impact.resumed_from_step)),
         ("steps lost", format_optional(impact.steps_lost)),
-        ("time lost", format_seconds(impact.time_lost_seconds)),
+        (  # more than the time to recover: the steps lost are computed again after it
+            "time lost (onset → the job back at its last step before the restart)",
+            format_seconds(impact.time_lost_seconds),
+        ),
         ("GPU-hours lost (ranks x time lost)", gpu_hours),
         (
-            "goodput during the incident",
+            "goodput during the incident (new steps x median step time / onset → close)",
             MISSING if impact.goodput is None else f"{impact.goodput:.0%}",
         ),
         ("actions", "; ".join(pm.actions) or "none"),
