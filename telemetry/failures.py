@@ -10,13 +10,20 @@ fault-free elastic job (the soak's end-to-end test, 2026-12-06).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 
 #: What gloo's TCP transport says when the rank at the other end of a connection is gone:
-#: torch raises it as a plain ``RuntimeError`` (gloo/transport/tcp/pair.cc: "Connection
-#: closed by peer", or a read error naming ``ECONNRESET``).
-GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Socket closed")
+#: torch raises it as a plain ``RuntimeError``, with no type or errno to tell it by
+#: (gloo/transport/tcp/pair.cc: "Connection closed by peer", or a read error naming
+#: ``ECONNRESET``), so the message is all there is.
+GLOO_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Socket closed")
+
+
+def says_peer_gone(text: str) -> bool:
+    """Whether ``text`` (a gloo error's message) says the rank at the other end is gone."""
+    return bool(GLOO_PEER_GONE.search(text))
 
 
 def rank_failures(exc: BaseException) -> Iterator[tuple[int | None, BaseException]]:
@@ -46,9 +53,9 @@ def lost_peer(exc: BaseException) -> BaseException | None:
     for _rank, inner in rank_failures(exc):
         if isinstance(inner, dist_errors):
             return inner
-        if isinstance(inner, RuntimeError) and any(m in str(inner) for m in GLOO_PEER_GONE):
+        if isinstance(inner, RuntimeError) and says_peer_gone(str(inner)):
             return inner
     return None
 
 
-__all__ = ["GLOO_PEER_GONE", "lost_peer", "rank_failures"]
+__all__ = ["GLOO_PEER_GONE", "lost_peer", "rank_failures", "says_peer_gone"]
