@@ -14,8 +14,8 @@ Exceptions (all :class:`stormwatch.errors.StormwatchError`)::
     LabError                        the lab could not come up / be inspected / go down
     ├── LabPermissionError          not root (also a ConfigError)
     ├── PortInUseError              a root-namespace port is taken (also a ConfigError)
-    ├── LabNotUpError               no lab in the run directory
-    │   └── LabNotFoundError        down: nothing of a lab in the run dir (ConfigError)
+    ├── LabNotUpError               no lab in the run directory (ConfigError)
+    │   └── LabNotFoundError        down: nothing of a lab in the run dir
     ├── LabOwnedElsewhereError      the prefix belongs to a lab in another run dir (ConfigError)
     ├── ServiceFailedError          a service exited or stayed unhealthy (.service, .log_file)
     ├── SlurmError                  the Slurm cluster: a tool missing, munge, a survivor of stop

@@ -19,11 +19,13 @@ class PortInUseError(LabError, ConfigError):
     """A port the lab wants to listen on is already taken by another process."""
 
 
-class LabNotUpError(LabError):
-    """There is no lab in the run directory (no ``lab.json``, or it was brought down)."""
+class LabNotUpError(LabError, ConfigError):
+    """There is no lab in the run directory (no ``lab.json``, or it was brought down): a
+    mistaken ``--run-dir`` or a lab not started, exit status 2 from every command (as
+    ``chaos run``'s :class:`~stormwatch.chaos.errors.LabNotReady`)."""
 
 
-class LabNotFoundError(LabNotUpError, ConfigError):
+class LabNotFoundError(LabNotUpError):
     """``lab down`` was given a run directory with nothing of a lab in it: no ``lab.json`` nor
     other file of one, and no process, namespace or link of one (``--run-dir`` typo?)."""
 

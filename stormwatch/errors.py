@@ -53,8 +53,8 @@
     ├── stormwatch.lab.LabError
     │   ├── LabPermissionError      (a ConfigError too)
     │   ├── PortInUseError          (a ConfigError too)
-    │   ├── LabNotUpError
-    │   │   └── LabNotFoundError    lab down: nothing of a lab in the run dir (a ConfigError too)
+    │   ├── LabNotUpError           no lab in the run dir (a ConfigError too)
+    │   │   └── LabNotFoundError    lab down: nothing of a lab in the run dir
     │   ├── LabOwnedElsewhereError  (a ConfigError too)
     │   ├── ServiceFailedError
     │   ├── SlurmError              the lab's Slurm cluster could not be set up or taken apart

@@ -102,3 +102,25 @@ def test_a_stopped_lab_still_lists_the_jobs_it_ran(tmp_path: Path) -> None:
     assert "Jobs" in text and "baseline" in text and "stopped" in text
     assert "Nodes" not in text and "Services" not in text and "not healthy" not in text
     assert "target file" not in text
+
+
+def test_every_lab_command_given_a_run_dir_without_a_lab_exits_2_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A mistaken --run-dir (or a lab never started) is the user's mistake, exit status 2, as
+    from `chaos run` and `lab down`; `lab train`, `wait`, `stop` and `status` exited 1
+    (fresh-user finding)."""
+    missing = tmp_path / "nolab"
+    for args in (
+        ["train", "--job", "j", "--steps", "3"],
+        ["wait", "--job", "j"],
+        ["stop", "--job", "j"],
+        ["status"],
+    ):
+        out = subprocess.run(
+            [STORMWATCH, "lab", *args, "--run-dir", str(missing)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.startswith(f"error: no lab in {missing}"), (args, out.stderr)
+        assert not missing.exists(), "nothing is left behind"
