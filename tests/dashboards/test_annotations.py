@@ -62,7 +62,10 @@ def test_silent_grafana_delays_nobody_beyond_the_timeout(silent_grafana: str) ->
     annotator.close()
     assert time.monotonic() - started < 0.5 + 0.5
     assert annotator.sent == 0
-    assert annotator.dropped >= 19  # all but the one in flight when close gave up
+    # All but the one in flight when close gave up: dropped, or failed (timed out) when the
+    # first post's own 0.5 s ended just before close's (cc27: 1 failed, 18 dropped, 1 in
+    # flight).
+    assert annotator.failed + annotator.dropped >= 19, (annotator.failed, annotator.dropped)
     annotator.annotate("after close", ["stormwatch"])  # dropped, never raises
 
 
