@@ -28,6 +28,7 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
             "of which the collectives' Python kernels alone",
             "the floor of counting collectives from Python on this benchmark's step",
             "where the process's CPU goes, rank 0, per step by thread",
+            "the garbage collector on the training thread, rank 0, per step",
             "machine: ",
         ),
         timeout=150,
@@ -52,3 +53,8 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
     flusher = {v: threads[v].get("stormwatch-flusher", 0.0) for v in ("bare", "instrumented")}
     assert flusher["instrumented"] > flusher["bare"], flusher
     assert math.isfinite(result["hot_path"]["kernels_seconds"])  # the kernels' floor, timed
+    collector = result["gc"]  # per step: seconds, and collections of each generation
+    assert set(collector) == {"bare", "instrumented"}
+    for figures in collector.values():
+        assert set(figures) == {"seconds", "gen0", "gen1", "gen2"}
+        assert all(math.isfinite(v) and v >= 0 for v in figures.values()), figures
