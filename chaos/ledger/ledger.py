@@ -29,6 +29,7 @@ from stormwatch.chaos.errors import LedgerError
 from stormwatch.contracts.fault_ledger import FaultTarget, LedgerEntry
 from stormwatch.errors import SchemaTooNewError
 from stormwatch.faults import AnyExperimentFault
+from stormwatch.faults.system import same_process
 from stormwatch.sqlite import Migration, Schema, connect, open_database, transaction
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,9 @@ class Ledger:
     def orphans(self) -> list[LedgerEntry]:
         """Open faults whose controller process is gone (crashed or killed before reverting)."""
         return [
-            e for e in self.open_faults() if not _alive(e.controller_pid, e.controller_started_at)
+            e
+            for e in self.open_faults()
+            if same_process((e.controller_pid, e.controller_started_at)) is None
         ]
 
     def _select(self, where: str, params: tuple[object, ...]) -> list[LedgerEntry]:
@@ -271,16 +274,6 @@ def _why_unreadable(column: str, exc: ValidationError) -> str:
         loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-"))]
         problems.append(f"{'.'.join([column, *loc]).strip('.') or 'row'}: {err['msg']}")
     return "; ".join(problems)
-
-
-def _alive(pid: int, started_at: float) -> bool:
-    try:
-        process = psutil.Process(pid)
-        return abs(process.create_time() - started_at) < 0.01 and (
-            process.status() != psutil.STATUS_ZOMBIE
-        )
-    except psutil.Error:
-        return False
 
 
 __all__ = ["Ledger", "controller_identity", "ledger_path"]
