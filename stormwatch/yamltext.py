@@ -80,10 +80,28 @@ class StrictLoader(UniqueKeyLoader):
         return super().compose_node(parent, index)
 
 
+#: The tag of a merge key (``<<: *defaults``): merged keys may be overridden by explicit ones.
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    """The mapping, refusing a key written twice. A merge key's keys are not checked: an
+    explicit key overrides a merged one, as YAML's merge type says; ``construct_mapping``
+    merges them after."""
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError as exc:  # a list or mapping as a key: PyYAML's own words, one line
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                "found unhashable key",
+                key_node.start_mark,
+            ) from exc
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping",

@@ -92,6 +92,7 @@ def test_default_policy_only_confirms_restarts_of_stalled_ranks() -> None:
             "guards: {max_concurrent: 1}\nrules: []\nguards: {max_concurrent: 5}\n",
             "not valid YAML: duplicate key 'guards' at line 3, column 1",
         ),
+        ("? [a, b]\n: 1\n", "not valid YAML: found unhashable key at line 1, column 3"),
     ],
 )
 def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
@@ -101,6 +102,17 @@ def test_invalid_policy_names_file_and_field(text: str, expected: str) -> None:
     assert str(err.value).startswith("policy.yml: ")
     assert expected in str(err.value)
     assert "\n" not in str(err.value) and "<unicode string>" not in str(err.value)
+
+
+def test_merge_keys_still_share_settings_and_an_explicit_key_overrides_a_merged_one() -> None:
+    """Refusing duplicate keys must not refuse YAML's merge keys (breaker's finding)."""
+    policy = parse_policy(
+        "rules:\n"
+        "  - &first {alertname: A, actions: [notify_only]}\n"
+        "  - {<<: *first, alertname: B}\n",
+        origin="policy.yml",
+    )
+    assert [r.alertname for r in policy.rules] == ["A", "B"]
 
 
 def test_backend_actions_without_a_backend_are_refused() -> None:
