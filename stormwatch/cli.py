@@ -121,6 +121,25 @@ def root(ctx: click.Context, verbose: int, log_format: logs.LogFormat) -> None:
         ctx.obj = context_object()
 
 
+def _command_path(argv: list[str]) -> str:
+    """The command ``argv`` names (``stormwatch lab status``), for a usage error click raised
+    without its context (an option missing its value): the leading words that name groups
+    and commands, options skipped."""
+    command: click.Command = root
+    path = ["stormwatch"]
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        if not isinstance(command, click.Group):
+            break
+        found = command.get_command(click.Context(command), word)  # the lazy groups too
+        if found is None:
+            break
+        command = found
+        path.append(word)
+    return " ".join(path)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point; maps :class:`StormwatchError` to a message and exit code."""
     try:
@@ -132,11 +151,16 @@ def main(argv: list[str] | None = None) -> Any:
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:
-        if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # a group alone: its help
+        # click >= 8.2 raises this for a group given alone: its help, as click shows it
+        if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
             exc.show()
             sys.exit(exc.exit_code)
         # one line, in the style of every other error (click's own is Usage, Try, Error)
-        where = exc.ctx.command_path if exc.ctx is not None else "stormwatch"
+        where = (
+            exc.ctx.command_path
+            if exc.ctx is not None
+            else _command_path(sys.argv[1:] if argv is None else argv)
+        )
         message = exc.format_message().rstrip(".")
         click.secho(f"error: {message} (see `{where} --help`)", fg="red", err=True)
         sys.exit(exc.exit_code)

@@ -23,6 +23,18 @@ STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
             "stormwatch lab",
         ),
         (["chaos", "run", "--bogus"], "error: No such option '--bogus'", "stormwatch chaos run"),
+        # click raises these without the command's context (breaker's finding: they named
+        # `stormwatch --help`)
+        (
+            ["-v", "lab", "status", "--run-dir"],
+            "error: Option '--run-dir' requires an argument",
+            "stormwatch lab status",
+        ),
+        (
+            ["lab", "status", "--json=1"],
+            "error: Option '--json' does not take a value",
+            "stormwatch lab status",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_pointing_at_the_command_s_help(
