@@ -66,6 +66,7 @@ def postmortem_cmd(
             f"{experiment_dir} is not an experiment directory (no journal.json); give "
             "RUN_DIR/experiments/<id> or an id of an experiment in --run-dir"
         )
+    experiment_dir = experiment_dir.resolve()  # `.` or `../e1`: its run dir is two folders up
 
     if baseline_log_dir is None:
         baseline_log_dir = previous_baseline(experiment_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -64,6 +65,22 @@ def test_postmortem_of_a_missing_folder_names_it_once_and_an_id_where_it_was_loo
     assert f"EXPERIMENT_DIR e1: no such folder (nor {tmp_path / 'experiments' / 'e1'})" in str(
         result.exception
     )
+
+
+def test_postmortem_of_a_relative_experiment_dir_finds_its_run_dir_two_folders_up(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`chaos postmortem .` inside RUN/experiments/e1 looked for the lab in e1 itself
+    (breaker's finding): the run dir is taken from the resolved path."""
+    run = tmp_path / "run"
+    experiment = run / "experiments" / "e1"
+    experiment.mkdir(parents=True)
+    (experiment / "journal.json").write_text("{}")
+    monkeypatch.chdir(experiment)
+    for given in (".", "../e1"):
+        result = CliRunner().invoke(chaos, ["postmortem", given])
+        assert isinstance(result.exception, ConfigError), result.output
+        assert f"no lab in {run} " in str(result.exception), str(result.exception)
 
 
 def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: Path) -> None:
