@@ -87,9 +87,16 @@ class Tolerance(_Model):
         ):
             value = getattr(self, name)
             if value is not None:
-                return f"{symbol} {value:g}"
+                return f"{symbol} {_exact(value)}"
         assert self.range is not None
-        return f"in [{self.range[0]:g}, {self.range[1]:g}]"
+        return f"in [{_exact(self.range[0])}, {_exact(self.range[1])}]"
+
+
+def _exact(value: float) -> str:
+    """``value`` as written: ``4``, ``0.5``, ``1e+16``, and ``4.0000001`` rather than six
+    digits' ``4`` (a bound printed rounded made a failing value read as a pass)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 _TOLERANCE_OPS = ("eq", "ne", "gt", "ge", "lt", "le", "range")

@@ -28,6 +28,14 @@ class StandInPrometheus:
         return [Sample({"rank": str(i)}, v, 0.0) for i, v in enumerate(self.values)]
 
 
+def test_a_tolerance_is_printed_as_written_not_rounded() -> None:
+    """Breaker's finding: ``eq: 4.0000001`` read "wanted == 4" beside a value of 4."""
+    assert Tolerance(eq=4).describe() == "== 4"
+    assert Tolerance(eq=4.0000001).describe() == "== 4.0000001"
+    assert Tolerance(range=[0.1234561, 0.1234569]).describe() == "in [0.1234561, 0.1234569]"
+    assert Tolerance(gt=1e16).describe() == "> 1e+16"
+
+
 @pytest.mark.parametrize(
     ("values", "ok", "detail"),
     [
