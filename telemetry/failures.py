@@ -17,8 +17,12 @@ from collections.abc import Iterator
 #: What gloo's TCP transport says when the rank at the other end of a connection is gone:
 #: torch raises it as a plain ``RuntimeError``, with no type or errno to tell it by
 #: (gloo/transport/tcp/pair.cc: "Connection closed by peer", or a read error naming
-#: ``ECONNRESET``), so the message is all there is.
-GLOO_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Socket closed")
+#: ``ECONNRESET``), so the message is all there is. gloo prefixes it with its source file
+#: (``[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:17334``):
+#: the same words from another library (a storage client's reset upload) are not a peer.
+GLOO_PEER_GONE = re.compile(
+    r"pair\.cc:\d+\].*(Connection closed by peer|Connection reset by peer|Socket closed)"
+)
 
 
 def says_peer_gone(text: str) -> bool:
@@ -39,23 +43,39 @@ def rank_failures(exc: BaseException) -> Iterator[tuple[int | None, BaseExceptio
 
 
 def lost_peer(exc: BaseException) -> BaseException | None:
-    """The failure in ``exc``, or among the ranks' failures DCP wrapped in it, that says a
-    collective lost its peer; None if there is none.
+    """The failure in ``exc`` that says the job's process group broke (a collective lost
+    its peer), or None. Looked for in ``exc``, among the ranks' failures DCP wrapped in it,
+    and in what each was raised from (``raise ... from``, the context).
 
-    NCCL raises ``torch.distributed.DistBackendError`` (the communicator aborted), a broken
-    TCP connection ``DistNetworkError``, gloo a ``RuntimeError`` naming the closed or reset
-    connection (:data:`GLOO_PEER_GONE`). A timed-out collective is not a lost peer: a peer
-    slow to write (slow storage) times its peers out too.
+    NCCL raises ``torch.distributed.DistBackendError`` once its communicator is aborted,
+    whatever aborted it (a dead peer, or its watchdog's timeout: the communicator cannot be
+    used again either way); a broken TCP connection raises ``DistNetworkError``; gloo a
+    ``RuntimeError`` naming the closed or reset connection (:data:`GLOO_PEER_GONE`). gloo's
+    timed-out collective is not one: a peer slow to write (slow storage) times its peers
+    out, and gloo's group stays usable.
     """
     # Importing this package does not import torch: without it loaded, no torch error exists.
     dist = sys.modules.get("torch.distributed")
     dist_errors = () if dist is None else (dist.DistBackendError, dist.DistNetworkError)
-    for _rank, inner in rank_failures(exc):
-        if isinstance(inner, dist_errors):
-            return inner
-        if isinstance(inner, RuntimeError) and says_peer_gone(str(inner)):
-            return inner
+    for _rank, failure in rank_failures(exc):
+        for inner in _chain(failure):
+            if isinstance(inner, dist_errors):
+                return inner
+            if isinstance(inner, RuntimeError) and says_peer_gone(str(inner)):
+                return inner
     return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (its cause, else its unsuppressed context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
 
 
 __all__ = ["GLOO_PEER_GONE", "lost_peer", "rank_failures", "says_peer_gone"]

@@ -86,6 +86,20 @@ def test_a_lost_peer_is_raised_as_the_job_s_failure_not_counted_as_a_failed_save
     assert raised.value is lost
 
 
+def test_a_storage_client_s_reset_is_a_failed_save_and_a_chained_gloo_loss_is_the_job_s() -> None:
+    """Only gloo's own message says a peer is gone (breaker's finding): a remote-storage
+    writer's reset upload is a failed save; a gloo loss raised from is still found."""
+    reset = RuntimeError("upload of shard 3 failed: [Errno 104] Connection reset by peer")
+    _reraise_job_failure(reset)
+    _reraise_job_failure(_wrapped(0, reset))
+    gloo = RuntimeError("[pair.cc:553] Connection closed by peer [10.213.0.11]:17334")
+    chained = ValueError("the planner's gather failed")
+    chained.__cause__ = gloo
+    with pytest.raises(RuntimeError) as raised:
+        _reraise_job_failure(_wrapped(1, chained))
+    assert raised.value is gloo
+
+
 def test_a_timed_out_save_collective_is_still_a_failed_save() -> None:
     """A peer slow to write (slow storage) times its peers out as a frozen one does."""
     timeout = RuntimeError("[pair.cc:446] Timed out waiting 30000ms for recv operation to complete")
