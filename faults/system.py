@@ -182,12 +182,17 @@ asynchronous: the state changes when the target is next scheduled, which on a lo
 takes milliseconds, not seconds."""
 
 
-def _is_stopped(process: psutil.Process) -> bool | None:
-    """Whether ``process`` is stopped (state ``T``); None when it is gone."""
+def _is_stopped(process: psutil.Process, *, traced: bool = False) -> bool | None:
+    """Whether ``process`` is stopped (state ``T``; with ``traced``, ``t`` too: a debugger
+    such as the agent's ``py-spy dump`` holds it, and the SIGSTOP lands when it lets go);
+    None when it is gone or a zombie."""
     try:
-        return bool(process.status() == psutil.STATUS_STOPPED)
+        status = process.status()
     except psutil.Error:
         return None
+    if status == psutil.STATUS_ZOMBIE:
+        return None
+    return status == psutil.STATUS_STOPPED or (traced and status == psutil.STATUS_TRACING_STOP)
 
 
 def wait_stopped(
@@ -197,11 +202,12 @@ def wait_stopped(
 
     Returns:
         The pids still not stopped after ``timeout`` seconds (empty: all stopped). A process
-        that is gone counts as done: there is nothing left to stop.
+        that is gone (or a zombie) counts as done: there is nothing left to stop. One held
+        by a debugger counts as stopped.
     """
 
     def running() -> list[int]:
-        return [p.pid for p in processes if _is_stopped(p) is False]
+        return [p.pid for p in processes if _is_stopped(p, traced=True) is False]
 
     wait_until(lambda: not running(), timeout)
     return running()
@@ -214,7 +220,8 @@ def wait_continued(
 
     Returns:
         The pids still stopped after ``timeout`` seconds (empty: all continued). A process
-        that is gone counts as continued.
+        that is gone (or a zombie) counts as continued, and so does one a debugger holds
+        for a moment (its own stop, not the fault's).
     """
 
     def stopped() -> list[int]:

@@ -306,9 +306,13 @@ class FreezeRanks(Fault[FreezeRanksRequest]):
                 with contextlib.suppress(psutil.Error):  # gone: nothing to continue
                     process.send_signal(signal.SIGCONT)
             raise
-        # the signal is asynchronous: answer once the processes are seen stopped
-        wait_stopped([p for ref in sent if (p := same_process(ref)) is not None])
-        return Injection(target_pid=int(sent[-1][0]), details={"processes": sent})
+        # the signal is asynchronous: answer once the processes are seen stopped; one in
+        # uninterruptible sleep (I/O) stops when its call returns: recorded, not refused
+        late = wait_stopped([p for ref in sent if (p := same_process(ref)) is not None])
+        details: dict[str, Any] = {"processes": sent}
+        if late:
+            details["not_yet_stopped"] = late
+        return Injection(target_pid=int(sent[-1][0]), details=details)
 
     def revert(self, ctx: FaultContext, injection: Injection | None) -> None:
         """SIGCONT every recorded process still alive; then :meth:`verify`.

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -69,6 +70,23 @@ def test_waiting_for_a_signal_counts_a_process_that_is_gone_as_done() -> None:
     proc.wait(timeout=30)
     assert wait_stopped([process], timeout=0) == []
     assert wait_continued([process], timeout=0) == []
+
+
+def test_waiting_for_a_signal_counts_a_zombie_as_done() -> None:
+    """An exited child not yet reaped: nothing left to stop (breaker's finding: it waited the
+    whole 2 s and named it)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        process = psutil.Process(proc.pid)
+        wait_until_zombie = 0
+        while process.status() != psutil.STATUS_ZOMBIE and wait_until_zombie < 500:
+            time.sleep(0.02)
+            wait_until_zombie += 1
+        assert process.status() == psutil.STATUS_ZOMBIE
+        assert wait_stopped([process], timeout=0) == []
+        assert wait_continued([process], timeout=0) == []
+    finally:
+        proc.wait(timeout=30)
 
 
 def test_waiting_for_a_signal_names_the_processes_it_did_not_see_change() -> None:

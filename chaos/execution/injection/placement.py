@@ -37,7 +37,7 @@ from stormwatch.chaos.ledger.tokens import agent_token
 from stormwatch.contracts.fault_ledger import AgentRequest, FaultTarget
 from stormwatch.faults import ExperimentFault, Placement
 from stormwatch.faults.kinds.orphans import describe_orphans
-from stormwatch.faults.system import same_process, wait_stopped
+from stormwatch.faults.system import SIGNAL_SETTLE_S, same_process, wait_stopped
 from stormwatch.platforms.endpoints import AgentEndpoint
 
 log = logging.getLogger(__name__)
@@ -235,13 +235,13 @@ async def _sigstop(
     except psutil.Error as exc:
         raise FaultError(f"fault {fault_id}: SIGSTOP {target.pid}: {exc}") from exc
     # the signal is asynchronous: answer once the process is seen stopped, as the agent does
-    await asyncio.to_thread(wait_stopped, [process])
+    late = await asyncio.to_thread(wait_stopped, [process])
     now = time.time()
+    detail = f"SIGSTOP to rank {spec.target_rank()} (pid {target.pid})"
+    if late:  # in uninterruptible sleep (I/O): it stops when its call returns
+        detail += f", not seen stopped within {SIGNAL_SETTLE_S:g} s"
     return InjectionResult(
-        applied_at=now,
-        expires_at=now + spec.ttl_seconds,
-        target_pid=target.pid,
-        detail=f"SIGSTOP to rank {spec.target_rank()} (pid {target.pid})",
+        applied_at=now, expires_at=now + spec.ttl_seconds, target_pid=target.pid, detail=detail
     )
 
 
