@@ -350,10 +350,10 @@ class StateStore:
         """Lock, load, let the caller change the state, save (unless the block raised).
 
         Raises:
-            LabNotUpError: no lab; a missing run directory is not created (nothing is left behind).
+            LabNotUpError: no lab; nothing is left behind (neither a missing run directory
+                nor, in one without a lab, the lock file).
         """
-        if not self._paths.run_dir.is_dir():
-            self.require()
+        self.require()  # checked again under the lock: this one leaves no lock file behind
         with self.locked():
             state = self.require()
             yield state

@@ -110,17 +110,21 @@ def test_every_lab_command_given_a_run_dir_without_a_lab_exits_2_naming_it(
     """A mistaken --run-dir (or a lab never started) is the user's mistake, exit status 2, as
     from `chaos run` and `lab down`; `lab train`, `wait`, `stop` and `status` exited 1
     (fresh-user finding)."""
-    missing = tmp_path / "nolab"
+    missing, empty = tmp_path / "nolab", tmp_path / "empty"
+    empty.mkdir()
     for args in (
         ["train", "--job", "j", "--steps", "3"],
         ["wait", "--job", "j"],
         ["stop", "--job", "j"],
+        ["rejoin", "--job", "j", "--node", "node1"],
         ["status"],
     ):
-        out = subprocess.run(
-            [STORMWATCH, "lab", *args, "--run-dir", str(missing)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert out.returncode == 2, (args, out.stderr)
-        assert out.stderr.startswith(f"error: no lab in {missing}"), (args, out.stderr)
+        for run_dir in (missing, empty):
+            out = subprocess.run(
+                [STORMWATCH, "lab", *args, "--run-dir", str(run_dir)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert out.returncode == 2, (args, out.stderr)
+            assert out.stderr.startswith(f"error: no lab in {run_dir}"), (args, out.stderr)
         assert not missing.exists(), "nothing is left behind"
+        assert list(empty.iterdir()) == [], f"lab {args[0]} left {list(empty.iterdir())}"
