@@ -16,7 +16,8 @@ legitimately pauses progress (``checkpoint_save``, ``checkpoint_load``, ``eval``
 per-process :class:`Session` (:func:`init` makes it, :func:`session` returns it);
 :class:`Session` has the same methods and a few more for jobs that measure themselves
 (:meth:`Session.record_step`, :meth:`Session.collective_counter`, :meth:`Session.span`,
-...), plus the MFU arithmetic (:func:`flops_per_token`, :func:`mfu`, :func:`peak_flops`):
+...), plus the MFU arithmetic (:func:`flops_per_token`, :func:`mfu`, :func:`peak_flops`)
+and what a failed save's exception says (:func:`lost_peer`, :func:`rank_failures`):
 the names of :data:`__all__` are the public API, and all the reference trainer uses.
 
 Promises: importing this package does not import torch (collective counting does, when
@@ -45,6 +46,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stormwatch.telemetry.dump import DEFAULT_FLIGHT_RECORDER_ENTRIES, MAX_FLIGHT_RECORDER_ENTRIES
+from stormwatch.telemetry.failures import lost_peer, rank_failures
 from stormwatch.telemetry.lifecycle import launch
 from stormwatch.telemetry.lifecycle.guard import LOGGER_NAME, never_raises, warn_once
 from stormwatch.telemetry.lifecycle.session import PhaseContext, Session
@@ -408,9 +410,11 @@ __all__ = [
     "flops_per_token",
     "init",
     "instrument_collectives",
+    "lost_peer",
     "mfu",
     "peak_flops",
     "phase",
+    "rank_failures",
     "session",
     "shutdown",
     "step",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from stormwatch.telemetry.failures import rank_failures
+from stormwatch.telemetry import rank_failures
 from stormwatch.trainer.errors import CheckpointError
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from stormwatch.telemetry.failures import lost_peer, rank_failures
+from stormwatch.telemetry import lost_peer, rank_failures
 from stormwatch.trainer.checkpoint import store
 from stormwatch.trainer.checkpoint.background import BackgroundSaver, InFlight
 from stormwatch.trainer.checkpoint.budget import DCP_ERRORS, describe_dcp_error
