@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from stormwatch.chaos.cli.common import RUN_DIR, TARGET, reap_overdue
+from stormwatch.chaos.errors import LabNotReady
 from stormwatch.errors import ConfigError
 
 
@@ -78,7 +80,12 @@ def postmortem_cmd(
             )
     if not offline:
         reap_overdue(experiment_dir.parent.parent)
-    target = None if offline else resolve_target(experiment_dir.parent.parent, target_file)
+    try:
+        target = None if offline else resolve_target(experiment_dir.parent.parent, target_file)
+    except LabNotReady as exc:  # `make demo` ends with its lab down: the files still tell
+        raise LabNotReady(
+            f"{exc}; or rewrite the post-mortem from the run's files alone with --offline"
+        ) from exc
     _, md = asyncio.run(
         generate_postmortem(
             experiment_dir,
@@ -87,7 +94,11 @@ def postmortem_cmd(
             wait_resolved_seconds=wait_resolved,
         )
     )
-    Console().print(md.read_text(encoding="utf-8"), markup=False, highlight=False)
+    text = md.read_text(encoding="utf-8")
+    if sys.stdout.isatty():
+        Console().print(text, markup=False, highlight=False)
+    else:  # redirected (`> pm.md`): the Markdown as written, its table rows unwrapped
+        click.echo(text, nl=False)
 
 
 def previous_baseline(experiment_dir: Path) -> Path | None:

@@ -81,6 +81,10 @@ def test_postmortem_of_a_relative_experiment_dir_finds_its_run_dir_two_folders_u
         result = CliRunner().invoke(chaos, ["postmortem", given])
         assert isinstance(result.exception, ConfigError), result.output
         assert f"no lab in {run} " in str(result.exception), str(result.exception)
+        # the demo ends with its lab down (fresh-user pass): the files alone still tell
+        assert str(result.exception).endswith(
+            "; or rewrite the post-mortem from the run's files alone with --offline"
+        )
 
 
 def test_revert_with_a_run_dir_given_as_a_fault_id_points_at_run_dir(tmp_path: Path) -> None:

@@ -439,6 +439,9 @@ def test_offline_postmortem_from_saved_evidence_writes_md_and_json(
     assert pm.detected
     assert cli.returncode == 0, cli.stderr
     assert "# Post-mortem: Kill rank 1" in cli.stdout
+    # piped (`> pm.md`): the file's Markdown itself, table rows unwrapped (fresh-user pass:
+    # rows were cut at 80 columns)
+    assert cli.stdout == md.read_text()
     png = exp_dir / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "![loss per step, experiment vs baseline](loss.png)" in md.read_text()
