@@ -55,6 +55,17 @@ EXIT_BEFORE_ONSET_S = 5.0
 EXIT_TIE_S = 1.0
 
 
+def _scores_line(scores: dict[str, float]) -> str:
+    """The straggler scores with what they are (fresh-user pass: four scores above 1.2 read
+    as four stragglers): each rank's highest in the window, so a restart's slow steps count."""
+    listed = ", ".join(f"{k} {v:.2f}" for k, v in sorted(scores.items()))
+    return (
+        f"straggler scores (each rank's highest in the window; a score is a step's compute "
+        f"time over its node peers' median, and a straggler is one at >= {STRAGGLER_FACTOR:g} "
+        f"several steps in a row, not one high step such as a restart's): {listed}"
+    )
+
+
 def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
     """Fill each dump's ``behind`` (per process group, vs. the furthest peer) and
     ``overtaken`` (inside a collective a peer completed); by rank."""
@@ -345,9 +356,7 @@ def find_culprit(clues: Clues) -> Culprit:
     if found.node is None and found.rank is not None:
         found.node = clues.rank_nodes.get(found.rank)
     if scores and found.method != "straggler":
-        found.evidence.append(
-            "straggler scores: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(scores.items()))
-        )
+        found.evidence.append(_scores_line(scores))
     if missing and found.method != "flight_recorder":
         found.evidence.append(
             f"flight recorder not compared: rank(s) {', '.join(map(str, missing))} wrote no dump"

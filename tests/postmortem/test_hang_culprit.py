@@ -273,3 +273,21 @@ def test_fc10_a_group_whose_entries_left_the_ring_is_never_compared_across_ranks
         }
     )
     assert reduce_dump(waiting).in_flight
+
+
+def test_straggler_scores_beside_another_culprit_say_what_they_are() -> None:
+    """Fresh-user pass: four scores above 1.2 beside a killed rank read as four stragglers;
+    they are each rank's highest in the window, a restart's slow steps included."""
+    clues = Clues(
+        progress={},
+        dumps=[],
+        first_alert=FirstAlert(alertname="StormwatchRankStalled", labels={"rank": "1"}),
+        first_alert_at=0.0,
+        straggler_scores={"rank=0": 1.38, "rank=1": 1.46},
+    )
+    found = find_culprit(clues)
+    assert found.rank == 1 and found.method != "straggler"
+    [line] = [e for e in found.evidence if e.startswith("straggler scores")]
+    assert line.startswith("straggler scores (each rank's highest in the window; ")
+    assert ">= 1.2 several steps in a row" in line
+    assert line.endswith("): rank=0 1.38, rank=1 1.46")
