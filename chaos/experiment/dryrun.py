@@ -41,7 +41,8 @@ from stormwatch.faults import Target as FaultTarget
 if TYPE_CHECKING:
     from stormwatch.chaos.target import Target
 
-#: Nodes of the default lab (``stormwatch lab up``), for files that do not fix their shape.
+#: Nodes a job of the default lab runs on (``stormwatch lab up``: 3 nodes, the third a spare
+#: no job uses until one is moved there), for files that do not fix their shape.
 DEFAULT_LAB_NODES = 2
 
 
@@ -88,7 +89,7 @@ def plan_shape(
     if world is not None and world % DEFAULT_LAB_NODES == 0:
         return (
             Shape.generic(DEFAULT_LAB_NODES, world // DEFAULT_LAB_NODES),
-            f"job.world_size on the default {DEFAULT_LAB_NODES}-node lab",
+            f"job.world_size on the default lab's {DEFAULT_LAB_NODES} job nodes",
         )
     on_the_target = target is not None and target.problem is None
     if world is None:
@@ -97,7 +98,7 @@ def plan_shape(
         return None, f"{world} ranks (job.world_size)"
     return None, (
         f"{world} ranks (job.world_size); their nodes are known only at run time ({world} ranks "
-        f"do not split evenly over the default lab's {DEFAULT_LAB_NODES} nodes)"
+        f"do not split evenly over the default lab's {DEFAULT_LAB_NODES} job nodes)"
     )
 
 
@@ -121,7 +122,8 @@ def target_shape(run_dir: Path, target_file: Path | None) -> ResolvedTarget:
     try:
         target = resolve_target(run_dir, target_file)
     except (LabNotReady, OSError) as exc:  # said in the plan; run_commands decides the exit
-        asked = f"--target {target_file}" if target_file is not None else f"the lab in {run_dir}"
+        lab = f"the lab in {Path(run_dir).absolute()}"
+        asked = f"--target {target_file}" if target_file is not None else lab
         return ResolvedTarget(asked, problem=str(exc) or type(exc).__name__)
     return resolved_from(target)
 
@@ -172,6 +174,17 @@ def print_plan(
         p(
             f"    {escape('[' + '/'.join(probe.phases) + ']')} {probe.name}: "
             f"{escape(describe_provider(probe.provider))} (wait <= {probe.timeout_seconds:g} s)"
+        )
+    over_once_sent = [
+        a.fault.kind
+        for a in experiment.method
+        if isinstance(a, ActionActivity) and a.fault.traits.reverts_itself
+    ]
+    if over_once_sent:  # the runner's own check (chaos/execution/checks.py)
+        p(
+            f"    {escape('[after]')} job-recovered: every rank completes a step after the "
+            f"{escape(over_once_sent[-1])}; added by the runner, since that fault is over "
+            "once sent, and checked first"
         )
     for guard in experiment.safeguards:
         p(

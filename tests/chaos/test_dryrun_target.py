@@ -113,12 +113,12 @@ NO_LAB = ResolvedTarget("the lab in run", problem="no lab in run (no lab.json)")
 def test_the_dry_run_says_the_world_size_whose_nodes_only_the_run_knows(
     tmp_path: Path, target: ResolvedTarget | None
 ) -> None:
-    """3 ranks do not split over the default lab's 2 nodes: the job line said 'unknown until
+    """3 ranks do not split over the default lab's 2 job nodes: the job line said 'unknown until
     run time; not the target's', naming neither the world size nor what is unknown."""
     line = _plan_of_world(tmp_path, 3, target)
     assert line.endswith(
         "seed 0, 3 ranks (job.world_size); their nodes are known only at run time "
-        "(3 ranks do not split evenly over the default lab's 2 nodes)"
+        "(3 ranks do not split evenly over the default lab's 2 job nodes)"
     ), line
     unset = _plan_of_world(tmp_path, None, target)
     assert unset.endswith(
@@ -133,3 +133,16 @@ def test_the_dry_run_on_a_submitting_target_names_the_world_size_without_the_def
     assert line.endswith(
         "seed 0, 3 ranks (job.world_size); the target's nodes are known once its job is allocated"
     ), line
+
+
+def test_the_dry_run_lists_the_runner_s_own_recovery_check_after_a_kill(tmp_path: Path) -> None:
+    """Fresh-user pass: `job-recovered` appeared in the run's output but not in its plan."""
+    console = Console(record=True, width=400, highlight=False, soft_wrap=True)
+    print_plan(load_experiment(EXPERIMENT), EXPERIMENT, console, None)
+    lines = console.export_text().splitlines()
+    [added] = [line for line in lines if "job-recovered" in line]
+    assert added == (
+        "    [after] job-recovered: every rank completes a step after the kill_rank; added by "
+        "the runner, since that fault is over once sent, and checked first"
+    )
+    assert lines.index(added) < next(i for i, line in enumerate(lines) if line == "  method:")

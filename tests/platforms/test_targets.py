@@ -279,8 +279,9 @@ def test_chaos_run_dry_run_on_a_target_it_cannot_reach_says_why_and_exits_2(
     code, output = _stormwatch([*argv, "--run-dir", str(run_dir)], capsys)
     assert code == 2, output
     assert f"target: --target {target} could not be resolved: target job llm" in output
-    assert "4 ranks on 2 nodes (job.world_size on the default 2-node lab; not the target's)" in (
-        output
+    assert (
+        "4 ranks on 2 nodes (job.world_size on the default lab's 2 job nodes; not the target's)"
+        in (output)
     )
     assert "kill_rank" in output and "(the lab)" not in output and "Traceback" not in output
     assert not run_dir.exists()  # nothing started, nothing written
