@@ -54,13 +54,15 @@ CONTEXT_AFTER_S = 30.0
 
 @dataclass(frozen=True)
 class Span:
-    """One trace span: ``name`` on ``rank`` from ``start`` to ``end`` (Unix s)."""
+    """One trace span: ``name`` on ``rank`` from ``start`` to ``end`` (Unix s); ``step``: its
+    ``step`` attribute (the step a save, a load or a step span is of), when it has one."""
 
     name: str
     rank: int | None
     start: float
     end: float
     error: bool
+    step: int | None = None
 
 
 @dataclass
@@ -141,6 +143,7 @@ def read_spans(spans_dir: Path, start: float, end: float) -> list[Span]:
             resource = (item.get("resource") or {}).get("attributes") or {}
             rank = resource.get("rank")
             status = (item.get("status") or {}).get("status_code", "")
+            step = (item.get("attributes") or {}).get("step")
             spans.append(
                 Span(
                     name=str(item.get("name", "?")),
@@ -148,6 +151,7 @@ def read_spans(spans_dir: Path, start: float, end: float) -> list[Span]:
                     start=begin,
                     end=finish,
                     error=status == "ERROR",
+                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
                 )
             )
     return spans

@@ -192,10 +192,11 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
         slow = seconds > SLOW_SPAN_FACTOR * medians[span.name] and seconds > 1.0
         if span.error or span.name.startswith("checkpoint") or slow:
             what = "error" if span.error else ("slow" if slow else "span")
+            of_step = f" of step {span.step}" if span.step is not None else ""
             rows.append(
                 TimelineEvent(
                     at=span.end if span.error else span.start,
-                    event=f"trace: {span.name} ({what})",
+                    event=f"trace: {span.name}{of_step} ({what})",
                     source=f"trace rank {span.rank}",
                     detail=f"ended in an error after {seconds:.2f} s"
                     if span.error

@@ -110,7 +110,8 @@ def make_lab_run(run_dir: Path, last_step_at: float) -> None:
     end = dt.datetime.fromtimestamp(restart + 3, dt.UTC).isoformat()
     _jsonl(logs / "spans" / "rank0.jsonl", [
         {"name": "checkpoint_load", "start_time": start, "end_time": end,
-         "status": {"status_code": "UNSET"}, "resource": {"attributes": {"rank": 0, "job": JOB}}}
+         "status": {"status_code": "UNSET"}, "attributes": {"step": 20},
+         "resource": {"attributes": {"rank": 0, "job": JOB}}}
     ])  # fmt: skip
     _jsonl(run_dir / "nodes" / "node1" / "agent" / "events.jsonl", [
         {"time": last_step_at + 31, "node": "node1", "kind": "rank_hang", "job": JOB, "rank": r}
@@ -201,7 +202,8 @@ def test_a_resolved_incident_gets_a_postmortem_naming_the_rank_that_never_joined
     assert 0 < impact["goodput"] < 0.2
     sources = {row["source"] for row in pm["timeline"]}
     assert {"prometheus", "responder", "rank logs", "trainer", "agent node1"} <= sources
-    assert "trace rank 0" in sources  # the checkpoint_load span
+    assert "trace rank 0" in sources  # the checkpoint_load span, with its step
+    assert "trace: checkpoint_load of step 20 (span)" in {row["event"] for row in pm["timeline"]}
     assert [p["source"] for p in pm["plots"]] == ["rank logs"] * 3
     markdown = (folder / "postmortem.md").read_text()
     assert "likely culprit | rank 2 / node1" in markdown

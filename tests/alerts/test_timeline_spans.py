@@ -24,6 +24,12 @@ def test_an_error_span_is_placed_when_it_ended_and_says_so() -> None:
     ]
 
 
+def test_a_span_with_a_step_names_it() -> None:
+    """Fresh-user pass: the save rows gave no step, beside "resumed from step 20"."""
+    save = Span("checkpoint_save", 0, 40.0, 40.3, error=False, step=20)
+    assert _rows(save) == [(40.0, "trace: checkpoint_save of step 20 (span)", "0.30 s")]
+
+
 def test_a_checkpoint_or_slow_span_is_placed_when_it_began() -> None:
     steps = [Span("step", 1, 10.0 + i, 10.5 + i, error=False) for i in range(5)]
     slow = Span("step", 1, 30.0, 33.0, error=False)
