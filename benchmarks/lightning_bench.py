@@ -53,7 +53,7 @@ from typing import Any
 from hotpath_profile import in_child as hot_path_profile
 from hotpath_profile import summary
 from trainer_bench import machine
-from trainer_report import median
+from trainer_report import gpu_projection, median
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning" / "train.py"
 #: The example's StormwatchCallback hooks timed per step (its STEP_HOOKS).
@@ -238,6 +238,7 @@ def report(title: str, figures: dict[str, Any], host: dict[str, str]) -> None:
             f"step's training-thread CPU ({bare * 1e3:.2f} ms); 1.02 needs a step of "
             f"{floor['seconds'] / 0.02 * 1e3:.1f} ms or more"
         )
+        print(gpu_projection(floor["seconds"], bare))
         print("where the API's cost remains on the training thread:")
         print(summary(floor["hot_path"]))
     print("machine: " + ", ".join(f"{k} {v}" for k, v in host.items()))

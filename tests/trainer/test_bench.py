@@ -29,6 +29,7 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
             "the floor of counting collectives from Python on this benchmark's step",
             "where the process's CPU goes, rank 0, per step by thread",
             "the garbage collector on the training thread, rank 0, per step",
+            "on a GPU machine (projected: the same",
             "machine: ",
         ),
         timeout=150,

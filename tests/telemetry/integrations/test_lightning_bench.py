@@ -27,6 +27,7 @@ def test_quick_lightning_benchmark_prints_the_overhead_and_the_noise_floor(
             "overhead per step (pooled medians)",
             "the callback's per-step hooks",
             "the per-step floor, timed directly on the training thread",
+            "on a GPU machine (projected: the same",
             "where the API's cost remains on the training thread",
             "machine: ",
         ),
