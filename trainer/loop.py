@@ -46,7 +46,7 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -140,8 +140,13 @@ def train(
     with contextlib.ExitStack() as stack:
         timeline = StartupTimeline.of_this_process() if startup is None else startup
         session = _session(config)
-        stack.callback(session.shutdown, clean=False)  # after a clean end: does nothing
-        stack.enter_context(_sigterm_raises(session))
+        quiet = stack.enter_context(_sigterm_raises(session))
+        # Unwound in reverse: from here a SIGTERM is ignored, not raised, while the session
+        # flushes its last records (after a clean end it does nothing); then SIGTERM's
+        # handler is restored. Before, the default handler came back first and torchrun's
+        # SIGTERM killed the rank mid-flush, losing its last step records (cc28).
+        stack.callback(session.shutdown, clean=False)
+        stack.callback(quiet)
         # Fault points of the control file (stormwatch.faults.control_file): at each start-up
         # stage, then polled at the start of every step, before anything of it runs; its
         # checkpoint_kill is the checkpointer's hook.
@@ -211,7 +216,7 @@ def _session(config: TrainConfig) -> swt.Session:
 
 
 @contextlib.contextmanager
-def _sigterm_raises(session: swt.Session | None = None) -> Iterator[None]:
+def _sigterm_raises(session: swt.Session | None = None) -> Iterator[Callable[[], None]]:
     """While training, SIGTERM raises :class:`Terminated` in the main thread.
 
     torchrun stops the surviving workers with SIGTERM when one fails; raising
@@ -219,12 +224,20 @@ def _sigterm_raises(session: swt.Session | None = None) -> Iterator[None]:
     session hears of the stop request (:meth:`~stormwatch.telemetry.Session.stop_requested`:
     the agent counts the exit as a stop, not a failure).
     Outside the main thread (tests) nothing is installed.
+
+    Yields:
+        ``quiet()``: from then on a SIGTERM is ignored. The rank is already ending, and its
+        teardown (the last records' flush) must not be cut short.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
 
     raised = False
+
+    def quiet() -> None:
+        nonlocal raised
+        raised = True
 
     def handler(signum: int, frame: object) -> None:
         nonlocal raised
@@ -240,7 +253,7 @@ def _sigterm_raises(session: swt.Session | None = None) -> Iterator[None]:
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield quiet
     finally:
         signal.signal(signal.SIGTERM, previous)
 
