@@ -16,6 +16,7 @@ rollbacks succeeded).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -83,11 +84,15 @@ def demo_experiment(path: Path, steps: int | None) -> Experiment:
     experiment = load_experiment(path)
     if steps is None:
         return experiment
+    given = experiment.job.steps
     job = experiment.job.model_copy(update={"steps": steps})
     experiment = experiment.model_copy(update={"job": job})
     issues = semantic_issues(experiment)
-    if issues:
-        raise InvalidExperiment(path, [*issues])
+    if issues:  # the user's --steps caused them, not the file: say so (fresh-user pass)
+        said = f" (job.steps {steps} is the demo's --steps; the file says {given})"
+        raise InvalidExperiment(
+            path, [dataclasses.replace(i, message=i.message + said) for i in issues]
+        )
     return experiment
 
 

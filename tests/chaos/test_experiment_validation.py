@@ -302,6 +302,8 @@ def test_demo_steps_override_is_revalidated() -> None:
     assert demo_experiment(KILL_RANK, 60).job.steps == 60
     with pytest.raises(InvalidExperiment, match=r"method\[0\]\.when\.step: must be < job.steps"):
         demo_experiment(KILL_RANK, 20)
+    with pytest.raises(InvalidExperiment, match=r"\(job.steps 20 is the demo's --steps; the file"):
+        demo_experiment(KILL_RANK, 20)  # the user's flag caused it, not the file
 
 
 def test_validate_command_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
