@@ -121,8 +121,10 @@ class Restart:
         object.__setattr__(self, "steps", tuple(m for m in self.marks if isinstance(m, StepDone)))
 
     def counts(self, ranks: Mapping[str, int] | None = None) -> str | None:
-        """Both restart counts of the restart and what caused it, as shown: ``job attempt 2
-        (node-local counts 1, 1); restarted by a failure on nodeB (rank 3)``; ``None``
+        """Both restart counts of the restart and what caused it, as shown: ``restart 2 of the
+        job (its nodes' torchrun counts: 1, 1); restarted by a failure on nodeB (rank 3)``
+        (the job's attempt, which every rank agreed, and each node's
+        ``TORCHELASTIC_RESTART_COUNT``, which a node restarted for its peer keeps); ``None``
         without a start. ``ranks``: node -> the rank that failed on it, in the order they
         failed (:func:`stormwatch.postmortem.causes.failed_ranks`); the first is the
         cause and the others follow it, ``nodeA (rank 1), followed by nodeB (rank 3)``, so
@@ -133,8 +135,8 @@ class Restart:
             return None
         first = self.starts[0]
         nodes = ", ".join(str(c) for c in sorted({s.attempt for s in self.starts}))
-        job = "unknown" if first.job_attempt is None else str(first.job_attempt)
-        text = f"job attempt {job} (node-local counts {nodes})"
+        which = "a restart" if first.job_attempt is None else f"restart {first.job_attempt}"
+        text = f"{which} of the job (its nodes' torchrun counts: {nodes})"
         ranks = ranks or {}
         failed = [f"{node} (rank {rank})" for node, rank in ranks.items()]
         failed += [node for node in first.restarted_by if node not in ranks]

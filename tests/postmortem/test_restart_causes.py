@@ -54,7 +54,7 @@ def test_the_restart_names_the_rank_that_failed_on_the_node_that_caused_it() -> 
     ]
     ranks = failed_ranks(restart, exits, since=4.0)
     assert ranks == {"node1": 3}
-    expected = "job attempt 1 (node-local counts 0, 1); restarted by a failure on node1 (rank 3)"
+    expected = "restart 1 of the job (its nodes' torchrun counts: 0, 1); restarted by a failure on node1 (rank 3)"
     assert restart.counts(ranks) == expected
     impact = measure_impact(progress, restart, onset=4.0, resolved_at=None, failed_ranks=ranks)
     assert impact.restart_count == expected
@@ -82,12 +82,12 @@ def test_a_rank_that_failed_after_the_first_is_named_after_it_not_beside_it() ->
     ranks = failed_ranks(restart, exits, since=4.0)
     assert list(ranks.items()) == [("node0", 1), ("node1", 3)]  # in the order they failed
     assert restart.counts(ranks) == (
-        "job attempt 1 (node-local counts 1); "
+        "restart 1 of the job (its nodes' torchrun counts: 1); "
         "restarted by a failure on node0 (rank 1), followed by node1 (rank 3)"
     )
     # a node the start names without an exit seen there still follows
     assert restart.counts({"node0": 1}) == (
-        "job attempt 1 (node-local counts 1); "
+        "restart 1 of the job (its nodes' torchrun counts: 1); "
         "restarted by a failure on node0 (rank 1), followed by node1"
     )
 

@@ -40,7 +40,9 @@ def test_the_restart_shows_the_job_attempt_beside_node_counts_and_the_failed_nod
         ),
     }
     restart = restart_after(progress, 5.0)
-    expected = "job attempt 2 (node-local counts 1); restarted by a failure on node1"
+    expected = (
+        "restart 2 of the job (its nodes' torchrun counts: 1); restarted by a failure on node1"
+    )
     assert restart.counts() == expected
     impact = measure_impact(progress, restart, onset=5.0, resolved_at=None)
     assert impact.restart_count == expected
