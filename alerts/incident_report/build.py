@@ -150,7 +150,7 @@ def _summary(pm: IncidentPostMortem) -> str:
     if impact.steps_lost is not None:
         parts.append(f"{impact.steps_lost} steps lost")
     if impact.gpu_hours_lost is not None:
-        parts.append(f"{impact.gpu_hours_lost:.3f} GPU-hours lost")
+        parts.append(f"{impact.gpu_hours_lost:.4f} GPU-hours lost")
     return parts[0] + (" " + "; ".join(parts[1:]) + "." if len(parts) > 1 else "")
 
 

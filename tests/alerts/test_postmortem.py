@@ -208,6 +208,8 @@ def test_a_resolved_incident_gets_a_postmortem_naming_the_rank_that_never_joined
     markdown = (folder / "postmortem.md").read_text()
     assert "likely culprit | rank 2 / node1" in markdown
     assert "![Per-rank heartbeats" in markdown
+    # the headline and the table give the same figure (fresh-user pass: 0.014 beside 0.0143)
+    assert "; 0.0878 GPU-hours lost." in markdown and "| 0.0878 (4 ranks) |" in markdown
     # Each figure says what it measures (fresh-user pass: 11.1 s lost beside a 9.3 s recovery)
     assert "| time lost (onset → the job back at its last step before the restart) | 79" in (
         markdown
