@@ -143,8 +143,9 @@ def train(
         quiet = stack.enter_context(_sigterm_raises(session))
         # Unwound in reverse: from here a SIGTERM is ignored, not raised, while the session
         # flushes its last records (after a clean end it does nothing); then SIGTERM's
-        # handler is restored. Before, the default handler came back first and torchrun's
-        # SIGTERM killed the rank mid-flush, losing its last step records (cc28).
+        # handler is restored. Before, the default handler came back first, so torchrun's
+        # SIGTERM could kill the rank mid-flush and lose its last step records (the likely
+        # cause of a step record missing in cc28's resume test).
         stack.callback(session.shutdown, clean=False)
         stack.callback(quiet)
         # Fault points of the control file (stormwatch.faults.control_file): at each start-up
