@@ -26,7 +26,7 @@ def _markers(pm: IncidentPostMortem) -> list[Marker]:
         (pm.onset_at, f"onset ({pm.onset_source})", "tab:red"),
         (pm.detected_at, "alert firing", "tab:orange"),
         (pm.restart_action_at, "responder restarted the workers", "tab:brown"),
-        (pm.restarted_at, "first worker started again", "tab:purple"),
+        (pm.restarted_at, "restarted workers began training", "tab:purple"),
         (pm.recovered_at, "first step after resume", "tab:green"),
         (pm.resolved_at, "incident closed", "tab:gray"),
     ]

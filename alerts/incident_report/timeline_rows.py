@@ -164,7 +164,8 @@ def _recovery_rows(pm: IncidentPostMortem, restart: Restart) -> list[TimelineEve
         rows.append(
             TimelineEvent(
                 at=restart.starts[0].time,
-                event="workers restarted",
+                # the start record: written once the checkpoint is loaded, not at process start
+                event="restarted workers began training",
                 source="rank logs",
                 detail=f"{len(restart.starts)} worker starts, resuming from step "
                 f"{pm.impact.resumed_from_step}",

@@ -269,7 +269,7 @@ def _timeline(pm: ExperimentPostMortem, journal: Journal) -> list[TimelineEvent]
         ),
         TimelineEvent(
             at=pm.workers_restarted_at,
-            event="workers restarted",
+            event="restarted workers began training",  # start records: after the load
             source="rank logs",
             detail=f"resuming from step {pm.resumed_from_step}"
             if pm.resumed_from_step is not None

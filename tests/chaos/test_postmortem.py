@@ -290,7 +290,7 @@ def test_full_timeline_detect_recover_steps_lost_and_identical_loss(
         "fault injected",
         "alert firing",
         "alert received by the responder",
-        "workers restarted",
+        "restarted workers began training",
         "first completed step after resume",
         "steady state after: held",
         "alert resolved",
