@@ -87,6 +87,7 @@ with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -150,10 +151,24 @@ class PortConflictError(StormwatchError):
         self.port = port
 
 
+def cause_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what it was raised from: each cause, else the context unless
+    ``raise ... from None`` suppressed it (as a traceback shows them); each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
 __all__ = [
     "ConfigError",
     "DatabaseError",
     "PortConflictError",
     "SchemaTooNewError",
     "StormwatchError",
+    "cause_chain",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from stormwatch.errors import ConfigError, PortConflictError
+from stormwatch.errors import ConfigError, PortConflictError, cause_chain
 
 T = TypeVar("T")
 
@@ -53,18 +53,12 @@ def error_errno(error: BaseException) -> int | None:
     ``DistNetworkError`` of a store that cannot listen: ``code: -98, name: EADDRINUSE``);
     None when neither. ``raise ... from None`` hides the context, as in a traceback.
     Compare it with :mod:`errno`'s names (``errno.EADDRINUSE``), never the message."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in cause_chain(error):
         if isinstance(current, OSError) and current.errno is not None:
             return int(current.errno)
         found = _C10D_CODE.search(str(current))
         if found is not None:
             return int(found.group(1))
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
     return None
 
 
@@ -72,18 +66,12 @@ def is_port_conflict(error: BaseException) -> bool:
     """Whether ``error`` (or an exception it was raised from) is a port conflict: an
     ``OSError`` with errno ``EADDRINUSE``, else an errno-less error whose message says so
     (:func:`says_port_conflict`)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in cause_chain(error):
         if isinstance(current, OSError) and current.errno is not None:
             if current.errno == errno.EADDRINUSE:
                 return True
         elif says_port_conflict(str(current)):
             return True
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
     return False
 
 

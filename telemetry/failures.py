@@ -14,6 +14,8 @@ import re
 import sys
 from collections.abc import Iterator
 
+from stormwatch.errors import cause_chain
+
 #: What gloo's TCP transport says when the rank at the other end of a connection is gone:
 #: torch raises it as a plain ``RuntimeError``, with no type or errno to tell it by
 #: (gloo/transport/tcp/pair.cc: "Connection closed by peer", or a read error naming
@@ -58,24 +60,12 @@ def lost_peer(exc: BaseException) -> BaseException | None:
     dist = sys.modules.get("torch.distributed")
     dist_errors = () if dist is None else (dist.DistBackendError, dist.DistNetworkError)
     for _rank, failure in rank_failures(exc):
-        for inner in _chain(failure):
+        for inner in cause_chain(failure):
             if isinstance(inner, dist_errors):
                 return inner
             if isinstance(inner, RuntimeError) and says_peer_gone(str(inner)):
                 return inner
     return None
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and what it was raised from (its cause, else its unsuppressed context)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
 
 
 __all__ = ["GLOO_PEER_GONE", "lost_peer", "rank_failures", "says_peer_gone"]
