@@ -219,12 +219,7 @@ def test_alertmanager_inhibits_a_down_nodes_and_a_lost_gpus_other_alerts(
             for a in alerts
         }
 
-    def settled() -> dict[tuple[str, str], str] | None:
-        got = states()
-        return got if got and "unprocessed" not in got.values() else None
-
-    got = kit.wait_for(settled, 30, "alerts processed")
-    assert got == {
+    expected = {
         ("StormwatchNodeDown", "node1"): "active",
         ("StormwatchRankCrashLoop", "node1"): "suppressed",  # its node is down
         ("StormwatchRankCrashLoop", "node0"): "active",
@@ -233,3 +228,14 @@ def test_alertmanager_inhibits_a_down_nodes_and_a_lost_gpus_other_alerts(
         ("StormwatchGpuXidFatal", "node02"): "active",
         ("StormwatchRankStalled", ""): "active",  # no node label: never muted
     }
+    # Alertmanager's inhibitor learns of source alerts on its own goroutine (it subscribes
+    # to the alert store), while the API marks an alert's state as it reads it: a read just
+    # after the POST may find a target "active" because its source is not yet in the
+    # inhibitor's cache (cc31). Inhibition is eventually consistent, so the states are read
+    # until they match, for up to 30 s; a rule that never mutes still fails, with a diff.
+    deadline = time.monotonic() + 30
+    got = states()
+    while got != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        got = states()
+    assert got == expected
