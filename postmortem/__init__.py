@@ -50,7 +50,13 @@ from stormwatch.postmortem.clues import (
     RankExit,
     RankHang,
 )
-from stormwatch.postmortem.culprit import compare_dumps, culprit_from_dumps, find_culprit
+from stormwatch.postmortem.culprit import (
+    DUMP_LEAD_S,
+    compare_dumps,
+    culprit_from_dumps,
+    find_culprit,
+    incident_dumps,
+)
 from stormwatch.postmortem.document import (
     Bullets,
     Document,
@@ -86,6 +92,7 @@ from stormwatch.postmortem.text import format_clock
 from stormwatch.postmortem.timeline import TimelineEvent
 
 __all__ = [
+    "DUMP_LEAD_S",
     "PORT_CONFLICT_ON_RESTART",
     "Bullets",
     "Clues",
@@ -124,6 +131,7 @@ __all__ = [
     "find_culprit",
     "format_clock",
     "incident_document",
+    "incident_dumps",
     "measure_impact",
     "port_conflicts",
     "render_html",

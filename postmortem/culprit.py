@@ -53,6 +53,11 @@ EXIT_BEFORE_ONSET_S = 5.0
 #: milliseconds to a second: `make demo`'s rank 3 exited with code 1 0.77 s after the
 #: SIGKILL of rank 1).
 EXIT_TIE_S = 1.0
+#: Seconds before the onset a dump still counts as the incident's (:func:`incident_dumps`):
+#: the node agent asks a hung rank for its dump at the rules' threshold, and the first
+#: alert (the onset of a hang before any step) follows a scrape and a rule evaluation
+#: later, up to two minutes at Prometheus's default intervals (1 m each).
+DUMP_LEAD_S = 120.0
 
 
 def _scores_line(scores: dict[str, float]) -> str:
@@ -85,6 +90,38 @@ def compare_dumps(dumps: Iterable[RankDump]) -> list[RankDump]:
             if inside and done is not None and done >= mine and name not in dump.overtaken:
                 dump.overtaken.append(name)
     return ranks
+
+
+def incident_dumps(
+    dumps: Iterable[RankDump], *, since: float | None, stopped_at: float | None
+) -> list[RankDump]:
+    """The one dump per rank an incident's culprit is drawn from, by rank.
+
+    ``dumps``: every dump read around the incident, of every attempt. Without a stop
+    (``stopped_at`` None) each rank's latest. With one (the moment the responder began to
+    stop the job's ranks, a restart): each rank's latest written from ``since`` (None: no
+    bound; :data:`DUMP_LEAD_S` before the onset) until the stop, taken while the incident
+    lasted (a dump request's answer during a hang, a failed collective's dump); a rank
+    with none there, its first written at or after the stop (its SIGTERM dump, not a
+    restarted attempt's later one); else its latest.
+
+    A dump taken at the stop may no longer show a hang: on SIGTERM, PyTorch Lightning's
+    handler on the hung rank issues a broadcast that can level it with its peers, and
+    Slurm's SIGCONT lets a stopped rank run on into the collective its peers wait in.
+    """
+    ordered = sorted(dumps, key=lambda d: d.time if d.time is not None else float("-inf"))
+    latest = {d.rank: d for d in ordered}
+    if stopped_at is None:
+        return [latest[r] for r in sorted(latest)]
+    chosen: dict[int, RankDump] = {}
+    for dump in ordered:
+        when = dump.time
+        if when is not None and (since is None or when >= since) and when < stopped_at:
+            chosen[dump.rank] = dump
+    for dump in ordered:
+        if dump.rank not in chosen and dump.time is not None and dump.time >= stopped_at:
+            chosen[dump.rank] = dump
+    return [chosen.get(r, latest[r]) for r in sorted(latest)]
 
 
 def _inside(dump: RankDump) -> set[str]:
@@ -401,10 +438,12 @@ def _phase_words(phase: str) -> str:
 
 
 __all__ = [
+    "DUMP_LEAD_S",
     "EXIT_BEFORE_ONSET_S",
     "STRAGGLER_FACTOR",
     "compare_dumps",
     "culprit_from_dumps",
     "find_culprit",
+    "incident_dumps",
     "stuck_phase",
 ]

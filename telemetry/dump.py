@@ -5,7 +5,12 @@ When a rank's training ends abnormally it writes
 ``<log-dir>/dumps``; :func:`dump_path`): one file per worker incarnation, so a restarted
 attempt keeps the dumps of the attempts before it (``A`` is the node's restart count,
 which a restart caused by a peer node does not raise: the pid tells those apart). A later
-dump of the same process (a dump request, then its SIGTERM) replaces its own file.
+dump of the same process (an error, then its SIGTERM) replaces its own file, except the
+answer to the node agent's dump request, taken while a hang lasts, which has its own,
+``rank<R>.attempt<A>.pid<P>.requested.json`` (a later request replaces it): the dump at
+the stop that follows (SIGTERM) may no longer show the hang (a framework's SIGTERM handler
+on the hung rank issued a collective, a stopped rank ran on), and the post-mortem compares
+the dumps taken before the stop (:func:`stormwatch.postmortem.incident_dumps`).
 Older writers wrote one ``rank<R>.json`` per rank, overwritten by every attempt; the
 readers read both names::
 
@@ -259,14 +264,21 @@ def read_dumps(dump_dir: Path, since: float, until: float | None = None) -> dict
 
 
 def dump_path(
-    dump_dir: Path, rank: int, *, attempt: int | None = None, pid: int | None = None
+    dump_dir: Path,
+    rank: int,
+    *,
+    attempt: int | None = None,
+    pid: int | None = None,
+    requested: bool = False,
 ) -> Path:
-    """``<dump_dir>/rank<R>.attempt<A>.pid<P>.json``, one worker incarnation's dump; without
+    """``<dump_dir>/rank<R>.attempt<A>.pid<P>.json``, one worker incarnation's dump
+    (``...pid<P>.requested.json`` with ``requested``: its answer to a dump request); without
     ``attempt`` and ``pid``, ``<dump_dir>/rank<R>.json``, the name older writers used for
     every attempt (still read)."""
     if attempt is None and pid is None:
         return dump_dir / f"rank{rank}.json"
-    return dump_dir / f"rank{rank}.attempt{attempt or 0}.pid{pid or 0}.json"
+    kind = ".requested" if requested else ""
+    return dump_dir / f"rank{rank}.attempt{attempt or 0}.pid{pid or 0}{kind}.json"
 
 
 def rank_dump_paths(dump_dir: Path, rank: int) -> list[Path]:
@@ -361,10 +373,11 @@ class RankDumper:
         self.step: int | None = None  # set by the loop: the step in progress
         self.phase: str | None = None  # set by the session: the phase the rank is in
 
-    def dump(self, reason: str | BaseException) -> Path | None:
-        """Write this incarnation's dump (:func:`dump_path`) with ``reason``: a text, or the
-        exception that ended training (its type and message, and its ``errno``); returns
-        its path, or ``None``."""
+    def dump(self, reason: str | BaseException, *, requested: bool = False) -> Path | None:
+        """Write this incarnation's dump (:func:`dump_path`; ``requested``: the answer to a
+        dump request, in a file of its own) with ``reason``: a text, or the exception that
+        ended training (its type and message, and its ``errno``); returns its path, or
+        ``None``."""
         if self._dir is None:
             return None
         errno = None
@@ -390,7 +403,9 @@ class RankDumper:
                 collectives=collectives,
             )
             self._dir.mkdir(parents=True, exist_ok=True)
-            path = dump_path(self._dir, self._rank, attempt=self._attempt, pid=os.getpid())
+            path = dump_path(
+                self._dir, self._rank, attempt=self._attempt, pid=os.getpid(), requested=requested
+            )
             text = json.dumps(record.model_dump(), default=str)
             # a temp name of its own per write (two dumps at once in one process: the
             # SIGTERM thread and a dump request), so no reader sees a torn file

@@ -18,15 +18,17 @@ The arithmetic (time to detect and recover, impact) and the culprit are the engi
 
 from __future__ import annotations
 
-from stormwatch.alerts.incident_report.clues import clues_of, reduce_dump
+from stormwatch.alerts.incident_report.clues import clues_of, reduce_dump, stop_started_at
 from stormwatch.alerts.incident_report.sources import Inputs, incident_job
 from stormwatch.alerts.incident_report.timeline_rows import incident_timeline
 from stormwatch.alerts.policy import RESTART_KINDS
 from stormwatch.postmortem import (
+    DUMP_LEAD_S,
     IncidentPostMortem,
     compare_dumps,
     elapsed,
     find_culprit,
+    incident_dumps,
     measure_impact,
     restart_after,
 )
@@ -87,7 +89,13 @@ def build(inputs: Inputs, *, now: float) -> IncidentPostMortem:
     if restart.first_step is not None:
         pm.recovered_at = restart.first_step.time
         pm.time_to_recover_seconds = elapsed(pm.onset_at, pm.recovered_at)
-    pm.dumps = compare_dumps(reduce_dump(d) for d in inputs.dumps.values())
+    pm.dumps = compare_dumps(
+        incident_dumps(
+            (reduce_dump(d) for d in inputs.all_dumps),
+            since=None if pm.onset_at is None else pm.onset_at - DUMP_LEAD_S,
+            stopped_at=stop_started_at(inputs),
+        )
+    )
     clues = clues_of(inputs, pm.dumps, pm.onset_at)
     pm.impact = measure_impact(
         inputs.progress,

@@ -64,14 +64,21 @@ def culprit_exits(events: Sequence[object]) -> list[RankExit]:
     ]
 
 
-def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
-    """The engine's clues from what was read about the incident (``dumps`` compared)."""
-    first = inputs.incident.first_alert
+def stop_started_at(inputs: Inputs) -> float | None:
+    """When the responder began to stop the job's ranks (its first action of a
+    :data:`RANK_STOPPING_KINDS` kind, e.g. a restart); None without one. What the ranks do
+    and show from then on is that action's doing, not the incident's."""
     stops = [
         a.started_at
         for a in inputs.actions
         if a.kind in RANK_STOPPING_KINDS and a.started_at is not None
     ]
+    return min(stops, default=None)
+
+
+def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
+    """The engine's clues from what was read about the incident (``dumps`` compared)."""
+    first = inputs.incident.first_alert
     return Clues(
         progress=inputs.progress,
         dumps=dumps,
@@ -88,7 +95,7 @@ def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clue
         xid_errors=inputs.prometheus_now.get("xid_errors", {}),
         rank_nodes=inputs.rank_nodes,
         chaos_fault_ranks=[f.rank for j in inputs.journals for f in j.injected_faults()],
-        stopped_at=min(stops, default=None),
+        stopped_at=stop_started_at(inputs),
         rank_hangs=[
             RankHang(e.time, e.rank, e.node, e.phase)
             for e in inputs.agent_events
@@ -97,4 +104,4 @@ def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clue
     )
 
 
-__all__ = ["REASON_CHARS", "clues_of", "exit_status", "reduce_dump"]
+__all__ = ["REASON_CHARS", "clues_of", "exit_status", "reduce_dump", "stop_started_at"]

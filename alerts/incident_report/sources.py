@@ -72,7 +72,9 @@ class Inputs:
     Attributes:
         window: the Unix seconds read around the incident (:func:`incident_window`).
         progress: rank -> the job's progress from its rank logs.
-        dumps: rank -> its latest flight-recorder dump written in the window.
+        dumps: rank -> its latest flight-recorder dump written in the window (whether any
+            was written; the culprit is drawn from :func:`stormwatch.postmortem.incident_dumps`
+            of ``all_dumps``: those taken before the responder's stop).
         all_dumps: every dump written in the window, of every attempt, by time.
         prometheus: name -> {series label text -> [(t, value)]} from range queries.
         prometheus_now: name -> {series label text -> value} from instant queries at

@@ -4,7 +4,7 @@ A :class:`Session` owns the rank's :class:`~stormwatch.telemetry.rank.RankTeleme
 (metrics, event log, done marker), its post-mortem dumper, the collective counter once
 collectives are instrumented, and the exit hooks. Every public method keeps the API's
 promise: a bad value or a call after :meth:`Session.shutdown` is one warning per kind,
-a failure inside is one warning, and nothing raises into training.
+a failure inside is one warning, and nothing raises into training. No torch import here.
 
 Step time (:meth:`Session.step`): since the previous mark, less the phases that are not
 part of a step (:mod:`.steps`); its collective wait assumes the step's collectives have
@@ -14,12 +14,12 @@ The start record is written by :meth:`Session.start`, else at the first step or
 checkpoint mark (under ``stormwatch run`` with no API call: once collectives are
 counted); then ``resumed_from_step`` is the first step marked minus one only when that
 is above 1 and the run resumes (attempt > 0, or a ``checkpoint_load`` phase came first).
-No torch import here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -85,8 +85,7 @@ class Session:
         self._spans = SessionSpans(self._telemetry.on_error)
         self._closed = False
         self._signalled = False  # SIGTERM arrived: the process does not end cleanly
-        # the innermost phase an exception left since the last step mark or phase entry:
-        # what a dump written after the exception unwound names
+        # the innermost phase an exception left since the last mark: what a later dump names
         self._failed_phase: str | None = None
         self._exits = ExitHooks(self._at_exit, self._on_signal)
         self._sigterm = SigtermDump(  # the main thread waits in C++: exits.end_unanswered
@@ -100,7 +99,8 @@ class Session:
     def _answer_dump_requests(self) -> None:
         """Answer the node agent's dump requests from a daemon thread (with a dump folder)."""
         if self.settings.dump_dir is not None and self._requests is None:
-            self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, self.dump)
+            answer = functools.partial(self.dump, requested=True)  # a file of its own
+            self._requests = DumpRequestWatcher(self.settings.dump_dir, self.rank, answer)
             self._requests.start()
 
     # ------------------------------------------------------------------ identity
@@ -401,10 +401,10 @@ class Session:
         self._telemetry.on_error(sink, exc)
 
     @never_raises()
-    def dump(self, reason: str | BaseException) -> Path | None:
+    def dump(self, reason: str | BaseException, *, requested: bool = False) -> Path | None:
         """Write this rank's post-mortem dump now (``reason``: a text, or the exception that
-        ended training, with its errno; the collectives seen complete are reported first: a
-        hung rank reaches no later mark); its path, or ``None`` (no folder, or not written)."""
+        ended training, with its errno; ``requested``: a dump request's answer, in a file of
+        its own); its path, or ``None``. Collectives seen complete are counted first."""
         counter = self._collectives.made()
         if counter is not None:
             with contextlib.suppress(Exception):  # the dump matters more than this report
@@ -413,7 +413,7 @@ class Session:
         self._dumper.step = (last or 0) + 1 if self._started else None
         with self._lock:
             self._dumper.phase = self._steps.innermost() or self._failed_phase
-        return self._dumper.dump(reason)
+        return self._dumper.dump(reason, requested=requested)
 
     # ------------------------------------------------------------------ spans
     @never_raises()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from stormwatch.agent.watch import hangdumps
 from stormwatch.agent.watch.diagnostics import RankTarget, dump_dir
+from stormwatch.telemetry.dump import read_all_dumps, read_dump
 from stormwatch.telemetry.zerocode import BOOTSTRAP_DIR
 
 
@@ -41,6 +42,15 @@ def test_a_rank_using_the_api_answers_too(tmp_path: Path) -> None:
         target = RankTarget(("api", 0), rank.pid, (), None, {"STORMWATCH_DUMP_DIR": str(tmp_path)})
         found = _answered(rank, [target])
         assert (found.asked, found.answered) == ((0,), (0,))
+        # The answer has a file of its own: the SIGTERM dump of the restart that follows a
+        # hang does not replace the evidence taken while it lasted.
+        rank.terminate()
+        rank.wait(timeout=30)
+        answer = tmp_path / f"rank0.attempt0.pid{rank.pid}.requested.json"
+        at_exit = tmp_path / f"rank0.attempt0.pid{rank.pid}.json"
+        assert read_dump(answer).reason.startswith("requested: ")
+        assert read_dump(at_exit).reason.startswith("signal SIGTERM")
+        assert [d.reason[:9] for d in read_all_dumps(tmp_path, 0)] == ["requested", "signal SI"]
     finally:
         rank.kill()
         rank.wait()

@@ -10,7 +10,19 @@ stalled rank 1).
 
 from __future__ import annotations
 
-from stormwatch.postmortem import Clues, FirstAlert, HangDiagnosis, RankExit, find_culprit
+import copy
+
+from stormwatch.postmortem import (
+    DUMP_LEAD_S,
+    Clues,
+    FirstAlert,
+    HangDiagnosis,
+    RankDump,
+    RankExit,
+    compare_dumps,
+    find_culprit,
+    incident_dumps,
+)
 from stormwatch.postmortem.progress import RankProgress, StepDone
 
 HUNG_AT = 1000.0
@@ -149,3 +161,54 @@ def _stalled_rank_1(exits: list[RankExit]) -> Clues:
         onset=HUNG_AT,
         rank_exits=exits,
     )
+
+
+def _fr(rank: int, at: float, enqueued: int, *, waiting: bool, attempt: int = 0) -> RankDump:
+    return RankDump(
+        rank=rank, attempt=attempt, time=at, enqueued={"0 default_pg": enqueued}, in_flight=waiting
+    )
+
+
+#: What a Lightning job's ranks wrote around the responder's restart of rank 1's hang: the
+#: answers to the agents' dump requests during the hang (rank 1 one collective behind and
+#: inside none), then the restart's SIGTERM dumps, in which rank 1 is level with its peer
+#: (Lightning's SIGTERM handler issued a broadcast on it), then a restarted attempt's.
+DURING = [_fr(0, HUNG_AT + 31, 46, waiting=True), _fr(1, HUNG_AT + 31, 45, waiting=False)]
+AT_STOP = [_fr(0, RESTART_AT + 0.1, 46, waiting=True), _fr(1, RESTART_AT + 0.1, 46, waiting=True)]
+LATER = [_fr(0, RESTART_AT + 30, 3, waiting=True, attempt=1)]
+
+
+def _named(dumps: list[RankDump]) -> tuple[int | None, str, bool]:
+    two = {r: p for r, p in _progress().items() if r < 2}  # a 2-rank job, as the dumps'
+    clues = _clues(stopped_at=RESTART_AT)
+    clues = Clues(
+        **{**clues.__dict__, "dumps": compare_dumps(copy.deepcopy(dumps)), "progress": two}
+    )
+    culprit = find_culprit(clues)
+    return culprit.rank, culprit.method, culprit.certain
+
+
+def test_fc10_the_dumps_taken_during_the_hang_name_it_not_those_the_restart_leveled() -> None:
+    every = [*DURING, *AT_STOP, *LATER]
+    chosen = incident_dumps(every, since=HUNG_AT - DUMP_LEAD_S, stopped_at=RESTART_AT)
+    assert chosen == DURING
+    assert _named(chosen) == (1, "flight_recorder", True)
+    # each rank's latest, as the post-mortem read them before: a restarted attempt's dump
+    # beside the stop's names the wrong rank, and the stop's alone name no one behind (the
+    # heartbeat names rank 1 here only because this job's rank 1 stalled a step earlier)
+    latest = incident_dumps(every, since=None, stopped_at=None)
+    assert latest == [LATER[0], AT_STOP[1]]
+    assert _named(latest)[:2] == (0, "flight_recorder")
+    assert _named(AT_STOP)[1] != "flight_recorder"
+
+
+def test_a_rank_with_no_dump_during_the_hang_gives_its_dump_at_the_stop_not_a_later_one() -> None:
+    every = [DURING[1], *AT_STOP, *LATER]
+    chosen = incident_dumps(every, since=HUNG_AT - DUMP_LEAD_S, stopped_at=RESTART_AT)
+    assert chosen == [AT_STOP[0], DURING[1]]
+    # a dump from before the window's bound does not stand in for one during the incident
+    old = _fr(0, HUNG_AT - DUMP_LEAD_S - 1, 10, waiting=False)
+    chosen = incident_dumps([old, *every], since=HUNG_AT - DUMP_LEAD_S, stopped_at=RESTART_AT)
+    assert chosen == [AT_STOP[0], DURING[1]]
+    # only that old dump: it is still read (each rank's latest) rather than nothing
+    assert incident_dumps([old], since=HUNG_AT, stopped_at=RESTART_AT) == [old]

@@ -88,6 +88,22 @@ def lab(slurm_lab: Lab) -> Lab:
     return slurm_lab
 
 
+def _culprit_inputs(lab: Lab, pm: dict[str, Any], logs_dir: Path) -> str:
+    """What a post-mortem's culprit was drawn from: its evidence, inputs and notes, the
+    dumps on disk and the agents' hang events (a CI run once named no culprit, and its
+    output said no more than ``method: unknown``)."""
+    lines = [f"culprit evidence: {pm['culprit'].get('evidence')}"]
+    lines += [f"input {k}: {v}" for k, v in sorted(pm.get("inputs", {}).items())]
+    lines += [f"note: {n}" for n in pm.get("notes", [])]
+    for path in sorted((logs_dir / "dumps").glob("*")):
+        lines.append(f"dump file {path.name} ({path.stat().st_mtime:.1f})")
+    for path in sorted(lab.run_dir.glob("nodes/*/agent/events.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"rank_hang' in line or '"rank_exit' in line:
+                lines.append(f"{path.parts[-3]}: {line[:400]}")
+    return "\n".join(lines)
+
+
 def _print_tails(lab: Lab) -> None:
     """The end of the jobs' and the services' logs (shown when a test fails)."""
     run_dir = lab.run_dir
@@ -271,6 +287,7 @@ def test_fc10_a_hung_rank_of_a_lightning_job_is_detected_and_named_from_the_flig
     assert all(log.finished for log in logs.values())
     hung_at_step = max(e.step or 0 for e in logs[0].steps if e.time < restarted[0].time)
     culprit = pm["culprit"]
+    print(_culprit_inputs(lab, pm, logs_dir))  # shown when an assertion below fails
     assert (culprit["rank"], culprit["node"]) == (1, "node1"), culprit
     assert culprit["method"] == "flight_recorder" and culprit["certain"], culprit
     assert culprit["chaos_fault_rank"] is None  # no journal: the dumps alone named it
