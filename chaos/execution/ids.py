@@ -23,11 +23,22 @@ def job_name_for(base: str, experiment_id: str) -> str:
     return f"{base[: 62 - len(suffix)]}-{suffix}"
 
 
+def slug(text: str, limit: int, default: str) -> str:
+    """``text`` as lower-case words joined by ``-``, at most ``limit`` characters, cut at a
+    word's end (a first word longer than ``limit`` is cut inside it); ``default`` when
+    nothing is left. ``slug("Kill rank 1 of a Lightning job", 20, "x")`` is
+    ``"kill-rank-1-of-a"``, not ``"kill-rank-1-of-a-lig"`` (a fresh user's finding)."""
+    words = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if len(words) > limit:
+        cut = words[: limit + 1]
+        words = cut[: cut.rfind("-")] if "-" in cut else words[:limit]
+    return words or default
+
+
 def new_experiment_id(title: str, now: float | None = None) -> str:
     """``20250101T120000-kill-rank-1a2b``: sortable, readable, unique."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
-    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "experiment"
-    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+    return f"{stamp}-{slug(title, 40, 'experiment')}-{secrets.token_hex(2)}"
 
 
-__all__ = ["job_name_for", "new_experiment_id"]
+__all__ = ["job_name_for", "new_experiment_id", "slug"]

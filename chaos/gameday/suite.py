@@ -20,7 +20,6 @@ The scorecard (:mod:`stormwatch.chaos.gameday.scorecard`) is in
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import signal
 import time
@@ -32,6 +31,7 @@ from types import FrameType
 
 from stormwatch.chaos.console import ConsoleReporter
 from stormwatch.chaos.errors import ChaosError, InvalidExperiment
+from stormwatch.chaos.execution.ids import slug
 from stormwatch.chaos.execution.runner import EXIT_ABORTED, Runner, run_experiment
 from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
@@ -121,8 +121,7 @@ def load_suite(folder: Path) -> list[SuiteEntry]:
 def new_suite_id(folder: Path, now: float | None = None) -> str:
     """``20250101T120000-suite-1a2b``: sortable by start time (``latest_scorecard`` relies on it)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
-    slug = re.sub(r"[^a-z0-9]+", "-", folder.resolve().name.lower()).strip("-")[:30] or "suite"
-    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+    return f"{stamp}-{slug(folder.resolve().name, 30, 'suite')}-{secrets.token_hex(2)}"
 
 
 def category_of(experiment: Experiment, kind: str | None) -> str | None:

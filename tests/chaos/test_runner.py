@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stormwatch.chaos import (
     AttachedJobs,
     Ledger,
@@ -139,3 +141,22 @@ def test_job_name_for_gives_every_run_its_own_job() -> None:
         JobSpec(name=name, steps=1)  # a valid lab job name
     assert job_name_for("x" * 40, "custom id/with spaces").startswith("x" * 40 + "-")
     assert job_name_for("e", "20250101T120000-kill-rank-1a2b") == "e-20250101t120000-1a2b"
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        ("Kill rank 1 of a Lightning job", 20, "kill-rank-1-of-a"),  # not "...-a-lig"
+        ("Kill rank 1 of a", 16, "kill-rank-1-of-a"),  # exactly the limit: whole
+        ("kill-rank-1-of-a-b", 16, "kill-rank-1-of-a"),  # the next word begins at the limit
+        ("Supercalifragilistic expialidocious", 10, "supercalif"),  # one long first word
+        ("  ---  ", 10, "experiment"),
+        ("Slow rank: rank 1 gets 10 % of a CPU", 40, "slow-rank-rank-1-gets-10-of-a-cpu"),
+    ],
+)
+def test_ids_are_cut_at_a_words_end(text: str, limit: int, expected: str) -> None:
+    from stormwatch.chaos.execution.ids import new_experiment_id, slug
+
+    assert slug(text, limit, "experiment") == expected
+    made = new_experiment_id("Kill rank 1 of a Lightning job on a two-node Slurm cluster")
+    assert made[16:-5] == "kill-rank-1-of-a-lightning-job-on-a-two"  # 40 cut "node" to "n"
