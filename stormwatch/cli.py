@@ -121,14 +121,28 @@ def root(ctx: click.Context, verbose: int, log_format: logs.LogFormat) -> None:
         ctx.obj = context_object()
 
 
+def _takes_value(command: click.Command, word: str) -> bool:
+    """Whether option ``word`` of ``command`` takes the next word as its value (not a
+    flag, and not written ``--name=value``)."""
+    if "=" in word:
+        return False
+    for param in command.params:
+        if isinstance(param, click.Option) and word in (*param.opts, *param.secondary_opts):
+            return not param.is_flag and not param.count and param.nargs > 0
+    return False
+
+
 def _command_path(argv: list[str]) -> str:
     """The command ``argv`` names (``stormwatch lab status``), for a usage error click raised
     without its context (an option missing its value): the leading words that name groups
     and commands, options skipped."""
     command: click.Command = root
     path = ["stormwatch"]
-    for word in argv:
+    words = iter(argv)
+    for word in words:
         if word.startswith("-"):
+            if _takes_value(command, word):  # `--log-format json lab status`: skip `json`
+                next(words, None)
             continue
         if not isinstance(command, click.Group):
             break

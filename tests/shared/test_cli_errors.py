@@ -30,6 +30,11 @@ STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
             "error: Option '--run-dir' requires an argument",
             "stormwatch lab status",
         ),
+        (  # a root option's value is not a command's name (breaker: it named `stormwatch`)
+            ["--log-format", "json", "-vv", "lab", "status", "--run-dir"],
+            "error: Option '--run-dir' requires an argument",
+            "stormwatch lab status",
+        ),
         (
             ["lab", "status", "--json=1"],
             "error: Option '--json' does not take a value",
