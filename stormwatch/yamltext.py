@@ -14,6 +14,7 @@ refused) and located with :func:`key_lines` / :func:`line_of`.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 import yaml
@@ -44,7 +45,7 @@ def yaml_mapping(
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise error(f"{where}: {invalid}: {yaml_problem(exc)}") from exc
+        raise error(f"{where}: {invalid}: {yaml_problem(exc, text)}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -158,8 +159,14 @@ def _index_lines(node: yaml.Node | None, path: str, out: dict[str, int]) -> None
             _index_lines(item, child, out)
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error in one line: the problem and where (``... at line 3, column 5``)."""
+def yaml_problem(exc: yaml.YAMLError, text: str | None = None) -> str:
+    """A YAML error in one line: the problem and where (``... at line 3, column 5``).
+
+    ``text``: the document read, for the line and column of a character YAML refuses
+    (PyYAML's :class:`yaml.reader.ReaderError` gives only its offset, and names the
+    document ``"<unicode string>"``)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        return _reader_problem(exc, text)
     problem = getattr(exc, "problem", None)
     mark = getattr(exc, "problem_mark", None)
     if problem and mark is not None:
@@ -169,6 +176,22 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
             where += f" ({context} opened at line {opened.line + 1}, column {opened.column + 1})"
         return where
     return str(exc).replace("\n", " ")
+
+
+def _reader_problem(exc: yaml.reader.ReaderError, text: str | None) -> str:
+    """``character U+0000 (NUL) at line 2, column 8: YAML allows no control characters
+    other than tab and line breaks; remove it`` (YAML 1.1, 5.1: the printable set)."""
+    code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+    name = unicodedata.name(chr(code), "NUL" if code == 0 else "a control character")
+    where = f"at character {exc.position + 1}"
+    if text is not None and 0 <= exc.position <= len(text):
+        before = text[: exc.position]
+        column = exc.position - before.rfind("\n")  # rfind is -1 on the first line
+        where = f"at line {before.count(chr(10)) + 1}, column {column}"
+    return (
+        f"character U+{code:04X} ({name}) {where}: YAML allows no control characters other "
+        "than tab and line breaks; remove it"
+    )
 
 
 __all__ = [

@@ -79,7 +79,7 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
-        issue = Issue("", f"not valid YAML: {_yaml_message(exc)}", line)
+        issue = Issue("", f"not valid YAML: {_yaml_message(exc, text)}", line)
         raise InvalidExperiment(file, [issue]) from exc
     except RecursionError as exc:
         raise InvalidExperiment(

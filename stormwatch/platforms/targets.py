@@ -352,7 +352,7 @@ def parse_target_file(text: str, file: Path | str = "<target>") -> TargetFile:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         raise InvalidTargetFile(
-            file, [TargetIssue("", f"not valid YAML: {yaml_problem(exc)}", line)]
+            file, [TargetIssue("", f"not valid YAML: {yaml_problem(exc, text)}", line)]
         ) from exc
     except RecursionError as exc:
         raise InvalidTargetFile(file, [TargetIssue("", "nested too deeply to read")]) from exc
