@@ -16,7 +16,7 @@ from stormwatch.agent.watch.events import AgentEvent
 from stormwatch.alerts.incident_report.sources import Inputs
 from stormwatch.contracts.journal import Journal
 from stormwatch.postmortem import IncidentPostMortem, Restart, TimelineEvent
-from stormwatch.postmortem.text import alert_label
+from stormwatch.postmortem.text import alert_label, format_clock
 from stormwatch.postmortem.timeline import capped, within
 
 #: A step span this many times its median (and over a second) is worth a line.
@@ -182,7 +182,10 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     """Spans worth a line: errors, checkpoint loads/saves, and steps 5x slower than their median.
 
     A span that ended in an error is placed at its end, when the error was raised: at its
-    start, a step killed mid-way read as failing before the fault that killed it."""
+    start, a step killed mid-way read as failing before the fault that killed it. One that
+    ended after the window (a collective that timed out long after the incident closed) is
+    placed at its start, with when it ended, rather than dropped with the rows past the
+    window (breaker's finding)."""
     by_name: dict[str, list[float]] = {}
     for span in inputs.spans:
         by_name.setdefault(span.name, []).append(span.end - span.start)
@@ -194,14 +197,18 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
         if span.error or span.name.startswith("checkpoint") or slow:
             what = "error" if span.error else ("slow" if slow else "span")
             of_step = f" of step {span.step}" if span.step is not None else ""
+            late = span.error and span.end > inputs.window[1]
+            detail = (
+                f"ended in an error after {seconds:.2f} s" if span.error else f"{seconds:.2f} s"
+            )
+            if late:
+                detail = f"began here; {detail}, at {format_clock(span.end)}, after the window"
             rows.append(
                 TimelineEvent(
-                    at=span.end if span.error else span.start,
+                    at=span.end if span.error and not late else span.start,
                     event=f"trace: {span.name}{of_step} ({what})",
                     source=f"trace rank {span.rank}",
-                    detail=f"ended in an error after {seconds:.2f} s"
-                    if span.error
-                    else f"{seconds:.2f} s",
+                    detail=detail,
                 )
             )
     return rows

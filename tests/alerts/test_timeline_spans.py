@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from stormwatch.alerts.incident_report.sources import Inputs, Span
 from stormwatch.alerts.incident_report.timeline_rows import _span_rows
+from stormwatch.postmortem.text import format_clock
 
 
 def _rows(*spans: Span) -> list[tuple[float | None, str, str]]:
@@ -38,3 +39,14 @@ def test_a_checkpoint_or_slow_span_is_placed_when_it_began() -> None:
         (30.0, "trace: step (slow)", "3.00 s"),
         (40.0, "trace: checkpoint_save (span)", "0.20 s"),
     ]
+
+
+def test_an_error_span_that_ended_after_the_window_is_placed_when_it_began() -> None:
+    """Breaker's finding: placed at its end, past the window, the row was dropped."""
+    timed_out = Span("step", 0, 60.0, 700.0, error=True)  # a collective timeout, 10 min on
+    [(at, event, detail)] = _rows(timed_out)
+    assert (at, event) == (60.0, "trace: step (error)")
+    assert (
+        detail
+        == f"began here; ended in an error after 640.00 s, at {format_clock(700.0)}, after the window"
+    )
