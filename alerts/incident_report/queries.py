@@ -64,6 +64,19 @@ class PrometheusFindings:
     what: str = ""
 
 
+def broken_at_gaps(points: list[tuple[float, float]], step: float) -> list[tuple[float, float]]:
+    """``points`` (a range query's, ``step`` s apart) with a NaN point inside every gap of
+    more than one step: Prometheus returns no point where a series had no sample (its
+    ranks were gone during a restart), and a plot drew the outage as a slope (fresh-user
+    finding); NaN breaks the line (:func:`stormwatch.postmortem.plots.plot_time_series`)."""
+    out: list[tuple[float, float]] = []
+    for t, v in points:
+        if out and t - out[-1][0] > 1.5 * step:
+            out.append(((out[-1][0] + t) / 2, float("nan")))
+        out.append((t, v))
+    return out
+
+
 def _label_text(labels: dict[str, str], keys: tuple[str, ...]) -> str:
     return " ".join(f"{k}={labels[k]}" for k in keys if k in labels) or "all"
 
@@ -85,7 +98,8 @@ def read_prometheus(
         for name, (expr, keys) in RANGE_QUERIES.items():
             series = client.query_range(expr.format(job=job), start=start, end=end, step=step)
             found.ranges[name] = {
-                _label_text(dict(s.labels), keys): [(t, v) for t, v in s.points] for s in series
+                _label_text(dict(s.labels), keys): broken_at_gaps(list(s.points), step)
+                for s in series
             }
         for name, (expr, keys) in INSTANT_QUERIES.items():
             samples = client.query(expr.format(job=job, window=seconds), at=end)
@@ -98,4 +112,10 @@ def read_prometheus(
     return found
 
 
-__all__ = ["INSTANT_QUERIES", "RANGE_QUERIES", "PrometheusFindings", "read_prometheus"]
+__all__ = [
+    "INSTANT_QUERIES",
+    "RANGE_QUERIES",
+    "PrometheusFindings",
+    "broken_at_gaps",
+    "read_prometheus",
+]
