@@ -13,11 +13,11 @@ from __future__ import annotations
 import statistics
 
 from stormwatch.agent.watch.events import AgentEvent
-from stormwatch.alerts.incident_report.sources import Inputs
+from stormwatch.alerts.incident_report.sources import Inputs, Span
 from stormwatch.contracts.journal import Journal
 from stormwatch.postmortem import IncidentPostMortem, Restart, TimelineEvent
 from stormwatch.postmortem.text import alert_label, format_clock
-from stormwatch.postmortem.timeline import capped, within
+from stormwatch.postmortem.timeline import WINDOW_SLACK_SECONDS, capped, within
 
 #: A step span this many times its median (and over a second) is worth a line.
 SLOW_SPAN_FACTOR = 5.0
@@ -184,8 +184,8 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     A span that ended in an error is placed at its end, when the error was raised: at its
     start, a step killed mid-way read as failing before the fault that killed it. One that
     ended after the window (a collective that timed out long after the incident closed) is
-    placed at its start, with when it ended, rather than dropped with the rows past the
-    window (breaker's finding)."""
+    placed at its start (at the window's start when it began before it), with when it
+    ended, rather than dropped with the rows past the window (breaker's finding)."""
     by_name: dict[str, list[float]] = {}
     for span in inputs.spans:
         by_name.setdefault(span.name, []).append(span.end - span.start)
@@ -197,21 +197,31 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
         if span.error or span.name.startswith("checkpoint") or slow:
             what = "error" if span.error else ("slow" if slow else "span")
             of_step = f" of step {span.step}" if span.step is not None else ""
-            late = span.error and span.end > inputs.window[1]
-            detail = (
-                f"ended in an error after {seconds:.2f} s" if span.error else f"{seconds:.2f} s"
-            )
-            if late:
-                detail = f"began here; {detail}, at {format_clock(span.end)}, after the window"
+            at, detail = _span_place(span, inputs.window)
             rows.append(
                 TimelineEvent(
-                    at=span.end if span.error and not late else span.start,
+                    at=at,
                     event=f"trace: {span.name}{of_step} ({what})",
                     source=f"trace rank {span.rank}",
                     detail=detail,
                 )
             )
     return rows
+
+
+def _span_place(span: Span, window: tuple[float, float]) -> tuple[float, str]:
+    """Where a span's row goes and its detail (see :func:`_span_rows`)."""
+    start, end = window
+    seconds = span.end - span.start
+    if not span.error:
+        return span.start, f"{seconds:.2f} s"
+    detail = f"ended in an error after {seconds:.2f} s"
+    if span.end <= end + WINDOW_SLACK_SECONDS:  # kept by the timeline's window
+        return span.end, detail
+    ended = f"{detail}, at {format_clock(span.end)}, after the window"
+    if span.start < start:  # it spans the whole window: shown at the window's start
+        return start, f"began at {format_clock(span.start)}, before the window; {ended}"
+    return span.start, f"began here; {ended}"
 
 
 def _slurm_rows(inputs: Inputs) -> list[TimelineEvent]:

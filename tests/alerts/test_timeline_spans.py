@@ -7,14 +7,20 @@ from typing import Any, cast
 
 from stormwatch.alerts.incident_report.sources import Inputs, Span
 from stormwatch.alerts.incident_report.timeline_rows import _span_rows
+from stormwatch.postmortem import TimelineEvent
 from stormwatch.postmortem.text import format_clock
+from stormwatch.postmortem.timeline import within
 
 
-def _rows(*spans: Span) -> list[tuple[float | None, str, str]]:
+def _events(*spans: Span) -> list[TimelineEvent]:
     inputs = Inputs(
         incident=cast(Any, None), actions=[], audit=[], window=(0.0, 100.0), spans=list(spans)
     )
-    return [(row.at, row.event, row.detail) for row in _span_rows(inputs)]
+    return _span_rows(inputs)
+
+
+def _rows(*spans: Span) -> list[tuple[float | None, str, str]]:
+    return [(row.at, row.event, row.detail) for row in _events(*spans)]
 
 
 def test_an_error_span_is_placed_when_it_ended_and_says_so() -> None:
@@ -50,3 +56,17 @@ def test_an_error_span_that_ended_after_the_window_is_placed_when_it_began() -> 
         detail
         == f"began here; ended in an error after 640.00 s, at {format_clock(700.0)}, after the window"
     )
+
+
+def test_an_error_span_across_the_whole_window_is_shown_at_its_start() -> None:
+    """Breaker, second pass: one that began before the window was still dropped."""
+    across = Span("allreduce", 1, -50.0, 800.0, error=True)
+    rows = _rows(across)
+    assert [(at, event) for at, event, _ in rows] == [(0.0, "trace: allreduce (error)")]
+    assert rows[0][2].startswith(f"began at {format_clock(-50.0)}, before the window; ")
+    assert [row.at for row in within(_events(across), 0.0, 100.0)] == [0.0]
+
+
+def test_an_error_span_ending_within_the_windows_slack_stays_at_its_end() -> None:
+    # the timeline keeps rows up to 1 s past the window's end (WINDOW_SLACK_SECONDS)
+    assert _rows(Span("step", 0, 90.0, 100.5, error=True))[0][0] == 100.5
