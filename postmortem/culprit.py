@@ -58,6 +58,12 @@ EXIT_TIE_S = 1.0
 #: alert (the onset of a hang before any step) follows a scrape and a rule evaluation
 #: later, up to two minutes at Prometheus's default intervals (1 m each).
 DUMP_LEAD_S = 120.0
+#: Seconds after the responder's stop a rank's dump is still its dump at the stop
+#: (:func:`incident_dumps`): a thread writes it the moment SIGTERM arrives
+#: (:mod:`stormwatch.telemetry.lifecycle.sigterm`), while a restarted attempt dumps only
+#: once the old processes are gone and the new ones have started and imported torch
+#: (0.7-1.9 s to start, then 2.5 CPU-s, in README "Recovery").
+STOP_DUMP_S = 5.0
 
 
 def _scores_line(scores: dict[str, float]) -> str:
@@ -102,8 +108,10 @@ def incident_dumps(
     stop the job's ranks, a restart): each rank's latest written from ``since`` (None: no
     bound; :data:`DUMP_LEAD_S` before the onset) until the stop, taken while the incident
     lasted (a dump request's answer during a hang, a failed collective's dump); a rank
-    with none there, its first written at or after the stop (its SIGTERM dump, not a
-    restarted attempt's later one); else its latest.
+    with none there, its first written within :data:`STOP_DUMP_S` of the stop (its SIGTERM
+    dump); a rank with neither is left out (a later dump is a restarted attempt's, which
+    compared with the hung attempt's would name the wrong rank), unless no rank has one,
+    when each rank's latest is read.
 
     A dump taken at the stop may no longer show a hang: on SIGTERM, PyTorch Lightning's
     handler on the hung rank issues a broadcast that can level it with its peers, and
@@ -119,9 +127,14 @@ def incident_dumps(
         if when is not None and (since is None or when >= since) and when < stopped_at:
             chosen[dump.rank] = dump
     for dump in ordered:
-        if dump.rank not in chosen and dump.time is not None and dump.time >= stopped_at:
+        when = dump.time
+        if dump.rank in chosen or when is None:
+            continue
+        if stopped_at <= when < stopped_at + STOP_DUMP_S:
             chosen[dump.rank] = dump
-    return [chosen.get(r, latest[r]) for r in sorted(latest)]
+    if not chosen:
+        return [latest[r] for r in sorted(latest)]
+    return [chosen[r] for r in sorted(chosen)]
 
 
 def _inside(dump: RankDump) -> set[str]:
@@ -440,6 +453,7 @@ def _phase_words(phase: str) -> str:
 __all__ = [
     "DUMP_LEAD_S",
     "EXIT_BEFORE_ONSET_S",
+    "STOP_DUMP_S",
     "STRAGGLER_FACTOR",
     "compare_dumps",
     "culprit_from_dumps",

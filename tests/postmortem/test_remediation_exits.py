@@ -210,5 +210,9 @@ def test_a_rank_with_no_dump_during_the_hang_gives_its_dump_at_the_stop_not_a_la
     old = _fr(0, HUNG_AT - DUMP_LEAD_S - 1, 10, waiting=False)
     chosen = incident_dumps([old, *every], since=HUNG_AT - DUMP_LEAD_S, stopped_at=RESTART_AT)
     assert chosen == [AT_STOP[0], DURING[1]]
+    # a rank whose only dump after the stop is a restarted attempt's is left out, not
+    # compared with the hung attempt's (breaker: rank 0's 3 collectives named it behind)
+    chosen = incident_dumps([DURING[1], *LATER], since=HUNG_AT, stopped_at=RESTART_AT)
+    assert chosen == [DURING[1]]
     # only that old dump: it is still read (each rank's latest) rather than nothing
     assert incident_dumps([old], since=HUNG_AT, stopped_at=RESTART_AT) == [old]
