@@ -178,19 +178,41 @@ def yaml_problem(exc: yaml.YAMLError, text: str | None = None) -> str:
     return str(exc).replace("\n", " ")
 
 
+#: What YAML counts as a line break (YAML 1.1, 5.4), for a refused character's line.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x85\u2028\u2029]")
+
+
+def _reader_place(exc: yaml.reader.ReaderError, text: str | None) -> tuple[int, int] | None:
+    """(line, column), from 1, of the character a ReaderError refused; None without text."""
+    if text is None or not 0 <= exc.position <= len(text):
+        return None
+    lines = _LINE_BREAK.split(text[: exc.position])
+    return len(lines), len(lines[-1]) + 1
+
+
+def yaml_error_line(exc: yaml.YAMLError, text: str | None = None) -> int | None:
+    """The line (from 1) a YAML error is at, for a ``file:line:`` prefix; None when unknown."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        place = _reader_place(exc, text)
+        return None if place is None else place[0]
+    mark = getattr(exc, "problem_mark", None)
+    return mark.line + 1 if mark is not None else None
+
+
 def _reader_problem(exc: yaml.reader.ReaderError, text: str | None) -> str:
-    """``character U+0000 (NUL) at line 2, column 8: YAML allows no control characters
-    other than tab and line breaks; remove it`` (YAML 1.1, 5.1: the printable set)."""
+    """``character U+0000 (NUL) at line 2, column 8: YAML allows only printable
+    characters, tab and line breaks; remove it`` (YAML 1.1, 5.1: the printable set)."""
     code = exc.character if isinstance(exc.character, int) else ord(exc.character)
-    name = unicodedata.name(chr(code), "NUL" if code == 0 else "a control character")
+    char = chr(code)
+    fallback = "a control character" if unicodedata.category(char) == "Cc" else "not printable"
+    name = unicodedata.name(char, "NUL" if code == 0 else fallback)
+    place = _reader_place(exc, text)
     where = f"at character {exc.position + 1}"
-    if text is not None and 0 <= exc.position <= len(text):
-        before = text[: exc.position]
-        column = exc.position - before.rfind("\n")  # rfind is -1 on the first line
-        where = f"at line {before.count(chr(10)) + 1}, column {column}"
+    if place is not None:
+        where = f"at line {place[0]}, column {place[1]}"
     return (
-        f"character U+{code:04X} ({name}) {where}: YAML allows no control characters other "
-        "than tab and line breaks; remove it"
+        f"character U+{code:04X} ({name}) {where}: YAML allows only printable characters, tab "
+        "and line breaks; remove it"
     )
 
 
@@ -200,6 +222,7 @@ __all__ = [
     "join_path",
     "key_lines",
     "line_of",
+    "yaml_error_line",
     "yaml_mapping",
     "yaml_problem",
 ]

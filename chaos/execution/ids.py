@@ -6,6 +6,7 @@ import hashlib
 import re
 import secrets
 import time
+import unicodedata
 
 
 def job_name_for(base: str, experiment_id: str) -> str:
@@ -28,7 +29,10 @@ def slug(text: str, limit: int, default: str) -> str:
     word's end (a first word longer than ``limit`` is cut inside it); ``default`` when
     nothing is left. ``slug("Kill rank 1 of a Lightning job", 20, "x")`` is
     ``"kill-rank-1-of-a"``, not ``"kill-rank-1-of-a-lig"`` (a fresh user's finding)."""
-    words = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    # accents dropped and ligatures spelt out first (NFKD, then casefold: "Große Störung"
+    # is "grosse-storung", not "gro-e-st-rung")
+    plain = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    words = re.sub(r"[^a-z0-9]+", "-", plain.casefold()).strip("-")
     if len(words) > limit:
         cut = words[: limit + 1]
         words = cut[: cut.rfind("-")] if "-" in cut else words[:limit]

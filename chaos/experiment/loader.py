@@ -21,7 +21,14 @@ from pydantic import BaseModel
 from stormwatch.chaos.errors import InvalidExperiment, Issue
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.experiment.semantics import semantic_issues
-from stormwatch.yamltext import StrictLoader, join_path, key_lines, line_of, yaml_problem
+from stormwatch.yamltext import (
+    StrictLoader,
+    join_path,
+    key_lines,
+    line_of,
+    yaml_error_line,
+    yaml_problem,
+)
 
 #: Largest experiment file accepted (bytes); real ones are a few KiB.
 MAX_EXPERIMENT_BYTES = 1024 * 1024
@@ -77,8 +84,7 @@ def parse_experiment(text: str, file: Path | str = "<experiment>") -> Experiment
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
+        line = yaml_error_line(exc, text)
         issue = Issue("", f"not valid YAML: {_yaml_message(exc, text)}", line)
         raise InvalidExperiment(file, [issue]) from exc
     except RecursionError as exc:

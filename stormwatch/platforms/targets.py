@@ -40,7 +40,7 @@ from stormwatch.platforms.target_values import (
     check_text_file,
     slurm_issues,
 )
-from stormwatch.yamltext import StrictLoader, key_lines, line_of, yaml_problem
+from stormwatch.yamltext import StrictLoader, key_lines, line_of, yaml_error_line, yaml_problem
 
 #: Largest target file accepted (bytes); real ones are well under 1 KiB.
 MAX_TARGET_BYTES = 64 * 1024
@@ -349,8 +349,7 @@ def parse_target_file(text: str, file: Path | str = "<target>") -> TargetFile:
     try:
         data = yaml.load(text, Loader=_TargetLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
+        line = yaml_error_line(exc, text)
         raise InvalidTargetFile(
             file, [TargetIssue("", f"not valid YAML: {yaml_problem(exc, text)}", line)]
         ) from exc

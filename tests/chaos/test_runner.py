@@ -152,6 +152,8 @@ def test_job_name_for_gives_every_run_its_own_job() -> None:
         ("Supercalifragilistic expialidocious", 10, "supercalif"),  # one long first word
         ("  ---  ", 10, "experiment"),
         ("Slow rank: rank 1 gets 10 % of a CPU", 40, "slow-rank-rank-1-gets-10-of-a-cpu"),
+        ("Über große Störung", 20, "uber-grosse-storung"),  # not "ber-gro-e-st-rung"
+        ("ﬁx rank", 10, "fix-rank"),
     ],
 )
 def test_ids_are_cut_at_a_words_end(text: str, limit: int, expected: str) -> None:
