@@ -56,8 +56,9 @@ class ExperimentPostMortem(BaseModel):
             recovery.
         last_step_before_fault / resumed_from_step / first_step_after_resume / steps_lost:
             the steps computed again.
-        restart_count: the restart's job attempt beside the node-local counts, and the
-            nodes whose failure caused it.
+        restart_count: the restart's job attempt, a number (None: not known); ``restart``:
+            the same in words, beside the node-local counts and the nodes whose failure
+            caused it.
         loss: the loss after recovery against the baseline; ``loss_plot``: its figure.
         faults_left_open: ledger entries of the experiment not reverted.
         processes_reaped: processes a fault left behind (``kill_torchrun``'s orphaned
@@ -97,7 +98,8 @@ class ExperimentPostMortem(BaseModel):
     resumed_from_step: int | None = None
     first_step_after_resume: int | None = None
     steps_lost: int | None = None
-    restart_count: str | None = None
+    restart_count: int | None = None
+    restart: str | None = None
     loss: LossCheck = Field(default_factory=LossCheck)
     loss_plot: str | None = None
     faults_left_open: list[str] = Field(default_factory=list)
@@ -152,7 +154,7 @@ def _summary(pm: ExperimentPostMortem) -> KeyValues:
                 format_seconds(pm.time_to_recover_seconds, "not recovered"),
             ),
             ("last step before the fault", format_optional(pm.last_step_before_fault)),
-            ("restart count (job; node-local)", pm.restart_count or "—"),
+            ("restart count (job; node-local)", pm.restart or "—"),
             (
                 "restart failure",
                 pm.restart_failure.cause if pm.restart_failure is not None else "none seen",

@@ -125,7 +125,7 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
             "time to recover (onset → first step after resume)",
             format_seconds(pm.time_to_recover_seconds),
         ),
-        ("restart count (job; node-local)", impact.restart_count or MISSING),
+        ("restart count (job; node-local)", impact.restart or MISSING),
         ("last step before the restart", format_optional(impact.last_step_before)),
         ("resumed from step", format_optional(impact.resumed_from_step)),
         ("steps lost", format_optional(impact.steps_lost)),

@@ -46,8 +46,10 @@ class Impact(BaseModel):
             "Revisiting reliability in large-scale ML research clusters", 2024).
         goodput: share of the incident's wall time (onset -> incident closed)
             spent on new steps: ``new steps x median_step_seconds / duration``, 0..1.
-        restart_count: the restart's job attempt, the node-local counts and the nodes
-            that failed with the rank that failed on each
+        restart_count: the restart's job attempt, a number: how many times the job had
+            restarted, as its ranks agreed (None: not known, an older trainer's log).
+        restart: the same in words, with the node-local counts and the nodes that failed
+            with the rank that failed on each
             (:meth:`~stormwatch.postmortem.progress.Restart.counts`).
     """
 
@@ -61,7 +63,8 @@ class Impact(BaseModel):
     time_lost_seconds: float | None = None
     gpu_hours_lost: float | None = None
     goodput: float | None = None
-    restart_count: str | None = None
+    restart_count: int | None = None
+    restart: str | None = None
 
 
 def measure_impact(
@@ -74,12 +77,13 @@ def measure_impact(
 ) -> Impact:
     """The :class:`Impact` of a failure at ``onset`` that the job answered with ``restart``
     (``resolved_at``: when the incident closed, for goodput; ``failed_ranks``: node -> the
-    rank whose failure there caused the restart, shown in ``restart_count``). Steps before
+    rank whose failure there caused the restart, shown in ``restart``). Steps before
     the restart (or the onset, without one) count as done before the failure."""
     impact = Impact(
         world_size=len(progress) or None,
         resumed_from_step=restart.resumed_from_step,
-        restart_count=restart.counts(failed_ranks),
+        restart_count=restart.job_attempt,
+        restart=restart.counts(failed_ranks),
     )
     if onset is None or not progress:
         return impact

@@ -147,6 +147,12 @@ class Restart:
         return text
 
     @property
+    def job_attempt(self) -> int | None:
+        """The restart's job attempt (the job's restarts so far, as every rank agreed); None
+        without a start or from an older trainer's log."""
+        return self.starts[0].job_attempt if self.starts else None
+
+    @property
     def started_at(self) -> float | None:
         """When the first worker started again."""
         return self.starts[0].time if self.starts else None

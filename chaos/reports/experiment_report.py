@@ -127,7 +127,8 @@ def _restart(pm: ExperimentPostMortem, progress: JobProgress) -> None:
         if pm.fault_rank is not None and pm.fault_node is not None
         else []
     )
-    pm.restart_count = restart.counts(failed_ranks(restart, cause, since=pm.fault_at))
+    pm.restart_count = restart.job_attempt
+    pm.restart = restart.counts(failed_ranks(restart, cause, since=pm.fault_at))
     pm.resumed_from_step = restart.resumed_from_step
     first = restart.first_step
     if first is not None:

@@ -57,7 +57,7 @@ def test_the_restart_names_the_rank_that_failed_on_the_node_that_caused_it() -> 
     expected = "restart 1 of the job (its nodes' torchrun counts: 0, 1); restarted by a failure on node1 (rank 3)"
     assert restart.counts(ranks) == expected
     impact = measure_impact(progress, restart, onset=4.0, resolved_at=None, failed_ranks=ranks)
-    assert impact.restart_count == expected
+    assert impact.restart == expected
     assert failed_ranks(restart_after(progress, 40.0), exits) == {}  # no restart: no cause
 
 

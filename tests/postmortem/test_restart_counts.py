@@ -45,4 +45,6 @@ def test_the_restart_shows_the_job_attempt_beside_node_counts_and_the_failed_nod
     )
     assert restart.counts() == expected
     impact = measure_impact(progress, restart, onset=5.0, resolved_at=None)
-    assert impact.restart_count == expected
+    assert impact.restart == expected
+    # a number for scripts (fresh-user finding: a `restart_count` holding a sentence)
+    assert impact.restart_count == 2 and isinstance(impact.model_dump()["restart_count"], int)
