@@ -163,7 +163,7 @@ def _ledger_table(entries: list[LedgerEntry], *, now: float, width: int) -> Tabl
             if e.injected_at:
                 state += f", injected {_t(e.injected_at)}"
             if e.reverted_at:
-                state += f" {_t(e.reverted_at)} by {e.revert_reason}"
+                state += f", reverted {_t(e.reverted_at)} by {e.revert_reason}"
             state = escape(state)
             if overdue:
                 state = f"[red]OVERDUE[/] ({state}; TTL passed {_t(e.expires_at)}"

@@ -311,6 +311,7 @@ def test_ledger_table_keeps_one_line_per_fault_at_80_columns(tmp_path: Path, sto
     killed, frozen = _ledger_rows(wide)
     assert killed[0] == long_id and killed[3] == "node0"  # where
     assert frozen[-1].endswith("by experiment finished and the steady state held")
+    assert ", reverted " in frozen[-1]  # fresh user: "injected 08:01:14 08:01:34 by ..."
     assert "…" not in wide
 
 
