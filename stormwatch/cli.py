@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -154,8 +155,35 @@ def _command_path(argv: list[str]) -> str:
     return " ".join(path)
 
 
+def _json_logs(argv: list[str]) -> bool:
+    """Whether the command line (or :data:`logs.FORMAT_ENV`) asks for JSON log lines: the
+    root option's value as given, read here because an error may come before it is parsed."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-format":
+            return next(words, None) == "json"
+        if word.startswith("--log-format="):
+            return word.partition("=")[2] == "json"
+        if not word.startswith("-"):
+            break  # the root's options come before the first command
+    return os.environ.get(logs.FORMAT_ENV) == "json"
+
+
+def _fail(message: str, code: int, argv: list[str]) -> NoReturn:
+    """Say ``error: <message>`` on stderr and exit ``code``; with JSON logs, as one JSON
+    log line (fresh-user finding: a log pipeline read every line but the error)."""
+    if _json_logs(argv):
+        record = logging.LogRecord("stormwatch", logging.ERROR, __file__, 0, message, None, None)
+        record.exit_code = code
+        click.echo(logs.JsonFormatter().format(record), err=True)
+    else:
+        click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point; maps :class:`StormwatchError` to a message and exit code."""
+    words = sys.argv[1:] if argv is None else argv
     try:
         rv = root.main(args=argv, prog_name="stormwatch", standalone_mode=False)
         # A command may return an int to choose the exit status (e.g. demo: 1 when
@@ -170,20 +198,13 @@ def main(argv: list[str] | None = None) -> Any:
             exc.show()
             sys.exit(exc.exit_code)
         # one line, in the style of every other error (click's own is Usage, Try, Error)
-        where = (
-            exc.ctx.command_path
-            if exc.ctx is not None
-            else _command_path(sys.argv[1:] if argv is None else argv)
-        )
+        where = exc.ctx.command_path if exc.ctx is not None else _command_path(words)
         message = exc.format_message().rstrip(".")
-        click.secho(f"error: {message} (see `{where} --help`)", fg="red", err=True)
-        sys.exit(exc.exit_code)
+        _fail(f"{message} (see `{where} --help`)", exc.exit_code, words)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail(exc.format_message(), exc.exit_code, words)
     except StormwatchError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, words)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
@@ -191,13 +212,12 @@ def main(argv: list[str] | None = None) -> Any:
         extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
         if extra is None:
             raise
-        click.secho(
-            f"error: this command needs {exc.name}, which the core install (the agent's) "
+        _fail(
+            f"this command needs {exc.name}, which the core install (the agent's) "
             f"leaves out: pip install 'stormwatch[{extra}]'",
-            fg="red",
-            err=True,
+            2,
+            words,
         )
-        sys.exit(2)
 
 
 __all__ = ["main", "root"]

@@ -9,7 +9,9 @@ stderr, the shape Loki, Fluent Bit, Vector and Elasticsearch read without a pars
 
 ``trace_id``/``span_id`` (32 and 16 hex digits, as OpenTelemetry writes them) are there when
 the line is logged inside a recording span, so a log line leads to its trace; fields given
-with ``extra=`` are added as they are (``repr`` for what JSON cannot hold).
+with ``extra=`` are added as they are (``repr`` for what JSON cannot hold). The error a
+command ends with, ``error: ...`` in text, is such a line too (``"level": "ERROR"``, with
+its ``exit_code``: :func:`stormwatch.cli.main`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ console script's ``main``, which ``CliRunner`` does not go through."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ STORMWATCH = str(Path(sys.executable).with_name("stormwatch"))
             "stormwatch lab status",
         ),
         (  # a root option's value is not a command's name (breaker: it named `stormwatch`)
-            ["--log-format", "json", "-vv", "lab", "status", "--run-dir"],
+            ["--log-format", "text", "-vv", "lab", "status", "--run-dir"],
             "error: Option '--run-dir' requires an argument",
             "stormwatch lab status",
         ),
@@ -55,3 +57,39 @@ def test_a_group_without_a_command_still_shows_its_help() -> None:
     shown = done.stdout + done.stderr  # click 8.2+: on stderr, exit status 2
     assert shown.startswith("Usage: stormwatch lab [OPTIONS] COMMAND"), shown
     assert "error:" not in shown
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        (
+            ["--log-format", "json", "lab", "status", "--run-dir"],
+            {},
+            2,
+            "Option '--run-dir' requires an argument (see `stormwatch lab status --help`)",
+        ),
+        (
+            ["--log-format=json", "chaos", "ledger", "--run-dir", "/nonexistent"],
+            {},
+            1,
+            "no fault ledger at /nonexistent/chaos/ledger.sqlite3",
+        ),
+        (
+            ["chaos", "ledger", "--run-dir", "/nonexistent"],
+            {"STORMWATCH_LOG_FORMAT": "json"},
+            1,
+            "no fault ledger at /nonexistent/chaos/ledger.sqlite3",
+        ),
+    ],
+)
+def test_with_json_logs_an_error_is_a_json_log_line(
+    args: list[str], env: dict[str, str], code: int, message: str
+) -> None:
+    """Fresh-user finding: a log pipeline read every line as JSON but the error."""
+    done = subprocess.run(
+        [STORMWATCH, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+    assert done.returncode == code
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    error = lines[-1]
+    assert (error["level"], error["message"], error["exit_code"]) == ("ERROR", message, code)

@@ -223,7 +223,11 @@ def render_template(
     try:
         docs = [d for d in yaml.safe_load_all(filled) if d is not None]
     except yaml.YAMLError as exc:
-        raise InvalidManifest("", f"not YAML with its parameters filled in: {yaml_problem(exc, filled)}", source=source) from exc
+        raise InvalidManifest(
+            "",
+            f"not YAML with its parameters filled in: {yaml_problem(exc, filled)}",
+            source=source,
+        ) from exc
     if len(docs) != 1:
         kinds = ", ".join(str(d.get("kind") if isinstance(d, dict) else d) for d in docs)
         raise InvalidManifest(
