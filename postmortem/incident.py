@@ -135,7 +135,7 @@ def summary_rows(pm: IncidentPostMortem) -> list[tuple[str, str]]:
         ),
         ("GPU-hours lost (ranks x time lost)", gpu_hours),
         (
-            "goodput during the incident (new steps x median step time / onset → close)",
+            "goodput during the incident (new steps x median step interval / onset → close)",
             MISSING if impact.goodput is None else f"{impact.goodput:.0%}",
         ),
         ("actions", "; ".join(pm.actions) or "none"),

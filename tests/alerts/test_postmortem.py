@@ -214,7 +214,7 @@ def test_a_resolved_incident_gets_a_postmortem_naming_the_rank_that_never_joined
     assert "| time lost (onset → the job back at its last step before the restart) | 79" in (
         markdown
     )
-    assert "goodput during the incident (new steps x median step time / onset → close)" in (
+    assert "goodput during the incident (new steps x median step interval / onset → close)" in (
         markdown
     )
     page = (folder / "postmortem.html").read_text()
