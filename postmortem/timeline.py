@@ -68,9 +68,12 @@ def capped(
     *,
     limit: int = MAX_EVENTS_PER_SOURCE,
 ) -> list[TimelineEvent]:
-    """The first ``limit`` rows; how many ``what`` rows were left out is appended to ``notes``."""
+    """The first ``limit`` rows; how many ``what`` rows were left out, and from when to
+    when, is appended to ``notes``."""
     if len(events) > limit:
-        notes.append(f"timeline: {len(events) - limit} more {what} events left out")
+        seen = [e.at for e in events[limit:] if e.at is not None]
+        span = f", {format_clock(min(seen))} to {format_clock(max(seen))}" if seen else ""
+        notes.append(f"timeline: {len(events) - limit} more {what} events left out{span}")
     return events[:limit]
 
 

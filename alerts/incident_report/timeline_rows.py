@@ -179,7 +179,8 @@ def _recovery_rows(pm: IncidentPostMortem, restart: Restart) -> list[TimelineEve
 
 
 def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
-    """Spans worth a line: errors, checkpoint loads/saves, and steps 5x slower than their median.
+    """Spans worth a line: errors, spans 5x slower than their median (and over a second),
+    and the checkpoint loads and saves of the lowest rank that has spans.
 
     A span that ended in an error is placed at its end, when the error was raised: at its
     start, a step killed mid-way read as failing before the fault that killed it. One that
@@ -190,11 +191,15 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     for span in inputs.spans:
         by_name.setdefault(span.name, []).append(span.end - span.start)
     medians = {name: statistics.median(d) for name, d in by_name.items()}
+    # routine checkpoint spans of one rank: every rank's are the same moments (fresh user:
+    # 16 rows before the fault)
+    first = min((s.rank for s in inputs.spans if s.rank is not None), default=None)
     rows = []
     for span in sorted(inputs.spans, key=lambda s: s.start):
         seconds = span.end - span.start
         slow = seconds > SLOW_SPAN_FACTOR * medians[span.name] and seconds > 1.0
-        if span.error or span.name.startswith("checkpoint") or slow:
+        routine = span.name.startswith("checkpoint") and span.rank == first
+        if span.error or routine or slow:
             what = "error" if span.error else ("slow" if slow else "span")
             of_step = f" of step {span.step}" if span.step is not None else ""
             at, detail = _span_place(span, inputs.window)

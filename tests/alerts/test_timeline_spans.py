@@ -9,7 +9,7 @@ from stormwatch.alerts.incident_report.sources import Inputs, Span
 from stormwatch.alerts.incident_report.timeline_rows import _span_rows
 from stormwatch.postmortem import TimelineEvent
 from stormwatch.postmortem.text import format_clock
-from stormwatch.postmortem.timeline import within
+from stormwatch.postmortem.timeline import capped, within
 
 
 def _events(*spans: Span) -> list[TimelineEvent]:
@@ -70,3 +70,25 @@ def test_an_error_span_across_the_whole_window_is_shown_at_its_start() -> None:
 def test_an_error_span_ending_within_the_windows_slack_stays_at_its_end() -> None:
     # the timeline keeps rows up to 1 s past the window's end (WINDOW_SLACK_SECONDS)
     assert _rows(Span("step", 0, 90.0, 100.5, error=True))[0][0] == 100.5
+
+
+def test_routine_checkpoint_spans_are_shown_for_one_rank() -> None:
+    """Fresh user: every rank's saves gave 16 rows before the fault; one rank's say it."""
+    saves = [
+        Span("checkpoint_save", r, 40.0 + r / 100, 40.3, error=False, step=20) for r in (2, 0, 1)
+    ]
+    failed = Span("checkpoint_save", 3, 60.0, 60.5, error=True, step=25)
+    assert [(e, d) for _, e, d in _rows(*saves, failed)] == [
+        ("trace: checkpoint_save of step 20 (span)", "0.30 s"),
+        ("trace: checkpoint_save of step 25 (error)", "ended in an error after 0.50 s"),
+    ]
+    assert _events(*saves)[0].source == "trace rank 0"
+
+
+def test_rows_left_out_say_from_when_to_when() -> None:
+    rows = [TimelineEvent(at=float(t), event="e", source="s") for t in range(5)]
+    notes: list[str] = []
+    assert len(capped(rows, "trace span", notes, limit=3)) == 3
+    assert notes == [
+        f"timeline: 2 more trace span events left out, {format_clock(3.0)} to {format_clock(4.0)}"
+    ]
