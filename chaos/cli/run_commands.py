@@ -49,7 +49,14 @@ def _before_text(journal: Journal) -> str:
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def validate(files: tuple[Path, ...]) -> None:
-    """Check experiment FILES without running anything (exit 2 when one is invalid)."""
+    """Check experiment FILES without running anything (exit 2 when one is invalid).
+
+    A folder stands for its experiment files (``*.yaml``, ``*.yml``), as ``chaos suite``
+    reads them.
+    """
+    from stormwatch.chaos.gameday.suite import suite_files
+
+    files = tuple(f for given in files for f in (suite_files(given) if given.is_dir() else [given]))
     console = Console()
     problems: list[InvalidExperiment] = []
     for file in files:

@@ -107,3 +107,17 @@ def test_a_selected_rank_out_of_range_counts_one_rank_in_the_singular() -> None:
         Shape.generic(1, 1).check_rank(1)
     with pytest.raises(SelectionError, match=r"the job has 4 ranks \(0-3\)$"):
         Shape.generic(2, 2).check_rank(4)
+
+
+def test_a_folder_is_validated_as_chaos_suite_reads_it(tmp_path: Path) -> None:
+    """Fresh user: `validate experiments/suite` said "Is a directory" though `chaos suite`
+    takes exactly that folder."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    _kill_rank_with(suite, "01-good.yaml")
+    _kill_rank_with(suite, "02-bad.yaml", world_size=0)
+    (suite / "notes.txt").write_text("not an experiment")
+    done = _validate(suite)
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"ok {suite / '01-good.yaml'}: "), done.stdout
+    assert "02-bad.yaml" in done.stderr and "notes.txt" not in done.stdout + done.stderr
