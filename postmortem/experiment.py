@@ -10,9 +10,9 @@ seconds; ``None`` means "not observed" (the reason is in ``notes``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stormwatch.contracts.labels import TRAINING_JOB_LABEL
 from stormwatch.postmortem.causes import RestartFailure
@@ -26,7 +26,7 @@ from stormwatch.postmortem.document import (
     Section,
     Table,
 )
-from stormwatch.postmortem.measures import LossCheck
+from stormwatch.postmortem.measures import LossCheck, older_restart_count
 from stormwatch.postmortem.text import (
     alert_label,
     format_clock,
@@ -69,6 +69,11 @@ class ExperimentPostMortem(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_files(cls, data: Any) -> Any:
+        return older_restart_count(data)
 
     experiment_id: str
     title: str

@@ -12,10 +12,12 @@ durations seconds.
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stormwatch.postmortem.progress import (
     JobProgress,
@@ -28,6 +30,23 @@ from stormwatch.postmortem.progress import (
 
 #: Most recent step times the median step time is taken over.
 MEDIAN_STEPS = 200
+
+
+#: The job's attempt in a restart's sentence, as files before 2026-12-06 held it in
+#: ``restart_count`` ("restart 2 of the job ...", earlier "job attempt 1 (...)").
+_ATTEMPT_IN_WORDS = re.compile(r"\b(?:restart|attempt) ([0-9]{1,9})\b")
+
+
+def older_restart_count(data: Any) -> Any:
+    """A post-mortem's fields as read from a file written before ``restart_count`` became
+    a number: its sentence moves to ``restart`` and the attempt it names (None: none) is
+    the number, so ``plan --from-postmortems`` and ``chaos postmortem`` still read it."""
+    if isinstance(data, dict) and isinstance(data.get("restart_count"), str):
+        text = data["restart_count"]
+        found = _ATTEMPT_IN_WORDS.search(text)
+        number = int(found.group(1)) if found else None
+        data = {**data, "restart_count": number, "restart": data.get("restart") or text}
+    return data
 
 
 class Impact(BaseModel):
@@ -61,6 +80,11 @@ class Impact(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_files(cls, data: Any) -> Any:
+        return older_restart_count(data)
 
     world_size: int | None = None
     last_step_before: int | None = None

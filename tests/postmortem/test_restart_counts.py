@@ -48,3 +48,19 @@ def test_the_restart_shows_the_job_attempt_beside_node_counts_and_the_failed_nod
     assert impact.restart == expected
     # a number for scripts (fresh-user finding: a `restart_count` holding a sentence)
     assert impact.restart_count == 2 and isinstance(impact.model_dump()["restart_count"], int)
+
+
+def test_a_post_mortem_written_before_restart_count_was_a_number_still_reads() -> None:
+    """Breaker: `plan --from-postmortems run/demo` refused the demo's older post-mortem."""
+    from stormwatch.postmortem import ExperimentPostMortem
+    from stormwatch.postmortem.measures import Impact
+
+    older = "job attempt 1 (node-local counts 1); restarted by a failure on node0 (rank 1)"
+    fields = {"experiment_id": "e", "title": "t", "status": "completed"}
+    fields |= {"hypothesis_held": True, "rollbacks_ok": True, "restart_count": older}
+    pm = ExperimentPostMortem.model_validate(fields)
+    assert (pm.restart_count, pm.restart) == (1, older)
+    newer = "restart 2 of the job (its nodes' torchrun counts: 1)"
+    assert Impact.model_validate({"restart_count": newer}).restart_count == 2
+    assert Impact.model_validate({"restart_count": "a restart of the job"}).restart_count is None
+    assert Impact.model_validate({"restart_count": 3, "restart": "x"}).restart_count == 3
