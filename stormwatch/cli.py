@@ -158,15 +158,16 @@ def _command_path(argv: list[str]) -> str:
 def _json_logs(argv: list[str]) -> bool:
     """Whether the command line (or :data:`logs.FORMAT_ENV`) asks for JSON log lines: the
     root option's value as given, read here because an error may come before it is parsed."""
+    given = None  # the last one given wins, as click reads a repeated option
     words = iter(argv)
     for word in words:
         if word == "--log-format":
-            return next(words, None) == "json"
-        if word.startswith("--log-format="):
-            return word.partition("=")[2] == "json"
-        if not word.startswith("-"):
+            given = next(words, None)
+        elif word.startswith("--log-format="):
+            given = word.partition("=")[2]
+        elif not word.startswith("-"):
             break  # the root's options come before the first command
-    return os.environ.get(logs.FORMAT_ENV) == "json"
+    return (given or os.environ.get(logs.FORMAT_ENV)) == "json"
 
 
 def _fail(message: str, code: int, argv: list[str]) -> NoReturn:
@@ -190,6 +191,8 @@ def main(argv: list[str] | None = None) -> Any:
         # the hypothesis did not hold); click's --help/--version return 0 or None.
         sys.exit(rv if isinstance(rv, int) else 0)
     except click.exceptions.Abort:
+        if _json_logs(words):
+            _fail("aborted", 130, words)
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> Any:
     except StormwatchError as exc:
         _fail(str(exc), exc.exit_code, words)
     except KeyboardInterrupt:
+        if _json_logs(words):
+            _fail("interrupted", 130, words)
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     except ModuleNotFoundError as exc:

@@ -180,7 +180,7 @@ def _recovery_rows(pm: IncidentPostMortem, restart: Restart) -> list[TimelineEve
 
 def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     """Spans worth a line: errors, spans 5x slower than their median (and over a second),
-    and the checkpoint loads and saves of the lowest rank that has spans.
+    and the checkpoint loads and saves of the lowest rank that has such spans.
 
     A span that ended in an error is placed at its end, when the error was raised: at its
     start, a step killed mid-way read as failing before the fault that killed it. One that
@@ -193,7 +193,10 @@ def _span_rows(inputs: Inputs) -> list[TimelineEvent]:
     medians = {name: statistics.median(d) for name, d in by_name.items()}
     # routine checkpoint spans of one rank: every rank's are the same moments (fresh user:
     # 16 rows before the fault)
-    first = min((s.rank for s in inputs.spans if s.rank is not None), default=None)
+    first = min(
+        (s.rank for s in inputs.spans if s.rank is not None and s.name.startswith("checkpoint")),
+        default=None,
+    )
     rows = []
     for span in sorted(inputs.spans, key=lambda s: s.start):
         seconds = span.end - span.start

@@ -17,7 +17,7 @@ from stormwatch.chaos.experiment.loader import load_experiment
 from stormwatch.chaos.experiment.model import Experiment
 from stormwatch.chaos.reports.verify import Verification, write_verification
 from stormwatch.contracts.journal import Journal
-from stormwatch.errors import ConfigError
+from stormwatch.errors import ConfigError, StormwatchError
 from stormwatch.words import plural
 
 
@@ -56,9 +56,17 @@ def validate(files: tuple[Path, ...]) -> None:
     """
     from stormwatch.chaos.gameday.suite import suite_files
 
-    files = tuple(f for given in files for f in (suite_files(given) if given.is_dir() else [given]))
+    problems: list[StormwatchError] = []
+    found: list[Path] = []
+    for given in files:
+        try:
+            found += suite_files(given) if given.is_dir() else [given]
+        except ConfigError:
+            problems.append(
+                ConfigError(f"{given}: no *.yaml or *.yml file in this folder (not searched below)")
+            )
+    files = tuple(found)
     console = Console()
-    problems: list[InvalidExperiment] = []
     for file in files:
         try:
             experiment = load_experiment(file)
@@ -71,7 +79,7 @@ def validate(files: tuple[Path, ...]) -> None:
             f"{plural(len(experiment.rollbacks), 'rollback')})",
             soft_wrap=True,
         )
-    if len(problems) == 1 and len(files) == 1:
+    if len(problems) == 1 and len(files) + len(problems) == 1:
         raise problems[0]
     if problems:
         raise ConfigError("\n".join(str(p) for p in problems))

@@ -92,3 +92,10 @@ def test_rows_left_out_say_from_when_to_when() -> None:
     assert notes == [
         f"timeline: 2 more trace span events left out, {format_clock(3.0)} to {format_clock(4.0)}"
     ]
+
+
+def test_checkpoint_rows_come_from_the_lowest_rank_that_has_checkpoint_spans() -> None:
+    """Breaker: rank 0 with only step spans hid every other rank's loads."""
+    step = Span("step", 0, 10.0, 10.5, error=False)
+    loads = [Span("checkpoint_load", r, 20.0, 21.0, error=False, step=5) for r in (4, 3)]
+    assert [row.source for row in _events(step, *loads)] == ["trace rank 3"]

@@ -121,3 +121,21 @@ def test_a_folder_is_validated_as_chaos_suite_reads_it(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout.startswith(f"ok {suite / '01-good.yaml'}: "), done.stdout
     assert "02-bad.yaml" in done.stderr and "notes.txt" not in done.stdout + done.stderr
+
+
+def test_an_empty_folder_is_a_problem_and_the_other_files_are_still_checked(
+    tmp_path: Path,
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    good = _kill_rank_with(tmp_path, "good.yaml")
+    done = subprocess.run(
+        [str(STORMWATCH), "chaos", "validate", str(good), str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"ok {good}: ")
+    assert f"{empty}: no *.yaml or *.yml file in this folder" in done.stderr
+    assert "suite" not in done.stderr

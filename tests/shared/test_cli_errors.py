@@ -74,6 +74,12 @@ def test_a_group_without_a_command_still_shows_its_help() -> None:
             1,
             "no fault ledger at /nonexistent/chaos/ledger.sqlite3",
         ),
+        (  # repeated: the last one wins, as click reads it (breaker)
+            ["--log-format", "text", "--log-format", "json", "chaos", "ledger", "--run-dir", "/x"],
+            {},
+            1,
+            "no fault ledger at /x/chaos/ledger.sqlite3",
+        ),
         (
             ["chaos", "ledger", "--run-dir", "/nonexistent"],
             {"STORMWATCH_LOG_FORMAT": "json"},
