@@ -60,10 +60,11 @@ EXIT_TIE_S = 1.0
 DUMP_LEAD_S = 120.0
 #: Seconds after the responder's stop a rank's dump is still its dump at the stop
 #: (:func:`incident_dumps`): a thread writes it the moment SIGTERM arrives
-#: (:mod:`stormwatch.telemetry.lifecycle.sigterm`), while a restarted attempt dumps only
-#: once the old processes are gone and the new ones have started and imported torch
-#: (0.7-1.9 s to start, then 2.5 CPU-s, in README "Recovery").
-STOP_DUMP_S = 5.0
+#: (:mod:`stormwatch.telemetry.lifecycle.sigterm`), which follows the stop by the action's
+#: own checks (a Prometheus query of up to 5 s) and the scheduler's call, while a restarted
+#: attempt dumps only once the old processes are gone and the new ones have started and
+#: imported torch (0.7-1.9 s to start, then 2.5 CPU-s, in README "Recovery").
+STOP_DUMP_S = 10.0
 
 
 def _scores_line(scores: dict[str, float]) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from stormwatch.agent.watch.events import RankExitEvent, RankHangCulpritEvent, RankHangEvent
 from stormwatch.agent.watch.proc_exits import signal_name
-from stormwatch.alerts.actions.remedial import RANK_STOPPING_KINDS
+from stormwatch.alerts.actions.remedial import EVIDENCE_WAIT_S, HANG_ALERTS, RANK_STOPPING_KINDS
 from stormwatch.alerts.incident_report.sources import Inputs
 from stormwatch.postmortem import Clues, FirstAlert, HangDiagnosis, RankDump, RankExit, RankHang
 from stormwatch.telemetry.culprit import REASON_CHARS, reduce_dump
@@ -67,13 +67,22 @@ def culprit_exits(events: Sequence[object]) -> list[RankExit]:
 def stop_started_at(inputs: Inputs) -> float | None:
     """When the responder began to stop the job's ranks (its first action of a
     :data:`RANK_STOPPING_KINDS` kind, e.g. a restart); None without one. What the ranks do
-    and show from then on is that action's doing, not the incident's."""
+    and show from then on is that action's doing, not the incident's.
+
+    An action starts when the responder claims it, but one that stops ranks for a hang
+    alert (:data:`HANG_ALERTS`) first waits until :data:`EVIDENCE_WAIT_S` after the alert
+    started firing (its precheck, while the agents collect the hung ranks' dumps): it
+    signals no rank before then (breaker: the claim's time put the ranks' SIGTERM dumps
+    7 s after the "stop")."""
     stops = [
         a.started_at
         for a in inputs.actions
         if a.kind in RANK_STOPPING_KINDS and a.started_at is not None
     ]
-    return min(stops, default=None)
+    first = min(stops, default=None)
+    if first is not None and inputs.incident.alertname in HANG_ALERTS:
+        first = max(first, inputs.incident.starts_at + EVIDENCE_WAIT_S)
+    return first
 
 
 def clues_of(inputs: Inputs, dumps: list[RankDump], onset: float | None) -> Clues:
