@@ -202,7 +202,9 @@ def test_fc10_the_dumps_taken_during_the_hang_name_it_not_those_the_restart_leve
     assert _named(AT_STOP)[1] != "flight_recorder"
 
 
-def test_a_rank_with_no_dump_during_the_hang_gives_its_dump_at_the_stop_not_a_later_one() -> None:
+def test_fc10_a_rank_with_no_dump_during_the_hang_gives_its_dump_at_the_stop_not_a_later_one() -> (
+    None
+):
     every = [DURING[1], *AT_STOP, *LATER]
     chosen = incident_dumps(every, since=HUNG_AT - DUMP_LEAD_S, stopped_at=RESTART_AT)
     assert chosen == [AT_STOP[0], DURING[1]]
