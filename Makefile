@@ -155,7 +155,8 @@ test: setup system-test
 #   agent_bench.py    the agent vs node-exporter, scraped every 1 s as Prometheus asks (~3 min;
 #                     --quick: the smoke test the suite runs)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
-#                     checkpoint blocking, exposed communication (~7 min on 2 cores)
+#                     checkpoint blocking, exposed communication (~7 min on 2 cores); then
+#                     again with --mesh 1x2: 2 ranks, one a core, longer trials (~5 min)
 #   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:
 #                     StormwatchCallback vs none, with an A/A row (~7 min on 2 cores)
 #   scrape_bench.py   the agent's render after 1,000 rank restarts vs a fresh node
@@ -165,6 +166,7 @@ test: setup system-test
 bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
+	$(PY) benchmarks/trainer_bench.py --mesh 1x2 --reps 8 --steps 60
 	$(PY) benchmarks/lightning_bench.py
 	$(PY) benchmarks/scrape_bench.py
 	$(PY) benchmarks/recovery_bench.py

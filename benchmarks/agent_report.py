@@ -166,6 +166,15 @@ def report(results: dict[str, Any], note: str) -> None:
         "<= 2 %",
     )
     console.print(table)
+    if node:
+        print(
+            "the RSS row on a GPU machine (projected, not measured): node-exporter's RSS does not "
+            "grow with GPUs; the agent's libraries' floor is the same "
+            f"{results['rss_floors']['libraries'] / 2**20:.1f} MiB "
+            f"({results['rss_floors']['libraries'] / node['rss']:.2f}x here) plus NVML's own "
+            "library once pynvml loads it, so the row stays above 2x there: its floor is the "
+            "Python runtime and the libraries the agent is built on, not this machine"
+        )
     prof = results.get("profile")
     if prof:
         seconds = prof["seconds"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the reference trainer against itself, side by side in one run.
 
-One ``torchrun`` job of 4 CPU ranks (gloo, FSDP2 dp=2 x TP tp=2) runs
+One ``torchrun`` job of 4 CPU ranks (gloo, FSDP2 dp=2 x TP tp=2; ``--mesh`` sets another) runs
 ``stormwatch.trainer.loop.train`` many times in the same worker processes,
 one short training run ("trial") per variant, the variants interleaved in
 every repetition (their order rotating) so that all of them see the same
@@ -68,6 +68,7 @@ Usage::
 
     .venv/bin/python benchmarks/trainer_bench.py [--quick] [--reps 5] [--json results.json]
         [--variants ckpt-sync,ckpt-async]   # the checkpoint trials alone
+        [--mesh 1x2]   # 2 ranks: one a core on a 2-core machine (default 2x2, 4 ranks)
 
 The plan and what each rank runs: ``trainer_trials.py``; the printed table and
 notes: ``trainer_report.py`` (siblings of this script).
@@ -98,11 +99,8 @@ from typing import Any
 from hotpath_profile import in_child as hot_path_profile
 from trainer_report import median, report
 from trainer_trials import (
-    DP,
-    NPROC,
     QUICK,
     STEP_VARIANTS,
-    TP,
     VARIANTS,
     Plan,
     worker,
@@ -308,12 +306,23 @@ def run_torchrun(work: Path, plan: Plan, timeout: float) -> list[list[dict[str, 
     env["OMP_NUM_THREADS"] = "1"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(NPROC), str(Path(__file__).resolve()), "--worker", str(work),
+        "--nproc-per-node", str(plan.nproc), str(Path(__file__).resolve()), "--worker", str(work),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, timeout=timeout, check=False, cwd=work)
     if done.returncode != 0:
         raise SystemExit(f"the benchmark's torchrun job failed (exit {done.returncode})")
-    return [json.loads((work / f"rank{r}.json").read_text()) for r in range(NPROC)]
+    return [json.loads((work / f"rank{r}.json").read_text()) for r in range(plan.nproc)]
+
+
+def _mesh(text: str) -> tuple[int, int]:
+    """``--mesh`` ``"DPxTP"`` -> (dp, tp), both >= 1; argparse reports the ValueError."""
+    dp, sep, tp = text.lower().partition("x")
+    if not sep or not dp.isdigit() or not tp.isdigit() or int(dp) < 1 or int(tp) < 1:
+        raise ValueError(text)
+    return int(dp), int(tp)
+
+
+_mesh.__name__ = "mesh (DPxTP, e.g. 2x2 or 1x2)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: tuple(text.split(",")),
         help="comma-separated subset to run: all of them (default), or ckpt-sync,ckpt-async",
     )
+    parser.add_argument(
+        "--mesh",
+        type=_mesh,
+        metavar="DPxTP",
+        help=f"the job's mesh, FSDP2 ranks x TP ranks (default {Plan.dp}x{Plan.tp}: 4 ranks); "
+        "1x2 or 2x1 gives each rank a core of a 2-core machine",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -336,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, reps=args.reps)
     if args.steps is not None:
         plan = dataclasses.replace(plan, steps=args.steps)
+    if args.mesh is not None:
+        plan = dataclasses.replace(plan, dp=args.mesh[0], tp=args.mesh[1])
     if args.variants is not None:
         if set(args.variants) not in ({"ckpt-sync", "ckpt-async"}, set(VARIANTS)):
             parser.error(f"--variants takes ckpt-sync,ckpt-async or all of {','.join(VARIANTS)}")
@@ -344,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--reps must be >= 1 and --steps > {plan.warmup} (the warm-up steps)")
     trials = len(plan.trials())
     print(
-        f">> {NPROC} ranks, {trials} trials ({plan.reps} x {len(plan.variants)} variants, "
+        f">> {plan.nproc} ranks, {trials} trials ({plan.reps} x {len(plan.variants)} variants, "
         f"{trials - plan.reps * len(plan.variants)} warm-up), "
         f"{plan.steps} steps each ({plan.ckpt_steps} for checkpoints)",
         flush=True,
@@ -357,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = aggregate(plan, ranks)
     host = machine()
     title = (
-        f"trainer: {NPROC} CPU ranks (gloo), dp={DP} x tp={TP}, "
+        f"trainer: {plan.nproc} CPU ranks (gloo), dp={plan.dp} x tp={plan.tp}, "
         f"{plan.reps} interleaved repetition(s); step = one loop iteration, rank 0"
     )
     report(title, figures, host, ckpt_every=plan.ckpt_every)

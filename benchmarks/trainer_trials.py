@@ -22,8 +22,6 @@ from typing import Any
 
 from thread_cpu import Snapshot, cpu_by_thread, difference
 
-NPROC = 4
-DP, TP = 2, 2
 VARIANTS = ("bare", "counting", "instrumented", "disarmed", "bare-again", "ckpt-sync", "ckpt-async")
 STEP_VARIANTS = VARIANTS[:5]
 #: RankEnv.attempt of trial i is ATTEMPT_BASE + i: the trainer prefixes the
@@ -43,8 +41,16 @@ class Plan:
     ckpt_d_model: int = 256
     ckpt_layers: int = 4
     warmup_trials: bool = True
+    #: the mesh (``--mesh DPxTP``): FSDP2 over ``dp`` ranks x TP over ``tp``; world size dp*tp
+    dp: int = 2
+    tp: int = 2
     #: the variants run (``--variants``), in VARIANTS' order
     variants: tuple[str, ...] = VARIANTS
+
+    @property
+    def nproc(self) -> int:
+        """Ranks of the torchrun job (one node): ``dp * tp``."""
+        return self.dp * self.tp
 
     def trials(self) -> list[tuple[int, str]]:
         """(repetition, variant) in run order; repetition -1 is a warm-up trial."""
@@ -77,7 +83,7 @@ def _config(plan: Plan, variant: str, trial_dir: Path, shared: Path) -> Any:
     )
 
     bare = TelemetryConfig(job="bench", count_collectives=False)
-    common: dict[str, Any] = {"dp": DP, "tp": TP, "debug": DebugConfig()}
+    common: dict[str, Any] = {"dp": plan.dp, "tp": plan.tp, "debug": DebugConfig()}
     if variant in ("bare", "bare-again"):
         return TrainConfig(steps=plan.steps, telemetry=bare, **common)
     if variant == "counting":
@@ -351,11 +357,8 @@ def _trial_result(
 
 __all__ = [
     "ATTEMPT_BASE",
-    "DP",
-    "NPROC",
     "QUICK",
     "STEP_VARIANTS",
-    "TP",
     "VARIANTS",
     "Plan",
     "worker",

@@ -43,3 +43,4 @@ def test_quick_benchmark_prints_the_agents_rows_and_where_its_cpu_goes(
         assert 0 < floors["exporter"] < floors["libraries"], floors
         assert "floor: + the agent's" in stdout  # rich wraps the rest of the label
         assert "the agent's own code" in stdout
+        assert "the RSS row on a GPU machine (projected, not measured)" in stdout

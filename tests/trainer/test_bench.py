@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,24 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
     for figures in collector.values():
         assert set(figures) == {"seconds", "gen0", "gen1", "gen2"}
         assert all(math.isfinite(v) and v >= 0 for v in figures.values()), figures
+
+
+def test_mesh_sets_the_jobs_ranks_and_a_bad_one_is_named() -> None:
+    """``--mesh DPxTP`` (``make bench``'s one-rank-a-core run): the plan's world size is
+    dp x tp; a malformed mesh exits 2 with the option's name and the form it takes."""
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args], cwd=benchmarks, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+
+    plans = run(
+        "-c", "from trainer_trials import Plan; print(Plan().nproc, Plan(dp=1, tp=2).nproc)"
+    )
+    assert plans.stdout.split() == ["4", "2"], plans.stderr
+    for bad in ("3", "0x2", "1x", "axb", "-1x2"):
+        done = run("trainer_bench.py", "--mesh", bad)
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "--mesh" in done.stderr and "DPxTP" in done.stderr, done.stderr
