@@ -325,6 +325,19 @@ def _mesh(text: str) -> tuple[int, int]:
 _mesh.__name__ = "mesh (DPxTP, e.g. 2x2 or 1x2)"
 
 
+def _mesh_problem(plan: Plan) -> str | None:
+    """What the trainer's config refuses in ``plan``'s mesh (the default model's heads must
+    split over TP), before torchrun starts; ``None`` when it accepts it."""
+    from stormwatch.errors import ConfigError
+    from stormwatch.trainer.config import TrainConfig
+
+    try:
+        TrainConfig(steps=plan.steps, dp=plan.dp, tp=plan.tp)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one short repetition (smoke test)")
@@ -354,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, steps=args.steps)
     if args.mesh is not None:
         plan = dataclasses.replace(plan, dp=args.mesh[0], tp=args.mesh[1])
+        problem = _mesh_problem(plan)
+        if problem:
+            parser.error(f"--mesh {plan.dp}x{plan.tp}: {problem}")
     if args.variants is not None:
         if set(args.variants) not in ({"ckpt-sync", "ckpt-async"}, set(VARIANTS)):
             parser.error(f"--variants takes ckpt-sync,ckpt-async or all of {','.join(VARIANTS)}")

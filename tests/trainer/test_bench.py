@@ -82,3 +82,6 @@ def test_mesh_sets_the_jobs_ranks_and_a_bad_one_is_named() -> None:
         done = run("trainer_bench.py", "--mesh", bad)
         assert done.returncode == 2, (bad, done.stderr)
         assert "--mesh" in done.stderr and "DPxTP" in done.stderr, done.stderr
+    refused = run("trainer_bench.py", "--mesh", "1x3")  # the default model has 4 heads
+    assert refused.returncode == 2, refused.stderr
+    assert "--mesh 1x3: tp: must divide the number of heads" in refused.stderr, refused.stderr
