@@ -156,7 +156,9 @@ test: setup system-test
 #                     --quick: the smoke test the suite runs)
 #   trainer_bench.py  instrumentation overhead, disarmed fault points, async vs sync
 #                     checkpoint blocking, exposed communication (~7 min on 2 cores); then
-#                     again with --mesh 1x2: 2 ranks, one a core, longer trials (~5 min)
+#                     again with --mesh 1x2: 2 ranks, one a core, longer trials (~5 min),
+#                     and the same 2 ranks sharing CPU 0 (--cpus 0, ~7 min): how the
+#                     in-situ overhead grows with ranks per core
 #   lightning_bench.py  the telemetry API's overhead on a PyTorch Lightning DDP job:
 #                     StormwatchCallback vs none, with an A/A row (~7 min on 2 cores)
 #   scrape_bench.py   the agent's render after 1,000 rank restarts vs a fresh node
@@ -167,6 +169,7 @@ bench: setup
 	$(PY) benchmarks/agent_bench.py
 	$(PY) benchmarks/trainer_bench.py
 	$(PY) benchmarks/trainer_bench.py --mesh 1x2 --reps 8 --steps 60
+	$(PY) benchmarks/trainer_bench.py --mesh 1x2 --reps 8 --steps 60 --cpus 0
 	$(PY) benchmarks/lightning_bench.py
 	$(PY) benchmarks/scrape_bench.py
 	$(PY) benchmarks/recovery_bench.py

@@ -69,6 +69,7 @@ Usage::
     .venv/bin/python benchmarks/trainer_bench.py [--quick] [--reps 5] [--json results.json]
         [--variants ckpt-sync,ckpt-async]   # the checkpoint trials alone
         [--mesh 1x2]   # 2 ranks: one a core on a 2-core machine (default 2x2, 4 ranks)
+        [--cpus 0]     # the job on CPU 0 alone: its ranks share one core
 
 The plan and what each rank runs: ``trainer_trials.py``; the printed table and
 notes: ``trainer_report.py`` (siblings of this script).
@@ -308,7 +309,9 @@ def run_torchrun(work: Path, plan: Plan, timeout: float) -> list[list[dict[str, 
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(plan.nproc), str(Path(__file__).resolve()), "--worker", str(work),
     ]  # fmt: skip
-    done = subprocess.run(command, env=env, timeout=timeout, check=False, cwd=work)
+    cpus = set(plan.cpus)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # torchrun and its ranks
+    done = subprocess.run(command, env=env, timeout=timeout, check=False, cwd=work, preexec_fn=pin)
     if done.returncode != 0:
         raise SystemExit(f"the benchmark's torchrun job failed (exit {done.returncode})")
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(plan.nproc)]
@@ -323,6 +326,18 @@ def _mesh(text: str) -> tuple[int, int]:
 
 
 _mesh.__name__ = "mesh (DPxTP, e.g. 2x2 or 1x2)"
+
+
+def _cpus(text: str) -> tuple[int, ...]:
+    """``--cpus`` ``"0"`` or ``"0,1"`` -> the CPU numbers, each one this process may use
+    (``os.sched_getaffinity``); argparse reports the ValueError."""
+    cpus = tuple(int(part) for part in text.split(","))
+    if not cpus or not set(cpus) <= os.sched_getaffinity(0):
+        raise ValueError(text)
+    return cpus
+
+
+_cpus.__name__ = f"CPU list (numbers from {sorted(os.sched_getaffinity(0))}, e.g. 0)"
 
 
 def _mesh_problem(plan: Plan) -> str | None:
@@ -356,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the job's mesh, FSDP2 ranks x TP ranks (default {Plan.dp}x{Plan.tp}: 4 ranks); "
         "1x2 or 2x1 gives each rank a core of a 2-core machine",
     )
+    parser.add_argument(
+        "--cpus",
+        type=_cpus,
+        metavar="N[,N...]",
+        help="run the torchrun job on these CPUs only (e.g. 0: every rank shares one core; "
+        "`make bench` compares --mesh 1x2 on all cores with --mesh 1x2 --cpus 0)",
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -370,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         problem = _mesh_problem(plan)
         if problem:
             parser.error(f"--mesh {plan.dp}x{plan.tp}: {problem}")
+    if args.cpus is not None:
+        plan = dataclasses.replace(plan, cpus=args.cpus)
     if args.variants is not None:
         if set(args.variants) not in ({"ckpt-sync", "ckpt-async"}, set(VARIANTS)):
             parser.error(f"--variants takes ckpt-sync,ckpt-async or all of {','.join(VARIANTS)}")
@@ -389,9 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures = aggregate(plan, ranks)
+    # the CPUs the ranks could run on, as they saw them (--cpus pins them)
+    figures["rank_cpus"] = sorted({c for rank in ranks for r in rank for c in r["cpus"]})
     host = machine()
+    on = f"CPU(s) {','.join(map(str, figures['rank_cpus']))} of {os.cpu_count()}"
     title = (
-        f"trainer: {plan.nproc} CPU ranks (gloo), dp={plan.dp} x tp={plan.tp}, "
+        f"trainer: {plan.nproc} CPU ranks (gloo), dp={plan.dp} x tp={plan.tp}, on {on}, "
         f"{plan.reps} interleaved repetition(s); step = one loop iteration, rank 0"
     )
     report(title, figures, host, ckpt_every=plan.ckpt_every)

@@ -44,6 +44,8 @@ class Plan:
     #: the mesh (``--mesh DPxTP``): FSDP2 over ``dp`` ranks x TP over ``tp``; world size dp*tp
     dp: int = 2
     tp: int = 2
+    #: the CPUs the torchrun job may run on (``--cpus``); empty: all of the machine's
+    cpus: tuple[int, ...] = ()
     #: the variants run (``--variants``), in VARIANTS' order
     variants: tuple[str, ...] = VARIANTS
 
@@ -339,6 +341,7 @@ def _trial_result(
         "thread": thread,
         "threads": threads,
         "gc": gc,
+        "cpus": sorted(os.sched_getaffinity(0)),  # where this rank could run (``--cpus``)
     }
     if metrics_dir is not None and at_warm is not None:
         compute, wait, calls = _counters(metrics_dir, rank)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,8 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
     assert len(fractions) == 4 and all(0 <= f <= 1 for f in fractions)  # a share, by rank
     assert result["checkpoint_bytes"] > 0
     assert result["machine"]["torch"]
+    # not pinned (no --cpus): the ranks could run on every CPU this test may use
+    assert result["rank_cpus"] == sorted(os.sched_getaffinity(0))
     # CPU by thread: the training thread does the step in both; the flusher has files to
     # write only when instrumented (bare: the session's flusher has no sink)
     threads = result["threads_seconds"]
@@ -63,9 +66,10 @@ def test_quick_benchmark_prints_every_measure_with_the_machine(
         assert all(math.isfinite(v) and v >= 0 for v in figures.values()), figures
 
 
-def test_mesh_sets_the_jobs_ranks_and_a_bad_one_is_named() -> None:
-    """``--mesh DPxTP`` (``make bench``'s one-rank-a-core run): the plan's world size is
-    dp x tp; a malformed mesh exits 2 with the option's name and the form it takes."""
+def test_mesh_sets_the_jobs_ranks_and_a_bad_mesh_or_cpu_list_is_named() -> None:
+    """``--mesh DPxTP`` and ``--cpus`` (``make bench``'s runs of 2 ranks, one a core and
+    both on one core): the plan's world size is dp x tp; a malformed mesh or CPU list
+    exits 2 with the option's name and the form it takes."""
     benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -82,6 +86,10 @@ def test_mesh_sets_the_jobs_ranks_and_a_bad_one_is_named() -> None:
         done = run("trainer_bench.py", "--mesh", bad)
         assert done.returncode == 2, (bad, done.stderr)
         assert "--mesh" in done.stderr and "DPxTP" in done.stderr, done.stderr
+    for bad in ("999999", "0,x", ""):  # --cpus: CPUs this process may run on
+        done = run("trainer_bench.py", "--cpus", bad)
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "argument --cpus: invalid CPU list" in done.stderr, done.stderr
     refused = run("trainer_bench.py", "--mesh", "1x3")  # the default model has 4 heads
     assert refused.returncode == 2, refused.stderr
     assert "--mesh 1x3: tp: must divide the number of heads" in refused.stderr, refused.stderr
